@@ -1,0 +1,38 @@
+"""pytreestore: a persistent, columnar store for JAX pytrees.
+
+Records (pytrees of the same structure) are appended one at a time, as a list, or as a
+batched pytree; each leaf is kept as one chunked zarr v3 array keyed by its tree path; loads
+come back as the same classes with a leading record axis, ready for ``jax.vmap``.
+
+Example:
+    >>> import jax, pytreestore
+    >>> store = pytreestore.create("memory://doc-init", {"x": 0.0, "y": 0.0})
+    >>> store.extend({"x": float(i), "y": 2.0 * i} for i in range(3))
+    >>> jax.vmap(lambda r: r["x"] + r["y"])(store[:])
+    Array([0., 3., 6.], dtype=float32)
+"""
+
+from pytreestore import errors as errors
+from pytreestore._schema import FORMAT_VERSION as FORMAT_VERSION
+from pytreestore._schema import ColumnSpec as ColumnSpec
+from pytreestore._schema import TreeSchema as TreeSchema
+from pytreestore._stack import stack as stack
+from pytreestore._stack import unstack as unstack
+from pytreestore._store import TreeStore as TreeStore
+from pytreestore._store import create as create
+from pytreestore._store import open as open
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FORMAT_VERSION",
+    "ColumnSpec",
+    "TreeSchema",
+    "TreeStore",
+    "__version__",
+    "create",
+    "errors",
+    "open",
+    "stack",
+    "unstack",
+]

@@ -1,0 +1,123 @@
+"""Checking leaf values against their columns and copying them into row buffers.
+
+The fast path of an append is one flatten, one treedef comparison and, per leaf, one type test
+and one assignment. Anything the fast path does not recognise goes through
+:meth:`LeafCaster.coerce`, which applies the casting rule or raises an error naming the leaf.
+
+Example:
+    >>> import numpy as np
+    >>> caster = LeafCaster(".x", np.dtype("int32"), ())
+    >>> caster.coerce(np.int8(3))
+    array(3, dtype=int32)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from pytreestore import _dtypes
+from pytreestore.errors import SchemaMismatchError
+
+_SUFFIX = "Leaf shapes and dtypes are fixed when the store is created."
+
+
+class LeafCaster:
+    """Converts values for the column at ``path`` of ``dtype`` and per-record ``shape``."""
+
+    __slots__ = ("dtype", "exact", "path", "python_types", "shape")
+
+    def __init__(self, path: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        self.path = path
+        self.dtype = dtype
+        self.shape = shape
+        self.python_types = _dtypes.python_kinds_accepted(dtype) if shape == () else frozenset()
+        #: types assigned without any check: accepted Python scalars and the column's own
+        #: numpy scalar type
+        self.exact = self.python_types | ({dtype.type} if shape == () else set())
+
+    def _error(self, got: str, why: str = "", what: str = "record") -> SchemaMismatchError:
+        want = _dtypes.describe(self.dtype, self.shape)
+        where = self.path or "the root"
+        return SchemaMismatchError(
+            f"{what} does not match the store schema at {where}: expected {want}, got {got}. "
+            f"{why}{_SUFFIX}"
+        )
+
+    def coerce(self, value: Any, *, batch: int | None = None, what: str = "record") -> np.ndarray:
+        """``value`` as an array of the column's dtype and shape (``(batch, *shape)``)."""
+        shape = self.shape if batch is None else (batch, *self.shape)
+        if type(value) in (bool, int, float, complex):
+            return self._coerce_python(value, shape, what)
+        if not isinstance(value, np.ndarray | np.generic) and not hasattr(value, "__array__"):
+            raise self._error(f"a {type(value).__name__}", what=what)
+        array = np.asarray(value)
+        src = array.dtype
+        got = _dtypes.describe(src, array.shape)
+        if not _dtypes.is_supported(src):
+            raise self._error(got, "Columns hold numbers and bools only. ", what)
+        if array.shape != shape:
+            raise self._error(got, what=what)
+        if not _dtypes.can_cast(src, self.dtype):
+            raise self._error(
+                got,
+                f"{src} cannot be cast to {self.dtype} without changing its kind (numpy's "
+                f"same_kind rule); cast it yourself, e.g. value.astype('{self.dtype}'). ",
+                what,
+            )
+        if _dtypes.needs_range_check(src, self.dtype) and not _dtypes.fits(array, self.dtype):
+            raise self._error(
+                got, f"its values do not fit in {self.dtype} and would wrap around. ", what
+            )
+        return array.astype(self.dtype, copy=False)
+
+    def _coerce_python(self, value: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
+        got = f"Python {type(value).__name__} {value!r}"
+        if shape != self.shape or self.shape != ():
+            raise self._error(got, what=what)
+        if type(value) not in self.python_types:
+            raise self._error(
+                got,
+                f"a Python {type(value).__name__} cannot be cast to {self.dtype} (numpy's "
+                "same_kind rule). ",
+                what,
+            )
+        try:
+            return np.asarray(value, dtype=self.dtype)
+        except OverflowError as err:
+            raise self._error(got, f"it does not fit in {self.dtype}. ", what) from err
+
+
+def casters(columns: Sequence[Any]) -> list[LeafCaster]:
+    """One :class:`LeafCaster` per column spec."""
+    return [LeafCaster(c.path, c.dtype, c.shape) for c in columns]
+
+
+class RowFiller:
+    """Copies one record's leaves into row ``row`` of per-column buffers."""
+
+    def __init__(self, leaf_casters: Sequence[LeafCaster], buffers: Sequence[np.ndarray]) -> None:
+        self._casters = list(leaf_casters)
+        self.buffers = list(buffers)
+        self._fast = [
+            (c.exact, c.dtype, c.shape, b, c.coerce) for c, b in zip(leaf_casters, buffers)
+        ]
+
+    def fill(self, leaves: Sequence[Any], row: int) -> None:
+        """Writes ``leaves`` into ``row``; raises SchemaMismatchError, leaving other rows intact."""
+        try:
+            for (exact, dtype, shape, buf, coerce), leaf in zip(self._fast, leaves):
+                if type(leaf) in exact or (
+                    type(leaf) is np.ndarray and leaf.dtype is dtype and leaf.shape == shape
+                ):
+                    buf[row] = leaf
+                else:
+                    buf[row] = coerce(leaf)
+        except SchemaMismatchError:
+            raise
+        except (OverflowError, TypeError, ValueError):
+            for caster, leaf in zip(self._casters, leaves):
+                caster.coerce(leaf)
+            raise

@@ -1,0 +1,209 @@
+"""Buffering records into chunk-sized blocks, and the commit protocol.
+
+A writer keeps one row buffer per column covering exactly one chunk of the record axis,
+``[start, start + chunk_records)``. Rows below the committed count that share the tail chunk
+stay in the buffer, so every chunk is always written whole: a chunk write replaces the chunk's
+object in one atomic put, and committed rows in it are rewritten with their own values.
+
+The protocol of one write, for any number of records:
+
+1. resize every column's record axis to the new length (metadata only);
+2. write every column's chunks, all at once, and wait for all of them;
+3. write the commit record ``.pytreestore/commit.json`` (one atomic put).
+
+Readers trust only the commit record. A crash before step 3 leaves the previous commit in
+force, with harmless bytes past it that the next writer trims and overwrites.
+
+Example:
+    >>> import numpy as np
+    >>> from pytreestore._location import Location
+    >>> from pytreestore._schema import TreeSchema
+    >>> from pytreestore.backends import TensorStoreBackend
+    >>> schema = TreeSchema.from_example({"x": 0}, chunk_records=4)
+    >>> backend = TensorStoreBackend(Location.parse("memory://doc-write"))
+    >>> backend.create_columns(layouts(schema))
+    >>> w = Writer(backend, schema, Commit(0, 0))
+    >>> for i in range(6):
+    ...     w.append([i])
+    >>> w.flush(); w.commit.records
+    6
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from pytreestore import _dtypes
+from pytreestore._convert import LeafCaster, RowFiller, casters
+from pytreestore._schema import FORMAT_VERSION, TreeSchema
+from pytreestore.backends import Backend, ColumnLayout
+from pytreestore.errors import CorruptStoreError
+
+COMMIT_KEY = ".pytreestore/commit.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Commit:
+    """The commit record: how many records are durable, and how many commits came before."""
+
+    records: int
+    generation: int
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(
+            {
+                "format_version": FORMAT_VERSION,
+                "records": self.records,
+                "generation": self.generation,
+            }
+        ).encode()
+
+    @classmethod
+    def read(cls, backend: Backend, where: str) -> Commit:
+        raw = backend.read_bytes(COMMIT_KEY)
+        if raw is None:
+            raise CorruptStoreError(
+                f"{where}/{COMMIT_KEY} is missing: the store was never committed"
+            )
+        try:
+            obj = json.loads(raw)
+            records, generation = int(obj["records"]), int(obj["generation"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise CorruptStoreError(
+                f"{where}/{COMMIT_KEY} is not a valid commit record: {err}"
+            ) from err
+        if records < 0:
+            raise CorruptStoreError(f"{where}/{COMMIT_KEY} holds a negative record count")
+        return cls(records, generation)
+
+
+def layouts(schema: TreeSchema) -> list[ColumnLayout]:
+    """The on-disk layout of every column of ``schema``."""
+    return [
+        ColumnLayout(
+            key=c.key,
+            dtype=c.dtype,
+            shape=c.shape,
+            chunks=c.chunks,
+            codec=schema.codec,
+            dimension_names=tuple(c.dimension_names),
+            fill_value=_dtypes.fill_value(c.dtype),
+        )
+        for c in schema.columns
+    ]
+
+
+class Writer:
+    """Appends rows to a store's columns through ``backend``, committing as it goes."""
+
+    def __init__(self, backend: Backend, schema: TreeSchema, commit: Commit) -> None:
+        self._backend = backend
+        self._keys = [c.key for c in schema.columns]
+        self.chunk = schema.chunk_records
+        self.casters: list[LeafCaster] = casters(schema.columns)
+        self.buffers = [np.empty((self.chunk, *c.shape), c.dtype) for c in schema.columns]
+        self.filler = RowFiller(self.casters, self.buffers)
+        self.commit = commit
+        self.start = commit.records - commit.records % self.chunk
+        self.fill = commit.records - self.start
+        if self.fill:
+            tail = backend.read(self._keys, slice(self.start, commit.records), commit.records)
+            for buf, rows in zip(self.buffers, tail):
+                buf[: self.fill] = rows
+
+    def __len__(self) -> int:
+        return self.start + self.fill
+
+    @property
+    def pending(self) -> int:
+        """Records appended but not yet committed."""
+        return len(self) - self.commit.records
+
+    def append(self, leaves: Sequence[Any]) -> None:
+        """Buffers one record's (already structure-checked) leaves."""
+        if self.fill == self.chunk:
+            self._write_chunk(commit=True)
+        self.filler.fill(leaves, self.fill)
+        self.fill += 1
+
+    def append_many(self, leaves_iter: Any) -> None:
+        """Buffers records from an iterator of leaf lists, committing once at the end."""
+        for leaves in leaves_iter:
+            if self.fill == self.chunk:
+                self._write_chunk(commit=False)
+            self.filler.fill(leaves, self.fill)
+            self.fill += 1
+        if self.start > self.commit.records:
+            self._commit(self.start)
+
+    def write_batch(self, blocks: Sequence[np.ndarray]) -> None:
+        """Appends already-checked column blocks with a common leading length."""
+        count = len(blocks[0]) if blocks else 0
+        done = 0
+        while done < count:
+            if self.fill == self.chunk:
+                self._write_chunk(commit=False)
+            if self.fill == 0 and count - done >= self.chunk:
+                whole = (count - done) // self.chunk * self.chunk
+                end = self.start + whole
+                self._backend.resize(self._keys, end)
+                self._backend.write(
+                    self._keys, self.start, [b[done : done + whole] for b in blocks]
+                )
+                self.start, done = end, done + whole
+                continue
+            take = min(self.chunk - self.fill, count - done)
+            for buf, block in zip(self.buffers, blocks):
+                buf[self.fill : self.fill + take] = block[done : done + take]
+            self.fill, done = self.fill + take, done + take
+        if self.fill == self.chunk:
+            self._write_chunk(commit=False)
+        if self.start > self.commit.records:
+            self._commit(self.start)
+
+    def flush(self) -> None:
+        """Writes every buffered record and commits them."""
+        if self.pending == 0:
+            return
+        end = len(self)
+        self._backend.resize(self._keys, end)
+        self._backend.write(self._keys, self.start, [b[: self.fill] for b in self.buffers])
+        self._commit(end)
+        if self.fill == self.chunk:
+            self.start, self.fill = end, 0
+
+    def snapshot(self) -> tuple[int, int]:
+        """The position to :meth:`rollback` to if a multi-record append fails."""
+        return self.start, self.fill
+
+    def rollback(self, position: tuple[int, int]) -> None:
+        """Forgets every uncommitted record appended since ``position`` was taken.
+
+        Rows buffered before ``position`` survive: if their chunk was written since, they are
+        read back from it.
+        """
+        start, fill = position
+        if start != self.start and fill:
+            rows = self._backend.read(self._keys, slice(start, start + fill), start + fill)
+            for buf, block in zip(self.buffers, rows):
+                buf[:fill] = block
+        self.start, self.fill = start, fill
+        self._backend.resize(self._keys, self.commit.records)
+
+    def _write_chunk(self, *, commit: bool) -> None:
+        end = self.start + self.chunk
+        self._backend.resize(self._keys, end)
+        self._backend.write(self._keys, self.start, self.buffers)
+        if commit:
+            self._commit(end)
+        self.start, self.fill = end, 0
+
+    def _commit(self, records: int) -> None:
+        commit = Commit(records, self.commit.generation + 1)
+        self._backend.write_bytes(COMMIT_KEY, commit.to_bytes())
+        self.commit = commit
