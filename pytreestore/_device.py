@@ -15,11 +15,7 @@ import jax
 import numpy as np
 
 from pytreestore import _dtypes
-from pytreestore.errors import PyTreeStoreError
-
-
-class X64DisabledError(PyTreeStoreError, TypeError):
-    """A 64-bit column was loaded to a device while JAX's x64 mode is disabled."""
+from pytreestore.errors import X64DisabledError
 
 
 def to_jax(

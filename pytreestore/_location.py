@@ -11,13 +11,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from pytreestore.errors import PyTreeStoreError
-
-_SCHEMES = ("memory://",)
-
-
-class BadLocationError(PyTreeStoreError, ValueError):
-    """A path or URL that names no place a store can live."""
+from pytreestore.errors import BadLocationError
 
 
 @dataclasses.dataclass(frozen=True)

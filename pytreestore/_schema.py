@@ -22,11 +22,19 @@ import dataclasses
 import importlib
 import math
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from jax.tree_util import PyTreeDef, default_registry, tree_flatten_with_path, tree_structure
+from jax.tree_util import (
+    DictKey,
+    GetAttrKey,
+    PyTreeDef,
+    SequenceKey,
+    default_registry,
+    tree_flatten_with_path,
+    tree_structure,
+)
 
 from pytreestore import _dtypes, _keys, _values
 from pytreestore.errors import (
@@ -438,8 +446,6 @@ def _generic(node: dict[str, Any], leaves: Iterator[Any]) -> Any:
 
 
 def _child_entry(node: dict[str, Any], i: int) -> Any:
-    from jax.tree_util import DictKey, GetAttrKey, SequenceKey
-
     kind = node["node"]
     if kind in ("dict", "ordered_dict"):
         return DictKey(node["keys"][i])
@@ -485,8 +491,7 @@ def _mismatches(node: dict[str, Any], value: Any, path: tuple[Any, ...]) -> Iter
         yield f"at {where}: {err}"
         return
     want = {k: v for k, v in node.items() if k != "children"}
-    if got != want:
-        got["children"] = level[2]
+    if got != want or len(level[2]) != len(node.get("children", [])):
         yield f"at {where}: expected {_describe_json(node)}, got {_describe_value(value)}"
         return
     for i, child in enumerate(level[2]):
@@ -503,6 +508,3 @@ def _describe_value(value: Any) -> str:
         return f"a {type(value).__name__}"
     node["children"] = level[2]
     return _describe_json(node)
-
-
-ResolveFn = Callable[[str], type]

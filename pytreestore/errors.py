@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 __all__ = [
+    "BadLocationError",
     "ClassResolutionError",
     "ClosedStoreError",
     "CorruptStoreError",
@@ -29,6 +30,7 @@ __all__ = [
     "StoreNotFoundError",
     "UnsupportedDtypeError",
     "UnsupportedTreeError",
+    "X64DisabledError",
 ]
 
 
@@ -86,3 +88,11 @@ class ClassResolutionError(PyTreeStoreError, ImportError):
 
 class StoreIndexError(PyTreeStoreError, IndexError):
     """An index is out of range or of a type a store cannot be indexed with."""
+
+
+class X64DisabledError(PyTreeStoreError, TypeError):
+    """A 64-bit column was loaded to a device while JAX's x64 mode is disabled."""
+
+
+class BadLocationError(PyTreeStoreError, ValueError):
+    """A path or URL that names no place a store can live."""
