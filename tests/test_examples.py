@@ -1,0 +1,53 @@
+"""Run every script in examples/ as a user would, and check what it prints."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+SCRIPTS = sorted(EXAMPLES.glob("*.py"))
+
+# Lines each script must print. A script not listed here only has to exit with status 0.
+EXPECTED_OUTPUT: dict[str, list[str]] = {
+    "seed.py": ["Array([ 4,  2, -3], dtype=int32)", "seed example OK"],
+    "simulation.py": [
+        "2,000 records, 78 columns",
+        "kinetic energy matches the in-memory states",
+        "float64 time stamps, bit for bit",
+        "all checks passed",
+    ],
+}
+
+
+def run_script(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=EXAMPLES.parent,
+        check=False,
+    )
+
+
+def test_examples_are_found() -> None:
+    assert {"seed.py", "simulation.py"} <= {s.name for s in SCRIPTS}
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
+def test_example_runs(script: Path, tmp_path: Path) -> None:
+    result = run_script(script, str(tmp_path))
+    report = f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, f"{script.name} exited with {result.returncode}\n{report}"
+    for expected in EXPECTED_OUTPUT.get(script.name, []):
+        assert expected in result.stdout, f"{script.name} did not print {expected!r}\n{report}"
+
+
+def test_simulation_uses_a_temporary_directory_by_default() -> None:
+    result = run_script(EXAMPLES / "simulation.py")
+    assert result.returncode == 0, result.stderr
+    assert "all checks passed" in result.stdout
