@@ -2,10 +2,11 @@
 
 Example:
     >>> import numpy as np, pytreestore
-    >>> store = pytreestore.create("memory://doc-store", {"x": np.float32(0), "v": np.zeros(3)})
-    >>> store.append({"x": np.float32(1), "v": np.ones(3)})
-    >>> store.extend([{"x": np.float32(2), "v": np.zeros(3)}] * 2)
-    >>> len(store), store[:].v.shape if hasattr(store[:], "v") else store[:]["v"].shape
+    >>> like = {"x": np.float32(0), "v": np.zeros(3, np.float32)}
+    >>> store = pytreestore.create("memory://doc-store", like)
+    >>> store.append({"x": np.float32(1), "v": np.ones(3, np.float32)})
+    >>> store.extend([like] * 2)
+    >>> len(store), store[:]["v"].shape
     (3, (3, 3))
     >>> store.close()
 """
@@ -253,9 +254,9 @@ class TreeStore:
         Example:
             >>> import pytreestore
             >>> s = pytreestore.create("memory://doc-load", {"a": 0, "b": (0.0, 0.0)})
-            >>> s.extend({"a": i, "b": (i * 1.0, -i * 1.0)} for i in range(5))
+            >>> s.extend({"a": i, "b": (i * 1.0, i * 2.0)} for i in range(5))
             >>> s.load([4, 0], columns="['b']", as_numpy=True)
-            {'a': None, 'b': (array([4., 0.], dtype=float32), array([-4., -0.], dtype=float32))}
+            {'a': None, 'b': (array([4., 0.], dtype=float32), array([8., 0.], dtype=float32))}
         """
         leaves = self._load_leaves(index, columns, device=device, as_numpy=as_numpy, cast=cast)
         return self._schema.unflatten(leaves)
@@ -264,11 +265,31 @@ class TreeStore:
         return self.load(index)
 
     def __iter__(self) -> Iterator[Any]:
+        return self.records()
+
+    def records(
+        self,
+        *,
+        columns: str | Sequence[str] | None = None,
+        as_numpy: bool = False,
+        cast: bool = False,
+    ) -> Iterator[Any]:
+        """Iterates over the records one at a time, reading a block of records per read.
+
+        ``iter(store)`` is ``store.records()``. The arguments are those of :meth:`load`.
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-records", {"t": np.float64(0)})
+            >>> s.extend({"t": np.float64(i)} for i in range(2))
+            >>> [r["t"].item() for r in s.records(as_numpy=True)]
+            [0.0, 1.0]
+        """
         n = len(self)
         for start in range(0, n, _ITER_BLOCK):
-            leaves = self._load_leaves(slice(start, min(start + _ITER_BLOCK, n)), None)
-            columns = [split_leaves(leaf) for leaf in leaves]
-            for row in zip(*columns):
+            block = slice(start, min(start + _ITER_BLOCK, n))
+            leaves = self._load_leaves(block, columns, as_numpy=as_numpy, cast=cast)
+            for row in zip(*[split_leaves(leaf) for leaf in leaves]):
                 yield self._schema.unflatten(row)
 
     def _load_leaves(

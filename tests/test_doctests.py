@@ -1,0 +1,24 @@
+"""Every docstring example in the package runs and prints what it shows."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import pkgutil
+
+import pytest
+
+import pytreestore
+
+MODULES = sorted(
+    m.name
+    for m in pkgutil.walk_packages(pytreestore.__path__, "pytreestore.")
+    if not m.name.endswith("__main__")
+)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0, f"{result.failed} docstring example(s) failed in {name}"
