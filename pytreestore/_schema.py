@@ -23,7 +23,7 @@ import importlib
 import math
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 from jax.tree_util import (
@@ -46,6 +46,8 @@ from pytreestore.errors import (
 )
 
 FORMAT_VERSION = 1
+#: ``jax.tree_util.PyTreeDef``, which JAX defines as a runtime alias that type checkers can't use.
+TreeDef: TypeAlias = Any
 _LEAF = tree_structure(0)
 _BUILTIN = {list: "list", tuple: "tuple", dict: "dict", collections.OrderedDict: "ordered_dict"}
 _CHUNK_TARGET = 4 << 20  # bytes of one column chunk we aim at
@@ -118,7 +120,7 @@ class TreeSchema:
     columns: tuple[ColumnSpec, ...]
     chunk_records: int
     codec: str | None
-    treedef: PyTreeDef | None
+    treedef: TreeDef | None
 
     @classmethod
     def from_example(
@@ -245,7 +247,7 @@ def _leaf_chunks(dtype: np.dtype, shape: tuple[int, ...], records: int) -> tuple
 # ---- encoding a tree ---------------------------------------------------------------------------
 
 
-def one_level(node: Any) -> tuple[PyTreeDef, list[Any], list[Any]] | None:
+def one_level(node: Any) -> tuple[TreeDef, list[Any], list[Any]] | None:
     """Flattens ``node`` one level: its treedef, child keypath entries and children.
 
     Returns None when ``node`` is a leaf.
@@ -291,7 +293,7 @@ def _encode_node(cls: type, aux: Any, keys: list[Any], path: tuple[Any, ...]) ->
         return {
             "node": "namedtuple",
             "type": _class_path_checked(cls, where),
-            "fields": list(cls._fields),
+            "fields": list(cls._fields),  # pyright: ignore[reportAttributeAccessIssue]
         }  # type: ignore[attr-defined]
     if cls is collections.defaultdict:
         raise UnsupportedTreeError(
@@ -341,7 +343,7 @@ def _encode_leaf(value: Any, path: tuple[Any, ...], leaves: list) -> dict[str, A
 # ---- decoding a tree ---------------------------------------------------------------------------
 
 
-def _decode(node: dict[str, Any]) -> PyTreeDef:
+def _decode(node: dict[str, Any]) -> TreeDef:
     kind = node["node"]
     if kind == "leaf":
         return _LEAF
@@ -393,7 +395,7 @@ def resolve_class(name: str, *, namedtuple: bool = False) -> type:
     return obj
 
 
-def _treedef_from_like(tree: dict[str, Any], columns: Sequence[ColumnSpec], like: Any) -> PyTreeDef:
+def _treedef_from_like(tree: dict[str, Any], columns: Sequence[ColumnSpec], like: Any) -> TreeDef:
     got = TreeSchema.from_example(like, chunk_records=1)
     if _strip_types(got.tree) != _strip_types(tree):
         raise SchemaMismatchError(
