@@ -54,7 +54,11 @@ class LeafCaster:
         if not isinstance(value, np.ndarray | np.generic) and not hasattr(value, "__array__"):
             raise self._error(f"a {type(value).__name__}", what=what)
         array = np.asarray(value)
+        if not array.dtype.isnative:
+            array = array.astype(array.dtype.newbyteorder("="))
         src = array.dtype
+        if src is self.dtype and array.shape == shape:
+            return array
         got = _dtypes.describe(src, array.shape)
         if not _dtypes.is_supported(src):
             raise self._error(got, "Columns hold numbers and bools only. ", what)

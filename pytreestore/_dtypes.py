@@ -60,9 +60,12 @@ def from_name(name: str) -> np.dtype:
     return SUPPORTED[name]
 
 
+_SUPPORTED_SET = frozenset(SUPPORTED.values())
+
+
 def is_supported(dtype: np.dtype) -> bool:
     """Whether a column can hold ``dtype``."""
-    return dtype.name in SUPPORTED and SUPPORTED[dtype.name] == dtype
+    return dtype in _SUPPORTED_SET
 
 
 def kind(dtype: np.dtype) -> str:
@@ -81,7 +84,10 @@ def value_dtype(value: Any) -> np.dtype | None:
     if type(value) in _PYTHON_SCALARS:
         return python_scalar_dtype(value)
     dtype = getattr(value, "dtype", None)
-    return np.dtype(dtype) if dtype is not None else None
+    if dtype is None:
+        return None
+    dtype = np.dtype(dtype)
+    return dtype if dtype.isnative else dtype.newbyteorder("=")
 
 
 def python_kinds_accepted(column: np.dtype) -> frozenset[type]:
