@@ -125,3 +125,45 @@ class RowFiller:
             for caster, leaf in zip(self._casters, leaves):
                 caster.coerce(leaf)
             raise
+
+    def fill_block(self, rows: Sequence[Sequence[Any]], at: int) -> None:
+        """Writes many records' leaves into rows ``at, at + 1, ...``, one column at a time.
+
+        A column whose values are all of an exact type (accepted Python scalars, the column's
+        numpy scalar type, or arrays of its dtype and shape) is converted in one numpy call;
+        anything else goes record by record.
+
+        Raises:
+            RecordError: record ``rows[error.index]`` was refused.
+        """
+        try:
+            for (exact, dtype, shape, buf, _), column in zip(self._fast, zip(*rows)):
+                _fill_column(buf[at : at + len(rows)], column, exact, dtype, shape)
+        except (OverflowError, TypeError, ValueError):
+            for i, leaves in enumerate(rows):
+                try:
+                    self.fill(leaves, at + i)
+                except SchemaMismatchError as err:
+                    raise RecordError(i, err) from err
+            raise
+
+
+def _fill_column(
+    out: np.ndarray, column: Sequence[Any], exact: frozenset, dtype: np.dtype, shape: tuple
+) -> None:
+    types = set(map(type, column))
+    if types <= exact or (
+        types == {np.ndarray} and all(a.dtype is dtype and a.shape == shape for a in column)
+    ):
+        out[...] = column
+    else:
+        raise ValueError("mixed leaf types: convert record by record")
+
+
+class RecordError(Exception):
+    """Record ``index`` of a block was refused with ``error`` (internal)."""
+
+    def __init__(self, index: int, error: SchemaMismatchError) -> None:
+        super().__init__(index, error)
+        self.index = index
+        self.error = error

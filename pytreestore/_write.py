@@ -32,17 +32,18 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from pytreestore import _dtypes
-from pytreestore._convert import LeafCaster, RowFiller, casters
+from pytreestore._convert import LeafCaster, RecordError, RowFiller, casters
 from pytreestore._schema import FORMAT_VERSION, TreeSchema
 from pytreestore.backends import Backend, ColumnLayout
-from pytreestore.errors import CorruptStoreError
+from pytreestore.errors import CommitConflictError, CorruptStoreError, StorageError
 
 COMMIT_KEY = ".pytreestore/commit.json"
 
@@ -65,7 +66,10 @@ class Commit:
 
     @classmethod
     def read(cls, backend: Backend, where: str) -> Commit:
-        raw = backend.read_bytes(COMMIT_KEY)
+        return cls.from_bytes(backend.read_bytes(COMMIT_KEY), where)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes | None, where: str) -> Commit:
         if raw is None:
             raise CorruptStoreError(
                 f"{where}/{COMMIT_KEY} is missing: the store was never committed"
@@ -110,6 +114,7 @@ class Writer:
         self.filler = RowFiller(self.casters, self.buffers)
         self.commit = commit
         self.start = commit.records - commit.records % self.chunk
+        self._token, self._uncertain = commit_token(backend, commit, "this store"), None
         self.fill = commit.records - self.start
         if self.fill:
             tail = backend.read(self._keys, slice(self.start, commit.records), commit.records)
@@ -131,13 +136,27 @@ class Writer:
         self.filler.fill(leaves, self.fill)
         self.fill += 1
 
-    def append_many(self, leaves_iter: Any) -> None:
-        """Buffers records from an iterator of leaf lists, committing once at the end."""
-        for leaves in leaves_iter:
+    def append_many(self, leaves_iter: Iterator[Sequence[Any]]) -> None:
+        """Buffers records from an iterator of leaf lists, committing once at the end.
+
+        Records are taken a buffer's worth at a time and copied column by column.
+
+        Raises:
+            RecordError: a record was refused; ``index`` counts from the iterator's start.
+        """
+        done = 0
+        while True:
             if self.fill == self.chunk:
                 self._write_chunk(commit=False)
-            self.filler.fill(leaves, self.fill)
-            self.fill += 1
+            rows = list(itertools.islice(leaves_iter, self.chunk - self.fill))
+            if not rows:
+                break
+            try:
+                self.filler.fill_block(rows, self.fill)
+            except RecordError as err:
+                raise RecordError(done + err.index, err.error) from err.error
+            self.fill += len(rows)
+            done += len(rows)
         if self.start > self.commit.records:
             self._commit(self.start)
 
@@ -205,5 +224,51 @@ class Writer:
 
     def _commit(self, records: int) -> None:
         commit = Commit(records, self.commit.generation + 1)
-        self._backend.write_bytes(COMMIT_KEY, commit.to_bytes())
+        if self._token is None:
+            self._backend.write_bytes(COMMIT_KEY, commit.to_bytes())
+        else:
+            self._token = self._commit_if_unchanged(commit)
         self.commit = commit
+
+    def _commit_if_unchanged(self, commit: Commit) -> bytes:
+        """Writes the commit record only if nobody else wrote it since this writer did."""
+        assert self._token is not None
+        backend: Any = self._backend
+        try:
+            token = backend.write_bytes_if(COMMIT_KEY, commit.to_bytes(), self._token)
+        except StorageError:
+            self._uncertain = commit  # the write may have landed before the error
+            raise
+        if token is not None:
+            self._uncertain = None
+            return token
+        raw, token = backend.read_bytes_versioned(COMMIT_KEY)
+        if self._uncertain == commit and raw is not None and Commit.from_bytes(raw, "") == commit:
+            self._uncertain = None  # our own earlier attempt landed
+            return token
+        found = Commit.from_bytes(raw, "this store")
+        raise CommitConflictError(
+            f"another writer committed to this store while this one was writing: the commit "
+            f"record holds {found.records} records (commit {found.generation}), this writer "
+            f"expected commit {self.commit.generation} and was about to commit "
+            f"{commit.records} records. Nothing was committed by this writer; its uncommitted "
+            "records are lost. Reopen the store to append after the other writer's records."
+        )
+
+
+def commit_token(backend: Backend, commit: Commit, where: str) -> bytes | None:
+    """The storage generation of the commit record ``commit`` was read from.
+
+    None for backends without conditional writes (the writer then commits unconditionally).
+    Raises :class:`CommitConflictError` if the record changed since ``commit`` was read.
+    """
+    if not hasattr(backend, "write_bytes_if"):
+        return None
+    raw, token = backend.read_bytes_versioned(COMMIT_KEY)  # type: ignore[attr-defined]
+    found = Commit.from_bytes(raw, where)
+    if (found.records, found.generation) != (commit.records, commit.generation):
+        raise CommitConflictError(
+            f"another writer committed to {where} while it was being opened "
+            f"({found.records} records now, {commit.records} when read); open it again"
+        )
+    return token
