@@ -3,11 +3,11 @@
 A column lives at a storage key derived from its leaf's tree path: one key component per path
 entry, joined with ``/``. ``.p[0].x`` becomes ``p/0/x`` and ``['a/b']`` becomes ``a%2Fb``.
 
-Escaping keeps every component inside the portable zarr node-name alphabet ``[A-Za-z0-9_.-]``:
-any other character is written as ``%XX`` per UTF-8 byte. A component that would collide with
+Escaping keeps every component inside the portable zarr node-name alphabet ``[A-Za-z0-9_.-]``
+plus ``%``: any other character (and ``%`` itself) is written as ``%XX`` per UTF-8 byte. A component that would collide with
 zarr's own names is escaped too: a leading ``.`` (hidden files, ``.`` and ``..``; pytreestore
 keeps its own files under ``.pytreestore/``), a leading ``__`` (reserved by zarr v3) and
-``zarr.json``. The empty string is written ``%``. The mapping is injective and
+``zarr.json``, and a trailing ``.__lock`` (reserved by TensorStore's file kvstore). The empty string is written ``%``. The mapping is injective and
 :func:`unescape` inverts it.
 
 Example:
@@ -42,6 +42,8 @@ def escape(name: str) -> str:
         out = "%5F" + out[1:]
     elif out == "zarr.json":
         out = "zarr%2Ejson"
+    if out.endswith(".__lock"):  # TensorStore's file kvstore reserves this suffix
+        out = out[: -len(".__lock")] + "%2E__lock"
     return out
 
 

@@ -55,7 +55,7 @@ def normalize(index: Any, n: int) -> Selection:
         return Selection(slice(0, n, 1), n, False)
     if isinstance(index, slice):
         return _from_slice(index, n)
-    if isinstance(index, (int, np.integer)) and not isinstance(index, (bool, np.bool_)):
+    if _is_int_scalar(index):
         i = operator.index(index)
         if not -n <= i < n:
             raise StoreIndexError(f"record index {i} is out of range for a store of {n} records")
@@ -64,10 +64,21 @@ def normalize(index: Any, n: int) -> Selection:
     return _from_array(index, n)
 
 
+def _is_int_scalar(index: Any) -> bool:
+    if isinstance(index, (bool, np.bool_)):
+        return False
+    if isinstance(index, (int, np.integer)):
+        return True
+    dtype = getattr(index, "dtype", None)
+    return getattr(index, "ndim", None) == 0 and dtype is not None and np.dtype(dtype).kind in "iu"
+
+
 def _from_slice(index: slice, n: int) -> Selection:
     for part in (index.start, index.stop, index.step):
         if part is not None and not isinstance(part, (int, np.integer)):
             raise StoreIndexError(f"slice bounds must be ints or None, got {index!r}")
+    if index.step == 0:
+        raise StoreIndexError("slice step cannot be zero")
     start, stop, step = index.indices(n)
     count = len(range(start, stop, step))
     if step < 0:
@@ -97,6 +108,10 @@ def _from_array(index: Any, n: int) -> Selection:
         return Selection(np.zeros(0, np.int64), 0, False)
     if array.dtype.kind not in "iu":
         raise StoreIndexError(_bad_type(index))
+    if array.dtype == np.uint64 and int(array.max()) >= n:
+        raise StoreIndexError(
+            f"record index {int(array.max())} is out of range for a store of {n} records"
+        )
     array = array.astype(np.int64)
     bad = array[(array < -n) | (array >= n)]
     if bad.size:
