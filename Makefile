@@ -1,7 +1,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.installed
 
-.PHONY: install test lint bench demo
+.PHONY: install test test-long lint bench demo docs
 
 $(STAMP): pyproject.toml
 	test -d .venv || python3 -m venv .venv
@@ -9,10 +9,20 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[test,dev]"
 	touch $(STAMP)
 
+DOCS_STAMP := .venv/.installed-docs
+
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[docs]"
+	touch $(DOCS_STAMP)
+
 install: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# the tests marked slow: among them 200 local and 50 S3 crash trials (-rP prints their counts)
+test-long: $(STAMP)
+	$(PY) -m pytest -q -m slow -rP
 
 lint: $(STAMP)
 	$(PY) -m ruff check pytreestore tests examples benchmarks
@@ -24,3 +34,6 @@ bench: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/simulation.py
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site

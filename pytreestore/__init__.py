@@ -13,6 +13,7 @@ Example:
 """
 
 from pytreestore import errors as errors
+from pytreestore._copy import copy as copy
 from pytreestore._schema import FORMAT_VERSION as FORMAT_VERSION
 from pytreestore._schema import ColumnSpec as ColumnSpec
 from pytreestore._schema import TreeSchema as TreeSchema
@@ -30,6 +31,7 @@ __all__ = [
     "TreeSchema",
     "TreeStore",
     "__version__",
+    "copy",
     "create",
     "errors",
     "open",

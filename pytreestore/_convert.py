@@ -145,7 +145,6 @@ class RowFiller:
                     self.fill(leaves, at + i)
                 except SchemaMismatchError as err:
                     raise RecordError(i, err) from err
-            raise
 
 
 def _fill_column(

@@ -13,7 +13,7 @@ Example:
     >>> from jax.sharding import NamedSharding, PartitionSpec as P
     >>> mesh = jax.make_mesh((1,), ("data",))
     >>> column_shardings({"x": NamedSharding(mesh, P("data"))}, ["['x']"])[0].spec
-    PartitionSpec('data',)
+    P('data',)
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def record_axis_sharding(like: Sharding) -> Sharding:
     return replicated(like)
 
 
-def pmap_sharding(devices: Sequence[jax.Device]) -> NamedSharding:
+def pmap_sharding(devices: Sequence[Any]) -> NamedSharding:
     """Splits a leading axis of length ``len(devices)`` one slice per device, in order."""
     devices = list(devices)
     if not devices or not all(isinstance(d, jax.Device) for d in devices):

@@ -1,17 +1,112 @@
-"""Where a store lives: a local directory or ``memory://NAME``.
+"""Where a store lives: a local directory, ``memory://NAME``, ``s3://BUCKET/PREFIX`` or
+``gs://BUCKET/PREFIX``, with the options that reach it.
+
+Object-store options come from ``storage_options=`` (a dict) and, where it leaves them out,
+from the usual environment variables: ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``,
+``AWS_REGION`` / ``AWS_DEFAULT_REGION``; credentials are found by TensorStore the way the AWS
+CLI finds them (``AWS_ACCESS_KEY_ID``..., ``~/.aws/credentials``, instance metadata) and, for
+GCS, by Google's application default credentials.
 
 Example:
     >>> Location.parse("memory://runs").kind
     'memory'
+    >>> loc = Location.parse("s3://my-bucket/runs/a", {"endpoint": "http://127.0.0.1:9000"})
+    >>> loc.kind, loc.bucket, loc.prefix, str(loc)
+    ('s3', 'my-bucket', 'runs/a', 's3://my-bucket/runs/a')
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from pytreestore.errors import BadLocationError
+
+_SCHEMES = {"s3": "s3", "gs": "gcs", "gcs": "gcs"}
+_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_GCS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class S3Options:
+    """Options of an ``s3://`` store; pass them as ``storage_options={...}``.
+
+    Attributes:
+        endpoint: the server's URL, for S3-compatible servers (MinIO, moto, ...); default
+            ``$AWS_ENDPOINT_URL_S3`` or ``$AWS_ENDPOINT_URL``, else AWS.
+        region: the bucket's region; default ``$AWS_REGION`` or ``$AWS_DEFAULT_REGION``, else
+            looked up.
+        profile: a profile of the AWS credentials file.
+        credentials_file: a credentials file other than ``~/.aws/credentials``.
+        anonymous: send unsigned requests (public buckets).
+        access_key_id, secret_access_key, session_token: explicit credentials. TensorStore
+            takes no literal keys, so they are written to a private (0600) credentials file
+            that is removed when the store closes.
+        requester_pays: send ``x-amz-request-payer``.
+        host_header: a ``Host`` header other than the endpoint's (needs ``endpoint``).
+        max_retries: attempts per request before an error (TensorStore's default: 32).
+        retry_delay: seconds before the first retry (then doubling, up to ``retry_max_delay``).
+        retry_max_delay: the longest wait between retries, in seconds.
+        request_concurrency: the most requests in flight at once.
+        conditional_write: commit with conditional PUTs (``If-Match``/``If-None-Match``), so
+            two writers can never both commit; default True. Set False only for a server that
+            does not support them, and then never open two writers.
+    """
+
+    endpoint: str | None = None
+    region: str | None = None
+    profile: str | None = None
+    credentials_file: str | None = None
+    anonymous: bool = False
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    session_token: str | None = None
+    requester_pays: bool = False
+    host_header: str | None = None
+    max_retries: int | None = None
+    retry_delay: float | None = None
+    retry_max_delay: float | None = None
+    request_concurrency: int | None = None
+    conditional_write: bool = True
+
+    def __repr__(self) -> str:  # never print secrets
+        shown = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != f.default
+        }
+        for secret in ("secret_access_key", "session_token"):
+            if secret in shown:
+                shown[secret] = "***"
+        return f"S3Options({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GCSOptions:
+    """Options of a ``gs://`` store; pass them as ``storage_options={...}``.
+
+    Credentials are Google's application default credentials
+    (``$GOOGLE_APPLICATION_CREDENTIALS``, ``gcloud auth application-default login``, or the
+    metadata server).
+
+    Attributes:
+        user_project: the project billed for requester-pays buckets.
+        max_retries, retry_delay, retry_max_delay, request_concurrency: as for S3.
+    """
+
+    user_project: str | None = None
+    max_retries: int | None = None
+    retry_delay: float | None = None
+    retry_max_delay: float | None = None
+    request_concurrency: int | None = None
+    conditional_write: bool = True
+
+
+_OPTION_TYPES: dict[str, type] = {"s3": S3Options, "gcs": GCSOptions}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,15 +114,20 @@ class Location:
     """A parsed store location.
 
     Attributes:
-        kind: ``"file"`` or ``"memory"``.
-        root: an absolute directory for ``file``, the store's name for ``memory``.
+        kind: ``"file"``, ``"memory"``, ``"s3"`` or ``"gcs"``.
+        root: an absolute directory for ``file``, the store's name for ``memory``,
+            ``BUCKET/PREFIX`` (or ``BUCKET``) for ``s3`` and ``gcs``.
+        options: :class:`S3Options` or :class:`GCSOptions` for object stores, else None.
     """
 
     kind: str
     root: str
+    options: S3Options | GCSOptions | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
-    def parse(cls, path: str | os.PathLike[str]) -> Location:
+    def parse(
+        cls, path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+    ) -> Location:
         """Parses a store path; raises :class:`BadLocationError` for anything else."""
         if isinstance(path, os.PathLike):
             path = os.fspath(path)
@@ -37,18 +137,157 @@ class Location:
             )
         if not path:
             raise BadLocationError("a store path must not be empty")
-        if path.startswith("memory://"):
+        if "\x00" in path:
+            raise BadLocationError(f"a store path must not contain NUL bytes: {path!r}")
+        scheme = path.split("://", 1)[0] if "://" in path else None
+        if scheme is not None and scheme.lower() in _SCHEMES:
+            return _parse_bucket_url(path, scheme, storage_options)
+        if storage_options:
+            raise BadLocationError(
+                f"storage_options are for s3:// and gs:// stores; {path!r} takes none"
+            )
+        if scheme == "memory":
             name = path[len("memory://") :].strip("/")
             if not name:
                 raise BadLocationError(f"{path!r} names no store: use memory://NAME")
             return cls("memory", name)
-        if "://" in path:
-            scheme = path.split("://", 1)[0]
+        if scheme is not None:
             raise BadLocationError(
-                f"unsupported URL scheme {scheme!r} in {path!r}; "
-                "use a local directory or memory://NAME"
+                f"unsupported URL scheme {scheme!r} in {path!r}; use a local directory, "
+                "memory://NAME, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"
             )
         return cls("file", str(Path(path).expanduser().resolve()))
 
+    @property
+    def bucket(self) -> str:
+        """The bucket of an object store (empty for local stores)."""
+        return self.root.split("/", 1)[0] if self.kind in ("s3", "gcs") else ""
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix below the bucket, without slashes at either end (may be empty)."""
+        if self.kind not in ("s3", "gcs") or "/" not in self.root:
+            return ""
+        return self.root.split("/", 1)[1]
+
+    @property
+    def is_object_store(self) -> bool:
+        """Whether the store lives in S3 or GCS (no local lock, conditional commits)."""
+        return self.kind in ("s3", "gcs")
+
     def __str__(self) -> str:
-        return self.root if self.kind == "file" else f"memory://{self.root}"
+        if self.kind == "file":
+            return self.root
+        scheme = {"memory": "memory", "s3": "s3", "gcs": "gs"}.get(self.kind, self.kind)
+        return f"{scheme}://{self.root}"
+
+
+def _parse_bucket_url(
+    path: str, scheme: str, storage_options: Mapping[str, Any] | None
+) -> Location:
+    if scheme not in _SCHEMES:
+        raise BadLocationError(f"write the URL scheme in lower case: {scheme.lower()}://... ")
+    kind = _SCHEMES[scheme]
+    rest = path[len(scheme) + 3 :]
+    if any(c in rest for c in "?#\\"):
+        raise BadLocationError(
+            f"{path!r} holds a query, fragment or backslash; give {scheme}://BUCKET/PREFIX "
+            "and pass endpoint and credentials in storage_options"
+        )
+    bucket, _, prefix = rest.partition("/")
+    prefix = prefix.strip("/")
+    if not bucket:
+        raise BadLocationError(f"{path!r} names no bucket: use {scheme}://BUCKET/PREFIX")
+    pattern = _S3_BUCKET if kind == "s3" else _GCS_BUCKET
+    if not pattern.match(bucket) or ".." in bucket:
+        raise BadLocationError(
+            f"{bucket!r} in {path!r} is not a valid bucket name: 3-63 lower-case letters, "
+            "digits, dots and hyphens, starting and ending with a letter or digit"
+        )
+    parts = prefix.split("/") if prefix else []
+    bad = [p for p in parts if p in ("", ".", "..")]
+    if bad:
+        raise BadLocationError(
+            f"the prefix of {path!r} has an empty, '.' or '..' component; give a plain "
+            "key prefix such as runs/a"
+        )
+    options = _parse_options(kind, path, storage_options or {})
+    return Location(kind, "/".join([bucket, *parts]), options)
+
+
+def _parse_options(kind: str, path: str, given: Mapping[str, Any]) -> S3Options | GCSOptions:
+    if not isinstance(given, Mapping):
+        raise BadLocationError(
+            f"storage_options must be a dict, got {type(given).__name__} for {path!r}"
+        )
+    cls = _OPTION_TYPES[kind]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(str(k) for k in given if k not in fields)
+    if unknown:
+        raise BadLocationError(
+            f"unknown storage option(s) {', '.join(map(repr, unknown))} for {path!r}; "
+            f"{kind} stores take {', '.join(sorted(fields))}"
+        )
+    values = dict(given)
+    if kind == "s3":
+        env = os.environ
+        values.setdefault("endpoint", env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"))
+        values.setdefault("region", env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"))
+    for name, value in values.items():
+        _check_option(path, name, value, fields[name])
+    if kind == "s3":
+        _check_s3(path, values)
+    return cls(**values)
+
+
+def _check_option(path: str, name: str, value: Any, field: dataclasses.Field) -> None:
+    if value is None and field.default is None:
+        return
+    if isinstance(field.default, bool):
+        ok = isinstance(value, bool)
+        want = "a bool"
+    elif name in ("max_retries", "request_concurrency"):
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        want = "an int >= 0"
+    elif name in ("retry_delay", "retry_max_delay"):
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+        want = "a number of seconds >= 0"
+    else:
+        ok = isinstance(value, str) and bool(value)
+        want = "a non-empty str"
+    if not ok:
+        raise BadLocationError(
+            f"storage option {name!r} for {path!r} must be {want}, got {value!r:.60}"
+        )
+
+
+def _check_s3(path: str, values: dict[str, Any]) -> None:
+    endpoint = values.get("endpoint")
+    if endpoint is not None and not re.match(r"^https?://[^/\s]+/?$", endpoint):
+        raise BadLocationError(
+            f"storage option 'endpoint' for {path!r} must look like http(s)://HOST[:PORT], "
+            f"got {endpoint!r}"
+        )
+    keys = [values.get("access_key_id"), values.get("secret_access_key")]
+    if any(keys) and not all(keys):
+        raise BadLocationError(
+            f"storage options for {path!r}: give access_key_id and secret_access_key together"
+        )
+    chosen = [
+        n
+        for n, v in (
+            ("anonymous", values.get("anonymous")),
+            ("profile/credentials_file", values.get("profile") or values.get("credentials_file")),
+            ("access_key_id", values.get("access_key_id")),
+        )
+        if v
+    ]
+    if len(chosen) > 1:
+        raise BadLocationError(
+            f"storage options for {path!r} choose credentials more than one way "
+            f"({', '.join(chosen)}); give one"
+        )
+    if values.get("host_header") and not endpoint:
+        raise BadLocationError(
+            f"storage option 'host_header' for {path!r} needs 'endpoint' as well"
+        )

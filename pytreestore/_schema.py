@@ -50,8 +50,11 @@ FORMAT_VERSION = 1
 TreeDef: TypeAlias = Any
 _LEAF = tree_structure(0)
 _BUILTIN = {list: "list", tuple: "tuple", dict: "dict", collections.OrderedDict: "ordered_dict"}
-_CHUNK_TARGET = 4 << 20  # bytes of one column chunk we aim at
+_CHUNK_TARGET = 4 << 20  # bytes of one column chunk we aim at, for the widest column
 _BUFFER_LIMIT = 64 << 20  # bytes of one chunk row across all columns, at most
+#: records per chunk, at most: a flush re-encodes the whole tail chunk of every column, so very
+#: long chunks of small leaves make frequent flushes slow
+_MAX_CHUNK_RECORDS = 1 << 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +132,7 @@ class TreeSchema:
         """Builds the schema of records shaped like ``like``; its values are not kept."""
         leaves: list[tuple[str, str, np.dtype, tuple[int, ...]]] = []
         tree = _encode(like, (), leaves)
-        chunk = chunk_records or _default_chunk_records(leaves)
+        chunk = _default_chunk_records(leaves) if chunk_records is None else chunk_records
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
             raise ValueError(f"chunk_records must be a positive int, got {chunk_records!r}")
         columns = tuple(
@@ -231,7 +234,7 @@ def _default_chunk_records(leaves: Sequence[tuple[str, str, np.dtype, tuple[int,
     sizes = [dt.itemsize * math.prod(shape) for _, _, dt, shape in leaves] or [1]
     per_chunk = _CHUNK_TARGET // max(max(sizes), 1)
     per_buffer = _BUFFER_LIMIT // max(sum(sizes), 1)
-    n = max(1, min(per_chunk, per_buffer, 1 << 20))
+    n = max(1, min(per_chunk, per_buffer, _MAX_CHUNK_RECORDS))
     return 1 << (n.bit_length() - 1)
 
 

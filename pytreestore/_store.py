@@ -13,25 +13,28 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
 from jax.tree_util import tree_flatten
 
-from pytreestore import _device, _read
+from pytreestore import _batches, _device, _map, _progress, _read, _repr, _sharded, _validate
+from pytreestore._convert import RecordError
 from pytreestore._location import Location
 from pytreestore._lock import WriterLock
-from pytreestore._schema import FORMAT_VERSION, TreeSchema
+from pytreestore._schema import TreeSchema
 from pytreestore._stack import split_leaves
+from pytreestore._verify import VerifyReport, name_column, verify
 from pytreestore._write import Commit, Writer, layouts
 from pytreestore.backends import Backend, get_backend
 from pytreestore.errors import (
     ClosedStoreError,
+    CorruptChunkError,
     CorruptStoreError,
-    FormatVersionError,
     NotAStoreError,
     ReadOnlyError,
     SchemaMismatchError,
@@ -114,11 +117,13 @@ class TreeStore:
         return len(self._writer) if self._writer else self._commit.records
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"records={len(self)}"
-        return (
-            f"TreeStore({self.path!r}, mode={self._mode!r}, {state}, "
-            f"columns={len(self._schema.columns)})"
-        )
+        return _repr.summary(self)
+
+    def _repr_html_(self) -> str | None:
+        """The column tree as an HTML table, for notebooks (None once closed: plain repr)."""
+        if self._closed:
+            return None
+        return _repr.render_html(_repr.describe(self), self._schema.tree)
 
     # ---- writing -------------------------------------------------------------------------------
 
@@ -135,13 +140,23 @@ class TreeStore:
             raise SchemaMismatchError(self._schema.mismatch_message(record))
         writer.append(leaves)
 
-    def extend(self, records: Iterable[Any]) -> None:
+    def extend(self, records: Iterable[Any], *, progress: bool = False) -> None:
         """Appends every record of an iterable (a list, a generator, ...), all or none.
 
         If any record is refused, none of this call's records are appended and the error
         names the offending record's position.
+
+        Args:
+            records: the records to append.
+            progress: show a progress bar (records and MB/s) on standard error.
         """
         writer = self._writable()
+        if progress:
+            records = _progress.track(
+                records,
+                desc="extend",
+                record_nbytes=sum(c.record_nbytes for c in self._schema.columns),
+            )
         treedef, schema = self._schema.treedef, self._schema
         seen = [0]
 
@@ -156,12 +171,15 @@ class TreeStore:
         position = writer.snapshot()
         try:
             writer.append_many(checked())
-        except SchemaMismatchError as err:
+        except (SchemaMismatchError, RecordError) as err:
             writer.rollback(position)
+            index, cause = (
+                (err.index, err.error) if isinstance(err, RecordError) else (seen[0], err)
+            )
             raise SchemaMismatchError(
-                f"extend() refused record {seen[0]} (none of this call's records were "
-                f"appended): {err}"
-            ) from err
+                f"extend() refused record {index} (none of this call's records were "
+                f"appended): {cause}"
+            ) from cause
         except BaseException:
             writer.rollback(position)
             raise
@@ -234,6 +252,9 @@ class TreeStore:
         device: Any = None,
         as_numpy: bool = False,
         cast: bool = False,
+        sharding: Any = None,
+        pad: bool = False,
+        pmap_devices: Sequence[Any] | None = None,
     ) -> Any:
         """Loads records ``index`` as a record of the stored classes.
 
@@ -246,10 +267,26 @@ class TreeStore:
             as_numpy: return host numpy arrays, with every dtype exactly as stored.
             cast: load 64-bit columns while x64 is disabled by casting them to 32 bits
                 (values that do not fit raise); without it they raise.
+            sharding: build each column as a global ``jax.Array`` split along the record axis:
+                one ``jax.sharding.Sharding`` for every column, a pytree of them shaped like
+                the schema (None replicates), or a callable from tree path to sharding. Each
+                device's rows are read once, for that device only (under ``jax.distributed``,
+                each process reads only its own devices' rows). See docs/sharding.md.
+            pad: with ``sharding`` or ``pmap_devices``, pad a record count that does not split
+                evenly with fill values (zeros) and return ``(records, mask)``, where ``mask``
+                is a bool ``jax.Array`` over the padded records, True for real ones.
+            pmap_devices: devices (e.g. ``jax.local_devices()``) to lay the records out for
+                ``jax.pmap``: leaves shaped ``(len(devices), count // len(devices), ...)``,
+                slice ``i`` already on ``devices[i]``.
 
         Returns:
             For an int index, one record whose leaves have the per-record shape; otherwise a
-            batched record whose leaves carry a leading record axis.
+            batched record whose leaves carry a leading record axis; with ``pad=True`` a pair
+            ``(records, mask)``.
+
+        Raises:
+            ShardingError: a sharding cannot split the record count (and ``pad`` is false) or
+                a leaf's shape.
 
         Example:
             >>> import pytreestore
@@ -258,8 +295,40 @@ class TreeStore:
             >>> s.load([4, 0], columns="['b']", as_numpy=True)
             {'a': None, 'b': (array([4., 0.], dtype=float32), array([8., 0.], dtype=float32))}
         """
+        if sharding is not None or pmap_devices is not None or pad:
+            _sharded.check_request(index, sharding, pmap_devices, device=device, as_numpy=as_numpy)
+            return self._load_sharded(index, columns, sharding, pmap_devices, pad=pad, cast=cast)
         leaves = self._load_leaves(index, columns, device=device, as_numpy=as_numpy, cast=cast)
         return self._schema.unflatten(leaves)
+
+    def _load_sharded(
+        self,
+        index: Any,
+        columns: str | Sequence[str] | None,
+        sharding: Any,
+        pmap_devices: Sequence[Any] | None,
+        *,
+        pad: bool,
+        cast: bool,
+    ) -> Any:
+        selection, chosen, n = self._select(index, columns)
+        shardings = _sharded.resolve(sharding, pmap_devices, self._schema.paths)
+        specs = [self._schema.columns[i] for i in chosen]
+        arrays, mask = _sharded.load(
+            self._backend,
+            specs,
+            selection,
+            n,
+            [shardings[i] for i in chosen],
+            pad=pad,
+            cast=cast,
+            pmap=pmap_devices is not None,
+        )
+        leaves: list[Any] = [None] * len(self._schema.columns)
+        for i, array in zip(chosen, arrays):
+            leaves[i] = array
+        records = self._schema.unflatten(leaves)
+        return (records, mask) if pad else records
 
     def __getitem__(self, index: Any) -> Any:
         return self.load(index)
@@ -301,17 +370,15 @@ class TreeStore:
         as_numpy: bool = False,
         cast: bool = False,
     ) -> list[Any]:
-        self._check_open()
-        if self._writer is not None and self._writer.pending:
-            self._writer.flush()
-        n = len(self)
-        selection = _read.normalize(index, n)
-        chosen = self._schema.select(columns)
+        selection, chosen, n = self._select(index, columns)
         specs = [self._schema.columns[i] for i in chosen]
         if selection.count == 0:
             arrays = [np.empty((0, *c.shape), c.dtype) for c in specs]
         else:
-            arrays = self._backend.read([c.key for c in specs], selection.index, n)
+            try:
+                arrays = self._backend.read([c.key for c in specs], selection.index, n)
+            except CorruptChunkError as err:
+                raise name_column(err, self._schema) from err
         if selection.scalar:
             arrays = [a[0, ...] for a in arrays]
         leaves: list[Any] = [None] * len(self._schema.columns)
@@ -320,6 +387,178 @@ class TreeStore:
         if as_numpy:
             return leaves
         return _device.to_jax(leaves, self._schema.paths, device=device, cast=cast)
+
+    def _select(
+        self, index: Any, columns: str | Sequence[str] | None
+    ) -> tuple[_read.Selection, list[int], int]:
+        """Flushes pending appends; the normalised index, chosen columns and record count."""
+        self._check_open()
+        if self._writer is not None and self._writer.pending:
+            self._writer.flush()
+        n = len(self)
+        return _read.normalize(index, n), self._schema.select(columns), n
+
+    # ---- device pipelines ----------------------------------------------------------------------
+
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        prefetch: int = 2,
+        columns: str | Sequence[str] | None = None,
+        sharding: Any = None,
+        start: int = 0,
+        stop: int | None = None,
+        epochs: int | None = 1,
+        state: dict[str, Any] | None = None,
+        cast: bool = False,
+    ) -> _batches.BatchIterator:
+        """Iterates over records ``[start, stop)`` in batches on device, read ahead in the background.
+
+        Args:
+            batch_size: records per batch.
+            shuffle: visit records in an order drawn from ``(seed, epoch)`` each epoch.
+            seed: the shuffle seed.
+            drop_last: skip the last batch of an epoch when it is short.
+            prefetch: batches read (and copied to device) ahead while the caller computes;
+                0 reads each batch when it is asked for.
+            columns: columns to load, as for :meth:`load`.
+            sharding: as for :meth:`load`; each batch becomes global arrays split this way.
+            start: first record (negative counts from the end).
+            stop: end of the records (default: the store's length now).
+            epochs: passes over the records; None repeats without end.
+            state: a dict from :meth:`BatchIterator.state` to continue from.
+            cast: as for :meth:`load`.
+
+        Returns:
+            A :class:`~pytreestore._batches.BatchIterator` of batched records; its ``state()``
+            reports the position to resume from.
+
+        Raises:
+            ShardingError: ``sharding`` cannot split ``batch_size`` (or, without
+                ``drop_last``, the last short batch).
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-store-batches", {"x": np.int32(0)})
+            >>> s.extend({"x": np.int32(i)} for i in range(5))
+            >>> it = s.batches(2, drop_last=True)
+            >>> [b["x"].tolist() for b in it], it.state()["epoch"]
+            ([[0, 1], [2, 3]], 1)
+        """
+        self._check_open()
+        lo, hi, _ = slice(start, stop).indices(len(self))
+        hi = max(lo, hi)
+        if sharding is not None:
+            self._check_batch_split(sharding, columns, batch_size, hi - lo, drop_last)
+        load = functools.partial(self.load, columns=columns, sharding=sharding, cast=cast)
+        return _batches.BatchIterator(
+            load,
+            start=lo,
+            stop=hi,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            prefetch=prefetch,
+            epochs=epochs,
+            state=state,
+        )
+
+    def map(
+        self,
+        fn: Callable[[Any], Any],
+        *,
+        batch_size: int | None = None,
+        out: Any = None,
+        columns: str | Sequence[str] | None = None,
+        sharding: Any = None,
+        progress: bool = False,
+        prefetch: int = 2,
+        cast: bool = False,
+    ) -> Any:
+        """Applies ``jax.jit(jax.vmap(fn))`` to every record, one batch at a time.
+
+        Args:
+            fn: a function of one record (leaves without the record axis).
+            batch_size: records per compiled call (default: the store's ``chunk_records``).
+            out: None to return the stacked results; a store open for appending (or a path
+                for a new store, created from the first result) to append them to instead.
+            columns: columns to load, as for :meth:`load`; ``fn`` sees None for the others.
+            sharding: as for :meth:`load`; each batch is split this way.
+            progress: show a progress bar (records and MB/s) on standard error.
+            prefetch: batches read ahead while the previous one computes.
+            cast: as for :meth:`load`.
+
+        Returns:
+            The results with a leading record axis, or the ``out`` store.
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-store-map", {"x": np.float32(0)})
+            >>> s.extend({"x": np.float32(i)} for i in range(3))
+            >>> s.map(lambda r: {"y": r["x"] + 1}, batch_size=2)["y"]
+            Array([1., 2., 3.], dtype=float32)
+        """
+        self._check_open()
+        size = batch_size if batch_size is not None else self._schema.chunk_records
+        if sharding is not None:
+            self._check_batch_split(sharding, columns, size, size, True)
+        load = functools.partial(self.load, columns=columns, sharding=sharding, cast=cast)
+        nbytes = sum(self._schema.columns[i].record_nbytes for i in self._schema.select(columns))
+        return _map.map_records(
+            fn,
+            load,
+            count=len(self),
+            batch_size=size,
+            out=out,
+            progress=progress,
+            record_nbytes=nbytes,
+            prefetch=prefetch,
+        )
+
+    def grain_source(self, *, columns: str | Sequence[str] | None = None) -> _batches.GrainSource:
+        """This store as a Grain random-access data source (records with numpy leaves).
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-store-grain", {"x": np.int32(0)})
+            >>> s.extend({"x": np.int32(i)} for i in range(3))
+            >>> src = s.grain_source()
+            >>> len(src), int(src[1]["x"])
+            (3, 1)
+        """
+        self._check_open()
+        return _batches.GrainSource(self, columns=columns)
+
+    def _check_batch_split(
+        self, sharding: Any, columns: Any, batch_size: int, count: int, drop_last: bool
+    ) -> None:
+        shardings = _sharded.resolve(sharding, None, self._schema.paths)
+        chosen = self._schema.select(columns)
+        _sharded.check_batches(
+            [self._schema.columns[i] for i in chosen],
+            [shardings[i] for i in chosen],
+            batch_size,
+            count,
+            drop_last=drop_last,
+        )
+
+    def verify(self) -> VerifyReport:
+        """Reads back the commit record, every column's metadata and every committed chunk.
+
+        Returns:
+            A report whose ``ok`` says whether all is well and whose ``problems`` name each
+            damaged or missing object by column (tree path), chunk and storage key.
+
+        Raises:
+            StorageError: storage could not be reached.
+        """
+        self._check_open()
+        return verify(self._backend, self._schema, self.committed, self.path)
 
     # ---- guards --------------------------------------------------------------------------------
 
@@ -367,6 +606,7 @@ def create(
     codec: str | None = "zstd",
     backend: str = "tensorstore",
     overwrite: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> TreeStore:
     """Creates an empty store for records shaped like ``like`` and opens it for appending.
 
@@ -376,8 +616,11 @@ def create(
             the schema. Its values are not stored.
         chunk_records: records per chunk; by default chosen so chunks hold about 4 MiB.
         codec: ``"zstd"`` (default), ``"blosc"``, ``"gzip"``, or None for uncompressed.
-        backend: the storage engine, ``"tensorstore"``.
+        backend: the storage engine: ``"tensorstore"`` (default) or ``"zarr"`` (zarr-python;
+            local directories and ``memory://`` only). Either reads what the other wrote.
         overwrite: replace an existing store at ``path``.
+        storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
+            retries (see :class:`pytreestore._location.S3Options` and ``docs/reliability.md``).
 
     Raises:
         UnsupportedTreeError: ``like`` holds a node or leaf a store cannot represent.
@@ -389,7 +632,7 @@ def create(
         >>> [c.path for c in store.schema.columns]
         ["['x']"]
     """
-    location = Location.parse(path)
+    location = Location.parse(path, storage_options)
     schema = TreeSchema.from_example(like, chunk_records=chunk_records, codec=codec)
     if not schema.columns:
         raise SchemaMismatchError(
@@ -398,18 +641,29 @@ def create(
         )
     if codec not in ("zstd", "blosc", "gzip", None):
         raise ValueError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
+    return create_from_schema(location, schema, backend=backend, overwrite=overwrite)
+
+
+def create_from_schema(
+    location: Location, schema: TreeSchema, *, backend: str, overwrite: bool
+) -> TreeStore:
+    """Creates an empty store with a ready-made ``schema`` (``create`` and ``copy`` share it)."""
     engine: Backend = get_backend(backend)(location)
     _clear_for_create(engine, location, overwrite)
-    lock = WriterLock.acquire(location)
+    lock = WriterLock.acquire(location, engine)
     try:
         engine.create_columns(layouts(schema))
         groups = {k: _group_json({}) for k in _group_keys(schema)}
         engine.write_many_bytes(groups)
         commit = Commit(0, 0)
         engine.write_bytes(".pytreestore/commit.json", commit.to_bytes())
-        engine.write_bytes(ROOT_KEY, _group_json({"pytreestore": schema.to_json()}))
+        info = _validate.stamped(schema.to_json())  # checked against schema.json, with a digest
+        engine.write_bytes(ROOT_KEY, _group_json({"pytreestore": info}))
     except BaseException:
-        lock.release()
+        try:
+            engine.delete_all()  # a half-made store must not block the next create
+        finally:
+            lock.release()
         raise
     return TreeStore(
         location=location,
@@ -429,6 +683,8 @@ def open(
     like: Any = None,
     generic: bool = False,
     backend: str = "tensorstore",
+    storage_options: Mapping[str, Any] | None = None,
+    break_lock: bool = False,
 ) -> TreeStore:
     """Opens an existing store.
 
@@ -438,12 +694,21 @@ def open(
         like: an example record whose classes to use instead of importing the classes the
             schema names (for classes defined in ``__main__`` or since moved).
         generic: return dicts, lists and tuples instead of the stored classes (read only).
-        backend: the storage engine, ``"tensorstore"``.
+        backend: the storage engine: ``"tensorstore"`` (default) or ``"zarr"``.
+        storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
+            retries (see :class:`pytreestore._location.S3Options` and ``docs/reliability.md``).
+        break_lock: S3 and GCS, ``mode="a"`` only: take the writer lock over even from a
+            holder that may be alive (a writer on a host that crashed). A holder on this host
+            that has died is detected and replaced without it.
 
     Raises:
         StoreNotFoundError: nothing is at ``path``.
-        NotAStoreError: ``path`` holds something that is not a store.
+        NotAStoreError: ``path`` holds something that is not a store, or its root metadata
+            is not JSON.
         FormatVersionError: the store's format is newer than this pytreestore.
+        CorruptStoreError: the root metadata breaks the format's JSON Schema
+            (``pytreestore/schema.json``), or a column's array disagrees with the schema
+            (raised when the column is first read).
         ClassResolutionError: a class the schema names cannot be imported.
         StoreLockedError: ``mode="a"`` and another writer holds the store.
 
@@ -451,16 +716,19 @@ def open(
         >>> import pytreestore
         >>> pytreestore.create("memory://doc-open", {"x": 0}).close()
         >>> pytreestore.open("memory://doc-open")
-        TreeStore('memory://doc-open', mode='r', records=0, columns=1)
+        TreeStore('memory://doc-open', mode='r', records=0, columns=1, nbytes=0 B)
     """
     if mode not in ("r", "a"):
         raise ValueError(f"mode must be 'r' (read) or 'a' (append), got {mode!r}")
     if generic and mode == "a":
         raise ValueError("generic=True gives a read-only view; open with mode='r'")
-    location = Location.parse(path)
+    if break_lock and mode != "a":
+        raise ValueError("break_lock=True takes the writer lock; open with mode='a'")
+    location = Location.parse(path, storage_options)
     engine: Backend = get_backend(backend)(location)
-    schema = TreeSchema.from_json(_read_root(engine, location), like=like, generic=generic)
-    lock = WriterLock.acquire(location) if mode == "a" else None
+    schema = _read_schema(engine, location, like=like, generic=generic)
+    engine.open_columns(schema.columns)
+    lock = WriterLock.acquire(location, engine, break_lock=break_lock) if mode == "a" else None
     try:
         commit = Commit.read(engine, str(location))
         if mode == "a":
@@ -480,40 +748,21 @@ def open(
     )
 
 
-def _read_root(engine: Backend, location: Location) -> dict[str, Any]:
-    where = f"{location}/{ROOT_KEY}"
+def _read_schema(engine: Backend, location: Location, *, like: Any, generic: bool) -> TreeSchema:
     raw = engine.read_bytes(ROOT_KEY)
     if raw is None:
         if engine.is_empty():
             raise StoreNotFoundError(f"no store at {location}")
         raise NotAStoreError(f"{location} is not a pytreestore store: {ROOT_KEY} is missing")
-    try:
-        meta = json.loads(raw)
-    except ValueError as err:
-        raise NotAStoreError(
-            f"{where} is not valid JSON ({err}); the store's root metadata is damaged"
-        ) from err
-    attrs = meta.get("attributes") if isinstance(meta, dict) else None
-    info = attrs.get("pytreestore") if isinstance(attrs, dict) else None
-    if not isinstance(info, dict):
-        raise NotAStoreError(
-            f"{location} is a zarr node but not a pytreestore store: {where} has no "
-            "'pytreestore' attribute"
-        )
-    version = info.get("format_version")
-    if not isinstance(version, int) or version < 1:
-        raise NotAStoreError(f"{where} has an invalid format_version {version!r}")
-    if version > FORMAT_VERSION:
-        raise FormatVersionError(
-            f"{location} is in pytreestore format {version}, newer than the {FORMAT_VERSION} "
-            "this version reads; upgrade pytreestore to read it"
-        )
-    return info
+    return _validate.load_schema(raw, str(location), like=like, generic=generic)
 
 
 def _repair(engine: Backend, schema: TreeSchema, commit: Commit) -> None:
-    """Trims columns that a crashed writer grew past the commit back to the committed length."""
+    """Trims columns that a crashed writer grew past the commit back to the committed length,
+    after removing the partial writes it left (backends that can leave any)."""
     keys = [c.key for c in schema.columns]
+    if hasattr(engine, "remove_partial_writes"):
+        engine.remove_partial_writes(keys, commit.records // schema.chunk_records)
     shapes = engine.column_shapes(keys)
     for c, shape in zip(schema.columns, shapes):
         if tuple(shape[1:]) != c.shape:
@@ -547,7 +796,7 @@ def _clear_for_create(engine: Backend, location: Location, overwrite: bool) -> N
             f"{location} holds data that is not a pytreestore store; refusing to delete it. "
             "Choose an empty or new location."
         )
-    WriterLock.acquire(location).release()
+    WriterLock.acquire(location, engine).release()
     engine.delete_all()
 
 

@@ -7,9 +7,13 @@ object in one atomic put, and committed rows in it are rewritten with their own 
 
 The protocol of one write, for any number of records:
 
-1. resize every column's record axis to the new length (metadata only);
+1. resize every column's record axis to the new length (metadata only; a resize that grows
+   only grows, so a writer that is behind another fails here);
 2. write every column's chunks, all at once, and wait for all of them;
-3. write the commit record ``.pytreestore/commit.json`` (one atomic put).
+3. write the commit record ``.pytreestore/commit.json`` (one atomic put), on backends that
+   can, *conditionally*: only if it is still the version this writer last read or wrote.
+   Otherwise another writer has committed, and :class:`CommitConflictError` is raised with
+   nothing committed, so two writers can never both commit.
 
 Readers trust only the commit record. A crash before step 3 leaves the previous commit in
 force, with harmless bytes past it that the next writer trims and overwrites.
@@ -31,6 +35,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -114,7 +119,10 @@ class Writer:
         self.filler = RowFiller(self.casters, self.buffers)
         self.commit = commit
         self.start = commit.records - commit.records % self.chunk
-        self._token, self._uncertain = commit_token(backend, commit, "this store"), None
+        self._token = commit_token(backend, commit, "this store")
+        self._uncertain: Commit | None = None  # a commit whose write failed midway
+        self._snap: tuple[int, int] | None = None  # the position of the last snapshot
+        self._saved: list[np.ndarray] | None = None  # its buffered rows, once overwritten
         self.fill = commit.records - self.start
         if self.fill:
             tail = backend.read(self._keys, slice(self.start, commit.records), commit.records)
@@ -198,7 +206,8 @@ class Writer:
 
     def snapshot(self) -> tuple[int, int]:
         """The position to :meth:`rollback` to if a multi-record append fails."""
-        return self.start, self.fill
+        self._snap, self._saved = (self.start, self.fill), None
+        return self._snap
 
     def rollback(self, position: tuple[int, int]) -> None:
         """Forgets every uncommitted record appended since ``position`` was taken.
@@ -208,13 +217,24 @@ class Writer:
         """
         start, fill = position
         if start != self.start and fill:
-            rows = self._backend.read(self._keys, slice(start, start + fill), start + fill)
+            rows = self._saved if position == self._snap and self._saved else None
+            if rows is None:
+                rows = self._backend.read(self._keys, slice(start, start + fill), start + fill)
             for buf, block in zip(self.buffers, rows):
                 buf[:fill] = block
         self.start, self.fill = start, fill
-        self._backend.resize(self._keys, self.commit.records)
+        self._snap, self._saved = None, None
+        if self._token is not None:  # never trim records another writer has committed
+            commit_token(self._backend, self.commit, "this store")
+        with contextlib.suppress(StorageError):  # rows past the commit are harmless
+            self._backend.resize(self._keys, self.commit.records)
 
     def _write_chunk(self, *, commit: bool) -> None:
+        snap = self._snap
+        if not commit and snap and snap[1] and snap[0] == self.start and self._saved is None:
+            # the rows buffered before an extend are about to be overwritten: keep them, so
+            # a rollback needs no read (which fails when storage is what failed)
+            self._saved = [b[: snap[1]].copy() for b in self.buffers]
         end = self.start + self.chunk
         self._backend.resize(self._keys, end)
         self._backend.write(self._keys, self.start, self.buffers)
@@ -265,6 +285,8 @@ def commit_token(backend: Backend, commit: Commit, where: str) -> bytes | None:
     if not hasattr(backend, "write_bytes_if"):
         return None
     raw, token = backend.read_bytes_versioned(COMMIT_KEY)  # type: ignore[attr-defined]
+    if raw is None and (commit.records, commit.generation) == (0, 0):
+        return token  # the generation of a missing key: the first commit creates it
     found = Commit.from_bytes(raw, where)
     if (found.records, found.generation) != (commit.records, commit.generation):
         raise CommitConflictError(

@@ -18,12 +18,16 @@ __all__ = [
     "BadLocationError",
     "ClassResolutionError",
     "ClosedStoreError",
+    "CommitConflictError",
+    "CorruptChunkError",
     "CorruptStoreError",
     "FormatVersionError",
     "NotAStoreError",
     "PyTreeStoreError",
     "ReadOnlyError",
     "SchemaMismatchError",
+    "ShardingError",
+    "StorageError",
     "StoreExistsError",
     "StoreIndexError",
     "StoreLockedError",
@@ -70,12 +74,44 @@ class CorruptStoreError(PyTreeStoreError, OSError):
     """The store's metadata or data disagree with its schema or cannot be decoded."""
 
 
+class CorruptChunkError(CorruptStoreError):
+    """A chunk of a column cannot be read back: its checksum or its encoding is damaged.
+
+    Attributes:
+        path: the column's tree path (``keystr``), or its storage key where no path is known.
+        chunk: the chunk's grid index, record axis first (``(3, 0)``), or None if not known.
+        key: the chunk's storage key below the store root, or None if not known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str = "",
+        chunk: tuple[int, ...] | None = None,
+        key: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.path, self.chunk, self.key = path, chunk, key
+
+
+class StorageError(PyTreeStoreError, OSError):
+    """Storage could not be reached or refused a request (server down, disk full, ...).
+
+    What was committed before stays committed; a failed flush can be retried.
+    """
+
+
 class ReadOnlyError(PyTreeStoreError, PermissionError):
     """A store opened read-only was written to."""
 
 
 class StoreLockedError(PyTreeStoreError, BlockingIOError):
     """Another writer holds the store's lock."""
+
+
+class CommitConflictError(StoreLockedError):
+    """Another writer committed to the store (or took its lock) since this writer opened it."""
 
 
 class ClosedStoreError(PyTreeStoreError, ValueError):
@@ -96,3 +132,7 @@ class X64DisabledError(PyTreeStoreError, TypeError):
 
 class BadLocationError(PyTreeStoreError, ValueError):
     """A path or URL that names no place a store can live."""
+
+
+class ShardingError(PyTreeStoreError, ValueError):
+    """A sharded or pmap load asked for a split the record count or a leaf shape cannot take."""

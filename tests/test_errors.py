@@ -74,7 +74,10 @@ RECORD_CASES = [
     ({"v": np.zeros(2, np.float32), "n": 0}, "at ['v']: expected float32[3], got float32[2]"),
     ({"v": np.zeros(3, np.float32), "n": 1.5}, "at ['n']: expected int32[], got Python float 1.5"),
     ({"v": np.zeros(3, np.float32), "n": "7"}, "at ['n']: expected int32[], got a str"),
-    ({"v": np.array(["a", "b", "c"]), "n": 0}, "at ['v']: expected float32[3], got str32[3]. Columns hold numbers and bools only"),
+    (
+        {"v": np.array(["a", "b", "c"]), "n": 0},
+        "at ['v']: expected float32[3], got str32[3]. Columns hold numbers and bools only",
+    ),
     ({"v": np.zeros(3, object), "n": 0}, "at ['v']: expected float32[3], got object[3]"),
     ({"v": np.zeros(3, np.complex64), "n": 0}, "complex64 cannot be cast to float32"),
     ({"v": np.zeros(3, np.float32), "n": 2**31}, "it does not fit in int32"),

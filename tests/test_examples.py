@@ -20,6 +20,7 @@ EXPECTED_OUTPUT: dict[str, list[str]] = {
         "float64 time stamps, bit for bit",
         "all checks passed",
     ],
+    "train_batches.py": ["train_batches example OK"],
 }
 
 

@@ -21,7 +21,7 @@ from flax import struct
 from zarr.errors import ZarrUserWarning
 
 import pytreestore
-from pytreestore import _dtypes, errors
+from pytreestore import _dtypes, _validate, errors
 
 CHUNK = 4
 ML_DTYPES = frozenset(np.dtype(getattr(ml_dtypes, n)) for n in ("bfloat16", "float8_e4m3fn"))
@@ -106,12 +106,12 @@ def test_root_zarr_json(tmp_path):
     assert meta["zarr_format"] == 3 and meta["node_type"] == "group"
     assert set(meta["attributes"]) == {"pytreestore"}
     info = meta["attributes"]["pytreestore"]
-    assert set(info) == {"format_version", "chunk_records", "codec", "tree", "columns"}
+    assert set(info) == {"format_version", "chunk_records", "codec", "tree", "columns", "digest"}
     assert info["format_version"] == pytreestore.FORMAT_VERSION == 1
     assert info["chunk_records"] == CHUNK
     assert info["codec"] == "zstd"
     store = pytreestore.open(root)
-    assert info == store.schema.to_json()
+    assert info == {**store.schema.to_json(), "digest": _validate.digest(info)}
     for col, spec in zip(info["columns"], store.schema.columns):
         assert set(col) == {"path", "key", "dtype", "shape", "chunks"}
         assert col["dtype"] == spec.dtype.name and col["dtype"] in _dtypes.SUPPORTED
@@ -186,6 +186,7 @@ GOLDEN_ROOT = {
                     "chunks": [8],
                 },
             ],
+            "digest": "blake2b-160:b43aaa04d1e877914bdbe920f0e0b894b5582667",
         }
     },
 }
@@ -347,10 +348,10 @@ def test_default_chunk_records(tmp_path):
     store = pytreestore.create(tmp_path / "s", {"v": np.zeros(3, np.float32), "t": 0})
     store.close()
     info = read_json(tmp_path / "s" / "zarr.json")["attributes"]["pytreestore"]
-    # 4 MiB // 12 bytes = 349,525 records, rounded down to a power of two
-    assert info["chunk_records"] == 2**18
+    # 4 MiB // 12 bytes = 349,525 records, capped at 2**16 so that flushes stay cheap
+    assert info["chunk_records"] == 2**16
     assert read_json(tmp_path / "s" / "v" / "zarr.json")["chunk_grid"]["configuration"] == {
-        "chunk_shape": [2**18, 3]
+        "chunk_shape": [2**16, 3]
     }
 
 
@@ -433,7 +434,7 @@ def test_zarr_python_lists_the_hierarchy(tmp_path):
     store = pytreestore.open(root)
     expected = flat_columns(store)
     group = zarr.open_group(root, mode="r")
-    assert group.attrs["pytreestore"] == store.schema.to_json()
+    assert group.attrs["pytreestore"] == _validate.stamped(store.schema.to_json())
     # zarr-python warns about the one non-zarr folder of the hierarchy, .pytreestore/
     with pytest.warns(ZarrUserWarning, match=re.escape("Object at .pytreestore is not recognized")):
         members = dict(group.members(max_depth=None))

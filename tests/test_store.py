@@ -223,7 +223,7 @@ def test_read_only_and_closed(seed_store):
 
 
 def test_repr(seed_store):
-    assert repr(seed_store).endswith("mode='r', records=3, columns=4)")
+    assert repr(seed_store).endswith("mode='r', records=3, columns=4, nbytes=48 B)")
 
 
 def test_x64_columns_exact_and_policy(tmp_path):
@@ -267,8 +267,12 @@ def test_wide_tree_hundreds_of_leaves(tmp_path):
 def test_jax_and_big_endian_leaves(tmp_path):
     like = {"a": jnp.zeros(3), "b": None, "c": [], "d": jnp.int32(0), "e": np.zeros(2, ">f8")}
     with pytreestore.create(tmp_path / "s", like) as store:
-        store.append({"a": jnp.ones(3), "b": None, "c": [], "d": jnp.int32(5), "e": np.ones(2, ">f8")})
-        store.append({"a": np.full(3, 2, np.float32), "b": None, "c": [], "d": 7, "e": np.ones(2, "<f4")})
+        store.append(
+            {"a": jnp.ones(3), "b": None, "c": [], "d": jnp.int32(5), "e": np.ones(2, ">f8")}
+        )
+        store.append(
+            {"a": np.full(3, 2, np.float32), "b": None, "c": [], "d": 7, "e": np.ones(2, "<f4")}
+        )
     out = pytreestore.open(tmp_path / "s").load(as_numpy=True)
     assert out["b"] is None and out["c"] == []
     np.testing.assert_array_equal(out["a"], [[1, 1, 1], [2, 2, 2]])

@@ -43,6 +43,23 @@ class ColumnLayout:
     fill_value: Any
 
 
+class ColumnShape(Protocol):
+    """What checking a column's array needs: a :class:`ColumnLayout`, or the schema's
+    :class:`~pytreestore.ColumnSpec` (so that opening builds no layouts)."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def dtype(self) -> np.dtype: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def chunks(self) -> tuple[int, ...]: ...
+
+
 class Backend(Protocol):
     """A storage engine under one store root."""
 
@@ -67,7 +84,17 @@ class Backend(Protocol):
         ...
 
     def create_columns(self, layouts: Sequence[ColumnLayout]) -> None:
-        """Creates one empty array (record axis of length 0) per layout."""
+        """Creates one empty array (record axis of length 0) per layout, and declares it."""
+        ...
+
+    def open_columns(self, columns: Sequence[ColumnShape]) -> None:
+        """Declares the columns of an existing store, without I/O.
+
+        Each array's metadata is read when its column is first used (for all the columns of
+        a call at once) and checked against its column: a data type, shape or chunk shape
+        that disagrees, or an array holding fewer records than asked for, raises
+        :class:`~pytreestore.errors.CorruptStoreError` naming the array's ``zarr.json``.
+        """
         ...
 
     def column_shapes(self, keys: Sequence[str]) -> list[tuple[int, ...]]:

@@ -16,6 +16,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 import shutil
 import threading
 from collections.abc import Sequence
@@ -25,8 +28,22 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
+from pytreestore import _validate
 from pytreestore._location import Location
-from pytreestore.backends._base import ColumnLayout
+from pytreestore.backends._base import ColumnLayout, ColumnShape
+from pytreestore.backends._ts_kvstore import kvstore_spec
+from pytreestore.errors import (
+    CommitConflictError,
+    CorruptChunkError,
+    CorruptStoreError,
+    PyTreeStoreError,
+    StorageError,
+)
+
+#: TensorStore's storage generation of a missing key (``if_equal=NO_VALUE``: create only)
+NO_VALUE = b"\x02"
+#: status codes of a read that found bytes it could not decode (as opposed to not reaching them)
+_DAMAGED = ("DATA_LOSS", "FAILED_PRECONDITION", "INVALID_ARGUMENT", "OUT_OF_RANGE")
 
 _MEMORY: dict[str, Any] = {}
 _MEMORY_LOCK = threading.Lock()
@@ -41,7 +58,11 @@ def _memory_context() -> ts.Context:
 
 
 def codec_json(codec: str | None, dtype: np.dtype) -> list[dict[str, Any]]:
-    """zarr v3 codec chain for ``codec``."""
+    """zarr v3 codec chain for ``codec``, ending in a ``crc32c`` checksum of every chunk."""
+    return [*_compression_chain(codec, dtype), {"name": "crc32c"}]
+
+
+def _compression_chain(codec: str | None, dtype: np.dtype) -> list[dict[str, Any]]:
     chain: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
     if codec is None:
         return chain
@@ -81,18 +102,20 @@ def array_metadata(layout: ColumnLayout) -> dict[str, Any]:
 
 
 class TensorStoreBackend:
-    """Columns as TensorStore ``zarr3`` arrays on the ``file`` or ``memory`` kvstore."""
+    """Columns as TensorStore ``zarr3`` arrays on the ``file``, ``memory``, ``s3`` or ``gcs``
+    kvstore.
+
+    Storage failures raise :class:`StorageError`; chunks that cannot be decoded raise
+    :class:`CorruptChunkError` naming the column key and the chunk.
+    """
 
     def __init__(self, location: Location) -> None:
         self._location = location
-        if location.kind == "memory":
-            self._context = _memory_context()
-            self._kv_spec: dict[str, Any] = {"driver": "memory", "path": location.root + "/"}
-        else:
-            self._context = ts.Context()
-            self._kv_spec = {"driver": "file", "path": location.root + "/"}
+        self._context = _memory_context() if location.kind == "memory" else ts.Context()
+        self._kv_spec, self._cleanup = kvstore_spec(location)
         self._kv: ts.KvStore | None = None
         self._handles: dict[str, ts.TensorStore] = {}
+        self._layouts: dict[str, ColumnShape] = {}
 
     # ---- keys and bytes ----------------------------------------------------------------------
 
@@ -103,35 +126,76 @@ class TensorStoreBackend:
         return self._kv
 
     def read_bytes(self, key: str) -> bytes | None:
-        result = self.kvstore.read(key).result()
-        return bytes(result.value) if result.state == "value" else None
+        return self.read_bytes_versioned(key)[0]
 
     def write_bytes(self, key: str, data: bytes) -> None:
-        self.kvstore.write(key, data).result()
+        self.write_many_bytes({key: data})
 
     def write_many_bytes(self, items: dict[str, bytes]) -> None:
         futures = [self.kvstore.write(k, v) for k, v in items.items()]
-        for fut in futures:
-            fut.result()
+        _wait(futures, list(items), f"writing to {self._location}")
+
+    def read_bytes_versioned(self, key: str) -> tuple[bytes | None, bytes]:
+        """The value at ``key`` (None when absent) and its storage generation.
+
+        The generation of a missing key is :data:`NO_VALUE`.
+        """
+        try:
+            result = self.kvstore.read(key).result()
+        except ValueError as err:
+            raise _storage_error(f"reading {self._location}/{key}", err) from err
+        value = bytes(result.value) if result.state == "value" else None
+        return value, bytes(result.stamp.generation)
+
+    def write_bytes_if(self, key: str, data: bytes | None, generation: bytes) -> bytes | None:
+        """Writes (or with None deletes) ``key`` only if its generation is ``generation``.
+
+        Atomic on the file and memory kvstores, on GCS, and on S3 servers that honour
+        ``If-Match``/``If-None-Match`` (AWS, MinIO, moto). Pass :data:`NO_VALUE` to create only.
+
+        Returns:
+            The new generation, or None when the key had changed and nothing was written.
+        """
+        try:
+            stamp = self.kvstore.write(key, data, if_equal=generation).result()
+        except ValueError as err:
+            raise _storage_error(f"writing {self._location}/{key}", err) from err
+        return None if stamp.generation == b"" else bytes(stamp.generation)
+
+    def list_keys(self, prefix: str) -> list[str]:
+        """Every key below the root that starts with ``prefix``."""
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else ""
+        try:
+            keys = self.kvstore.list(ts.KvStore.KeyRange(prefix, end)).result()
+        except ValueError as err:
+            raise _storage_error(f"listing {self._location}/{prefix}", err) from err
+        return sorted(bytes(k).decode() for k in keys)
 
     def delete_all(self) -> None:
         self._handles.clear()
         if self._location.kind == "file":
             shutil.rmtree(self._location.root, ignore_errors=True)
         else:
-            self.kvstore.delete_range(ts.KvStore.KeyRange()).result()
+            try:
+                self.kvstore.delete_range(ts.KvStore.KeyRange()).result()
+            except ValueError as err:
+                raise _storage_error(f"deleting {self._location}", err) from err
 
     def is_empty(self) -> bool:
         if self._location.kind == "file":
             root = Path(self._location.root)
             return not root.exists() or not any(root.iterdir())
-        return not self.kvstore.list().result()
+        try:
+            return not self.kvstore.list().result()
+        except ValueError as err:
+            raise _storage_error(f"listing {self._location}", err) from err
 
     # ---- columns -----------------------------------------------------------------------------
 
     def _spec(self, key: str) -> dict[str, Any]:
         kv = dict(self._kv_spec, path=self._kv_spec["path"] + key + "/")
-        return {"driver": "zarr3", "kvstore": kv}
+        # every chunk is stored, all-zero ones too, so a missing chunk means lost data
+        return {"driver": "zarr3", "kvstore": kv, "store_data_equal_to_fill_value": True}
 
     def create_columns(self, layouts: Sequence[ColumnLayout]) -> None:
         futures = [
@@ -142,16 +206,34 @@ class TensorStoreBackend:
             )
             for lay in layouts
         ]
-        for lay, fut in zip(layouts, futures):
-            self._handles[lay.key] = fut.result()
+        handles = _wait(futures, [lay.key for lay in layouts], "creating column")
+        self._handles.update(zip((lay.key for lay in layouts), handles))
+        self._layouts.update((lay.key, lay) for lay in layouts)
+
+    def open_columns(self, columns: Sequence[ColumnShape]) -> None:
+        self._layouts.update((c.key, c) for c in columns)
 
     def _open(self, keys: Sequence[str], records: int = 0) -> list[ts.TensorStore]:
-        """Handles for ``keys`` whose domain covers ``records``, (re)opened concurrently."""
+        """Handles for ``keys`` whose domain covers ``records``, (re)opened concurrently and
+        checked against the declared layouts."""
         stale = [k for k in keys if k not in self._handles or self._handles[k].shape[0] < records]
         futures = [ts.open(self._spec(k), context=self._context) for k in stale]
-        for key, fut in zip(stale, futures):
-            self._handles[key] = fut.result()
+        handles = _wait(futures, stale, "opening column", meta=True)
+        for key, handle in zip(stale, handles):
+            self._check(key, handle, records)
+        self._handles.update(zip(stale, handles))
         return [self._handles[k] for k in keys]
+
+    def _check(self, key: str, handle: ts.TensorStore, records: int) -> None:
+        if key in self._layouts:
+            _validate.check_column(
+                f"{self._location}/{key}/zarr.json",
+                self._layouts[key],
+                data_type=handle.dtype.name,
+                shape=handle.shape,
+                chunks=handle.chunk_layout.write_chunk.shape,
+                records=records,
+            )
 
     def column_shapes(self, keys: Sequence[str]) -> list[tuple[int, ...]]:
         for k in keys:
@@ -161,27 +243,158 @@ class TensorStoreBackend:
     def resize(self, keys: Sequence[str], records: int) -> None:
         handles = self._open(keys)
         futures = [
-            h.resize(exclusive_max=[records] + [None] * (h.rank - 1), resize_metadata_only=True)
+            h.resize(
+                exclusive_max=[records] + [None] * (h.rank - 1),
+                resize_metadata_only=True,
+                # growing never shrinks what another writer grew (its handle is newer)
+                expand_only=records > h.shape[0],
+            )
             if h.shape[0] != records
             else None
             for h in handles
         ]
-        for key, fut in zip(keys, futures):
-            if fut is not None:
-                self._handles[key] = fut.result()
+        pending = [(k, f) for k, f in zip(keys, futures) if f is not None]
+        done = _wait([f for _, f in pending], [k for k, _ in pending], "resizing column")
+        self._handles.update(zip((k for k, _ in pending), done))
 
     def write(self, keys: Sequence[str], start: int, blocks: Sequence[np.ndarray]) -> None:
         handles = self._open(keys, start + (len(blocks[0]) if blocks else 0))
         futures = [h[start : start + len(b)].write(b) for h, b in zip(handles, blocks)]
-        for fut in futures:
-            fut.result()
+        _wait(futures, keys, "writing column")
 
     def read(self, keys: Sequence[str], index: Any, records: int) -> list[np.ndarray]:
         handles = self._open(keys, records)
         with ts.Batch() as batch:
             futures = [h[index].read(batch=batch) for h in handles]
-        return [f.result() for f in futures]
+        return _wait(futures, keys, "reading column", read=True)
+
+    def read_many(self, requests: Sequence[tuple[str, Any]], records: int) -> list[np.ndarray]:
+        """Reads ``index`` of column ``key`` for every ``(key, index)`` pair, in one batch."""
+        keys = list(dict.fromkeys(key for key, _ in requests))
+        handles = dict(zip(keys, self._open(keys, records)))
+        with ts.Batch() as batch:
+            futures = [handles[key][index].read(batch=batch) for key, index in requests]
+        return _wait(futures, [key for key, _ in requests], "reading column", read=True)
+
+    def remove_partial_writes(self, keys: Sequence[str], tail_chunk: int) -> list[str]:
+        """Deletes the ``<key>.__lock`` files a killed writer left behind; the paths removed.
+
+        TensorStore's file kvstore writes a key through ``<key>.__lock`` and renames it over
+        the key; a writer killed in between leaves that file, and the next write of the key
+        would reuse it without truncating it (a damaged chunk or commit record). Only the
+        holder of the writer lock may call this. Chunks below ``tail_chunk`` (on the record
+        axis) are never written again, so only the chunks from there on are looked at.
+        """
+        if self._location.kind != "file":
+            return []
+        root = Path(self._location.root)
+        found = [root / ".pytreestore" / "commit.json.__lock", root / "zarr.json.__lock"]
+        for key in keys:
+            found.append(root / key / "zarr.json.__lock")
+            chunks = root / key / "c"
+            if not chunks.is_dir():
+                continue
+            for entry in os.scandir(chunks):
+                index = entry.name.split(".", 1)[0]
+                if entry.name.endswith(".__lock"):
+                    found.append(Path(entry.path))
+                elif entry.is_dir() and index.isdigit() and int(index) >= tail_chunk:
+                    found.extend(Path(entry.path).rglob("*.__lock"))
+        removed = []
+        for path in found:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed.append(str(path))
+        return removed
+
+    def read_checked(
+        self, reads: Sequence[tuple[str, Any]], records: int
+    ) -> list[PyTreeStoreError | None]:
+        """Reads every ``(key, index)`` at once; each read's error, or None where it worked.
+
+        Damaged chunks and metadata give errors in the list; storage failures raise.
+        """
+        opened: dict[str, ts.TensorStore | PyTreeStoreError] = {}
+        for key in dict.fromkeys(k for k, _ in reads):
+            try:
+                opened[key] = self._open([key], records)[0]
+            except CorruptStoreError as err:
+                opened[key] = err
+        with ts.Batch() as batch:
+            futures = [
+                h[index].read(batch=batch) if isinstance(h := opened[key], ts.TensorStore) else h
+                for key, index in reads
+            ]
+        out: list[PyTreeStoreError | None] = []
+        for (key, _), fut in zip(reads, futures):
+            if isinstance(fut, PyTreeStoreError):
+                out.append(fut)
+                continue
+            try:
+                fut.result()
+                out.append(None)
+            except ValueError as err:
+                if str(err).split(":", 1)[0] not in _DAMAGED:
+                    raise _storage_error(f"reading column {key}", err) from err
+                damaged = _chunk_error(key, err)
+                damaged.__cause__ = err
+                out.append(damaged)
+        return out
 
     def close(self) -> None:
         self._handles.clear()
         self._kv = None
+        self._cleanup()
+
+
+def _wait(
+    futures: Sequence[Any],
+    keys: Sequence[str],
+    doing: str,
+    *,
+    read: bool = False,
+    meta: bool = False,
+) -> list[Any]:
+    """Waits for every future, then raises the first failure as a pytreestore error."""
+    results: list[Any] = []
+    failure: tuple[str, ValueError] | None = None
+    for key, fut in zip(keys, futures):
+        try:
+            results.append(fut.result())
+        except ValueError as err:
+            failure = failure or (key, err)
+            results.append(None)
+    if failure is None:
+        return results
+    key, err = failure
+    status = str(err).split(":", 1)[0]
+    if "`expand_only` was specified" in str(err):
+        raise CommitConflictError(
+            f"column {key} has grown since this writer last resized it: another writer is "
+            "appending to this store. Nothing more was written; reopen the store."
+        ) from err
+    if meta and (status in _DAMAGED or status == "NOT_FOUND"):
+        raise CorruptStoreError(f"{doing} {key}: its zarr.json cannot be used: {err}") from err
+    if read and status in _DAMAGED:
+        raise _chunk_error(key, err) from err
+    raise _storage_error(f"{doing} {key}", err) from err
+
+
+def _chunk_error(key: str, err: ValueError) -> CorruptChunkError:
+    found = re.search(re.escape(key) + r"/c((?:/\d+)+)", str(err))
+    chunk = tuple(int(i) for i in found.group(1).split("/")[1:]) if found else None
+    where = f"chunk {chunk} ({key}/c/{'/'.join(map(str, chunk))})" if chunk else "a chunk"
+    return CorruptChunkError(
+        f"column {key}: {where} is damaged and cannot be read ({err}). "
+        "Run store.verify() to list every damaged chunk.",
+        path=key,
+        chunk=chunk,
+        key=f"{key}/c/{'/'.join(map(str, chunk))}" if chunk else None,
+    )
+
+
+def _storage_error(doing: str, err: ValueError) -> StorageError:
+    return StorageError(
+        f"{doing} failed: {err}. Records committed before stay committed; once storage is "
+        "reachable (or has space) again, retry the call (a failed flush() can be repeated)."
+    )

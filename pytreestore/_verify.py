@@ -1,0 +1,249 @@
+"""Checking a store end to end: its commit record, its metadata and every committed chunk.
+
+:func:`verify` reads everything a load could need and reports, per column (by tree path) and
+per chunk, what is missing or damaged. Chunks written by pytreestore carry a zarr v3
+``crc32c`` checksum, so flipped bits are found even in uncompressed columns; every chunk is
+stored (all-zero ones too), so a missing chunk below the committed count is lost data.
+
+Example:
+    >>> import pytreestore
+    >>> store = pytreestore.create("memory://doc-verify", {"x": 0.0}, chunk_records=2)
+    >>> store.extend({"x": float(i)} for i in range(5)); store.flush()
+    >>> report = store.verify()
+    >>> report.ok, report.records, report.chunks
+    (True, 5, 3)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from pytreestore._schema import ColumnSpec, TreeSchema
+from pytreestore._write import COMMIT_KEY, Commit
+from pytreestore.errors import CorruptChunkError, CorruptStoreError, PyTreeStoreError
+
+_READ_BUDGET = 256 << 20  # bytes of chunks decoded in one batch
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One thing :func:`verify` found wrong.
+
+    Attributes:
+        path: the column's tree path (``keystr``; ``""`` is the root leaf), or None for a
+            problem of the whole store (its commit record or root metadata).
+        key: the storage key of the damaged or missing object, below the store root.
+        chunk: the chunk's grid index, record axis first, or None for metadata.
+        message: what is wrong.
+    """
+
+    path: str | None
+    key: str
+    chunk: tuple[int, ...] | None
+    message: str
+
+    def __str__(self) -> str:
+        where = "store" if self.path is None else f"column {self.path or 'the root'}"
+        chunk = "" if self.chunk is None else f" chunk {self.chunk}"
+        return f"{where}{chunk} [{self.key}]: {self.message}"
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyReport:
+    """What :func:`verify` checked and found.
+
+    Attributes:
+        location: the store's path or URL.
+        records: the committed records checked.
+        columns: the columns checked.
+        chunks: the chunks read and decoded.
+        problems: everything found wrong, in column order.
+        unchecksummed: paths of columns whose chunks carry no checksum (a flipped bit in an
+            uncompressed chunk of these cannot be detected).
+    """
+
+    location: str
+    records: int
+    columns: int
+    chunks: int
+    problems: tuple[Problem, ...]
+    unchecksummed: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """Whether nothing is wrong."""
+        return not self.problems
+
+    def __str__(self) -> str:
+        head = (
+            f"{self.location}: {self.records} records, {self.columns} columns, "
+            f"{self.chunks} chunks checked: "
+            + ("ok" if self.ok else f"{len(self.problems)} problem(s)")
+        )
+        lines = [head, *(f"  {p}" for p in self.problems)]
+        if self.unchecksummed:
+            lines.append(f"  no checksums in: {', '.join(self.unchecksummed)}")
+        return "\n".join(lines)
+
+
+def verify(backend: Any, schema: TreeSchema, records: int, location: str) -> VerifyReport:
+    """Checks the commit record, each column's metadata and every committed chunk.
+
+    Args:
+        backend: the store's backend.
+        schema: the store's schema.
+        records: the committed count to check up to, if the commit record is unreadable.
+        location: the store's path, for the report.
+
+    Raises:
+        StorageError: storage could not be reached; nothing can be concluded.
+    """
+    problems: list[Problem] = []
+    records = _check_commit(backend, records, location, problems)
+    plain: list[str] = []
+    requests: list[tuple[ColumnSpec, int]] = []
+    for column in schema.columns:
+        meta = _check_metadata(backend, column, records, problems)
+        if meta is None:
+            continue
+        if not any(c.get("name") == "crc32c" for c in meta.get("codecs", [])):
+            plain.append(column.path or "the root")
+        _check_present(backend, column, records, problems)
+        requests.extend((column, i) for i in range(-(-records // column.chunks[0])))
+    problems.extend(_check_chunks(backend, requests, records))
+    order = {c.path: i for i, c in enumerate(schema.columns)}
+    problems.sort(key=lambda p: (-1 if p.path is None else order[p.path], p.chunk or ()))
+    return VerifyReport(
+        location, records, len(schema.columns), len(requests), tuple(problems), tuple(plain)
+    )
+
+
+def name_column(err: CorruptChunkError, schema: TreeSchema) -> CorruptChunkError:
+    """``err`` (which names a column by storage key) naming the column by its tree path."""
+    path = next((c.path for c in schema.columns if c.key == err.path), None)
+    if path is None:
+        return err
+    message = str(err).replace(f"column {err.path}:", f"column {path or 'the root'}:", 1)
+    return CorruptChunkError(message, path=path, chunk=err.chunk, key=err.key)
+
+
+def _check_commit(backend: Any, records: int, location: str, problems: list[Problem]) -> int:
+    try:
+        return Commit.from_bytes(backend.read_bytes(COMMIT_KEY), location).records
+    except CorruptStoreError as err:
+        problems.append(Problem(None, COMMIT_KEY, None, str(err)))
+        return records
+
+
+def _check_metadata(
+    backend: Any, column: ColumnSpec, records: int, problems: list[Problem]
+) -> dict[str, Any] | None:
+    key = f"{column.key}/zarr.json"
+
+    def fail(message: str) -> None:
+        problems.append(Problem(column.path, key, None, message))
+
+    raw = backend.read_bytes(key)
+    if raw is None:
+        fail("the column's zarr.json is missing")
+        return None
+    try:
+        meta = json.loads(raw)
+        shape = [int(n) for n in meta["shape"]]
+        chunks = [int(n) for n in meta["chunk_grid"]["configuration"]["chunk_shape"]]
+        dtype = str(meta["data_type"])
+    except (ValueError, KeyError, TypeError) as err:
+        fail(f"the column's zarr.json is damaged: {err!r}")
+        return None
+    want = (column.dtype.name, list(column.shape), list(column.chunks))
+    if (dtype, shape[1:], chunks) != want:
+        fail(
+            f"zarr.json holds {dtype}{shape[1:]} in chunks {chunks}; the schema says "
+            f"{want[0]}{want[1]} in chunks {want[2]}"
+        )
+        return None
+    if not shape or shape[0] < records:
+        fail(f"zarr.json holds {shape[0] if shape else 0} records, {records} are committed")
+        return None
+    return meta
+
+
+def _chunk_keys(column: ColumnSpec, records: int) -> list[tuple[tuple[int, ...], str]]:
+    grid = [-(-records // column.chunks[0])]
+    grid += [-(-n // c) for n, c in zip(column.shape, column.chunks[1:])]
+    out = []
+    for index in itertools.product(*(range(n) for n in grid)):
+        out.append((index, f"{column.key}/c/{'/'.join(map(str, index))}"))
+    return out
+
+
+def _check_present(backend: Any, column: ColumnSpec, records: int, problems: list[Problem]) -> None:
+    if records == 0 or not hasattr(backend, "list_keys") or 0 in column.shape:
+        return
+    present = set(backend.list_keys(f"{column.key}/c/"))
+    for index, key in _chunk_keys(column, records):
+        if key not in present:
+            problems.append(
+                Problem(
+                    column.path,
+                    key,
+                    index,
+                    "the chunk is missing: its records would read as the fill value (0)",
+                )
+            )
+
+
+def _check_chunks(
+    backend: Any, requests: Sequence[tuple[ColumnSpec, int]], records: int
+) -> list[Problem]:
+    found: list[Problem] = []
+    for batch in _batches(requests):
+        reads = [
+            (c.key, slice(i * c.chunks[0], min((i + 1) * c.chunks[0], records))) for c, i in batch
+        ]
+        for (column, i), error in zip(batch, _read_each(backend, reads, records)):
+            if error is not None:
+                found.append(_problem(column, i, error))
+    return found
+
+
+def _batches(
+    requests: Sequence[tuple[ColumnSpec, int]],
+) -> list[list[tuple[ColumnSpec, int]]]:
+    out: list[list[tuple[ColumnSpec, int]]] = [[]]
+    size = 0
+    for column, i in requests:
+        nbytes = column.chunks[0] * column.dtype.itemsize * math.prod(column.shape)
+        if out[-1] and size + nbytes > _READ_BUDGET:
+            out.append([])
+            size = 0
+        out[-1].append((column, i))
+        size += nbytes
+    return [b for b in out if b]
+
+
+def _read_each(
+    backend: Any, reads: list[tuple[str, slice]], records: int
+) -> list[PyTreeStoreError | None]:
+    """Reads every ``(key, slice)`` and returns each read's error (None where it worked)."""
+    if hasattr(backend, "read_checked"):
+        return backend.read_checked(reads, records)
+    errors: list[PyTreeStoreError | None] = []
+    for key, index in reads:
+        try:
+            backend.read([key], index, records)
+            errors.append(None)
+        except CorruptStoreError as err:
+            errors.append(err)
+    return errors
+
+
+def _problem(column: ColumnSpec, i: int, error: PyTreeStoreError) -> Problem:
+    chunk = getattr(error, "chunk", None) or (i,)
+    key = getattr(error, "key", None) or f"{column.key}/c/{'/'.join(map(str, chunk))}"
+    return Problem(column.path, key, tuple(chunk), f"damaged: {error.__cause__ or error}")

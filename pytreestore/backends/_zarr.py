@@ -1,0 +1,374 @@
+"""The zarr backend: the same zarr v3 arrays and protocol, through zarr-python 3.
+
+It writes byte for byte the metadata documents the TensorStore backend writes, and keeps the
+guarantees the store's commit protocol relies on:
+
+* **Atomic single-key writes.** On local disk every key (chunk, ``zarr.json``, commit record)
+  is written to a temporary file beside it, fsynced, and renamed over it, and the directory is
+  fsynced: a reader sees the old bytes or the new, and a crash leaves no torn file (the
+  TensorStore ``file`` kvstore does the same). ``memory://NAME`` stores are zarr
+  ``MemoryStore`` objects shared per process by name, where a write is one dict assignment.
+  They are separate from the TensorStore backend's ``memory://`` stores.
+* **Metadata-only resize.** ``resize`` rewrites each array's ``zarr.json`` with the new shape
+  and nothing else. zarr-python's own ``Array.resize`` deletes the chunks outside a smaller
+  shape; this backend never deletes a chunk, so shrinking to the committed length cannot lose
+  a committed row.
+* **Concurrent I/O across columns.** Every multi-column call gathers one coroutine per column
+  on zarr-python's event loop and waits for all of them.
+* **Checked metadata.** A column's ``zarr.json`` is read (all of them at once) when the column
+  is first used and checked against the layout the store declared; handles are built from it
+  without reading it again.
+
+Example:
+    >>> import numpy as np
+    >>> from pytreestore._location import Location
+    >>> from pytreestore.backends import ColumnLayout
+    >>> b = ZarrBackend(Location.parse("memory://doc-zarr"))
+    >>> b.create_columns([ColumnLayout("x", np.dtype("int32"), (), (4,), None, ("record",), 0)])
+    >>> b.resize(["x"], 2); b.write(["x"], 0, [np.array([7, 8], np.int32)])
+    >>> b.read(["x"], slice(0, 2), 2)[0]
+    array([7, 8], dtype=int32)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+from zarr.abc.store import Store
+from zarr.core.array import AsyncArray
+from zarr.core.buffer import Buffer, default_buffer_prototype
+from zarr.core.metadata.v3 import ArrayV3Metadata
+from zarr.core.sync import sync
+from zarr.storage import LocalStore, MemoryStore
+from zarr.storage._common import StorePath
+
+from pytreestore import _validate, _zarr_dtypes
+from pytreestore._location import Location
+from pytreestore.backends._base import ColumnLayout, ColumnShape
+from pytreestore.backends._tensorstore import array_metadata
+from pytreestore.errors import (
+    BadLocationError,
+    CorruptChunkError,
+    CorruptStoreError,
+    PyTreeStoreError,
+    StorageError,
+)
+
+_T = TypeVar("_T")
+_PROTOTYPE = default_buffer_prototype()
+_CONFIG = {"write_empty_chunks": True, "order": "C"}  # a chunk of zeros is still written
+_MEMORY: dict[str, dict[str, Buffer]] = {}
+_MEMORY_LOCK = threading.Lock()
+_ARRAY_JSON = "zarr.json"
+
+
+def array_document(layout: ColumnLayout, records: int) -> dict[str, Any]:
+    """A column's ``zarr.json``, exactly as the TensorStore backend writes it."""
+    meta = array_metadata(layout)
+    encoding = meta["chunk_key_encoding"]
+    if encoding.get("configuration") == {"separator": "/"}:  # the default; TensorStore omits it
+        encoding = {"name": encoding["name"]}
+    codecs = [
+        {"name": "bytes"} if c["name"] == "bytes" and layout.dtype.itemsize == 1 else c
+        for c in meta["codecs"]
+    ]  # TensorStore drops the endianness of one-byte types
+    return {
+        **meta,
+        "codecs": codecs,
+        "chunk_key_encoding": encoding,
+        "shape": [records, *layout.shape],
+        "node_type": "array",
+        "zarr_format": 3,
+    }
+
+
+def encode_document(document: dict[str, Any]) -> bytes:
+    """JSON the way TensorStore writes ``zarr.json``: sorted keys, no spaces, UTF-8."""
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class ZarrBackend:
+    """Columns as zarr-python 3 arrays on a local directory or a ``memory://`` store."""
+
+    def __init__(self, location: Location) -> None:
+        _zarr_dtypes.register()
+        self._location = location
+        self._store = _open_store(location)
+        self._layouts: dict[str, ColumnShape] = {}
+        self._documents: dict[str, dict[str, Any]] = {}
+        self._arrays: dict[str, AsyncArray[ArrayV3Metadata]] = {}
+
+    # ---- keys and bytes ----------------------------------------------------------------------
+
+    def read_bytes(self, key: str) -> bytes | None:
+        return _run(self._get(key), f"reading {self._location}/{key}")
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        self.write_many_bytes({key: data})
+
+    def write_many_bytes(self, items: dict[str, bytes]) -> None:
+        sets = (self._store.set(k, _PROTOTYPE.buffer.from_bytes(v)) for k, v in items.items())
+        _run(_gather(sets), f"writing to {self._location}")
+
+    def list_keys(self, prefix: str) -> list[str]:
+        """Every key below the root that starts with ``prefix``."""
+        return sorted(_run(_collect(self._store.list_prefix(prefix)), f"listing {prefix}"))
+
+    def delete_all(self) -> None:
+        self.close()
+        if self._location.kind == "file":
+            shutil.rmtree(self._location.root, ignore_errors=True)
+        else:
+            _memory_dict(self._location.root).clear()
+
+    def is_empty(self) -> bool:
+        if self._location.kind == "file":
+            root = Path(self._location.root)
+            return not root.exists() or not any(root.iterdir())
+        return not _memory_dict(self._location.root)
+
+    async def _get(self, key: str) -> bytes | None:
+        buffer = await self._store.get(key, prototype=_PROTOTYPE)
+        return None if buffer is None else buffer.to_bytes()
+
+    # ---- columns -----------------------------------------------------------------------------
+
+    def create_columns(self, layouts: Sequence[ColumnLayout]) -> None:
+        documents = {lay.key: array_document(lay, 0) for lay in layouts}
+        self.write_many_bytes(
+            {f"{k}/{_ARRAY_JSON}": encode_document(d) for k, d in documents.items()}
+        )
+        self._layouts.update((lay.key, lay) for lay in layouts)
+        self._documents.update(documents)
+
+    def open_columns(self, columns: Sequence[ColumnShape]) -> None:
+        self._layouts.update((c.key, c) for c in columns)
+
+    def column_shapes(self, keys: Sequence[str]) -> list[tuple[int, ...]]:
+        self._load_documents(keys, records=0, refresh=True)
+        return [tuple(self._documents[k]["shape"]) for k in keys]
+
+    def resize(self, keys: Sequence[str], records: int) -> None:
+        self._load_documents(keys, records=0)
+        changed = {}
+        for k in keys:
+            shape = self._documents[k]["shape"]
+            if shape[0] != records:
+                changed[k] = dict(self._documents[k], shape=[records, *shape[1:]])
+        self.write_many_bytes(
+            {f"{k}/{_ARRAY_JSON}": encode_document(d) for k, d in changed.items()}
+        )
+        self._documents.update(changed)
+
+    def write(self, keys: Sequence[str], start: int, blocks: Sequence[np.ndarray]) -> None:
+        stop = start + (len(blocks[0]) if blocks else 0)
+        arrays = self._handles(keys, stop)
+        writes = (a.setitem(slice(start, start + len(b)), b) for a, b in zip(arrays, blocks))
+        _run(_gather(writes), f"writing columns of {self._location}")
+
+    def read(self, keys: Sequence[str], index: Any, records: int) -> list[np.ndarray]:
+        return self.read_many([(k, index) for k in keys], records)
+
+    def read_many(self, requests: Sequence[tuple[str, Any]], records: int) -> list[np.ndarray]:
+        """Reads ``index`` of column ``key`` for every ``(key, index)`` pair, all at once."""
+        keys = list(dict.fromkeys(key for key, _ in requests))
+        arrays = dict(zip(keys, self._handles(keys, records)))
+        reads = (_read(key, arrays[key], index) for key, index in requests)
+        return _run(_gather(reads), f"reading columns of {self._location}")
+
+    def close(self) -> None:
+        self._documents.clear()
+        self._arrays.clear()
+
+    # ---- metadata and handles ----------------------------------------------------------------
+
+    def _load_documents(self, keys: Sequence[str], records: int, refresh: bool = False) -> None:
+        """Reads (concurrently) and checks the ``zarr.json`` of every key not known to hold
+        ``records`` rows."""
+        stale = [
+            k
+            for k in keys
+            if refresh or k not in self._documents or self._documents[k]["shape"][0] < records
+        ]
+        if not stale:
+            return
+        reads = (self._get(f"{k}/{_ARRAY_JSON}") for k in stale)
+        raws = _run(_gather(reads), f"reading column metadata of {self._location}")
+        for key, raw in zip(stale, raws):
+            file = f"{self._location}/{key}/{_ARRAY_JSON}"
+            document = _validate.parse_array_json(raw, file)
+            data_type, shape, chunks = _validate.array_facts(document, file)
+            if key in self._layouts:
+                _validate.check_column(
+                    file,
+                    self._layouts[key],
+                    data_type=data_type,
+                    shape=shape,
+                    chunks=chunks,
+                    records=records,
+                )
+            self._documents[key] = document
+
+    def _handles(self, keys: Sequence[str], records: int) -> list[AsyncArray[ArrayV3Metadata]]:
+        """Handles whose shape is the one on disk, which holds at least ``records`` rows."""
+        self._load_documents(keys, records)
+        out = []
+        for key in keys:
+            shape = tuple(self._documents[key]["shape"])
+            array = self._arrays.get(key)
+            if array is None or array.shape != shape:
+                array = self._make_array(key, shape)
+                self._arrays[key] = array
+            out.append(array)
+        return out
+
+    def _make_array(self, key: str, shape: tuple[int, ...]) -> AsyncArray[ArrayV3Metadata]:
+        document = self._documents[key]
+        file = f"{self._location}/{key}/{_ARRAY_JSON}"
+        try:
+            metadata = _parse_metadata(encode_document(dict(document, shape=[0, *shape[1:]])))
+        except (ValueError, TypeError, KeyError) as err:
+            raise CorruptStoreError(
+                f"{file} is not zarr v3 array metadata that zarr-python can read: {err}"
+            ) from err
+        path = StorePath(self._store, key)
+        return AsyncArray(metadata.update_shape(shape), path, config=_CONFIG)  # type: ignore[arg-type]
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_metadata(document: bytes) -> ArrayV3Metadata:
+    """Parsed once per distinct document: the columns of a wide tree mostly share one."""
+    return ArrayV3Metadata.from_dict(json.loads(document))
+
+
+async def _read(key: str, array: AsyncArray[ArrayV3Metadata], index: Any) -> np.ndarray:
+    try:
+        if isinstance(index, slice):
+            out = await array.getitem((index,))
+        else:
+            out = await array.get_orthogonal_selection((np.asarray(index),))
+    except (ValueError, RuntimeError) as err:  # a checksum or decoder refused a chunk's bytes
+        raise _chunk_error(key, array, index, err) from err
+    return np.asarray(out)
+
+
+def _chunk_error(
+    key: str, array: AsyncArray[ArrayV3Metadata], index: Any, err: Exception
+) -> CorruptChunkError:
+    """The error of a damaged chunk, naming the chunk when the read touched only one."""
+    chunks = array.chunks
+    rows = range(*index.indices(array.shape[0])) if isinstance(index, slice) else index
+    first = {int(r) // chunks[0] for r in rows}
+    whole_leaf = all(c >= n for c, n in zip(chunks[1:], array.shape[1:]))
+    chunk = (first.pop(), *[0] * (len(chunks) - 1)) if len(first) == 1 and whole_leaf else None
+    chunk_key = f"{key}/c/{'/'.join(map(str, chunk))}" if chunk else None
+    where = f"chunk {chunk} ({chunk_key})" if chunk else "a chunk"
+    return CorruptChunkError(
+        f"column {key}: {where} is damaged and cannot be read ({err}). "
+        "Run store.verify() to list every damaged chunk.",
+        path=key,
+        chunk=chunk,
+        key=chunk_key,
+    )
+
+
+async def _gather(aws: Iterable[Awaitable[_T]]) -> list[_T]:
+    return list(await asyncio.gather(*aws))
+
+
+async def _collect(items: AsyncIterator[_T]) -> list[_T]:
+    return [item async for item in items]
+
+
+def _run(coroutine: Awaitable[_T], doing: str) -> _T:
+    """Runs ``coroutine`` on zarr-python's event loop and waits for it.
+
+    Raises:
+        StorageError: the disk refused a request (full, unreadable, ...).
+    """
+    try:
+        return sync(coroutine)  # type: ignore[arg-type]
+    except PyTreeStoreError:
+        raise
+    except OSError as err:
+        raise StorageError(
+            f"{doing} failed: {err}. Records committed before stay committed; once storage "
+            "has space (or is readable) again, retry the call (a failed flush() can be repeated)."
+        ) from err
+
+
+# ---- stores --------------------------------------------------------------------------------------
+
+
+def _open_store(location: Location) -> Store:
+    if location.kind == "memory":
+        return MemoryStore(store_dict=_memory_dict(location.root))
+    if location.kind == "file":
+        return DurableLocalStore(location.root)
+    raise BadLocationError(
+        f"the zarr backend stores on local disk and memory:// only, not at {location}; "
+        "use backend='tensorstore' there"
+    )
+
+
+def _memory_dict(name: str) -> dict[str, Buffer]:
+    with _MEMORY_LOCK:
+        return _MEMORY.setdefault(name, {})
+
+
+class DurableLocalStore(LocalStore):
+    """zarr-python's ``LocalStore`` with durable atomic writes, and no directory created
+    before the first write.
+
+    ``LocalStore`` already writes a temporary file and renames it; this one also fsyncs the
+    file before the rename and the directory after it, as TensorStore's ``file`` kvstore does,
+    so that a commit record never reaches the disk before the chunks it counts.
+    """
+
+    async def _open(self, *, mode: Any = None) -> None:
+        self._is_open = True  # reading a missing store must not create its directory
+
+    async def _set(self, key: str, value: Buffer, exclusive: bool = False) -> None:
+        self._check_writable()
+        await asyncio.to_thread(durable_put, self.root / key, value.to_bytes(), exclusive)
+
+
+def durable_put(path: Path, data: bytes, exclusive: bool = False) -> None:
+    """Writes ``path`` atomically and durably: temp file, fsync, rename, fsync of the folder.
+
+    With ``exclusive``, an existing ``path`` is left alone (``FileExistsError`` is swallowed
+    by the caller, as zarr-python's ``set_if_not_exists`` expects).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if exclusive:
+            os.link(tmp, path)
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+__all__ = ["DurableLocalStore", "ZarrBackend", "array_document", "durable_put", "encode_document"]

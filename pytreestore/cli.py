@@ -1,0 +1,298 @@
+"""The ``pytreestore`` command: look into stores, check them and copy them from a shell.
+
+``pytreestore info PATH`` draws the column tree with dtypes, shapes, chunks and sizes;
+``head PATH -n N`` prints the first records; ``verify PATH`` checks every column against the
+commit; ``copy SRC DST`` rechunks, recompresses or moves a store. Every command takes
+``--help``; ``info``, ``head``, ``verify`` and ``copy`` take ``--json`` for scripts.
+
+Exit status: 0 on success, 1 when ``verify`` finds problems, 2 for a usage error or a store
+that cannot be opened or written.
+
+Example:
+    >>> from click.testing import CliRunner
+    >>> result = CliRunner().invoke(main, ["--help"])
+    >>> result.exit_code, "info" in result.output
+    (0, True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+import click
+import numpy as np
+
+import pytreestore
+from pytreestore import _progress, _repr
+from pytreestore._copy import KEEP
+from pytreestore.errors import CorruptStoreError, NotAStoreError, PyTreeStoreError
+
+EXIT_PROBLEMS = 1
+EXIT_ERROR = 2
+_CODECS = ("zstd", "blosc", "gzip", "none", KEEP)
+
+_json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+_progress_option = click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Show a progress bar on standard error (default: when it is a terminal).",
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(pytreestore.__version__, prog_name="pytreestore")
+def main() -> None:
+    """Look into, check and copy pytreestore stores.
+
+    A store is a directory, or an s3:// or gs:// URL, holding one zarr v3 array per leaf of
+    its records. Run `pytreestore COMMAND --help` for each command's options.
+    """
+
+
+# ---- info -------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("path")
+@_json_option
+def info(path: str, as_json: bool) -> None:
+    """Show a store's column tree: dtype, per-record shape, chunks, bytes and compression.
+
+    The headline gives the record count, format version, chunking and codec, and the sizes:
+    'data' is the records' uncompressed bytes, 'stored' the bytes of their chunks on disk
+    (ratio = data / stored), 'on disk' everything including metadata.
+    """
+    with _opened(path) as store:
+        details = _repr.describe(store)
+        if as_json:
+            _print_json(details.to_json())
+        else:
+            click.echo(_repr.render_text(details, store.schema.tree))
+
+
+# ---- head -------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("path")
+@click.option(
+    "-n",
+    "--records",
+    "count",
+    type=click.IntRange(min=0),
+    default=5,
+    show_default=True,
+    help="How many records to print.",
+)
+@_json_option
+def head(path: str, count: int, as_json: bool) -> None:
+    """Print the first records of a store, as the classes the schema names.
+
+    The classes are not imported: records print the same wherever the store is read.
+    With --json: a JSON list with one record per line, as plain objects and lists.
+    """
+    with _opened(path) as store:
+        count = min(count, len(store))
+        leaves = store._load_leaves(slice(0, count), None, as_numpy=True)
+        rows = [[leaf[i] for leaf in leaves] for i in range(count)]
+        if as_json:
+            lines = [json.dumps(_jsonable(store.schema.unflatten(row))) for row in rows]
+            click.echo("[\n" + ",\n".join(lines) + "\n]" if lines else "[]")
+            return
+        width = shutil.get_terminal_size((100, 24)).columns
+        for i, row in enumerate(rows):
+            text = _repr.format_record(store.schema.tree, row, width=max(width - 4, 40))
+            click.echo(f"[{i}] {text}")
+        if count < len(store):
+            click.echo(f"... {len(store) - count:,} more of {len(store):,} records")
+
+
+# ---- verify -----------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("path")
+@_progress_option
+@_json_option
+def verify(path: str, progress: bool | None, as_json: bool) -> None:
+    """Check every column of a store against its commit record.
+
+    Prints each problem found and exits with status 1 if there is any, 0 if none.
+    A store whose metadata is too damaged to open counts as one problem.
+    """
+    try:
+        store = pytreestore.open(path, generic=True)
+    except (CorruptStoreError, NotAStoreError) as err:
+        _report_verify(path, {"records": None, "columns": None}, [str(err)], as_json)
+    except PyTreeStoreError as err:
+        _fail(str(err))
+    with store:
+        facts, problems = _run_verify(store, _show_progress(progress))
+    _report_verify(path, facts, problems, as_json)
+
+
+def _run_verify(store: pytreestore.TreeStore, progress: bool) -> tuple[dict[str, Any], list[Any]]:
+    """Runs ``store.verify()``: what it checked, and the problems it found."""
+    check = getattr(store, "verify", None)
+    if check is None:
+        _fail("this version of pytreestore has no TreeStore.verify(); upgrade it")
+    options = {"progress": progress} if "progress" in inspect.signature(check).parameters else {}
+    result: Any
+    try:
+        result = check(**options)
+    except CorruptStoreError as err:
+        result = [str(err)]
+    except PyTreeStoreError as err:  # storage unreachable, say: nothing can be concluded
+        _fail(str(err))
+    facts = {
+        "records": getattr(result, "records", len(store)),
+        "columns": getattr(result, "columns", len(store.schema.columns)),
+    }
+    if hasattr(result, "chunks"):
+        facts["chunks"] = result.chunks
+    if getattr(result, "unchecksummed", ()):
+        facts["unchecksummed"] = list(result.unchecksummed)
+    return facts, list(getattr(result, "problems", result))
+
+
+def _report_verify(
+    path: str, facts: dict[str, Any], problems: list[Any], as_json: bool
+) -> NoReturn:
+    if as_json:
+        report = [_problem_json(p) for p in problems]
+        _print_json({"path": path, **facts, "ok": not problems, "problems": report})
+    elif problems:
+        click.echo(f"{path}: {len(problems)} problem(s)")
+        for p in problems:
+            click.echo(f"  - {p}")
+    else:
+        checked = f", {facts['chunks']:,} chunks" if "chunks" in facts else ""
+        click.echo(
+            f"{path}: OK ({facts['records']:,} records, {facts['columns']} columns{checked})"
+        )
+    if facts.get("unchecksummed") and not as_json:
+        click.echo(
+            f"  (no checksums in {', '.join(facts['unchecksummed'])}: flipped bits there go unseen)"
+        )
+    sys.exit(EXIT_PROBLEMS if problems else 0)
+
+
+# ---- copy -------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("src")
+@click.argument("dst")
+@click.option(
+    "--chunk-records",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Records per chunk of the copy  [default: the source's]",
+)
+@click.option(
+    "--codec",
+    type=click.Choice(_CODECS),
+    default=KEEP,
+    show_default=True,
+    help="Compression of the copy; 'none' stores raw bytes, 'keep' the source's codec.",
+)
+@click.option(
+    "--backend",
+    default="tensorstore",
+    show_default=True,
+    help="Storage engine that writes the copy.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace a store already at DST.")
+@_progress_option
+@_json_option
+def copy(
+    src: str,
+    dst: str,
+    chunk_records: int | None,
+    codec: str,
+    backend: str,
+    overwrite: bool,
+    progress: bool | None,
+    as_json: bool,
+) -> None:
+    """Copy store SRC to a new store DST: rechunk, recompress, or move it elsewhere.
+
+    The copy has the same schema and records; only its chunking, codec or place differ.
+    """
+    chosen = None if codec == "none" else codec
+    try:
+        records = pytreestore.copy(
+            src,
+            dst,
+            chunk_records=chunk_records,
+            codec=chosen,
+            backend=backend,
+            overwrite=overwrite,
+            progress=_show_progress(progress),
+        )
+    except (PyTreeStoreError, ValueError) as err:
+        _fail(str(err).replace("pass overwrite=True", "pass --overwrite"))
+    if as_json:
+        _print_json({"src": src, "dst": dst, "records": records})
+    else:
+        click.echo(f"copied {records:,} records from {src} to {dst}")
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def _opened(path: str) -> Iterator[pytreestore.TreeStore]:
+    """The store at ``path``, read-only and generic; a store that won't open is an error."""
+    try:
+        store = pytreestore.open(path, generic=True)
+    except PyTreeStoreError as err:
+        _fail(str(err))
+    with store:
+        yield store
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"pytreestore: error: {message}", err=True)
+    sys.exit(EXIT_ERROR)
+
+
+def _show_progress(flag: bool | None) -> bool:
+    return _progress.default_enabled() if flag is None else flag
+
+
+def _print_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, allow_nan=True))
+
+
+def _problem_json(problem: Any) -> Any:
+    if dataclasses.is_dataclass(problem) and not isinstance(problem, type):
+        return {k: _jsonable(v) for k, v in dataclasses.asdict(problem).items()}
+    return str(problem)
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON values for a tree of dicts, lists, tuples, None and numpy values."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    array = np.asarray(value)
+    if array.dtype.kind == "c":
+        return _jsonable(np.stack([np.real(array), np.imag(array)], axis=-1))
+    if array.dtype.kind not in "biu" and array.dtype not in (np.float32, np.float64):
+        array = array.astype(np.float32)  # float16, bfloat16, float8: exact in float32
+    return array.tolist()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,182 @@
+"""Writes the golden stores under ``tests/data/golden/format-<N>/``: small stores written by
+the current code, checked in, so that any change to the on-disk format shows up as a failing
+``tests/test_golden.py`` and a visible diff.
+
+    .venv/bin/python tests/data/make_golden.py          # rewrite the current format's stores
+    .venv/bin/python tests/data/make_golden.py --check  # compare only; exit 1 on a difference
+
+Regenerate only for an intended format change, and then also bump ``FORMAT_VERSION`` (when
+old readers must refuse the new stores) and add a ``CHANGELOG.md`` entry under **Format**.
+Stores of older formats stay checked in: readers must keep reading them (or refuse them
+clearly).
+
+Every value is a deterministic function of the record index, so the test rebuilds the
+expected records from the recipes below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import filecmp
+import itertools
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: the node classes must import as tests.trees
+    sys.path.insert(0, str(ROOT))
+
+import pytreestore  # noqa: E402
+from pytreestore import _dtypes  # noqa: E402
+from pytreestore.testing import strategies as pts  # noqa: E402
+from pytreestore.testing.conformance import dtype_values  # noqa: E402
+from tests import trees  # noqa: E402
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+CURRENT = GOLDEN / f"format-{pytreestore.FORMAT_VERSION}"
+#: files a writer leaves that are not part of the format (the flock file holds a pid)
+NOT_FORMAT = (".pytreestore/lock",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """How one golden store is written: ``record(i)`` for ``i < n``, appended in sessions."""
+
+    record: Callable[[int], Any]
+    n: int
+    chunk_records: int
+    codec: str | None
+    backend: str = "tensorstore"
+    sessions: tuple[int, ...] = ()  # record counts after which the writer closes and reopens
+
+    def records(self) -> list[Any]:
+        return [self.record(i) for i in range(self.n)]
+
+
+def seed_record(i: int) -> trees.AllParams:
+    return trees.seed_records()[i]
+
+
+_DTYPE_COLUMNS = {
+    name: dtype_values(dtype, 2 * 6, seed=k).reshape(6, 2)
+    for k, (name, dtype) in enumerate(_dtypes.SUPPORTED.items())
+}
+
+
+def dtypes_record(i: int) -> dict[str, np.ndarray]:
+    return {name: column[i] for name, column in _DTYPE_COLUMNS.items()}
+
+
+def tree_record(i: int) -> dict[str, Any]:
+    """Odd dict keys (escaping), every node kind, static data, a custom node with keys."""
+    return {
+        "a/b": np.float32(i + 0.5),
+        ".hidden": np.int16(-i),
+        "é": np.arange(2, dtype=np.uint32) * i,
+        "": np.bool_(i % 2),
+        "zarr.json": np.float64(i / 3),
+        "__dunder": np.int8(i),
+        "100%": np.complex64(i - 1j),
+        "nodes": [
+            pts.Pair(np.full((2, 2), i, np.float32), None),
+            (np.int64(2**40 + i), ()),
+            collections.OrderedDict(z=np.uint8(i), a=np.uint8(255 - i)),
+            pts.Tagged(np.full(3, i, ml_dtypes.bfloat16), label=("run/1", 2)),
+            trees.Keyed(w=np.float16(i), b=[np.int32(i)]),
+            trees.WithStatic(np.float32(-i), name="w", sizes=(3,)),
+        ],
+        "empty": {},
+    }
+
+
+def root_leaf_record(i: int) -> np.ndarray:
+    return (np.arange(6, dtype=np.float16).reshape(3, 2) + i) / 4
+
+
+RECIPES: dict[str, Recipe] = {
+    "seed": Recipe(seed_record, 3, chunk_records=2, codec="zstd"),
+    "dtypes": Recipe(dtypes_record, 6, chunk_records=4, codec=None, sessions=(3,)),
+    "tree": Recipe(tree_record, 5, chunk_records=3, codec="blosc", sessions=(2,)),
+    "root-leaf": Recipe(root_leaf_record, 3, chunk_records=2, codec="gzip"),
+    "seed-zarr": Recipe(seed_record, 3, chunk_records=2, codec="zstd", backend="zarr"),
+}
+
+
+def write(name: str, path: Path) -> None:
+    """Writes golden store ``name`` at ``path`` (which must not exist)."""
+    recipe = RECIPES[name]
+    records = recipe.records()
+    cuts = [0, *recipe.sessions, recipe.n]
+    for k, (start, stop) in enumerate(itertools.pairwise(cuts)):
+        if k == 0:
+            store = pytreestore.create(
+                path,
+                records[0],
+                chunk_records=recipe.chunk_records,
+                codec=recipe.codec,
+                backend=recipe.backend,
+            )
+        else:
+            store = pytreestore.open(path, "a", backend=recipe.backend)
+        with store:
+            for record in records[start:stop]:
+                store.append(record)
+    for extra in NOT_FORMAT:
+        (path / extra).unlink(missing_ok=True)
+
+
+def files(path: Path) -> list[str]:
+    """Every file below ``path``, relative, sorted."""
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())
+
+
+def differences(name: str, golden: Path, fresh: Path) -> list[str]:
+    """How the store ``fresh`` (just written) differs from its golden copy.
+
+    Metadata (every ``.json``) must match byte for byte, and so must the chunks of
+    uncompressed stores; compressed chunks are compared by the test through their values.
+    """
+    found = []
+    want, got = files(golden), files(fresh)
+    if want != got:
+        found.append(
+            f"{name}: files differ: only golden {sorted(set(want) - set(got))}, "
+            f"only new {sorted(set(got) - set(want))}"
+        )
+    exact = RECIPES[name].codec is None
+    for rel in sorted(set(want) & set(got)):
+        if (rel.endswith(".json") or exact) and not filecmp.cmp(golden / rel, fresh / rel, False):
+            found.append(f"{name}: {rel} differs from the golden copy")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="compare only; rewrite nothing")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        problems = []
+        for name in RECIPES:
+            fresh = Path(tmp) / name
+            write(name, fresh)
+            if args.check:
+                problems += differences(name, CURRENT / name, fresh)
+            else:
+                shutil.rmtree(CURRENT / name, ignore_errors=True)
+                shutil.copytree(fresh, CURRENT / name)
+                print(f"wrote {CURRENT / name} ({len(files(fresh))} files)")
+    print("\n".join(problems) or ("golden stores match" if args.check else ""))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

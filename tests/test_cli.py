@@ -1,0 +1,351 @@
+"""The ``pytreestore`` command.
+
+The console script itself runs in subprocesses, as a user runs it, for what only a real process
+shows: that it is installed, its exit codes, what goes to stdout and stderr. Each of those
+starts JAX (a second or two), so the finer checks of every command's output call the same
+click command in this process with ``CliRunner``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner, Result
+
+import pytreestore
+import pytreestore.testing
+from pytreestore.cli import main
+from tests import trees
+
+SCRIPT = Path(sys.executable).with_name("pytreestore")
+COMMANDS = ("info", "head", "verify", "copy")
+
+
+def launch(*args: str | Path, cwd: Path | None = None) -> subprocess.Popen[str]:
+    env = dict(os.environ, COLUMNS="120")
+    return subprocess.Popen(
+        [str(SCRIPT), *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=env,
+    )
+
+
+def finish(proc: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def cli(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return finish(launch(*args, cwd=cwd))
+
+
+def read_all(fd: int) -> str:
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # EIO: the terminal's other end is closed
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def invoke(*args: str | Path) -> Result:
+    """Runs the command in this process."""
+    return CliRunner().invoke(
+        main, [str(a) for a in args], prog_name="pytreestore", catch_exceptions=False
+    )
+
+
+def cli_many(*calls: tuple[str | Path, ...]) -> list[subprocess.CompletedProcess[str]]:
+    """Runs several commands at once (each starts JAX, which takes a second or two)."""
+    procs = [launch(*args) for args in calls]
+    return [finish(p) for p in procs]
+
+
+@pytest.fixture(scope="module")
+def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "seed.pytreestore"
+    with pytreestore.create(path, trees.seed_records()[0]) as store:
+        store.extend(trees.seed_records())
+    return path
+
+
+# ---- the real console script ------------------------------------------------------------------
+
+
+def test_console_script(tmp_path: Path, seed: Path) -> None:
+    """Help, output, exit codes, stdout against stderr, and the progress bar: one batch."""
+    assert SCRIPT.exists(), f"{SCRIPT} is missing; reinstall with pip install -e ."
+    broken = tmp_path / "broken"
+    pytreestore.copy(seed, broken)
+    (broken / ".pytreestore" / "commit.json").unlink()
+    procs = [
+        launch("--help"),
+        launch("info", seed),
+        launch("head", tmp_path / "nothing"),
+        launch("verify", broken),
+        launch("copy", seed, tmp_path / "copy", "--progress"),
+        subprocess.Popen(
+            [sys.executable, "-m", "pytreestore", "head", str(seed), "-n", "1"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ),
+    ]
+    leader, follower = pty.openpty()  # a terminal for the last copy's standard error
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    tty_copy = subprocess.Popen(
+        [str(SCRIPT), "copy", str(seed), str(tmp_path / "tty")],
+        stdout=subprocess.DEVNULL,
+        stderr=follower,
+    )
+    helps, info, missing, verify, copy, module = [finish(p) for p in procs]
+    assert tty_copy.wait(timeout=120) == 0
+    os.close(follower)
+    on_terminal = read_all(leader)
+    assert "copy: 100%" in on_terminal and "3/3" in on_terminal  # a bar, unasked
+    assert helps.returncode == 0, helps.stderr
+    assert "Usage: pytreestore [OPTIONS] COMMAND" in helps.stdout
+    assert all(c in helps.stdout for c in COMMANDS)
+
+    assert info.returncode == 0, info.stderr
+    assert info.stdout.splitlines()[0] == str(seed)
+    assert info.stdout.splitlines()[5].split() == ["AllParams"]
+    assert info.stderr == ""
+
+    assert (missing.returncode, missing.stdout) == (2, "")
+    assert missing.stderr == f"pytreestore: error: no store at {tmp_path / 'nothing'}\n"
+
+    assert verify.returncode == 1, verify.stderr
+    assert "commit.json is missing" in verify.stdout
+
+    assert copy.returncode == 0, copy.stderr
+    assert copy.stdout == f"copied 3 records from {seed} to {tmp_path / 'copy'}\n"
+    assert "copy: 100%" in copy.stderr and "3/3" in copy.stderr and "MB/s" in copy.stderr
+
+    assert module.returncode == 0, module.stderr
+    assert module.stdout.startswith("[0] AllParams(")
+
+
+# ---- each command, in process --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [(), *((c,) for c in COMMANDS)], ids=["main", *COMMANDS])
+def test_help_everywhere(args: tuple[str, ...]) -> None:
+    for flag in ("--help", "-h"):
+        result = invoke(*args, flag)
+        assert result.exit_code == 0, result.output
+        usage = " ".join(("pytreestore", *args))
+        assert result.stdout.startswith(f"Usage: {usage} [OPTIONS]")
+        assert "-h, --help" in result.stdout
+
+
+def test_version() -> None:
+    result = invoke("--version")
+    assert result.stdout == f"pytreestore, version {pytreestore.__version__}\n"
+
+
+def test_info_draws_the_column_tree(seed: Path) -> None:
+    result = invoke("info", seed)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == str(seed)
+    assert lines[1] == (
+        f"  3 records · 4 columns · format 1 · {store_chunk(seed):,} records per chunk · zstd"
+    )
+    assert lines[2].startswith("  data 48 B · stored ")
+    assert lines[3] == ""
+    rows = [line.split() for line in lines[4:]]
+    assert rows[0] == ["column", "dtype", "shape", "chunks", "data", "stored", "ratio"]
+    assert rows[1] == ["AllParams"]
+    assert rows[2] == ["└──", ".p", "list[2]"]
+    assert rows[3] == ["├──", "[0]", "Params"]
+    assert rows[4][:6] == ["│", "├──", ".x", "int32", "()", f"({store_chunk(seed)},)"]
+    assert rows[4][6:8] == ["12", "B"]
+    assert rows[7][:3] == ["├──", ".x", "int32"]
+    assert len(rows) == 9
+
+
+def test_info_json(seed: Path) -> None:
+    data = json.loads(invoke("info", seed, "--json").stdout)
+    assert (data["records"], data["format_version"], data["codec"]) == (3, 1, "zstd")
+    assert data["nbytes"] == 48
+    assert [c["path"] for c in data["columns"]] == [".p[0].x", ".p[0].y", ".p[1].x", ".p[1].y"]
+    column = data["columns"][0]
+    assert (column["key"], column["dtype"], column["shape"], column["nbytes"]) == (
+        "p/0/x",
+        "int32",
+        [],
+        12,
+    )
+    assert column["chunks"] == [store_chunk(seed)]
+    assert column["stored_bytes"] > 0
+    assert column["ratio"] == pytest.approx(12 / column["stored_bytes"])
+    assert data["stored_bytes"] == sum(c["stored_bytes"] for c in data["columns"])
+    assert data["disk_bytes"] > data["stored_bytes"]
+
+
+def store_chunk(path: Path) -> int:
+    return pytreestore.open(path).schema.chunk_records
+
+
+def test_head(seed: Path) -> None:
+    assert invoke("head", seed).stdout.splitlines() == [
+        "[0] AllParams(p=[Params(x=4, y=2), Params(x=4, y=3)])",
+        "[1] AllParams(p=[Params(x=3, y=5), Params(x=2, y=4)])",
+        "[2] AllParams(p=[Params(x=3, y=2), Params(x=6, y=3)])",
+    ]
+    assert invoke("head", seed, "-n", "1").stdout.splitlines()[1] == "... 2 more of 3 records"
+    assert invoke("head", seed, "--records", "0").stdout == "... 3 more of 3 records\n"
+    records = json.loads(invoke("head", seed, "--json").stdout)
+    assert records[2] == {"p": [{"x": 3, "y": 2}, {"x": 6, "y": 3}]}
+    assert json.loads(invoke("head", seed, "-n", "0", "--json").stdout) == []
+    refused = invoke("head", seed, "-n", "-1")
+    assert refused.exit_code == 2 and "-1 is not in the range x>=0" in refused.stderr
+
+
+def test_head_breaks_wide_records_and_prints_every_dtype(tmp_path: Path) -> None:
+    like = {
+        "half": np.float16(0),
+        "bf": np.zeros(2, "bfloat16"),
+        "c": np.complex64(0),
+        "flag": np.bool_(False),
+        "big": np.int64(0),
+        "m": np.zeros((2, 2), np.float32),
+        "pair": trees.Pair(np.float32(0), None),
+    }
+    record = {
+        "half": np.float16(1.5),
+        "bf": np.array([1, 2], "bfloat16"),
+        "c": np.complex64(1 + 2j),
+        "flag": np.bool_(True),
+        "big": np.int64(2**40),
+        "m": np.eye(2, dtype=np.float32),
+        "pair": trees.Pair(np.float32(0.25), None),
+    }
+    with pytreestore.create(tmp_path / "s", like) as store:
+        store.append(record)
+    out = invoke("head", tmp_path / "s").stdout
+    assert out.startswith("[0] {\n")
+    assert "  'big': 1099511627776,\n" in out
+    assert "  'm': [[1., 0.],\n        [0., 1.]],\n" in out
+    assert "  'pair': Pair(left=0.25, right=None),\n" in out
+    assert "'c': 1.+2.j" in out and "'flag': True" in out and "'half': 1.5" in out
+    assert json.loads(invoke("head", tmp_path / "s", "--json").stdout) == [
+        {
+            "bf": [1.0, 2.0],
+            "big": 2**40,
+            "c": [1.0, 2.0],
+            "flag": True,
+            "half": 1.5,
+            "m": [[1.0, 0.0], [0.0, 1.0]],
+            "pair": {"left": 0.25, "right": None},
+        }
+    ]
+
+
+def test_errors_exit_2_with_one_line(tmp_path: Path, seed: Path) -> None:
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("hi")
+    not_store = invoke("info", tmp_path / "other")
+    assert not_store.exit_code == 2
+    assert not_store.stderr.startswith("pytreestore: error: ")
+    assert "is not a pytreestore store" in not_store.stderr
+    bad_codec = invoke("copy", seed, tmp_path / "c", "--codec", "lzma")
+    assert bad_codec.exit_code == 2 and "Invalid value for '--codec'" in bad_codec.stderr
+    bad_chunks = invoke("copy", seed, tmp_path / "c", "--chunk-records", "0")
+    assert bad_chunks.exit_code == 2 and "--chunk-records" in bad_chunks.stderr
+    exists = invoke("copy", seed, tmp_path / "other")
+    assert exists.exit_code == 2
+    assert "other data" in exists.stderr
+    itself = invoke("copy", seed, seed, "--overwrite")
+    assert itself.exit_code == 2 and "onto itself" in itself.stderr
+    backend = invoke("copy", seed, tmp_path / "c", "--backend", "floppy")
+    assert backend.exit_code == 2 and "unknown backend 'floppy'" in backend.stderr
+    assert pytreestore.open(seed).load(as_numpy=True).p[0].x.tolist() == [4, 3, 3]
+
+
+def test_copy_rechunks_and_recompresses(tmp_path: Path, seed: Path) -> None:
+    dst = tmp_path / "copy.pytreestore"
+    result = invoke("copy", seed, dst, "--chunk-records", "2", "--codec", "none", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"src": str(seed), "dst": str(dst), "records": 3}
+    assert result.stderr == ""
+    copied = pytreestore.open(dst)
+    assert (copied.schema.chunk_records, copied.schema.codec) == (2, None)
+    assert [c.chunks for c in copied.schema.columns] == [(2,)] * 4
+    pytreestore.testing.assert_trees_equal(copied[:], pytreestore.open(seed)[:])
+
+    again = invoke("copy", seed, dst)
+    assert again.exit_code == 2 and "pass --overwrite to replace it" in again.stderr
+    third = dst.with_name("third")
+    assert invoke("copy", dst, third, "--codec", "gzip").exit_code == 0
+    assert (pytreestore.open(third).schema.chunk_records, pytreestore.open(third).schema.codec) == (
+        2,
+        "gzip",
+    )
+    replaced = invoke("copy", third, dst, "--overwrite")
+    assert replaced.stdout == f"copied 3 records from {third} to {dst}\n"
+    assert pytreestore.open(dst).schema.codec == "gzip"
+
+
+def test_verify_a_store_too_damaged_to_open(tmp_path: Path, seed: Path) -> None:
+    broken = tmp_path / "broken"
+    pytreestore.copy(seed, broken)
+    (broken / ".pytreestore" / "commit.json").unlink()
+    text = invoke("verify", broken)
+    assert text.exit_code == 1, text.output
+    assert text.stdout.startswith(f"{broken}: 1 problem(s)\n  - ")
+    assert "commit.json is missing" in text.stdout
+    as_json = invoke("verify", broken, "--json")
+    assert as_json.exit_code == 1
+    report = json.loads(as_json.stdout)
+    assert report["records"] is None and report["ok"] is False and len(report["problems"]) == 1
+    assert "commit.json" in report["problems"][0]
+    assert invoke("verify", tmp_path / "nothing").exit_code == 2
+
+
+@pytest.mark.skipif(
+    hasattr(pytreestore.TreeStore, "verify"), reason="TreeStore.verify exists: tested below"
+)
+def test_verify_without_treestore_verify_says_so(seed: Path) -> None:
+    result = invoke("verify", seed)
+    assert result.exit_code == 2
+    assert "has no TreeStore.verify()" in result.stderr
+
+
+@pytest.mark.skipif(
+    not hasattr(pytreestore.TreeStore, "verify"), reason="TreeStore.verify has not landed"
+)
+def test_verify_good_and_damaged_stores(tmp_path: Path, seed: Path) -> None:
+    good = invoke("verify", seed)
+    assert good.exit_code == 0, good.output
+    assert good.stdout.startswith(f"{seed}: OK (3 records, 4 columns")
+    damaged = tmp_path / "damaged"
+    pytreestore.copy(seed, damaged)
+    (damaged / "p" / "1" / "y" / "c" / "0").write_bytes(b"not zstd at all")
+    bad = invoke("verify", damaged)
+    assert bad.exit_code == 1, bad.output
+    assert "problem(s)" in bad.stdout and ".p[1].y" in bad.stdout
+    bad_json = invoke("verify", damaged, "--json")
+    report = json.loads(bad_json.stdout)
+    assert bad_json.exit_code == 1 and report["problems"] and report["ok"] is False
+    assert (report["records"], report["columns"]) == (3, 4)
+    assert ".p[1].y" in json.dumps(report["problems"][0])

@@ -1,0 +1,13 @@
+"""Both backends run the shipped conformance suite (pytreestore.testing.conformance)."""
+
+from __future__ import annotations
+
+from pytreestore.testing.conformance import BackendSuite
+
+
+class TestTensorStore(BackendSuite):
+    backend = "tensorstore"
+
+
+class TestZarr(BackendSuite):
+    backend = "zarr"

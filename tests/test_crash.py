@@ -1,0 +1,324 @@
+"""Crash safety: a writer killed with SIGKILL at a random moment leaves a store that opens,
+holds exactly a committed prefix of what was appended, and takes more appends.
+
+The writer is a subprocess running :func:`writer_main` from this module. It appends records
+``record(i)`` following a seeded plan of append / extend / extend_batch / flush calls and
+prints ``COMMITTED <n>`` after every flush. The parent kills it after a random number of
+commits or a random delay. Commits happen only at flush and at chunk boundaries, so the
+committed count after the kill is the last one reported, a chunk boundary past it, or the
+next flush's count.
+
+``pytest -m slow tests/test_crash.py`` runs many more trials.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+
+import pytreestore
+from pytreestore.errors import CorruptStoreError, StoreLockedError
+
+CHUNK = 16
+STALE_LOCK_BUG = (
+    "known bug: TensorStore's file kvstore writes a key through '<key>.__lock' and renames it; "
+    "a writer killed in between leaves that file, and the next write of the key reuses it "
+    "without truncating, so the key ends with stale bytes (a damaged chunk, or a commit "
+    "record that is not JSON). Opening for append should remove stale '*.__lock' files."
+)
+DEFAULT_TRIALS = 8
+SLOW_TRIALS = 48
+LOOKAHEAD = 3  # writers started ahead of their trial, so their imports overlap other trials
+TESTS = Path(__file__).resolve().parent
+
+
+def record(i: int) -> dict[str, Any]:
+    """Record ``i`` of every crash test: a function of ``i`` only."""
+    return {
+        "i": np.int64(i),
+        "v": np.arange(3, dtype=np.float32) + np.float32(i),
+        "p": (np.int16(i % 1000), np.bool_(i % 3 == 0)),
+    }
+
+
+def records(start: int, stop: int) -> list[dict[str, Any]]:
+    return [record(i) for i in range(start, stop)]
+
+
+# ---- the writer subprocess ---------------------------------------------------------------------
+
+
+def writer_main(path: str, spec_file: str) -> None:
+    """Runs in the subprocess: opens the store, waits for a line on stdin, runs the plan."""
+    spec = json.loads(Path(spec_file).read_text())
+    if spec["create"]:
+        store = pytreestore.create(path, record(0), chunk_records=CHUNK)
+    else:
+        store = pytreestore.open(path, mode="a")
+    n = len(store)
+    _emit(f"READY {n}")
+    sys.stdin.readline()
+    for op, k in spec["plan"]:
+        if op == "flush":
+            store.flush()
+            _emit(f"COMMITTED {store.committed}")
+        elif op == "append":
+            for x in records(n, n + k):
+                store.append(x)
+        elif op == "extend":
+            store.extend(record(i) for i in range(n, n + k))
+        else:
+            store.extend_batch(pytreestore.stack(records(n, n + k), as_numpy=True))
+        n += k
+    store.close()
+    _emit(f"DONE {n}")
+
+
+def _emit(line: str) -> None:
+    print(line, flush=True)
+
+
+def make_plan(rng: random.Random, ops: int = 250) -> list[tuple[str, int]]:
+    plan: list[tuple[str, int]] = []
+    for _ in range(ops):
+        r = rng.random()
+        if r < 0.35:
+            plan.append(("append", rng.randint(1, 5)))
+        elif r < 0.6:
+            plan.append(("extend", rng.randint(1, 40)))
+        elif r < 0.8:
+            plan.append(("batch", rng.randint(1, 40)))
+        else:
+            plan.append(("flush", 0))
+    return plan
+
+
+class Writer:
+    """A started writer subprocess and the plan it follows."""
+
+    def __init__(self, path: Path, *, create: bool, start: int, plan: list[tuple[str, int]]):
+        self.path, self.start, self.plan = path, start, plan
+        self.stderr = ""
+        spec = path.parent / "spec.json"
+        spec.write_text(json.dumps({"create": create, "plan": plan}))
+        code = (
+            f"import sys; sys.path.insert(0, {str(TESTS)!r}); import test_crash; "
+            f"test_crash.writer_main({str(path)!r}, {str(spec)!r})"
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def ready(self) -> int:
+        line = self._line()
+        assert line.startswith("READY "), f"writer did not start: {line!r}\n{self._stderr()}"
+        return int(line.split()[1])
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def kill(self) -> list[str]:
+        """SIGKILLs the writer (if still running); returns every line it printed after READY."""
+        self.proc.send_signal(signal.SIGKILL)
+        out, self.stderr = self.proc.communicate(timeout=60)
+        return out.splitlines()
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline().strip()
+
+    def _stderr(self) -> str:
+        self.proc.kill()
+        return self.proc.communicate(timeout=60)[1]
+
+    def flush_points(self) -> list[int]:
+        """The record count of each flush in the plan, and of the final close."""
+        n, points = self.start, []
+        for op, k in self.plan:
+            n += k
+            if op == "flush":
+                points.append(n)
+        return [*points, n]
+
+
+_STARTED: dict[int, Writer] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kill_leftover_writers():
+    yield
+    for writer in _STARTED.values():
+        writer.kill()
+    _STARTED.clear()
+
+
+def start_writer(trial: int, last: int, factory: pytest.TempPathFactory) -> Writer:
+    """The writer of ``trial``, started now if it was not yet; also starts the next few."""
+    for t in range(trial, min(trial + LOOKAHEAD + 1, last)):
+        if t not in _STARTED:
+            _STARTED[t] = _new_writer(t, factory.mktemp(f"crash{t}") / "store")
+    return _STARTED.pop(trial)
+
+
+def _new_writer(trial: int, path: Path) -> Writer:
+    rng = random.Random(trial)
+    create = trial % 2 == 0
+    start = 0
+    if not create:  # start from a store that ends inside a chunk
+        start = rng.randrange(1, 4 * CHUNK)
+        with pytreestore.create(path, record(0), chunk_records=CHUNK) as store:
+            store.extend(records(0, start))
+    return Writer(path, create=create, start=start, plan=make_plan(rng))
+
+
+# ---- the trials --------------------------------------------------------------------------------
+
+
+def allowed_counts(last: int, points: list[int]) -> set[int]:
+    """What a store may hold after the last reported commit ``last``: ``last``, any chunk
+    boundary before the next flush, or the next flush's count."""
+    nxt = next((p for p in points if p > last), last)
+    return {last, nxt} | {m for m in range(last + 1, nxt) if m % CHUNK == 0}
+
+
+def kill_at_random(writer: Writer, rng: random.Random) -> tuple[int, list[str]]:
+    """Lets the writer run, kills it; returns the last committed count it reported and its
+    output."""
+    writer.go()
+    assert writer.proc.stdout is not None
+    lines: list[str] = []
+    if rng.random() < 0.5:
+        for _ in range(rng.randint(0, len(writer.flush_points()) // 2)):
+            line = writer.proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line.strip())
+        time.sleep(rng.uniform(0, 0.005))
+    else:
+        time.sleep(rng.uniform(0, 0.6))
+    lines += writer.kill()
+    committed = [int(x.split()[1]) for x in lines if x.startswith(("COMMITTED", "DONE"))]
+    return (committed[-1] if committed else writer.start), lines
+
+
+def check_prefix(store: pytreestore.TreeStore, n: int) -> None:
+    got = store.load(as_numpy=True)
+    want = pytreestore.stack(records(0, n), like=record(0), as_numpy=True)
+    assert len(store) == n
+    for name in ("i", "v"):
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name, strict=True)
+    for k in range(2):
+        np.testing.assert_array_equal(got["p"][k], want["p"][k], err_msg=f"p{k}", strict=True)
+
+
+@pytest.mark.parametrize(
+    "trial",
+    [
+        pytest.param(t, marks=pytest.mark.slow) if t >= DEFAULT_TRIALS else t
+        for t in range(SLOW_TRIALS)
+    ],
+)
+def test_sigkilled_writer_leaves_a_committed_prefix(
+    trial: int, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    slow = "slow" in (request.config.getoption("markexpr") or "")
+    if trial >= DEFAULT_TRIALS and not slow:
+        pytest.skip("more crash trials run with -m slow")
+    last_trial = SLOW_TRIALS if slow else DEFAULT_TRIALS
+    writer = start_writer(trial, last_trial, tmp_path_factory)
+    assert writer.ready() == writer.start
+    reported, lines = kill_at_random(writer, random.Random(1000 + trial))
+    context = f"trial {trial}: writer printed {lines[-3:]} (exit {writer.proc.returncode})"
+    assert writer.proc.returncode in (0, -signal.SIGKILL), f"{context}\n{writer.stderr}"
+    points = writer.flush_points()
+    assert all(int(x.split()[1]) in points for x in lines), context
+
+    with pytreestore.open(writer.path) as store:
+        n = len(store)
+        assert n in allowed_counts(reported, points), f"{context}; store holds {n}"
+        check_prefix(store, n)
+    assert min(column_lengths(writer.path)) >= n, context
+
+    stale = sorted(str(p.relative_to(writer.path)) for p in writer.path.rglob("*.__lock"))
+    try:
+        with pytreestore.open(writer.path, mode="a") as store:
+            assert len(store) == n
+            store.extend(records(n, n + 5))
+            store.append(record(n + 5))
+        with pytreestore.open(writer.path) as store:
+            check_prefix(store, n + 6)
+    except CorruptStoreError as err:
+        if stale:
+            pytest.xfail(f"{STALE_LOCK_BUG} (stale {stale}): {err}")
+        raise
+    assert column_lengths(writer.path) == [n + 6] * len(COLUMNS), "zarr column lengths"
+
+
+COLUMNS = ("i", "v", "p/0", "p/1")
+
+
+def column_lengths(path: Path) -> list[int]:
+    """Each column's record count as zarr-python reads the array metadata."""
+    return [zarr.open_array(path / key, mode="r").shape[0] for key in COLUMNS]
+
+
+def test_sigkilled_writer_does_not_leave_its_lock(tmp_path: Path) -> None:
+    writer = Writer(tmp_path / "store", create=True, start=0, plan=[])
+    assert writer.ready() == 0
+    with pytest.raises(StoreLockedError, match="open for writing elsewhere"):
+        pytreestore.open(writer.path, mode="a")
+    writer.kill()
+    assert writer.proc.returncode == -signal.SIGKILL
+    with pytreestore.open(writer.path, mode="a") as store:
+        store.extend(records(0, 3))
+    with pytreestore.open(writer.path) as store:
+        check_prefix(store, 3)
+
+
+# ---- what a writer killed inside a TensorStore file write leaves behind ------------------------
+# TensorStore's file kvstore writes ``<key>.__lock``, then renames it to ``<key>``; SIGKILL in
+# between leaves ``<key>.__lock``. These tests plant such a file (longer than the next write of
+# the key, as a full chunk or a later commit record is) and check that the next writer's write
+# of that key is still whole.
+
+
+def test_stale_lock_file_of_a_chunk_does_not_damage_the_next_write(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    with pytreestore.create(path, record(0), chunk_records=CHUNK) as store:
+        store.extend(records(0, CHUNK + 2))
+    whole_chunk = (path / "v" / "c" / "0" / "0").read_bytes()
+    (path / "v" / "c" / "1" / "0.__lock").write_bytes(2 * whole_chunk)
+    with pytreestore.open(path, mode="a") as store:
+        store.append(record(CHUNK + 2))
+    with pytreestore.open(path) as store:
+        check_prefix(store, CHUNK + 3)
+
+
+def test_stale_lock_file_of_the_commit_record_does_not_damage_the_next_commit(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store"
+    with pytreestore.create(path, record(0), chunk_records=CHUNK) as store:
+        store.extend(records(0, 3))
+    later = b'{"format_version": 1, "records": 100000, "generation": 100000}'
+    (path / ".pytreestore" / "commit.json.__lock").write_bytes(later)
+    with pytreestore.open(path, mode="a") as store:
+        store.append(record(3))
+    with pytreestore.open(path) as store:
+        check_prefix(store, 4)

@@ -1,0 +1,211 @@
+"""Crash trials: writers killed with SIGKILL at random moments, on local disk and on S3.
+
+Each *chain* is one store taken through several trials. In each trial a writer process
+(forked by the zygote of :mod:`tests.trial_harness`) opens the store, appends ``record(i)``
+by a seeded random plan of appends, extends, batches and flushes, and is killed at a random
+moment: after a random delay, right after its k-th call returned, or while it is still
+opening the store. Then this process reopens the store and checks that
+
+* it opens (and, for the next trial, opens for appending: the lock is free again);
+* its length is one the writer can have committed (the last count it reported, a chunk
+  boundary inside the call it was killed in, or that call's flush);
+* every record equals ``record(i)``, leaf by leaf, dtypes included;
+* ``verify()`` finds nothing wrong.
+
+After the last trial of a chain this process appends more records and checks them all.
+
+The default suite runs 16 local and 4 S3 trials; ``make test-long`` (``pytest -m slow``) runs
+200 local and 50 on S3. Counts are printed at the end of each test (``pytest -s``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pytreestore
+from tests.trial_harness import (
+    Zygote,
+    batch,
+    differences,
+    expected,
+    possible_commits,
+    read_log,
+    record,
+    wait_for,
+)
+
+pytest_plugins = ("tests.fixtures",)
+CHUNKS = (1, 3, 16, 64)
+S3_CHUNKS = (3, 16, 64)  # one-record chunks cost a request per leaf per record on S3
+
+
+@dataclasses.dataclass
+class Tally:
+    trials: int = 0
+    records_checked: int = 0
+    mid_call: int = 0
+    before_ready: int = 0
+
+    def __str__(self) -> str:
+        return (
+            f"{self.trials} trials, {self.records_checked} records checked, "
+            f"{self.mid_call} killed inside a call, {self.before_ready} while opening"
+        )
+
+
+def check_store(path: str, n_options: set[int], opts: dict[str, Any], note: str) -> int:
+    store = pytreestore.open(path, **opts)
+    n = len(store)
+    assert n in n_options, f"{note}: {n} records after the kill, expected one of {n_options}"
+    if n:
+        bad = differences(store.load(as_numpy=True), expected(0, n))
+        assert not bad, f"{note}: records differ at {bad}"
+    report = store.verify()
+    assert report.ok, f"{note}: {report}"
+    store.close()
+    return n
+
+
+def run_trial(
+    zyg: Zygote, path: str, tmp: Path, rng: random.Random, chain: dict[str, Any], tally: Tally
+) -> None:
+    t = chain["trial"]
+    log = tmp / f"writer-{t}.log"
+    pid = zyg.start(
+        kind="writer",
+        path=path,
+        create=t == 0,
+        seed=rng.randrange(1 << 30),
+        chunk=chain["chunk"],
+        ops=rng.randint(3, 40),
+        max_batch=rng.choice([4, 40, 300]),
+        log=str(log),
+        storage_options=chain["opts"].get("storage_options"),
+    )
+    how = rng.random()
+    if t > 0 and how < 0.1:
+        time.sleep(rng.uniform(0, 0.3))  # may still be opening (and repairing) the store
+    else:
+        wait_for(log, "ready")
+        if how < 0.55:
+            time.sleep(rng.uniform(0, chain["max_delay"]))
+        else:
+            _wait_done(log, rng.randint(0, 6), chain["max_delay"] * 2)
+    zyg.kill(pid)
+    lines = read_log(log)
+    assert not [x for x in lines if x.startswith("FAIL")], "\n".join(lines[-5:])
+    if not any(x.startswith("ready") for x in lines):
+        tally.before_ready += 1
+        options = {chain["committed"]}
+    else:
+        options, _ = possible_commits(lines, chain["chunk"])
+        if lines[-1].startswith("op"):
+            tally.mid_call += 1
+    note = f"trial {t} of {path} (chunk {chain['chunk']}), log tail {lines[-3:]}"
+    n = check_store(path, options, chain["opts"], note)
+    chain["committed"] = n
+    chain["trial"] += 1
+    tally.trials += 1
+    tally.records_checked += n
+
+
+def _wait_done(log: Path, count: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = read_log(log)
+        if sum(x.startswith("done") for x in lines) >= count or any(
+            x.startswith(("finished", "FAIL")) for x in lines
+        ):
+            return
+        time.sleep(0.001)
+
+
+def run_chain(
+    zyg: Zygote,
+    path: str,
+    tmp: Path,
+    rng: random.Random,
+    trials: int,
+    opts: dict[str, Any],
+    tally: Tally,
+    max_delay: float,
+) -> None:
+    tmp.mkdir(parents=True, exist_ok=True)
+    chunks = S3_CHUNKS if path.startswith("s3://") else CHUNKS
+    chain = {"trial": 0, "committed": 0, "chunk": rng.choice(chunks), "opts": opts}
+    chain["max_delay"] = max_delay
+    for _ in range(trials):
+        run_trial(zyg, path, tmp, rng, chain, tally)
+    # appending continues correctly after the last crash
+    with pytreestore.open(path, mode="a", **opts) as store:
+        n = len(store)
+        store.extend_batch(batch(n, n + 37))
+        store.append(record(n + 37))
+    check_store(path, {n + 38}, opts, f"after the last trial of {path}")
+    tally.records_checked += n + 38
+
+
+def run_trials(zyg, tmp_path, seed, chains, per_chain, location, opts, max_delay) -> Tally:
+    tally = Tally()
+    rng = random.Random(seed)
+    for c in range(chains):
+        run_chain(zyg, location(c), tmp_path / f"chain{c}", rng, per_chain, opts, tally, max_delay)
+    return tally
+
+
+def require_slow(request: pytest.FixtureRequest) -> None:
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("the long trials run with make test-long (pytest -m slow)")
+
+
+def _seed() -> int:
+    return int(os.environ.get("PYTREESTORE_TRIAL_SEED", random.randrange(1 << 30)))
+
+
+def test_crash_trials_local(zygote, tmp_path):
+    seed = _seed()
+    tally = run_trials(
+        zygote, tmp_path, seed, 4, 4, lambda c: str(tmp_path / f"store{c}"), {}, 0.25
+    )
+    print(f"\nlocal crash trials (seed {seed}): {tally}")
+    assert tally.trials == 16
+
+
+@pytest.mark.s3
+def test_crash_trials_s3(zygote, s3_server, tmp_path):
+    seed, bucket = _seed(), s3_server.make_bucket()
+    opts = {"storage_options": s3_server.options}
+    tally = run_trials(zygote, tmp_path, seed, 1, 4, lambda c: f"s3://{bucket}/chain{c}", opts, 0.6)
+    print(f"\nS3 crash trials (seed {seed}): {tally}")
+    assert tally.trials == 4
+
+
+@pytest.mark.slow
+def test_crash_trials_local_long(zygote, tmp_path, request):
+    require_slow(request)
+    seed = _seed()
+    tally = run_trials(
+        zygote, tmp_path, seed, 20, 10, lambda c: str(tmp_path / f"store{c}"), {}, 0.25
+    )
+    print(f"\nlocal crash trials, long (seed {seed}): {tally}")
+    assert tally.trials == 200
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_crash_trials_s3_long(zygote, s3_server, tmp_path, request):
+    require_slow(request)
+    seed, bucket = _seed(), s3_server.make_bucket()
+    opts = {"storage_options": s3_server.options}
+    tally = run_trials(
+        zygote, tmp_path, seed, 5, 10, lambda c: f"s3://{bucket}/chain{c}", opts, 0.6
+    )
+    print(f"\nS3 crash trials, long (seed {seed}): {tally}")
+    assert tally.trials == 50

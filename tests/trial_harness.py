@@ -1,0 +1,380 @@
+"""Processes for the reliability tests: writers to kill, readers to run beside them.
+
+Importing pytreestore takes seconds here, so tests do not start one interpreter per writer.
+A *zygote* (``python tests/trial_harness.py``) imports everything once and then forks one
+child per job it is sent. It forks before any TensorStore or JAX work has started a thread,
+so the children are clean. Each child writes its progress, one line per event, to its own log
+file with ``os.write`` (whole lines survive a SIGKILL); the zygote reaps the children and
+reports each exit.
+
+Jobs (one JSON object per line on the zygote's stdin):
+
+* ``writer``: appends ``record(i)`` for i = 0, 1, ... following a seeded random plan of
+  ``append`` / ``extend`` / ``extend_batch`` / ``flush`` calls. Before each call it logs
+  ``op KIND FROM TO`` (records appended before and after the call) and after it
+  ``done COMMITTED``. Commits happen at flush and at chunk boundaries only, so a kill in the
+  middle of a call leaves one of :func:`possible_commits`.
+* ``reader``: polls a store while a writer appends and checks every read against
+  ``record(i)``; logs ``read LEN CHECKED`` lines, or ``FAIL ...``.
+* ``hold``: opens a store for appending, logs ``held``, and waits (to be killed), or logs the
+  error it got.
+* ``race``: opens a store taking its lock over (``break_lock=True``), appends its own
+  records, waits for a start file, flushes, and logs the outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+OPS = ("append", "extend", "generator", "batch", "flush")
+
+
+# ---- the records every writer appends ------------------------------------------------------------
+
+
+def record(i: int) -> dict[str, Any]:
+    """Record ``i``: a function of ``i`` only, with several dtypes and a nested node."""
+    return {
+        "i": np.int64(i),
+        "v": np.arange(3, dtype=np.float32) * np.float32(i) + np.float32(0.5),
+        "m": {"w": np.full((2, 2), i % 251, np.uint8), "flag": np.bool_(i % 3 == 0)},
+        "t": (np.float16(i % 2048), np.int16(-(i % 30000))),
+    }
+
+
+def expected(start: int, stop: int) -> dict[str, Any]:
+    """``record(start) ... record(stop - 1)`` stacked, built without a Python loop."""
+    i = np.arange(start, stop, dtype=np.int64)
+    return {
+        "i": i,
+        "v": (np.arange(3, dtype=np.float32)[None, :] * i[:, None].astype(np.float32))
+        + np.float32(0.5),
+        "m": {
+            "w": np.broadcast_to((i % 251).astype(np.uint8)[:, None, None], (len(i), 2, 2)),
+            "flag": i % 3 == 0,
+        },
+        "t": ((i % 2048).astype(np.float16), (-(i % 30000)).astype(np.int16)),
+    }
+
+
+def batch(start: int, stop: int) -> dict[str, Any]:
+    return expected(start, stop)
+
+
+def possible_commits(log: list[str], chunk: int) -> tuple[set[int], int]:
+    """The committed counts a writer killed at the end of ``log`` may have left, and the
+    last one it reported.
+
+    A finished call reported its committed count; a call cut short may have committed at any
+    chunk boundary it crossed, or (a flush) everything appended so far.
+    """
+    committed, pending = None, None
+    for line in log:
+        word, *rest = line.split()
+        if word == "ready":
+            committed = int(rest[0])
+        elif word == "op":
+            pending = (rest[0], int(rest[1]), int(rest[2]))
+        elif word == "done":
+            committed, pending = int(rest[0]), None
+    if committed is None:
+        raise ValueError("the writer never became ready")
+    options = {committed}
+    if pending is not None:
+        kind, _, upto = pending
+        options.update(range((committed // chunk + 1) * chunk, upto + 1, chunk))
+        if kind == "flush":
+            options.add(upto)
+    return options, committed
+
+
+# ---- the children ---------------------------------------------------------------------------------
+
+
+class Log:
+    """Whole lines appended with one ``write`` each, so a kill never leaves half a line."""
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def __call__(self, *words: Any) -> None:
+        os.write(self.fd, (" ".join(map(str, words)) + "\n").encode())
+
+
+def _open_options(job: dict[str, Any]) -> dict[str, Any]:
+    return {"storage_options": job["storage_options"]} if job.get("storage_options") else {}
+
+
+def run_writer(job: dict[str, Any], log: Log) -> None:
+    import pytreestore
+
+    rng = random.Random(job["seed"])
+    opts = _open_options(job)
+    if job["create"]:
+        store = pytreestore.create(job["path"], record(0), chunk_records=job["chunk"], **opts)
+    else:
+        store = pytreestore.open(job["path"], mode="a", **opts)
+    n = len(store)
+    log("ready", store.committed)
+    for _ in range(job["ops"]):
+        kind = rng.choice(OPS)
+        k = 0 if kind == "flush" else rng.randint(1, job["max_batch"])
+        log("op", kind, n, n + k)
+        if kind == "append":
+            for i in range(n, n + k):
+                store.append(record(i))
+        elif kind == "extend":
+            store.extend([record(i) for i in range(n, n + k)])
+        elif kind == "generator":
+            store.extend(record(i) for i in range(n, n + k))
+        elif kind == "batch":
+            store.extend_batch(batch(n, n + k))
+        else:
+            store.flush()
+        n += k
+        log("done", store.committed)
+        if job.get("pause"):
+            time.sleep(rng.uniform(0, job["pause"]))
+    log("finished")
+    time.sleep(3600)
+
+
+def run_reader(job: dict[str, Any], log: Log) -> None:
+    import pytreestore
+
+    rng = random.Random(job["seed"])
+    deadline = time.monotonic() + job["seconds"]
+    store = None
+    while store is None:
+        try:
+            store = pytreestore.open(job["path"], **_open_options(job))
+        except (FileNotFoundError, OSError, ValueError):
+            time.sleep(0.01)
+    last, checked, reads = 0, 0, 0
+    while time.monotonic() < deadline:
+        n = store.refresh()
+        if n < last:
+            log("FAIL", f"length went down from {last} to {n}")
+            return
+        last = n
+        if n:
+            lo = rng.choice([0, max(0, n - job["tail"]), rng.randrange(n)])
+            got = store.load(slice(lo, n), as_numpy=True)
+            bad = differences(got, expected(lo, n))
+            if bad:
+                log("FAIL", f"records [{lo}, {n}) differ at {bad}")
+                return
+            checked += n - lo
+        reads += 1
+        log("read", n, checked, reads)
+    log("finished", last, checked, reads)
+
+
+def differences(got: Any, want: Any) -> list[str]:
+    import jax
+
+    flat_got = jax.tree_util.tree_flatten_with_path(got)[0]
+    flat_want = jax.tree_util.tree_leaves(want)
+    bad = []
+    for (path, a), b in zip(flat_got, flat_want):
+        b = np.asarray(b)
+        if a.dtype != b.dtype or a.shape != b.shape or not np.array_equal(a, b):
+            bad.append(jax.tree_util.keystr(path))
+    return bad
+
+
+def run_hold(job: dict[str, Any], log: Log) -> None:
+    import pytreestore
+
+    try:
+        store = pytreestore.open(job["path"], mode="a", **_open_options(job))
+    except Exception as err:
+        log("error", type(err).__name__, str(err).replace("\n", " "))
+        return
+    if job.get("append"):
+        store.extend([record(i) for i in range(len(store), len(store) + job["append"])])
+        store.flush()
+    log("held", len(store))
+    time.sleep(3600)
+
+
+def run_race(job: dict[str, Any], log: Log) -> None:
+    """Takes the lock over, buffers its records, waits for the start file, then flushes."""
+    import pytreestore
+
+    store = pytreestore.open(job["path"], mode="a", break_lock=True, **_open_options(job))
+    base = len(store)
+    store.extend([record(i) for i in range(base, base + job["append"])])
+    log("ready", base)
+    while not os.path.exists(job["go"]):
+        time.sleep(0.001)
+    try:
+        store.flush()
+        log("committed", store.committed)
+    except pytreestore.errors.CommitConflictError as err:
+        log("conflict", str(err).replace("\n", " "))
+
+
+JOBS = {"writer": run_writer, "reader": run_reader, "hold": run_hold, "race": run_race}
+
+
+def child(job: dict[str, Any]) -> None:
+    log = Log(job["log"])
+    try:
+        JOBS[job["kind"]](job, log)
+    except BaseException:
+        log("FAIL", traceback.format_exc().replace("\n", " | "))
+        os._exit(1)
+    os._exit(0)
+
+
+# ---- the zygote ------------------------------------------------------------------------------------
+
+
+def zygote() -> None:
+    """Reads jobs from stdin, forks a child for each, replies ``pid N`` and ``exit N STATUS``.
+
+    It starts no thread, so every fork is of a single-threaded process.
+    """
+    import selectors
+
+    import pytreestore  # noqa: F401  (imported once, here, before any fork)
+
+    def say(line: str) -> None:
+        os.write(1, (line + "\n").encode())
+
+    say("ready")
+    selector = selectors.DefaultSelector()
+    selector.register(0, selectors.EVENT_READ)
+    pending = b""
+    while True:
+        ready = selector.select(timeout=0.005)
+        _reap(say)
+        if not ready:
+            continue
+        data = os.read(0, 65536)
+        if not data:
+            return
+        pending += data
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            job = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                _become_child(job)
+            say(f"pid {pid}")
+
+
+def _reap(say: Any) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        say(f"exit {pid} {status}")
+
+
+def _become_child(job: dict[str, Any]) -> None:
+    null = os.open(os.devnull, os.O_RDWR)
+    err = os.open(job["log"] + ".stderr", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.dup2(err, 2)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    child(job)
+
+
+class Zygote:
+    """The test side of the zygote: :meth:`start` jobs, :meth:`kill` them, :meth:`wait`."""
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        full = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", **(env or {}))
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "trial_harness.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=full,
+            text=True,
+            bufsize=1,
+        )
+        self.exits: dict[int, int] = {}
+        assert self._line() == "ready"
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the trial zygote died")
+        return line.strip()
+
+    def start(self, **job: Any) -> int:
+        """Forks a child for ``job`` and returns its pid."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        while True:
+            word, *rest = self._line().split()
+            if word == "pid":
+                return int(rest[0])
+            self.exits[int(rest[0])] = int(rest[1])
+
+    def kill(self, pid: int) -> None:
+        """SIGKILLs child ``pid`` and waits until the zygote has reaped it."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        self.wait(pid)
+
+    def wait(self, pid: int, timeout: float = 120.0) -> int:
+        """Waits for child ``pid`` to exit; its wait status."""
+        deadline = time.monotonic() + timeout
+        while pid not in self.exits:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"child {pid} did not exit in {timeout} s")
+            word, *rest = self._line().split()
+            if word == "exit":
+                self.exits[int(rest[0])] = int(rest[1])
+        return self.exits.pop(pid)
+
+    def close(self) -> None:
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+def read_log(path: str | os.PathLike[str]) -> list[str]:
+    try:
+        return Path(path).read_text().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def wait_for(path: str | os.PathLike[str], word: str, timeout: float = 60.0) -> list[str]:
+    """Waits until the log at ``path`` has a line starting with ``word`` (or ``FAIL``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = read_log(path)
+        if any(line.split()[0] in (word, "FAIL") for line in lines if line):
+            return lines
+        time.sleep(0.005)
+    raise TimeoutError(f"no {word!r} in {path} after {timeout} s: {read_log(path)[-3:]}")
+
+
+if __name__ == "__main__":
+    zygote()
