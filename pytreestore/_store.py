@@ -761,8 +761,9 @@ def _repair(engine: Backend, schema: TreeSchema, commit: Commit) -> None:
     """Trims columns that a crashed writer grew past the commit back to the committed length,
     after removing the partial writes it left (backends that can leave any)."""
     keys = [c.key for c in schema.columns]
-    if hasattr(engine, "remove_partial_writes"):
-        engine.remove_partial_writes(keys, commit.records // schema.chunk_records)
+    remove_partial_writes = getattr(engine, "remove_partial_writes", None)
+    if remove_partial_writes is not None:
+        remove_partial_writes(keys, commit.records // schema.chunk_records)
     shapes = engine.column_shapes(keys)
     for c, shape in zip(schema.columns, shapes):
         if tuple(shape[1:]) != c.shape:
