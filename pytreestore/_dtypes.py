@@ -20,7 +20,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
-_ML_FLOATS = (
+ML_FLOATS = (
     "bfloat16",
     "float8_e3m4",
     "float8_e4m3fn",
@@ -47,9 +47,9 @@ _NUMPY = (
     "complex128",
 )
 SUPPORTED: dict[str, np.dtype] = {n: np.dtype(n) for n in _NUMPY} | {
-    n: np.dtype(getattr(ml_dtypes, n)) for n in _ML_FLOATS
+    n: np.dtype(getattr(ml_dtypes, n)) for n in ML_FLOATS
 }
-_ML = frozenset(SUPPORTED[n] for n in _ML_FLOATS)
+_ML = frozenset(SUPPORTED[n] for n in ML_FLOATS)
 _PYTHON_SCALARS = (bool, int, float, complex)
 _PYTHON_KIND = {bool: "b", int: "i", float: "f", complex: "c"}
 _X64 = frozenset(np.dtype(n) for n in ("int64", "uint64", "float64", "complex128"))

@@ -30,16 +30,9 @@ from zarr.core.dtype import data_type_registry
 from zarr.core.dtype.common import DataTypeValidationError
 from zarr.core.dtype.npy.float import BaseFloat
 
-NAMES = (
-    "bfloat16",
-    "float8_e3m4",
-    "float8_e4m3fn",
-    "float8_e4m3fnuz",
-    "float8_e4m3b11fnuz",
-    "float8_e5m2",
-    "float8_e5m2fnuz",
-    "float8_e8m0fnu",
-)
+from pytreestore import _dtypes
+
+NAMES = _dtypes.ML_FLOATS
 _SPECIAL = {"NaN": np.nan, "Infinity": np.inf, "-Infinity": -np.inf}
 _LOCK = threading.Lock()
 
