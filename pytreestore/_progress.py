@@ -37,6 +37,7 @@ class ProgressBar:
         record_nbytes: bytes one record takes, for the MB/s figure.
         enabled: draw the bar; when false nothing is drawn.
         file: where to draw it (default: standard error).
+        unit: what is counted, e.g. ``" chunks"`` (default ``" records"``).
     """
 
     def __init__(
@@ -47,8 +48,10 @@ class ProgressBar:
         record_nbytes: int,
         enabled: bool = True,
         file: TextIO | None = None,
+        unit: str = " records",
     ) -> None:
         self.records = 0
+        self.nbytes = 0
         self._record_nbytes = record_nbytes
         self._start = time.perf_counter()
         self._bar: Any = None
@@ -56,15 +59,17 @@ class ProgressBar:
             self._bar = tqdm(
                 total=total,
                 desc=desc,
-                unit=" records",
+                unit=unit,
                 dynamic_ncols=True,
                 file=file if file is not None else sys.stderr,
                 leave=True,
             )
 
-    def advance(self, records: int) -> None:
-        """Counts ``records`` more records as done."""
+    def advance(self, records: int, nbytes: int | None = None) -> None:
+        """Counts ``records`` more items as done, of ``nbytes`` bytes (default: records times
+        ``record_nbytes``)."""
         self.records += records
+        self.nbytes += records * self._record_nbytes if nbytes is None else nbytes
         if self._bar is not None:
             self._bar.set_postfix_str(self._rate(), refresh=False)
             self._bar.update(records)
@@ -78,7 +83,7 @@ class ProgressBar:
 
     def _rate(self) -> str:
         elapsed = max(time.perf_counter() - self._start, 1e-9)
-        return f"{self.records * self._record_nbytes / elapsed / 1e6:.1f} MB/s"
+        return f"{self.nbytes / elapsed / 1e6:.1f} MB/s"
 
     def __enter__(self) -> ProgressBar:
         return self
@@ -99,10 +104,11 @@ def progress_bar(
     record_nbytes: int,
     enabled: bool = True,
     file: TextIO | None = None,
+    unit: str = " records",
 ) -> ProgressBar:
     """A :class:`ProgressBar` over ``total`` records of ``record_nbytes`` bytes each."""
     return ProgressBar(
-        total=total, desc=desc, record_nbytes=record_nbytes, enabled=enabled, file=file
+        total=total, desc=desc, record_nbytes=record_nbytes, enabled=enabled, file=file, unit=unit
     )
 
 

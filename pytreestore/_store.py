@@ -547,8 +547,11 @@ class TreeStore:
             drop_last=drop_last,
         )
 
-    def verify(self) -> VerifyReport:
+    def verify(self, *, progress: bool = False) -> VerifyReport:
         """Reads back the commit record, every column's metadata and every committed chunk.
+
+        Args:
+            progress: show a bar of the chunks checked (and MB/s decoded) on standard error.
 
         Returns:
             A report whose ``ok`` says whether all is well and whose ``problems`` name each
@@ -558,7 +561,7 @@ class TreeStore:
             StorageError: storage could not be reached.
         """
         self._check_open()
-        return verify(self._backend, self._schema, self.committed, self.path)
+        return verify(self._backend, self._schema, self.committed, self.path, progress=progress)
 
     # ---- guards --------------------------------------------------------------------------------
 

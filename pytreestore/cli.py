@@ -18,7 +18,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import shutil
 import sys
@@ -140,26 +139,20 @@ def verify(path: str, progress: bool | None, as_json: bool) -> None:
 
 def _run_verify(store: pytreestore.TreeStore, progress: bool) -> tuple[dict[str, Any], list[Any]]:
     """Runs ``store.verify()``: what it checked, and the problems it found."""
-    check = getattr(store, "verify", None)
-    if check is None:
-        _fail("this version of pytreestore has no TreeStore.verify(); upgrade it")
-    options = {"progress": progress} if "progress" in inspect.signature(check).parameters else {}
-    result: Any
     try:
-        result = check(**options)
+        report = store.verify(progress=progress)
     except CorruptStoreError as err:
-        result = [str(err)]
+        return {"records": len(store), "columns": len(store.schema.columns)}, [str(err)]
     except PyTreeStoreError as err:  # storage unreachable, say: nothing can be concluded
         _fail(str(err))
-    facts = {
-        "records": getattr(result, "records", len(store)),
-        "columns": getattr(result, "columns", len(store.schema.columns)),
+    facts: dict[str, Any] = {
+        "records": report.records,
+        "columns": report.columns,
+        "chunks": report.chunks,
     }
-    if hasattr(result, "chunks"):
-        facts["chunks"] = result.chunks
-    if getattr(result, "unchecksummed", ()):
-        facts["unchecksummed"] = list(result.unchecksummed)
-    return facts, list(getattr(result, "problems", result))
+    if report.unchecksummed:
+        facts["unchecksummed"] = list(report.unchecksummed)
+    return facts, list(report.problems)
 
 
 def _report_verify(

@@ -322,18 +322,6 @@ def test_verify_a_store_too_damaged_to_open(tmp_path: Path, seed: Path) -> None:
     assert invoke("verify", tmp_path / "nothing").exit_code == 2
 
 
-@pytest.mark.skipif(
-    hasattr(pytreestore.TreeStore, "verify"), reason="TreeStore.verify exists: tested below"
-)
-def test_verify_without_treestore_verify_says_so(seed: Path) -> None:
-    result = invoke("verify", seed)
-    assert result.exit_code == 2
-    assert "has no TreeStore.verify()" in result.stderr
-
-
-@pytest.mark.skipif(
-    not hasattr(pytreestore.TreeStore, "verify"), reason="TreeStore.verify has not landed"
-)
 def test_verify_good_and_damaged_stores(tmp_path: Path, seed: Path) -> None:
     good = invoke("verify", seed)
     assert good.exit_code == 0, good.output
@@ -349,3 +337,12 @@ def test_verify_good_and_damaged_stores(tmp_path: Path, seed: Path) -> None:
     assert bad_json.exit_code == 1 and report["problems"] and report["ok"] is False
     assert (report["records"], report["columns"]) == (3, 4)
     assert ".p[1].y" in json.dumps(report["problems"][0])
+
+
+def test_verify_progress_draws_a_bar_of_chunks(seed: Path) -> None:
+    shown = invoke("verify", seed, "--progress")
+    assert shown.exit_code == 0, shown.output
+    bar = shown.stderr.split("\r")[-1]
+    assert bar.startswith("verify: 100%") and "4/4 " in bar and " chunks/s" in bar, bar
+    assert shown.stdout.startswith(f"{seed}: OK (3 records, 4 columns")
+    assert invoke("verify", seed, "--no-progress").stderr == ""

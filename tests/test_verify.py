@@ -177,3 +177,15 @@ def test_the_zarr_backend_is_verified_too(tmp_path):
     flip(tmp_path / "z" / "a" / "c" / "0" / "0")
     (problem,) = pytreestore.open(path, backend="zarr").verify().problems
     assert (problem.path, problem.chunk) == ("['a']", (0, 0))
+
+
+def test_verify_progress_counts_every_chunk(tmp_path, capsys):
+    store = pytreestore.open(make(tmp_path / "s", n=10))
+    report = store.verify(progress=True)
+    assert (report.ok, report.chunks) == (True, 9)  # 3 columns of 3 chunks
+    bar = capsys.readouterr().err.split("\r")[-1]
+    assert (
+        bar.startswith("verify: 100%") and "9/9 " in bar and " chunks/s" in bar and "MB/s" in bar
+    ), bar
+    store.verify()
+    assert capsys.readouterr().err == ""
