@@ -30,6 +30,7 @@ import tensorstore as ts
 
 from pytreestore import _validate
 from pytreestore._location import Location
+from pytreestore.backends import _direct
 from pytreestore.backends._base import ColumnLayout, ColumnShape
 from pytreestore.backends._ts_kvstore import kvstore_spec
 from pytreestore.errors import (
@@ -116,6 +117,7 @@ class TensorStoreBackend:
         self._kv: ts.KvStore | None = None
         self._handles: dict[str, ts.TensorStore] = {}
         self._layouts: dict[str, ColumnShape] = {}
+        self._direct: dict[str, _direct.DirectColumn | None] = {}
 
     # ---- keys and bytes ----------------------------------------------------------------------
 
@@ -259,22 +261,80 @@ class TensorStoreBackend:
 
     def write(self, keys: Sequence[str], start: int, blocks: Sequence[np.ndarray]) -> None:
         handles = self._open(keys, start + (len(blocks[0]) if blocks else 0))
+        direct = [self._plan(k, h) for k, h in zip(keys, handles)]
+        if blocks and all(direct):
+            try:
+                done = _direct.write(direct, start, blocks)  # type: ignore[arg-type]
+            except PyTreeStoreError:
+                raise
+            except OSError as err:
+                raise _os_error(f"writing columns of {self._location}", err) from err
+            start, blocks = start + done, [b[done:] for b in blocks]
+            if not len(blocks[0]):
+                return
         futures = [h[start : start + len(b)].write(b) for h, b in zip(handles, blocks)]
         _wait(futures, keys, "writing column")
 
     def read(self, keys: Sequence[str], index: Any, records: int) -> list[np.ndarray]:
-        handles = self._open(keys, records)
-        with ts.Batch() as batch:
-            futures = [h[index].read(batch=batch) for h in handles]
-        return _wait(futures, keys, "reading column", read=True)
+        return self.read_many([(k, index) for k in keys], records)
 
     def read_many(self, requests: Sequence[tuple[str, Any]], records: int) -> list[np.ndarray]:
-        """Reads ``index`` of column ``key`` for every ``(key, index)`` pair, in one batch."""
+        """Reads ``index`` of column ``key`` for every ``(key, index)`` pair, all at once.
+
+        Uncompressed local chunks are read straight into the outputs (:mod:`._direct`) while
+        TensorStore reads the rest in one batch.
+        """
         keys = list(dict.fromkeys(key for key, _ in requests))
         handles = dict(zip(keys, self._open(keys, records)))
+        plans = {k: self._plan(k, handles[k]) for k in keys}
+        out: list[Any] = [None] * len(requests)
+        mine = [(i, plan, index) for i, (k, index) in enumerate(requests) if (plan := plans[k])]
+        engine = self._start_reads(
+            handles, requests, [i for i, (k, _) in enumerate(requests) if plans[k] is None]
+        )
+        if mine:
+            try:
+                got = _direct.read([(plan, index) for _, plan, index in mine])
+                for (i, _, _), array in zip(mine, got):
+                    out[i] = array
+            except _direct.MissingChunk:  # TensorStore knows the fill value
+                engine += self._start_reads(handles, requests, [i for i, _, _ in mine])
+            except PyTreeStoreError:
+                raise
+            except OSError as err:
+                raise _os_error(f"reading columns of {self._location}", err) from err
+        keys_read = [requests[i][0] for i, _ in engine]
+        done = _wait([f for _, f in engine], keys_read, "reading column", read=True)
+        for (i, _), array in zip(engine, done):
+            out[i] = array
+        return out
+
+    @staticmethod
+    def _start_reads(
+        handles: dict[str, ts.TensorStore], requests: Sequence[tuple[str, Any]], which: list[int]
+    ) -> list[tuple[int, Any]]:
+        """Issues the reads of ``requests[i]`` for every ``i`` in ``which``, in one batch."""
         with ts.Batch() as batch:
-            futures = [handles[key][index].read(batch=batch) for key, index in requests]
-        return _wait(futures, [key for key, _ in requests], "reading column", read=True)
+            return [(i, handles[requests[i][0]][requests[i][1]].read(batch=batch)) for i in which]
+
+    def _plan(self, key: str, handle: ts.TensorStore) -> _direct.DirectColumn | None:
+        """How ``key``'s chunks can be read and written as plain files, or None (not on local
+        disk, or compressed)."""
+        if key not in self._direct:
+            plan = None
+            chunks, codec = handle.chunk_layout.write_chunk.shape, handle.codec
+            if self._location.kind == "file" and chunks is not None and codec is not None:
+                metadata = {
+                    "data_type": handle.dtype.name,
+                    "shape": list(handle.shape),
+                    "chunk_grid": {"configuration": {"chunk_shape": list(chunks)}},
+                    # the format's encoding; a foreign one misses its files and falls back
+                    "chunk_key_encoding": {"name": "default"},
+                    "codecs": codec.to_json()["codecs"],
+                }
+                plan = _direct.plan(Path(self._location.root) / key, metadata, key)
+            self._direct[key] = plan
+        return self._direct[key]
 
     def remove_partial_writes(self, keys: Sequence[str], tail_chunk: int) -> list[str]:
         """Deletes the ``<key>.__lock`` files a killed writer left behind; the paths removed.
@@ -394,6 +454,13 @@ def _chunk_error(key: str, err: ValueError) -> CorruptChunkError:
 
 
 def _storage_error(doing: str, err: ValueError) -> StorageError:
+    return StorageError(
+        f"{doing} failed: {err}. Records committed before stay committed; once storage is "
+        "reachable (or has space) again, retry the call (a failed flush() can be repeated)."
+    )
+
+
+def _os_error(doing: str, err: OSError) -> StorageError:
     return StorageError(
         f"{doing} failed: {err}. Records committed before stay committed; once storage is "
         "reachable (or has space) again, retry the call (a failed flush() can be repeated)."

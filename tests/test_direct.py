@@ -1,0 +1,176 @@
+"""Direct I/O of uncompressed local chunks (pytreestore.backends._direct): the bytes it writes
+are the bytes TensorStore writes, what it reads equals what TensorStore reads, and damaged,
+short or missing chunk files are caught or handed back to the engine."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorstore as ts
+
+import pytreestore
+from pytreestore import errors
+from pytreestore.backends import _direct
+
+LIKE = {"m": np.zeros((3, 2), np.float32), "i": np.int64(0), "b": np.zeros(5, np.bool_)}
+
+
+def rows(n: int, offset: int = 0) -> dict[str, np.ndarray]:
+    r = np.arange(offset, offset + n)
+    return {
+        "m": (r[:, None, None] * 10 + np.arange(6).reshape(3, 2)).astype(np.float32),
+        "i": (r * 7 - 3).astype(np.int64),
+        "b": (r[:, None] + np.arange(5)) % 3 == 0,
+    }
+
+
+def make(path: Path, n: int = 23, codec: str | None = None, **kw) -> pytreestore.TreeStore:
+    store = pytreestore.create(path, LIKE, chunk_records=4, codec=codec, **kw)
+    store.extend_batch(rows(n))
+    store.flush()
+    return store
+
+
+def engine_read(path: Path, key: str, index) -> np.ndarray:
+    handle = ts.open({"driver": "zarr3", "kvstore": f"file://{path}/{key}/"}).result()
+    return handle[index].read().result()
+
+
+def chunk_files(path: Path) -> dict[str, bytes]:
+    """Every chunk file below ``path``, by its key."""
+    found = (p for p in sorted(path.rglob("*")) if p.is_file())
+    return {
+        str(p.relative_to(path)): p.read_bytes()
+        for p in found
+        if "/c/" in f"/{p.relative_to(path)}"
+    }
+
+
+def test_plan_takes_only_plain_chunks_of_whole_records(tmp_path: Path) -> None:
+    meta = {
+        "data_type": "float32",
+        "shape": [0, 3, 2],
+        "chunk_grid": {"configuration": {"chunk_shape": [4, 3, 2]}},
+        "chunk_key_encoding": {"name": "default"},
+        "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+    }
+    column = _direct.plan(tmp_path, meta, "m")
+    assert column is not None
+    assert (column.chunk, column.row_nbytes, column.chunk_key(5)) == (4, 24, "c/5/0/0")
+    zstd = [meta["codecs"][0], {"name": "zstd", "configuration": {"level": 3}}, {"name": "crc32c"}]
+    refused = [
+        dict(meta, codecs=zstd),
+        dict(
+            meta, codecs=[{"name": "bytes", "configuration": {"endian": "big"}}, meta["codecs"][1]]
+        ),
+        dict(meta, codecs=meta["codecs"][:1]),  # no checksum
+        dict(meta, chunk_grid={"configuration": {"chunk_shape": [4, 3, 1]}}),  # split records
+        dict(meta, chunk_key_encoding={"name": "v2"}),
+        dict(meta, data_type="not a type"),
+        {"shape": [0]},
+    ]
+    assert [_direct.plan(tmp_path, m) for m in refused] == [None] * len(refused)
+
+
+def test_direct_writes_are_the_bytes_tensorstore_writes(tmp_path: Path) -> None:
+    ours = make(tmp_path / "ours", n=23)
+    ours.close()
+    theirs = pytreestore.create(tmp_path / "theirs", LIKE, chunk_records=4, codec=None)
+    for i in range(23):  # one record at a time: every chunk goes through TensorStore
+        theirs.append({k: v[i] for k, v in rows(23).items()})
+    theirs.close()
+    mine, engine = chunk_files(tmp_path / "ours"), chunk_files(tmp_path / "theirs")
+    assert len(mine) == 3 * 6 and mine.keys() == engine.keys()
+    assert mine == engine
+    assert not list((tmp_path / "ours").rglob("*.__lock"))
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        slice(0, 23),
+        slice(4, 12),  # whole chunks only
+        slice(1, 22),  # partial chunks at both ends
+        slice(21, 23),  # inside the tail chunk
+        slice(2, 19, 3),
+        np.array([22, 0, 5, 5, 13, 4, 21, 1]),  # unsorted, repeated
+        np.array([], np.int64),
+    ],
+    ids=["all", "whole", "partial", "tail", "step", "gather", "empty"],
+)
+def test_reads_equal_tensorstore_reads(tmp_path: Path, index) -> None:
+    store = make(tmp_path / "s", n=23)
+    got = store.load(index, as_numpy=True)
+    for key in ("m", "i", "b"):
+        want = engine_read(tmp_path / "s", key, index)
+        np.testing.assert_array_equal(got[key], want)
+        assert got[key].dtype == want.dtype
+    expected = {k: v[index] for k, v in rows(23).items()}
+    for key in expected:
+        np.testing.assert_array_equal(got[key], expected[key])
+
+
+def test_a_short_chunk_file_is_named(tmp_path: Path) -> None:
+    store = make(tmp_path / "s")
+    chunk = tmp_path / "s" / "m" / "c" / "2" / "0" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:-9])
+    with pytest.raises(
+        errors.CorruptChunkError, match=r"chunk \(2, 0, 0\).*holds 91 bytes, not 100"
+    ):
+        store.load(slice(0, 12), as_numpy=True)
+    np.testing.assert_array_equal(store.load(slice(0, 8), as_numpy=True)["m"], rows(8)["m"])
+
+
+def test_a_longer_chunk_file_is_named(tmp_path: Path) -> None:
+    store = make(tmp_path / "s")
+    chunk = tmp_path / "s" / "i" / "c" / "1"
+    chunk.write_bytes(chunk.read_bytes() + b"x")
+    with pytest.raises(errors.CorruptChunkError, match=r"\['i'\]: chunk \(1,\) \(i/c/1\)") as info:
+        store.load(np.array([5]), as_numpy=True)
+    assert (info.value.chunk, info.value.key) == ((1,), "i/c/1")
+
+
+def test_a_missing_chunk_reads_through_the_engine(tmp_path: Path) -> None:
+    store = make(tmp_path / "s")
+    (tmp_path / "s" / "i" / "c" / "1").unlink()
+    got = store.load(slice(0, 12), as_numpy=True)  # TensorStore: the fill value, as before
+    np.testing.assert_array_equal(got["i"], np.r_[rows(4)["i"], np.zeros(4), rows(4, 8)["i"]])
+    np.testing.assert_array_equal(got["m"], rows(12)["m"])
+    assert not store.verify().ok
+
+
+def test_compressed_columns_still_read_through_the_engine(tmp_path: Path) -> None:
+    store = make(tmp_path / "s", codec="zstd")
+    assert all(plan is None for plan in store._backend._direct.values())  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(store.load(as_numpy=True)["m"], rows(23)["m"])
+
+
+def test_appends_after_direct_writes_and_reopen(tmp_path: Path) -> None:
+    store = make(tmp_path / "s", n=10)
+    store.extend_batch(rows(9, offset=10))
+    store.append({k: v[0] for k, v in rows(1, offset=19).items()})
+    store.close()
+    again = pytreestore.open(tmp_path / "s")
+    assert len(again) == 20
+    for key, want in rows(20).items():
+        np.testing.assert_array_equal(again.load(as_numpy=True)[key], want)
+    assert again.verify().ok
+
+
+def test_the_thread_pool_works_in_a_forked_child(tmp_path: Path) -> None:
+    store = make(tmp_path / "s")
+    np.testing.assert_array_equal(store.load(as_numpy=True)["i"], rows(23)["i"])  # pool started
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # JAX warns that forking a multithreaded process is risky
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        try:
+            ok = np.array_equal(store.load(as_numpy=True)["i"], rows(23)["i"])
+        finally:
+            os._exit(0 if ok else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
