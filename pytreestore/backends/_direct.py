@@ -275,8 +275,13 @@ def write(columns: Sequence[DirectColumn], start: int, blocks: Sequence[np.ndarr
             part = data[lo : lo + size]
             tasks.append(lambda c=column, k=k, p=part: _write_chunk(c, k, p))
     paths = _run_all(tasks)
-    folders = sorted({os.path.dirname(p) for p in paths})
-    _run_all([lambda p=p: _fsync(p) for p in [*paths, *folders]])
+    folders = {str(c.folder) for c in columns}  # new chunk folders are entries of their parents
+    for path in paths:
+        folder = os.path.dirname(path)
+        while folder not in folders:
+            folders.add(folder)
+            folder = os.path.dirname(folder)
+    _run_all([lambda p=p: _fsync(p) for p in [*paths, *sorted(folders)]])
     return whole
 
 
