@@ -17,9 +17,9 @@ checked against its checksum: a mismatch raises :class:`~pytreestore.errors.Corr
 naming the chunk.
 
 Writes follow the TensorStore ``file`` kvstore's own protocol: each chunk goes to
-``<chunk>.__lock`` and is renamed over the chunk, so readers see the old chunk or the new one;
-the files and their folders are fsynced before :func:`write` returns, so a commit written
-after it never counts a chunk that is not on disk.
+``<chunk>.__lock``, is fsynced and renamed over the chunk, so readers see the old chunk or the
+new one; the folders are fsynced before :func:`write` returns, so a commit written after it
+never counts a chunk that is not on disk.
 
 Example:
     >>> import numpy as np, tempfile
@@ -53,7 +53,7 @@ import numpy as np
 from pytreestore.errors import CorruptChunkError
 
 _T = TypeVar("_T")
-_WORKERS = max(4, min(16, 2 * (os.cpu_count() or 1)))
+_WORKERS = max(8, min(32, 4 * (os.cpu_count() or 1)))  # threads mostly wait on the disk
 _POOL: ThreadPoolExecutor | None = None
 _LITTLE = sys.byteorder == "little"
 
@@ -281,7 +281,7 @@ def write(columns: Sequence[DirectColumn], start: int, blocks: Sequence[np.ndarr
         while folder not in folders:
             folders.add(folder)
             folder = os.path.dirname(folder)
-    _run_all([lambda p=p: _fsync(p) for p in [*paths, *sorted(folders)]])
+    _run_all([lambda p=p: _fsync(p) for p in sorted(folders)])  # the renames
     return whole
 
 
@@ -294,6 +294,7 @@ def _write_chunk(column: DirectColumn, k: int, part: np.ndarray) -> str:
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         _write_all(fd, [data.data, memoryview(checksum)])
+        os.fsync(fd)  # here, not after every write: the disk works while other chunks are copied
     finally:
         os.close(fd)
     os.replace(temp, path)
