@@ -688,6 +688,7 @@ def open(
     backend: str = "tensorstore",
     storage_options: Mapping[str, Any] | None = None,
     break_lock: bool = False,
+    cache_bytes: int = 0,
 ) -> TreeStore:
     """Opens an existing store.
 
@@ -703,6 +704,11 @@ def open(
         break_lock: S3 and GCS, ``mode="a"`` only: take the writer lock over even from a
             holder that may be alive (a writer on a host that crashed). A holder on this host
             that has died is detected and replaced without it.
+        cache_bytes: keep up to this many bytes of decoded chunks in memory (least recently
+            used out first), so that gathers and small reads that touch the same chunks again
+            skip the disk and the decoder. Every use of a cached chunk is checked against
+            storage first, so a chunk a writer has rewritten since is read again. Default 0:
+            no cache. TensorStore backend only.
 
     Raises:
         StoreNotFoundError: nothing is at ``path``.
@@ -727,8 +733,16 @@ def open(
         raise ValueError("generic=True gives a read-only view; open with mode='r'")
     if break_lock and mode != "a":
         raise ValueError("break_lock=True takes the writer lock; open with mode='a'")
+    if not isinstance(cache_bytes, int) or cache_bytes < 0:
+        raise ValueError(f"cache_bytes must be an int >= 0 (bytes), got {cache_bytes!r}")
+    if cache_bytes and backend != "tensorstore":
+        raise ValueError(
+            f"cache_bytes is a feature of the tensorstore backend, not of {backend!r}; "
+            "open with backend='tensorstore' or without cache_bytes"
+        )
     location = Location.parse(path, storage_options)
-    engine: Backend = get_backend(backend)(location)
+    cache = {"cache_bytes": cache_bytes} if cache_bytes else {}
+    engine: Backend = get_backend(backend)(location, **cache)
     schema = _read_schema(engine, location, like=like, generic=generic)
     engine.open_columns(schema.columns)
     lock = WriterLock.acquire(location, engine, break_lock=break_lock) if mode == "a" else None

@@ -174,3 +174,44 @@ def test_the_thread_pool_works_in_a_forked_child(tmp_path: Path) -> None:
             os._exit(0 if ok else 3)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+# ---- the chunk cache (open(cache_bytes=...)) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("codec", [None, "zstd"])
+def test_cached_gathers_see_chunks_a_writer_rewrote(tmp_path: Path, codec) -> None:
+    writer = make(tmp_path / "s", n=10, codec=codec)
+    reader = pytreestore.open(tmp_path / "s", cache_bytes=1 << 20)
+    picks = np.array([9, 1, 8, 2])
+    for _ in range(2):  # the second gather is served from the cache
+        got = reader.load(picks, as_numpy=True)
+        np.testing.assert_array_equal(got["m"], rows(10)["m"][picks])
+    writer.extend_batch(rows(3, offset=10))  # rewrites the tail chunk, records 8-11
+    writer.flush()
+    reader.refresh()
+    picks = np.array([11, 9, 8, 0])
+    got = reader.load(picks, as_numpy=True)
+    for key, want in rows(13).items():
+        np.testing.assert_array_equal(got[key], want[picks])
+
+
+def test_the_cache_holds_at_most_its_limit(tmp_path: Path) -> None:
+    make(tmp_path / "s", n=23).close()
+    chunk = 4 * 24  # four float32[3, 2] records
+    store = pytreestore.open(tmp_path / "s", cache_bytes=2 * chunk)
+    cache = store._backend._cache  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(
+        store.load(np.arange(0, 23, 2), as_numpy=True)["m"], rows(23)["m"][::2]
+    )
+    assert 0 < cache.nbytes <= 2 * chunk
+    store.close()
+    assert cache.nbytes == 0
+
+
+def test_cache_bytes_is_checked(tmp_path: Path) -> None:
+    make(tmp_path / "s").close()
+    with pytest.raises(ValueError, match="cache_bytes must be an int >= 0"):
+        pytreestore.open(tmp_path / "s", cache_bytes=-1)
+    with pytest.raises(ValueError, match="feature of the tensorstore backend, not of 'zarr'"):
+        pytreestore.open(tmp_path / "s", backend="zarr", cache_bytes=1 << 20)

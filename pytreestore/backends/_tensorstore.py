@@ -110,9 +110,15 @@ class TensorStoreBackend:
     :class:`CorruptChunkError` naming the column key and the chunk.
     """
 
-    def __init__(self, location: Location) -> None:
+    def __init__(self, location: Location, cache_bytes: int = 0) -> None:
         self._location = location
-        self._context = _memory_context() if location.kind == "memory" else ts.Context()
+        self._cache = _direct.ChunkCache(cache_bytes) if cache_bytes > 0 else None
+        if location.kind == "memory":
+            self._context = _memory_context()
+        elif cache_bytes > 0:  # TensorStore keeps decoded chunks, revalidated on every read
+            self._context = ts.Context({"cache_pool": {"total_bytes_limit": cache_bytes}})
+        else:
+            self._context = ts.Context()
         self._kv_spec, self._cleanup = kvstore_spec(location)
         self._kv: ts.KvStore | None = None
         self._handles: dict[str, ts.TensorStore] = {}
@@ -294,7 +300,7 @@ class TensorStoreBackend:
         )
         if mine:
             try:
-                got = _direct.read([(plan, index) for _, plan, index in mine])
+                got = _direct.read([(plan, index) for _, plan, index in mine], self._cache)
                 for (i, _, _), array in zip(mine, got):
                     out[i] = array
             except _direct.MissingChunk:  # TensorStore knows the fill value
@@ -402,6 +408,8 @@ class TensorStoreBackend:
         return out
 
     def close(self) -> None:
+        if self._cache is not None:
+            self._cache.clear()
         self._handles.clear()
         self._kv = None
         self._cleanup()
