@@ -177,13 +177,17 @@ def stamped(info: dict[str, Any]) -> dict[str, Any]:
             format cannot describe).
     """
     info = {k: v for k, v in info.items() if k != DIGEST_KEY}
-    document = {"zarr_format": 3, "node_type": "group", "attributes": {"pytreestore": info}}
-    error = jsonschema.exceptions.best_match(validator().iter_errors(document))
-    if error is not None:
-        raise UnsupportedTreeError(
-            f"the store's schema would not follow the pytreestore format: {_describe(error)}"
-        )
-    return {**info, DIGEST_KEY: digest(info)}
+    stamp = digest(info)
+    seen = f"stamped:{stamp}".encode()  # the same schema again (a new store of the same tree)
+    if seen not in _VALIDATED:
+        document = {"zarr_format": 3, "node_type": "group", "attributes": {"pytreestore": info}}
+        error = jsonschema.exceptions.best_match(validator().iter_errors(document))
+        if error is not None:
+            raise UnsupportedTreeError(
+                f"the store's schema would not follow the pytreestore format: {_describe(error)}"
+            )
+        _remember(seen)
+    return {**info, DIGEST_KEY: stamp}
 
 
 def _parse(raw: bytes | None, file: str) -> Any:
