@@ -1,7 +1,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.installed
 
-.PHONY: install test test-long lint bench demo docs
+.PHONY: install test test-long lint bench bench-quick demo docs
 
 $(STAMP): pyproject.toml
 	test -d .venv || python3 -m venv .venv
@@ -14,6 +14,12 @@ DOCS_STAMP := .venv/.installed-docs
 $(DOCS_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e ".[docs]"
 	touch $(DOCS_STAMP)
+
+BENCH_STAMP := .venv/.installed-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[bench]"
+	touch $(BENCH_STAMP)
 
 install: $(STAMP)
 
@@ -29,8 +35,12 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check pytreestore tests examples benchmarks
 	$(PY) -m pyright
 
-bench: $(STAMP)
+bench: $(BENCH_STAMP)
 	$(PY) benchmarks/run.py
+
+# small sizes, one repeat (CI); the anchors' libraries are optional: rows without them say skipped
+bench-quick: $(BENCH_STAMP)
+	$(PY) benchmarks/run.py --quick
 
 demo: $(STAMP)
 	$(PY) examples/simulation.py

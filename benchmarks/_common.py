@@ -137,6 +137,7 @@ class Result:
     baseline_label: str
     module: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    unit: str = "s"  # what ``ours`` and ``baseline`` measure: seconds, or e.g. "GiB"
 
     @property
     def ours_s(self) -> float:
@@ -196,6 +197,7 @@ class Result:
             "ours": self.ours_label,
             "baseline": self.baseline_label,
             "notes": list(self.notes),
+            "unit": self.unit,
         }
 
 
@@ -233,15 +235,20 @@ def format_ratio(result: Result) -> str:
 TABLE_HEADER = ("case", "N", "ours", "baseline", "ratio", "goal", "met?")
 
 
+def format_value(value: float, unit: str) -> str:
+    """Seconds as :func:`format_seconds`; any other unit as ``"1.23 GiB"``."""
+    return format_seconds(value) if unit == "s" else f"{value:.3g} {unit}"
+
+
 def table_row(result: Result) -> tuple[str, ...]:
     return (
         result.case,
         f"{result.n:,}",
-        format_seconds(result.ours_s),
-        format_seconds(result.baseline_s),
+        format_value(result.ours_s, result.unit),
+        format_value(result.baseline_s, result.unit),
         f"{format_ratio(result)} ({result.ratio_label})",
         str(result.goal),
-        "yes" if result.met else "**no**",
+        "skipped" if math.isnan(result.ratio) else "yes" if result.met else "**no**",
     )
 
 
@@ -265,7 +272,8 @@ def results_notes(results: Sequence[Result]) -> str:
     lines = []
     for r in results:
         lines.append(f"- **{r.case}**: ours = {r.ours_label}; baseline = {r.baseline_label}.")
-        lines.append(f"  Repeats: ours [{r.ours}], baseline [{r.baseline}].")
+        if r.unit == "s":
+            lines.append(f"  Repeats: ours [{r.ours}], baseline [{r.baseline}].")
         if (paired := r.paired_ratio) is not None:
             lines.append(f"  Median of the per-run ratios: {paired:.2f}x.")
         lines.extend(f"  {note}" for note in r.notes)

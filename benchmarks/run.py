@@ -41,7 +41,21 @@ from _common import (  # noqa: E402
     table_row,
 )
 
-VERSIONED = ("pytreestore", "jax", "jaxlib", "tensorstore", "zarr", "numpy", "flax", "ml_dtypes")
+VERSIONED = (
+    "pytreestore",
+    "jax",
+    "jaxlib",
+    "tensorstore",
+    "zarr",
+    "numpy",
+    "flax",
+    "ml_dtypes",
+    # the anchors of bench_anchors.py (the `bench` extra); "not installed" when absent
+    "orbax-checkpoint",
+    "pylance",
+    "pyarrow",
+    "h5py",
+)
 
 
 @dataclass(frozen=True)

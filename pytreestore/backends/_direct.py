@@ -146,34 +146,54 @@ def read(
     """
     outs: list[np.ndarray] = []
     tasks: list[Callable[[], None]] = []
+    plans: dict[tuple[int, int], tuple[Any, int, list[tuple[int, np.ndarray, np.ndarray]]]] = {}
     for column, index in requests:
-        out, column_tasks = _read_tasks(column, index, cache)
+        if isinstance(index, slice) and (index.step or 1) == 1:
+            start, stop = index.start or 0, index.stop
+            out = np.empty((stop - start, *column.shape), column.dtype)
+            tasks.extend(_slice_tasks(column, start, stop, out, cache))
+        else:
+            key = (id(index), column.chunk)  # the columns of a call share their index
+            if key not in plans:
+                rows = _rows(index)
+                plans[key] = (index, len(rows), _by_chunk(rows, column.chunk))  # keeps id(index)
+            _, count, plan = plans[key]
+            out = np.empty((count, *column.shape), column.dtype)
+            tasks.extend(_gather_tasks(column, plan, out, cache))
         outs.append(out)
-        tasks.extend(column_tasks)
     _run_all(tasks)
     return outs
 
 
-def _read_tasks(
-    column: DirectColumn, index: Any, cache: ChunkCache | None
-) -> tuple[np.ndarray, list[Callable[[], None]]]:
-    if isinstance(index, slice) and (index.step or 1) == 1:
-        start, stop = index.start or 0, index.stop
-        out = np.empty((stop - start, *column.shape), column.dtype)
-        return out, _slice_tasks(column, start, stop, out, cache)
+def _rows(index: Any) -> np.ndarray:
     if isinstance(index, slice):
-        index = np.arange(index.start or 0, index.stop, index.step)
-    rows = np.asarray(index, np.int64)
-    out = np.empty((len(rows), *column.shape), column.dtype)
-    chunk_of = rows // column.chunk
+        return np.arange(index.start or 0, index.stop, index.step, dtype=np.int64)
+    return np.asarray(index, np.int64)
+
+
+def _by_chunk(rows: np.ndarray, size: int) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """``(chunk, positions in rows, rows within the chunk)`` for every chunk ``rows`` touch."""
+    chunk_of = rows // size
     order = np.argsort(chunk_of, kind="stable")
     ks, starts = np.unique(chunk_of[order], return_index=True)
     groups = np.split(order, starts[1:]) if len(rows) else []
-    tasks = [
-        _gather_task(column, int(k), positions, rows[positions] - int(k) * column.chunk, out, cache)
-        for k, positions in zip(ks, groups)
-    ]
-    return out, tasks
+    return [(k, g, rows[g] - k * size) for k, g in zip(ks.tolist(), groups)]
+
+
+def _gather_tasks(
+    column: DirectColumn,
+    plan: list[tuple[int, np.ndarray, np.ndarray]],
+    out: np.ndarray,
+    cache: ChunkCache | None,
+) -> list[Callable[[], None]]:
+    tasks = []
+    for k, positions, local in plan:
+        hit = cache.get(column.path(k)) if cache is not None else None
+        if hit is None:
+            tasks.append(_gather_task(column, k, positions, local, out, cache))
+        else:  # cached: gathered here, since handing it to a thread costs more than it does
+            out[positions] = hit.view(column.dtype).reshape(-1, *column.shape)[local]
+    return tasks
 
 
 def _slice_tasks(
