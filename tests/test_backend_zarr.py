@@ -117,14 +117,19 @@ def test_memory_stores_are_shared_by_name_and_separate_from_tensorstore():
         pytreestore.open("memory://zarr-shared", backend="tensorstore")
 
 
-def test_object_stores_are_refused_clearly():
+def test_gcs_is_refused_clearly_and_s3_is_a_zarr_s3_backend():
     with pytest.raises(
         errors.BadLocationError,
         match=re.escape(
-            "the zarr backend stores on local disk and memory:// only, not at s3://bucket/x; use backend='tensorstore' there"
+            "the zarr backend stores on local disk, memory:// and s3:// only, not at "
+            "gs://bucket/x; use backend='tensorstore' there"
         ),
     ):
-        ZarrBackend(Location.parse("s3://bucket/x"))
+        ZarrBackend(Location.parse("gs://bucket/x"))
+    s3 = ZarrBackend(Location.parse("s3://bucket/x", {"endpoint": "http://127.0.0.1:9"}))
+    assert type(s3).__name__ == "ZarrS3Backend" and isinstance(s3, ZarrBackend)
+    local = ZarrBackend(Location.parse("memory://zarr-local-kind"))
+    assert not hasattr(local, "write_bytes_if")  # local stores lock with flock, commit plainly
 
 
 # ---- concurrency and fast open -------------------------------------------------------------------

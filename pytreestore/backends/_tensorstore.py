@@ -32,6 +32,9 @@ from pytreestore import _validate
 from pytreestore._location import Location
 from pytreestore.backends import _direct
 from pytreestore.backends._base import ColumnLayout, ColumnShape
+from pytreestore.backends._metadata import _compression_chain as _compression_chain
+from pytreestore.backends._metadata import array_metadata
+from pytreestore.backends._metadata import codec_json as codec_json  # (re-exported)
 from pytreestore.backends._ts_kvstore import kvstore_spec
 from pytreestore.errors import (
     CommitConflictError,
@@ -56,50 +59,6 @@ def _memory_context() -> ts.Context:
         if "context" not in _MEMORY:
             _MEMORY["context"] = ts.Context()
         return _MEMORY["context"]
-
-
-def codec_json(codec: str | None, dtype: np.dtype) -> list[dict[str, Any]]:
-    """zarr v3 codec chain for ``codec``, ending in a ``crc32c`` checksum of every chunk."""
-    return [*_compression_chain(codec, dtype), {"name": "crc32c"}]
-
-
-def _compression_chain(codec: str | None, dtype: np.dtype) -> list[dict[str, Any]]:
-    chain: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
-    if codec is None:
-        return chain
-    if codec == "zstd":
-        chain.append({"name": "zstd", "configuration": {"level": 3, "checksum": False}})
-    elif codec == "gzip":
-        chain.append({"name": "gzip", "configuration": {"level": 5}})
-    elif codec == "blosc":
-        chain.append(
-            {
-                "name": "blosc",
-                "configuration": {
-                    "cname": "lz4",
-                    "clevel": 5,
-                    "shuffle": "shuffle",
-                    "typesize": dtype.itemsize,
-                    "blocksize": 0,
-                },
-            }
-        )
-    else:
-        raise ValueError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
-    return chain
-
-
-def array_metadata(layout: ColumnLayout) -> dict[str, Any]:
-    """The zarr v3 array metadata of an empty column."""
-    return {
-        "shape": [0, *layout.shape],
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(layout.chunks)}},
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-        "data_type": layout.dtype.name,
-        "fill_value": layout.fill_value,
-        "codecs": codec_json(layout.codec, layout.dtype),
-        "dimension_names": list(layout.dimension_names),
-    }
 
 
 class TensorStoreBackend:

@@ -1,4 +1,5 @@
-"""The zarr backend: the same zarr v3 arrays and protocol, through zarr-python 3.
+"""The zarr backend: the same zarr v3 arrays and protocol, through zarr-python 3, on local
+disk, ``memory://`` and ``s3://`` (zarr-python's ``ObjectStore`` over obstore's ``S3Store``).
 
 It writes byte for byte the metadata documents the TensorStore backend writes, and keeps the
 guarantees the store's commit protocol relies on:
@@ -8,7 +9,8 @@ guarantees the store's commit protocol relies on:
   fsynced: a reader sees the old bytes or the new, and a crash leaves no torn file (the
   TensorStore ``file`` kvstore does the same). ``memory://NAME`` stores are zarr
   ``MemoryStore`` objects shared per process by name, where a write is one dict assignment.
-  They are separate from the TensorStore backend's ``memory://`` stores.
+  They are separate from the TensorStore backend's ``memory://`` stores. On S3 every key is
+  one PUT, which S3 makes visible whole or not at all.
 * **Metadata-only resize.** ``resize`` rewrites each array's ``zarr.json`` with the new shape
   and nothing else. zarr-python's own ``Array.resize`` deletes the chunks outside a smaller
   shape; this backend never deletes a chunk, so shrinking to the committed length cannot lose
@@ -18,6 +20,11 @@ guarantees the store's commit protocol relies on:
 * **Checked metadata.** A column's ``zarr.json`` is read (all of them at once) when the column
   is first used and checked against the layout the store declared; handles are built from it
   without reading it again.
+* **Conditional writes on S3.** :class:`ZarrS3Backend` (what ``ZarrBackend(location)`` is for
+  an ``s3://`` location) adds ``read_bytes_versioned`` and ``write_bytes_if`` (ETags and
+  ``If-Match``/``If-None-Match`` PUTs), so the writer lock and the commit record work as they
+  do with the TensorStore backend. Local stores have no such methods: they use ``flock`` and
+  commit unconditionally.
 
 Example:
     >>> import numpy as np
@@ -33,14 +40,17 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
 import shutil
 import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Collection, Iterable, Sequence
+from datetime import timedelta
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 import numpy as np
@@ -49,15 +59,17 @@ from zarr.core.array import AsyncArray
 from zarr.core.buffer import Buffer, default_buffer_prototype
 from zarr.core.metadata.v3 import ArrayV3Metadata
 from zarr.core.sync import sync
-from zarr.storage import LocalStore, MemoryStore
+from zarr.storage import LocalStore, MemoryStore, ObjectStore
 from zarr.storage._common import StorePath
 
 from pytreestore import _validate, _zarr_dtypes
-from pytreestore._location import Location
+from pytreestore._location import Location, S3Options
 from pytreestore.backends._base import ColumnLayout, ColumnShape
-from pytreestore.backends._tensorstore import array_metadata
+from pytreestore.backends._metadata import array_document as array_document
+from pytreestore.backends._metadata import encode_document as encode_document
 from pytreestore.errors import (
     BadLocationError,
+    CommitConflictError,
     CorruptChunkError,
     CorruptStoreError,
     PyTreeStoreError,
@@ -70,40 +82,26 @@ _CONFIG = {"write_empty_chunks": True, "order": "C"}  # a chunk of zeros is stil
 _MEMORY: dict[str, dict[str, Buffer]] = {}
 _MEMORY_LOCK = threading.Lock()
 _ARRAY_JSON = "zarr.json"
-
-
-def array_document(layout: ColumnLayout, records: int) -> dict[str, Any]:
-    """A column's ``zarr.json``, exactly as the TensorStore backend writes it."""
-    meta = array_metadata(layout)
-    encoding = meta["chunk_key_encoding"]
-    if encoding.get("configuration") == {"separator": "/"}:  # the default; TensorStore omits it
-        encoding = {"name": encoding["name"]}
-    codecs = [
-        {"name": "bytes"} if c["name"] == "bytes" and layout.dtype.itemsize == 1 else c
-        for c in meta["codecs"]
-    ]  # TensorStore drops the endianness of one-byte types
-    return {
-        **meta,
-        "codecs": codecs,
-        "chunk_key_encoding": encoding,
-        "shape": [records, *layout.shape],
-        "node_type": "array",
-        "zarr_format": 3,
-    }
-
-
-def encode_document(document: dict[str, Any]) -> bytes:
-    """JSON the way TensorStore writes ``zarr.json``: sorted keys, no spaces, UTF-8."""
-    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+#: the token of a missing key, as in TensorStore and :mod:`pytreestore._lock`
+NO_VALUE = b"\x02"
 
 
 class ZarrBackend:
-    """Columns as zarr-python 3 arrays on a local directory or a ``memory://`` store."""
+    """Columns as zarr-python 3 arrays on a local directory, a ``memory://`` store or S3.
+
+    For an ``s3://`` location the object made is a :class:`ZarrS3Backend`.
+    """
+
+    def __new__(cls, location: Location) -> ZarrBackend:
+        if cls is ZarrBackend and location.kind == "s3":
+            return object.__new__(ZarrS3Backend)
+        return object.__new__(cls)
 
     def __init__(self, location: Location) -> None:
         _zarr_dtypes.register()
         self._location = location
-        self._store = _open_store(location)
+        self._store: Store = _open_store(location)
+        self._errors: tuple[type[Exception], ...] = (OSError,)
         self._layouts: dict[str, ColumnShape] = {}
         self._documents: dict[str, dict[str, Any]] = {}
         self._arrays: dict[str, AsyncArray[ArrayV3Metadata]] = {}
@@ -111,18 +109,19 @@ class ZarrBackend:
     # ---- keys and bytes ----------------------------------------------------------------------
 
     def read_bytes(self, key: str) -> bytes | None:
-        return _run(self._get(key), f"reading {self._location}/{key}")
+        return self._call(self._get(key), f"reading {self._location}/{key}")
 
     def write_bytes(self, key: str, data: bytes) -> None:
         self.write_many_bytes({key: data})
 
     def write_many_bytes(self, items: dict[str, bytes]) -> None:
         sets = (self._store.set(k, _PROTOTYPE.buffer.from_bytes(v)) for k, v in items.items())
-        _run(_gather(sets), f"writing to {self._location}")
+        self._call(_gather(sets), f"writing to {self._location}")
 
     def list_keys(self, prefix: str) -> list[str]:
         """Every key below the root that starts with ``prefix``."""
-        return sorted(_run(_collect(self._store.list_prefix(prefix)), f"listing {prefix}"))
+        listing = _collect(self._store.list_prefix(prefix))
+        return sorted(self._call(listing, f"listing {self._location}/{prefix}"))
 
     def delete_all(self) -> None:
         self.close()
@@ -141,13 +140,14 @@ class ZarrBackend:
         buffer = await self._store.get(key, prototype=_PROTOTYPE)
         return None if buffer is None else buffer.to_bytes()
 
+    def _call(self, coroutine: Awaitable[_T], doing: str) -> _T:
+        return _run(coroutine, doing, self._errors)
+
     # ---- columns -----------------------------------------------------------------------------
 
     def create_columns(self, layouts: Sequence[ColumnLayout]) -> None:
         documents = {lay.key: array_document(lay, 0) for lay in layouts}
-        self.write_many_bytes(
-            {f"{k}/{_ARRAY_JSON}": encode_document(d) for k, d in documents.items()}
-        )
+        self._write_documents(documents)
         self._layouts.update((lay.key, lay) for lay in layouts)
         self._documents.update(documents)
 
@@ -160,21 +160,21 @@ class ZarrBackend:
 
     def resize(self, keys: Sequence[str], records: int) -> None:
         self._load_documents(keys, records=0)
-        changed = {}
+        changed, grown = {}, set()
         for k in keys:
             shape = self._documents[k]["shape"]
             if shape[0] != records:
                 changed[k] = dict(self._documents[k], shape=[records, *shape[1:]])
-        self.write_many_bytes(
-            {f"{k}/{_ARRAY_JSON}": encode_document(d) for k, d in changed.items()}
-        )
+            if shape[0] < records:
+                grown.add(k)
+        self._write_documents(changed, grown)
         self._documents.update(changed)
 
     def write(self, keys: Sequence[str], start: int, blocks: Sequence[np.ndarray]) -> None:
         stop = start + (len(blocks[0]) if blocks else 0)
         arrays = self._handles(keys, stop)
         writes = (a.setitem(slice(start, start + len(b)), b) for a, b in zip(arrays, blocks))
-        _run(_gather(writes), f"writing columns of {self._location}")
+        self._call(_gather(writes), f"writing columns of {self._location}")
 
     def read(self, keys: Sequence[str], index: Any, records: int) -> list[np.ndarray]:
         return self.read_many([(k, index) for k in keys], records)
@@ -184,13 +184,25 @@ class ZarrBackend:
         keys = list(dict.fromkeys(key for key, _ in requests))
         arrays = dict(zip(keys, self._handles(keys, records)))
         reads = (_read(key, arrays[key], index) for key, index in requests)
-        return _run(_gather(reads), f"reading columns of {self._location}")
+        return self._call(_gather(reads), f"reading columns of {self._location}")
 
     def close(self) -> None:
         self._documents.clear()
         self._arrays.clear()
 
     # ---- metadata and handles ----------------------------------------------------------------
+
+    def _write_documents(self, documents: dict[str, Any], grown: Collection[str] = ()) -> None:
+        """Writes the ``zarr.json`` of every column in ``documents``, all at once.
+
+        ``grown`` names the columns whose record axis grows; :class:`ZarrS3Backend` refuses
+        to shrink what another writer grew further. On local disk the writer lock rules that
+        out.
+        """
+        del grown
+        self.write_many_bytes(
+            {f"{k}/{_ARRAY_JSON}": encode_document(d) for k, d in documents.items()}
+        )
 
     def _load_documents(self, keys: Sequence[str], records: int, refresh: bool = False) -> None:
         """Reads (concurrently) and checks the ``zarr.json`` of every key not known to hold
@@ -203,7 +215,7 @@ class ZarrBackend:
         if not stale:
             return
         reads = (self._get(f"{k}/{_ARRAY_JSON}") for k in stale)
-        raws = _run(_gather(reads), f"reading column metadata of {self._location}")
+        raws = self._call(_gather(reads), f"reading column metadata of {self._location}")
         for key, raw in zip(stale, raws):
             file = f"{self._location}/{key}/{_ARRAY_JSON}"
             document = _validate.parse_array_json(raw, file)
@@ -290,20 +302,25 @@ async def _collect(items: AsyncIterator[_T]) -> list[_T]:
     return [item async for item in items]
 
 
-def _run(coroutine: Awaitable[_T], doing: str) -> _T:
+def _run(
+    coroutine: Awaitable[_T], doing: str, errors: tuple[type[Exception], ...] = (OSError,)
+) -> _T:
     """Runs ``coroutine`` on zarr-python's event loop and waits for it.
 
     Raises:
-        StorageError: the disk refused a request (full, unreadable, ...).
+        StorageError: storage refused a request (disk full, server down, ...): any of
+            ``errors`` (``OSError``, and obstore's errors on S3).
     """
     try:
         return sync(coroutine)  # type: ignore[arg-type]
     except PyTreeStoreError:
         raise
-    except OSError as err:
+    except errors as err:
+        brief = str(err).split("\n\nDebug source:", 1)[0]  # obstore appends a Rust dump
         raise StorageError(
-            f"{doing} failed: {err}. Records committed before stay committed; once storage "
-            "has space (or is readable) again, retry the call (a failed flush() can be repeated)."
+            f"{doing} failed: {brief}. Records committed before stay committed; once storage "
+            "is reachable (or has space) again, retry the call (a failed flush() can be "
+            "repeated)."
         ) from err
 
 
@@ -315,8 +332,13 @@ def _open_store(location: Location) -> Store:
         return MemoryStore(store_dict=_memory_dict(location.root))
     if location.kind == "file":
         return DurableLocalStore(location.root)
+    if location.kind == "s3":
+        obstore = import_obstore(location)
+        settings = s3_settings(location)
+        limit = settings.pop("request_concurrency", None)
+        return LimitedObjectStore(obstore.store.S3Store(**settings), limit)
     raise BadLocationError(
-        f"the zarr backend stores on local disk and memory:// only, not at {location}; "
+        f"the zarr backend stores on local disk, memory:// and s3:// only, not at {location}; "
         "use backend='tensorstore' there"
     )
 
@@ -371,4 +393,301 @@ def durable_put(path: Path, data: bytes, exclusive: bool = False) -> None:
         os.close(folder)
 
 
-__all__ = ["DurableLocalStore", "ZarrBackend", "array_document", "durable_put", "encode_document"]
+# ---- S3 ----------------------------------------------------------------------------------------
+
+#: conditional PUTs of one ``zarr.json`` before giving up on a store that keeps changing
+_DOCUMENT_ATTEMPTS = 5
+#: S3Options obstore cannot honour, and why
+_NOT_ON_OBSTORE = {
+    "profile": "obstore reads no profiles of the AWS credentials file",
+    "credentials_file": "obstore reads no AWS credentials file",
+    "host_header": "obstore sends the endpoint's own Host header",
+}
+
+
+def import_obstore(location: Location) -> ModuleType:
+    """The ``obstore`` module, imported on first use of an ``s3://`` zarr store.
+
+    Raises:
+        BadLocationError: obstore is not installed.
+
+    Example:
+        >>> import_obstore(Location.parse("s3://my-bucket/runs")).__name__
+        'obstore'
+    """
+    try:
+        import obstore
+        import obstore.store
+    except ImportError as err:
+        raise BadLocationError(
+            f"backend='zarr' reaches {location} through obstore, which is not installed "
+            f"({err}). Run `pip install obstore`, or use backend='tensorstore'."
+        ) from err
+    return obstore
+
+
+def s3_settings(location: Location) -> dict[str, Any]:
+    """Keyword arguments of ``obstore.store.S3Store`` for ``location``'s :class:`S3Options`,
+    plus ``request_concurrency`` (a limit this backend enforces itself, or None).
+
+    Raises:
+        BadLocationError: an option obstore cannot honour was given.
+
+    Example:
+        >>> opts = {"endpoint": "http://127.0.0.1:9000", "region": "eu-west-1", "anonymous": True}
+        >>> settings = s3_settings(Location.parse("s3://my-bucket/runs", opts))
+        >>> settings["bucket"], settings["prefix"], settings["client_options"]
+        ('my-bucket', 'runs', {'allow_http': True})
+        >>> settings["config"]
+        {'endpoint': 'http://127.0.0.1:9000', 'region': 'eu-west-1', 'skip_signature': True}
+    """
+    opts = location.options
+    assert isinstance(opts, S3Options)
+    for name, why in _NOT_ON_OBSTORE.items():
+        if getattr(opts, name):
+            raise BadLocationError(
+                f"storage option {name!r} of {location} is not supported by backend='zarr': "
+                f"{why}. Give access_key_id and secret_access_key (or set AWS_ACCESS_KEY_ID "
+                "and AWS_SECRET_ACCESS_KEY), or use backend='tensorstore', which supports it."
+            )
+    if opts.request_concurrency == 0:
+        raise BadLocationError(
+            f"storage option 'request_concurrency' of {location} must be at least 1 for "
+            "backend='zarr', got 0; leave it out for no limit"
+        )
+    return {
+        "bucket": location.bucket,
+        "prefix": location.prefix or None,
+        "config": _s3_config(opts),
+        "client_options": {"allow_http": True} if _is_http(opts.endpoint) else None,
+        "retry_config": _retry_config(opts),
+        "request_concurrency": opts.request_concurrency,
+    }
+
+
+def _is_http(endpoint: str | None) -> bool:
+    return endpoint is not None and endpoint.lower().startswith("http://")
+
+
+def _s3_config(opts: S3Options) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    if opts.endpoint:
+        config["endpoint"] = opts.endpoint.rstrip("/")
+    if opts.region:
+        config["region"] = opts.region
+    if opts.anonymous:
+        config["skip_signature"] = True
+    if opts.access_key_id:
+        config["access_key_id"] = opts.access_key_id
+        config["secret_access_key"] = opts.secret_access_key
+        if opts.session_token:
+            config["session_token"] = opts.session_token
+    if opts.requester_pays:
+        config["request_payer"] = True
+    return config
+
+
+def _retry_config(opts: S3Options) -> dict[str, Any] | None:
+    backoff: dict[str, Any] = {}
+    if opts.retry_delay is not None:
+        backoff["init_backoff"] = timedelta(seconds=opts.retry_delay)
+    if opts.retry_max_delay is not None:
+        backoff["max_backoff"] = timedelta(seconds=opts.retry_max_delay)
+    retry: dict[str, Any] = {"backoff": backoff} if backoff else {}
+    if opts.max_retries is not None:
+        retry["max_retries"] = opts.max_retries
+    return retry or None
+
+
+def _records(raw: bytes, file: str) -> int:
+    """The length of the record axis in an array's ``zarr.json``."""
+    return _validate.array_facts(_validate.parse_array_json(raw, file), file)[1][0]
+
+
+class LimitedObjectStore(ObjectStore):
+    """zarr-python's ``ObjectStore`` with at most ``limit`` reads and writes in flight."""
+
+    def __init__(self, store: Any, limit: int | None = None) -> None:
+        super().__init__(store)
+        self._limit = asyncio.Semaphore(limit) if limit else None
+
+    def slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """``async with store.slot():`` waits for a free request slot."""
+        return self._limit or contextlib.nullcontext()
+
+    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Buffer | None:
+        async with self.slot():
+            return await super().get(key, prototype, byte_range)
+
+    async def set(self, key: str, value: Buffer) -> None:
+        async with self.slot():
+            await super().set(key, value)
+
+
+class ZarrS3Backend(ZarrBackend):
+    """:class:`ZarrBackend` on S3, with the conditional writes of the lock and the commit.
+
+    A token is an object's ETag (UTF-8), or :data:`NO_VALUE` for a missing object. Writes
+    are ``If-Match``/``If-None-Match`` PUTs, atomic on servers that honour them (AWS, MinIO,
+    moto). With ``storage_options={"conditional_write": False}`` they are emulated with a
+    HEAD before the PUT, which is not atomic: then only one writer may ever run.
+
+    Example (not run as a doctest: it needs a server)::
+
+        backend = ZarrBackend(Location.parse("s3://my-bucket/runs", {"endpoint": url}))
+        token = backend.write_bytes_if("note", b"one", NO_VALUE)  # create only: an ETag
+        backend.write_bytes_if("note", b"two", NO_VALUE)  # None: it exists now
+        backend.write_bytes_if("note", b"two", token)  # the new ETag
+    """
+
+    def __init__(self, location: Location) -> None:
+        super().__init__(location)
+        self._obstore = import_obstore(location)
+        self._errors = (OSError, self._obstore.exceptions.BaseError)
+        assert isinstance(self._store, LimitedObjectStore)
+        self._s3: LimitedObjectStore = self._store
+        self._conditional = getattr(location.options, "conditional_write", True)
+        self._document_tokens: dict[str, bytes] = {}
+
+    def read_bytes_versioned(self, key: str) -> tuple[bytes | None, bytes]:
+        """The value at ``key`` (None when absent) and its token (:data:`NO_VALUE` if absent)."""
+        return self._call(self._get_versioned(key), f"reading {self._location}/{key}")
+
+    def write_bytes_if(self, key: str, data: bytes | None, token: bytes) -> bytes | None:
+        """Writes (or with None deletes) ``key`` only if its token is still ``token``.
+
+        Pass :data:`NO_VALUE` to create only. A delete is a HEAD, a comparison and a
+        DELETE (S3 has no conditional delete), so it is **not atomic**: a write landing in
+        between is deleted. The lock only deletes its own lock object this way.
+
+        Returns:
+            The new token (:data:`NO_VALUE` after a delete), or None when the key had
+            changed and nothing was written.
+        """
+        doing = f"writing {self._location}/{key}"
+        if data is None:
+            return self._call(self._delete_if(key, token), doing)
+        return self._call(self._put_if(key, data, token), doing)
+
+    def list_keys(self, prefix: str) -> list[str]:
+        """Every key below the root that starts with ``prefix``.
+
+        obstore lists whole path segments (``a/b`` is no prefix of ``a/bc``), so the folder
+        of ``prefix`` is listed and filtered.
+        """
+        folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        keys = self._call(self._list(folder), f"listing {self._location}/{prefix}")
+        return sorted(k for k in keys if k.startswith(prefix))
+
+    def delete_all(self) -> None:
+        self.close()
+        self._call(self._delete_everything(), f"deleting {self._location}")
+
+    def is_empty(self) -> bool:
+        return not self._call(self._list("", first=True), f"listing {self._location}")
+
+    def close(self) -> None:
+        super().close()
+        self._document_tokens.clear()
+
+    def _write_documents(self, documents: dict[str, Any], grown: Collection[str] = ()) -> None:
+        """Writes each ``zarr.json`` with a conditional PUT on the token this writer last saw
+        (read again if unknown), as TensorStore's ``expand_only`` resize does: a column in
+        ``grown`` that another writer grew past the new length raises
+        :class:`CommitConflictError`, and nothing is shrunk under it."""
+        puts = (self._put_document(k, d, k in grown) for k, d in documents.items())
+        self._call(_gather(puts), f"writing column metadata of {self._location}")
+
+    # ---- requests --------------------------------------------------------------------------
+
+    async def _get_versioned(self, key: str) -> tuple[bytes | None, bytes]:
+        async with self._s3.slot():
+            try:
+                result = await self._obstore.get_async(self._s3.store, key)
+            except FileNotFoundError:
+                return None, NO_VALUE
+            return bytes(await result.bytes_async()), self._token(result.meta, key)
+
+    async def _head(self, key: str) -> bytes:
+        async with self._s3.slot():
+            try:
+                return self._token(await self._obstore.head_async(self._s3.store, key), key)
+            except FileNotFoundError:
+                return NO_VALUE
+
+    async def _put_if(self, key: str, data: bytes, token: bytes) -> bytes | None:
+        obstore = self._obstore
+        mode: Any = "create" if token == NO_VALUE else {"e_tag": token.decode()}
+        if not self._conditional:
+            if await self._head(key) != token:
+                return None
+            mode = "overwrite"
+        async with self._s3.slot():
+            try:
+                result = await obstore.put_async(self._s3.store, key, data, mode=mode)
+            except (obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError):
+                return None
+        return self._token(result, key)
+
+    async def _delete_if(self, key: str, token: bytes) -> bytes | None:
+        if await self._head(key) != token:
+            return None
+        if token != NO_VALUE:
+            async with self._s3.slot():
+                await self._obstore.delete_async(self._s3.store, key)
+        return NO_VALUE
+
+    async def _put_document(self, key: str, document: dict[str, Any], grow: bool) -> None:
+        name, data = f"{key}/{_ARRAY_JSON}", encode_document(document)
+        token = self._document_tokens.pop(key, None)
+        for _ in range(_DOCUMENT_ATTEMPTS):
+            if token is None:
+                raw, token = await self._get_versioned(name)
+                if grow and raw is not None and _records(raw, name) > document["shape"][0]:
+                    break
+            new = await self._put_if(name, data, token)
+            if new is not None:
+                self._document_tokens[key] = new
+                return
+            token = None  # changed since: look again
+        raise CommitConflictError(
+            f"column {key} has grown since this writer last resized it: another writer is "
+            "appending to this store. Nothing more was written; reopen the store."
+        )
+
+    async def _list(self, folder: str, first: bool = False) -> list[str]:
+        stream = self._obstore.list(self._s3.store, folder or None, chunk_size=1 if first else 1000)
+        keys: list[str] = []
+        async for batch in stream:
+            keys += [meta["path"] for meta in batch]
+            if first and keys:
+                break
+        return keys
+
+    async def _delete_everything(self) -> None:
+        keys = await self._list("")
+        if keys:  # one DeleteObjects request per 1,000 keys
+            await self._obstore.delete_async(self._s3.store, keys)
+
+    def _token(self, meta: Any, key: str) -> bytes:
+        if not meta.get("e_tag"):
+            raise StorageError(
+                f"the server of {self._location} returned no ETag for {key}: without one no "
+                "conditional write can be made. Use a server that returns ETags (AWS S3, "
+                "MinIO, ...)."
+            )
+        return str(meta["e_tag"]).encode()
+
+
+__all__ = [
+    "NO_VALUE",
+    "DurableLocalStore",
+    "LimitedObjectStore",
+    "ZarrBackend",
+    "ZarrS3Backend",
+    "array_document",
+    "durable_put",
+    "encode_document",
+    "import_obstore",
+    "s3_settings",
+]
