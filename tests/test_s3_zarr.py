@@ -28,7 +28,8 @@ from pytreestore._location import Location
 from pytreestore._lock import LOCK_KEY
 from pytreestore._write import COMMIT_KEY
 from pytreestore.backends import ZarrBackend, get_backend
-from pytreestore.backends._zarr import NO_VALUE, ZarrS3Backend, s3_settings
+from pytreestore.backends._zarr import NO_VALUE
+from pytreestore.backends._zarr_s3 import ZarrS3Backend, s3_settings
 from pytreestore.testing import assert_trees_equal
 from pytreestore.testing.conformance import BackendSuite
 from pytreestore.testing.s3 import OutageProxy
