@@ -287,15 +287,17 @@ class TensorStoreBackend:
         disk, or compressed)."""
         if key not in self._direct:
             plan = None
-            chunks, codec = handle.chunk_layout.write_chunk.shape, handle.codec
-            if self._location.kind == "file" and chunks is not None and codec is not None:
+            codec = handle.codec if self._location.kind == "file" else None
+            codecs = codec.to_json()["codecs"] if codec is not None else []
+            chunks = handle.chunk_layout.write_chunk.shape if len(codecs) == 2 else None
+            if chunks is not None:  # bytes and a checksum, or nothing plain files can do
                 metadata = {
                     "data_type": handle.dtype.name,
                     "shape": list(handle.shape),
                     "chunk_grid": {"configuration": {"chunk_shape": list(chunks)}},
                     # the format's encoding; a foreign one misses its files and falls back
                     "chunk_key_encoding": {"name": "default"},
-                    "codecs": codec.to_json()["codecs"],
+                    "codecs": codecs,
                 }
                 plan = _direct.plan(Path(self._location.root) / key, metadata, key)
             self._direct[key] = plan
