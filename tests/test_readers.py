@@ -15,7 +15,7 @@ from tests.trial_harness import differences, expected, read_log, wait_for
 pytest_plugins = ("tests.fixtures",)
 
 
-def run(zygote, tmp_path, path, *, readers, seconds, chunk, opts=None):
+def run(zygote, tmp_path, path, *, readers, seconds, chunk, opts=None, codec="zstd"):
     writer_log = tmp_path / "writer.log"
     writer = zygote.start(
         kind="writer",
@@ -23,6 +23,7 @@ def run(zygote, tmp_path, path, *, readers, seconds, chunk, opts=None):
         create=True,
         seed=7,
         chunk=chunk,
+        codec=codec,
         ops=100_000,
         max_batch=40,
         pause=0.01,
@@ -38,6 +39,7 @@ def run(zygote, tmp_path, path, *, readers, seconds, chunk, opts=None):
             seed=r,
             seconds=seconds,
             tail=50,
+            cache_bytes=(1 << 20) * (r % 2),  # every other reader keeps decoded chunks
             log=str(log),
             storage_options=opts,
         )
@@ -66,9 +68,11 @@ def run(zygote, tmp_path, path, *, readers, seconds, chunk, opts=None):
     return summaries
 
 
-def test_readers_during_local_writes(zygote, tmp_path):
-    summaries = run(zygote, tmp_path, str(tmp_path / "store"), readers=2, seconds=2, chunk=16)
-    print(f"\nlocal readers (final length, records checked, reads): {summaries}")
+@pytest.mark.parametrize("codec", ["zstd", None])  # None: chunks read and written directly
+def test_readers_during_local_writes(zygote, tmp_path, codec):
+    path = str(tmp_path / "store")
+    summaries = run(zygote, tmp_path, path, readers=2, seconds=2, chunk=16, codec=codec)
+    print(f"\nlocal readers, {codec} (final length, records checked, reads): {summaries}")
 
 
 @pytest.mark.s3

@@ -84,6 +84,7 @@ def run_trial(
         create=t == 0,
         seed=rng.randrange(1 << 30),
         chunk=chain["chunk"],
+        codec=chain["codec"],
         ops=rng.randint(3, 40),
         max_batch=rng.choice([4, 40, 300]),
         log=str(log),
@@ -136,10 +137,12 @@ def run_chain(
     opts: dict[str, Any],
     tally: Tally,
     max_delay: float,
+    codec: str | None = "zstd",
 ) -> None:
     tmp.mkdir(parents=True, exist_ok=True)
     chunks = S3_CHUNKS if path.startswith("s3://") else CHUNKS
     chain = {"trial": 0, "committed": 0, "chunk": rng.choice(chunks), "opts": opts}
+    chain["codec"] = codec
     chain["max_delay"] = max_delay
     for _ in range(trials):
         run_trial(zyg, path, tmp, rng, chain, tally)
@@ -156,7 +159,9 @@ def run_trials(zyg, tmp_path, seed, chains, per_chain, location, opts, max_delay
     tally = Tally()
     rng = random.Random(seed)
     for c in range(chains):
-        run_chain(zyg, location(c), tmp_path / f"chain{c}", rng, per_chain, opts, tally, max_delay)
+        codec = "zstd" if c % 2 == 0 else None  # uncompressed local chunks: the direct path
+        where = tmp_path / f"chain{c}"
+        run_chain(zyg, location(c), where, rng, per_chain, opts, tally, max_delay, codec)
     return tally
 
 

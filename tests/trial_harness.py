@@ -124,7 +124,13 @@ def run_writer(job: dict[str, Any], log: Log) -> None:
     rng = random.Random(job["seed"])
     opts = _open_options(job)
     if job["create"]:
-        store = pytreestore.create(job["path"], record(0), chunk_records=job["chunk"], **opts)
+        store = pytreestore.create(
+            job["path"],
+            record(0),
+            chunk_records=job["chunk"],
+            codec=job.get("codec", "zstd"),
+            **opts,
+        )
     else:
         store = pytreestore.open(job["path"], mode="a", **opts)
     n = len(store)
@@ -160,7 +166,9 @@ def run_reader(job: dict[str, Any], log: Log) -> None:
     store = None
     while store is None:
         try:
-            store = pytreestore.open(job["path"], **_open_options(job))
+            store = pytreestore.open(
+                job["path"], cache_bytes=job.get("cache_bytes", 0), **_open_options(job)
+            )
         except (FileNotFoundError, OSError, ValueError):
             time.sleep(0.01)
     last, checked, reads = 0, 0, 0
