@@ -19,6 +19,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from pytreestore.errors import CorruptChunkError
+
 
 @dataclasses.dataclass(frozen=True)
 class ColumnLayout:
@@ -116,3 +118,17 @@ class Backend(Protocol):
     def close(self) -> None:
         """Releases handles."""
         ...
+
+
+def damaged_chunk(column: str, chunk: tuple[int, ...] | None, why: object) -> CorruptChunkError:
+    """The error of a chunk of ``column`` (a storage key) that cannot be read, naming the chunk
+    and its key when known; every backend raises it in these words."""
+    key = f"{column}/c/{'/'.join(map(str, chunk))}" if chunk else None
+    where = f"chunk {chunk} ({key})" if chunk else "a chunk"
+    return CorruptChunkError(
+        f"column {column}: {where} is damaged and cannot be read ({why}). "
+        "Run store.verify() to list every damaged chunk.",
+        path=column,
+        chunk=chunk,
+        key=key,
+    )

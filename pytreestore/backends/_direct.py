@@ -52,7 +52,7 @@ from typing import Any, TypeVar
 import google_crc32c
 import numpy as np
 
-from pytreestore.errors import CorruptChunkError
+from pytreestore.backends._base import damaged_chunk
 
 _T = TypeVar("_T")
 _WORKERS = max(8, min(32, 4 * (os.cpu_count() or 1)))  # threads mostly wait on the disk
@@ -360,15 +360,7 @@ def _preadv_all(fd: int, buffers: list[memoryview]) -> int:
 
 
 def _damaged(column: DirectColumn, k: int, why: str) -> None:
-    chunk = (k, *[0] * len(column.shape))
-    key = f"{column.key}/{column.chunk_key(k)}"
-    raise CorruptChunkError(
-        f"column {column.key}: chunk {chunk} ({key}) is damaged and cannot be read ({why}). "
-        "Run store.verify() to list every damaged chunk.",
-        path=column.key,
-        chunk=chunk,
-        key=key,
-    )
+    raise damaged_chunk(column.key, (k, *[0] * len(column.shape)), why)
 
 
 # ---- writes ----------------------------------------------------------------------------------

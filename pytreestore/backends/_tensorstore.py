@@ -31,7 +31,7 @@ import tensorstore as ts
 from pytreestore import _validate
 from pytreestore._location import Location
 from pytreestore.backends import _direct
-from pytreestore.backends._base import ColumnLayout, ColumnShape
+from pytreestore.backends._base import ColumnLayout, ColumnShape, damaged_chunk
 from pytreestore.backends._metadata import _compression_chain as _compression_chain
 from pytreestore.backends._metadata import array_metadata
 from pytreestore.backends._metadata import codec_json as codec_json  # (re-exported)
@@ -233,7 +233,7 @@ class TensorStoreBackend:
             except PyTreeStoreError:
                 raise
             except OSError as err:
-                raise _os_error(f"writing columns of {self._location}", err) from err
+                raise _storage_error(f"writing columns of {self._location}", err) from err
             start, blocks = start + done, [b[done:] for b in blocks]
             if not len(blocks[0]):
                 return
@@ -267,7 +267,7 @@ class TensorStoreBackend:
             except PyTreeStoreError:
                 raise
             except OSError as err:
-                raise _os_error(f"reading columns of {self._location}", err) from err
+                raise _storage_error(f"reading columns of {self._location}", err) from err
         keys_read = [requests[i][0] for i, _ in engine]
         done = _wait([f for _, f in engine], keys_read, "reading column", read=True)
         for (i, _), array in zip(engine, done):
@@ -412,24 +412,10 @@ def _wait(
 def _chunk_error(key: str, err: ValueError) -> CorruptChunkError:
     found = re.search(re.escape(key) + r"/c((?:/\d+)+)", str(err))
     chunk = tuple(int(i) for i in found.group(1).split("/")[1:]) if found else None
-    where = f"chunk {chunk} ({key}/c/{'/'.join(map(str, chunk))})" if chunk else "a chunk"
-    return CorruptChunkError(
-        f"column {key}: {where} is damaged and cannot be read ({err}). "
-        "Run store.verify() to list every damaged chunk.",
-        path=key,
-        chunk=chunk,
-        key=f"{key}/c/{'/'.join(map(str, chunk))}" if chunk else None,
-    )
+    return damaged_chunk(key, chunk, err)
 
 
-def _storage_error(doing: str, err: ValueError) -> StorageError:
-    return StorageError(
-        f"{doing} failed: {err}. Records committed before stay committed; once storage is "
-        "reachable (or has space) again, retry the call (a failed flush() can be repeated)."
-    )
-
-
-def _os_error(doing: str, err: OSError) -> StorageError:
+def _storage_error(doing: str, err: Exception) -> StorageError:
     return StorageError(
         f"{doing} failed: {err}. Records committed before stay committed; once storage is "
         "reachable (or has space) again, retry the call (a failed flush() can be repeated)."

@@ -61,7 +61,7 @@ from zarr.storage._common import StorePath
 
 from pytreestore import _validate, _zarr_dtypes
 from pytreestore._location import Location
-from pytreestore.backends._base import ColumnLayout, ColumnShape
+from pytreestore.backends._base import ColumnLayout, ColumnShape, damaged_chunk
 from pytreestore.backends._metadata import array_document as array_document
 from pytreestore.backends._metadata import encode_document as encode_document
 from pytreestore.errors import (
@@ -281,15 +281,7 @@ def _chunk_error(
     first = {int(r) // chunks[0] for r in rows}
     whole_leaf = all(c >= n for c, n in zip(chunks[1:], array.shape[1:]))
     chunk = (first.pop(), *[0] * (len(chunks) - 1)) if len(first) == 1 and whole_leaf else None
-    chunk_key = f"{key}/c/{'/'.join(map(str, chunk))}" if chunk else None
-    where = f"chunk {chunk} ({chunk_key})" if chunk else "a chunk"
-    return CorruptChunkError(
-        f"column {key}: {where} is damaged and cannot be read ({err}). "
-        "Run store.verify() to list every damaged chunk.",
-        path=key,
-        chunk=chunk,
-        key=chunk_key,
-    )
+    return damaged_chunk(key, chunk, err)
 
 
 async def _gather(aws: Iterable[Awaitable[_T]]) -> list[_T]:
