@@ -64,6 +64,7 @@ class WriterLock:
         self._fd = fd
         self._backend = backend
         self._token = token
+        self._pid = os.getpid()  # a forked child holds a copy, never the lock itself
 
     @classmethod
     def acquire(
@@ -90,9 +91,22 @@ class WriterLock:
             return cls(location, None, backend, token)
         return cls(location, _acquire_flock(location))
 
+    @property
+    def owned(self) -> bool:
+        """Whether this process took the lock (False in a process forked from the taker)."""
+        return self._pid == os.getpid()
+
     def release(self) -> None:
-        """Gives the lock back; a second call does nothing."""
-        if self._location.kind == "memory":
+        """Gives the lock back; a second call does nothing.
+
+        In a process forked from the one that took it, only this process's copy of the lock
+        file's descriptor is closed: the ``flock`` (shared with the parent through the
+        descriptor) and an object store's lock object stay the parent's.
+        """
+        if not self.owned:
+            if self._fd is not None:
+                os.close(self._fd)
+        elif self._location.kind == "memory":
             with _HELD_LOCK:
                 _HELD.discard(self._location.root)
         elif self._fd is not None:

@@ -13,9 +13,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import json
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
@@ -29,17 +32,21 @@ from pytreestore._lock import WriterLock
 from pytreestore._schema import TreeSchema
 from pytreestore._stack import split_leaves
 from pytreestore._verify import VerifyReport, name_column, verify
-from pytreestore._write import Commit, Writer, layouts
+from pytreestore._write import Commit, Writer, check_buffer, layouts
 from pytreestore.backends import Backend, get_backend
 from pytreestore.errors import (
     ClosedStoreError,
     CorruptChunkError,
     CorruptStoreError,
+    ForkedWriterError,
     NotAStoreError,
+    PyTreeStoreError,
     ReadOnlyError,
     SchemaMismatchError,
+    StorageError,
     StoreExistsError,
     StoreNotFoundError,
+    UnpicklableStoreError,
 )
 
 ROOT_KEY = "zarr.json"
@@ -74,6 +81,7 @@ class TreeStore:
         mode: str,
         commit: Commit,
         lock: WriterLock | None,
+        reopen: Mapping[str, Any] | None = None,
     ) -> None:
         self._location = location
         self._backend = backend
@@ -83,6 +91,9 @@ class TreeStore:
         self._commit = commit
         self._lock = lock
         self._closed = False
+        self._reopen = dict(reopen or {})  # open()'s options, for pickling a reader
+        self._pid = os.getpid()  # a writer serves only the process that opened it
+        self._mutex = threading.RLock()  # one append, flush or close at a time
         self._writer = Writer(backend, schema, commit) if mode == "a" else None
 
     # ---- description ---------------------------------------------------------------------------
@@ -113,7 +124,8 @@ class TreeStore:
         return self._writer.commit.records if self._writer else self._commit.records
 
     def __len__(self) -> int:
-        self._check_open()
+        if self._closed:
+            self._check_open()
         return len(self._writer) if self._writer else self._commit.records
 
     def __repr__(self) -> str:
@@ -134,11 +146,11 @@ class TreeStore:
             SchemaMismatchError: the record's structure, a shape or a dtype differs from the
                 schema. Nothing is appended.
         """
-        writer = self._writable()
         leaves, treedef = tree_flatten(record)
-        if treedef != self._schema.treedef:
-            raise SchemaMismatchError(self._schema.mismatch_message(record))
-        writer.append(leaves)
+        with self._writing() as writer:
+            if treedef != self._schema.treedef:
+                raise SchemaMismatchError(self._schema.mismatch_message(record))
+            writer.append(leaves)
 
     def extend(self, records: Iterable[Any], *, progress: bool = False) -> None:
         """Appends every record of an iterable (a list, a generator, ...), all or none.
@@ -150,7 +162,10 @@ class TreeStore:
             records: the records to append.
             progress: show a progress bar (records and MB/s) on standard error.
         """
-        writer = self._writable()
+        with self._writing() as writer:
+            self._extend(writer, records, progress)
+
+    def _extend(self, writer: Writer, records: Iterable[Any], progress: bool) -> None:
         if progress:
             records = _progress.track(
                 records,
@@ -191,8 +206,11 @@ class TreeStore:
             SchemaMismatchError: structure, per-record shape or dtype differ, or the leaves
                 disagree on the number of records. Nothing is appended.
         """
-        writer = self._writable()
         leaves, treedef = tree_flatten(batch)
+        with self._writing() as writer:
+            self._extend_batch(writer, batch, leaves, treedef)
+
+    def _extend_batch(self, writer: Writer, batch: Any, leaves: list[Any], treedef: Any) -> None:
         if treedef != self._schema.treedef:
             raise SchemaMismatchError(self._schema.mismatch_message(batch, what="batch"))
         count = _batch_length(leaves, self._schema.paths)
@@ -210,26 +228,93 @@ class TreeStore:
 
     def flush(self) -> None:
         """Writes every buffered record and commits; afterwards all appended records are durable."""
-        self._writable().flush()
+        with self._writing() as writer:
+            writer.flush()
 
     def close(self) -> None:
-        """Flushes (in append mode), releases the writer lock and closes. A second call is a no-op."""
+        """Flushes (in append mode), releases the writer lock and closes. A second call is a no-op.
+
+        If the flush fails on storage (:class:`StorageError`: disk full, server down), the
+        store stays open, its buffered records and its writer lock kept, and ``close()`` can
+        be called again once storage is back. In a process forked from the writer's, close
+        drops this process's copy and leaves the parent's lock and records alone.
+        """
         if self._closed:
             return
-        try:
-            if self._writer is not None:
-                self._writer.flush()
-        finally:
-            self._closed = True
+        if self._writer is not None and os.getpid() != self._pid:
+            self._closed = True  # the parent's writer: no flush, no unlock, no cleanup
             if self._lock is not None:
                 self._lock.release()
-            self._backend.close()
+            return
+        with self._mutex:
+            if self._closed:
+                return
+            try:
+                if self._writer is not None:
+                    self._writer.flush()
+            except PyTreeStoreError as err:
+                if not isinstance(err, StorageError):  # a retry cannot fix it
+                    self._shut()
+                raise
+            self._shut()
+
+    def _shut(self) -> None:
+        self._closed = True
+        if self._lock is not None:
+            self._lock.release()
+        self._backend.close()
 
     def __enter__(self) -> TreeStore:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        """Closes; after an exception in the block, flushes what it can and lets the block's
+        exception through, with a note if the close failed too."""
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception as err:
+            left = (
+                "the store stays open with its buffered records: call close() again once "
+                "storage is back"
+                if not self._closed
+                else "records not yet committed were not written"
+            )
+            exc.add_note(f"closing store {self.path} failed as well ({err}); {left}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickles a reader by its location and options; it reopens where it is unpickled."""
+        if self._writer is not None:
+            raise UnpicklableStoreError(
+                f"store {self.path} is open for appending (mode='a') and cannot be pickled: a "
+                "copy would share its writer lock and lose its buffered records. Pickle a "
+                "reader instead (pytreestore.open(path), mode='r'), or close() the writer and "
+                "open a reader of it"
+            )
+        self._check_open()
+        return (_reopen, (self.reopen_options(),))
+
+    def reopen_options(self) -> dict[str, Any]:
+        """The arguments of :func:`open` that open this store again, read-only."""
+        options = self._location.options
+        storage = (
+            {
+                f.name: getattr(options, f.name)
+                for f in dataclasses.fields(options)
+                if getattr(options, f.name) != f.default
+            }
+            if options is not None
+            else None
+        )
+        return dict(
+            self._reopen,
+            path=str(self._location),
+            mode="r",
+            backend=self._backend_name,
+            storage_options=storage or None,
+        )
 
     # ---- reading -------------------------------------------------------------------------------
 
@@ -393,9 +478,13 @@ class TreeStore:
     ) -> tuple[_read.Selection, list[int], int]:
         """Flushes pending appends; the normalised index, chosen columns and record count."""
         self._check_open()
-        if self._writer is not None and self._writer.pending:
-            self._writer.flush()
-        n = len(self)
+        if self._writer is None:
+            n = self._commit.records
+        else:
+            with self._mutex:  # rows below n are committed: appends may go on while we read
+                if self._writer.pending:
+                    self._writer.flush()
+                n = len(self._writer)
         return _read.normalize(index, n), self._schema.select(columns), n
 
     # ---- device pipelines ----------------------------------------------------------------------
@@ -568,15 +657,26 @@ class TreeStore:
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedStoreError(f"store {self.path} is closed; open it again to use it")
+        if self._writer is not None and os.getpid() != self._pid:
+            raise ForkedWriterError(
+                f"store {self.path} was opened for appending by process {self._pid}, and this "
+                f"process ({os.getpid()}) was forked from it: a writer serves only the process "
+                "that opened it. Open the store again here (pytreestore.open(path) to read; "
+                "mode='a' once the parent has closed it)"
+            )
 
-    def _writable(self) -> Writer:
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[Writer]:
+        """The writer, held by this thread for one append, flush or close."""
         self._check_open()
         if self._writer is None:
             raise ReadOnlyError(
                 f"store {self.path} is open read-only; open it with "
                 "pytreestore.open(path, mode='a') to append"
             )
-        return self._writer
+        with self._mutex:
+            self._check_open()  # closed by another thread while this one waited
+            yield self._writer
 
 
 def _batch_length(leaves: Sequence[Any], paths: Sequence[str]) -> int:
@@ -650,7 +750,12 @@ def create(
 def create_from_schema(
     location: Location, schema: TreeSchema, *, backend: str, overwrite: bool
 ) -> TreeStore:
-    """Creates an empty store with a ready-made ``schema`` (``create`` and ``copy`` share it)."""
+    """Creates an empty store with a ready-made ``schema`` (``create`` and ``copy`` share it).
+
+    Everything that can be checked is checked before anything is written; a failure after
+    the writer lock is taken deletes what was made and releases the lock.
+    """
+    check_buffer(schema, str(location))
     engine: Backend = get_backend(backend)(location)
     _clear_for_create(engine, location, overwrite)
     lock = WriterLock.acquire(location, engine)
@@ -662,21 +767,21 @@ def create_from_schema(
         engine.write_bytes(".pytreestore/commit.json", commit.to_bytes())
         info = _validate.stamped(schema.to_json())  # checked against schema.json, with a digest
         engine.write_bytes(ROOT_KEY, _group_json({"pytreestore": info}))
+        return TreeStore(
+            location=location,
+            backend=engine,
+            backend_name=backend,
+            schema=schema,
+            mode="a",
+            commit=commit,
+            lock=lock,
+        )
     except BaseException:
         try:
             engine.delete_all()  # a half-made store must not block the next create
         finally:
             lock.release()
         raise
-    return TreeStore(
-        location=location,
-        backend=engine,
-        backend_name=backend,
-        schema=schema,
-        mode="a",
-        commit=commit,
-        lock=lock,
-    )
 
 
 def open(
@@ -750,19 +855,28 @@ def open(
         commit = Commit.read(engine, str(location))
         if mode == "a":
             _repair(engine, schema, commit)
+        return TreeStore(
+            location=location,
+            backend=engine,
+            backend_name=backend,
+            schema=schema,
+            mode=mode,
+            commit=commit,
+            lock=lock,
+            reopen={"like": like, "generic": generic, "cache_bytes": cache_bytes},
+        )
     except BaseException:
-        if lock is not None:
-            lock.release()
+        try:
+            engine.close()
+        finally:
+            if lock is not None:  # every failure after the lock was taken gives it back
+                lock.release()
         raise
-    return TreeStore(
-        location=location,
-        backend=engine,
-        backend_name=backend,
-        schema=schema,
-        mode=mode,
-        commit=commit,
-        lock=lock,
-    )
+
+
+def _reopen(options: dict[str, Any]) -> TreeStore:
+    """Unpickles a reader: opens its store again with the options it was opened with."""
+    return open(**options)
 
 
 def _read_schema(engine: Backend, location: Location, *, like: Any, generic: bool) -> TreeSchema:

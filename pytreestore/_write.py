@@ -39,6 +39,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -48,7 +49,12 @@ from pytreestore import _dtypes
 from pytreestore._convert import LeafCaster, RecordError, RowFiller, casters
 from pytreestore._schema import FORMAT_VERSION, TreeSchema
 from pytreestore.backends import Backend, ColumnLayout
-from pytreestore.errors import CommitConflictError, CorruptStoreError, StorageError
+from pytreestore.errors import (
+    ChunkSizeError,
+    CommitConflictError,
+    CorruptStoreError,
+    StorageError,
+)
 
 COMMIT_KEY = ".pytreestore/commit.json"
 
@@ -107,6 +113,51 @@ def layouts(schema: TreeSchema) -> list[ColumnLayout]:
     ]
 
 
+def buffer_nbytes(schema: TreeSchema) -> int:
+    """The bytes of a writer's buffers: one chunk of every column."""
+    return schema.chunk_records * sum(c.record_nbytes for c in schema.columns)
+
+
+def check_buffer(schema: TreeSchema, where: str) -> None:
+    """Refuses a ``chunk_records`` whose writer buffer would not fit in half this machine's
+    memory, before anything is written.
+
+    Raises:
+        ChunkSizeError: the buffer is too large; the message gives the sizes and the fix.
+    """
+    need, memory = buffer_nbytes(schema), physical_memory()
+    if need <= memory // 2:
+        return
+    per_record = sum(c.record_nbytes for c in schema.columns)
+    fits = max(1, memory // 2 // max(per_record, 1))
+    raise ChunkSizeError(
+        f"chunk_records={schema.chunk_records} for {where} needs a writer buffer of "
+        f"{_gib(need)} (one chunk of every column, {per_record} bytes per record), more than "
+        f"half of this machine's memory ({_gib(memory)}). Nothing was written. Pass a smaller "
+        f"chunk_records (at most {fits} here), or leave it out for chunks of about 4 MiB."
+    )
+
+
+def physical_memory() -> int:
+    """This machine's memory in bytes."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.3g} GiB"
+
+
+def _buffers(schema: TreeSchema) -> list[np.ndarray]:
+    try:
+        return [np.empty((schema.chunk_records, *c.shape), c.dtype) for c in schema.columns]
+    except MemoryError as err:
+        raise ChunkSizeError(
+            f"cannot allocate the writer buffer of {_gib(buffer_nbytes(schema))} (one chunk "
+            f"of every column at chunk_records={schema.chunk_records}): out of memory. Free "
+            "memory, or open the store read-only."
+        ) from err
+
+
 class Writer:
     """Appends rows to a store's columns through ``backend``, committing as it goes."""
 
@@ -115,7 +166,7 @@ class Writer:
         self._keys = [c.key for c in schema.columns]
         self.chunk = schema.chunk_records
         self.casters: list[LeafCaster] = casters(schema.columns)
-        self.buffers = [np.empty((self.chunk, *c.shape), c.dtype) for c in schema.columns]
+        self.buffers = _buffers(schema)
         self.filler = RowFiller(self.casters, self.buffers)
         self.commit = commit
         self.start = commit.records - commit.records % self.chunk

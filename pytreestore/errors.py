@@ -16,11 +16,13 @@ from __future__ import annotations
 
 __all__ = [
     "BadLocationError",
+    "ChunkSizeError",
     "ClassResolutionError",
     "ClosedStoreError",
     "CommitConflictError",
     "CorruptChunkError",
     "CorruptStoreError",
+    "ForkedWriterError",
     "FormatVersionError",
     "NotAStoreError",
     "PyTreeStoreError",
@@ -32,6 +34,7 @@ __all__ = [
     "StoreIndexError",
     "StoreLockedError",
     "StoreNotFoundError",
+    "UnpicklableStoreError",
     "UnsupportedDtypeError",
     "UnsupportedTreeError",
     "X64DisabledError",
@@ -136,3 +139,16 @@ class BadLocationError(PyTreeStoreError, ValueError):
 
 class ShardingError(PyTreeStoreError, ValueError):
     """A sharded or pmap load asked for a split the record count or a leaf shape cannot take."""
+
+
+class UnpicklableStoreError(PyTreeStoreError, TypeError):
+    """A store open for appending was pickled; only read-only stores pickle (and reopen)."""
+
+
+class ForkedWriterError(PyTreeStoreError, RuntimeError):
+    """A store open for appending was used in a process forked from the one that opened it."""
+
+
+class ChunkSizeError(PyTreeStoreError, ValueError):
+    """``chunk_records`` asks for a writer buffer (one chunk of every column) too large for
+    this machine's memory."""
