@@ -129,7 +129,7 @@ def test_gcs_is_refused_clearly_and_s3_is_a_zarr_s3_backend():
     s3 = ZarrBackend(Location.parse("s3://bucket/x", {"endpoint": "http://127.0.0.1:9"}))
     assert type(s3).__name__ == "ZarrS3Backend" and isinstance(s3, ZarrBackend)
     local = ZarrBackend(Location.parse("memory://zarr-local-kind"))
-    assert not hasattr(local, "write_bytes_if")  # local stores lock with flock, commit plainly
+    assert hasattr(local, "write_bytes_if")  # local stores commit conditionally too
 
 
 # ---- concurrency and fast open -------------------------------------------------------------------

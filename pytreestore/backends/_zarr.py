@@ -20,11 +20,16 @@ guarantees the store's commit protocol relies on:
 * **Checked metadata.** A column's ``zarr.json`` is read (all of them at once) when the column
   is first used and checked against the layout the store declared; handles are built from it
   without reading it again.
-* **Conditional writes on S3.** :class:`ZarrS3Backend` (what ``ZarrBackend(location)`` is for
-  an ``s3://`` location) adds ``read_bytes_versioned`` and ``write_bytes_if`` (ETags and
-  ``If-Match``/``If-None-Match`` PUTs), so the writer lock and the commit record work as they
-  do with the TensorStore backend. Local stores have no such methods: they use ``flock`` and
-  commit unconditionally.
+* **Conditional commits.** ``read_bytes_versioned`` and ``write_bytes_if`` compare and swap a
+  key: the token is a digest of the key's bytes (every commit record differs from the one
+  before: its generation grows), and the comparison and the write happen under an exclusive
+  ``flock`` on the store's ``.pytreestore`` folder (a process-wide lock for ``memory://``).
+  Growing a column happens under the same lock and refuses a column that another writer has
+  grown since this one last saw it, before any chunk is written. So a second writer (the
+  lock file deleted under a running writer, a forked child) gets
+  :class:`CommitConflictError` instead of losing the first writer's commits.
+  :class:`ZarrS3Backend` (what ``ZarrBackend(location)`` is for an ``s3://`` location)
+  implements both with ETags and ``If-Match``/``If-None-Match`` PUTs instead.
 
 Example:
     >>> import numpy as np
@@ -40,13 +45,16 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import functools
+import hashlib
 import json
 import os
 import shutil
 import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -66,6 +74,7 @@ from pytreestore.backends._metadata import array_document as array_document
 from pytreestore.backends._metadata import encode_document as encode_document
 from pytreestore.errors import (
     BadLocationError,
+    CommitConflictError,
     CorruptChunkError,
     CorruptStoreError,
     PyTreeStoreError,
@@ -77,6 +86,7 @@ _PROTOTYPE = default_buffer_prototype()
 _CONFIG = {"write_empty_chunks": True, "order": "C"}  # a chunk of zeros is still written
 _MEMORY: dict[str, dict[str, Buffer]] = {}
 _MEMORY_LOCK = threading.Lock()
+_COMMIT_LOCK = threading.Lock()  # the commit lock of memory:// stores
 _ARRAY_JSON = "zarr.json"
 #: the token of a missing key, as in TensorStore and :mod:`pytreestore._lock`
 NO_VALUE = b"\x02"
@@ -133,6 +143,45 @@ class ZarrBackend:
             root = Path(self._location.root)
             return not root.exists() or not any(root.iterdir())
         return not _memory_dict(self._location.root)
+
+    def read_bytes_versioned(self, key: str) -> tuple[bytes | None, bytes]:
+        """The value at ``key`` (None when absent) and its token (:data:`NO_VALUE` if absent)."""
+        raw = self.read_bytes(key)
+        return raw, _digest(raw)
+
+    def write_bytes_if(self, key: str, data: bytes | None, token: bytes) -> bytes | None:
+        """Writes (or with None deletes) ``key`` only if its token is still ``token``.
+
+        Returns:
+            The new token, or None when the key had changed and nothing was written.
+        """
+        with self._exclusive():
+            if _digest(self.read_bytes(key)) != token:
+                return None
+            if data is None:
+                self._call(self._store.delete(key), f"deleting {self._location}/{key}")
+            else:
+                self.write_bytes(key, data)
+        return _digest(data)
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Holds the store's commit lock: a ``flock`` on its ``.pytreestore`` folder."""
+        if self._location.kind != "file":
+            with _COMMIT_LOCK:
+                yield
+            return
+        folder = Path(self._location.root) / ".pytreestore"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as err:
+            raise StorageError(f"cannot lock {folder} to commit: {err}") from err
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing the only descriptor releases the flock
 
     async def _get(self, key: str) -> bytes | None:
         buffer = await self._store.get(key, prototype=_PROTOTYPE)
@@ -193,14 +242,30 @@ class ZarrBackend:
     def _write_documents(self, documents: dict[str, Any], grown: Collection[str] = ()) -> None:
         """Writes the ``zarr.json`` of every column in ``documents``, all at once.
 
-        ``grown`` names the columns whose record axis grows; :class:`ZarrS3Backend` refuses
-        to shrink what another writer grew further. On local disk the writer lock rules that
-        out.
+        ``grown`` names the columns whose record axis grows. Under the commit lock, a grown
+        column that another writer has grown since this one last saw it raises
+        :class:`CommitConflictError` and nothing is written (:class:`ZarrS3Backend` does the
+        same with conditional PUTs).
         """
-        del grown
-        self.write_many_bytes(
-            {f"{k}/{_ARRAY_JSON}": encode_document(d) for k, d in documents.items()}
-        )
+        items = {f"{k}/{_ARRAY_JSON}": encode_document(d) for k, d in documents.items()}
+        if not grown:
+            self.write_many_bytes(items)
+            return
+        with self._exclusive():
+            reads = (self._get(f"{k}/{_ARRAY_JSON}") for k in grown)
+            raws = self._call(_gather(reads), f"reading column metadata of {self._location}")
+            for key, raw in zip(grown, raws):
+                file = f"{self._location}/{key}/{_ARRAY_JSON}"
+                known = self._documents[key]["shape"][0]
+                shape = _validate.array_facts(_validate.parse_array_json(raw, file), file)[1]
+                found = shape[0] if shape else known
+                if found > known:
+                    raise CommitConflictError(
+                        f"column {key} holds {found} records on disk but this writer last saw "
+                        f"{known}: another writer is appending to {self._location}. Nothing "
+                        "more was written; reopen the store to append after its records."
+                    )
+            self.write_many_bytes(items)
 
     def _load_documents(self, keys: Sequence[str], records: int, refresh: bool = False) -> None:
         """Reads (concurrently) and checks the ``zarr.json`` of every key not known to hold
@@ -330,6 +395,11 @@ def _open_store(location: Location) -> Store:
         f"the zarr backend stores on local disk, memory:// and s3:// only, not at {location}; "
         "use backend='tensorstore' there"
     )
+
+
+def _digest(raw: bytes | None) -> bytes:
+    """The token of a key holding ``raw``: a digest of its bytes (:data:`NO_VALUE` if absent)."""
+    return NO_VALUE if raw is None else hashlib.sha256(raw).hexdigest().encode()
 
 
 def _memory_dict(name: str) -> dict[str, Buffer]:
