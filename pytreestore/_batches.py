@@ -269,9 +269,12 @@ class GrainSource:
     """A store as a Grain random-access data source: ``len``, ``[i]`` and batched reads.
 
     Records come back with numpy leaves, as Grain's transforms expect. Made by
-    :meth:`pytreestore.TreeStore.grain_source`. Pickling keeps the store's path and reopens it
-    read-only in the process that unpickles it (Grain's worker processes), so a
-    ``memory://`` store works only with in-process loading (``worker_count=0``).
+    :meth:`pytreestore.TreeStore.grain_source`. Pickling keeps the store's location and the
+    options it was opened with (backend, ``storage_options``, ``like``, ``generic``,
+    ``cache_bytes``) and reopens it read-only in the process that unpickles it (Grain's
+    worker processes); a source of a writer commits its buffered records first, so the
+    workers see them. A ``memory://`` store works only with in-process loading
+    (``worker_count=0``).
 
     Example:
         >>> import numpy as np, pytreestore
@@ -305,10 +308,12 @@ class GrainSource:
         return f"GrainSource({self._store.path!r}, columns={self._columns!r})"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self._store.path, "columns": self._columns}
+        if self._store.mode == "a":
+            self._store.flush()  # the reopened reader sees what was appended
+        return {"open": self._store.reopen_options(), "columns": self._columns}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         import pytreestore  # here, not at import time: pytreestore imports this module
 
-        self._store = pytreestore.open(state["path"])
+        self._store = pytreestore.open(**state["open"])
         self._columns = state["columns"]

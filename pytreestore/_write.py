@@ -341,7 +341,8 @@ def commit_token(backend: Backend, commit: Commit, where: str) -> bytes | None:
     found = Commit.from_bytes(raw, where)
     if (found.records, found.generation) != (commit.records, commit.generation):
         raise CommitConflictError(
-            f"another writer committed to {where} while it was being opened "
-            f"({found.records} records now, {commit.records} when read); open it again"
+            f"another writer committed to {where} since this writer read its commit record "
+            f"({found.records} records now, {commit.records} then). Nothing was committed by "
+            "this writer; open the store again to append after the other writer's records"
         )
     return token
