@@ -665,18 +665,22 @@ class TreeStore:
                 "mode='a' once the parent has closed it)"
             )
 
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[Writer]:
-        """The writer, held by this thread for one append, flush or close."""
+    def _writable(self) -> Writer:
+        """The writer, unguarded: for a caller that alone holds this store (copy's target)."""
         self._check_open()
         if self._writer is None:
             raise ReadOnlyError(
                 f"store {self.path} is open read-only; open it with "
                 "pytreestore.open(path, mode='a') to append"
             )
+        return self._writer
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[Writer]:
+        """The writer, held by this thread for one append, flush or close."""
+        self._writable()
         with self._mutex:
-            self._check_open()  # closed by another thread while this one waited
-            yield self._writer
+            yield self._writable()  # checked again: closed by another thread meanwhile?
 
 
 def _batch_length(leaves: Sequence[Any], paths: Sequence[str]) -> int:
