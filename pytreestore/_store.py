@@ -26,6 +26,7 @@ from pytreestore import _batches, _device, _map, _progress, _read, _repr, _shard
 from pytreestore._convert import RecordError
 from pytreestore._location import Location
 from pytreestore._lock import WriterLock
+from pytreestore._repair import repair
 from pytreestore._schema import TreeSchema
 from pytreestore._stack import split_leaves
 from pytreestore._verify import VerifyReport, name_column, verify
@@ -34,7 +35,6 @@ from pytreestore.backends import Backend, get_backend
 from pytreestore.errors import (
     ClosedStoreError,
     CorruptChunkError,
-    CorruptStoreError,
     NotAStoreError,
     ReadOnlyError,
     SchemaMismatchError,
@@ -749,7 +749,7 @@ def open(
     try:
         commit = Commit.read(engine, str(location))
         if mode == "a":
-            _repair(engine, schema, commit)
+            repair(engine, location, schema, commit.records)
     except BaseException:
         if lock is not None:
             lock.release()
@@ -772,29 +772,6 @@ def _read_schema(engine: Backend, location: Location, *, like: Any, generic: boo
             raise StoreNotFoundError(f"no store at {location}")
         raise NotAStoreError(f"{location} is not a pytreestore store: {ROOT_KEY} is missing")
     return _validate.load_schema(raw, str(location), like=like, generic=generic)
-
-
-def _repair(engine: Backend, schema: TreeSchema, commit: Commit) -> None:
-    """Trims columns that a crashed writer grew past the commit back to the committed length,
-    after removing the partial writes it left (backends that can leave any)."""
-    keys = [c.key for c in schema.columns]
-    remove_partial_writes = getattr(engine, "remove_partial_writes", None)
-    if remove_partial_writes is not None:
-        remove_partial_writes(keys, commit.records // schema.chunk_records)
-    shapes = engine.column_shapes(keys)
-    for c, shape in zip(schema.columns, shapes):
-        if tuple(shape[1:]) != c.shape:
-            raise CorruptStoreError(
-                f"column {c.path} has shape {shape} on disk, expected (records, "
-                f"{', '.join(map(str, c.shape))}) per the schema"
-            )
-        if shape[0] < commit.records:
-            raise CorruptStoreError(
-                f"column {c.path} holds {shape[0]} records but {commit.records} are committed"
-            )
-    grown = [k for k, shape in zip(keys, shapes) if shape[0] != commit.records]
-    if grown:
-        engine.resize(grown, commit.records)
 
 
 def _clear_for_create(engine: Backend, location: Location, overwrite: bool) -> None:

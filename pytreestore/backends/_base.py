@@ -120,6 +120,21 @@ class Backend(Protocol):
         ...
 
 
+def missing_chunk(column: str, chunk: tuple[int, ...] | None, why: object) -> CorruptChunkError:
+    """The error of a committed chunk of ``column`` (a storage key) whose object is gone: its
+    records are lost, and are never read as the fill value (zeros)."""
+    key = f"{column}/c/{'/'.join(map(str, chunk))}" if chunk else None
+    where = f"chunk {chunk} ({key})" if chunk else "a chunk"
+    return CorruptChunkError(
+        f"column {column}: {where} is missing, so committed records in it cannot be read "
+        f"({why}); they are not returned as zeros. Restore the chunk from a backup, or copy "
+        "the records before it to a new store. Run store.verify() to list every problem.",
+        path=column,
+        chunk=chunk,
+        key=key,
+    )
+
+
 def damaged_chunk(column: str, chunk: tuple[int, ...] | None, why: object) -> CorruptChunkError:
     """The error of a chunk of ``column`` (a storage key) that cannot be read, naming the chunk
     and its key when known; every backend raises it in these words."""

@@ -31,7 +31,7 @@ import tensorstore as ts
 from pytreestore import _validate
 from pytreestore._location import Location
 from pytreestore.backends import _direct
-from pytreestore.backends._base import ColumnLayout, ColumnShape, damaged_chunk
+from pytreestore.backends._base import ColumnLayout, ColumnShape, damaged_chunk, missing_chunk
 from pytreestore.backends._metadata import _compression_chain as _compression_chain
 from pytreestore.backends._metadata import array_metadata
 from pytreestore.backends._metadata import codec_json as codec_json  # (re-exported)
@@ -138,6 +138,12 @@ class TensorStoreBackend:
             raise _storage_error(f"listing {self._location}/{prefix}", err) from err
         return sorted(bytes(k).decode() for k in keys)
 
+    def delete_keys(self, keys: Sequence[str]) -> None:
+        """Deletes every key of ``keys`` (absent ones too), all at once."""
+        futures = [self.kvstore.write(k, None) for k in keys]
+        _wait(futures, list(keys), f"deleting from {self._location}")
+        self._handles.clear()  # their caches may hold the deleted chunks
+
     def delete_all(self) -> None:
         self._handles.clear()
         if self._location.kind == "file":
@@ -161,8 +167,14 @@ class TensorStoreBackend:
 
     def _spec(self, key: str) -> dict[str, Any]:
         kv = dict(self._kv_spec, path=self._kv_spec["path"] + key + "/")
-        # every chunk is stored, all-zero ones too, so a missing chunk means lost data
-        return {"driver": "zarr3", "kvstore": kv, "store_data_equal_to_fill_value": True}
+        # every chunk is stored, all-zero ones too, so a missing chunk means lost data: it
+        # reads as an error, never as the fill value
+        return {
+            "driver": "zarr3",
+            "kvstore": kv,
+            "store_data_equal_to_fill_value": True,
+            "fill_missing_data_reads": False,
+        }
 
     def create_columns(self, layouts: Sequence[ColumnLayout]) -> None:
         futures = [
@@ -361,7 +373,7 @@ class TensorStoreBackend:
                 fut.result()
                 out.append(None)
             except ValueError as err:
-                if str(err).split(":", 1)[0] not in _DAMAGED:
+                if not _is_damage(err):
                     raise _storage_error(f"reading column {key}", err) from err
                 damaged = _chunk_error(key, err)
                 damaged.__cause__ = err
@@ -404,14 +416,26 @@ def _wait(
         ) from err
     if meta and (status in _DAMAGED or status == "NOT_FOUND"):
         raise CorruptStoreError(f"{doing} {key}: its zarr.json cannot be used: {err}") from err
-    if read and status in _DAMAGED:
+    if read and _is_damage(err):
         raise _chunk_error(key, err) from err
     raise _storage_error(f"{doing} {key}", err) from err
 
 
+def _is_damage(err: ValueError) -> bool:
+    """Whether a read failed on bytes it could not decode, or on a chunk that is missing."""
+    status = str(err).split(":", 1)[0]
+    return status in _DAMAGED or (status == "NOT_FOUND" and "is missing" in str(err))
+
+
 def _chunk_error(key: str, err: ValueError) -> CorruptChunkError:
     found = re.search(re.escape(key) + r"/c((?:/\d+)+)", str(err))
-    chunk = tuple(int(i) for i in found.group(1).split("/")[1:]) if found else None
+    grid = re.search(r"chunk \{([\d, ]+)\}", str(err))
+    if found:
+        chunk: tuple[int, ...] | None = tuple(int(i) for i in found.group(1).split("/")[1:])
+    else:
+        chunk = tuple(int(i) for i in grid.group(1).split(",")) if grid else None
+    if str(err).startswith("NOT_FOUND"):
+        return missing_chunk(key, chunk, err)
     return damaged_chunk(key, chunk, err)
 
 
