@@ -118,7 +118,7 @@ def _check_tail(engine: Any, location: Location, schema: TreeSchema, records: in
             f"cannot open {location} for appending: the tail chunk of column "
             f"{path or 'the root'} ({err.key or 'its last chunk'}) holds committed records "
             f"{start}..{records - 1} and is {state}; appending would rewrite it without "
-            "them. To go on appending, restore {err.key or 'the chunk'} from a "
+            f"them. To go on appending, restore {err.key or 'the chunk'} from a "
             f"backup, or copy the {start} records before it to a new store "
             f"(new.extend_batch(pytreestore.open(path).load(slice(0, {start}), "
             "as_numpy=True))). Nothing was written.",

@@ -359,13 +359,21 @@ class TensorStoreBackend:
                 opened[key] = self._open([key], records)[0]
             except CorruptStoreError as err:
                 opened[key] = err
+        direct = {  # plain files are checked as load reads them: sizes too
+            i: self._read_direct(plan, key, index)
+            for i, (key, index) in enumerate(reads)
+            if isinstance(h := opened[key], ts.TensorStore) and (plan := self._plan(key, h))
+        }
         with ts.Batch() as batch:
             futures = [
                 h[index].read(batch=batch) if isinstance(h := opened[key], ts.TensorStore) else h
                 for key, index in reads
             ]
         out: list[PyTreeStoreError | None] = []
-        for (key, _), fut in zip(reads, futures):
+        for i, ((key, _), fut) in enumerate(zip(reads, futures)):
+            if i in direct and direct[i] is not None:
+                out.append(direct[i])
+                continue
             if isinstance(fut, PyTreeStoreError):
                 out.append(fut)
                 continue
@@ -379,6 +387,22 @@ class TensorStoreBackend:
                 damaged.__cause__ = err
                 out.append(damaged)
         return out
+
+    @staticmethod
+    def _read_direct(
+        plan: _direct.DirectColumn, key: str, index: Any
+    ) -> CorruptChunkError | None:
+        """The error of reading ``index`` of ``key`` as plain files (None: it read back, or a
+        chunk is missing, which the engine's read then reports)."""
+        try:
+            _direct.read([(plan, index)])
+        except _direct.MissingChunk:
+            return None
+        except CorruptChunkError as err:
+            return err
+        except OSError as err:
+            raise _storage_error(f"reading column {key}", err) from err
+        return None
 
     def close(self) -> None:
         if self._cache is not None:
