@@ -156,7 +156,23 @@ class Location:
                 f"unsupported URL scheme {scheme!r} in {path!r}; use a local directory, "
                 "memory://NAME, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"
             )
-        return cls("file", str(Path(path).expanduser().resolve()))
+        try:
+            return cls("file", str(Path(path).expanduser().resolve()))
+        except (RuntimeError, OSError) as err:  # a symlink loop
+            raise BadLocationError(
+                f"{path!r} cannot be resolved to a directory: {err}. Remove the symlink loop "
+                "or give the store's real directory."
+            ) from err
+
+    def overlaps(self, other: Location) -> bool:
+        """Whether the two locations are the same place or one lies inside the other."""
+        if self.kind != other.kind or self._server() != other._server():
+            return False
+        a, b = self.root.rstrip("/"), other.root.rstrip("/")
+        return a == b or a.startswith(b + "/") or b.startswith(a + "/") or not a or not b
+
+    def _server(self) -> str | None:
+        return self.options.endpoint if isinstance(self.options, S3Options) else None
 
     @property
     def bucket(self) -> str:

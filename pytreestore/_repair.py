@@ -66,8 +66,7 @@ def chunk_keys(column: ColumnSpec, rows: range) -> list[str]:
     """The storage keys of every chunk of ``column`` in chunk rows ``rows`` (record axis)."""
     grid = [range(-(-n // c)) for n, c in zip(column.shape, column.chunks[1:])]
     return [
-        f"{column.key}/c/{'/'.join(map(str, index))}"
-        for index in itertools.product(rows, *grid)
+        f"{column.key}/c/{'/'.join(map(str, index))}" for index in itertools.product(rows, *grid)
     ]
 
 

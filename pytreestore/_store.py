@@ -43,6 +43,8 @@ from pytreestore.errors import (
 )
 
 ROOT_KEY = "zarr.json"
+#: present while a store is being created or copied into; overwrite=True replaces such a store
+INCOMPLETE_KEY = ".pytreestore/incomplete"
 _ITER_BLOCK = 4096
 
 
@@ -648,13 +650,23 @@ def create(
 
 
 def create_from_schema(
-    location: Location, schema: TreeSchema, *, backend: str, overwrite: bool
+    location: Location,
+    schema: TreeSchema,
+    *,
+    backend: str,
+    overwrite: bool,
+    finished: bool = True,
 ) -> TreeStore:
-    """Creates an empty store with a ready-made ``schema`` (``create`` and ``copy`` share it)."""
+    """Creates an empty store with a ready-made ``schema`` (``create`` and ``copy`` share it).
+
+    With ``finished=False`` the store keeps its :data:`INCOMPLETE_KEY` marker, which the
+    caller (``copy``) removes once it is done.
+    """
     engine: Backend = get_backend(backend)(location)
     _clear_for_create(engine, location, overwrite)
     lock = WriterLock.acquire(location, engine)
     try:
+        engine.write_bytes(INCOMPLETE_KEY, b"")
         engine.create_columns(layouts(schema))
         groups = {k: _group_json({}) for k in _group_keys(schema)}
         engine.write_many_bytes(groups)
@@ -662,6 +674,8 @@ def create_from_schema(
         engine.write_bytes(".pytreestore/commit.json", commit.to_bytes())
         info = _validate.stamped(schema.to_json())  # checked against schema.json, with a digest
         engine.write_bytes(ROOT_KEY, _group_json({"pytreestore": info}))
+        if finished:
+            engine.delete_keys([INCOMPLETE_KEY])  # type: ignore[attr-defined]
     except BaseException:
         try:
             engine.delete_all()  # a half-made store must not block the next create
@@ -780,6 +794,7 @@ def _clear_for_create(engine: Backend, location: Location, overwrite: bool) -> N
     is_store = (
         engine.read_bytes(ROOT_KEY) is not None
         or engine.read_bytes(".pytreestore/commit.json") is not None
+        or engine.read_bytes(INCOMPLETE_KEY) is not None  # what a cut-off copy or create left
     )
     if not overwrite:
         raise StoreExistsError(

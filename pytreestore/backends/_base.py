@@ -14,7 +14,9 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -147,3 +149,19 @@ def damaged_chunk(column: str, chunk: tuple[int, ...] | None, why: object) -> Co
         chunk=chunk,
         key=key,
     )
+
+
+def delete_folder(root: str) -> None:
+    """Deletes a store's folder, its ``.pytreestore`` folder last: a deletion cut off midway
+    leaves the commit record (or the copy marker), so the rest is still known as a store and
+    ``overwrite=True`` can replace it."""
+    folder = Path(root)
+    if not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        if entry.name != ".pytreestore":
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +30,13 @@ import tensorstore as ts
 from pytreestore import _validate
 from pytreestore._location import Location
 from pytreestore.backends import _direct
-from pytreestore.backends._base import ColumnLayout, ColumnShape, damaged_chunk, missing_chunk
+from pytreestore.backends._base import (
+    ColumnLayout,
+    ColumnShape,
+    damaged_chunk,
+    delete_folder,
+    missing_chunk,
+)
 from pytreestore.backends._metadata import _compression_chain as _compression_chain
 from pytreestore.backends._metadata import array_metadata
 from pytreestore.backends._metadata import codec_json as codec_json  # (re-exported)
@@ -147,7 +152,7 @@ class TensorStoreBackend:
     def delete_all(self) -> None:
         self._handles.clear()
         if self._location.kind == "file":
-            shutil.rmtree(self._location.root, ignore_errors=True)
+            delete_folder(self._location.root)
         else:
             try:
                 self.kvstore.delete_range(ts.KvStore.KeyRange()).result()
@@ -389,9 +394,7 @@ class TensorStoreBackend:
         return out
 
     @staticmethod
-    def _read_direct(
-        plan: _direct.DirectColumn, key: str, index: Any
-    ) -> CorruptChunkError | None:
+    def _read_direct(plan: _direct.DirectColumn, key: str, index: Any) -> CorruptChunkError | None:
         """The error of reading ``index`` of ``key`` as plain files (None: it read back, or a
         chunk is missing, which the engine's read then reports)."""
         try:

@@ -44,7 +44,6 @@ import functools
 import json
 import os
 import re
-import shutil
 import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Collection, Iterable, Sequence
@@ -62,7 +61,13 @@ from zarr.storage._common import StorePath
 
 from pytreestore import _validate, _zarr_dtypes
 from pytreestore._location import Location
-from pytreestore.backends._base import ColumnLayout, ColumnShape, damaged_chunk, missing_chunk
+from pytreestore.backends._base import (
+    ColumnLayout,
+    ColumnShape,
+    damaged_chunk,
+    delete_folder,
+    missing_chunk,
+)
 from pytreestore.backends._metadata import array_document as array_document
 from pytreestore.backends._metadata import encode_document as encode_document
 from pytreestore.errors import (
@@ -131,7 +136,7 @@ class ZarrBackend:
     def delete_all(self) -> None:
         self.close()
         if self._location.kind == "file":
-            shutil.rmtree(self._location.root, ignore_errors=True)
+            delete_folder(self._location.root)
         else:
             _memory_dict(self._location.root).clear()
 
@@ -249,9 +254,7 @@ class ZarrBackend:
             out.append(array)
         return out
 
-    def _reader(
-        self, array: AsyncArray[ArrayV3Metadata], key: str
-    ) -> AsyncArray[ArrayV3Metadata]:
+    def _reader(self, array: AsyncArray[ArrayV3Metadata], key: str) -> AsyncArray[ArrayV3Metadata]:
         """``array`` reading through :class:`ChunksRequired`: a missing chunk raises."""
         return AsyncArray(array.metadata, StorePath(self._required, key), config=_CONFIG)  # type: ignore[arg-type]
 
