@@ -55,6 +55,17 @@ class S3Options:
         conditional_write: commit with conditional PUTs (``If-Match``/``If-None-Match``), so
             two writers can never both commit; default True. Set False only for a server that
             does not support them, and then never open two writers.
+        connect_timeout: seconds to wait for a connection to the server (default 10).
+        request_timeout: seconds a request may go without a byte from the server before it
+            is given up and retried (default 30); with ``backend="zarr"``, the longest one
+            request may take.
+        total_timeout: seconds one call to storage may take, retries included, before it
+            raises :class:`~pytreestore.errors.StorageError` (default 45). None: no limit.
+
+    With ``backend="tensorstore"``, ``connect_timeout`` and ``request_timeout`` are settings of
+    TensorStore's HTTP transport, which is shared by the whole process: the first object store
+    opened sets them (as ``TENSORSTORE_CURL_CONNECT_TIMEOUT_SECONDS`` and
+    ``TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS``, unless those are already in the environment).
     """
 
     endpoint: str | None = None
@@ -72,6 +83,9 @@ class S3Options:
     retry_max_delay: float | None = None
     request_concurrency: int | None = None
     conditional_write: bool = True
+    connect_timeout: float | None = 10.0
+    request_timeout: float | None = 30.0
+    total_timeout: float | None = 45.0
 
     def __repr__(self) -> str:  # never print secrets
         shown = {
@@ -96,6 +110,7 @@ class GCSOptions:
     Attributes:
         user_project: the project billed for requester-pays buckets.
         max_retries, retry_delay, retry_max_delay, request_concurrency: as for S3.
+        connect_timeout, request_timeout, total_timeout: as for S3.
     """
 
     user_project: str | None = None
@@ -104,6 +119,9 @@ class GCSOptions:
     retry_max_delay: float | None = None
     request_concurrency: int | None = None
     conditional_write: bool = True
+    connect_timeout: float | None = 10.0
+    request_timeout: float | None = 30.0
+    total_timeout: float | None = 45.0
 
 
 _OPTION_TYPES: dict[str, type] = {"s3": S3Options, "gcs": GCSOptions}
@@ -257,9 +275,12 @@ def _parse_options(kind: str, path: str, given: Mapping[str, Any]) -> S3Options 
 
 
 def _check_option(path: str, name: str, value: Any, field: dataclasses.Field) -> None:
-    if value is None and field.default is None:
+    if value is None and (field.default is None or name.endswith("_timeout")):
         return
-    if isinstance(field.default, bool):
+    if name.endswith("_timeout"):
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+        want = "a number of seconds > 0, or None for no limit"
+    elif isinstance(field.default, bool):
         ok = isinstance(value, bool)
         want = "a bool"
     elif name in ("max_retries", "request_concurrency"):
