@@ -175,12 +175,14 @@ class Location:
                 "memory://NAME, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"
             )
         try:
-            return cls("file", str(Path(path).expanduser().resolve()))
+            root = Path(path).expanduser().resolve()
         except (RuntimeError, OSError) as err:  # a symlink loop
             raise BadLocationError(
                 f"{path!r} cannot be resolved to a directory: {err}. Remove the symlink loop "
                 "or give the store's real directory."
             ) from err
+        _check_directory(path, root)
+        return cls("file", str(root))
 
     def overlaps(self, other: Location) -> bool:
         """Whether the two locations are the same place or one lies inside the other."""
@@ -214,6 +216,20 @@ class Location:
             return self.root
         scheme = {"memory": "memory", "s3": "s3", "gcs": "gs"}.get(self.kind, self.kind)
         return f"{scheme}://{self.root}"
+
+
+def _check_directory(path: str, root: Path) -> None:
+    """Raises :class:`BadLocationError` if ``root``, or the nearest of its parents that
+    exists, is not a directory (a store is a directory)."""
+    for folder in (root, *root.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                what = "is a file" if folder == root else f"is below {folder}, which is a file"
+                raise BadLocationError(
+                    f"{path!r} {what}, not a directory; a store is a directory. Choose a "
+                    "path that is a directory or does not exist yet."
+                )
+            return
 
 
 def _parse_bucket_url(

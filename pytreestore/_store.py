@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -35,11 +36,15 @@ from pytreestore.backends import Backend, get_backend
 from pytreestore.errors import (
     ClosedStoreError,
     CorruptChunkError,
+    CorruptStoreError,
     NotAStoreError,
+    PyTreeStoreError,
     ReadOnlyError,
     SchemaMismatchError,
+    StorageError,
     StoreExistsError,
     StoreNotFoundError,
+    UnsupportedTreeError,
 )
 
 ROOT_KEY = "zarr.json"
@@ -638,7 +643,7 @@ def create(
         ["['x']"]
     """
     location = Location.parse(path, storage_options)
-    schema = TreeSchema.from_example(like, chunk_records=chunk_records, codec=codec)
+    schema = _schema_of(like, chunk_records=chunk_records, codec=codec)
     if not schema.columns:
         raise SchemaMismatchError(
             "the example record has no leaves, so a store would have no columns; "
@@ -647,6 +652,17 @@ def create(
     if codec not in ("zstd", "blosc", "gzip", None):
         raise ValueError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
     return create_from_schema(location, schema, backend=backend, overwrite=overwrite)
+
+
+def _schema_of(like: Any, **options: Any) -> TreeSchema:
+    try:
+        tree_flatten(like)
+    except ValueError as err:  # JAX cannot flatten it (dict keys of mixed types, ...)
+        raise UnsupportedTreeError(
+            f"the example record cannot be flattened by JAX: {err} A dict's keys must be "
+            "sortable against each other (all str, or all int); use one key type per dict."
+        ) from err
+    return TreeSchema.from_example(like, **options)
 
 
 def create_from_schema(
@@ -664,7 +680,7 @@ def create_from_schema(
     """
     engine: Backend = get_backend(backend)(location)
     _clear_for_create(engine, location, overwrite)
-    lock = WriterLock.acquire(location, engine)
+    lock = _take_lock(location, engine)
     try:
         engine.write_bytes(INCOMPLETE_KEY, b"")
         engine.create_columns(layouts(schema))
@@ -759,7 +775,7 @@ def open(
     engine: Backend = get_backend(backend)(location, **cache)
     schema = _read_schema(engine, location, like=like, generic=generic)
     engine.open_columns(schema.columns)
-    lock = WriterLock.acquire(location, engine, break_lock=break_lock) if mode == "a" else None
+    lock = _take_lock(location, engine, break_lock=break_lock) if mode == "a" else None
     try:
         commit = Commit.read(engine, str(location))
         if mode == "a":
@@ -806,8 +822,33 @@ def _clear_for_create(engine: Backend, location: Location, overwrite: bool) -> N
             f"{location} holds data that is not a pytreestore store; refusing to delete it. "
             "Choose an empty or new location."
         )
-    WriterLock.acquire(location, engine).release()
+    _take_lock(location, engine).release()
     engine.delete_all()
+
+
+def _take_lock(location: Location, engine: Backend, *, break_lock: bool = False) -> WriterLock:
+    """The writer lock; a file system that refuses it raises a pytreestore error, not a raw one."""
+    try:
+        return WriterLock.acquire(location, engine, break_lock=break_lock)
+    except PyTreeStoreError:
+        raise
+    except (IsADirectoryError, NotADirectoryError, FileExistsError) as err:
+        raise CorruptStoreError(
+            f"cannot take the writer lock of {location}: {err}. {location}/.pytreestore must "
+            "be a directory and .pytreestore/lock a file; remove whatever is in their place "
+            "(they hold no records) and try again."
+        ) from err
+    except OSError as err:
+        read_only = err.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+        raise StorageError(
+            f"cannot take the writer lock of {location}: {err}. "
+            + (
+                "The store's directory is not writable (a read-only file system or missing "
+                "permissions); open it with mode='r' to read it."
+                if read_only
+                else "Check the file system and try again."
+            )
+        ) from err
 
 
 def _group_keys(schema: TreeSchema) -> list[str]:
