@@ -3,7 +3,11 @@
 The copy reads the source in slices of whole destination chunks (host numpy, exact dtypes) and
 appends them to a new store created with the source's schema, so the classes named in the
 schema never need to be importable. It commits after every slice: a copy that is interrupted
-leaves a valid, shorter destination.
+leaves a valid, shorter destination (or, if cut off while the destination was being created, a
+partial one). Until the copy ends, the destination holds the marker ``.pytreestore/incomplete``,
+so that ``copy(..., overwrite=True)`` and ``create(..., overwrite=True)`` recognise what an
+interrupted copy left and replace it. A destination that overlaps the source (the same place,
+or one inside the other) is refused before anything is written.
 
 Example:
     >>> import pytreestore
@@ -26,8 +30,9 @@ from typing import Any
 from pytreestore import _progress
 from pytreestore._location import Location
 from pytreestore._schema import TreeSchema, _leaf_chunks
-from pytreestore._store import TreeStore, create_from_schema
+from pytreestore._store import INCOMPLETE_KEY, TreeStore, create_from_schema
 from pytreestore._store import open as open_store
+from pytreestore.errors import BadLocationError
 
 KEEP = "keep"
 _CODECS = ("zstd", "blosc", "gzip", None)
@@ -65,7 +70,8 @@ def copy(
         The number of records copied.
 
     Raises:
-        ValueError: ``chunk_records`` or ``codec`` is invalid, or ``dst`` is ``src``.
+        ValueError: ``chunk_records`` or ``codec`` is invalid.
+        BadLocationError: ``dst`` and ``src`` overlap: the same place, or one inside the other.
         StoreExistsError: something is at ``dst`` and ``overwrite`` is false.
     """
     if isinstance(src, TreeStore):
@@ -89,15 +95,21 @@ def _copy(
     overwrite: bool,
     progress: bool,
 ) -> int:
-    if location == Location.parse(source.path):
-        raise ValueError(f"cannot copy {source.path} onto itself; choose another destination")
+    if location.overlaps(source._location):
+        raise BadLocationError(
+            f"cannot copy {source.path} to {location}: the two overlap (the same place, or "
+            "one inside the other), so writing the copy would delete or overwrite the "
+            "source. Nothing was written; choose a destination outside the source."
+        )
     schema = rechunked(
         source.schema, chunk_records, source.schema.codec if codec == KEEP else codec
     )
     total = len(source)
     row_bytes = sum(c.record_nbytes for c in schema.columns)
     step = _step(schema.chunk_records, source.schema.chunk_records, row_bytes)
-    target = create_from_schema(location, schema, backend=backend, overwrite=overwrite)
+    target = create_from_schema(
+        location, schema, backend=backend, overwrite=overwrite, finished=False
+    )
     with (
         target,
         _progress.progress_bar(
@@ -109,6 +121,7 @@ def _copy(
             stop = min(start + step, total)
             writer.write_batch(source._load_leaves(slice(start, stop), None, as_numpy=True))
             bar.advance(stop - start)
+        target._backend.delete_keys([INCOMPLETE_KEY])  # type: ignore[attr-defined]
     return total
 
 

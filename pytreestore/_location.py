@@ -55,6 +55,17 @@ class S3Options:
         conditional_write: commit with conditional PUTs (``If-Match``/``If-None-Match``), so
             two writers can never both commit; default True. Set False only for a server that
             does not support them, and then never open two writers.
+        connect_timeout: seconds to wait for a connection to the server (default 10).
+        request_timeout: seconds a request may go without a byte from the server before it
+            is given up and retried (default 30); with ``backend="zarr"``, the longest one
+            request may take.
+        total_timeout: seconds one call to storage may take, retries included, before it
+            raises :class:`~pytreestore.errors.StorageError` (default 45). None: no limit.
+
+    With ``backend="tensorstore"``, ``connect_timeout`` and ``request_timeout`` are settings of
+    TensorStore's HTTP transport, which is shared by the whole process: the first object store
+    opened sets them (as ``TENSORSTORE_CURL_CONNECT_TIMEOUT_SECONDS`` and
+    ``TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS``, unless those are already in the environment).
     """
 
     endpoint: str | None = None
@@ -72,6 +83,9 @@ class S3Options:
     retry_max_delay: float | None = None
     request_concurrency: int | None = None
     conditional_write: bool = True
+    connect_timeout: float | None = 10.0
+    request_timeout: float | None = 30.0
+    total_timeout: float | None = 45.0
 
     def __repr__(self) -> str:  # never print secrets
         shown = {
@@ -96,6 +110,7 @@ class GCSOptions:
     Attributes:
         user_project: the project billed for requester-pays buckets.
         max_retries, retry_delay, retry_max_delay, request_concurrency: as for S3.
+        connect_timeout, request_timeout, total_timeout: as for S3.
     """
 
     user_project: str | None = None
@@ -104,6 +119,9 @@ class GCSOptions:
     retry_max_delay: float | None = None
     request_concurrency: int | None = None
     conditional_write: bool = True
+    connect_timeout: float | None = 10.0
+    request_timeout: float | None = 30.0
+    total_timeout: float | None = 45.0
 
 
 _OPTION_TYPES: dict[str, type] = {"s3": S3Options, "gcs": GCSOptions}
@@ -156,7 +174,25 @@ class Location:
                 f"unsupported URL scheme {scheme!r} in {path!r}; use a local directory, "
                 "memory://NAME, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"
             )
-        return cls("file", str(Path(path).expanduser().resolve()))
+        try:
+            root = Path(path).expanduser().resolve()
+        except (RuntimeError, OSError) as err:  # a symlink loop
+            raise BadLocationError(
+                f"{path!r} cannot be resolved to a directory: {err}. Remove the symlink loop "
+                "or give the store's real directory."
+            ) from err
+        _check_directory(path, root)
+        return cls("file", str(root))
+
+    def overlaps(self, other: Location) -> bool:
+        """Whether the two locations are the same place or one lies inside the other."""
+        if self.kind != other.kind or self._server() != other._server():
+            return False
+        a, b = self.root.rstrip("/"), other.root.rstrip("/")
+        return a == b or a.startswith(b + "/") or b.startswith(a + "/") or not a or not b
+
+    def _server(self) -> str | None:
+        return self.options.endpoint if isinstance(self.options, S3Options) else None
 
     @property
     def bucket(self) -> str:
@@ -180,6 +216,20 @@ class Location:
             return self.root
         scheme = {"memory": "memory", "s3": "s3", "gcs": "gs"}.get(self.kind, self.kind)
         return f"{scheme}://{self.root}"
+
+
+def _check_directory(path: str, root: Path) -> None:
+    """Raises :class:`BadLocationError` if ``root``, or the nearest of its parents that
+    exists, is not a directory (a store is a directory)."""
+    for folder in (root, *root.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                what = "is a file" if folder == root else f"is below {folder}, which is a file"
+                raise BadLocationError(
+                    f"{path!r} {what}, not a directory; a store is a directory. Choose a "
+                    "path that is a directory or does not exist yet."
+                )
+            return
 
 
 def _parse_bucket_url(
@@ -241,9 +291,12 @@ def _parse_options(kind: str, path: str, given: Mapping[str, Any]) -> S3Options 
 
 
 def _check_option(path: str, name: str, value: Any, field: dataclasses.Field) -> None:
-    if value is None and field.default is None:
+    if value is None and (field.default is None or name.endswith("_timeout")):
         return
-    if isinstance(field.default, bool):
+    if name.endswith("_timeout"):
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+        want = "a number of seconds > 0, or None for no limit"
+    elif isinstance(field.default, bool):
         ok = isinstance(value, bool)
         want = "a bool"
     elif name in ("max_retries", "request_concurrency"):

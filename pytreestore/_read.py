@@ -80,6 +80,7 @@ def _from_slice(index: slice, n: int) -> Selection:
     if index.step == 0:
         raise StoreIndexError("slice step cannot be zero")
     start, stop, step = index.indices(n)
+    step = max(-max(n, 1), min(step, max(n, 1)))  # a longer step selects the same records
     count = len(range(start, stop, step))
     if step < 0:
         return Selection(np.arange(start, stop, step, dtype=np.int64), count, False)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import json
 import os
@@ -29,6 +30,7 @@ from pytreestore import _batches, _device, _map, _progress, _read, _repr, _shard
 from pytreestore._convert import RecordError
 from pytreestore._location import Location
 from pytreestore._lock import WriterLock
+from pytreestore._repair import repair
 from pytreestore._schema import TreeSchema
 from pytreestore._stack import split_leaves
 from pytreestore._verify import VerifyReport, name_column, verify
@@ -47,9 +49,12 @@ from pytreestore.errors import (
     StoreExistsError,
     StoreNotFoundError,
     UnpicklableStoreError,
+    UnsupportedTreeError,
 )
 
 ROOT_KEY = "zarr.json"
+#: present while a store is being created or copied into; overwrite=True replaces such a store
+INCOMPLETE_KEY = ".pytreestore/incomplete"
 _ITER_BLOCK = 4096
 
 
@@ -740,7 +745,7 @@ def create(
         ["['x']"]
     """
     location = Location.parse(path, storage_options)
-    schema = TreeSchema.from_example(like, chunk_records=chunk_records, codec=codec)
+    schema = _schema_of(like, chunk_records=chunk_records, codec=codec)
     if not schema.columns:
         raise SchemaMismatchError(
             "the example record has no leaves, so a store would have no columns; "
@@ -751,19 +756,38 @@ def create(
     return create_from_schema(location, schema, backend=backend, overwrite=overwrite)
 
 
+def _schema_of(like: Any, **options: Any) -> TreeSchema:
+    try:
+        tree_flatten(like)
+    except ValueError as err:  # JAX cannot flatten it (dict keys of mixed types, ...)
+        raise UnsupportedTreeError(
+            f"the example record cannot be flattened by JAX: {err} A dict's keys must be "
+            "sortable against each other (all str, or all int); use one key type per dict."
+        ) from err
+    return TreeSchema.from_example(like, **options)
+
+
 def create_from_schema(
-    location: Location, schema: TreeSchema, *, backend: str, overwrite: bool
+    location: Location,
+    schema: TreeSchema,
+    *,
+    backend: str,
+    overwrite: bool,
+    finished: bool = True,
 ) -> TreeStore:
     """Creates an empty store with a ready-made ``schema`` (``create`` and ``copy`` share it).
 
     Everything that can be checked is checked before anything is written; a failure after
-    the writer lock is taken deletes what was made and releases the lock.
+    the writer lock is taken deletes what was made and releases the lock. With
+    ``finished=False`` the store keeps its :data:`INCOMPLETE_KEY` marker, which the caller
+    (``copy``) removes once it is done.
     """
     check_buffer(schema, str(location))
     engine: Backend = get_backend(backend)(location)
     _clear_for_create(engine, location, overwrite)
-    lock = WriterLock.acquire(location, engine)
+    lock = _take_lock(location, engine)
     try:
+        engine.write_bytes(INCOMPLETE_KEY, b"")
         engine.create_columns(layouts(schema))
         groups = {k: _group_json({}) for k in _group_keys(schema)}
         engine.write_many_bytes(groups)
@@ -771,6 +795,8 @@ def create_from_schema(
         engine.write_bytes(".pytreestore/commit.json", commit.to_bytes())
         info = _validate.stamped(schema.to_json())  # checked against schema.json, with a digest
         engine.write_bytes(ROOT_KEY, _group_json({"pytreestore": info}))
+        if finished:
+            engine.delete_keys([INCOMPLETE_KEY])  # type: ignore[attr-defined]
         return TreeStore(
             location=location,
             backend=engine,
@@ -854,11 +880,11 @@ def open(
     engine: Backend = get_backend(backend)(location, **cache)
     schema = _read_schema(engine, location, like=like, generic=generic)
     engine.open_columns(schema.columns)
-    lock = WriterLock.acquire(location, engine, break_lock=break_lock) if mode == "a" else None
+    lock = _take_lock(location, engine, break_lock=break_lock) if mode == "a" else None
     try:
         commit = Commit.read(engine, str(location))
         if mode == "a":
-            _repair(engine, schema, commit)
+            repair(engine, location, schema, commit.records)
         return TreeStore(
             location=location,
             backend=engine,
@@ -892,35 +918,13 @@ def _read_schema(engine: Backend, location: Location, *, like: Any, generic: boo
     return _validate.load_schema(raw, str(location), like=like, generic=generic)
 
 
-def _repair(engine: Backend, schema: TreeSchema, commit: Commit) -> None:
-    """Trims columns that a crashed writer grew past the commit back to the committed length,
-    after removing the partial writes it left (backends that can leave any)."""
-    keys = [c.key for c in schema.columns]
-    remove_partial_writes = getattr(engine, "remove_partial_writes", None)
-    if remove_partial_writes is not None:
-        remove_partial_writes(keys, commit.records // schema.chunk_records)
-    shapes = engine.column_shapes(keys)
-    for c, shape in zip(schema.columns, shapes):
-        if tuple(shape[1:]) != c.shape:
-            raise CorruptStoreError(
-                f"column {c.path} has shape {shape} on disk, expected (records, "
-                f"{', '.join(map(str, c.shape))}) per the schema"
-            )
-        if shape[0] < commit.records:
-            raise CorruptStoreError(
-                f"column {c.path} holds {shape[0]} records but {commit.records} are committed"
-            )
-    grown = [k for k, shape in zip(keys, shapes) if shape[0] != commit.records]
-    if grown:
-        engine.resize(grown, commit.records)
-
-
 def _clear_for_create(engine: Backend, location: Location, overwrite: bool) -> None:
     if engine.is_empty():
         return
     is_store = (
         engine.read_bytes(ROOT_KEY) is not None
         or engine.read_bytes(".pytreestore/commit.json") is not None
+        or engine.read_bytes(INCOMPLETE_KEY) is not None  # what a cut-off copy or create left
     )
     if not overwrite:
         raise StoreExistsError(
@@ -932,8 +936,33 @@ def _clear_for_create(engine: Backend, location: Location, overwrite: bool) -> N
             f"{location} holds data that is not a pytreestore store; refusing to delete it. "
             "Choose an empty or new location."
         )
-    WriterLock.acquire(location, engine).release()
+    _take_lock(location, engine).release()
     engine.delete_all()
+
+
+def _take_lock(location: Location, engine: Backend, *, break_lock: bool = False) -> WriterLock:
+    """The writer lock; a file system that refuses it raises a pytreestore error, not a raw one."""
+    try:
+        return WriterLock.acquire(location, engine, break_lock=break_lock)
+    except PyTreeStoreError:
+        raise
+    except (IsADirectoryError, NotADirectoryError, FileExistsError) as err:
+        raise CorruptStoreError(
+            f"cannot take the writer lock of {location}: {err}. {location}/.pytreestore must "
+            "be a directory and .pytreestore/lock a file; remove whatever is in their place "
+            "(they hold no records) and try again."
+        ) from err
+    except OSError as err:
+        read_only = err.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+        raise StorageError(
+            f"cannot take the writer lock of {location}: {err}. "
+            + (
+                "The store's directory is not writable (a read-only file system or missing "
+                "permissions); open it with mode='r' to read it."
+                if read_only
+                else "Check the file system and try again."
+            )
+        ) from err
 
 
 def _group_keys(schema: TreeSchema) -> list[str]:

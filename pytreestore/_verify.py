@@ -126,7 +126,12 @@ def verify(
     with _progress.progress_bar(
         total=len(requests), desc="verify", record_nbytes=0, enabled=progress, unit=" chunks"
     ) as bar:
-        problems.extend(_check_chunks(backend, requests, records, bar))
+        seen = {(p.path, p.chunk) for p in problems}  # a missing chunk also fails to read
+        problems.extend(
+            p
+            for p in _check_chunks(backend, requests, records, bar)
+            if (p.path, p.chunk) not in seen
+        )
     order = {c.path: i for i, c in enumerate(schema.columns)}
     problems.sort(key=lambda p: (-1 if p.path is None else order[p.path], p.chunk or ()))
     return VerifyReport(

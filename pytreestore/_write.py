@@ -87,14 +87,29 @@ class Commit:
             )
         try:
             obj = json.loads(raw)
-            records, generation = int(obj["records"]), int(obj["generation"])
-        except (ValueError, KeyError, TypeError) as err:
+        except ValueError as err:
             raise CorruptStoreError(
                 f"{where}/{COMMIT_KEY} is not a valid commit record: {err}"
             ) from err
-        if records < 0:
-            raise CorruptStoreError(f"{where}/{COMMIT_KEY} holds a negative record count")
+        if not isinstance(obj, dict):
+            raise CorruptStoreError(
+                f"{where}/{COMMIT_KEY} is not a valid commit record: expected a JSON object, "
+                f"got {type(obj).__name__}"
+            )
+        records, generation = (_count(obj, name, where) for name in ("records", "generation"))
         return cls(records, generation)
+
+
+def _count(obj: dict[str, Any], name: str, where: str) -> int:
+    """``obj[name]`` if it is an int (not a bool) in ``[0, 2**63)``, else CorruptStoreError."""
+    value = obj.get(name)
+    if type(value) is not int or not 0 <= value < 2**63:
+        raise CorruptStoreError(
+            f"{where}/{COMMIT_KEY} is not a valid commit record: its {name!r} must be an "
+            f"integer in [0, 2**63), got {json.dumps(value)}. The store was damaged outside "
+            "pytreestore; restore the file from a backup (nothing was read or written)."
+        )
+    return value
 
 
 def layouts(schema: TreeSchema) -> list[ColumnLayout]:

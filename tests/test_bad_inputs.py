@@ -846,3 +846,102 @@ def test_opening_never_calls_what_the_schema_names(tmp_path, evil_module, kind, 
     assert not evil_module.exists(), evil_module.read_text()
     # the generic view needs no classes at all
     assert float(pytreestore.open(path, generic=True)[0]["x"]) == 1.0
+
+
+# ---- issue 12: places and inputs that raised raw builtin errors ---------------------------------
+
+BACKENDS = ["tensorstore", "zarr"]
+X = {"x": np.int32(0)}
+
+
+def small(path: Path, backend: str, n: int = 5) -> Path:
+    with pytreestore.create(path, X, chunk_records=2, backend=backend) as s:
+        s.extend({"x": np.int32(i)} for i in range(n))
+    return path
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_path_that_is_a_file_or_below_one(tmp_path: Path, backend: str) -> None:
+    (tmp_path / "file").write_text("data")
+    for path, what in [("file", "is a file"), ("file/s", "is below")]:
+        with pytest.raises(errors.BadLocationError, match=f"{what}.*a store is a directory"):
+            pytreestore.create(tmp_path / path, X, backend=backend)
+        with pytest.raises(errors.BadLocationError, match=f"{what}.*a store is a directory"):
+            pytreestore.open(tmp_path / path, backend=backend)
+    assert (tmp_path / "file").read_text() == "data"
+
+
+def test_a_root_that_is_a_symlink_loop(tmp_path: Path) -> None:
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(errors.BadLocationError, match="Remove the symlink loop"):
+        pytreestore.create(tmp_path / "loop", X)
+    with pytest.raises(errors.BadLocationError, match="Remove the symlink loop"):
+        pytreestore.open(tmp_path / "loop")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_lock_that_is_a_directory_or_a_meta_folder_that_is_a_file(
+    tmp_path: Path, backend: str
+) -> None:
+    path = small(tmp_path / "s", backend)
+    commit = (path / ".pytreestore" / "commit.json").read_bytes()
+    (path / ".pytreestore" / "lock").unlink(missing_ok=True)
+    (path / ".pytreestore" / "lock").mkdir()
+    with pytest.raises(errors.CorruptStoreError, match=r"cannot take the writer lock.*Is a dir"):
+        pytreestore.open(path, mode="a", backend=backend)
+    shutil.rmtree(path / ".pytreestore")
+    (path / ".pytreestore").write_text("")
+    with pytest.raises(errors.PyTreeStoreError):  # no commit record: a damaged store
+        pytreestore.open(path, mode="a", backend=backend)
+    (path / ".pytreestore").unlink()
+    (path / ".pytreestore").mkdir()
+    (path / ".pytreestore" / "commit.json").write_bytes(commit)
+    np.testing.assert_array_equal(pytreestore.open(path).load(as_numpy=True)["x"], np.arange(5))
+
+
+def test_a_read_only_mount_refuses_append_clearly(tmp_path: Path) -> None:
+    import subprocess
+
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", mount]).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root); chmod does not stop root")
+    try:
+        for backend in BACKENDS:
+            small(mount / backend, backend)
+        subprocess.run(["mount", "-o", "remount,ro", mount], check=True)
+        for backend in BACKENDS:
+            with pytest.raises(errors.StorageError, match=r"Read-only file system.*mode='r'"):
+                pytreestore.open(mount / backend, mode="a", backend=backend)
+            got = pytreestore.open(mount / backend, backend=backend).load(as_numpy=True)
+            np.testing.assert_array_equal(got["x"], np.arange(5))
+    finally:
+        subprocess.run(["umount", mount])
+
+
+@pytest.mark.parametrize("codec", ["zstd", None])
+def test_a_symlink_loop_inside_a_column(tmp_path: Path, codec: str | None) -> None:
+    with pytreestore.create(tmp_path / "s", X, chunk_records=2, codec=codec) as s:
+        s.extend({"x": np.int32(i)} for i in range(5))
+    chunk = tmp_path / "s" / "x" / "c" / "1"
+    chunk.unlink()
+    chunk.symlink_to(chunk)
+    store = pytreestore.open(tmp_path / "s")
+    with pytest.raises(errors.PyTreeStoreError, match="Too many levels of symbolic links"):
+        store.load(as_numpy=True)
+    np.testing.assert_array_equal(store.load(slice(0, 2), as_numpy=True)["x"], [0, 1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_slice_step_beyond_any_length(tmp_path: Path, backend: str) -> None:
+    store = pytreestore.open(small(tmp_path / "s", backend), backend=backend)
+    for step in (2**70, -(2**70), 2**63):
+        want = np.arange(5)[slice(None, None, step)]
+        got = store.load(slice(None, None, step), as_numpy=True)["x"]
+        np.testing.assert_array_equal(got, want)
+
+
+def test_dict_keys_of_mixed_types_in_like(tmp_path: Path) -> None:
+    with pytest.raises(errors.UnsupportedTreeError, match="one key type per dict"):
+        pytreestore.create(tmp_path / "s", {1: np.int32(0), "a": np.int32(0)})
+    assert not (tmp_path / "s").exists()

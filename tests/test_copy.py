@@ -86,7 +86,7 @@ def test_copy_refuses_bad_options(tmp_path: Path) -> None:
         pytreestore.copy(src, tmp_path / "a", codec="lzma")
     with pytest.raises(ValueError, match=re.escape("chunk_records must be a positive int, got 0")):
         pytreestore.copy(src, tmp_path / "a", chunk_records=0)
-    with pytest.raises(ValueError, match=re.escape(f"cannot copy {src} onto itself")):
+    with pytest.raises(ValueError, match=re.escape(f"cannot copy {src} to {src}: the two overlap")):
         pytreestore.copy(src, src, overwrite=True)
     pytreestore.copy(src, tmp_path / "a")
     with pytest.raises(pytreestore.errors.StoreExistsError, match="pass overwrite=True"):
@@ -116,3 +116,53 @@ def test_copy_between_local_disk_and_s3(
     src, dst = pytreestore.open(tmp_path / "src"), pytreestore.open(back)
     assert dst.schema.chunk_records == 8
     assert_trees_equal(dst.load(as_numpy=True), src.load(as_numpy=True))
+
+
+# ---- issue 12: overlapping locations, and what an interrupted copy leaves -----------------------
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+@pytest.mark.parametrize("where", ["same", "src inside dst", "dst inside src"])
+def test_copy_refuses_overlapping_locations(tmp_path: Path, backend: str, where: str) -> None:
+    src = tmp_path / "outer" / "src"
+    make_source(src).close()
+    dst = {"same": src, "src inside dst": tmp_path / "outer", "dst inside src": src / "x"}[where]
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(pytreestore.errors.BadLocationError, match=r"overlap .*Nothing was written"):
+        pytreestore.copy(src, dst, backend=backend, overwrite=True)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert len(pytreestore.open(src)) == 23
+
+
+def test_copy_refuses_overlapping_memory_stores() -> None:
+    make_source("memory://overlap/inner").close()  # type: ignore[arg-type]
+    with pytest.raises(pytreestore.errors.BadLocationError, match="overlap"):
+        pytreestore.copy("memory://overlap/inner", "memory://overlap", overwrite=True)
+    assert len(pytreestore.open("memory://overlap/inner")) == 23
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_an_interrupted_copy_can_be_replaced(tmp_path: Path, backend: str) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    make_source(src).close()
+    chunk = src / "p" / "1" / "y" / "c" / "3"  # records 15..19 of one column
+    saved = chunk.read_bytes()
+    chunk.write_bytes(b"damaged")
+    with pytest.raises(pytreestore.errors.CorruptChunkError):
+        pytreestore.copy(src, dst, chunk_records=5, backend=backend)
+    with pytest.raises(pytreestore.errors.StoreExistsError):
+        pytreestore.copy(src, dst, backend=backend)
+    assert (dst / ".pytreestore" / "incomplete").exists()  # the copy did not finish
+    partial = pytreestore.open(dst, backend=backend)
+    assert partial.verify().ok and len(partial) < 23  # a valid, shorter destination
+    # a copy killed while the destination was being created has no root metadata and no
+    # commit record yet, only the marker and some columns
+    (dst / "zarr.json").unlink()
+    (dst / ".pytreestore" / "commit.json").unlink()
+    chunk.write_bytes(saved)
+    assert pytreestore.copy(src, dst, backend=backend, overwrite=True) == 23
+    assert not (dst / ".pytreestore" / "incomplete").exists()
+    (dst / "zarr.json").unlink()
+    (dst / ".pytreestore" / "incomplete").write_bytes(b"")
+    pytreestore.create(dst, {"x": 0}, overwrite=True, backend=backend).close()
+    assert len(pytreestore.open(dst)) == 0 and not (dst / ".pytreestore" / "incomplete").exists()

@@ -236,3 +236,70 @@ def test_partial_writes_of_a_killed_writer_are_removed_on_open(tmp_path):
     reader = pytreestore.open(path)
     assert_wide(reader, 11)
     assert reader.verify().ok
+
+
+# ---- issue 12: object-storage timeouts (a closed port, and a server that never answers) -------
+
+
+@pytest.fixture
+def silent_server():
+    """A socket on 127.0.0.1 that accepts connections and never sends a byte."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    accepted: list = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for conn in accepted:
+        conn.close()
+    server.close()
+
+
+def test_timeouts_default_to_failing_within_a_minute():
+    from pytreestore._location import GCSOptions, S3Options
+
+    for cls in (S3Options, GCSOptions):
+        opts = cls()
+        assert (opts.connect_timeout, opts.request_timeout, opts.total_timeout) == (10, 30, 45)
+    with pytest.raises(errors.BadLocationError, match="must be a number of seconds > 0"):
+        pytreestore.open("s3://some-bucket/x", storage_options={"total_timeout": 0})
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_a_closed_port_fails_within_the_total_timeout(monkeypatch, backend):
+    from pytreestore.testing.s3 import free_port
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    opts = {"endpoint": f"http://127.0.0.1:{free_port()}", "region": "us-east-1"}
+    opts["total_timeout"] = 2  # TensorStore alone would retry 32 times, for minutes
+    with pytest.raises(errors.StorageError, match=r"total_timeout|error sending request") as info:
+        pytreestore.open("s3://some-bucket/x", backend=backend, storage_options=opts)
+    assert "retry the call" in str(info.value)
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_a_server_that_never_answers_fails_within_the_total_timeout(
+    monkeypatch, silent_server, backend
+):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    opts = {"endpoint": silent_server, "region": "us-east-1", "request_timeout": 1}
+    opts["total_timeout"] = 3
+    with pytest.raises(errors.StorageError, match=r"total_timeout|Timeout|error sending request"):
+        pytreestore.create("s3://some-bucket/x", {"x": 0}, backend=backend, storage_options=opts)

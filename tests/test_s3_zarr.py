@@ -253,6 +253,9 @@ def test_options_map_onto_the_s3store():
         "retry_delay": 0.5,
         "retry_max_delay": 4,
         "request_concurrency": 8,
+        "connect_timeout": 5,
+        "request_timeout": 20,
+        "total_timeout": 40,
     }
     assert s3_settings(Location.parse("s3://my-bucket/a/b", opts)) == {
         "bucket": "my-bucket",
@@ -265,13 +268,17 @@ def test_options_map_onto_the_s3store():
             "session_token": "tok",
             "request_payer": True,
         },
-        "client_options": None,
+        "client_options": {
+            "connect_timeout": timedelta(seconds=5),
+            "timeout": timedelta(seconds=20),
+        },
         "retry_config": {
             "backoff": {
                 "init_backoff": timedelta(seconds=0.5),
                 "max_backoff": timedelta(seconds=4),
             },
             "max_retries": 3,
+            "retry_timeout": timedelta(seconds=40),
         },
         "request_concurrency": 8,
     }

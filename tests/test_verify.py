@@ -189,3 +189,94 @@ def test_verify_progress_counts_every_chunk(tmp_path, capsys):
     ), bar
     store.verify()
     assert capsys.readouterr().err == ""
+
+
+# ---- issue 12: corruption that load, verify and open(mode="a") must all report -----------------
+
+BACKENDS = ["tensorstore", "zarr"]
+X = {"x": np.int32(0)}
+
+
+def xs(path: Path, backend: str, n: int = 10, codec: str | None = "zstd") -> Path:
+    with pytreestore.create(path, X, chunk_records=4, codec=codec, backend=backend) as s:
+        s.extend({"x": np.int32(i)} for i in range(n))
+    return path
+
+
+def committed(path: Path) -> bytes:
+    return (path / ".pytreestore" / "commit.json").read_bytes()
+
+
+@pytest.mark.parametrize("codec", ["zstd", None])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_missing_tail_chunk_refuses_append_and_never_reads_as_zeros(tmp_path, backend, codec):
+    path = xs(tmp_path / "s", backend, codec=codec)
+    before = committed(path)
+    (path / "x" / "c" / "2").unlink()
+    reader = pytreestore.open(path, backend=backend)
+    with pytest.raises(errors.CorruptChunkError, match=re.escape("chunk (2,) (x/c/2) is missing")):
+        reader.load(as_numpy=True)
+    np.testing.assert_array_equal(reader.load(slice(0, 8), as_numpy=True)["x"], np.arange(8))
+    want = "the tail chunk of column ['x'] (x/c/2) holds committed records 8..9 and is missing"
+    with pytest.raises(errors.CorruptChunkError, match=re.escape(want)) as info:
+        pytreestore.open(path, mode="a", backend=backend)
+    assert "To go on appending, restore x/c/2 from a backup" in str(info.value)
+    assert (info.value.path, info.value.key) == ("['x']", "x/c/2")
+    assert committed(path) == before and not (path / "x" / "c" / "2").exists()
+    problems = reader.verify().problems
+    assert [(p.path, p.chunk) for p in problems] == [("['x']", (2,))]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_damaged_tail_chunk_refuses_append(tmp_path, backend):
+    path = xs(tmp_path / "s", backend)
+    before = committed(path)
+    (path / "x" / "c" / "2").write_bytes(b"garbage")
+    with pytest.raises(
+        errors.CorruptChunkError, match=r"\(x/c/2\) holds committed records 8\.\.9 and is damaged"
+    ):
+        pytreestore.open(path, mode="a", backend=backend)
+    assert committed(path) == before and (path / "x" / "c" / "2").read_bytes() == b"garbage"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_trailing_bytes_on_an_uncompressed_chunk_fail_verify_like_load(tmp_path, backend):
+    path = xs(tmp_path / "s", backend, codec=None)
+    with (path / "x" / "c" / "1").open("ab") as f:
+        f.write(b"junk")
+    store = pytreestore.open(path, backend=backend)
+    with pytest.raises(errors.CorruptChunkError):
+        store.load(as_numpy=True)
+    report = store.verify()
+    assert [(p.path, p.chunk) for p in report.problems] == [("['x']", (1,))]
+    assert not report.ok
+
+
+@pytest.mark.parametrize(
+    "value",
+    [True, 5.7, "7", 2**63, -1, None, [3]],
+    ids=["bool", "float", "str", "2**63", "neg", "null", "list"],
+)
+def test_a_commit_record_of_the_wrong_type_is_refused(tmp_path, value):
+    path = xs(tmp_path / "s", "tensorstore")
+    (path / ".pytreestore" / "commit.json").write_text(
+        json.dumps({"format_version": 1, "records": value, "generation": 3})
+    )
+    want = f"its 'records' must be an integer in [0, 2**63), got {json.dumps(value)}"
+    for mode in ("r", "a"):
+        with pytest.raises(errors.CorruptStoreError, match=re.escape(want)):
+            pytreestore.open(path, mode=mode)  # type: ignore[arg-type]
+    assert json.loads(committed(path))["records"] == value  # nothing rewritten
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_damaged_chunk_past_the_commit_is_removed_on_append(tmp_path, backend):
+    path = xs(tmp_path / "s", backend, n=8)
+    (path / "x" / "c" / "2").write_bytes(b"garbage from a crashed writer")
+    (path / "x" / "c" / "5").write_bytes(b"more garbage")
+    with pytreestore.open(path, mode="a", backend=backend) as store:
+        assert store.verify().ok
+        store.extend({"x": np.int32(i)} for i in range(8, 11))
+    again = pytreestore.open(path, backend=backend)
+    np.testing.assert_array_equal(again.load(as_numpy=True)["x"], np.arange(11))
+    assert again.verify().ok and not (path / "x" / "c" / "5").exists()

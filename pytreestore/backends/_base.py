@@ -14,7 +14,9 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -120,6 +122,21 @@ class Backend(Protocol):
         ...
 
 
+def missing_chunk(column: str, chunk: tuple[int, ...] | None, why: object) -> CorruptChunkError:
+    """The error of a committed chunk of ``column`` (a storage key) whose object is gone: its
+    records are lost, and are never read as the fill value (zeros)."""
+    key = f"{column}/c/{'/'.join(map(str, chunk))}" if chunk else None
+    where = f"chunk {chunk} ({key})" if chunk else "a chunk"
+    return CorruptChunkError(
+        f"column {column}: {where} is missing, so committed records in it cannot be read "
+        f"({why}); they are not returned as zeros. Restore the chunk from a backup, or copy "
+        "the records before it to a new store. Run store.verify() to list every problem.",
+        path=column,
+        chunk=chunk,
+        key=key,
+    )
+
+
 def damaged_chunk(column: str, chunk: tuple[int, ...] | None, why: object) -> CorruptChunkError:
     """The error of a chunk of ``column`` (a storage key) that cannot be read, naming the chunk
     and its key when known; every backend raises it in these words."""
@@ -132,3 +149,19 @@ def damaged_chunk(column: str, chunk: tuple[int, ...] | None, why: object) -> Co
         chunk=chunk,
         key=key,
     )
+
+
+def delete_folder(root: str) -> None:
+    """Deletes a store's folder, its ``.pytreestore`` folder last: a deletion cut off midway
+    leaves the commit record (or the copy marker), so the rest is still known as a store and
+    ``overwrite=True`` can replace it."""
+    folder = Path(root)
+    if not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        if entry.name != ".pytreestore":
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +30,13 @@ import tensorstore as ts
 from pytreestore import _validate
 from pytreestore._location import Location
 from pytreestore.backends import _direct
-from pytreestore.backends._base import ColumnLayout, ColumnShape, damaged_chunk
+from pytreestore.backends._base import (
+    ColumnLayout,
+    ColumnShape,
+    damaged_chunk,
+    delete_folder,
+    missing_chunk,
+)
 from pytreestore.backends._metadata import _compression_chain as _compression_chain
 from pytreestore.backends._metadata import array_metadata
 from pytreestore.backends._metadata import codec_json as codec_json  # (re-exported)
@@ -71,6 +76,7 @@ class TensorStoreBackend:
 
     def __init__(self, location: Location, cache_bytes: int = 0) -> None:
         self._location = location
+        self._timeout: float | None = getattr(location.options, "total_timeout", None)
         self._cache = _direct.ChunkCache(cache_bytes) if cache_bytes > 0 else None
         if location.kind == "memory":
             self._context = _memory_context()
@@ -89,7 +95,7 @@ class TensorStoreBackend:
     @property
     def kvstore(self) -> ts.KvStore:
         if self._kv is None:
-            self._kv = ts.KvStore.open(self._kv_spec, context=self._context).result()
+            self._kv = _result(ts.KvStore.open(self._kv_spec, context=self._context), self._timeout)
         return self._kv
 
     def read_bytes(self, key: str) -> bytes | None:
@@ -100,7 +106,7 @@ class TensorStoreBackend:
 
     def write_many_bytes(self, items: dict[str, bytes]) -> None:
         futures = [self.kvstore.write(k, v) for k, v in items.items()]
-        _wait(futures, list(items), f"writing to {self._location}")
+        _wait(futures, list(items), f"writing to {self._location}", timeout=self._timeout)
 
     def read_bytes_versioned(self, key: str) -> tuple[bytes | None, bytes]:
         """The value at ``key`` (None when absent) and its storage generation.
@@ -108,7 +114,7 @@ class TensorStoreBackend:
         The generation of a missing key is :data:`NO_VALUE`.
         """
         try:
-            result = self.kvstore.read(key).result()
+            result = _result(self.kvstore.read(key), self._timeout)
         except ValueError as err:
             raise _storage_error(f"reading {self._location}/{key}", err) from err
         value = bytes(result.value) if result.state == "value" else None
@@ -124,7 +130,7 @@ class TensorStoreBackend:
             The new generation, or None when the key had changed and nothing was written.
         """
         try:
-            stamp = self.kvstore.write(key, data, if_equal=generation).result()
+            stamp = _result(self.kvstore.write(key, data, if_equal=generation), self._timeout)
         except ValueError as err:
             raise _storage_error(f"writing {self._location}/{key}", err) from err
         return None if stamp.generation == b"" else bytes(stamp.generation)
@@ -133,18 +139,24 @@ class TensorStoreBackend:
         """Every key below the root that starts with ``prefix``."""
         end = prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else ""
         try:
-            keys = self.kvstore.list(ts.KvStore.KeyRange(prefix, end)).result()
+            keys = _result(self.kvstore.list(ts.KvStore.KeyRange(prefix, end)), self._timeout)
         except ValueError as err:
             raise _storage_error(f"listing {self._location}/{prefix}", err) from err
         return sorted(bytes(k).decode() for k in keys)
 
+    def delete_keys(self, keys: Sequence[str]) -> None:
+        """Deletes every key of ``keys`` (absent ones too), all at once."""
+        futures = [self.kvstore.write(k, None) for k in keys]
+        _wait(futures, list(keys), f"deleting from {self._location}", timeout=self._timeout)
+        self._handles.clear()  # their caches may hold the deleted chunks
+
     def delete_all(self) -> None:
         self._handles.clear()
         if self._location.kind == "file":
-            shutil.rmtree(self._location.root, ignore_errors=True)
+            delete_folder(self._location.root)
         else:
             try:
-                self.kvstore.delete_range(ts.KvStore.KeyRange()).result()
+                _result(self.kvstore.delete_range(ts.KvStore.KeyRange()), self._timeout)
             except ValueError as err:
                 raise _storage_error(f"deleting {self._location}", err) from err
 
@@ -153,7 +165,7 @@ class TensorStoreBackend:
             root = Path(self._location.root)
             return not root.exists() or not any(root.iterdir())
         try:
-            return not self.kvstore.list().result()
+            return not _result(self.kvstore.list(), self._timeout)
         except ValueError as err:
             raise _storage_error(f"listing {self._location}", err) from err
 
@@ -161,8 +173,14 @@ class TensorStoreBackend:
 
     def _spec(self, key: str) -> dict[str, Any]:
         kv = dict(self._kv_spec, path=self._kv_spec["path"] + key + "/")
-        # every chunk is stored, all-zero ones too, so a missing chunk means lost data
-        return {"driver": "zarr3", "kvstore": kv, "store_data_equal_to_fill_value": True}
+        # every chunk is stored, all-zero ones too, so a missing chunk means lost data: it
+        # reads as an error, never as the fill value
+        return {
+            "driver": "zarr3",
+            "kvstore": kv,
+            "store_data_equal_to_fill_value": True,
+            "fill_missing_data_reads": False,
+        }
 
     def create_columns(self, layouts: Sequence[ColumnLayout]) -> None:
         futures = [
@@ -173,7 +191,9 @@ class TensorStoreBackend:
             )
             for lay in layouts
         ]
-        handles = _wait(futures, [lay.key for lay in layouts], "creating column")
+        handles = _wait(
+            futures, [lay.key for lay in layouts], "creating column", timeout=self._timeout
+        )
         self._handles.update(zip((lay.key for lay in layouts), handles))
         self._layouts.update((lay.key, lay) for lay in layouts)
 
@@ -185,7 +205,7 @@ class TensorStoreBackend:
         checked against the declared layouts."""
         stale = [k for k in keys if k not in self._handles or self._handles[k].shape[0] < records]
         futures = [ts.open(self._spec(k), context=self._context) for k in stale]
-        handles = _wait(futures, stale, "opening column", meta=True)
+        handles = _wait(futures, stale, "opening column", meta=True, timeout=self._timeout)
         for key, handle in zip(stale, handles):
             self._check(key, handle, records)
         self._handles.update(zip(stale, handles))
@@ -221,7 +241,12 @@ class TensorStoreBackend:
             for h in handles
         ]
         pending = [(k, f) for k, f in zip(keys, futures) if f is not None]
-        done = _wait([f for _, f in pending], [k for k, _ in pending], "resizing column")
+        done = _wait(
+            [f for _, f in pending],
+            [k for k, _ in pending],
+            "resizing column",
+            timeout=self._timeout,
+        )
         self._handles.update(zip((k for k, _ in pending), done))
 
     def write(self, keys: Sequence[str], start: int, blocks: Sequence[np.ndarray]) -> None:
@@ -238,7 +263,7 @@ class TensorStoreBackend:
             if not len(blocks[0]):
                 return
         futures = [h[start : start + len(b)].write(b) for h, b in zip(handles, blocks)]
-        _wait(futures, keys, "writing column")
+        _wait(futures, keys, "writing column", timeout=self._timeout)
 
     def read(self, keys: Sequence[str], index: Any, records: int) -> list[np.ndarray]:
         return self.read_many([(k, index) for k in keys], records)
@@ -269,7 +294,9 @@ class TensorStoreBackend:
             except OSError as err:
                 raise _storage_error(f"reading columns of {self._location}", err) from err
         keys_read = [requests[i][0] for i, _ in engine]
-        done = _wait([f for _, f in engine], keys_read, "reading column", read=True)
+        done = _wait(
+            [f for _, f in engine], keys_read, "reading column", read=True, timeout=self._timeout
+        )
         for (i, _), array in zip(engine, done):
             out[i] = array
         return out
@@ -347,26 +374,48 @@ class TensorStoreBackend:
                 opened[key] = self._open([key], records)[0]
             except CorruptStoreError as err:
                 opened[key] = err
+        direct = {  # plain files are checked as load reads them: sizes too
+            i: self._read_direct(plan, key, index)
+            for i, (key, index) in enumerate(reads)
+            if isinstance(h := opened[key], ts.TensorStore) and (plan := self._plan(key, h))
+        }
         with ts.Batch() as batch:
             futures = [
                 h[index].read(batch=batch) if isinstance(h := opened[key], ts.TensorStore) else h
                 for key, index in reads
             ]
         out: list[PyTreeStoreError | None] = []
-        for (key, _), fut in zip(reads, futures):
+        for i, ((key, _), fut) in enumerate(zip(reads, futures)):
+            if i in direct and direct[i] is not None:
+                out.append(direct[i])
+                continue
             if isinstance(fut, PyTreeStoreError):
                 out.append(fut)
                 continue
             try:
-                fut.result()
+                _result(fut, self._timeout)
                 out.append(None)
             except ValueError as err:
-                if str(err).split(":", 1)[0] not in _DAMAGED:
+                if not _is_damage(err):
                     raise _storage_error(f"reading column {key}", err) from err
                 damaged = _chunk_error(key, err)
                 damaged.__cause__ = err
                 out.append(damaged)
         return out
+
+    @staticmethod
+    def _read_direct(plan: _direct.DirectColumn, key: str, index: Any) -> CorruptChunkError | None:
+        """The error of reading ``index`` of ``key`` as plain files (None: it read back, or a
+        chunk is missing, which the engine's read then reports)."""
+        try:
+            _direct.read([(plan, index)])
+        except _direct.MissingChunk:
+            return None
+        except CorruptChunkError as err:
+            return err
+        except OSError as err:
+            raise _storage_error(f"reading column {key}", err) from err
+        return None
 
     def close(self) -> None:
         if self._cache is not None:
@@ -383,13 +432,15 @@ def _wait(
     *,
     read: bool = False,
     meta: bool = False,
+    timeout: float | None = None,
 ) -> list[Any]:
-    """Waits for every future, then raises the first failure as a pytreestore error."""
+    """Waits for every future (each up to ``timeout`` seconds), then raises the first failure
+    as a pytreestore error."""
     results: list[Any] = []
     failure: tuple[str, ValueError] | None = None
     for key, fut in zip(keys, futures):
         try:
-            results.append(fut.result())
+            results.append(_result(fut, timeout))
         except ValueError as err:
             failure = failure or (key, err)
             results.append(None)
@@ -404,14 +455,39 @@ def _wait(
         ) from err
     if meta and (status in _DAMAGED or status == "NOT_FOUND"):
         raise CorruptStoreError(f"{doing} {key}: its zarr.json cannot be used: {err}") from err
-    if read and status in _DAMAGED:
+    if read and _is_damage(err):
         raise _chunk_error(key, err) from err
     raise _storage_error(f"{doing} {key}", err) from err
 
 
+def _is_damage(err: ValueError) -> bool:
+    """Whether a read failed on bytes it could not decode, or on a chunk that is missing."""
+    status = str(err).split(":", 1)[0]
+    return status in _DAMAGED or (status == "NOT_FOUND" and "is missing" in str(err))
+
+
+def _result(future: Any, timeout: float | None) -> Any:
+    """``future``'s result; after ``timeout`` seconds (the location's ``total_timeout``) it is
+    cancelled and a ``DEADLINE_EXCEEDED`` ValueError raised, as TensorStore reports failures."""
+    try:
+        return future.result(timeout=timeout)
+    except TimeoutError as err:
+        future.cancel()
+        raise ValueError(
+            f"DEADLINE_EXCEEDED: no answer from storage within {timeout:g} s (the "
+            "storage option total_timeout; retries included)"
+        ) from err
+
+
 def _chunk_error(key: str, err: ValueError) -> CorruptChunkError:
     found = re.search(re.escape(key) + r"/c((?:/\d+)+)", str(err))
-    chunk = tuple(int(i) for i in found.group(1).split("/")[1:]) if found else None
+    grid = re.search(r"chunk \{([\d, ]+)\}", str(err))
+    if found:
+        chunk: tuple[int, ...] | None = tuple(int(i) for i in found.group(1).split("/")[1:])
+    else:
+        chunk = tuple(int(i) for i in grid.group(1).split(",")) if grid else None
+    if str(err).startswith("NOT_FOUND"):
+        return missing_chunk(key, chunk, err)
     return damaged_chunk(key, chunk, err)
 
 

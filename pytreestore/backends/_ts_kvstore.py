@@ -32,6 +32,8 @@ def kvstore_spec(location: Location) -> tuple[dict[str, Any], Callable[[], None]
     if location.kind == "file":
         return {"driver": "file", "path": location.root + "/"}, _nothing
     path = location.prefix + "/" if location.prefix else ""
+    if isinstance(location.options, S3Options | GCSOptions):
+        _set_http_timeouts(location.options)
     if location.kind == "s3":
         assert isinstance(location.options, S3Options)
         return _s3_spec(location.bucket, path, location.options)
@@ -43,6 +45,22 @@ def kvstore_spec(location: Location) -> tuple[dict[str, Any], Callable[[], None]
 
 def _nothing() -> None:
     return None
+
+
+def _set_http_timeouts(opts: S3Options | GCSOptions) -> None:
+    """Sets TensorStore's (process-wide) HTTP timeouts from ``opts``, unless already set."""
+    env = os.environ
+    if opts.connect_timeout is not None:
+        env.setdefault(
+            "TENSORSTORE_CURL_CONNECT_TIMEOUT_SECONDS", str(_whole(opts.connect_timeout))
+        )
+    if opts.request_timeout is not None:  # a request that receives nothing this long fails
+        env.setdefault("TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS", str(_whole(opts.request_timeout)))
+        env.setdefault("TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES", "1")
+
+
+def _whole(seconds: float) -> int:
+    return max(1, round(seconds))
 
 
 def _retries(opts: S3Options | GCSOptions) -> dict[str, Any] | None:

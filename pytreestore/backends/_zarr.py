@@ -51,7 +51,7 @@ import functools
 import hashlib
 import json
 import os
-import shutil
+import re
 import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Collection, Iterable, Iterator, Sequence
@@ -59,17 +59,23 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-from zarr.abc.store import Store
+from zarr.abc.store import ByteRequest, Store
 from zarr.core.array import AsyncArray
-from zarr.core.buffer import Buffer, default_buffer_prototype
+from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from zarr.core.metadata.v3 import ArrayV3Metadata
 from zarr.core.sync import sync
-from zarr.storage import LocalStore, MemoryStore
+from zarr.storage import LocalStore, MemoryStore, WrapperStore
 from zarr.storage._common import StorePath
 
 from pytreestore import _validate, _zarr_dtypes
 from pytreestore._location import Location
-from pytreestore.backends._base import ColumnLayout, ColumnShape, damaged_chunk
+from pytreestore.backends._base import (
+    ColumnLayout,
+    ColumnShape,
+    damaged_chunk,
+    delete_folder,
+    missing_chunk,
+)
 from pytreestore.backends._metadata import array_document as array_document
 from pytreestore.backends._metadata import encode_document as encode_document
 from pytreestore.errors import (
@@ -113,6 +119,7 @@ class ZarrBackend:
         self._layouts: dict[str, ColumnShape] = {}
         self._documents: dict[str, dict[str, Any]] = {}
         self._arrays: dict[str, AsyncArray[ArrayV3Metadata]] = {}
+        self._required = ChunksRequired(self._store)  # what reads go through
 
     # ---- keys and bytes ----------------------------------------------------------------------
 
@@ -131,10 +138,15 @@ class ZarrBackend:
         listing = _collect(self._store.list_prefix(prefix))
         return sorted(self._call(listing, f"listing {self._location}/{prefix}"))
 
+    def delete_keys(self, keys: Sequence[str]) -> None:
+        """Deletes every key of ``keys`` (absent ones too), all at once."""
+        deletes = (self._store.delete(k) for k in keys)
+        self._call(_gather(deletes), f"deleting from {self._location}")
+
     def delete_all(self) -> None:
         self.close()
         if self._location.kind == "file":
-            shutil.rmtree(self._location.root, ignore_errors=True)
+            delete_folder(self._location.root)
         else:
             _memory_dict(self._location.root).clear()
 
@@ -230,7 +242,7 @@ class ZarrBackend:
         """Reads ``index`` of column ``key`` for every ``(key, index)`` pair, all at once."""
         keys = list(dict.fromkeys(key for key, _ in requests))
         arrays = dict(zip(keys, self._handles(keys, records)))
-        reads = (_read(key, arrays[key], index) for key, index in requests)
+        reads = (_read(key, self._reader(arrays[key], key), index) for key, index in requests)
         return self._call(_gather(reads), f"reading columns of {self._location}")
 
     def close(self) -> None:
@@ -307,6 +319,10 @@ class ZarrBackend:
             out.append(array)
         return out
 
+    def _reader(self, array: AsyncArray[ArrayV3Metadata], key: str) -> AsyncArray[ArrayV3Metadata]:
+        """``array`` reading through :class:`ChunksRequired`: a missing chunk raises."""
+        return AsyncArray(array.metadata, StorePath(self._required, key), config=_CONFIG)  # type: ignore[arg-type]
+
     def _make_array(self, key: str, shape: tuple[int, ...]) -> AsyncArray[ArrayV3Metadata]:
         document = self._documents[key]
         file = f"{self._location}/{key}/{_ARRAY_JSON}"
@@ -380,6 +396,40 @@ def _run(
 
 
 # ---- stores --------------------------------------------------------------------------------------
+
+_CHUNK_KEY = re.compile(r"^(.*)/c/(\d+(?:/\d+)*)$")
+
+
+class ChunksRequired(WrapperStore[Store]):
+    """A store whose missing chunks raise :class:`CorruptChunkError` instead of reading as
+    the fill value: every chunk of a pytreestore column is stored (all-zero ones too), so a
+    missing one below the committed count is lost data. Used for reads only (a write of a new
+    tail chunk legitimately finds none)."""
+
+    async def get(
+        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        value = await self._store.get(key, prototype, byte_range)
+        if value is None:
+            _raise_missing(key)
+        return value
+
+    async def get_partial_values(
+        self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
+    ) -> list[Buffer | None]:
+        ranges = list(key_ranges)
+        values = await self._store.get_partial_values(prototype, ranges)
+        for (key, _), value in zip(ranges, values):
+            if value is None:
+                _raise_missing(key)
+        return values
+
+
+def _raise_missing(key: str) -> None:
+    found = _CHUNK_KEY.match(key)
+    if found:
+        chunk = tuple(int(i) for i in found.group(2).split("/"))
+        raise missing_chunk(found.group(1), chunk, f"no object at {key}")
 
 
 def _open_store(location: Location) -> Store:

@@ -8,8 +8,8 @@ writers can never both commit the same rows. obstore is imported on first use.
 Example:
     >>> from pytreestore._location import Location
     >>> opts = {"endpoint": "http://127.0.0.1:9000", "region": "us-east-1", "anonymous": True}
-    >>> s3_settings(Location.parse("s3://bucket/run", opts))["client_options"]
-    {'allow_http': True}
+    >>> s3_settings(Location.parse("s3://bucket/run", opts))["client_options"]["allow_http"]
+    True
 """
 
 from __future__ import annotations
@@ -73,8 +73,10 @@ def s3_settings(location: Location) -> dict[str, Any]:
     Example:
         >>> opts = {"endpoint": "http://127.0.0.1:9000", "region": "eu-west-1", "anonymous": True}
         >>> settings = s3_settings(Location.parse("s3://my-bucket/runs", opts))
-        >>> settings["bucket"], settings["prefix"], settings["client_options"]
-        ('my-bucket', 'runs', {'allow_http': True})
+        >>> settings["bucket"], settings["prefix"], settings["client_options"]["allow_http"]
+        ('my-bucket', 'runs', True)
+        >>> settings["client_options"]["connect_timeout"], settings["retry_config"]["retry_timeout"]
+        (datetime.timedelta(seconds=10), datetime.timedelta(seconds=45))
         >>> settings["config"]
         {'endpoint': 'http://127.0.0.1:9000', 'region': 'eu-west-1', 'skip_signature': True}
     """
@@ -96,10 +98,19 @@ def s3_settings(location: Location) -> dict[str, Any]:
         "bucket": location.bucket,
         "prefix": location.prefix or None,
         "config": _s3_config(opts),
-        "client_options": {"allow_http": True} if _is_http(opts.endpoint) else None,
+        "client_options": _client_options(opts),
         "retry_config": _retry_config(opts),
         "request_concurrency": opts.request_concurrency,
     }
+
+
+def _client_options(opts: S3Options) -> dict[str, Any]:
+    client: dict[str, Any] = {"allow_http": True} if _is_http(opts.endpoint) else {}
+    if opts.connect_timeout is not None:
+        client["connect_timeout"] = timedelta(seconds=opts.connect_timeout)
+    if opts.request_timeout is not None:
+        client["timeout"] = timedelta(seconds=opts.request_timeout)
+    return client
 
 
 def _is_http(endpoint: str | None) -> bool:
@@ -133,6 +144,8 @@ def _retry_config(opts: S3Options) -> dict[str, Any] | None:
     retry: dict[str, Any] = {"backoff": backoff} if backoff else {}
     if opts.max_retries is not None:
         retry["max_retries"] = opts.max_retries
+    if opts.total_timeout is not None:  # no retry starts after this long
+        retry["retry_timeout"] = timedelta(seconds=opts.total_timeout)
     return retry or None
 
 
