@@ -138,7 +138,7 @@ class TreeStore:
         leaves, treedef = tree_flatten(record)
         if treedef != self._schema.treedef:
             raise SchemaMismatchError(self._schema.mismatch_message(record))
-        writer.append(leaves)
+        writer.append(self._schema.column_leaves(leaves))
 
     def extend(self, records: Iterable[Any], *, progress: bool = False) -> None:
         """Appends every record of an iterable (a list, a generator, ...), all or none.
@@ -165,7 +165,7 @@ class TreeStore:
                 leaves, got = tree_flatten(record)
                 if got != treedef:
                     raise SchemaMismatchError(schema.mismatch_message(record))
-                yield leaves
+                yield schema.column_leaves(leaves)
                 seen[0] += 1
 
         position = writer.snapshot()
@@ -195,6 +195,7 @@ class TreeStore:
         leaves, treedef = tree_flatten(batch)
         if treedef != self._schema.treedef:
             raise SchemaMismatchError(self._schema.mismatch_message(batch, what="batch"))
+        leaves = self._schema.column_leaves(leaves)
         count = _batch_length(leaves, self._schema.paths)
         blocks = [
             c.coerce(leaf, batch=count, what="batch") for c, leaf in zip(writer.casters, leaves)
