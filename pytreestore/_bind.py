@@ -450,7 +450,7 @@ def _unbuildable(cls: type) -> str:
 
     if issubclass(cls, tuple | list | dict) or cls is type(None):
         return f"today {cls.__qualname__} is a built-in container (the node kind changed)"
-    entry = tree_util._registry.get(cls)  # noqa: SLF001
+    entry = tree_util._registry.get(cls)
     if entry is None:
         return f"today {cls.__qualname__}{_UNREGISTERED}"
     if "register_dataclass" in getattr(entry.to_iter, "__qualname__", ""):

@@ -29,9 +29,7 @@ import numpy as np
 from jax.tree_util import (
     DictKey,
     GetAttrKey,
-    PyTreeDef,
     SequenceKey,
-    default_registry,
     tree_flatten_with_path,
     tree_structure,
 )
