@@ -154,7 +154,7 @@ def _unwritable(flat: list, paths: Sequence[str]) -> str:
             f"(store.evolve(drop={gone!r}) hides them)"
         )
     if new:
-        example = {p: "<default>" for p in new}
+        example = "{" + ", ".join(f"{p!r}: <default>" for p in new) + "}"
         parts.append(
             f"today's classes have fields {new} that the store lacks (loads fill them with "
             f"their defaults; store.evolve(add={example}) adds them as columns)"

@@ -270,7 +270,7 @@ def test_append_with_a_field_the_store_lacks_is_refused(outcomes):
     out = outcomes["added_default_append"]
     assert out["error"] == "SchemaMismatchError"
     assert "today's classes have fields ['.c'] that the store lacks" in out["message"]
-    assert "store.evolve(add={'.c': '<default>'})" in out["message"]
+    assert "store.evolve(add={'.c': <default>})" in out["message"]
 
 
 def test_added_field_without_default(outcomes):
