@@ -14,6 +14,7 @@ Example:
 
 from pytreestore import errors as errors
 from pytreestore._copy import copy as copy
+from pytreestore._evolve import evolve as evolve
 from pytreestore._schema import FORMAT_VERSION as FORMAT_VERSION
 from pytreestore._schema import ColumnSpec as ColumnSpec
 from pytreestore._schema import TreeSchema as TreeSchema
@@ -34,6 +35,7 @@ __all__ = [
     "copy",
     "create",
     "errors",
+    "evolve",
     "open",
     "stack",
     "unstack",

@@ -4,9 +4,9 @@ A schema is built from an example record. Each node of the tree becomes a JSON o
 names its kind (``list``, ``tuple``, ``dict``, ``ordered_dict``, ``none``, ``namedtuple``,
 ``custom``), a class as ``module:qualname`` where there is one, the child keys and the static
 (aux) data. Each leaf becomes a column: its tree path, storage key, dtype and per-record shape.
-On open, the classes are imported and the treedef is rebuilt with
-``PyTreeDef.from_node_data_and_children``; nothing is unpickled and nothing named in the schema
-is called.
+On open, the classes are imported and bound to the stored nodes by field name
+(:mod:`pytreestore._bind`); nothing is unpickled and no ``__init__`` named in the schema is
+called.
 
 Example:
     >>> import numpy as np
@@ -29,14 +29,12 @@ import numpy as np
 from jax.tree_util import (
     DictKey,
     GetAttrKey,
-    PyTreeDef,
     SequenceKey,
-    default_registry,
     tree_flatten_with_path,
     tree_structure,
 )
 
-from pytreestore import _dtypes, _keys, _values
+from pytreestore import _bind, _dtypes, _keys, _values
 from pytreestore.errors import (
     ClassResolutionError,
     CorruptStoreError,
@@ -45,7 +43,7 @@ from pytreestore.errors import (
     UnsupportedTreeError,
 )
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 #: ``jax.tree_util.PyTreeDef``, which JAX defines as a runtime alias that type checkers can't use.
 TreeDef: TypeAlias = Any
 _LEAF = tree_structure(0)
@@ -67,6 +65,9 @@ class ColumnSpec:
         dtype: the column's dtype.
         shape: the shape of one record's leaf (the column's shape less the record axis).
         chunks: the chunk shape, record axis first.
+        start: the record count when the column was added by ``evolve`` (0: from the start).
+        default: for a column added by ``evolve``, the value of every record before
+            ``start``, as zarr ``fill_value`` JSON (None: a column from the start).
     """
 
     path: str
@@ -74,6 +75,8 @@ class ColumnSpec:
     dtype: np.dtype
     shape: tuple[int, ...]
     chunks: tuple[int, ...]
+    start: int = 0
+    default: Any = None
 
     @property
     def record_nbytes(self) -> int:
@@ -87,13 +90,16 @@ class ColumnSpec:
         return ["record"] + [f"{name}_{i}" for i in range(len(self.shape))]
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "path": self.path,
             "key": self.key,
             "dtype": self.dtype.name,
             "shape": list(self.shape),
             "chunks": list(self.chunks),
         }
+        if self.default is not None:
+            out.update(start=self.start, default=self.default)
+        return out
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> ColumnSpec:
@@ -103,6 +109,8 @@ class ColumnSpec:
             dtype=_dtypes.from_name(obj["dtype"]),
             shape=tuple(obj["shape"]),
             chunks=tuple(obj["chunks"]),
+            start=int(obj.get("start", 0)),
+            default=obj.get("default"),
         )
 
 
@@ -115,8 +123,13 @@ class TreeSchema:
         columns: one :class:`ColumnSpec` per leaf, in ``jax.tree_util`` flatten order.
         chunk_records: records per chunk along the record axis.
         codec: ``"zstd"``, ``"blosc"``, ``"gzip"`` or None (uncompressed).
-        treedef: the treedef records are flattened with and loads are built with, or None
-            for a generic view (dicts, lists and tuples instead of the stored classes).
+        treedef: the treedef records are flattened with and loads are built with (today's
+            classes, bound to the stored fields by name), or None for a generic view (dicts,
+            lists and tuples instead of the stored classes).
+        binding: how the leaves of ``treedef`` map to the columns, when they differ from the
+            columns (fields reordered, added with a default, or removed); None when the same.
+        dropped: columns hidden by ``evolve(drop=...)``, whose data stays on disk.
+        format_version: the format the schema was read in (new schemas: ``FORMAT_VERSION``).
     """
 
     tree: dict[str, Any]
@@ -124,6 +137,9 @@ class TreeSchema:
     chunk_records: int
     codec: str | None
     treedef: TreeDef | None
+    binding: _bind.Binding | None = None
+    dropped: tuple[ColumnSpec, ...] = ()
+    format_version: int = FORMAT_VERSION
 
     @classmethod
     def from_example(
@@ -132,6 +148,7 @@ class TreeSchema:
         """Builds the schema of records shaped like ``like``; its values are not kept."""
         leaves: list[tuple[str, str, np.dtype, tuple[int, ...]]] = []
         tree = _encode(like, (), leaves)
+        _bind.annotate(tree, like)
         chunk = _default_chunk_records(leaves) if chunk_records is None else chunk_records
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
             raise ValueError(f"chunk_records must be a positive int, got {chunk_records!r}")
@@ -144,13 +161,16 @@ class TreeSchema:
 
     def to_json(self) -> dict[str, Any]:
         """The schema as stored in the root group's ``zarr.json`` attributes."""
-        return {
-            "format_version": FORMAT_VERSION,
+        out = {
+            "format_version": self.format_version,
             "chunk_records": self.chunk_records,
             "codec": self.codec,
             "tree": self.tree,
             "columns": [c.to_json() for c in self.columns],
         }
+        if self.dropped:
+            out["dropped"] = [c.to_json() for c in self.dropped]
+        return out
 
     @classmethod
     def from_json(
@@ -159,16 +179,20 @@ class TreeSchema:
         """Rebuilds a schema; classes come from ``like``, from imports, or none if ``generic``."""
         try:
             columns = tuple(ColumnSpec.from_json(c) for c in obj["columns"])
+            dropped = tuple(ColumnSpec.from_json(c) for c in obj.get("dropped", ()))
             tree, chunk, codec = obj["tree"], int(obj["chunk_records"]), obj["codec"]
+            version = int(obj.get("format_version", FORMAT_VERSION))
         except (KeyError, TypeError, ValueError) as err:
             raise CorruptStoreError(f"the store's schema is malformed: {err!r}") from err
+        binding = None
         if generic:
             treedef = None
         elif like is not None:
             treedef = _treedef_from_like(tree, columns, like)
         else:
-            treedef = _decode(tree)
-        return cls(tree, columns, chunk, codec, treedef)
+            shapes, paths = [c.shape for c in columns], [c.path for c in columns]
+            treedef, binding = _bind.bind(tree, shapes, paths)
+        return cls(tree, columns, chunk, codec, treedef, binding, dropped, version)
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -177,9 +201,20 @@ class TreeSchema:
 
     def unflatten(self, leaves: Sequence[Any]) -> Any:
         """Builds a tree of the stored classes (or the generic view) around ``leaves``."""
+        if self.binding is not None:
+            leaves = self.binding.leaves(leaves)
         if self.treedef is not None:
             return self.treedef.unflatten(leaves)
         return _generic(self.tree, iter(leaves))
+
+    def column_leaves(self, leaves: list[Any]) -> list[Any]:
+        """The columns' values, in column order, from the leaves of a record of ``treedef``.
+
+        Raises:
+            SchemaMismatchError: today's classes have fields the store lacks, or lack fields
+                it has (see :meth:`TreeStore.evolve`).
+        """
+        return leaves if self.binding is None else self.binding.columns(leaves)
 
     def select(self, columns: str | Sequence[str] | None) -> list[int]:
         """Indices of the columns that the tree-path selectors ``columns`` name.
@@ -205,7 +240,10 @@ class TreeSchema:
 
     def mismatch_message(self, record: Any, what: str = "record") -> str:
         """Explains, path by path, how ``record``'s structure differs from the schema's."""
-        problems = list(_mismatches(self.tree, record, ()))
+        if self.binding is not None:  # today's classes differ from the stored tree
+            problems = [f"expected treedef {self.treedef}, got {tree_structure(record)}"]
+        else:
+            problems = list(_mismatches(self.tree, record, ()))
         if not problems:
             problems = [f"expected treedef {self.treedef}, got {tree_structure(record)}"]
         lines = "\n".join(f"  {p}" for p in problems)
@@ -346,36 +384,6 @@ def _encode_leaf(value: Any, path: tuple[Any, ...], leaves: list) -> dict[str, A
 # ---- decoding a tree ---------------------------------------------------------------------------
 
 
-def _decode(node: dict[str, Any]) -> TreeDef:
-    kind = node["node"]
-    if kind == "leaf":
-        return _LEAF
-    if kind == "none":
-        return tree_structure(None)
-    children = [_decode(c) for c in node.get("children", [])]
-    data: tuple[type, Any]
-    if kind in ("list", "tuple"):
-        data = ({"list": list, "tuple": tuple}[kind], None)
-    elif kind == "dict":
-        data = (dict, list(node["keys"]))
-    elif kind == "ordered_dict":
-        data = (collections.OrderedDict, tuple(node["keys"]))
-    elif kind == "namedtuple":
-        data = (resolve_class(node["type"], namedtuple=True), None)
-    elif kind == "custom":
-        data = (resolve_class(node["type"]), _values.decode(node["aux"]))
-    else:
-        raise CorruptStoreError(f"unknown node kind {kind!r} in the store's schema")
-    try:
-        return PyTreeDef.from_node_data_and_children(default_registry, data, children)
-    except (RuntimeError, ValueError, TypeError) as err:
-        raise ClassResolutionError(
-            f"{node.get('type', kind)} is not a registered pytree node type here: {err}. "
-            "Register it (import the module that defines it), pass like=<an example record> "
-            "to open, or open with generic=True for dicts and lists."
-        ) from err
-
-
 def resolve_class(name: str, *, namedtuple: bool = False) -> type:
     """Imports the class a schema names as ``module:qualname``; calls nothing."""
     advice = (
@@ -416,9 +424,13 @@ def _treedef_from_like(tree: dict[str, Any], columns: Sequence[ColumnSpec], like
     return got.treedef
 
 
+#: node members that name classes or fields rather than fix the structure
+_NOT_STRUCTURE = ("type", "aux_fields")
+
+
 def _strip_types(node: Any) -> Any:
     if isinstance(node, dict):
-        return {k: _strip_types(v) for k, v in node.items() if k != "type"}
+        return {k: _strip_types(v) for k, v in node.items() if k not in _NOT_STRUCTURE}
     if isinstance(node, list):
         return [_strip_types(v) for v in node]
     return node
@@ -426,8 +438,8 @@ def _strip_types(node: Any) -> Any:
 
 def _mismatches_json(want: dict, got: dict, path: tuple) -> Iterator[str]:
     where = _keys.path_str(path) or "the root"
-    if {k: v for k, v in want.items() if k not in ("children", "type")} != {
-        k: v for k, v in got.items() if k not in ("children", "type")
+    if {k: v for k, v in want.items() if k not in ("children", *_NOT_STRUCTURE)} != {
+        k: v for k, v in got.items() if k not in ("children", *_NOT_STRUCTURE)
     }:
         yield f"at {where}: expected {_describe_json(want)}, got {_describe_json(got)}"
         return
@@ -495,8 +507,12 @@ def _mismatches(node: dict[str, Any], value: Any, path: tuple[Any, ...]) -> Iter
     except UnsupportedTreeError as err:
         yield f"at {where}: {err}"
         return
-    want = {k: v for k, v in node.items() if k != "children"}
+    want = {k: v for k, v in node.items() if k not in ("children", "aux_fields")}
     if got != want or len(level[2]) != len(node.get("children", [])):
+        statics = _bind.static_differences(node, got, path)
+        if statics:
+            yield from statics
+            return
         yield f"at {where}: expected {_describe_json(node)}, got {_describe_value(value)}"
         return
     for i, child in enumerate(level[2]):

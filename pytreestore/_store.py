@@ -152,10 +152,11 @@ class TreeStore:
                 schema. Nothing is appended.
         """
         leaves, treedef = tree_flatten(record)
+        self._appendable()
         with self._writing() as writer:
             if treedef != self._schema.treedef:
                 raise SchemaMismatchError(self._schema.mismatch_message(record))
-            writer.append(leaves)
+            writer.append(self._schema.column_leaves(leaves))
 
     def extend(self, records: Iterable[Any], *, progress: bool = False) -> None:
         """Appends every record of an iterable (a list, a generator, ...), all or none.
@@ -167,6 +168,7 @@ class TreeStore:
             records: the records to append.
             progress: show a progress bar (records and MB/s) on standard error.
         """
+        self._appendable()
         with self._writing() as writer:
             self._extend(writer, records, progress)
 
@@ -185,7 +187,7 @@ class TreeStore:
                 leaves, got = tree_flatten(record)
                 if got != treedef:
                     raise SchemaMismatchError(schema.mismatch_message(record))
-                yield leaves
+                yield schema.column_leaves(leaves)
                 seen[0] += 1
 
         position = writer.snapshot()
@@ -211,6 +213,7 @@ class TreeStore:
             SchemaMismatchError: structure, per-record shape or dtype differ, or the leaves
                 disagree on the number of records. Nothing is appended.
         """
+        self._appendable()
         leaves, treedef = tree_flatten(batch)
         with self._writing() as writer:
             self._extend_batch(writer, batch, leaves, treedef)
@@ -218,6 +221,7 @@ class TreeStore:
     def _extend_batch(self, writer: Writer, batch: Any, leaves: list[Any], treedef: Any) -> None:
         if treedef != self._schema.treedef:
             raise SchemaMismatchError(self._schema.mismatch_message(batch, what="batch"))
+        leaves = self._schema.column_leaves(leaves)
         count = _batch_length(leaves, self._schema.paths)
         blocks = [
             c.coerce(leaf, batch=count, what="batch") for c, leaf in zip(writer.casters, leaves)
@@ -230,6 +234,58 @@ class TreeStore:
         except BaseException:
             writer.rollback(position)
             raise
+
+    def evolve(
+        self,
+        *,
+        add: Mapping[str, Any] | None = None,
+        drop: Sequence[str] | None = None,
+        rename: Mapping[str, str] | None = None,
+        rename_class: Mapping[str, str] | None = None,
+    ) -> None:
+        """Changes the store's schema in one atomic, metadata-only step (no column rewritten).
+
+        Buffered records are committed first. Changes apply in the order ``rename_class``,
+        ``drop``, ``rename``, ``add``; appends afterwards follow the new schema. A store in
+        format 1 is upgraded to format 2. See docs/migration.md, "When your classes change".
+
+        Args:
+            add: keypath -> default, e.g. ``{".agents.age": np.int32(0)}``: a new column
+                under an existing dict, NamedTuple or dataclass node. Records already in
+                the store read the default (one value, stored once in the schema); records
+                appended afterwards hold their own values.
+            drop: keypaths of nodes to hide; their columns' data stays on disk.
+            rename: old keypath -> new keypath (same parent node); the storage key stays.
+            rename_class: ``"old.module:Old"`` -> ``"new.module:New"``, for moved or renamed
+                classes.
+
+        Raises:
+            ReadOnlyError: the store is open with mode "r".
+            SchemaMismatchError: an unknown or existing path, a change the node kind does not
+                allow, or a result today's classes do not match. Nothing is changed.
+            UnsupportedDtypeError: a default a column cannot hold. Nothing is changed.
+        """
+        from pytreestore import _evolve
+
+        with self._writing() as writer:
+            writer.flush()
+            raw = self._backend.read_bytes(ROOT_KEY)
+            document = json.loads(raw or b"{}")
+            info = _validate.root_schema(raw, self.path)
+            taken = functools.partial(_taken, self._backend)
+            changes = {"add": add, "drop": drop, "rename": rename, "rename_class": rename_class}
+            new_info, added = _evolve.plan(info, writer.commit.records, taken=taken, **changes)
+            stamped = _validate.stamped(new_info)
+            schema = TreeSchema.from_json(stamped, generic=self._schema.treedef is None)
+            if added:
+                self._backend.create_columns(layouts(dataclasses.replace(schema, columns=added)))
+                self._backend.resize([c.key for c in added], writer.commit.records)
+                groups = dataclasses.replace(schema, columns=tuple(added))
+                self._backend.write_many_bytes({k: _group_json({}) for k in _group_keys(groups)})
+            document["attributes"]["pytreestore"] = stamped
+            self._backend.write_bytes(ROOT_KEY, json.dumps(document, indent=1).encode())
+            self._backend.open_columns(schema.columns)
+            self._schema, self._writer = schema, Writer(self._backend, schema, writer.commit)
 
     def flush(self) -> None:
         """Writes every buffered record and commits; afterwards all appended records are durable."""
@@ -670,6 +726,15 @@ class TreeStore:
                 "mode='a' once the parent has closed it)"
             )
 
+    def _appendable(self) -> Writer:
+        writer = self._writable()
+        if self._schema.treedef is None:
+            raise ReadOnlyError(
+                f"store {self.path} is open as a generic view, which can evolve but not append; "
+                "open it without generic=True to append"
+            )
+        return writer
+
     def _writable(self) -> Writer:
         """The writer, unguarded: for a caller that alone holds this store (copy's target)."""
         self._check_open()
@@ -832,7 +897,8 @@ def open(
         mode: ``"r"`` to read, ``"a"`` to append (takes the store's writer lock).
         like: an example record whose classes to use instead of importing the classes the
             schema names (for classes defined in ``__main__`` or since moved).
-        generic: return dicts, lists and tuples instead of the stored classes (read only).
+        generic: return dicts, lists and tuples instead of the stored classes, without
+            importing them (with mode "a": the store can :meth:`~TreeStore.evolve`, not append).
         backend: the storage engine: ``"tensorstore"`` (default) or ``"zarr"``.
         storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
             retries (see :class:`pytreestore._location.S3Options` and ``docs/reliability.md``).
@@ -864,8 +930,6 @@ def open(
     """
     if mode not in ("r", "a"):
         raise ValueError(f"mode must be 'r' (read) or 'a' (append), got {mode!r}")
-    if generic and mode == "a":
-        raise ValueError("generic=True gives a read-only view; open with mode='r'")
     if break_lock and mode != "a":
         raise ValueError("break_lock=True takes the writer lock; open with mode='a'")
     if not isinstance(cache_bytes, int) or cache_bytes < 0:
@@ -963,6 +1027,10 @@ def _take_lock(location: Location, engine: Backend, *, break_lock: bool = False)
                 else "Check the file system and try again."
             )
         ) from err
+
+
+def _taken(engine: Backend, key: str) -> bool:
+    return engine.read_bytes(f"{key}/{ROOT_KEY}") is not None
 
 
 def _group_keys(schema: TreeSchema) -> list[str]:

@@ -122,7 +122,7 @@ def layouts(schema: TreeSchema) -> list[ColumnLayout]:
             chunks=c.chunks,
             codec=schema.codec,
             dimension_names=tuple(c.dimension_names),
-            fill_value=_dtypes.fill_value(c.dtype),
+            fill_value=_dtypes.fill_value(c.dtype) if c.default is None else c.default,
         )
         for c in schema.columns
     ]

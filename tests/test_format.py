@@ -107,7 +107,7 @@ def test_root_zarr_json(tmp_path):
     assert set(meta["attributes"]) == {"pytreestore"}
     info = meta["attributes"]["pytreestore"]
     assert set(info) == {"format_version", "chunk_records", "codec", "tree", "columns", "digest"}
-    assert info["format_version"] == pytreestore.FORMAT_VERSION == 1
+    assert info["format_version"] == pytreestore.FORMAT_VERSION == 2
     assert info["chunk_records"] == CHUNK
     assert info["codec"] == "zstd"
     store = pytreestore.open(root)
@@ -131,6 +131,7 @@ def test_tree_json_node_kinds(tmp_path):
                 "aux": {"tuple": ["relu", {"tuple": [2, 3]}]},
                 "keys": [{"attr": "w"}, {"attr": "b"}],
                 "children": [{"node": "leaf"}, {"node": "leaf"}],
+                "aux_fields": ["act", "dims"],  # format 2: static fields by name
             }
         ],
     }
@@ -157,7 +158,7 @@ GOLDEN_ROOT = {
     "node_type": "group",
     "attributes": {
         "pytreestore": {
-            "format_version": 1,
+            "format_version": 2,
             "chunk_records": 8,
             "codec": "zstd",
             "tree": {
@@ -186,7 +187,7 @@ GOLDEN_ROOT = {
                     "chunks": [8],
                 },
             ],
-            "digest": "blake2b-160:b43aaa04d1e877914bdbe920f0e0b894b5582667",
+            "digest": "blake2b-160:ad2c7d14bcf0e8b56267b13e9c66dfa12ab3db00",
         }
     },
 }
@@ -232,7 +233,7 @@ def test_golden_small_store(tmp_path):
         "zarr.json",
     ]  # chunks holding only fill values are stored too
     assert read_json(root / ".pytreestore" / "commit.json") == {
-        "format_version": 1,
+        "format_version": 2,
         "records": 3,
         "generation": 1,
     }
@@ -362,21 +363,21 @@ def test_commit_record_after_flushes(tmp_path):
     root = tmp_path / "s"
     commit = root / ".pytreestore" / "commit.json"
     store = pytreestore.create(root, {"x": np.int32(0)}, chunk_records=CHUNK)
-    assert read_json(commit) == {"format_version": 1, "records": 0, "generation": 0}
+    assert read_json(commit) == {"format_version": 2, "records": 0, "generation": 0}
     for i in range(3):
         store.append({"x": np.int32(i)})
     assert read_json(commit)["records"] == 0  # buffered, not committed
     store.flush()
-    assert read_json(commit) == {"format_version": 1, "records": 3, "generation": 1}
+    assert read_json(commit) == {"format_version": 2, "records": 3, "generation": 1}
     store.flush()  # nothing pending: no new commit
-    assert read_json(commit) == {"format_version": 1, "records": 3, "generation": 1}
+    assert read_json(commit) == {"format_version": 2, "records": 3, "generation": 1}
     store.append({"x": np.int32(3)})
     store.append({"x": np.int32(4)})  # the full chunk [0, 4) is written and committed
-    assert read_json(commit) == {"format_version": 1, "records": 4, "generation": 2}
+    assert read_json(commit) == {"format_version": 2, "records": 4, "generation": 2}
     store.extend({"x": np.int32(i)} for i in range(5, 14))  # commits whole chunks only
-    assert read_json(commit) == {"format_version": 1, "records": 12, "generation": 3}
+    assert read_json(commit) == {"format_version": 2, "records": 12, "generation": 3}
     store.close()
-    assert read_json(commit) == {"format_version": 1, "records": 14, "generation": 4}
+    assert read_json(commit) == {"format_version": 2, "records": 14, "generation": 4}
     assert read_json(root / "x" / "zarr.json")["shape"] == [14]
     assert (root / ".pytreestore" / "lock").is_file()
 
@@ -522,7 +523,7 @@ def test_newer_format_version(tmp_path, mode):
     root = written(tmp_path / "s", 2)
     rewrite_root(root, format_version=99)
     text = (
-        f"{root}/zarr.json says {root} is in pytreestore format 99, newer than the 1 this "
+        f"{root}/zarr.json says {root} is in pytreestore format 99, newer than the 2 this "
         "version reads; "
         "upgrade pytreestore to read it"
     )
@@ -543,7 +544,7 @@ def test_invalid_format_version(tmp_path, version):
         rewrite_root(root, format_version=version)
     text = (
         f"{root}/zarr.json has an invalid format_version {version!r}: expected an integer "
-        "from 1 to 1"
+        "from 1 to 2"
     )
     with pytest.raises(errors.NotAStoreError, match=f"^{re.escape(text)}$"):
         pytreestore.open(root)
@@ -572,7 +573,7 @@ def test_malformed_schema(tmp_path):
     root = written(tmp_path / "s", 2)
     rewrite_root(root, columns=None)
     text = (
-        f"{root}/zarr.json does not follow the pytreestore format 1 (its JSON Schema is "
+        f"{root}/zarr.json does not follow the pytreestore format 2 (its JSON Schema is "
         "pytreestore/schema.json): at /attributes/pytreestore: 'columns' is a required property"
     )
     with pytest.raises(errors.CorruptStoreError, match=f"^{re.escape(text)}"):

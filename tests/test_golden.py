@@ -48,6 +48,26 @@ def test_golden_store_reads_back_exactly(name, backend, tmp_path):
         assert a.tobytes() == b.tobytes()  # NaN payloads and -0.0 too
 
 
+OLDER = [
+    (d.name, name)
+    for d in sorted(make_golden.GOLDEN.iterdir())
+    if d != make_golden.CURRENT
+    for name in sorted(p.name for p in d.iterdir())
+]
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+@pytest.mark.parametrize(("version", "name"), OLDER)
+def test_older_format_stores_read_back_exactly(version, name, backend, tmp_path):
+    path = tmp_path / name
+    shutil.copytree(make_golden.GOLDEN / version / name, path)
+    store = pytreestore.open(path, backend=backend)
+    got, want = store.load(as_numpy=True), expected(name)
+    assert_trees_equal(got, want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert a.tobytes() == b.tobytes()
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_current_code_writes_the_golden_store(name, tmp_path):
     fresh = tmp_path / name

@@ -57,9 +57,19 @@ class Recipe:
     codec: str | None
     backend: str = "tensorstore"
     sessions: tuple[int, ...] = ()  # record counts after which the writer closes and reopens
+    #: (record count, changes): after that many records, ``store.evolve(**changes)``; records
+    #: before it are written as ``before(i)``, and ``record(i)`` is how they read back
+    evolve: tuple[int, dict[str, Any]] | None = None
+    before: Callable[[int], Any] | None = None
 
     def records(self) -> list[Any]:
         return [self.record(i) for i in range(self.n)]
+
+    def written(self, i: int) -> Any:
+        """Record ``i`` as it is appended."""
+        if self.evolve is not None and self.before is not None and i < self.evolve[0]:
+            return self.before(i)
+        return self.record(i)
 
 
 def seed_record(i: int) -> trees.AllParams:
@@ -102,20 +112,40 @@ def root_leaf_record(i: int) -> np.ndarray:
     return (np.arange(6, dtype=np.float16).reshape(3, 2) + i) / 4
 
 
+def evolved_before(i: int) -> dict[str, Any]:
+    return {"x": np.float32(i), "old": np.int8(i), "s": trees.WithStatic(np.float32(i), name="a")}
+
+
+def evolved_record(i: int) -> dict[str, Any]:
+    """Format 2: a column added (default -3 for the first 3 records), one dropped, one renamed."""
+    y = np.int16(-3) if i < 3 else np.int16(10 * i)
+    return {"w": np.float32(i), "y": y, "s": trees.WithStatic(np.float32(i), name="a")}
+
+
+EVOLVED = {
+    "add": {"['y']": np.int16(-3)},
+    "drop": ["['old']"],
+    "rename": {"['x']": "['w']"},
+}
+
 RECIPES: dict[str, Recipe] = {
     "seed": Recipe(seed_record, 3, chunk_records=2, codec="zstd"),
     "dtypes": Recipe(dtypes_record, 6, chunk_records=4, codec=None, sessions=(3,)),
     "tree": Recipe(tree_record, 5, chunk_records=3, codec="blosc", sessions=(2,)),
     "root-leaf": Recipe(root_leaf_record, 3, chunk_records=2, codec="gzip"),
     "seed-zarr": Recipe(seed_record, 3, chunk_records=2, codec="zstd", backend="zarr"),
+    "evolved": Recipe(
+        evolved_record, 5, chunk_records=2, codec=None, evolve=(3, EVOLVED), before=evolved_before
+    ),
 }
 
 
 def write(name: str, path: Path) -> None:
     """Writes golden store ``name`` at ``path`` (which must not exist)."""
     recipe = RECIPES[name]
-    records = recipe.records()
-    cuts = [0, *recipe.sessions, recipe.n]
+    records = [recipe.written(i) for i in range(recipe.n)]
+    at = recipe.evolve[0] if recipe.evolve else None
+    cuts = sorted({0, *recipe.sessions, *([at] if at else []), recipe.n})
     for k, (start, stop) in enumerate(itertools.pairwise(cuts)):
         if k == 0:
             store = pytreestore.create(
@@ -130,6 +160,8 @@ def write(name: str, path: Path) -> None:
         with store:
             for record in records[start:stop]:
                 store.append(record)
+            if recipe.evolve is not None and stop == at:
+                store.evolve(**recipe.evolve[1])
     for extra in NOT_FORMAT:
         (path / extra).unlink(missing_ok=True)
 

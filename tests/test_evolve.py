@@ -1,0 +1,272 @@
+"""TreeStore.evolve and pytreestore.evolve: atomic, metadata-only schema changes."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+import pytreestore
+from pytreestore import _validate, errors
+from tests.class_change import Case, run_cases
+from tests.data import make_golden
+
+FLAX_AB = """
+@struct.dataclass
+class C:
+    a: np.ndarray
+    b: np.ndarray
+"""
+RECORD_AB = "m.C(a=np.float32(i + 0.5), b=np.int32(10 + i))"
+
+CASES = {
+    "add": Case(
+        FLAX_AB,
+        FLAX_AB + "    c: np.ndarray\n",
+        RECORD_AB,
+        read="""
+pytreestore.evolve(path, add={".c": np.int16(7)}, backend=backend)
+store = pytreestore.open(path, "a", backend=backend)
+store.append(m.C(a=np.float32(9), b=np.int32(9), c=np.int16(1)))
+store.close()
+result = plain(pytreestore.open(path, backend=backend).load(as_numpy=True))
+""",
+    ),
+    "rename": Case(
+        FLAX_AB,
+        FLAX_AB.replace("b: np.ndarray", "c: np.ndarray"),
+        RECORD_AB,
+        read="""
+pytreestore.evolve(path, rename={".b": ".c"}, backend=backend)
+store = pytreestore.open(path, "a", backend=backend)
+store.append(m.C(a=np.float32(9), c=np.int32(99)))
+store.close()
+result = plain(pytreestore.open(path, backend=backend)[1:])
+""",
+    ),
+    "drop": Case(
+        FLAX_AB,
+        "@struct.dataclass\nclass C:\n    b: np.ndarray\n",
+        RECORD_AB,
+        read="""
+import os
+store = pytreestore.open(path, "a", backend=backend)
+store.evolve(drop=[".a"])
+store.append(m.C(b=np.int32(99)))
+store.close()
+store = pytreestore.open(path, backend=backend)
+result = [plain(store.load(as_numpy=True)), os.path.exists(path + "/a/zarr.json"),
+          [c.path for c in store.schema.dropped]]
+""",
+    ),
+    "rename_class": Case(
+        FLAX_AB,
+        FLAX_AB.replace("class C", "class D"),
+        RECORD_AB,
+        read="""
+pytreestore.evolve(path, rename_class={"cc_rename_class:C": "cc_rename_class:D"}, backend=backend)
+result = plain(pytreestore.open(path, backend=backend)[0])
+""",
+    ),
+    "add_without_evolve_refused": Case(
+        FLAX_AB,
+        FLAX_AB + "    c: np.ndarray\n",
+        RECORD_AB,
+        read="pytreestore.open(path, 'a', backend=backend)",
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=["tensorstore", "zarr"])
+def outcomes(request, tmp_path_factory):
+    return run_cases(tmp_path_factory.mktemp(request.param), request.param, CASES)
+
+
+def value(dtype, v):
+    return {"dtype": dtype, "value": v}
+
+
+def test_evolve_add_fills_old_records_with_the_default(outcomes):
+    assert outcomes["add"]["result"] == {
+        "__class__": "C",
+        "a": value("float32", [0.5, 1.5, 2.5, 9.0]),
+        "b": value("int32", [10, 11, 12, 9]),
+        "c": value("int16", [7, 7, 7, 1]),
+    }
+
+
+def test_evolve_rename_maps_the_old_column(outcomes):
+    assert outcomes["rename"]["result"] == {
+        "__class__": "C",
+        "a": value("float32", [1.5, 2.5, 9.0]),
+        "c": value("int32", [11, 12, 99]),
+    }
+
+
+def test_evolve_drop_hides_the_column_and_keeps_its_data(outcomes):
+    loaded, kept, dropped = outcomes["drop"]["result"]
+    assert loaded == {"__class__": "C", "b": value("int32", [10, 11, 12, 99])}
+    assert kept and dropped == [".a"]
+
+
+def test_evolve_rename_class(outcomes):
+    assert outcomes["rename_class"]["result"] == {
+        "__class__": "D",
+        "a": value("float32", 0.5),
+        "b": value("int32", 10),
+    }
+
+
+def test_open_refuses_and_names_evolve(outcomes):
+    out = outcomes["add_without_evolve_refused"]
+    assert out["error"] == "SchemaMismatchError"
+    assert "store.evolve(add={'.c': <default>})" in out["message"]
+
+
+# ---- in one process: dict records, chunk boundaries, bad input, crashes -------------------------
+
+
+@pytest.fixture(params=["tensorstore", "zarr"])
+def backend(request):
+    return request.param
+
+
+def small(path, backend, n=5):
+    store = pytreestore.create(path, {"x": np.float32(0)}, chunk_records=2, backend=backend)
+    store.extend({"x": np.float32(i)} for i in range(n))
+    return store
+
+
+def test_add_across_chunks_then_append(tmp_path, backend):
+    store = small(tmp_path / "s", backend)
+    store.evolve(add={"['y']": np.full(2, -1.5, np.float32)})
+    store.extend({"x": np.float32(i), "y": np.full(2, i, np.float32)} for i in range(5, 8))
+    store.close()
+    store = pytreestore.open(tmp_path / "s", backend=backend)
+    y = store.load(as_numpy=True)["y"]
+    assert y.tolist() == [[-1.5, -1.5]] * 5 + [[5.0, 5.0], [6.0, 6.0], [7.0, 7.0]]
+    assert store[3]["y"].tolist() == [-1.5, -1.5]
+    assert store.verify().ok  # chunks before the start are not written, and not missing
+    column = store.schema.columns[1]
+    assert (column.path, column.start, column.default) == ("['y']", 5, -1.5)
+
+
+def test_evolved_store_metadata(tmp_path, backend):
+    store = small(tmp_path / "s", backend)
+    store.evolve(add={"['y']": np.int8(3)}, rename={"['x']": "['w']"})
+    store.close()
+    info = json.loads((tmp_path / "s" / "zarr.json").read_text())["attributes"]["pytreestore"]
+    assert info["format_version"] == 2
+    assert info["digest"] == _validate.digest(info)
+    assert _validate.schema_errors({"zarr_format": 3, "node_type": "group",
+                                    "attributes": {"pytreestore": info}}) == []  # fmt: skip
+    assert info["tree"] == {"node": "dict", "keys": ["w", "y"],
+                            "children": [{"node": "leaf"}, {"node": "leaf"}]}  # fmt: skip
+    assert [(c["path"], c["key"], c.get("start"), c.get("default")) for c in info["columns"]] == [
+        ("['w']", "x", None, None),  # the storage key stays
+        ("['y']", "y", 5, 3),
+    ]
+    y_meta = json.loads((tmp_path / "s" / "y" / "zarr.json").read_text())
+    assert (y_meta["fill_value"], y_meta["shape"]) == (3, [5])
+
+
+def test_drop_then_add_the_same_name_gets_a_new_key(tmp_path, backend):
+    store = small(tmp_path / "s", backend)
+    store.evolve(add={"['y']": np.int32(1)})
+    store.append({"x": np.float32(5), "y": np.int32(50)})
+    store.evolve(drop=["['y']"])
+    store.evolve(add={"['y']": np.int32(2)})
+    store.append({"x": np.float32(6), "y": np.int32(60)})
+    assert [c.key for c in store.schema.columns] == ["x", "y%231"]
+    assert store.load(as_numpy=True)["y"].tolist() == [2] * 6 + [60]
+
+
+def test_golden_format_1_store_is_upgraded_by_evolve(tmp_path, backend):
+    shutil.copytree(make_golden.GOLDEN / "format-1" / "root-leaf", tmp_path / "s")
+    root = tmp_path / "s" / "zarr.json"
+    assert json.loads(root.read_text())["attributes"]["pytreestore"]["format_version"] == 1
+    before = pytreestore.open(tmp_path / "s", backend=backend).load(as_numpy=True)
+    with pytest.raises(
+        errors.SchemaMismatchError, match="evolve: a leaf has no children to add, drop or rename"
+    ):
+        pytreestore.evolve(tmp_path / "s", add={".x": np.int8(0)}, backend=backend)
+    assert json.loads(root.read_text())["attributes"]["pytreestore"]["format_version"] == 1
+    shutil.copytree(make_golden.GOLDEN / "format-1" / "tree", tmp_path / "t")
+    store = pytreestore.open(tmp_path / "t", generic=True, backend=backend)
+    first = store.schema.paths[0]
+    pytreestore.evolve(tmp_path / "t", rename={first: first[:-2] + "zz']"}, backend=backend)
+    info = json.loads((tmp_path / "t" / "zarr.json").read_text())["attributes"]["pytreestore"]
+    assert info["format_version"] == 2
+    assert np.array_equal(before, pytreestore.open(tmp_path / "s", backend=backend)[:], True)
+
+
+BAD = [
+    (dict(drop=["['nope']"]), errors.SchemaMismatchError, "evolve: no node at \"['nope']\""),
+    (dict(rename={"['nope']": "['z']"}), errors.SchemaMismatchError, "evolve: no node at"),
+    (dict(add={"['x']": np.int8(0)}), errors.SchemaMismatchError, "already exists"),
+    (dict(add={"['q'][0]": np.int8(0)}), errors.SchemaMismatchError, "is not a keypath ending"),
+    (dict(add={".q": np.int8(0)}), errors.SchemaMismatchError, "children of a dict are named"),
+    (dict(add={"['q']": "text"}), errors.UnsupportedDtypeError, "which a column cannot hold"),
+    (dict(add={"['q']": np.arange(3)}), errors.UnsupportedDtypeError, "holds different values"),
+    (dict(drop=["['x']"]), errors.SchemaMismatchError, "without columns"),
+    (dict(rename={"['x']": "['x']['y']"}), errors.SchemaMismatchError, "must keep the parent"),
+    (dict(rename_class={"a:B": "c:D"}), errors.SchemaMismatchError, "no node of class 'a:B'"),
+]
+
+
+@pytest.mark.parametrize(("changes", "error", "text"), BAD)
+def test_bad_input_leaves_the_store_unchanged(tmp_path, changes, error, text):
+    store = small(tmp_path / "s", "tensorstore")
+    before = (tmp_path / "s" / "zarr.json").read_bytes()
+    with pytest.raises(error, match=re.escape(text)):
+        store.evolve(**changes)
+    assert (tmp_path / "s" / "zarr.json").read_bytes() == before
+    store.append({"x": np.float32(9)})
+    assert store.load(as_numpy=True)["x"].tolist() == [0, 1, 2, 3, 4, 9]
+
+
+def test_evolve_needs_mode_a(tmp_path):
+    small(tmp_path / "s", "zarr").close()
+    with pytest.raises(errors.ReadOnlyError, match=re.escape("open it with pytreestore.open")):
+        pytreestore.open(tmp_path / "s").evolve(drop=["['x']"])
+
+
+def test_a_generic_view_evolves_but_does_not_append(tmp_path):
+    small(tmp_path / "s", "tensorstore").close()
+    store = pytreestore.open(tmp_path / "s", "a", generic=True)
+    with pytest.raises(errors.ReadOnlyError, match="generic view, which can evolve but not"):
+        store.append({"x": np.float32(1)})
+
+
+def test_crash_before_the_root_write_keeps_the_old_schema(tmp_path, backend, monkeypatch):
+    store = small(tmp_path / "s", backend)
+    engine = store._backend
+    real = engine.write_bytes
+
+    def crash(key, data):
+        if key == "zarr.json":
+            raise KeyboardInterrupt("crash")
+        return real(key, data)
+
+    monkeypatch.setattr(engine, "write_bytes", crash)
+    with pytest.raises(KeyboardInterrupt):
+        store.evolve(add={"['y']": np.int32(4)})
+    monkeypatch.undo()
+    store.close()
+    assert (tmp_path / "s" / "y" / "zarr.json").exists()  # the unused array of the crash
+    again = pytreestore.open(tmp_path / "s", "a", backend=backend)
+    assert again.schema.paths == ("['x']",)
+    again.evolve(add={"['y']": np.int32(4)})
+    assert [c.key for c in again.schema.columns] == ["x", "y%231"]
+    assert again.load(as_numpy=True)["y"].tolist() == [4] * 5
+
+
+def test_an_old_reader_refuses_an_evolved_store(tmp_path, monkeypatch):
+    small(tmp_path / "s", "tensorstore").close()
+    monkeypatch.setattr(_validate, "FORMAT_VERSION", 1)  # a reader of format 1 only
+    _validate.forget_validated()
+    with pytest.raises(errors.FormatVersionError, match="upgrade pytreestore to read it"):
+        pytreestore.open(tmp_path / "s")
