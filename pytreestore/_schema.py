@@ -29,14 +29,12 @@ import numpy as np
 from jax.tree_util import (
     DictKey,
     GetAttrKey,
-    PyTreeDef,
     SequenceKey,
-    default_registry,
     tree_flatten_with_path,
     tree_structure,
 )
 
-from pytreestore import _dtypes, _keys, _values
+from pytreestore import _dtypes, _keys, _nodes, _values
 from pytreestore.errors import (
     ClassResolutionError,
     CorruptStoreError,
@@ -292,7 +290,7 @@ def _encode_node(cls: type, aux: Any, keys: list[Any], path: tuple[Any, ...]) ->
         return {"node": _BUILTIN[cls], "keys": list(aux)}
     if cls in (list, tuple):
         return {"node": _BUILTIN[cls]}
-    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+    if issubclass(cls, tuple) and hasattr(cls, "_fields") and not _nodes.has_own_flatten(cls):
         return {
             "node": "namedtuple",
             "type": _class_path_checked(cls, where),
@@ -303,19 +301,11 @@ def _encode_node(cls: type, aux: Any, keys: list[Any], path: tuple[Any, ...]) ->
             f"defaultdict at {where} cannot be stored (its default_factory is code); "
             "use a dict instead"
         )
-    try:
-        aux_json = _values.encode(aux)
-    except TypeError as err:
-        raise UnsupportedTreeError(
-            f"{cls.__name__} at {where} has static (aux) data that is not JSON-serializable: "
-            f"{err}. Static fields must be None, bool, int, float, str, or lists, tuples and "
-            "str-keyed dicts of those."
-        ) from err
     return {
         "node": "custom",
         "type": _class_path_checked(cls, where),
-        "aux": aux_json,
-        "keys": [_keys.entry_to_json(k) for k in keys],
+        "aux": _nodes.encode_aux(cls, aux, where),
+        "keys": _nodes.encode_keys(cls, keys, where),
     }
 
 
@@ -367,7 +357,7 @@ def _decode(node: dict[str, Any]) -> TreeDef:
     else:
         raise CorruptStoreError(f"unknown node kind {kind!r} in the store's schema")
     try:
-        return PyTreeDef.from_node_data_and_children(default_registry, data, children)
+        return _nodes.make_treedef(*data, children)
     except (RuntimeError, ValueError, TypeError) as err:
         raise ClassResolutionError(
             f"{node.get('type', kind)} is not a registered pytree node type here: {err}. "

@@ -1,0 +1,104 @@
+"""Encoding custom pytree nodes: which classes have their own flatten, their keys and static data.
+
+A class registered with JAX (``register_pytree_node``, ``register_pytree_with_keys``,
+``register_dataclass``, flax and chex dataclasses, equinox Modules) is stored as a ``custom``
+node: its class path, the keypath entry of each child and its static (aux) data as JSON
+(:mod:`pytreestore._values`). A NamedTuple is stored by its field names only when JAX flattens it
+as a plain NamedTuple; one registered with its own flatten is a custom node, since its children
+need not come in field order.
+
+Example:
+    >>> from typing import NamedTuple
+    >>> class Plain(NamedTuple):
+    ...     a: int
+    >>> has_own_flatten(Plain)
+    False
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from jax._src import tree_util as _jax_tree_util
+from jax.tree_util import PyTreeDef, default_registry, tree_flatten, tree_structure
+
+from pytreestore import _keys, _values
+from pytreestore.errors import UnsupportedTreeError
+
+#: ``jax.tree_util.PyTreeDef``, which JAX defines as a runtime alias that type checkers can't use.
+TreeDef = Any
+
+
+def has_own_flatten(cls: type) -> bool:
+    """Whether ``cls`` is registered with JAX's default registry with a flatten of its own.
+
+    JAX keeps every registration (``register_pytree_node`` and the functions built on it) in
+    ``jax._src.tree_util._registry``; a NamedTuple that is not there is flattened natively, in
+    field order.
+    """
+    registry = getattr(_jax_tree_util, "_registry", None)
+    return isinstance(registry, dict) and cls in registry
+
+
+def encode_aux(cls: type, aux: Any, where: str) -> Any:
+    """The static (aux) data of a ``cls`` node at ``where`` as JSON, or UnsupportedTreeError."""
+    try:
+        return _values.encode(aux)
+    except TypeError as err:
+        raise UnsupportedTreeError(
+            f"{cls.__name__} at {where} has static (aux) data that cannot be stored: {err}. "
+            "Static fields may hold None, bool, int, float, complex, str, lists, tuples and "
+            "str-keyed dicts of those, numpy scalars and dtypes, Enum members, frozen "
+            "dataclasses of static values, module-level functions and classes (stored by "
+            "import path) and module-level sentinels (such as equinox's MISSING)."
+        ) from err
+
+
+def encode_keys(cls: type, keys: Sequence[Any], where: str) -> list[dict[str, Any]]:
+    """The keypath entries of a ``cls`` node's children as JSON, or UnsupportedTreeError."""
+    try:
+        return [_keys.entry_to_json(k) for k in keys]
+    except TypeError as err:
+        raise UnsupportedTreeError(f"{cls.__name__} at {where}: {err}") from err
+
+
+def make_treedef(cls: type, aux: Any, children: Sequence[TreeDef]) -> TreeDef:
+    """The treedef of a ``cls`` node with static data ``aux`` over ``children``.
+
+    ``PyTreeDef.from_node_data_and_children`` builds a plain NamedTuple node for every
+    NamedTuple class, even one registered with its own flatten, which would then unflatten the
+    stored children in the wrong order. Such a class's node is built by flattening a probe
+    instance made with ``tuple.__new__`` (the class itself is not called) whose fields hold
+    placeholder subtrees, so that JAX's registered flatten decides the order.
+    """
+    if not (issubclass(cls, tuple) and hasattr(cls, "_fields") and has_own_flatten(cls)):
+        return PyTreeDef.from_node_data_and_children(default_registry, (cls, aux), children)
+    fields = cls._fields  # pyright: ignore[reportAttributeAccessIssue]
+    marks = [_Mark() for _ in fields]
+    kids, _ = _one_level(tuple.__new__(cls, marks))
+    order = [next((i for i, m in enumerate(marks) if m is k), None) for k in kids]
+    if sorted(o for o in order if o is not None) != list(range(len(fields))) or len(kids) != len(
+        children
+    ):
+        raise TypeError(
+            f"{cls.__qualname__}'s registered flatten does not return each field once, so its "
+            "node cannot be rebuilt without calling the class"
+        )
+    subtrees: list[Any] = [None] * len(fields)
+    for position, field in enumerate(order):
+        child = children[position]
+        subtrees[field] = child.unflatten([_Mark() for _ in range(child.num_leaves)])
+    treedef = tree_structure(tuple.__new__(cls, subtrees), is_leaf=lambda x: isinstance(x, _Mark))
+    if treedef.node_data() != (cls, aux):
+        raise TypeError(f"{cls.__qualname__}'s registered flatten gives other static data now")
+    return treedef
+
+
+class _Mark:
+    """A placeholder leaf."""
+
+
+def _one_level(node: Any) -> tuple[list[Any], Any]:
+    flat, sub = tree_flatten(node, is_leaf=lambda x: x is not node)
+    return flat, sub.node_data()
