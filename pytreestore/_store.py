@@ -74,8 +74,10 @@ class TreeStore:
         mode: str,
         commit: Commit,
         lock: WriterLock | None,
+        cast: bool = False,
     ) -> None:
         self._location = location
+        self._cast = _check_cast(cast)
         self._backend = backend
         self._backend_name = backend_name
         self._schema = schema
@@ -251,7 +253,7 @@ class TreeStore:
         columns: str | Sequence[str] | None = None,
         device: Any = None,
         as_numpy: bool = False,
-        cast: bool = False,
+        cast: bool | None = None,
         sharding: Any = None,
         pad: bool = False,
         pmap_devices: Sequence[Any] | None = None,
@@ -266,7 +268,8 @@ class TreeStore:
                 (default: JAX's default device).
             as_numpy: return host numpy arrays, with every dtype exactly as stored.
             cast: load 64-bit columns while x64 is disabled by casting them to 32 bits
-                (values that do not fit raise); without it they raise.
+                (values that do not fit raise); without it they raise. None (default): the
+                store's policy, set by ``pytreestore.open(..., cast=...)`` or ``create``.
             sharding: build each column as a global ``jax.Array`` split along the record axis:
                 one ``jax.sharding.Sharding`` for every column, a pytree of them shaped like
                 the schema (None replicates), or a callable from tree path to sharding. Each
@@ -295,6 +298,7 @@ class TreeStore:
             >>> s.load([4, 0], columns="['b']", as_numpy=True)
             {'a': None, 'b': (array([4., 0.], dtype=float32), array([8., 0.], dtype=float32))}
         """
+        cast = self._cast_for(cast)
         if sharding is not None or pmap_devices is not None or pad:
             _sharded.check_request(index, sharding, pmap_devices, device=device, as_numpy=as_numpy)
             return self._load_sharded(index, columns, sharding, pmap_devices, pad=pad, cast=cast)
@@ -341,7 +345,7 @@ class TreeStore:
         *,
         columns: str | Sequence[str] | None = None,
         as_numpy: bool = False,
-        cast: bool = False,
+        cast: bool | None = None,
     ) -> Iterator[Any]:
         """Iterates over the records one at a time, reading a block of records per read.
 
@@ -354,6 +358,7 @@ class TreeStore:
             >>> [r["t"].item() for r in s.records(as_numpy=True)]
             [0.0, 1.0]
         """
+        cast = self._cast_for(cast)
         n = len(self)
         for start in range(0, n, _ITER_BLOCK):
             block = slice(start, min(start + _ITER_BLOCK, n))
@@ -414,7 +419,7 @@ class TreeStore:
         stop: int | None = None,
         epochs: int | None = 1,
         state: dict[str, Any] | None = None,
-        cast: bool = False,
+        cast: bool | None = None,
     ) -> _batches.BatchIterator:
         """Iterates over records ``[start, stop)`` in batches on device, read ahead in the background.
 
@@ -478,7 +483,7 @@ class TreeStore:
         sharding: Any = None,
         progress: bool = False,
         prefetch: int = 2,
-        cast: bool = False,
+        cast: bool | None = None,
     ) -> Any:
         """Applies ``jax.jit(jax.vmap(fn))`` to every record, one batch at a time.
 
@@ -565,6 +570,10 @@ class TreeStore:
 
     # ---- guards --------------------------------------------------------------------------------
 
+    def _cast_for(self, cast: bool | None) -> bool:
+        """A read's ``cast=``, or the store's policy when the read leaves it None."""
+        return self._cast if cast is None else _check_cast(cast)
+
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedStoreError(f"store {self.path} is closed; open it again to use it")
@@ -577,6 +586,12 @@ class TreeStore:
                 "pytreestore.open(path, mode='a') to append"
             )
         return self._writer
+
+
+def _check_cast(cast: Any) -> bool:
+    if not isinstance(cast, bool):
+        raise TypeError(f"cast must be True, False or None (the store's policy), got {cast!r}")
+    return cast
 
 
 def _batch_length(leaves: Sequence[Any], paths: Sequence[str]) -> int:
@@ -610,6 +625,7 @@ def create(
     backend: str = "tensorstore",
     overwrite: bool = False,
     storage_options: Mapping[str, Any] | None = None,
+    cast: bool = False,
 ) -> TreeStore:
     """Creates an empty store for records shaped like ``like`` and opens it for appending.
 
@@ -624,6 +640,11 @@ def create(
         overwrite: replace an existing store at ``path``.
         storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
             retries (see :class:`pytreestore._location.S3Options` and ``docs/reliability.md``).
+        cast: the store's dtype policy for device reads: True loads 64-bit columns as 32 bits
+            while x64 is disabled (values that do not fit raise), in ``store[...]``,
+            iteration, :meth:`~TreeStore.records`, :meth:`~TreeStore.load`,
+            :meth:`~TreeStore.batches` and :meth:`~TreeStore.map`; each read's own
+            ``cast=`` overrides it.
 
     Raises:
         UnsupportedTreeError: ``like`` holds a node or leaf a store cannot represent.
@@ -635,6 +656,7 @@ def create(
         >>> [c.path for c in store.schema.columns]
         ["['x']"]
     """
+    _check_cast(cast)
     location = Location.parse(path, storage_options)
     schema = TreeSchema.from_example(like, chunk_records=chunk_records, codec=codec)
     if not schema.columns:
@@ -644,7 +666,9 @@ def create(
         )
     if codec not in ("zstd", "blosc", "gzip", None):
         raise ValueError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
-    return create_from_schema(location, schema, backend=backend, overwrite=overwrite)
+    store = create_from_schema(location, schema, backend=backend, overwrite=overwrite)
+    store._cast = cast
+    return store
 
 
 def create_from_schema(
@@ -689,6 +713,7 @@ def open(
     storage_options: Mapping[str, Any] | None = None,
     break_lock: bool = False,
     cache_bytes: int = 0,
+    cast: bool = False,
 ) -> TreeStore:
     """Opens an existing store.
 
@@ -709,6 +734,9 @@ def open(
             skip the disk and the decoder. Every use of a cached chunk is checked against
             storage first, so a chunk a writer has rewritten since is read again. Default 0:
             no cache. TensorStore backend only.
+        cast: the store's dtype policy for device reads (see :func:`create`): True loads
+            64-bit columns as 32 bits while x64 is disabled, in every read that does not pass
+            its own ``cast=``.
 
     Raises:
         StoreNotFoundError: nothing is at ``path``.
@@ -729,6 +757,7 @@ def open(
     """
     if mode not in ("r", "a"):
         raise ValueError(f"mode must be 'r' (read) or 'a' (append), got {mode!r}")
+    _check_cast(cast)
     if generic and mode == "a":
         raise ValueError("generic=True gives a read-only view; open with mode='r'")
     if break_lock and mode != "a":
@@ -762,6 +791,7 @@ def open(
         mode=mode,
         commit=commit,
         lock=lock,
+        cast=cast,
     )
 
 
