@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,18 +42,33 @@ def has_own_flatten(cls: type) -> bool:
     return isinstance(registry, dict) and cls in registry
 
 
-def encode_aux(cls: type, aux: Any, where: str) -> Any:
+def encode_aux(cls: type, aux: Any, keys: Sequence[Any], where: str) -> Any:
     """The static (aux) data of a ``cls`` node at ``where`` as JSON, or UnsupportedTreeError."""
     try:
         return _values.encode(aux)
     except TypeError as err:
+        field = _failing_field(cls, aux, keys)
+        what = f"static field .{field}" if field else "static (aux) data"
         raise UnsupportedTreeError(
-            f"{cls.__name__} at {where} has static (aux) data that cannot be stored: {err}. "
+            f"{cls.__name__} at {where} has {what} that cannot be stored: {err}. "
             "Static fields may hold None, bool, int, float, complex, str, lists, tuples and "
             "str-keyed dicts of those, numpy scalars and dtypes, Enum members, frozen "
             "dataclasses of static values, module-level functions and classes (stored by "
             "import path) and module-level sentinels (such as equinox's MISSING)."
         ) from err
+
+
+def _failing_field(cls: type, aux: Any, keys: Sequence[Any]) -> str | None:
+    try:
+        entries = [_keys.entry_to_json(k) for k in keys]
+    except TypeError:
+        return None
+    for name, value in zip(_static_names(cls, entries, aux) or (), aux):
+        try:
+            _values.encode(value)
+        except TypeError:
+            return name
+    return None
 
 
 def encode_keys(cls: type, keys: Sequence[Any], where: str) -> list[dict[str, Any]]:
@@ -102,3 +118,45 @@ class _Mark:
 def _one_level(node: Any) -> tuple[list[Any], Any]:
     flat, sub = tree_flatten(node, is_leaf=lambda x: x is not node)
     return flat, sub.node_data()
+
+
+def only_aux_differs(want: dict[str, Any], got: dict[str, Any]) -> bool:
+    """Whether two encoded custom nodes differ in their static data and nothing else."""
+    rest = ("aux", "children")
+    return (
+        want.get("node") == got.get("node") == "custom"
+        and want.get("aux") != got.get("aux")
+        and {k: v for k, v in want.items() if k not in rest}
+        == {k: v for k, v in got.items() if k not in rest}
+    )
+
+
+def static_differences(
+    cls: type, want: dict[str, Any], got: dict[str, Any], path: tuple[Any, ...]
+) -> list[str]:
+    """One line per static field whose stored value differs from the record's.
+
+    Dataclass-like nodes (``register_dataclass``, flax and chex dataclasses, equinox Modules)
+    name their static fields; other nodes name the position in their static data.
+    """
+    stored, current = _values.decode(want["aux"]), _values.decode(got["aux"])
+    names = _static_names(cls, want["keys"], stored)
+    if names is None:
+        where = _keys.path_str(path) or "the root"
+        return [f"{where}: static data stored {stored!r}, got {current!r}"]
+    return [
+        f"{_keys.path_str(path)}.{name}: stored {s!r}, got {c!r}"
+        for name, s, c in zip(names, stored, current)
+        if s != c
+    ]
+
+
+def _static_names(cls: type, keys: list[dict[str, Any]], aux: Any) -> list[str] | None:
+    if not dataclasses.is_dataclass(cls) or type(aux) is not tuple:
+        return None
+    fields = [f.name for f in dataclasses.fields(cls)]
+    if len(aux) == len(fields):  # equinox: one entry per field
+        return fields
+    children = {k.get("attr") for k in keys}
+    static = [f for f in fields if f not in children]
+    return static if len(static) == len(aux) else None

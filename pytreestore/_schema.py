@@ -304,7 +304,7 @@ def _encode_node(cls: type, aux: Any, keys: list[Any], path: tuple[Any, ...]) ->
     return {
         "node": "custom",
         "type": _class_path_checked(cls, where),
-        "aux": _nodes.encode_aux(cls, aux, where),
+        "aux": _nodes.encode_aux(cls, aux, keys, where),
         "keys": _nodes.encode_keys(cls, keys, where),
     }
 
@@ -486,6 +486,9 @@ def _mismatches(node: dict[str, Any], value: Any, path: tuple[Any, ...]) -> Iter
         yield f"at {where}: {err}"
         return
     want = {k: v for k, v in node.items() if k != "children"}
+    if _nodes.only_aux_differs(want, got) and len(level[2]) == len(node.get("children", [])):
+        yield from _nodes.static_differences(level[0].node_data()[0], want, got, path)
+        want = got  # the static fields are named above; the children are compared below
     if got != want or len(level[2]) != len(node.get("children", [])):
         yield f"at {where}: expected {_describe_json(node)}, got {_describe_value(value)}"
         return
