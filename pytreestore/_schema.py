@@ -34,7 +34,7 @@ from jax.tree_util import (
     tree_structure,
 )
 
-from pytreestore import _dtypes, _keys, _nodes, _values
+from pytreestore import _dtypes, _keys, _nodes, _prng, _values
 from pytreestore.errors import (
     ClassResolutionError,
     CorruptStoreError,
@@ -65,6 +65,8 @@ class ColumnSpec:
         dtype: the column's dtype.
         shape: the shape of one record's leaf (the column's shape less the record axis).
         chunks: the chunk shape, record axis first.
+        key_impl: for a column of typed PRNG keys, the implementation's name (e.g.
+            ``threefry2x32``); ``dtype`` and ``shape`` are then those of the key data.
     """
 
     path: str
@@ -72,6 +74,7 @@ class ColumnSpec:
     dtype: np.dtype
     shape: tuple[int, ...]
     chunks: tuple[int, ...]
+    key_impl: str | None = None
 
     @property
     def record_nbytes(self) -> int:
@@ -91,7 +94,7 @@ class ColumnSpec:
             "dtype": self.dtype.name,
             "shape": list(self.shape),
             "chunks": list(self.chunks),
-        }
+        } | ({"key_impl": self.key_impl} if self.key_impl is not None else {})
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> ColumnSpec:
@@ -101,6 +104,7 @@ class ColumnSpec:
             dtype=_dtypes.from_name(obj["dtype"]),
             shape=tuple(obj["shape"]),
             chunks=tuple(obj["chunks"]),
+            key_impl=obj.get("key_impl"),
         )
 
 
@@ -128,14 +132,14 @@ class TreeSchema:
         cls, like: Any, *, chunk_records: int | None = None, codec: str | None = "zstd"
     ) -> TreeSchema:
         """Builds the schema of records shaped like ``like``; its values are not kept."""
-        leaves: list[tuple[str, str, np.dtype, tuple[int, ...]]] = []
+        leaves: list[tuple[str, str, np.dtype, tuple[int, ...], str | None]] = []
         tree = _encode(like, (), leaves)
         chunk = _default_chunk_records(leaves) if chunk_records is None else chunk_records
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
             raise ValueError(f"chunk_records must be a positive int, got {chunk_records!r}")
         columns = tuple(
-            ColumnSpec(path, key, dtype, shape, (chunk, *_leaf_chunks(dtype, shape, chunk)))
-            for path, key, dtype, shape in leaves
+            ColumnSpec(path, key, dtype, shape, (chunk, *_leaf_chunks(dtype, shape, chunk)), impl)
+            for path, key, dtype, shape, impl in leaves
         )
         _check_unique_keys(columns)
         return cls(tree, columns, chunk, codec, tree_structure(like))
@@ -228,8 +232,8 @@ def _check_unique_keys(columns: Sequence[ColumnSpec]) -> None:
         seen[c.key] = c.path
 
 
-def _default_chunk_records(leaves: Sequence[tuple[str, str, np.dtype, tuple[int, ...]]]) -> int:
-    sizes = [dt.itemsize * math.prod(shape) for _, _, dt, shape in leaves] or [1]
+def _default_chunk_records(leaves: Sequence[tuple[Any, ...]]) -> int:
+    sizes = [dt.itemsize * math.prod(shape) for _, _, dt, shape, _ in leaves] or [1]
     per_chunk = _CHUNK_TARGET // max(max(sizes), 1)
     per_buffer = _BUFFER_LIMIT // max(sum(sizes), 1)
     n = max(1, min(per_chunk, per_buffer, _MAX_CHUNK_RECORDS))
@@ -317,6 +321,12 @@ def _class_path_checked(cls: type, where: str) -> str:
 
 def _encode_leaf(value: Any, path: tuple[Any, ...], leaves: list) -> dict[str, Any]:
     where = _keys.path_str(path) or "the root"
+    if _prng.is_key(value):
+        dtype, shape = _prng.key_layout(value)
+        leaves.append(
+            (_keys.path_str(path), _keys.path_to_key(path), dtype, shape, _prng.impl_of(value))
+        )
+        return {"node": "leaf"}
     dtype = _dtypes.value_dtype(value)
     if dtype is None or isinstance(value, str | bytes):
         raise UnsupportedTreeError(
@@ -329,7 +339,7 @@ def _encode_leaf(value: Any, path: tuple[Any, ...], leaves: list) -> dict[str, A
             f"unsupported dtype at {where}: {dtype}. Columns hold bool, (u)int8-64, "
             "float16/32/64, bfloat16, float8 and complex64/128."
         )
-    leaves.append((_keys.path_str(path), _keys.path_to_key(path), dtype, tuple(np.shape(value))))
+    leaves.append((_keys.path_str(path), _keys.path_to_key(path), dtype, np.shape(value), None))
     return {"node": "leaf"}
 
 

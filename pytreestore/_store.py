@@ -22,7 +22,17 @@ from typing import Any, Literal
 import numpy as np
 from jax.tree_util import tree_flatten
 
-from pytreestore import _batches, _device, _map, _progress, _read, _repr, _sharded, _validate
+from pytreestore import (
+    _batches,
+    _device,
+    _map,
+    _prng,
+    _progress,
+    _read,
+    _repr,
+    _sharded,
+    _validate,
+)
 from pytreestore._convert import RecordError
 from pytreestore._location import Location
 from pytreestore._lock import WriterLock
@@ -86,6 +96,7 @@ class TreeStore:
         self._lock = lock
         self._closed = False
         self._writer = Writer(backend, schema, commit) if mode == "a" else None
+        self._key_impls = [c.key_impl for c in schema.columns]
 
     # ---- description ---------------------------------------------------------------------------
 
@@ -266,7 +277,9 @@ class TreeStore:
                 column below it (``".p[0]"``). Columns not selected come back as None.
             device: a ``jax.Device`` or ``jax.sharding.Sharding`` to place the leaves on
                 (default: JAX's default device).
-            as_numpy: return host numpy arrays, with every dtype exactly as stored.
+            as_numpy: return host numpy arrays, with every dtype exactly as stored; a column
+                of typed PRNG keys comes back as its key data (uint32, see
+                :func:`jax.random.key_data`), since numpy has no key dtype.
             cast: load 64-bit columns while x64 is disabled by casting them to 32 bits
                 (values that do not fit raise); without it they raise. None (default): the
                 store's policy, set by ``pytreestore.open(..., cast=...)`` or ``create``.
@@ -331,7 +344,7 @@ class TreeStore:
         leaves: list[Any] = [None] * len(self._schema.columns)
         for i, array in zip(chosen, arrays):
             leaves[i] = array
-        records = self._schema.unflatten(leaves)
+        records = self._schema.unflatten(_prng.wrap_columns(leaves, self._key_impls))
         return (records, mask) if pad else records
 
     def __getitem__(self, index: Any) -> Any:
@@ -391,7 +404,8 @@ class TreeStore:
             leaves[i] = array
         if as_numpy:
             return leaves
-        return _device.to_jax(leaves, self._schema.paths, device=device, cast=cast)
+        placed = _device.to_jax(leaves, self._schema.paths, device=device, cast=cast)
+        return _prng.wrap_columns(placed, self._key_impls)
 
     def _select(
         self, index: Any, columns: str | Sequence[str] | None
