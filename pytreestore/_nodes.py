@@ -63,7 +63,8 @@ def _failing_field(cls: type, aux: Any, keys: Sequence[Any]) -> str | None:
         entries = [_keys.entry_to_json(k) for k in keys]
     except TypeError:
         return None
-    for name, value in zip(_static_names(cls, entries, aux) or (), aux):
+    names = _static_names(cls, entries, aux)
+    for name, value in zip(names or (), aux if names else ()):
         try:
             _values.encode(value)
         except TypeError:
@@ -92,23 +93,36 @@ def make_treedef(cls: type, aux: Any, children: Sequence[TreeDef]) -> TreeDef:
         return PyTreeDef.from_node_data_and_children(default_registry, (cls, aux), children)
     fields = cls._fields  # pyright: ignore[reportAttributeAccessIssue]
     marks = [_Mark() for _ in fields]
-    kids, _ = _one_level(tuple.__new__(cls, marks))
-    order = [next((i for i, m in enumerate(marks) if m is k), None) for k in kids]
-    if sorted(o for o in order if o is not None) != list(range(len(fields))) or len(kids) != len(
-        children
-    ):
+    kids, (_, probe_aux) = _one_level(tuple.__new__(cls, marks))
+    index = {id(m): j for j, m in enumerate(marks)}
+    order = [index.get(id(k)) for k in kids]
+    if None in order or len(kids) != len(children):
         raise TypeError(
-            f"{cls.__qualname__}'s registered flatten does not return each field once, so its "
-            "node cannot be rebuilt without calling the class"
+            f"{cls.__qualname__}'s registered flatten does not return its fields as children, "
+            "so its node cannot be rebuilt without calling the class"
         )
-    subtrees: list[Any] = [None] * len(fields)
+    values: list[Any] = list(marks)
+    for field, value in _static_fields(probe_aux, aux, index):
+        values[field] = value
     for position, field in enumerate(order):
         child = children[position]
-        subtrees[field] = child.unflatten([_Mark() for _ in range(child.num_leaves)])
-    treedef = tree_structure(tuple.__new__(cls, subtrees), is_leaf=lambda x: isinstance(x, _Mark))
+        values[field] = child.unflatten([_Mark() for _ in range(child.num_leaves)])
+    treedef = tree_structure(tuple.__new__(cls, values), is_leaf=lambda x: isinstance(x, _Mark))
     if treedef.node_data() != (cls, aux):
-        raise TypeError(f"{cls.__qualname__}'s registered flatten gives other static data now")
+        raise TypeError(
+            f"{cls.__qualname__}'s registered flatten keeps static data that cannot be "
+            "rebuilt from its fields"
+        )
     return treedef
+
+
+def _static_fields(probe: Any, aux: Any, index: dict[int, int]) -> list[tuple[int, Any]]:
+    """Which fields the probe's static data holds, with their stored values."""
+    if id(probe) in index:
+        return [(index[id(probe)], aux)]
+    if type(probe) in (tuple, list) and type(aux) is type(probe) and len(aux) == len(probe):
+        return [(index[id(p)], a) for p, a in zip(probe, aux) if id(p) in index]
+    return []
 
 
 class _Mark:
@@ -152,11 +166,17 @@ def static_differences(
 
 
 def _static_names(cls: type, keys: list[dict[str, Any]], aux: Any) -> list[str] | None:
+    """Names of the entries of a dataclass node's static data, or None when they are unknown.
+
+    flax, chex and ``register_dataclass`` keep one entry per static field; equinox keeps its
+    wrapper data first, then one entry per static field.
+    """
     if not dataclasses.is_dataclass(cls) or type(aux) is not tuple:
         return None
-    fields = [f.name for f in dataclasses.fields(cls)]
-    if len(aux) == len(fields):  # equinox: one entry per field
-        return fields
     children = {k.get("attr") for k in keys}
-    static = [f for f in fields if f not in children]
-    return static if len(static) == len(aux) else None
+    static = [f.name for f in dataclasses.fields(cls) if f.name not in children]
+    if len(static) == len(aux):
+        return static
+    if len(static) + 1 == len(aux):
+        return ["<equinox wrapper data>", *static]
+    return None
