@@ -129,11 +129,11 @@ def decode(obj: Any) -> Any:
     Raises:
         ClassResolutionError: a class, function or sentinel the value names cannot be imported
             or is no longer what was stored.
-        ValueError: the JSON is not an encoded static value.
+            Also raised when the JSON is not an encoded static value.
     """
     try:
         return _decode(obj)
-    except (ImportError, AttributeError, KeyError, TypeError) as err:
+    except (ImportError, AttributeError, KeyError, TypeError, ValueError) as err:
         if isinstance(err, ClassResolutionError):
             raise
         raise ClassResolutionError(
