@@ -35,14 +35,12 @@ import jax
 import numpy as np
 from jax.tree_util import (
     GetAttrKey,
-    PyTreeDef,
-    default_registry,
     tree_flatten_with_path,
     tree_map,
     tree_structure,
 )
 
-from pytreestore import _keys, _values
+from pytreestore import _keys, _nodes, _values
 from pytreestore.errors import ClassResolutionError, CorruptStoreError, SchemaMismatchError
 
 _LEAF = tree_structure(0)
@@ -356,9 +354,7 @@ class _Binder:
     def rebuilt(self, cls: type, aux: Any, entries: list, children: list, path: tuple) -> Any:
         name = cls.__qualname__
         try:
-            nodedef = PyTreeDef.from_node_data_and_children(
-                default_registry, (cls, aux), [_LEAF] * len(children)
-            )
+            nodedef = _nodes.make_treedef(cls, aux, [_LEAF] * len(children))
             obj = nodedef.unflatten(children)
             flat, sub = tree_flatten_with_path(obj, is_leaf=lambda x: x is not obj)
             got_aux = sub.node_data()[1]  # type: ignore[index]

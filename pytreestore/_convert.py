@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from pytreestore import _dtypes
+from pytreestore import _dtypes, _prng
 from pytreestore.errors import SchemaMismatchError
 
 _SUFFIX = "Leaf shapes and dtypes are fixed when the store is created."
@@ -27,16 +27,20 @@ _SUFFIX = "Leaf shapes and dtypes are fixed when the store is created."
 class LeafCaster:
     """Converts values for the column at ``path`` of ``dtype`` and per-record ``shape``."""
 
-    __slots__ = ("dtype", "exact", "path", "python_types", "shape")
+    __slots__ = ("dtype", "exact", "key_impl", "path", "python_types", "shape")
 
-    def __init__(self, path: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    def __init__(
+        self, path: str, dtype: np.dtype, shape: tuple[int, ...], key_impl: str | None = None
+    ) -> None:
         self.path = path
         self.dtype = dtype
         self.shape = shape
-        self.python_types = _dtypes.python_kinds_accepted(dtype) if shape == () else frozenset()
+        self.key_impl = key_impl
+        plain = shape == () and key_impl is None
+        self.python_types = _dtypes.python_kinds_accepted(dtype) if plain else frozenset()
         #: types assigned without any check: accepted Python scalars and the column's own
         #: numpy scalar type
-        self.exact = self.python_types | ({dtype.type} if shape == () else set())
+        self.exact = self.python_types | ({dtype.type} if plain else set())
 
     def _error(self, got: str, why: str = "", what: str = "record") -> SchemaMismatchError:
         want = _dtypes.describe(self.dtype, self.shape)
@@ -49,6 +53,8 @@ class LeafCaster:
     def coerce(self, value: Any, *, batch: int | None = None, what: str = "record") -> np.ndarray:
         """``value`` as an array of the column's dtype and shape (``(batch, *shape)``)."""
         shape = self.shape if batch is None else (batch, *self.shape)
+        if self.key_impl is not None or _prng.is_key(value):
+            value = self._key_data(value, what)
         if type(value) in (bool, int, float, complex):
             return self._coerce_python(value, shape, what)
         if not isinstance(value, np.ndarray | np.generic) and not hasattr(value, "__array__"):
@@ -77,6 +83,19 @@ class LeafCaster:
             )
         return array.astype(self.dtype, copy=False)
 
+    def _key_data(self, value: Any, what: str) -> np.ndarray:
+        if self.key_impl is None:
+            raise self._error(
+                f"a PRNG key array ({_prng.impl_of(value)})",
+                "Store keys in a column made from a key (jax.random.key), or store "
+                "jax.random.key_data(key) in a uint32 column. ",
+                what,
+            )
+        try:
+            return _prng.unwrap(value, self.key_impl, self.path or "the root")
+        except TypeError as err:
+            raise SchemaMismatchError(f"{what} does not match the store schema: {err}") from err
+
     def _coerce_python(self, value: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
         got = f"Python {type(value).__name__} {value!r}"
         if shape != self.shape or self.shape != ():
@@ -96,7 +115,7 @@ class LeafCaster:
 
 def casters(columns: Sequence[Any]) -> list[LeafCaster]:
     """One :class:`LeafCaster` per column spec."""
-    return [LeafCaster(c.path, c.dtype, c.shape) for c in columns]
+    return [LeafCaster(c.path, c.dtype, c.shape, c.key_impl) for c in columns]
 
 
 class RowFiller:
@@ -106,7 +125,9 @@ class RowFiller:
         self._casters = list(leaf_casters)
         self.buffers = list(buffers)
         self._fast = [
-            (c.exact, c.dtype, c.shape, b, c.coerce) for c, b in zip(leaf_casters, buffers)
+            # a key column's values always go through coerce (dtype None skips the fast path)
+            (c.exact, c.dtype if c.key_impl is None else None, c.shape, b, c.coerce)
+            for c, b in zip(leaf_casters, buffers)
         ]
 
     def fill(self, leaves: Sequence[Any], row: int) -> None:

@@ -61,8 +61,9 @@ def jax_ready(array: np.ndarray, path: str, cast: bool) -> np.ndarray:
         raise X64DisabledError(
             f"column {path} is {array.dtype}, which JAX holds only with x64 enabled. "
             f"Load it with as_numpy=True for the exact values, enable x64 "
-            f"(jax.config.update('jax_enable_x64', True)), or pass cast=True to load it as "
-            f"{target}."
+            f"(jax.config.update('jax_enable_x64', True)), or cast it to {target}: open the "
+            "store with pytreestore.open(..., cast=True) (every read) or pass cast=True to "
+            "this read."
         )
     if target.kind in "iu" and not _dtypes.fits(array, target):
         raise _outside(path, target)

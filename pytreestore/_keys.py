@@ -26,9 +26,11 @@ from urllib.parse import unquote
 
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey, keystr
 
+from pytreestore import _values
+
 _SAFE = frozenset(string.ascii_letters + string.digits + "_.-")
 
-KeyEntry = GetAttrKey | DictKey | SequenceKey | FlattenedIndexKey
+KeyEntry = GetAttrKey | DictKey | SequenceKey | FlattenedIndexKey | str | int
 
 
 def escape(name: str) -> str:
@@ -57,7 +59,11 @@ def _percent(char: str) -> str:
 
 
 def entry_name(entry: Any) -> str:
-    """The plain name of one keypath entry: a field name, a dict key, or an index."""
+    """The plain name of one keypath entry: a field name, a dict key, an index, or the entry.
+
+    Besides JAX's four key classes, ``register_pytree_with_keys`` lets a node use plain str and
+    int entries (JAX's own tests do); those name themselves.
+    """
     if isinstance(entry, GetAttrKey):
         return entry.name
     if isinstance(entry, DictKey):
@@ -66,7 +72,17 @@ def entry_name(entry: Any) -> str:
         return str(entry.idx)
     if isinstance(entry, FlattenedIndexKey):
         return str(entry.key)
-    raise TypeError(f"unknown keypath entry {entry!r}")
+    if type(entry) in (str, int):
+        return str(entry)
+    raise TypeError(_unsupported(entry))
+
+
+def _unsupported(entry: Any) -> str:
+    return (
+        f"keypath entry {entry!r} of type {type(entry).__name__} cannot be stored; a custom "
+        "node's keys must be GetAttrKey, DictKey (with a JSON-able key), SequenceKey, "
+        "FlattenedIndexKey, str or int"
+    )
 
 
 def path_to_key(path: Sequence[Any]) -> str:
@@ -88,21 +104,41 @@ def path_str(path: Sequence[Any]) -> str:
 
 
 def entry_to_json(entry: Any) -> dict[str, Any]:
-    """Encodes a keypath entry as a one-key JSON object."""
+    """Encodes a keypath entry as a one-key JSON object; raises TypeError for other entries.
+
+    Example:
+        >>> entry_to_json("x"), entry_to_json(DictKey((1, "a")))
+        ({'str': 'x'}, {'key': {'tuple': [1, 'a']}})
+    """
     if isinstance(entry, GetAttrKey):
         return {"attr": entry.name}
     if isinstance(entry, DictKey):
-        return {"key": entry.key}
+        try:
+            return {"key": _values.encode(entry.key)}
+        except TypeError as err:
+            raise TypeError(_unsupported(entry)) from err
     if isinstance(entry, SequenceKey):
         return {"index": entry.idx}
     if isinstance(entry, FlattenedIndexKey):
         return {"flat": entry.key}
-    raise TypeError(f"unknown keypath entry {entry!r}")
+    if type(entry) is str:
+        return {"str": entry}
+    if type(entry) is int:
+        return {"int": entry}
+    raise TypeError(_unsupported(entry))
+
+
+_FROM_JSON: dict[str, Any] = {
+    "attr": GetAttrKey,
+    "key": lambda v: DictKey(_values.decode(v)),
+    "index": SequenceKey,
+    "flat": FlattenedIndexKey,
+    "str": str,
+    "int": int,
+}
 
 
 def entry_from_json(obj: dict[str, Any]) -> KeyEntry:
     """Inverts :func:`entry_to_json`."""
     ((kind, value),) = obj.items()
-    return {"attr": GetAttrKey, "key": DictKey, "index": SequenceKey, "flat": FlattenedIndexKey}[
-        kind
-    ](value)
+    return _FROM_JSON[kind](value)

@@ -34,7 +34,7 @@ from jax.tree_util import (
     tree_structure,
 )
 
-from pytreestore import _bind, _dtypes, _keys, _values
+from pytreestore import _bind, _dtypes, _keys, _nodes, _prng, _values
 from pytreestore.errors import (
     ClassResolutionError,
     CorruptStoreError,
@@ -68,6 +68,8 @@ class ColumnSpec:
         start: the record count when the column was added by ``evolve`` (0: from the start).
         default: for a column added by ``evolve``, the value of every record before
             ``start``, as zarr ``fill_value`` JSON (None: a column from the start).
+        key_impl: for a column of typed PRNG keys, the implementation's name (e.g.
+            ``threefry2x32``); ``dtype`` and ``shape`` are then those of the key data.
     """
 
     path: str
@@ -77,6 +79,7 @@ class ColumnSpec:
     chunks: tuple[int, ...]
     start: int = 0
     default: Any = None
+    key_impl: str | None = None
 
     @property
     def record_nbytes(self) -> int:
@@ -99,6 +102,8 @@ class ColumnSpec:
         }
         if self.default is not None:
             out.update(start=self.start, default=self.default)
+        if self.key_impl is not None:
+            out["key_impl"] = self.key_impl
         return out
 
     @classmethod
@@ -111,6 +116,7 @@ class ColumnSpec:
             chunks=tuple(obj["chunks"]),
             start=int(obj.get("start", 0)),
             default=obj.get("default"),
+            key_impl=obj.get("key_impl"),
         )
 
 
@@ -146,15 +152,15 @@ class TreeSchema:
         cls, like: Any, *, chunk_records: int | None = None, codec: str | None = "zstd"
     ) -> TreeSchema:
         """Builds the schema of records shaped like ``like``; its values are not kept."""
-        leaves: list[tuple[str, str, np.dtype, tuple[int, ...]]] = []
+        leaves: list[tuple[str, str, np.dtype, tuple[int, ...], str | None]] = []
         tree = _encode(like, (), leaves)
         _bind.annotate(tree, like)
         chunk = _default_chunk_records(leaves) if chunk_records is None else chunk_records
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
             raise ValueError(f"chunk_records must be a positive int, got {chunk_records!r}")
         columns = tuple(
-            ColumnSpec(path, key, dtype, shape, (chunk, *_leaf_chunks(dtype, shape, chunk)))
-            for path, key, dtype, shape in leaves
+            ColumnSpec(path, key, dtype, shape, (chunk, *_leaf_chunks(dtype, shape, chunk)), impl)
+            for path, key, dtype, shape, impl in leaves
         )
         _check_unique_keys(columns)
         return cls(tree, columns, chunk, codec, tree_structure(like))
@@ -268,8 +274,8 @@ def _check_unique_keys(columns: Sequence[ColumnSpec]) -> None:
         seen[c.key] = c.path
 
 
-def _default_chunk_records(leaves: Sequence[tuple[str, str, np.dtype, tuple[int, ...]]]) -> int:
-    sizes = [dt.itemsize * math.prod(shape) for _, _, dt, shape in leaves] or [1]
+def _default_chunk_records(leaves: Sequence[tuple[Any, ...]]) -> int:
+    sizes = [dt.itemsize * math.prod(shape) for _, _, dt, shape, _ in leaves] or [1]
     per_chunk = _CHUNK_TARGET // max(max(sizes), 1)
     per_buffer = _BUFFER_LIMIT // max(sum(sizes), 1)
     n = max(1, min(per_chunk, per_buffer, _MAX_CHUNK_RECORDS))
@@ -330,7 +336,7 @@ def _encode_node(cls: type, aux: Any, keys: list[Any], path: tuple[Any, ...]) ->
         return {"node": _BUILTIN[cls], "keys": list(aux)}
     if cls in (list, tuple):
         return {"node": _BUILTIN[cls]}
-    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+    if issubclass(cls, tuple) and hasattr(cls, "_fields") and not _nodes.has_own_flatten(cls):
         return {
             "node": "namedtuple",
             "type": _class_path_checked(cls, where),
@@ -341,19 +347,11 @@ def _encode_node(cls: type, aux: Any, keys: list[Any], path: tuple[Any, ...]) ->
             f"defaultdict at {where} cannot be stored (its default_factory is code); "
             "use a dict instead"
         )
-    try:
-        aux_json = _values.encode(aux)
-    except TypeError as err:
-        raise UnsupportedTreeError(
-            f"{cls.__name__} at {where} has static (aux) data that is not JSON-serializable: "
-            f"{err}. Static fields must be None, bool, int, float, str, or lists, tuples and "
-            "str-keyed dicts of those."
-        ) from err
     return {
         "node": "custom",
         "type": _class_path_checked(cls, where),
-        "aux": aux_json,
-        "keys": [_keys.entry_to_json(k) for k in keys],
+        "aux": _nodes.encode_aux(cls, aux, keys, where),
+        "keys": _nodes.encode_keys(cls, keys, where),
     }
 
 
@@ -365,6 +363,12 @@ def _class_path_checked(cls: type, where: str) -> str:
 
 def _encode_leaf(value: Any, path: tuple[Any, ...], leaves: list) -> dict[str, Any]:
     where = _keys.path_str(path) or "the root"
+    if _prng.is_key(value):
+        dtype, shape = _prng.key_layout(value)
+        leaves.append(
+            (_keys.path_str(path), _keys.path_to_key(path), dtype, shape, _prng.impl_of(value))
+        )
+        return {"node": "leaf"}
     dtype = _dtypes.value_dtype(value)
     if dtype is None or isinstance(value, str | bytes):
         raise UnsupportedTreeError(
@@ -377,7 +381,7 @@ def _encode_leaf(value: Any, path: tuple[Any, ...], leaves: list) -> dict[str, A
             f"unsupported dtype at {where}: {dtype}. Columns hold bool, (u)int8-64, "
             "float16/32/64, bfloat16, float8 and complex64/128."
         )
-    leaves.append((_keys.path_str(path), _keys.path_to_key(path), dtype, tuple(np.shape(value))))
+    leaves.append((_keys.path_str(path), _keys.path_to_key(path), dtype, np.shape(value), None))
     return {"node": "leaf"}
 
 
@@ -508,11 +512,10 @@ def _mismatches(node: dict[str, Any], value: Any, path: tuple[Any, ...]) -> Iter
         yield f"at {where}: {err}"
         return
     want = {k: v for k, v in node.items() if k not in ("children", "aux_fields")}
+    if _nodes.only_aux_differs(want, got) and len(level[2]) == len(node.get("children", [])):
+        yield from _nodes.static_differences(level[0].node_data()[0], want, got, path)
+        want = got  # the static fields are named above; the children are compared below
     if got != want or len(level[2]) != len(node.get("children", [])):
-        statics = _bind.static_differences(node, got, path)
-        if statics:
-            yield from statics
-            return
         yield f"at {where}: expected {_describe_json(node)}, got {_describe_value(value)}"
         return
     for i, child in enumerate(level[2]):

@@ -26,7 +26,17 @@ from typing import Any, Literal
 import numpy as np
 from jax.tree_util import tree_flatten
 
-from pytreestore import _batches, _device, _map, _progress, _read, _repr, _sharded, _validate
+from pytreestore import (
+    _batches,
+    _device,
+    _map,
+    _prng,
+    _progress,
+    _read,
+    _repr,
+    _sharded,
+    _validate,
+)
 from pytreestore._convert import RecordError
 from pytreestore._location import Location
 from pytreestore._lock import WriterLock
@@ -87,8 +97,10 @@ class TreeStore:
         commit: Commit,
         lock: WriterLock | None,
         reopen: Mapping[str, Any] | None = None,
+        cast: bool = False,
     ) -> None:
         self._location = location
+        self._cast = _check_cast(cast)
         self._backend = backend
         self._backend_name = backend_name
         self._schema = schema
@@ -100,6 +112,7 @@ class TreeStore:
         self._pid = os.getpid()  # a writer serves only the process that opened it
         self._mutex = threading.RLock()  # one append, flush or close at a time
         self._writer = Writer(backend, schema, commit) if mode == "a" else None
+        self._key_impls = [c.key_impl for c in schema.columns]
 
     # ---- description ---------------------------------------------------------------------------
 
@@ -397,7 +410,7 @@ class TreeStore:
         columns: str | Sequence[str] | None = None,
         device: Any = None,
         as_numpy: bool = False,
-        cast: bool = False,
+        cast: bool | None = None,
         sharding: Any = None,
         pad: bool = False,
         pmap_devices: Sequence[Any] | None = None,
@@ -410,9 +423,12 @@ class TreeStore:
                 column below it (``".p[0]"``). Columns not selected come back as None.
             device: a ``jax.Device`` or ``jax.sharding.Sharding`` to place the leaves on
                 (default: JAX's default device).
-            as_numpy: return host numpy arrays, with every dtype exactly as stored.
+            as_numpy: return host numpy arrays, with every dtype exactly as stored; a column
+                of typed PRNG keys comes back as its key data (uint32, see
+                :func:`jax.random.key_data`), since numpy has no key dtype.
             cast: load 64-bit columns while x64 is disabled by casting them to 32 bits
-                (values that do not fit raise); without it they raise.
+                (values that do not fit raise); without it they raise. None (default): the
+                store's policy, set by ``pytreestore.open(..., cast=...)`` or ``create``.
             sharding: build each column as a global ``jax.Array`` split along the record axis:
                 one ``jax.sharding.Sharding`` for every column, a pytree of them shaped like
                 the schema (None replicates), or a callable from tree path to sharding. Each
@@ -441,6 +457,7 @@ class TreeStore:
             >>> s.load([4, 0], columns="['b']", as_numpy=True)
             {'a': None, 'b': (array([4., 0.], dtype=float32), array([8., 0.], dtype=float32))}
         """
+        cast = self._cast_for(cast)
         if sharding is not None or pmap_devices is not None or pad:
             _sharded.check_request(index, sharding, pmap_devices, device=device, as_numpy=as_numpy)
             return self._load_sharded(index, columns, sharding, pmap_devices, pad=pad, cast=cast)
@@ -473,7 +490,7 @@ class TreeStore:
         leaves: list[Any] = [None] * len(self._schema.columns)
         for i, array in zip(chosen, arrays):
             leaves[i] = array
-        records = self._schema.unflatten(leaves)
+        records = self._schema.unflatten(_prng.wrap_columns(leaves, self._key_impls))
         return (records, mask) if pad else records
 
     def __getitem__(self, index: Any) -> Any:
@@ -487,7 +504,7 @@ class TreeStore:
         *,
         columns: str | Sequence[str] | None = None,
         as_numpy: bool = False,
-        cast: bool = False,
+        cast: bool | None = None,
     ) -> Iterator[Any]:
         """Iterates over the records one at a time, reading a block of records per read.
 
@@ -500,6 +517,7 @@ class TreeStore:
             >>> [r["t"].item() for r in s.records(as_numpy=True)]
             [0.0, 1.0]
         """
+        cast = self._cast_for(cast)
         n = len(self)
         for start in range(0, n, _ITER_BLOCK):
             block = slice(start, min(start + _ITER_BLOCK, n))
@@ -532,7 +550,8 @@ class TreeStore:
             leaves[i] = array
         if as_numpy:
             return leaves
-        return _device.to_jax(leaves, self._schema.paths, device=device, cast=cast)
+        placed = _device.to_jax(leaves, self._schema.paths, device=device, cast=cast)
+        return _prng.wrap_columns(placed, self._key_impls)
 
     def _select(
         self, index: Any, columns: str | Sequence[str] | None
@@ -564,7 +583,7 @@ class TreeStore:
         stop: int | None = None,
         epochs: int | None = 1,
         state: dict[str, Any] | None = None,
-        cast: bool = False,
+        cast: bool | None = None,
     ) -> _batches.BatchIterator:
         """Iterates over records ``[start, stop)`` in batches on device, read ahead in the background.
 
@@ -628,7 +647,7 @@ class TreeStore:
         sharding: Any = None,
         progress: bool = False,
         prefetch: int = 2,
-        cast: bool = False,
+        cast: bool | None = None,
     ) -> Any:
         """Applies ``jax.jit(jax.vmap(fn))`` to every record, one batch at a time.
 
@@ -715,6 +734,10 @@ class TreeStore:
 
     # ---- guards --------------------------------------------------------------------------------
 
+    def _cast_for(self, cast: bool | None) -> bool:
+        """A read's ``cast=``, or the store's policy when the read leaves it None."""
+        return self._cast if cast is None else _check_cast(cast)
+
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedStoreError(f"store {self.path} is closed; open it again to use it")
@@ -753,6 +776,12 @@ class TreeStore:
             yield self._writable()  # checked again: closed by another thread meanwhile?
 
 
+def _check_cast(cast: Any) -> bool:
+    if not isinstance(cast, bool):
+        raise TypeError(f"cast must be True, False or None (the store's policy), got {cast!r}")
+    return cast
+
+
 def _batch_length(leaves: Sequence[Any], paths: Sequence[str]) -> int:
     lengths = []
     for leaf, path in zip(leaves, paths):
@@ -784,6 +813,7 @@ def create(
     backend: str = "tensorstore",
     overwrite: bool = False,
     storage_options: Mapping[str, Any] | None = None,
+    cast: bool = False,
 ) -> TreeStore:
     """Creates an empty store for records shaped like ``like`` and opens it for appending.
 
@@ -798,6 +828,11 @@ def create(
         overwrite: replace an existing store at ``path``.
         storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
             retries (see :class:`pytreestore._location.S3Options` and ``docs/reliability.md``).
+        cast: the store's dtype policy for device reads: True loads 64-bit columns as 32 bits
+            while x64 is disabled (values that do not fit raise), in ``store[...]``,
+            iteration, :meth:`~TreeStore.records`, :meth:`~TreeStore.load`,
+            :meth:`~TreeStore.batches` and :meth:`~TreeStore.map`; each read's own
+            ``cast=`` overrides it.
 
     Raises:
         UnsupportedTreeError: ``like`` holds a node or leaf a store cannot represent.
@@ -809,6 +844,7 @@ def create(
         >>> [c.path for c in store.schema.columns]
         ["['x']"]
     """
+    _check_cast(cast)
     location = Location.parse(path, storage_options)
     schema = _schema_of(like, chunk_records=chunk_records, codec=codec)
     if not schema.columns:
@@ -818,7 +854,9 @@ def create(
         )
     if codec not in ("zstd", "blosc", "gzip", None):
         raise ValueError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
-    return create_from_schema(location, schema, backend=backend, overwrite=overwrite)
+    store = create_from_schema(location, schema, backend=backend, overwrite=overwrite)
+    store._cast = cast
+    return store
 
 
 def _schema_of(like: Any, **options: Any) -> TreeSchema:
@@ -889,6 +927,7 @@ def open(
     storage_options: Mapping[str, Any] | None = None,
     break_lock: bool = False,
     cache_bytes: int = 0,
+    cast: bool = False,
 ) -> TreeStore:
     """Opens an existing store.
 
@@ -910,6 +949,9 @@ def open(
             skip the disk and the decoder. Every use of a cached chunk is checked against
             storage first, so a chunk a writer has rewritten since is read again. Default 0:
             no cache. TensorStore backend only.
+        cast: the store's dtype policy for device reads (see :func:`create`): True loads
+            64-bit columns as 32 bits while x64 is disabled, in every read that does not pass
+            its own ``cast=``.
 
     Raises:
         StoreNotFoundError: nothing is at ``path``.
@@ -930,6 +972,7 @@ def open(
     """
     if mode not in ("r", "a"):
         raise ValueError(f"mode must be 'r' (read) or 'a' (append), got {mode!r}")
+    _check_cast(cast)
     if break_lock and mode != "a":
         raise ValueError("break_lock=True takes the writer lock; open with mode='a'")
     if not isinstance(cache_bytes, int) or cache_bytes < 0:
@@ -957,7 +1000,8 @@ def open(
             mode=mode,
             commit=commit,
             lock=lock,
-            reopen={"like": like, "generic": generic, "cache_bytes": cache_bytes},
+            reopen={"like": like, "generic": generic, "cache_bytes": cache_bytes, "cast": cast},
+            cast=cast,
         )
     except BaseException:
         try:

@@ -201,13 +201,13 @@ STRUCTURE = [
         "static-field-value",
         lambda s, t: s.append(bad(static=WithStatic(np.zeros(2, np.float32), name="other"))),
         errors.SchemaMismatchError,
-        "at ['static']: expected WithStatic with fields ['value'] and static data",
+        "['static'].name: stored 'run', got 'other'",
     ),
     P(
         "static-field-tuple",
         lambda s, t: s.append(bad(static=WithStatic(np.zeros(2, np.float32), sizes=(1, 3)))),
         errors.SchemaMismatchError,
-        "at ['static']",
+        "['static'].sizes: stored (1, 2), got (1, 3)",
     ),
     P(
         "not-a-tree-at-all",
@@ -678,7 +678,7 @@ CREATION = [
         "unserializable-static-field",
         lambda s, t: pytreestore.create(t / "n", WithStatic(np.float32(0), name=Opaque())),
         errors.UnsupportedTreeError,
-        "WithStatic at the root has static (aux) data that is not JSON-serializable",
+        "WithStatic at the root has static field .name that cannot be stored: <tests.test_bad_inputs.Opaque",
     ),
     P(
         "example-without-leaves",

@@ -137,8 +137,9 @@ def test_wide_columns_refuse_to_load_without_x64(tmp_path, name):
     message = (
         f"column ['{name}'] is {name}, which JAX holds only with x64 enabled. Load it with "
         "as_numpy=True for the exact values, enable x64 "
-        "(jax.config.update('jax_enable_x64', True)), or pass cast=True to load it as "
-        f"{NARROW[name]}."
+        f"(jax.config.update('jax_enable_x64', True)), or cast it to {NARROW[name]}: open "
+        "the store with pytreestore.open(..., cast=True) (every read) or pass cast=True to "
+        "this read."
     )
     with pytest.raises(X64DisabledError, match=f"^{re.escape(message)}$"):
         store.load(columns=f"['{name}']")
@@ -146,6 +147,37 @@ def test_wide_columns_refuse_to_load_without_x64(tmp_path, name):
         store.load(0, columns=f"['{name}']")
     assert issubclass(X64DisabledError, errors.PyTreeStoreError)
     assert issubclass(X64DisabledError, TypeError)
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_store_wide_cast_policy(tmp_path, backend):
+    # issue 11: store[a:b], store[i], iteration and map raised X64DisabledError, with no cast=
+    path = tmp_path / "s"
+    with pytreestore.create(path, {"t": np.float64(0), "n": np.int64(0)}, backend=backend) as s:
+        s.extend({"t": np.float64(i / 4), "n": np.int64(i)} for i in range(5))
+    plain = pytreestore.open(path, backend=backend)
+    for read in (lambda s: s[1:3], lambda s: s[2], lambda s: next(iter(s)), lambda s: s.load()):
+        with pytest.raises(X64DisabledError, match=re.escape("pytreestore.open(..., cast=True)")):
+            read(plain)
+    with pytest.raises(X64DisabledError, match="column \\['n'\\] is int64"):
+        plain.map(lambda r: r, batch_size=2)
+    store = pytreestore.open(path, backend=backend, cast=True)
+    assert store[1:3]["t"].dtype == np.float32 and store[1:3]["t"].tolist() == [0.25, 0.5]
+    assert store[4]["n"].dtype == np.int32 and int(store[4]["n"]) == 4
+    assert [float(r["t"]) for r in store] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert [int(r["n"]) for r in store.records()] == [0, 1, 2, 3, 4]
+    assert store.load()["n"].tolist() == [0, 1, 2, 3, 4]
+    assert [b["n"].tolist() for b in store.batches(2)] == [[0, 1], [2, 3], [4]]
+    assert store.map(lambda r: {"m": r["n"] * 2}, batch_size=2)["m"].tolist() == [0, 2, 4, 6, 8]
+    with pytest.raises(X64DisabledError, match="is int64"):
+        store.load(cast=False)  # a read's own cast= overrides the policy
+    assert store.load(as_numpy=True)["t"].dtype == np.float64
+    made = pytreestore.create(tmp_path / "c", {"t": np.float64(0)}, backend=backend, cast=True)
+    made.append({"t": np.float64(0.5)})
+    assert made[0]["t"].dtype == np.float32 and float(made[0]["t"]) == 0.5
+    made.close()
+    with pytest.raises(TypeError, match="cast must be True, False or None"):
+        pytreestore.open(path, cast="yes")  # type: ignore[arg-type]
 
 
 def test_wide_columns_exact_as_numpy(tmp_path):

@@ -161,11 +161,24 @@ def test_entry_json_round_trips():
     assert entry_to_json(FlattenedIndexKey(1)) == {"flat": 1}
 
 
+def test_plain_str_and_int_entries():
+    # register_pytree_with_keys lets a node use plain str and int entries (issue 11)
+    assert entry_name("x") == "x" and entry_name(3) == "3"
+    assert entry_to_json("x") == {"str": "x"} and entry_to_json(3) == {"int": 3}
+    assert entry_from_json({"str": "x"}) == "x" and entry_from_json({"int": 3}) == 3
+    assert entry_to_json(DictKey((1, "a"))) == {"key": {"tuple": [1, "a"]}}
+    assert entry_from_json({"key": {"tuple": [1, "a"]}}) == DictKey((1, "a"))
+
+
 def test_unknown_entry_refused():
-    with pytest.raises(TypeError, match=re.escape("unknown keypath entry 'x'")):
-        entry_name("x")
-    with pytest.raises(TypeError, match=re.escape("unknown keypath entry 3")):
-        entry_to_json(3)
+    with pytest.raises(
+        TypeError, match=re.escape("keypath entry 2.5 of type float cannot be stored")
+    ):
+        entry_name(2.5)
+    with pytest.raises(TypeError, match=re.escape("keypath entry True of type bool cannot be")):
+        entry_to_json(True)
+    with pytest.raises(TypeError, match=re.escape("of type DictKey cannot be stored")):
+        entry_to_json(DictKey(frozenset()))
 
 
 # ---- keys in real stores -------------------------------------------------------------------------

@@ -67,7 +67,13 @@ def test_static_fields_are_checked_on_append(tmp_path):
     store.append(trees.WithStatic(1.0, name="a"))
     with pytest.raises(errors.SchemaMismatchError) as info:
         store.append(trees.WithStatic(2.0, name="b"))
-    assert "\n  .name: stored 'a', got 'b'\n" in str(info.value)  # the field by name
+    # issue 11: the message names the static field, not only the tuple of static data
+    assert "\n  .name: stored 'a', got 'b'\n" in str(info.value)
+    with pytest.raises(errors.SchemaMismatchError) as info:
+        store.append(trees.WithStatic(2.0, name="c", sizes=(1, 3)))
+    assert "\n  .name: stored 'a', got 'c'\n  .sizes: stored (1, 2), got (1, 3)\n" in str(
+        info.value
+    )
     assert len(store) == 1
     store.close()
     reader = pytreestore.open(tmp_path / "s")
@@ -76,7 +82,8 @@ def test_static_fields_are_checked_on_append(tmp_path):
 
 def test_static_value_not_json_refused():
     with pytest.raises(
-        errors.UnsupportedTreeError, match=re.escape("WithStatic at the root has static (aux) data")
+        errors.UnsupportedTreeError,
+        match=re.escape("WithStatic at the root has static field .name"),
     ):
         TreeSchema.from_example(trees.WithStatic(0.0, name=object()))  # type: ignore[arg-type]
 
