@@ -444,7 +444,10 @@ def _unbuildable(cls: type) -> str:
     """
     from jax._src import tree_util
 
-    if issubclass(cls, tuple | list | dict) or cls is type(None):
+    own_namedtuple = (
+        issubclass(cls, tuple) and hasattr(cls, "_fields") and _nodes.has_own_flatten(cls)
+    )
+    if (issubclass(cls, tuple | list | dict) and not own_namedtuple) or cls is type(None):
         return f"today {cls.__qualname__} is a built-in container (the node kind changed)"
     entry = tree_util._registry.get(cls)
     if entry is None:

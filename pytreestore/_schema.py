@@ -159,7 +159,9 @@ class TreeSchema:
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
             raise ValueError(f"chunk_records must be a positive int, got {chunk_records!r}")
         columns = tuple(
-            ColumnSpec(path, key, dtype, shape, (chunk, *_leaf_chunks(dtype, shape, chunk)), impl)
+            ColumnSpec(
+                path, key, dtype, shape, (chunk, *_leaf_chunks(dtype, shape, chunk)), key_impl=impl
+            )
             for path, key, dtype, shape, impl in leaves
         )
         _check_unique_keys(columns)

@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import threading
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
@@ -308,7 +309,9 @@ def test_a_grain_source_pickles_with_its_backend_and_buffered_records(tmp_path, 
 
 def run_in_child(body) -> int:
     """Forks; the child runs ``body`` and exits with its return value (99 on an exception)."""
-    pid = os.fork()
+    with warnings.catch_warnings():  # JAX warns at every fork once its backend is up
+        warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
+        pid = os.fork()
     if pid == 0:  # pragma: no cover (the child)
         code = 99
         try:
