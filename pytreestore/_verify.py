@@ -122,7 +122,8 @@ def verify(
         if not any(c.get("name") == "crc32c" for c in meta.get("codecs", [])):
             plain.append(column.path or "the root")
         _check_present(backend, column, records, problems)
-        requests.extend((column, i) for i in range(-(-records // column.chunks[0])))
+        first = column.start // column.chunks[0]  # chunks wholly before start: unstored
+        requests.extend((column, i) for i in range(first, -(-records // column.chunks[0])))
     with _progress.progress_bar(
         total=len(requests), desc="verify", record_nbytes=0, enabled=progress, unit=" chunks"
     ) as bar:
@@ -224,7 +225,8 @@ def _check_chunks(
     found: list[Problem] = []
     for batch in _batches(requests):
         reads = [
-            (c.key, slice(i * c.chunks[0], min((i + 1) * c.chunks[0], records))) for c, i in batch
+            (c.key, slice(max(i * c.chunks[0], c.start), min((i + 1) * c.chunks[0], records)))
+            for c, i in batch
         ]
         for (column, i), error in zip(batch, _read_each(backend, reads, records)):
             if error is not None:

@@ -41,6 +41,7 @@ from pytreestore.backends._metadata import _compression_chain as _compression_ch
 from pytreestore.backends._metadata import array_metadata
 from pytreestore.backends._metadata import codec_json as codec_json  # (re-exported)
 from pytreestore.backends._ts_kvstore import kvstore_spec
+from pytreestore.backends._unstored import Unstored
 from pytreestore.errors import (
     CommitConflictError,
     CorruptChunkError,
@@ -76,6 +77,7 @@ class TensorStoreBackend:
 
     def __init__(self, location: Location, cache_bytes: int = 0) -> None:
         self._location = location
+        self._unstored = Unstored()
         self._timeout: float | None = getattr(location.options, "total_timeout", None)
         self._cache = _direct.ChunkCache(cache_bytes) if cache_bytes > 0 else None
         if location.kind == "memory":
@@ -198,6 +200,7 @@ class TensorStoreBackend:
         self._layouts.update((lay.key, lay) for lay in layouts)
 
     def open_columns(self, columns: Sequence[ColumnShape]) -> None:
+        self._unstored.note(columns)
         self._layouts.update((c.key, c) for c in columns)
 
     def _open(self, keys: Sequence[str], records: int = 0) -> list[ts.TensorStore]:
@@ -269,6 +272,11 @@ class TensorStoreBackend:
         return self.read_many([(k, index) for k in keys], records)
 
     def read_many(self, requests: Sequence[tuple[str, Any]], records: int) -> list[np.ndarray]:
+        """Reads ``index`` of column ``key`` for every ``(key, index)`` pair, all at once;
+        rows below a column's ``start`` (added by ``evolve``) read its default unstored."""
+        return self._unstored.read_many(requests, records, self._read_stored)
+
+    def _read_stored(self, requests: Sequence[tuple[str, Any]], records: int) -> list[np.ndarray]:
         """Reads ``index`` of column ``key`` for every ``(key, index)`` pair, all at once.
 
         Uncompressed local chunks are read straight into the outputs (:mod:`._direct`) while

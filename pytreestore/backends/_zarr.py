@@ -78,6 +78,7 @@ from pytreestore.backends._base import (
 )
 from pytreestore.backends._metadata import array_document as array_document
 from pytreestore.backends._metadata import encode_document as encode_document
+from pytreestore.backends._unstored import Unstored
 from pytreestore.errors import (
     BadLocationError,
     CommitConflictError,
@@ -114,6 +115,7 @@ class ZarrBackend:
     def __init__(self, location: Location) -> None:
         _zarr_dtypes.register()
         self._location = location
+        self._unstored = Unstored()
         self._store: Store = _open_store(location)
         self._errors: tuple[type[Exception], ...] = (OSError,)
         self._layouts: dict[str, ColumnShape] = {}
@@ -211,6 +213,7 @@ class ZarrBackend:
         self._documents.update(documents)
 
     def open_columns(self, columns: Sequence[ColumnShape]) -> None:
+        self._unstored.note(columns)
         self._layouts.update((c.key, c) for c in columns)
 
     def column_shapes(self, keys: Sequence[str]) -> list[tuple[int, ...]]:
@@ -239,6 +242,11 @@ class ZarrBackend:
         return self.read_many([(k, index) for k in keys], records)
 
     def read_many(self, requests: Sequence[tuple[str, Any]], records: int) -> list[np.ndarray]:
+        """Reads ``index`` of column ``key`` for every ``(key, index)`` pair, all at once;
+        rows below a column's ``start`` (added by ``evolve``) read its default unstored."""
+        return self._unstored.read_many(requests, records, self._read_stored)
+
+    def _read_stored(self, requests: Sequence[tuple[str, Any]], records: int) -> list[np.ndarray]:
         """Reads ``index`` of column ``key`` for every ``(key, index)`` pair, all at once."""
         keys = list(dict.fromkeys(key for key, _ in requests))
         arrays = dict(zip(keys, self._handles(keys, records)))
