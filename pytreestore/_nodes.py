@@ -104,8 +104,8 @@ def make_treedef(cls: type, aux: Any, children: Sequence[TreeDef]) -> TreeDef:
     values: list[Any] = list(marks)
     for field, value in _static_fields(probe_aux, aux, index):
         values[field] = value
-    for position, field in enumerate(order):
-        child = children[position]
+    for child, field in zip(children, order):
+        assert field is not None  # checked above
         values[field] = child.unflatten([_Mark() for _ in range(child.num_leaves)])
     treedef = tree_structure(tuple.__new__(cls, values), is_leaf=lambda x: isinstance(x, _Mark))
     if treedef.node_data() != (cls, aux):
