@@ -30,7 +30,6 @@ import jax
 import numpy as np
 import optree
 from flax import struct
-from penzai import pz
 from jax.tree_util import (
     GetAttrKey,
     keystr,
@@ -43,6 +42,7 @@ from jax.tree_util import (
     tree_flatten_with_path,
     tree_structure,
 )
+from penzai import pz
 
 import pytreestore
 from pytreestore import _dtypes, _prng, errors
