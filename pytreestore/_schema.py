@@ -367,7 +367,7 @@ def _decode(node: dict[str, Any]) -> TreeDef:
     else:
         raise CorruptStoreError(f"unknown node kind {kind!r} in the store's schema")
     try:
-        return _nodes.make_treedef(*data, children)
+        return _nodes.make_treedef(*data, children, namedtuple=kind == "namedtuple")
     except (RuntimeError, ValueError, TypeError) as err:
         raise ClassResolutionError(
             f"{node.get('type', kind)} is not a registered pytree node type here: {err}. "
