@@ -217,7 +217,16 @@ class _Binder:
         from pytreestore._schema import resolve_class
 
         cls = resolve_class(node["type"], namedtuple=True)
-        stored = dict(zip(node.get("fields", []), children))
+        if _nodes.has_own_flatten(cls):  # format 1 wrote its children in the flatten's order
+            try:
+                order = _nodes.registered_order(cls)
+            except TypeError as err:
+                self.problem(path, str(err))
+                return None
+            fields_in_order = [cls._fields[i] for i in order]  # type: ignore[attr-defined]
+            stored = dict(zip(fields_in_order, children))
+        else:
+            stored = dict(zip(node.get("fields", []), children))
         fields: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
         defaults: dict[str, Any] = getattr(cls, "_field_defaults", {})
         values = [self.field(path, cls, f, stored, defaults.get(f, _NONE)) for f in fields]

@@ -169,7 +169,11 @@ class RowFiller:
 
 
 def _fill_column(
-    out: np.ndarray, column: Sequence[Any], exact: frozenset, dtype: np.dtype, shape: tuple
+    out: np.ndarray,
+    column: Sequence[Any],
+    exact: frozenset,
+    dtype: np.dtype | None,
+    shape: tuple,
 ) -> None:
     types = set(map(type, column))
     if types <= exact or (

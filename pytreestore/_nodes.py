@@ -80,7 +80,9 @@ def encode_keys(cls: type, keys: Sequence[Any], where: str) -> list[dict[str, An
         raise UnsupportedTreeError(f"{cls.__name__} at {where}: {err}") from err
 
 
-def make_treedef(cls: type, aux: Any, children: Sequence[TreeDef]) -> TreeDef:
+def make_treedef(
+    cls: type, aux: Any, children: Sequence[TreeDef], *, namedtuple: bool = False
+) -> TreeDef:
     """The treedef of a ``cls`` node with static data ``aux`` over ``children``.
 
     ``PyTreeDef.from_node_data_and_children`` builds a plain NamedTuple node for every
@@ -88,6 +90,11 @@ def make_treedef(cls: type, aux: Any, children: Sequence[TreeDef]) -> TreeDef:
     stored children in the wrong order. Such a class's node is built by flattening a probe
     instance made with ``tuple.__new__`` (the class itself is not called) whose fields hold
     placeholder subtrees, so that JAX's registered flatten decides the order.
+
+    ``namedtuple=True`` marks a node stored as a plain NamedTuple (format 1 wrote registered
+    NamedTuples that way, children in the registered flatten's order): it is rebuilt the same
+    way when the registered flatten returns every field as a child, and refused when it keeps
+    static data, which format 1 did not store.
     """
     if not (issubclass(cls, tuple) and hasattr(cls, "_fields") and has_own_flatten(cls)):
         return PyTreeDef.from_node_data_and_children(default_registry, (cls, aux), children)
@@ -101,11 +108,16 @@ def make_treedef(cls: type, aux: Any, children: Sequence[TreeDef]) -> TreeDef:
             f"{cls.__qualname__}'s registered flatten does not return its fields as children, "
             "so its node cannot be rebuilt without calling the class"
         )
+    if namedtuple and (probe_aux is not None or len(kids) != len(fields)):
+        raise TypeError(
+            f"{cls.__qualname__} was stored as a plain NamedTuple, but its registered flatten "
+            "keeps static data that the store does not hold; write the store again"
+        )
     values: list[Any] = list(marks)
     for field, value in _static_fields(probe_aux, aux, index):
         values[field] = value
-    for position, field in enumerate(order):
-        child = children[position]
+    for child, field in zip(children, order):
+        assert field is not None  # checked above
         values[field] = child.unflatten([_Mark() for _ in range(child.num_leaves)])
     treedef = tree_structure(tuple.__new__(cls, values), is_leaf=lambda x: isinstance(x, _Mark))
     if treedef.node_data() != (cls, aux):
@@ -114,6 +126,29 @@ def make_treedef(cls: type, aux: Any, children: Sequence[TreeDef]) -> TreeDef:
             "rebuilt from its fields"
         )
     return treedef
+
+
+def registered_order(cls: type) -> list[int]:
+    """The field index of each child that ``cls``'s registered flatten returns, in order, for a
+    NamedTuple that format 1 stored as a plain NamedTuple (children in the flatten's order).
+
+    Raises:
+        TypeError: the flatten does not return every field once, or keeps static data, which
+            format 1 did not store.
+    """
+    fields = cls._fields  # pyright: ignore[reportAttributeAccessIssue]
+    marks = [_Mark() for _ in fields]
+    kids, (_, probe_aux) = _one_level(tuple.__new__(cls, marks))
+    index = {id(m): j for j, m in enumerate(marks)}
+    order = [index.get(id(k)) for k in kids]
+    if None in order or probe_aux is not None or sorted(order) != list(range(len(fields))):  # type: ignore[type-var]
+        raise TypeError(
+            f"{cls.__qualname__} was stored as a plain NamedTuple, but today its registered "
+            "flatten does not return each field once as a child (or keeps static data), so "
+            "the stored children cannot be bound to its fields; write the store again with "
+            "this pytreestore, or open with generic=True"
+        )
+    return order  # type: ignore[return-value]
 
 
 def _static_fields(probe: Any, aux: Any, index: dict[int, int]) -> list[tuple[int, Any]]:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -27,7 +28,7 @@ def is_key(value: Any) -> bool:
     """Whether ``value`` is a typed PRNG key array (its dtype is a ``key<...>`` dtype)."""
     dtype = getattr(value, "dtype", None)
     try:
-        return dtype is not None and bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
+        return dtype is not None and bool(jnp.issubdtype(dtype, jax.dtypes.prng_key))
     except TypeError:
         return False
 

@@ -2,6 +2,7 @@
 
 Plain JSON scalars stand for themselves and lists for lists; everything else is a one-key
 object: ``{"tuple": [...]}``, ``{"dict": {...}}``, ``{"float": "nan"}``, ``{"complex": [re, im]}``,
+``{"ordered_dict": [[key, value], ...]}``,
 ``{"scalar": {"dtype": "float32", "value": 0.5}}`` (a numpy scalar), ``{"dtype": "bfloat16"}``,
 ``{"enum": {"type": "pkg.mod:Color", "name": "RED"}}``, ``{"ref": "jax._src.nn.functions:relu"}``
 (a module-level function or class, by import path), ``{"sentinel": {"type": ..., "name": ...}}``
@@ -23,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import importlib
@@ -53,6 +55,8 @@ def encode(value: Any) -> Any:
         if not all(type(k) is str for k in value):
             raise TypeError(f"dict with non-str keys {list(value)!r}")
         return {"dict": {k: encode(v) for k, v in value.items()}}
+    if t is collections.OrderedDict:
+        return {"ordered_dict": [[encode(k), encode(v)] for k, v in value.items()]}
     return _encode_object(value)
 
 
@@ -154,6 +158,8 @@ def _decode(obj: Any) -> Any:
         return {k: decode(v) for k, v in inner.items()}
     if tag == "float":
         return float(inner)
+    if tag == "ordered_dict":
+        return collections.OrderedDict((_decode(k), _decode(v)) for k, v in inner)
     if tag == "complex":
         return complex(decode(inner[0]), decode(inner[1]))
     if tag == "scalar":

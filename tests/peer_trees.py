@@ -4,7 +4,7 @@ Each case is a tree and what ``create`` must do with it: store it (and a fresh p
 it back exactly), or refuse it with an error whose message contains the given text. Sources:
 JAX ``tests/tree_util_test.py`` (TREES, TREES_WITH_KEYPATH and their node classes), flax
 ``tests/struct_test.py``, optree ``tests/helpers.py`` (its TREES; optree-only registrations are
-leaves to JAX), chex and equinox. Python ints and floats become int32 and float32 leaves;
+leaves to JAX), chex, equinox and penzai. Python ints and floats become int32 and float32 leaves;
 strings are not leaves a store can hold.
 
 :func:`main`, run in a fresh process that imports this module (``python -c "from tests import
@@ -42,6 +42,7 @@ from jax.tree_util import (
     tree_flatten_with_path,
     tree_structure,
 )
+from penzai import pz
 
 import pytreestore
 from pytreestore import _dtypes, _prng, errors
@@ -334,6 +335,26 @@ optree.register_pytree_node(
     namespace="pytreestore-tests",
 )
 
+# ---- penzai (its Structs register with JAX; a Parameter is a mutable variable, not a pytree) ----
+
+
+def _named(shape: tuple[int, ...], *names: str) -> Any:
+    data = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    return pz.nx.wrap(data).tag(*names)
+
+
+def _penzai_linear() -> Any:
+    return pz.nn.Linear(
+        weights=_named((3, 2), "i", "o"), in_axis_names=("i",), out_axis_names=("o",)
+    )
+
+
+def _penzai_with_parameter() -> Any:
+    return pz.nn.Linear.from_config(
+        name="lin", init_base_rng=_key(6), input_axes={"i": 3}, output_axes={"o": 2}
+    )
+
+
 # ---- the cases -----------------------------------------------------------------------------------
 
 NO_LEAVES = (errors.SchemaMismatchError, "the example record has no leaves")
@@ -444,6 +465,17 @@ CASES: dict[str, tuple[Callable[[], Any], tuple[type, str] | None]] = {
     "optree/defaultdict": (
         lambda: collections.defaultdict(int),
         (errors.UnsupportedTreeError, "defaultdict at the root cannot be stored"),
+    ),
+    # penzai
+    "penzai/named-array": (lambda: _named((2, 3), "a", "b"), None),
+    "penzai/linear": (_penzai_linear, None),
+    "penzai/sequential": (
+        lambda: pz.nn.Sequential([_penzai_linear(), pz.nn.Elementwise(jax.nn.relu)]),
+        None,
+    ),
+    "penzai/with-parameter": (
+        _penzai_with_parameter,
+        (errors.UnsupportedTreeError, "unsupported leaf at .weights: Parameter"),
     ),
     # typed PRNG keys
     "jax/prng-keys": (

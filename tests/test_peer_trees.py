@@ -19,12 +19,13 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
+from pytreestore._schema import TreeSchema
 from tests import peer_trees
 
 ROOT = Path(__file__).resolve().parent.parent
 
 #: the counts the closing note of issue 11 quotes; a change here is a visible change of support
-WORKS, REFUSED = 35, 25
+WORKS, REFUSED = 38, 26
 
 
 def _fresh_check(root: Path) -> dict[str, str]:
@@ -133,3 +134,26 @@ def test_unstorable_static_values_are_refused_before_writing(tmp_path, static, t
     assert "static field .fn that cannot be stored" in str(info.value)
     assert text in str(info.value)
     assert not (tmp_path / "s").exists()
+
+
+def test_format_1_registered_namedtuples_read_in_flatten_order_or_refused():
+    # format 1 wrote a registered NamedTuple as a plain `namedtuple` node, its columns in the
+    # registered flatten's order; a reader must not unflatten them by field order
+    schema = TreeSchema.from_example(peer_trees.Pair(np.float32(1.5), np.int32(7))).to_json()
+    schema["tree"] = {
+        "node": "namedtuple",
+        "type": "tests.peer_trees:Pair",
+        "fields": ["a", "b"],
+        "children": [{"node": "leaf"}, {"node": "leaf"}],
+    }
+    old = TreeSchema.from_json(schema)
+    assert old.unflatten([np.int32(7), np.float32(1.5)]) == peer_trees.Pair(1.5, 7)
+    schema = TreeSchema.from_example([peer_trees.ATuple2(np.float32(1.5), 3)]).to_json()
+    schema["tree"]["children"][0] = {
+        "node": "namedtuple",
+        "type": "tests.peer_trees:ATuple2",
+        "fields": ["foo", "bar"],
+        "children": [{"node": "leaf"}],
+    }
+    with pytest.raises(errors.ClassResolutionError, match="keeps static data that the store"):
+        TreeSchema.from_json(schema)

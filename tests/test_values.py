@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import json
@@ -55,6 +56,7 @@ STATIC = [
     complex(1, -2),
     [1, (2, "a")],
     {"k": (None, 1.0)},
+    collections.OrderedDict([("b", 1), ("a", (2, "x"))]),
     np.float32(0.1),
     np.int64(2**40),
     np.bool_(True),
