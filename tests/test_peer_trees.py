@@ -155,5 +155,5 @@ def test_format_1_registered_namedtuples_read_in_flatten_order_or_refused():
         "fields": ["foo", "bar"],
         "children": [{"node": "leaf"}],
     }
-    with pytest.raises(errors.ClassResolutionError, match="keeps static data that the store"):
+    with pytest.raises(errors.SchemaMismatchError, match="or keeps static data"):
         TreeSchema.from_json(schema)
