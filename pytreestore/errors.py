@@ -32,6 +32,7 @@ __all__ = [
     "StoreIndexError",
     "StoreLockedError",
     "StoreNotFoundError",
+    "StoreReplacedError",
     "UnsupportedDtypeError",
     "UnsupportedTreeError",
     "X64DisabledError",
@@ -136,3 +137,8 @@ class BadLocationError(PyTreeStoreError, ValueError):
 
 class ShardingError(PyTreeStoreError, ValueError):
     """A sharded or pmap load asked for a split the record count or a leaf shape cannot take."""
+
+
+class StoreReplacedError(PyTreeStoreError, FileNotFoundError):
+    """The store a reader opened was deleted or replaced (e.g. by ``create(overwrite=True)``)
+    since it was opened: what it would read belongs to another store."""
