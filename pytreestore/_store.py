@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
@@ -579,7 +580,8 @@ class TreeStore:
             StorageError: storage could not be reached.
         """
         self._check_open()
-        self._check_not_replaced(always=True)
+        with contextlib.suppress(CorruptStoreError):  # a damaged commit record is reported
+            self._check_not_replaced(always=True)
         return verify(self._backend, self._schema, self.committed, self.path, progress=progress)
 
     # ---- guards --------------------------------------------------------------------------------
