@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from pytreestore import _dtypes, _prng
@@ -81,7 +82,11 @@ class LeafCaster:
             raise self._error(
                 got, f"its values do not fit in {self.dtype} and would wrap around. ", what
             )
-        return array.astype(self.dtype, copy=False)
+        with np.errstate(over="ignore"):  # an overflow is refused just below
+            out = array.astype(self.dtype, copy=False)
+        if _overflows(array, out):
+            raise self._error(got, _overflow_why(self.dtype), what)
+        return out
 
     def _key_data(self, value: Any, what: str) -> np.ndarray:
         if self.key_impl is None:
@@ -108,9 +113,36 @@ class LeafCaster:
                 what,
             )
         try:
-            return np.asarray(value, dtype=self.dtype)
+            with np.errstate(over="ignore"):  # an overflow is refused just below
+                out = np.asarray(value, dtype=self.dtype)
+            overflow = _overflows(np.asarray(value), out)
         except OverflowError as err:
             raise self._error(got, f"it does not fit in {self.dtype}. ", what) from err
+        if overflow:
+            raise self._error(got, _overflow_why(self.dtype), what)
+        return out
+
+
+def _overflows(src: np.ndarray, out: np.ndarray) -> bool:
+    """Whether a cast turned finite values into infinities (or NaN: float8 has no inf)."""
+    if _dtypes.kind(out.dtype) not in "fc" or out.dtype == src.dtype:
+        return False
+    with np.errstate(invalid="ignore"):
+        return bool(np.any(~np.isfinite(out) & np.isfinite(src)))
+
+
+def _overflow_why(dtype: np.dtype) -> str:
+    return (
+        f"its values are finite but too large for {dtype} and would become infinite; "
+        f"scale them or store them in a wider column. "
+    )
+
+
+def _float_top(dtype: np.dtype) -> float | None:
+    """The largest finite value of a real float column narrower than float64, else None."""
+    if _dtypes.kind(dtype) != "f" or dtype.itemsize >= 8:
+        return None
+    return float(ml_dtypes.finfo(dtype).max)
 
 
 def casters(columns: Sequence[Any]) -> list[LeafCaster]:
@@ -129,14 +161,20 @@ class RowFiller:
             (c.exact, c.dtype if c.key_impl is None else None, c.shape, b, c.coerce)
             for c, b in zip(leaf_casters, buffers)
         ]
+        #: per column, the largest finite value of a narrow float column (None: no check)
+        self._tops = [_float_top(c.dtype) for c in leaf_casters]
 
     def fill(self, leaves: Sequence[Any], row: int) -> None:
         """Writes ``leaves`` into ``row``; raises SchemaMismatchError, leaving other rows intact."""
         try:
-            for (exact, dtype, shape, buf, coerce), leaf in zip(self._fast, leaves):
+            for (exact, dtype, shape, buf, coerce), top, leaf in zip(
+                self._fast, self._tops, leaves
+            ):
                 if type(leaf) in exact or (
                     type(leaf) is np.ndarray and leaf.dtype is dtype and leaf.shape == shape
                 ):
+                    if top is not None and type(leaf) is float and abs(leaf) > top:
+                        coerce(leaf)  # a Python float that may overflow to inf: raises if so
                     buf[row] = leaf
                 else:
                     buf[row] = coerce(leaf)
@@ -158,14 +196,21 @@ class RowFiller:
             RecordError: record ``rows[error.index]`` was refused.
         """
         try:
-            for (exact, dtype, shape, buf, _), column in zip(self._fast, zip(*rows)):
-                _fill_column(buf[at : at + len(rows)], column, exact, dtype, shape)
+            with np.errstate(over="ignore"):  # overflows are found below and refused
+                self._fill_columns(rows, at)
         except (OverflowError, TypeError, ValueError):
             for i, leaves in enumerate(rows):
                 try:
                     self.fill(leaves, at + i)
                 except SchemaMismatchError as err:
                     raise RecordError(i, err) from err
+
+    def _fill_columns(self, rows: Sequence[Sequence[Any]], at: int) -> None:
+        for (exact, dtype, shape, buf, _), top, column in zip(self._fast, self._tops, zip(*rows)):
+            block = buf[at : at + len(rows)]
+            _fill_column(block, column, exact, dtype, shape)
+            if top is not None and not np.isfinite(block).all():
+                raise ValueError("non-finite values: check record by record")
 
 
 def _fill_column(

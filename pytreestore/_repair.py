@@ -24,7 +24,8 @@ from typing import Any
 
 from pytreestore._location import Location
 from pytreestore._schema import ColumnSpec, TreeSchema
-from pytreestore.errors import CorruptChunkError, CorruptStoreError
+from pytreestore._write import COMMIT_KEY, Commit
+from pytreestore.errors import CorruptChunkError, CorruptStoreError, StoreReplacedError
 
 
 def repair(engine: Any, location: Location, schema: TreeSchema, records: int) -> None:
@@ -125,3 +126,32 @@ def _check_tail(engine: Any, location: Location, schema: TreeSchema, records: in
             chunk=err.chunk,
             key=err.key,
         ) from err
+
+
+def check_not_replaced(engine: Any, location: Location, seen: Commit) -> Commit:
+    """The commit record now, after checking that it belongs to the store a reader opened.
+
+    Commits only ever grow a store: a commit record with fewer records or an older
+    generation than ``seen`` (the one the reader last read) means the store was deleted or
+    replaced (``create(overwrite=True)``) since, and the reader's records are gone.
+
+    Raises:
+        StoreReplacedError: the store was replaced or deleted.
+    """
+    try:
+        now = Commit.read(engine, str(location))
+    except CorruptStoreError as err:
+        if engine.read_bytes(COMMIT_KEY) is not None:
+            raise
+        raise StoreReplacedError(
+            f"the store {location} was deleted since this reader opened it ({err}); open it "
+            "again if a new store is there"
+        ) from err
+    if now.generation < seen.generation or now.records < seen.records:
+        raise StoreReplacedError(
+            f"the store {location} was replaced since this reader opened it: it now holds "
+            f"{now.records} records at commit {now.generation}, this reader saw {seen.records} "
+            f"records at commit {seen.generation} (commits only grow a store). What it would "
+            "read belongs to another store; open it again with pytreestore.open()."
+        )
+    return now

@@ -40,7 +40,7 @@ from pytreestore import (
 from pytreestore._convert import RecordError
 from pytreestore._location import Location
 from pytreestore._lock import WriterLock
-from pytreestore._repair import repair
+from pytreestore._repair import check_not_replaced, repair
 from pytreestore._schema import TreeSchema
 from pytreestore._stack import split_leaves
 from pytreestore._verify import VerifyReport, name_column, verify
@@ -400,8 +400,14 @@ class TreeStore:
         """
         self._check_open()
         if self._writer is None:
-            self._commit = Commit.read(self._backend, self.path)
+            self._commit = check_not_replaced(self._backend, self._location, self._commit)
         return len(self)
+
+    def _check_not_replaced(self, *, always: bool = False) -> None:
+        """Raises StoreReplacedError if a reader's store was replaced since it opened; on
+        object stores (where the check costs a request) only when ``always``."""
+        if self._writer is None and (always or not self._location.is_object_store):
+            check_not_replaced(self._backend, self._location, self._commit)
 
     def load(
         self,
@@ -487,6 +493,7 @@ class TreeStore:
             cast=cast,
             pmap=pmap_devices is not None,
         )
+        self._check_not_replaced()
         leaves: list[Any] = [None] * len(self._schema.columns)
         for i, array in zip(chosen, arrays):
             leaves[i] = array
@@ -541,8 +548,12 @@ class TreeStore:
         else:
             try:
                 arrays = self._backend.read([c.key for c in specs], selection.index, n)
-            except CorruptChunkError as err:
-                raise name_column(err, self._schema) from err
+            except CorruptStoreError as err:
+                self._check_not_replaced(always=True)  # a replaced store lacks our chunks
+                if isinstance(err, CorruptChunkError):
+                    raise name_column(err, self._schema) from err
+                raise
+            self._check_not_replaced()  # what was read belongs to the store opened
         if selection.scalar:
             arrays = [a[0, ...] for a in arrays]
         leaves: list[Any] = [None] * len(self._schema.columns)
@@ -730,6 +741,8 @@ class TreeStore:
             StorageError: storage could not be reached.
         """
         self._check_open()
+        with contextlib.suppress(CorruptStoreError):  # a damaged commit record is reported
+            self._check_not_replaced(always=True)
         return verify(self._backend, self._schema, self.committed, self.path, progress=progress)
 
     # ---- guards --------------------------------------------------------------------------------

@@ -66,6 +66,10 @@ class VerifyReport:
         problems: everything found wrong, in column order.
         unchecksummed: paths of columns whose chunks carry no checksum (a flipped bit in an
             uncompressed chunk of these cannot be detected).
+        past_commit: storage keys of chunks stored past the committed records (left by a
+            writer that crashed before committing). They hold no committed record and are not
+            problems: the next ``open(mode="a")`` deletes them, so that a damaged one cannot
+            block appends.
     """
 
     location: str
@@ -74,6 +78,7 @@ class VerifyReport:
     chunks: int
     problems: tuple[Problem, ...]
     unchecksummed: tuple[str, ...] = ()
+    past_commit: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -89,6 +94,11 @@ class VerifyReport:
         lines = [head, *(f"  {p}" for p in self.problems)]
         if self.unchecksummed:
             lines.append(f"  no checksums in: {', '.join(self.unchecksummed)}")
+        if self.past_commit:
+            lines.append(
+                f"  {len(self.past_commit)} chunk(s) past the commit, removed by the next "
+                "open(mode='a'): " + ", ".join(self.past_commit[:5])
+            )
         return "\n".join(lines)
 
 
@@ -114,6 +124,7 @@ def verify(
     problems: list[Problem] = []
     records = _check_commit(backend, records, location, problems)
     plain: list[str] = []
+    past: list[str] = []
     requests: list[tuple[ColumnSpec, int]] = []
     for column in schema.columns:
         meta = _check_metadata(backend, column, records, problems)
@@ -121,7 +132,7 @@ def verify(
             continue
         if not any(c.get("name") == "crc32c" for c in meta.get("codecs", [])):
             plain.append(column.path or "the root")
-        _check_present(backend, column, records, problems)
+        _check_present(backend, column, records, problems, past)
         first = column.start // column.chunks[0]  # chunks wholly before start: unstored
         requests.extend((column, i) for i in range(first, -(-records // column.chunks[0])))
     with _progress.progress_bar(
@@ -136,7 +147,13 @@ def verify(
     order = {c.path: i for i, c in enumerate(schema.columns)}
     problems.sort(key=lambda p: (-1 if p.path is None else order[p.path], p.chunk or ()))
     return VerifyReport(
-        location, records, len(schema.columns), len(requests), tuple(problems), tuple(plain)
+        location,
+        records,
+        len(schema.columns),
+        len(requests),
+        tuple(problems),
+        tuple(plain),
+        tuple(past),
     )
 
 
@@ -199,10 +216,19 @@ def _chunk_keys(column: ColumnSpec, records: int) -> list[tuple[tuple[int, ...],
     return out
 
 
-def _check_present(backend: Any, column: ColumnSpec, records: int, problems: list[Problem]) -> None:
-    if records == 0 or not hasattr(backend, "list_keys") or 0 in column.shape:
+def _check_present(
+    backend: Any, column: ColumnSpec, records: int, problems: list[Problem], past: list[str]
+) -> None:
+    """Reports missing committed chunks; adds the stored chunks past the commit to ``past``."""
+    if not hasattr(backend, "list_keys") or 0 in column.shape:
         return
-    present = set(backend.list_keys(f"{column.key}/c/"))
+    prefix = f"{column.key}/c/"
+    present = set(backend.list_keys(prefix))
+    first = -(-records // column.chunks[0])
+    for key in sorted(present):
+        row = key[len(prefix) :].split("/", 1)[0]
+        if row.isdigit() and int(row) >= first:
+            past.append(key)
     for index, key in _chunk_keys(column, records):
         before_start = (index[0] + 1) * column.chunks[0] <= column.start  # read as the default
         if key not in present and not before_start:

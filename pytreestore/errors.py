@@ -34,6 +34,7 @@ __all__ = [
     "StoreIndexError",
     "StoreLockedError",
     "StoreNotFoundError",
+    "StoreReplacedError",
     "UnpicklableStoreError",
     "UnsupportedDtypeError",
     "UnsupportedTreeError",
@@ -152,3 +153,8 @@ class ForkedWriterError(PyTreeStoreError, RuntimeError):
 class ChunkSizeError(PyTreeStoreError, ValueError):
     """``chunk_records`` asks for a writer buffer (one chunk of every column) too large for
     this machine's memory."""
+
+
+class StoreReplacedError(PyTreeStoreError, FileNotFoundError):
+    """The store a reader opened was deleted or replaced (e.g. by ``create(overwrite=True)``)
+    since it was opened: what it would read belongs to another store."""

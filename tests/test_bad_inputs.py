@@ -945,3 +945,43 @@ def test_dict_keys_of_mixed_types_in_like(tmp_path: Path) -> None:
     with pytest.raises(errors.UnsupportedTreeError, match="one key type per dict"):
         pytreestore.create(tmp_path / "s", {1: np.int32(0), "a": np.int32(0)})
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, "bfloat16"])
+def test_finite_floats_that_would_overflow_to_inf_are_refused(tmp_path: Path, dtype) -> None:
+    import ml_dtypes
+
+    dt = np.dtype(getattr(ml_dtypes, dtype) if isinstance(dtype, str) else dtype)
+    store = pytreestore.create(tmp_path / "s", {"x": dt.type(0)}, chunk_records=4)
+    store.extend({"x": dt.type(i)} for i in range(3))
+    where = re.escape(f"at ['x']: expected {dt.name}[]")
+    for value in (1e300, np.float64(-1e300), np.array(1e300)):
+        with pytest.raises(errors.SchemaMismatchError, match=where + ".*would become infinite"):
+            store.append({"x": value})
+    with pytest.raises(errors.SchemaMismatchError, match=r"refused record 1 .*would become inf"):
+        store.extend([{"x": 1.0}, {"x": 1e300}])
+    with pytest.raises(errors.SchemaMismatchError, match="would become infinite"):
+        store.extend_batch({"x": np.array([1.0, 1e300])})
+    store.extend([{"x": float("inf")}, {"x": float("nan")}])  # not finite to begin with: kept
+    store.close()
+    got = pytreestore.open(tmp_path / "s").load(as_numpy=True)["x"].astype(np.float64)
+    np.testing.assert_array_equal(got, [0, 1, 2, np.inf, np.nan])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_reader_notices_its_store_was_replaced(tmp_path: Path, backend: str) -> None:
+    path = small(tmp_path / "s", backend, n=10)
+    reader = pytreestore.open(path, backend=backend)
+    with pytreestore.create(path, X, chunk_records=2, backend=backend, overwrite=True) as s:
+        s.extend({"x": np.int32(100 + i)} for i in range(3))
+    want = "was replaced since this reader opened it: it now holds 3 records at commit 2, "
+    for call in (
+        lambda: reader.load(as_numpy=True),
+        lambda: reader.load(slice(0, 2), as_numpy=True),
+        reader.verify,
+        reader.refresh,
+    ):
+        with pytest.raises(errors.StoreReplacedError, match=re.escape(want)):
+            call()
+    again = pytreestore.open(path, backend=backend)
+    np.testing.assert_array_equal(again.load(as_numpy=True)["x"], [100, 101, 102])

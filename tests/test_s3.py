@@ -265,3 +265,28 @@ class TestTensorStoreOnS3(BackendSuite):
 
     @pytest.mark.skip(reason="reads the arrays with zarr-python from local disk")
     def test_bfloat16_through_zarr_python(self) -> None: ...
+
+
+# ---- issue 12: corruption on S3 is reported, not hidden ---------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_a_missing_tail_chunk_on_s3_refuses_append(s3_server, bucket, backend):
+    url, opts = f"s3://{bucket}/tail-{backend}", s3_server.options
+    with pytreestore.create(
+        url, {"x": np.int32(0)}, chunk_records=4, backend=backend, storage_options=opts
+    ) as s:
+        s.extend({"x": np.int32(i)} for i in range(10))
+    raw = get_backend("tensorstore")(Location.parse(url, opts))
+    commit = raw.read_bytes(".pytreestore/commit.json")
+    raw.delete_keys(["x/c/2"])
+    raw.write_bytes("x/c/3", b"garbage a crashed writer left past the commit")
+    reader = pytreestore.open(url, backend=backend, storage_options=opts)
+    with pytest.raises(errors.CorruptChunkError, match=re.escape("(x/c/2) is missing")):
+        reader.load(as_numpy=True)
+    np.testing.assert_array_equal(reader.load(slice(0, 8), as_numpy=True)["x"], np.arange(8))
+    with pytest.raises(errors.CorruptChunkError, match=r"holds committed records 8\.\.9 and is"):
+        pytreestore.open(url, mode="a", backend=backend, storage_options=opts)
+    assert raw.read_bytes(".pytreestore/commit.json") == commit
+    assert raw.read_bytes("x/c/2") is None
+    raw.close()

@@ -196,11 +196,12 @@ def test_crash_trials_s3(zygote, s3_server, tmp_path):
 def test_crash_trials_local_long(zygote, tmp_path, request):
     require_slow(request)
     seed = _seed()
+    chains = int(os.environ.get("PYTREESTORE_LONG_CHAINS", 25))  # 10 trials each
     tally = run_trials(
-        zygote, tmp_path, seed, 20, 10, lambda c: str(tmp_path / f"store{c}"), {}, 0.25
+        zygote, tmp_path, seed, chains, 10, lambda c: str(tmp_path / f"store{c}"), {}, 0.25
     )
     print(f"\nlocal crash trials, long (seed {seed}): {tally}")
-    assert tally.trials == 200
+    assert tally.trials == 10 * chains
 
 
 @pytest.mark.slow

@@ -274,9 +274,33 @@ def test_a_damaged_chunk_past_the_commit_is_removed_on_append(tmp_path, backend)
     path = xs(tmp_path / "s", backend, n=8)
     (path / "x" / "c" / "2").write_bytes(b"garbage from a crashed writer")
     (path / "x" / "c" / "5").write_bytes(b"more garbage")
+    report = pytreestore.open(path, backend=backend).verify()
+    assert report.ok and report.past_commit == ("x/c/2", "x/c/5")
+    assert "2 chunk(s) past the commit, removed by the next open(mode='a')" in str(report)
     with pytreestore.open(path, mode="a", backend=backend) as store:
         assert store.verify().ok
         store.extend({"x": np.int32(i)} for i in range(8, 11))
     again = pytreestore.open(path, backend=backend)
     np.testing.assert_array_equal(again.load(as_numpy=True)["x"], np.arange(11))
     assert again.verify().ok and not (path / "x" / "c" / "5").exists()
+
+
+def test_the_verify_command_exits_non_zero_on_each_problem(tmp_path):
+    from click.testing import CliRunner
+
+    from pytreestore.cli import main
+
+    def verify_exit(path: Path) -> int:
+        return CliRunner().invoke(main, ["verify", str(path)]).exit_code
+
+    trailing = xs(tmp_path / "trailing", "tensorstore", codec=None)
+    assert verify_exit(trailing) == 0
+    with (trailing / "x" / "c" / "1").open("ab") as f:
+        f.write(b"junk")
+    missing = xs(tmp_path / "missing", "tensorstore")
+    (missing / "x" / "c" / "0").unlink()
+    typed = xs(tmp_path / "typed", "tensorstore")
+    (typed / ".pytreestore" / "commit.json").write_text(
+        json.dumps({"format_version": 1, "records": True, "generation": 1})
+    )
+    assert [verify_exit(p) for p in (trailing, missing, typed)] == [1, 1, 1]

@@ -97,7 +97,10 @@ class TensorStoreBackend:
     @property
     def kvstore(self) -> ts.KvStore:
         if self._kv is None:
-            self._kv = _result(ts.KvStore.open(self._kv_spec, context=self._context), self._timeout)
+            opening = ts.KvStore.open(self._kv_spec, context=self._context)
+            kv: ts.KvStore = _result(opening, self._timeout)
+            self._kv = kv
+            return kv
         return self._kv
 
     def read_bytes(self, key: str) -> bytes | None:
