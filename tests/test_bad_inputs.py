@@ -201,13 +201,13 @@ STRUCTURE = [
         "static-field-value",
         lambda s, t: s.append(bad(static=WithStatic(np.zeros(2, np.float32), name="other"))),
         errors.SchemaMismatchError,
-        "at ['static']: expected WithStatic with fields ['value'] and static data",
+        "['static'].name: stored 'run', got 'other'",
     ),
     P(
         "static-field-tuple",
         lambda s, t: s.append(bad(static=WithStatic(np.zeros(2, np.float32), sizes=(1, 3)))),
         errors.SchemaMismatchError,
-        "at ['static']",
+        "['static'].sizes: stored (1, 2), got (1, 3)",
     ),
     P(
         "not-a-tree-at-all",
@@ -567,9 +567,9 @@ LOCATIONS = [
     ),
     P(
         "generic-for-appending",
-        lambda s, t: pytreestore.open(t / "s", mode="a", generic=True),
-        ValueError,
-        "generic=True gives a read-only view",
+        lambda s, t: pytreestore.open(t / "s", generic=True).append(good(0)),
+        errors.ReadOnlyError,
+        "is open read-only",
     ),
     P(
         "second-writer",

@@ -40,7 +40,7 @@ def test_html_table_of_the_column_tree(seed: pytreestore.TreeStore) -> None:
     html = seed._repr_html_()
     assert html is not None
     assert html.startswith("<table class='pytreestore' style=")
-    assert "3 records · 4 columns · format 1" in html
+    assert "3 records · 4 columns · format 2" in html
     assert html.count("<tr>") == 1 + 8  # the header, then the root, .p, 2 Params and 4 leaves
     assert "left'>column</th>" in html and "right'>ratio</th>" in html
     assert ">    ├── [0]  Params</td>" in html
