@@ -61,7 +61,7 @@ def test_html_escapes_keys() -> None:
 
 def test_describe_measures_local_and_memory_stores(seed: pytreestore.TreeStore) -> None:
     local = _repr.describe(seed)
-    assert (local.records, local.format_version, local.codec) == (3, 1, "zstd")
+    assert (local.records, local.format_version, local.codec) == (3, 2, "zstd")
     assert local.nbytes == 48 and [c.nbytes for c in local.columns] == [12] * 4
     assert all(c.stored and c.stored > 0 for c in local.columns)
     assert local.stored == sum(c.stored or 0 for c in local.columns)
