@@ -516,6 +516,35 @@ def _child_entry(node: dict[str, Any], i: int) -> Any:
     return entry(node, i)
 
 
+_NAMES = {"dict": "keys", "ordered_dict": "keys", "namedtuple": "fields", "custom": "keys"}
+
+
+def check_tree(tree: dict[str, Any], columns: int) -> None:
+    """Checks what the JSON Schema cannot: each node names as many children as it has, and
+    the tree has one leaf per column.
+
+    Raises:
+        CorruptStoreError: naming the node.
+    """
+    leaves = 0
+    todo: list[tuple[dict[str, Any], str]] = [(tree, "the root")]
+    while todo:
+        node, where = todo.pop()
+        children, names = node.get("children", []), _NAMES.get(node["node"])
+        if names is not None and len(node.get(names, ())) != len(children):
+            raise CorruptStoreError(
+                f"the store's schema is damaged: the {node['node']} node at {where} has "
+                f"{len(children)} children but {len(node.get(names, ()))} {names}"
+            )
+        leaves += node["node"] == "leaf"
+        todo += [(c, f"{where}, child {i}") for i, c in enumerate(children)]
+    if leaves != columns:
+        raise CorruptStoreError(
+            f"the store's schema is damaged: its tree has {leaves} leaves but it lists "
+            f"{columns} columns"
+        )
+
+
 def annotate(node: dict[str, Any], value: Any) -> None:
     """Adds ``aux_fields`` (the static fields' names) to the dataclass nodes of the schema
     tree ``node`` encoded from ``value``, so that they bind by name on open."""

@@ -192,6 +192,7 @@ class TreeSchema:
             version = int(obj.get("format_version", FORMAT_VERSION))
         except (KeyError, TypeError, ValueError) as err:
             raise CorruptStoreError(f"the store's schema is malformed: {err!r}") from err
+        _bind.check_tree(tree, len(columns))
         binding = None
         if generic:
             treedef = None

@@ -567,9 +567,9 @@ LOCATIONS = [
     ),
     P(
         "generic-for-appending",
-        lambda s, t: pytreestore.open(t / "s", mode="a", generic=True),
-        ValueError,
-        "generic=True gives a read-only view",
+        lambda s, t: pytreestore.open(t / "s", generic=True).append(good(0)),
+        errors.ReadOnlyError,
+        "is open read-only",
     ),
     P(
         "second-writer",

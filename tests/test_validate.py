@@ -40,7 +40,7 @@ def test_the_schema_is_valid_and_shipped():
     jsonschema.Draft202012Validator.check_schema(schema)
     assert schema["$defs"]["column"]["properties"]["dtype"]["enum"] == list(_dtypes.SUPPORTED)
     assert schema["$defs"]["schema"]["properties"]["format_version"] == {
-        "const": pytreestore.FORMAT_VERSION,
+        "enum": list(range(1, pytreestore.FORMAT_VERSION + 1)),  # every version it reads
         "description": schema["$defs"]["schema"]["properties"]["format_version"]["description"],
     }
 
@@ -130,11 +130,11 @@ def test_json_but_not_a_store(path, content):
 
 
 def test_newer_format_version(path):
-    edit_root(path, lambda info: info.update(format_version=2, columns="the future"))
+    edit_root(path, lambda info: info.update(format_version=3, columns="the future"))
     with pytest.raises(
         errors.FormatVersionError,
         match=re.escape(
-            f"{path} is in pytreestore format 2, newer than the 1 this version reads; upgrade pytreestore to read it"
+            f"{path} is in pytreestore format 3, newer than the 2 this version reads; upgrade pytreestore to read it"
         ),
     ):
         pytreestore.open(path)
@@ -146,7 +146,7 @@ def test_invalid_format_version(path, version):
     with pytest.raises(
         errors.NotAStoreError,
         match=re.escape(
-            f"zarr.json has an invalid format_version {version!r}: expected an integer from 1 to 1"
+            f"zarr.json has an invalid format_version {version!r}: expected an integer from 1 to 2"
         ),
     ):
         pytreestore.open(path)
@@ -258,7 +258,7 @@ def test_schema_violations(path, where, value, message):
         pytreestore.open(path)
     text = str(info.value)
     assert text.startswith(
-        f"{root} does not follow the pytreestore format 1 (its JSON Schema is pytreestore/schema.json): "
+        f"{root} does not follow the pytreestore format 2 (its JSON Schema is pytreestore/schema.json): "
     )
     assert message in text
     assert text.endswith("The store's root metadata was damaged or written by another program.")
