@@ -439,7 +439,7 @@ class TreeStore:
             >>> [r["t"].item() for r in s.records(as_numpy=True)]
             [0.0, 1.0]
         """
-        n = len(self)
+        n = self._readable()
         for start in range(0, n, _ITER_BLOCK):
             block = slice(start, min(start + _ITER_BLOCK, n))
             leaves = self._load_leaves(block, columns, as_numpy=as_numpy, cast=cast)
@@ -477,15 +477,23 @@ class TreeStore:
         self, index: Any, columns: str | Sequence[str] | None
     ) -> tuple[_read.Selection, list[int], int]:
         """Flushes pending appends; the normalised index, chosen columns and record count."""
+        n = self._readable()
+        return _read.normalize(index, n), self._schema.select(columns), n
+
+    def _readable(self) -> int:
+        """The records a read sees: all of them, committed first, unless another thread is
+        appending; then those committed so far (a read never waits for an append)."""
         self._check_open()
         if self._writer is None:
-            n = self._commit.records
-        else:
-            with self._mutex:  # rows below n are committed: appends may go on while we read
-                if self._writer.pending:
-                    self._writer.flush()
-                n = len(self._writer)
-        return _read.normalize(index, n), self._schema.select(columns), n
+            return self._commit.records
+        if not self._mutex.acquire(blocking=False):
+            return self._writer.commit.records
+        try:
+            if self._writer.pending:
+                self._writer.flush()
+            return len(self._writer)
+        finally:
+            self._mutex.release()
 
     # ---- device pipelines ----------------------------------------------------------------------
 
@@ -538,8 +546,7 @@ class TreeStore:
             >>> [b["x"].tolist() for b in it], it.state()["epoch"]
             ([[0, 1], [2, 3]], 1)
         """
-        self._check_open()
-        lo, hi, _ = slice(start, stop).indices(len(self))
+        lo, hi, _ = slice(start, stop).indices(self._readable())
         hi = max(lo, hi)
         if sharding is not None:
             self._check_batch_split(sharding, columns, batch_size, hi - lo, drop_last)
@@ -601,7 +608,7 @@ class TreeStore:
         return _map.map_records(
             fn,
             load,
-            count=len(self),
+            count=self._readable(),
             batch_size=size,
             out=out,
             progress=progress,

@@ -66,8 +66,15 @@ def test_four_threads_extending_one_store_keep_every_record_whole(tmp_path, back
 
     def reader() -> None:  # reads on the same object while the writers append
         try:
-            while not done.is_set():
+            while not done.wait(0.2):
                 seen.append(assert_whole(store.load(as_numpy=True)))
+                if len(seen) % 4 == 1:  # records(): its length is fixed as it starts
+                    rows = list(store.records(as_numpy=True))
+                    block = {
+                        k: np.array([r[k] for r in rows]).reshape(-1, *np.shape(LIKE[k]))
+                        for k in LIKE
+                    }
+                    seen.append(assert_whole(block))
         except BaseException as err:
             failures.append(err)
 
@@ -79,7 +86,7 @@ def test_four_threads_extending_one_store_keep_every_record_whole(tmp_path, back
         th.join()
     done.set()
     watcher.join()
-    assert failures == []
+    assert failures == [] and seen  # the reader ran, and saw only whole records
     store.close()
     total = threads_n * calls * per_call
     reopened = pytreestore.open(path, backend=backend)
