@@ -15,7 +15,10 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
+from pytreestore._location import Location
+from pytreestore.backends import get_backend
 
+pytest_plugins = ("tests.fixtures",)
 BACKENDS = ("tensorstore", "zarr")
 
 
@@ -264,6 +267,28 @@ def test_double_open_for_append_in_one_process_is_refused_until_closed(tmp_path,
     np.testing.assert_array_equal(ids, [0, 1])
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_failed_open_for_append_on_s3_deletes_its_lock_object(s3_server, bucket, backend):
+    url, kw = f"s3://{bucket}/s", {"backend": backend, "storage_options": s3_server.options}
+    with pytreestore.create(url, LIKE, chunk_records=4, **kw) as store:
+        store.extend(record(i) for i in range(6))
+    raw = get_backend(backend)(Location.parse(url, s3_server.options))
+    good = raw.read_bytes("id/c/1")
+    assert good is not None
+    raw.write_bytes("id/c/1", b"\x00garbage" * 5)
+    with pytest.raises(errors.CorruptStoreError):
+        pytreestore.open(url, mode="a", **kw)
+    assert raw.read_bytes(".pytreestore/lock") is None  # no lock object left naming us
+    raw.write_bytes("id/c/1", good)
+    with pytreestore.open(url, mode="a", **kw) as store:
+        store.append(record(6))
+    reader = pytreestore.open(url, **kw)
+    np.testing.assert_array_equal(assert_whole(reader.load(as_numpy=True)), np.arange(7))
+    copy = pickle.loads(pickle.dumps(reader))  # a reader on S3 pickles with its options
+    assert copy.reopen_options()["storage_options"]["endpoint"] == s3_server.options["endpoint"]
+    np.testing.assert_array_equal(copy.load(as_numpy=True)["id"], np.arange(7))
+
+
 # ---- pickling ------------------------------------------------------------------------------------
 
 
@@ -354,6 +379,25 @@ def test_a_forked_child_cannot_use_or_release_the_parents_writer(tmp_path, backe
     store.close()
     ids = assert_whole(pytreestore.open(path, backend=backend).load(as_numpy=True))
     np.testing.assert_array_equal(ids, np.arange(4))
+
+
+def test_a_forked_child_leaves_the_parents_s3_lock_object(s3_server, bucket):
+    url, kw = f"s3://{bucket}/s", {"backend": "zarr", "storage_options": s3_server.options}
+    store = pytreestore.create(url, LIKE, **kw)
+    store.append(record(0))
+    raw = get_backend("zarr")(Location.parse(url, s3_server.options))
+    held = raw.read_bytes(".pytreestore/lock")
+
+    def child() -> int:
+        store.close()  # the child's copy only: no flush, no delete of the lock object
+        return 7
+
+    assert held is not None and run_in_child(child) == 7
+    assert raw.read_bytes(".pytreestore/lock") == held
+    store.append(record(1))
+    store.close()
+    assert raw.read_bytes(".pytreestore/lock") is None
+    np.testing.assert_array_equal(pytreestore.open(url, **kw).load(as_numpy=True)["id"], [0, 1])
 
 
 # ---- a second writer -----------------------------------------------------------------------------
