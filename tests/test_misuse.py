@@ -5,8 +5,10 @@ import os
 import pickle
 import re
 import shutil
+import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -339,7 +341,8 @@ def test_a_grain_source_pickles_with_its_backend_and_buffered_records(tmp_path, 
 
 
 def run_in_child(body) -> int:
-    """Forks; the child runs ``body`` and exits with its return value (99 on an exception)."""
+    """Forks; the child runs ``body`` and exits with its return value (99 on an exception,
+    -9 if it is still running after a minute)."""
     pid = os.fork()
     if pid == 0:  # pragma: no cover (the child)
         code = 99
@@ -347,7 +350,14 @@ def run_in_child(body) -> int:
             code = body()
         finally:
             os._exit(code)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    for _ in range(1200):  # a child that hangs (a writer's I/O after fork) is killed at 60 s
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return -signal.SIGKILL
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
