@@ -94,6 +94,8 @@ class TreeStore:
         self._reopen = dict(reopen or {})  # open()'s options, for pickling a reader
         self._pid = os.getpid()  # a writer serves only the process that opened it
         self._mutex = threading.RLock()  # one append, flush or close at a time
+        self._reads = 0  # reads in flight, which close() waits for
+        self._reads_done = threading.Condition()
         self._writer = Writer(backend, schema, commit) if mode == "a" else None
 
     # ---- description ---------------------------------------------------------------------------
@@ -259,10 +261,25 @@ class TreeStore:
             self._shut()
 
     def _shut(self) -> None:
-        self._closed = True
+        with self._reads_done:
+            self._closed = True  # no read starts from now on
+            self._reads_done.wait_for(lambda: self._reads == 0)
         if self._lock is not None:
             self._lock.release()
         self._backend.close()
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[Backend]:
+        """The backend, for one read; ``close()`` waits until the read is done."""
+        with self._reads_done:
+            self._check_open()
+            self._reads += 1
+        try:
+            yield self._backend
+        finally:
+            with self._reads_done:
+                self._reads -= 1
+                self._reads_done.notify_all()
 
     def __enter__(self) -> TreeStore:
         return self
@@ -326,7 +343,8 @@ class TreeStore:
         """
         self._check_open()
         if self._writer is None:
-            self._commit = Commit.read(self._backend, self.path)
+            with self._reading() as backend:
+                self._commit = Commit.read(backend, self.path)
         return len(self)
 
     def load(
@@ -399,16 +417,17 @@ class TreeStore:
         selection, chosen, n = self._select(index, columns)
         shardings = _sharded.resolve(sharding, pmap_devices, self._schema.paths)
         specs = [self._schema.columns[i] for i in chosen]
-        arrays, mask = _sharded.load(
-            self._backend,
-            specs,
-            selection,
-            n,
-            [shardings[i] for i in chosen],
-            pad=pad,
-            cast=cast,
-            pmap=pmap_devices is not None,
-        )
+        with self._reading() as backend:
+            arrays, mask = _sharded.load(
+                backend,
+                specs,
+                selection,
+                n,
+                [shardings[i] for i in chosen],
+                pad=pad,
+                cast=cast,
+                pmap=pmap_devices is not None,
+            )
         leaves: list[Any] = [None] * len(self._schema.columns)
         for i, array in zip(chosen, arrays):
             leaves[i] = array
@@ -461,7 +480,8 @@ class TreeStore:
             arrays = [np.empty((0, *c.shape), c.dtype) for c in specs]
         else:
             try:
-                arrays = self._backend.read([c.key for c in specs], selection.index, n)
+                with self._reading() as backend:
+                    arrays = backend.read([c.key for c in specs], selection.index, n)
             except CorruptChunkError as err:
                 raise name_column(err, self._schema) from err
         if selection.scalar:
@@ -657,7 +677,8 @@ class TreeStore:
             StorageError: storage could not be reached.
         """
         self._check_open()
-        return verify(self._backend, self._schema, self.committed, self.path, progress=progress)
+        with self._reading() as backend:
+            return verify(backend, self._schema, self.committed, self.path, progress=progress)
 
     # ---- guards --------------------------------------------------------------------------------
 

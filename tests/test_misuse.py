@@ -125,6 +125,35 @@ def test_appends_in_threads_keep_each_threads_order_and_flush_is_safe(tmp_path, 
         np.testing.assert_array_equal(mine, np.arange(t * 100, t * 100 + 100))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_close_waits_for_reads_in_other_threads_and_later_reads_are_refused(tmp_path, backend):
+    store = pytreestore.create(str(tmp_path / "s"), LIKE, chunk_records=64, backend=backend)
+    store.extend(record(i) for i in range(1000))
+    store.flush()
+    outcome: list[BaseException] = []
+    reads = [0]
+    started = threading.Event()
+
+    def reader() -> None:
+        try:
+            while True:
+                assert_whole(store.load(as_numpy=True))
+                reads[0] += 1
+                started.set()
+        except BaseException as err:
+            outcome.append(err)
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for th in threads:
+        th.start()
+    started.wait(60)
+    store.close()
+    for th in threads:
+        th.join()
+    assert reads[0] > 0 and len(outcome) == 3
+    assert all(isinstance(e, errors.ClosedStoreError) for e in outcome), outcome
+
+
 # ---- a close that fails --------------------------------------------------------------------------
 
 
