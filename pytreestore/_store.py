@@ -111,6 +111,8 @@ class TreeStore:
         self._reopen = dict(reopen or {})  # open()'s options, for pickling a reader
         self._pid = os.getpid()  # a writer serves only the process that opened it
         self._mutex = threading.RLock()  # one append, flush or close at a time
+        self._reads = 0  # reads in flight, which close() waits for
+        self._reads_done = threading.Condition()
         self._writer = Writer(backend, schema, commit) if mode == "a" else None
         self._key_impls = [c.key_impl for c in schema.columns]
 
@@ -333,10 +335,25 @@ class TreeStore:
             self._shut()
 
     def _shut(self) -> None:
-        self._closed = True
+        with self._reads_done:
+            self._closed = True  # no read starts from now on
+            self._reads_done.wait_for(lambda: self._reads == 0)
         if self._lock is not None:
             self._lock.release()
         self._backend.close()
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[Backend]:
+        """The backend, for one read; ``close()`` waits until the read is done."""
+        with self._reads_done:
+            self._check_open()
+            self._reads += 1
+        try:
+            yield self._backend
+        finally:
+            with self._reads_done:
+                self._reads -= 1
+                self._reads_done.notify_all()
 
     def __enter__(self) -> TreeStore:
         return self
@@ -400,7 +417,8 @@ class TreeStore:
         """
         self._check_open()
         if self._writer is None:
-            self._commit = check_not_replaced(self._backend, self._location, self._commit)
+            with self._reading() as backend:
+                self._commit = check_not_replaced(backend, self._location, self._commit)
         return len(self)
 
     def _check_not_replaced(self, *, always: bool = False) -> None:
@@ -483,17 +501,18 @@ class TreeStore:
         selection, chosen, n = self._select(index, columns)
         shardings = _sharded.resolve(sharding, pmap_devices, self._schema.paths)
         specs = [self._schema.columns[i] for i in chosen]
-        arrays, mask = _sharded.load(
-            self._backend,
-            specs,
-            selection,
-            n,
-            [shardings[i] for i in chosen],
-            pad=pad,
-            cast=cast,
-            pmap=pmap_devices is not None,
-        )
-        self._check_not_replaced()
+        with self._reading() as backend:
+            arrays, mask = _sharded.load(
+                backend,
+                specs,
+                selection,
+                n,
+                [shardings[i] for i in chosen],
+                pad=pad,
+                cast=cast,
+                pmap=pmap_devices is not None,
+            )
+            self._check_not_replaced()
         leaves: list[Any] = [None] * len(self._schema.columns)
         for i, array in zip(chosen, arrays):
             leaves[i] = array
@@ -525,7 +544,7 @@ class TreeStore:
             [0.0, 1.0]
         """
         cast = self._cast_for(cast)
-        n = len(self)
+        n = self._readable()
         for start in range(0, n, _ITER_BLOCK):
             block = slice(start, min(start + _ITER_BLOCK, n))
             leaves = self._load_leaves(block, columns, as_numpy=as_numpy, cast=cast)
@@ -547,7 +566,8 @@ class TreeStore:
             arrays = [np.empty((0, *c.shape), c.dtype) for c in specs]
         else:
             try:
-                arrays = self._backend.read([c.key for c in specs], selection.index, n)
+                with self._reading() as backend:
+                    arrays = backend.read([c.key for c in specs], selection.index, n)
             except CorruptStoreError as err:
                 self._check_not_replaced(always=True)  # a replaced store lacks our chunks
                 if isinstance(err, CorruptChunkError):
@@ -568,15 +588,23 @@ class TreeStore:
         self, index: Any, columns: str | Sequence[str] | None
     ) -> tuple[_read.Selection, list[int], int]:
         """Flushes pending appends; the normalised index, chosen columns and record count."""
+        n = self._readable()
+        return _read.normalize(index, n), self._schema.select(columns), n
+
+    def _readable(self) -> int:
+        """The records a read sees: all of them, committed first, unless another thread is
+        appending; then those committed so far (a read never waits for an append)."""
         self._check_open()
         if self._writer is None:
-            n = self._commit.records
-        else:
-            with self._mutex:  # rows below n are committed: appends may go on while we read
-                if self._writer.pending:
-                    self._writer.flush()
-                n = len(self._writer)
-        return _read.normalize(index, n), self._schema.select(columns), n
+            return self._commit.records
+        if not self._mutex.acquire(blocking=False):
+            return self._writer.commit.records
+        try:
+            if self._writer.pending:
+                self._writer.flush()
+            return len(self._writer)
+        finally:
+            self._mutex.release()
 
     # ---- device pipelines ----------------------------------------------------------------------
 
@@ -629,8 +657,7 @@ class TreeStore:
             >>> [b["x"].tolist() for b in it], it.state()["epoch"]
             ([[0, 1], [2, 3]], 1)
         """
-        self._check_open()
-        lo, hi, _ = slice(start, stop).indices(len(self))
+        lo, hi, _ = slice(start, stop).indices(self._readable())
         hi = max(lo, hi)
         if sharding is not None:
             self._check_batch_split(sharding, columns, batch_size, hi - lo, drop_last)
@@ -692,7 +719,7 @@ class TreeStore:
         return _map.map_records(
             fn,
             load,
-            count=len(self),
+            count=self._readable(),
             batch_size=size,
             out=out,
             progress=progress,
@@ -741,9 +768,10 @@ class TreeStore:
             StorageError: storage could not be reached.
         """
         self._check_open()
-        with contextlib.suppress(CorruptStoreError):  # a damaged commit record is reported
-            self._check_not_replaced(always=True)
-        return verify(self._backend, self._schema, self.committed, self.path, progress=progress)
+        with self._reading() as backend:
+            with contextlib.suppress(CorruptStoreError):  # a damaged commit record is reported
+                self._check_not_replaced(always=True)
+            return verify(backend, self._schema, self.committed, self.path, progress=progress)
 
     # ---- guards --------------------------------------------------------------------------------
 

@@ -5,8 +5,10 @@ import os
 import pickle
 import re
 import shutil
+import signal
 import subprocess
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import NamedTuple
@@ -16,7 +18,10 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
+from pytreestore._location import Location
+from pytreestore.backends import get_backend
 
+pytest_plugins = ("tests.fixtures",)
 BACKENDS = ("tensorstore", "zarr")
 
 
@@ -67,8 +72,15 @@ def test_four_threads_extending_one_store_keep_every_record_whole(tmp_path, back
 
     def reader() -> None:  # reads on the same object while the writers append
         try:
-            while not done.is_set():
+            while not done.wait(0.2):
                 seen.append(assert_whole(store.load(as_numpy=True)))
+                if len(seen) % 4 == 1:  # records(): its length is fixed as it starts
+                    rows = list(store.records(as_numpy=True))
+                    block = {
+                        k: np.array([r[k] for r in rows]).reshape(-1, *np.shape(LIKE[k]))
+                        for k in LIKE
+                    }
+                    seen.append(assert_whole(block))
         except BaseException as err:
             failures.append(err)
 
@@ -80,7 +92,7 @@ def test_four_threads_extending_one_store_keep_every_record_whole(tmp_path, back
         th.join()
     done.set()
     watcher.join()
-    assert failures == []
+    assert failures == [] and seen  # the reader ran, and saw only whole records
     store.close()
     total = threads_n * calls * per_call
     reopened = pytreestore.open(path, backend=backend)
@@ -112,6 +124,35 @@ def test_appends_in_threads_keep_each_threads_order_and_flush_is_safe(tmp_path, 
     for t in range(3):
         mine = ids[(ids >= t * 100) & (ids < t * 100 + 100)]
         np.testing.assert_array_equal(mine, np.arange(t * 100, t * 100 + 100))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_close_waits_for_reads_in_other_threads_and_later_reads_are_refused(tmp_path, backend):
+    store = pytreestore.create(str(tmp_path / "s"), LIKE, chunk_records=64, backend=backend)
+    store.extend(record(i) for i in range(1000))
+    store.flush()
+    outcome: list[BaseException] = []
+    reads = [0]
+    started = threading.Event()
+
+    def reader() -> None:
+        try:
+            while True:
+                assert_whole(store.load(as_numpy=True))
+                reads[0] += 1
+                started.set()
+        except BaseException as err:
+            outcome.append(err)
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for th in threads:
+        th.start()
+    started.wait(60)
+    store.close()
+    for th in threads:
+        th.join()
+    assert reads[0] > 0 and len(outcome) == 3
+    assert all(isinstance(e, errors.ClosedStoreError) for e in outcome), outcome
 
 
 # ---- a close that fails --------------------------------------------------------------------------
@@ -258,6 +299,28 @@ def test_double_open_for_append_in_one_process_is_refused_until_closed(tmp_path,
     np.testing.assert_array_equal(ids, [0, 1])
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_failed_open_for_append_on_s3_deletes_its_lock_object(s3_server, bucket, backend):
+    url, kw = f"s3://{bucket}/s", {"backend": backend, "storage_options": s3_server.options}
+    with pytreestore.create(url, LIKE, chunk_records=4, **kw) as store:
+        store.extend(record(i) for i in range(6))
+    raw = get_backend(backend)(Location.parse(url, s3_server.options))
+    good = raw.read_bytes("id/c/1")
+    assert good is not None
+    raw.write_bytes("id/c/1", b"\x00garbage" * 5)
+    with pytest.raises(errors.CorruptStoreError):
+        pytreestore.open(url, mode="a", **kw)
+    assert raw.read_bytes(".pytreestore/lock") is None  # no lock object left naming us
+    raw.write_bytes("id/c/1", good)
+    with pytreestore.open(url, mode="a", **kw) as store:
+        store.append(record(6))
+    reader = pytreestore.open(url, **kw)
+    np.testing.assert_array_equal(assert_whole(reader.load(as_numpy=True)), np.arange(7))
+    copy = pickle.loads(pickle.dumps(reader))  # a reader on S3 pickles with its options
+    assert copy.reopen_options()["storage_options"]["endpoint"] == s3_server.options["endpoint"]
+    np.testing.assert_array_equal(copy.load(as_numpy=True)["id"], np.arange(7))
+
+
 # ---- pickling ------------------------------------------------------------------------------------
 
 
@@ -308,7 +371,8 @@ def test_a_grain_source_pickles_with_its_backend_and_buffered_records(tmp_path, 
 
 
 def run_in_child(body) -> int:
-    """Forks; the child runs ``body`` and exits with its return value (99 on an exception)."""
+    """Forks; the child runs ``body`` and exits with its return value (99 on an exception,
+    -9 if it is still running after a minute)."""
     with warnings.catch_warnings():  # JAX warns at every fork once its backend is up
         warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
         pid = os.fork()
@@ -318,7 +382,14 @@ def run_in_child(body) -> int:
             code = body()
         finally:
             os._exit(code)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    for _ in range(1200):  # a child that hangs (a writer's I/O after fork) is killed at 60 s
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return -signal.SIGKILL
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -350,6 +421,25 @@ def test_a_forked_child_cannot_use_or_release_the_parents_writer(tmp_path, backe
     store.close()
     ids = assert_whole(pytreestore.open(path, backend=backend).load(as_numpy=True))
     np.testing.assert_array_equal(ids, np.arange(4))
+
+
+def test_a_forked_child_leaves_the_parents_s3_lock_object(s3_server, bucket):
+    url, kw = f"s3://{bucket}/s", {"backend": "zarr", "storage_options": s3_server.options}
+    store = pytreestore.create(url, LIKE, **kw)
+    store.append(record(0))
+    raw = get_backend("zarr")(Location.parse(url, s3_server.options))
+    held = raw.read_bytes(".pytreestore/lock")
+
+    def child() -> int:
+        store.close()  # the child's copy only: no flush, no delete of the lock object
+        return 7
+
+    assert held is not None and run_in_child(child) == 7
+    assert raw.read_bytes(".pytreestore/lock") == held
+    store.append(record(1))
+    store.close()
+    assert raw.read_bytes(".pytreestore/lock") is None
+    np.testing.assert_array_equal(pytreestore.open(url, **kw).load(as_numpy=True)["id"], [0, 1])
 
 
 # ---- a second writer -----------------------------------------------------------------------------

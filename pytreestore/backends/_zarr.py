@@ -122,6 +122,7 @@ class ZarrBackend:
         self._documents: dict[str, dict[str, Any]] = {}
         self._arrays: dict[str, AsyncArray[ArrayV3Metadata]] = {}
         self._required = ChunksRequired(self._store)  # what reads go through
+        self._attempted: dict[str, int] = {}  # grows whose write failed: maybe on disk
 
     # ---- keys and bytes ----------------------------------------------------------------------
 
@@ -279,13 +280,19 @@ class ZarrBackend:
                 known = self._documents[key]["shape"][0]
                 shape = _validate.array_facts(_validate.parse_array_json(raw, file), file)[1]
                 found = shape[0] if shape else known
-                if found > known:
+                if found > known and found != self._attempted.get(key):
                     raise CommitConflictError(
                         f"column {key} holds {found} records on disk but this writer last saw "
                         f"{known}: another writer is appending to {self._location}. Nothing "
                         "more was written; reopen the store to append after its records."
                     )
-            self.write_many_bytes(items)
+            try:
+                self.write_many_bytes(items)
+            except PyTreeStoreError:  # some may have landed: this writer's own, if retried
+                self._attempted.update((k, documents[k]["shape"][0]) for k in grown)
+                raise
+            for key in grown:
+                self._attempted.pop(key, None)
 
     def _load_documents(self, keys: Sequence[str], records: int, refresh: bool = False) -> None:
         """Reads (concurrently) and checks the ``zarr.json`` of every key not known to hold
