@@ -19,13 +19,19 @@ Example:
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Sequence
 from typing import Any
 
 from pytreestore._location import Location
 from pytreestore._schema import ColumnSpec, TreeSchema
 from pytreestore._write import COMMIT_KEY, Commit
-from pytreestore.errors import CorruptChunkError, CorruptStoreError, StoreReplacedError
+from pytreestore.errors import (
+    CorruptChunkError,
+    CorruptStoreError,
+    StorageError,
+    StoreReplacedError,
+)
 
 
 def repair(engine: Any, location: Location, schema: TreeSchema, records: int) -> None:
@@ -138,20 +144,41 @@ def check_not_replaced(engine: Any, location: Location, seen: Commit) -> Commit:
     Raises:
         StoreReplacedError: the store was replaced or deleted.
     """
+    raw = _commit_bytes(engine, location)
     try:
-        now = Commit.read(engine, str(location))
+        now = Commit.from_bytes(raw, str(location))
     except CorruptStoreError as err:
-        if engine.read_bytes(COMMIT_KEY) is not None:
+        if raw is not None:
             raise
         raise StoreReplacedError(
             f"the store {location} was deleted since this reader opened it ({err}); open it "
             "again if a new store is there"
         ) from err
-    if now.generation < seen.generation or now.records < seen.records:
+    other = None not in (now.store, seen.store) and now.store != seen.store
+    if other or now.generation < seen.generation or now.records < seen.records:
+        why = (
+            f"its store id is now {now.store}, not {seen.store}"
+            if other
+            else "commits only grow a store"
+        )
         raise StoreReplacedError(
             f"the store {location} was replaced since this reader opened it: it now holds "
             f"{now.records} records at commit {now.generation}, this reader saw {seen.records} "
-            f"records at commit {seen.generation} (commits only grow a store). What it would "
-            "read belongs to another store; open it again with pytreestore.open()."
+            f"records at commit {seen.generation} ({why}). What it would read belongs to "
+            "another store; open it again with pytreestore.open()."
         )
     return now
+
+
+def _commit_bytes(engine: Any, location: Location) -> bytes | None:
+    """The commit record's bytes; on local disk read with a plain ``open`` (no engine call), which
+    is cheap after every read and safe in a process forked from the reader's."""
+    if location.kind != "file":
+        return engine.read_bytes(COMMIT_KEY)
+    try:
+        with open(os.path.join(location.root, COMMIT_KEY), "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise StorageError(f"cannot read {location}/{COMMIT_KEY}: {err}") from err

@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
@@ -935,7 +936,7 @@ def create_from_schema(
         engine.create_columns(layouts(schema))
         groups = {k: _group_json({}) for k in _group_keys(schema)}
         engine.write_many_bytes(groups)
-        commit = Commit(0, 0)
+        commit = Commit(0, 0, uuid.uuid4().hex)  # the store's identity, kept by every commit
         engine.write_bytes(".pytreestore/commit.json", commit.to_bytes())
         info = _validate.stamped(schema.to_json())  # checked against schema.json, with a digest
         engine.write_bytes(ROOT_KEY, _group_json({"pytreestore": info}))

@@ -40,6 +40,7 @@ import dataclasses
 import itertools
 import json
 import os
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -57,23 +58,32 @@ from pytreestore.errors import (
 )
 
 COMMIT_KEY = ".pytreestore/commit.json"
+_STORE_ID = re.compile("[0-9a-f]{32}")
 
 
 @dataclasses.dataclass(frozen=True)
 class Commit:
-    """The commit record: how many records are durable, and how many commits came before."""
+    """The commit record: how many records are durable, how many commits came before, and
+    (format 2) the store's identity, a random id chosen by ``create`` that every commit keeps,
+    so that a reader notices a store replaced under it (``create(overwrite=True)``)."""
 
     records: int
     generation: int
+    store: str | None = None
 
     def to_bytes(self) -> bytes:
-        return json.dumps(
-            {
-                "format_version": FORMAT_VERSION,
-                "records": self.records,
-                "generation": self.generation,
-            }
-        ).encode()
+        obj: dict[str, Any] = {
+            "format_version": FORMAT_VERSION,
+            "records": self.records,
+            "generation": self.generation,
+        }
+        if self.store is not None:
+            obj["store"] = self.store
+        return json.dumps(obj).encode()
+
+    def next(self, records: int) -> Commit:
+        """The commit after this one, holding ``records`` records."""
+        return Commit(records, self.generation + 1, self.store)
 
     @classmethod
     def read(cls, backend: Backend, where: str) -> Commit:
@@ -97,7 +107,14 @@ class Commit:
                 f"got {type(obj).__name__}"
             )
         records, generation = (_count(obj, name, where) for name in ("records", "generation"))
-        return cls(records, generation)
+        store = obj.get("store")
+        if store is not None and not (isinstance(store, str) and _STORE_ID.fullmatch(store)):
+            raise CorruptStoreError(
+                f"{where}/{COMMIT_KEY} is not a valid commit record: its 'store' must be 32 "
+                f"lowercase hex digits, got {json.dumps(store)}. The store was damaged outside "
+                "pytreestore; restore the file from a backup (nothing was read or written)."
+            )
+        return cls(records, generation, store)
 
 
 def _count(obj: dict[str, Any], name: str, where: str) -> int:
@@ -309,7 +326,7 @@ class Writer:
         self.start, self.fill = end, 0
 
     def _commit(self, records: int) -> None:
-        commit = Commit(records, self.commit.generation + 1)
+        commit = self.commit.next(records)
         if self._token is None:
             self._backend.write_bytes(COMMIT_KEY, commit.to_bytes())
         else:

@@ -985,3 +985,18 @@ def test_a_reader_notices_its_store_was_replaced(tmp_path: Path, backend: str) -
             call()
     again = pytreestore.open(path, backend=backend)
     np.testing.assert_array_equal(again.load(as_numpy=True)["x"], [100, 101, 102])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_reader_notices_a_replacement_that_grew_past_it(tmp_path: Path, backend: str) -> None:
+    # issue 12 (14): records and generation alone miss a new store that is already longer
+    path = small(tmp_path / "s", backend, n=3)
+    reader = pytreestore.open(path, backend=backend)
+    with pytreestore.create(path, X, chunk_records=2, backend=backend, overwrite=True) as s:
+        s.extend({"x": np.int32(100 + i)} for i in range(12))
+    for call in (lambda: reader.load(as_numpy=True), reader.verify, reader.refresh):
+        with pytest.raises(errors.StoreReplacedError, match=r"its store id is now [0-9a-f]{32}"):
+            call()
+    np.testing.assert_array_equal(
+        pytreestore.open(path, backend=backend).load(slice(0, 2), as_numpy=True)["x"], [100, 101]
+    )

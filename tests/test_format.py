@@ -232,11 +232,9 @@ def test_golden_small_store(tmp_path):
         "c/zarr.json",
         "zarr.json",
     ]  # chunks holding only fill values are stored too
-    assert read_json(root / ".pytreestore" / "commit.json") == {
-        "format_version": 2,
-        "records": 3,
-        "generation": 1,
-    }
+    commit = read_json(root / ".pytreestore" / "commit.json")
+    assert re.fullmatch("[0-9a-f]{32}", commit.pop("store"))
+    assert commit == {"format_version": 2, "records": 3, "generation": 1}
 
 
 # ---- groups and arrays ---------------------------------------------------------------------------
@@ -363,21 +361,34 @@ def test_commit_record_after_flushes(tmp_path):
     root = tmp_path / "s"
     commit = root / ".pytreestore" / "commit.json"
     store = pytreestore.create(root, {"x": np.int32(0)}, chunk_records=CHUNK)
-    assert read_json(commit) == {"format_version": 2, "records": 0, "generation": 0}
+    first = read_json(commit)
+    ident = first.pop("store")  # the store's identity: random, kept by every commit
+    assert re.fullmatch("[0-9a-f]{32}", ident)
+    assert first == {"format_version": 2, "records": 0, "generation": 0}
     for i in range(3):
         store.append({"x": np.int32(i)})
     assert read_json(commit)["records"] == 0  # buffered, not committed
     store.flush()
-    assert read_json(commit) == {"format_version": 2, "records": 3, "generation": 1}
+    assert read_json(commit) == {"format_version": 2, "records": 3, "generation": 1, "store": ident}
     store.flush()  # nothing pending: no new commit
-    assert read_json(commit) == {"format_version": 2, "records": 3, "generation": 1}
+    assert read_json(commit) == {"format_version": 2, "records": 3, "generation": 1, "store": ident}
     store.append({"x": np.int32(3)})
     store.append({"x": np.int32(4)})  # the full chunk [0, 4) is written and committed
-    assert read_json(commit) == {"format_version": 2, "records": 4, "generation": 2}
+    assert read_json(commit) == {"format_version": 2, "records": 4, "generation": 2, "store": ident}
     store.extend({"x": np.int32(i)} for i in range(5, 14))  # commits whole chunks only
-    assert read_json(commit) == {"format_version": 2, "records": 12, "generation": 3}
+    assert read_json(commit) == {
+        "format_version": 2,
+        "records": 12,
+        "generation": 3,
+        "store": ident,
+    }
     store.close()
-    assert read_json(commit) == {"format_version": 2, "records": 14, "generation": 4}
+    assert read_json(commit) == {
+        "format_version": 2,
+        "records": 14,
+        "generation": 4,
+        "store": ident,
+    }
     assert read_json(root / "x" / "zarr.json")["shape"] == [14]
     assert (root / ".pytreestore" / "lock").is_file()
 

@@ -21,6 +21,7 @@ import collections
 import dataclasses
 import filecmp
 import itertools
+import json
 import shutil
 import sys
 import tempfile
@@ -140,6 +141,10 @@ RECIPES: dict[str, Recipe] = {
 }
 
 
+#: the store id written into every golden commit record (``create`` draws a random one)
+GOLDEN_STORE_ID = "90de0000000000000000000000000000"
+
+
 def write(name: str, path: Path) -> None:
     """Writes golden store ``name`` at ``path`` (which must not exist)."""
     recipe = RECIPES[name]
@@ -164,6 +169,9 @@ def write(name: str, path: Path) -> None:
                 store.evolve(**recipe.evolve[1])
     for extra in NOT_FORMAT:
         (path / extra).unlink(missing_ok=True)
+    commit = path / ".pytreestore" / "commit.json"  # its store id is random: fix it
+    obj = json.loads(commit.read_bytes())
+    commit.write_bytes(json.dumps(dict(obj, store=GOLDEN_STORE_ID)).encode())
 
 
 def files(path: Path) -> list[str]:
