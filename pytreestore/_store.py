@@ -126,8 +126,7 @@ class TreeStore:
         return self._writer.commit.records if self._writer else self._commit.records
 
     def __len__(self) -> int:
-        if self._closed:
-            self._check_open()
+        self._check_open()
         return len(self._writer) if self._writer else self._commit.records
 
     def __repr__(self) -> str:
