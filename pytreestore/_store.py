@@ -145,8 +145,7 @@ class TreeStore:
         return self._writer.commit.records if self._writer else self._commit.records
 
     def __len__(self) -> int:
-        if self._closed:
-            self._check_open()
+        self._check_open()
         return len(self._writer) if self._writer else self._commit.records
 
     def __repr__(self) -> str:
@@ -598,8 +597,8 @@ class TreeStore:
         self._check_open()
         if self._writer is None:
             return self._commit.records
-        if not self._mutex.acquire(blocking=False):
-            return self._writer.commit.records
+        if os.getpid() != self._pid or not self._mutex.acquire(blocking=False):
+            return self._writer.commit.records  # a forked child never writes
         try:
             if self._writer.pending:
                 self._writer.flush()
@@ -783,12 +782,15 @@ class TreeStore:
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedStoreError(f"store {self.path} is closed; open it again to use it")
-        if self._writer is not None and os.getpid() != self._pid:
+
+    def _check_process(self) -> None:
+        if os.getpid() != self._pid:
             raise ForkedWriterError(
                 f"store {self.path} was opened for appending by process {self._pid}, and this "
-                f"process ({os.getpid()}) was forked from it: a writer serves only the process "
-                "that opened it. Open the store again here (pytreestore.open(path) to read; "
-                "mode='a' once the parent has closed it)"
+                f"process ({os.getpid()}) was forked from it: only the process that opened a "
+                "writer may append to it (here it reads the records committed before the "
+                "fork). Open the store again here (pytreestore.open(path) to read; mode='a' "
+                "once the parent has closed it)"
             )
 
     def _appendable(self) -> Writer:
@@ -808,6 +810,7 @@ class TreeStore:
                 f"store {self.path} is open read-only; open it with "
                 "pytreestore.open(path, mode='a') to append"
             )
+        self._check_process()
         return self._writer
 
     @contextlib.contextmanager
