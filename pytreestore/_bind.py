@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -208,8 +209,6 @@ class _Binder:
         return children if node["node"] == "list" else tuple(children)
 
     def mapping(self, node: dict, entries: list, children: list, path: tuple) -> Any:
-        import collections
-
         pairs = zip(node["keys"], children)
         return dict(pairs) if node["node"] == "dict" else collections.OrderedDict(pairs)
 
@@ -237,7 +236,13 @@ class _Binder:
         from pytreestore._schema import resolve_class
 
         cls = resolve_class(node["type"])
-        aux = _values.decode(node["aux"])
+        try:
+            aux = _values.decode(node["aux"])
+        except (TypeError, ValueError) as err:
+            raise CorruptStoreError(
+                f"the store's schema is damaged: static data {node['aux']!r} of the node at "
+                f"{_keys.path_str(path) or 'the root'} cannot be decoded ({err})"
+            ) from err
         probe = _probe(cls) if dataclasses.is_dataclass(cls) else None
         if probe is not None:
             names = [_keys.entry_name(e) for e in entries]
@@ -422,8 +427,9 @@ def _probe(cls: type) -> _Fields | None:
     if sub.num_nodes == 1 and sub.num_leaves == 1:
         return None  # not registered: reported by the rebuild
     data = tuple(v.name for _, v in flat if isinstance(v, _Probe))
-    if len(data) != len(flat) or not isinstance(aux, tuple):
-        return None
+    keys = tuple(_keys.entry_name(k[0]) for k, _ in flat)
+    if len(data) != len(flat) or keys != data or not isinstance(aux, tuple):
+        return None  # children not named by their fields: rebuilt from stored static data
     static = {v.name: i for i, v in enumerate(aux) if isinstance(v, _Probe)}
     return _Fields(data, static, aux)
 

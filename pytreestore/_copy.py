@@ -129,8 +129,8 @@ def rechunked(schema: TreeSchema, chunk_records: int | None, codec: str | None) 
     """``schema`` with ``chunk_records`` records per chunk (None: unchanged) and ``codec``."""
     if codec not in _CODECS:
         raise ValueError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
-    if chunk_records is None:
-        return dataclasses.replace(schema, codec=codec)
+    if chunk_records is None:  # a copy has no dropped columns: their data is not copied
+        return dataclasses.replace(schema, codec=codec, dropped=())
     if not isinstance(chunk_records, int) or isinstance(chunk_records, bool) or chunk_records < 1:
         raise ValueError(f"chunk_records must be a positive int, got {chunk_records!r}")
     columns = tuple(
@@ -139,7 +139,9 @@ def rechunked(schema: TreeSchema, chunk_records: int | None, codec: str | None) 
         )
         for c in schema.columns
     )
-    return dataclasses.replace(schema, columns=columns, chunk_records=chunk_records, codec=codec)
+    return dataclasses.replace(
+        schema, columns=columns, chunk_records=chunk_records, codec=codec, dropped=()
+    )
 
 
 def _step(dst_chunk: int, src_chunk: int, row_bytes: int) -> int:

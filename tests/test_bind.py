@@ -6,6 +6,8 @@ whose module of the same name defines the next version (see tests/class_change.p
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from tests.class_change import Case, run_cases
@@ -217,6 +219,13 @@ result = [plain(store.load(as_numpy=True)), plain(store.load(1, as_numpy=True)),
     ),
     "unchanged": Case(FLAX_AB, FLAX_AB, RECORD_AB),
 }
+if importlib.util.find_spec("chex") is not None:  # chex is in the test extra with equinox
+    CASES["chex_swapped_and_added"] = Case(
+        "import chex\n@chex.dataclass\nclass C:\n    a: np.ndarray\n    b: np.ndarray\n",
+        "import chex\n@chex.dataclass\nclass C:\n    b: np.ndarray\n    a: np.ndarray\n"
+        "    c: np.ndarray = np.float32(1)\n",
+        RECORD_AB,
+    )
 
 
 @pytest.fixture(scope="module", params=["tensorstore", "zarr"])
@@ -346,3 +355,10 @@ def test_every_differing_keypath_is_listed(outcomes):
 
 def test_unchanged_classes(outcomes):
     assert outcomes["unchanged"]["result"] == {"__class__": "C", "a": A[0], "b": B[0]}
+
+
+def test_chex_dataclass_binds_by_name(outcomes):
+    if "chex_swapped_and_added" not in outcomes:
+        pytest.skip("chex is not installed")
+    got = outcomes["chex_swapped_and_added"]["result"]
+    assert got == {"__class__": "C", "b": B[0], "a": A[0], "c": value("float32", [1.0] * 3)}

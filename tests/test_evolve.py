@@ -270,3 +270,17 @@ def test_an_old_reader_refuses_an_evolved_store(tmp_path, monkeypatch):
     _validate.forget_validated()
     with pytest.raises(errors.FormatVersionError, match="upgrade pytreestore to read it"):
         pytreestore.open(tmp_path / "s")
+
+
+def test_copy_of_an_evolved_store(tmp_path, backend):
+    store = small(tmp_path / "s", backend)
+    store.evolve(add={"['y']": np.int8(-2)}, drop=["['x']"])
+    store.append({"y": np.int8(9)})
+    store.close()
+    source = pytreestore.open(tmp_path / "s", backend=backend)
+    assert pytreestore.copy(source, tmp_path / "c", chunk_records=4, backend=backend) == 6
+    copied = pytreestore.open(tmp_path / "c", backend=backend)
+    assert copied.load(as_numpy=True)["y"].tolist() == [-2] * 5 + [9]
+    assert copied.schema.dropped == () and copied.verify().ok
+    info = json.loads((tmp_path / "c" / "zarr.json").read_text())["attributes"]["pytreestore"]
+    assert "dropped" not in info and info["columns"][0]["key"] == "y"

@@ -138,8 +138,10 @@ def test_generic_view(tmp_path):
     pair = generic["inner"][0]["value"]
     assert set(pair) == {"left", "right"}
     np.testing.assert_array_equal(pair["right"], np.arange(3) + 3)
-    with pytest.raises(ValueError, match="read-only view"):
-        pytreestore.open(tmp_path / "s", mode="a", generic=True)
+    view = pytreestore.open(tmp_path / "s", mode="a", generic=True)  # it can evolve only
+    with pytest.raises(errors.ReadOnlyError, match="can evolve but not append"):
+        view.append(trees.deep_record(3))
+    view.close()
 
 
 def test_class_in_main_needs_like(tmp_path):
