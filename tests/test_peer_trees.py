@@ -155,5 +155,6 @@ def test_format_1_registered_namedtuples_read_in_flatten_order_or_refused():
         "fields": ["foo", "bar"],
         "children": [{"node": "leaf"}],
     }
-    with pytest.raises(errors.SchemaMismatchError, match="or keeps static data"):
+    # format 1 kept no static data for it: the node names 2 fields over 1 child, refused
+    with pytest.raises(errors.CorruptStoreError, match="child 0 has 1 children but 2 fields"):
         TreeSchema.from_json(schema)
