@@ -106,7 +106,9 @@ def encode_value(value: Any) -> dict[str, Any]:
             raise
         encoded = {"ref": name}  # a lambda bound at module level, e.g. equinox's _identity
     if not (isinstance(encoded, dict) and next(iter(encoded)) in _TAGS):
-        raise TypeError(f"{value!r:.80} is a {type(value).__name__}, not an object named by import path")
+        raise TypeError(
+            f"{value!r:.80} is a {type(value).__name__}, not an object named by import path"
+        )
     return encoded
 
 
@@ -181,4 +183,13 @@ def binding(tree: dict[str, Any], shapes: Sequence[tuple[int, ...]]) -> Any:
     return Binding(tuple(sources(tree)), tuple(shapes), "")
 
 
-__all__ = ["Const", "binding", "decode", "describe", "encode_leaf", "has_consts", "only_consts_note", "sources"]
+__all__ = [
+    "Const",
+    "binding",
+    "decode",
+    "describe",
+    "encode_leaf",
+    "has_consts",
+    "only_consts_note",
+    "sources",
+]

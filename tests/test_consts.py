@@ -34,9 +34,7 @@ def test_schema_holds_constants_as_nodes_not_columns():
     kids = schema.tree["children"]
     assert kids[1] == {"node": "const", "value": {"ref": "jax._src.nn.functions:relu"}}
     assert kids[2] == {"node": "const", "value": {"ref": "jax.numpy:tanh"}}
-    assert schema.paths == tuple(
-        f".layers[{i}].{f}" for i in range(2) for f in ("weight", "bias")
-    )
+    assert schema.paths == tuple(f".layers[{i}].{f}" for i in range(2) for f in ("weight", "bias"))
     _validate.stamped(schema.to_json())  # follows pytreestore/schema.json
 
 
