@@ -123,3 +123,22 @@ def test_stack_and_unstack_keep_constants():
     back = pytreestore.unstack(batch)
     assert [t.fn for t in back] == [scale_by_two] * 3
     np.testing.assert_array_equal(back[2].w, [2, 2])
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"f": np.float32(1), "x": np.float32(0)}, "at ['f']: stored the constant jax._src"),
+        ({"f": jax.nn.relu, "x": jax.nn.relu}, "at ['x']: expected float32[], got a custom_jvp"),
+        ({"x": np.float32(0)}, "expected a dict with keys ['f', 'x'], got a dict with keys ['x']"),
+        (
+            {"f": (jax.nn.relu,), "x": np.float32(0)},
+            "at ['f']: expected the constant jax._src.nn.functions:relu, got tuple",
+        ),
+    ],
+)
+def test_mismatches_around_constants_name_the_keypath(tmp_path, record, message):
+    store = pytreestore.create(tmp_path / "s", {"f": jax.nn.relu, "x": np.float32(0)})
+    with pytest.raises(errors.SchemaMismatchError, match=re.escape(message)):
+        store.append(record)
+    assert len(store) == 0
