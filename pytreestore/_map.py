@@ -26,7 +26,7 @@ import numpy as np
 
 from pytreestore._batches import Prefetcher
 from pytreestore._progress import progress_bar
-from pytreestore._stack import _constant
+from pytreestore._stack import is_constant
 
 
 def map_records(
@@ -85,7 +85,7 @@ class _Vmapped:
 
     def _split(self, batch: Any) -> tuple[Callable[[list[Any]], Any], list[Any], Any]:
         leaves, treedef = jax.tree_util.tree_flatten(batch)
-        mask = tuple(_constant(leaf) for leaf in leaves)
+        mask = tuple(is_constant(leaf) for leaf in leaves)
         consts = [leaf for leaf, c in zip(leaves, mask) if c]
         arrays = [leaf for leaf, c in zip(leaves, mask) if not c]
 

@@ -64,7 +64,7 @@ def unstack(batch: Any) -> list[Any]:
         SchemaMismatchError: the leaves disagree on the leading (record) length.
     """
     leaves, treedef = tree_flatten(batch)
-    arrays = [leaf for leaf in leaves if not _constant(leaf)]
+    arrays = [leaf for leaf in leaves if not is_constant(leaf)]
     lengths = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in arrays}
     if None in lengths or len(lengths) > 1:
         raise SchemaMismatchError(
@@ -79,7 +79,7 @@ def unstack(batch: Any) -> list[Any]:
 def split_leaves(leaf: Any) -> list[Any]:
     """One leaf with a leading axis as a list of per-record leaves (None, and a constant leaf
     such as a function, stay as they are in every record)."""
-    if leaf is None or _constant(leaf):
+    if leaf is None or is_constant(leaf):
         return _Repeat(leaf)
     if isinstance(leaf, jax.Array):
         return list(leaf)
@@ -90,7 +90,7 @@ def split_leaves(leaf: Any) -> list[Any]:
 _ARRAYS = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 
 
-def _constant(leaf: Any) -> bool:
+def is_constant(leaf: Any) -> bool:
     """Whether a leaf is a constant (a function, ...): neither an array nor a scalar."""
     return leaf is not None and not isinstance(leaf, _ARRAYS)
 
