@@ -41,7 +41,7 @@ from jax.tree_util import (
     tree_structure,
 )
 
-from pytreestore import _keys, _nodes, _values
+from pytreestore import _consts, _keys, _nodes, _values
 from pytreestore.errors import ClassResolutionError, CorruptStoreError, SchemaMismatchError
 
 _LEAF = tree_structure(0)
@@ -79,20 +79,27 @@ class Binding:
     """How today's leaves map to the stored columns.
 
     Attributes:
-        sources: per leaf of today's treedef, the index of its stored column, or an array:
-            the default of a field that the store lacks.
+        sources: per leaf of today's treedef, the index of its stored column, an array:
+            the default of a field that the store lacks, or a constant leaf (a function,
+            stored in the schema: :class:`pytreestore._consts.Const`).
         shapes: per stored column, its per-record shape (to find the batch shape of a load).
         unwritable: why records of today's classes cannot be appended ("" when they can).
     """
 
-    sources: tuple[int | np.ndarray, ...]
+    sources: tuple[int | np.ndarray | _consts.Const, ...]
     shapes: tuple[tuple[int, ...], ...]
     unwritable: str
 
     def leaves(self, columns: Sequence[Any]) -> list[Any]:
         """Today's leaves from loaded ``columns`` (None where a column was not loaded)."""
         ref = next(((c, s) for c, s in zip(columns, self.shapes) if c is not None), None)
-        return [columns[s] if isinstance(s, int) else _fill(s, ref) for s in self.sources]
+        return [_leaf(s, columns, ref) for s in self.sources]
+
+    @property
+    def consts_only(self) -> bool:
+        """Whether the columns are today's leaves in order, with only constants added."""
+        cols = [s for s in self.sources if not isinstance(s, _consts.Const)]
+        return cols == list(range(len(self.shapes)))
 
     def columns(self, leaves: Sequence[Any]) -> list[Any]:
         """The stored columns' values from today's leaves (for appends)."""
@@ -100,8 +107,19 @@ class Binding:
             raise SchemaMismatchError(self.unwritable)
         out: list[Any] = [None] * len(self.shapes)
         for leaf, source in zip(leaves, self.sources):
-            out[source] = leaf  # type: ignore[index]
+            if isinstance(source, _consts.Const):
+                source.check(leaf)
+            else:
+                out[source] = leaf  # type: ignore[index]
         return out
+
+
+def _leaf(source: Any, columns: Sequence[Any], ref: Any) -> Any:
+    if isinstance(source, int):
+        return columns[source]
+    if isinstance(source, _consts.Const):
+        return source.value
+    return _fill(source, ref)
 
 
 def _fill(value: np.ndarray, ref: tuple[Any, tuple[int, ...]] | None) -> Any:
@@ -134,7 +152,10 @@ def bind(tree: dict[str, Any], shapes: Sequence[tuple[int, ...]], paths: Sequenc
             f"today's classes cannot be flattened around the stored fields ({_reason(err)}). "
             "Open with like=<an example record> or generic=True."
         ) from None
-    sources = tuple(v.index if isinstance(v, _Col) else v.value for _, v in flat)
+    sources = tuple(
+        v.index if isinstance(v, _Col) else v if isinstance(v, _consts.Const) else v.value
+        for _, v in flat
+    )
     if sources == tuple(range(len(shapes))):
         return treedef, None
     return treedef, Binding(sources, tuple(shapes), _unwritable(flat, paths))
@@ -193,6 +214,8 @@ class _Binder:
             return _Col(self.next_column - 1)
         if kind == "none":
             return None
+        if kind == "const":
+            return _consts.Const(_consts.decode(node), _keys.path_str(path))
         entries = [_child_entry(node, i) for i in range(len(node.get("children", [])))]
         children = [self.node(c, (*path, e)) for c, e in zip(node.get("children", []), entries)]
         builder = _BUILDERS.get(kind)

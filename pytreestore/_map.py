@@ -26,6 +26,7 @@ import numpy as np
 
 from pytreestore._batches import Prefetcher
 from pytreestore._progress import progress_bar
+from pytreestore._stack import is_constant
 
 
 def map_records(
@@ -57,7 +58,7 @@ def map_records(
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    step = jax.jit(jax.vmap(fn))
+    step = _Vmapped(fn)
     sink = _Sink(out)
     bar = progress_bar(total=count, desc="map", record_nbytes=record_nbytes, enabled=progress)
     batches = Prefetcher(lambda ix: (ix[0], load(ix[1])), _indices(count, batch_size), prefetch)
@@ -71,7 +72,40 @@ def map_records(
     finally:
         batches.close()
         bar.close()
-    return sink.finish(lambda: jax.eval_shape(jax.vmap(fn), load(slice(0, 0))))
+    return sink.finish(lambda: step.eval_shape(load(slice(0, 0))))
+
+
+class _Vmapped:
+    """``jax.jit(jax.vmap(fn))`` of a batched record whose constant leaves (functions, see
+    :mod:`pytreestore._consts`) are closed over rather than traced, as ``eqx.filter_jit`` does."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self._fn = fn
+        self._compiled: dict[Any, Any] = {}
+
+    def _split(self, batch: Any) -> tuple[Callable[[list[Any]], Any], list[Any], Any]:
+        leaves, treedef = jax.tree_util.tree_flatten(batch)
+        mask = tuple(is_constant(leaf) for leaf in leaves)
+        consts = [leaf for leaf, c in zip(leaves, mask) if c]
+        arrays = [leaf for leaf, c in zip(leaves, mask) if not c]
+
+        def inner(arrays: list[Any]) -> Any:
+            a, k = iter(arrays), iter(consts)
+            return self._fn(treedef.unflatten([next(k) if c else next(a) for c in mask]))
+
+        key = (treedef, mask, tuple(id(c) for c in consts))  # consts live as long as the schema
+        return inner, arrays, key
+
+    def __call__(self, batch: Any) -> Any:
+        inner, arrays, key = self._split(batch)
+        step = self._compiled.get(key)
+        if step is None:
+            step = self._compiled[key] = jax.jit(jax.vmap(inner))
+        return step(arrays)
+
+    def eval_shape(self, batch: Any) -> Any:
+        inner, arrays, _ = self._split(batch)
+        return jax.eval_shape(jax.vmap(inner), arrays)
 
 
 def _indices(count: int, batch_size: int) -> Iterator[tuple[int, Any]]:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from jax.tree_util import keystr
 
+from pytreestore import _consts
 from pytreestore._location import Location
 from pytreestore._schema import _child_entry
 from pytreestore.errors import PyTreeStoreError
@@ -292,6 +293,8 @@ def _node_label(node: dict[str, Any]) -> str:
         return f"{kind}[{n}]"
     if kind == "ordered_dict":
         return "OrderedDict"
+    if kind == "const":
+        return f"= {_consts.label(node)} (constant)"
     return {"dict": "dict", "none": "None", "leaf": "leaf"}[kind]
 
 
@@ -411,6 +414,8 @@ def _record_doc(node: dict[str, Any], leaves: Iterator[Any]) -> Any:
         return _format_leaf(next(leaves))
     if kind == "none":
         return "None"
+    if kind == "const":
+        return _consts.label(node)
     docs = [_record_doc(child, leaves) for child in node.get("children", [])]
     if kind == "list":
         return _Group("[", [("", d) for d in docs], "]")

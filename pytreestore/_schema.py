@@ -34,7 +34,7 @@ from jax.tree_util import (
     tree_structure,
 )
 
-from pytreestore import _bind, _dtypes, _keys, _nodes, _prng, _values
+from pytreestore import _bind, _consts, _dtypes, _keys, _nodes, _prng, _values
 from pytreestore.errors import (
     ClassResolutionError,
     CorruptStoreError,
@@ -165,7 +165,8 @@ class TreeSchema:
             for path, key, dtype, shape, impl in leaves
         )
         _check_unique_keys(columns)
-        return cls(tree, columns, chunk, codec, tree_structure(like))
+        binding = _consts.binding(tree, [c.shape for c in columns])
+        return cls(tree, columns, chunk, codec, tree_structure(like), binding)
 
     def to_json(self) -> dict[str, Any]:
         """The schema as stored in the root group's ``zarr.json`` attributes."""
@@ -198,6 +199,7 @@ class TreeSchema:
             treedef = None
         elif like is not None:
             treedef = _treedef_from_like(tree, columns, like)
+            binding = _consts.binding(tree, [c.shape for c in columns])
         else:
             shapes, paths = [c.shape for c in columns], [c.path for c in columns]
             treedef, binding = _bind.bind(tree, shapes, paths)
@@ -229,7 +231,9 @@ class TreeSchema:
         """Indices of the columns that the tree-path selectors ``columns`` name.
 
         A selector names a column by its path, or every column below a node by the node's
-        path (``.p[0]``); ``""`` selects everything.
+        path (``.p[0]``); ``""`` selects everything. A constant leaf (a function, see
+        :mod:`pytreestore._consts`) is no column: every load returns it whatever is selected,
+        and a selector under which only constants live is refused like one naming nothing.
         """
         if columns is None:
             return list(range(len(self.columns)))
@@ -241,15 +245,15 @@ class TreeSchema:
             hits = [i for i, c in enumerate(self.columns) if _under(c.path, sel)]
             if not hits:
                 raise KeyError(
-                    f"no column at or below {sel!r}; the store's columns are "
-                    f"{', '.join(self.paths)}"
+                    f"no column at or below {sel!r}{_consts.only_consts_note(self.tree, sel)}; "
+                    f"the store's columns are {', '.join(self.paths)}"
                 )
             chosen.update(hits)
         return sorted(chosen)
 
     def mismatch_message(self, record: Any, what: str = "record") -> str:
         """Explains, path by path, how ``record``'s structure differs from the schema's."""
-        if self.binding is not None:  # today's classes differ from the stored tree
+        if self.binding is not None and not self.binding.consts_only:  # classes changed
             problems = [f"expected treedef {self.treedef}, got {tree_structure(record)}"]
         else:
             problems = list(_mismatches(self.tree, record, ()))
@@ -373,6 +377,9 @@ def _encode_leaf(value: Any, path: tuple[Any, ...], leaves: list) -> dict[str, A
         )
         return {"node": "leaf"}
     dtype = _dtypes.value_dtype(value)
+    const = None if dtype is not None else _consts.encode_leaf(value, where)
+    if const is not None:
+        return const
     if dtype is None or isinstance(value, str | bytes):
         raise UnsupportedTreeError(
             f"unsupported leaf at {where}: {type(value).__name__}. Leaves must be numpy arrays "
@@ -460,6 +467,8 @@ def _generic(node: dict[str, Any], leaves: Iterator[Any]) -> Any:
         return next(leaves)
     if kind == "none":
         return None
+    if kind == "const":
+        return _consts.decode(node)
     children = [_generic(c, leaves) for c in node.get("children", [])]
     if kind == "list":
         return children
@@ -485,6 +494,8 @@ def _describe_json(node: dict[str, Any]) -> str:
     n = len(node.get("children", []))
     if kind == "leaf":
         return "a leaf"
+    if kind == "const":
+        return f"the constant {_consts.label(node)}"
     if kind == "none":
         return "None"
     if kind in ("list", "tuple"):
@@ -502,6 +513,10 @@ def _mismatches(node: dict[str, Any], value: Any, path: tuple[Any, ...]) -> Iter
     """Every path at which ``value`` departs from the schema tree ``node``."""
     where = _keys.path_str(path) or "the root"
     level = one_level(value)
+    if node["node"] == "const":
+        if level is not None or _consts.describe(value) != _consts.label(node):
+            yield f"at {where}: expected {_describe_json(node)}, got {_consts.describe(value)}"
+        return
     if node["node"] == "leaf":
         if level is not None:
             yield f"at {where}: expected a leaf, got {_describe_value(value)}"

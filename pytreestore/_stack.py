@@ -48,46 +48,61 @@ def stack(records: Iterable[Any], *, like: Any = None, as_numpy: bool = False) -
         if treedef != schema.treedef:
             raise SchemaMismatchError(schema.mismatch_message(record, what=f"record {i}"))
         try:
-            filler.fill(leaves, i)
+            filler.fill(schema.column_leaves(leaves), i)
         except SchemaMismatchError as err:
             raise SchemaMismatchError(f"stack() refused record {i}: {err}") from err
-    assert schema.treedef is not None
-    return schema.treedef.unflatten(buffers if as_numpy else jax.device_put(buffers))
+    return schema.unflatten(buffers if as_numpy else jax.device_put(buffers))
 
 
 def unstack(batch: Any) -> list[Any]:
     """Splits a batched record into its records (the inverse of :func:`stack`).
 
     Leaves keep their kind: ``jax.Array`` leaves give ``jax.Array`` leaves, numpy gives numpy.
+    A leaf that is not an array (a function: a constant leaf) is the same in every record.
 
     Raises:
         SchemaMismatchError: the leaves disagree on the leading (record) length.
     """
     leaves, treedef = tree_flatten(batch)
-    lengths = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in leaves}
+    arrays = [leaf for leaf in leaves if not is_constant(leaf)]
+    lengths = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in arrays}
     if None in lengths or len(lengths) > 1:
         raise SchemaMismatchError(
             f"unstack() needs leaves with one common leading record axis; got lengths {sorted(lengths, key=str)}"
         )
-    if not leaves:
+    if not arrays:
         return []
     columns = [split_leaves(leaf) for leaf in leaves]
     return [treedef.unflatten(row) for row in zip(*columns)]
 
 
 def split_leaves(leaf: Any) -> list[Any]:
-    """One leaf with a leading axis as a list of per-record leaves (None stays None)."""
-    if leaf is None:
-        return _Nones()
+    """One leaf with a leading axis as a list of per-record leaves (None, and a constant leaf
+    such as a function, stay as they are in every record)."""
+    if leaf is None or is_constant(leaf):
+        return _Repeat(leaf)
     if isinstance(leaf, jax.Array):
         return list(leaf)
     array = np.asarray(leaf)
     return [array[i, ...] for i in range(array.shape[0])]
 
 
-class _Nones(list):
-    """An endless run of None for unselected columns, so ``zip`` stops at the real ones."""
+_ARRAYS = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
+
+
+def is_constant(leaf: Any) -> bool:
+    """Whether a leaf is a constant (a function, ...): neither an array nor a scalar."""
+    return leaf is not None and not isinstance(leaf, _ARRAYS)
+
+
+class _Repeat(list):
+    """An endless run of one value (None for unselected columns, or a constant leaf), so
+    ``zip`` stops at the real columns."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__()
+        self.value = value
 
     def __iter__(self):  # type: ignore[override]
         while True:
-            yield None
+            yield self.value

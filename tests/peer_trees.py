@@ -271,6 +271,13 @@ class WithFunction(eqx.Module):
     fn: Callable = eqx.field(static=True)
 
 
+class FunctionLeaf(eqx.Module):
+    """A Module holding a function as a leaf (not a static field), as eqx.nn.MLP does."""
+
+    w: Any
+    fn: Callable
+
+
 def _key(i: int) -> Any:
     return jax.random.key(i)
 
@@ -292,11 +299,24 @@ def _mlp() -> eqx.nn.MLP:
     return eqx.nn.MLP(2, 2, 4, 2, key=_key(1))
 
 
+def _mlp_relu_sigmoid() -> eqx.nn.MLP:
+    return eqx.nn.MLP(
+        3, 2, 5, 1, activation=jax.nn.relu, final_activation=jax.nn.sigmoid, key=_key(5)
+    )
+
+
 def _local_function() -> WithFunction:
     def double(x: Any) -> Any:
         return x * 2
 
     return WithFunction(np.ones(2, np.float32), double)
+
+
+def _local_function_leaf() -> FunctionLeaf:
+    def double(x: Any) -> Any:
+        return x * 2
+
+    return FunctionLeaf(np.ones(2, np.float32), double)
 
 
 # ---- optree tests/helpers.py (JAX sees optree-only registrations as leaves) --------------------
@@ -430,9 +450,21 @@ CASES: dict[str, tuple[Callable[[], Any], tuple[type, str] | None]] = {
     # equinox
     "equinox/linear": (lambda: eqx.nn.Linear(3, 2, key=_key(2)), None),
     "equinox/model": (_model, None),
-    "equinox/mlp": (
-        _mlp,
-        (errors.UnsupportedTreeError, "unsupported leaf at .activation: custom_jvp"),
+    # MLP keeps jax.nn.relu and equinox's module-level _identity lambda as leaves: constants
+    "equinox/mlp": (_mlp, None),
+    "equinox/mlp-relu-sigmoid": (_mlp_relu_sigmoid, None),
+    "equinox/function-leaf": (lambda: FunctionLeaf(np.ones(2, np.float32), scale_by_two), None),
+    "equinox/class-and-enum-leaves": (
+        lambda: FunctionLeaf(np.zeros(1, np.int8), (Config, Color.RED)),
+        None,
+    ),
+    "equinox/lambda-leaf": (
+        lambda: FunctionLeaf(np.ones(2, np.float32), lambda x: x),
+        (errors.UnsupportedTreeError, "leaf at .fn holds <function"),
+    ),
+    "equinox/local-function-leaf": (
+        _local_function_leaf,
+        (errors.UnsupportedTreeError, "is a local or unnamed object, which cannot be stored"),
     ),
     "equinox/mlp-arrays": (lambda: eqx.filter(_mlp(), eqx.is_array), None),
     "equinox/static-lambda": (
@@ -558,6 +590,8 @@ def _leaf_problem(got: Any, want: Any) -> str:
             return f"expected a {_prng.impl_of(want)} key, got {got!r}"
         got, want = jax.random.key_data(got), jax.random.key_data(want)
     dtype = _dtypes.value_dtype(want)
+    if dtype is None:  # a constant leaf (a function, a class, an Enum member): the same object
+        return "" if got is want else f"expected the object {want!r}, got {got!r}"
     got_np = np.asarray(got)
     if got_np.dtype != dtype:
         return f"dtype {got_np.dtype}, expected {dtype}"
