@@ -167,8 +167,7 @@ class TreeStore:
                 schema. Nothing is appended.
         """
         leaves, treedef = tree_flatten(record)
-        self._appendable()
-        with self._writing() as writer:
+        with self._writing(append=True) as writer:
             if treedef != self._schema.treedef:
                 raise SchemaMismatchError(self._schema.mismatch_message(record))
             writer.append(self._schema.column_leaves(leaves))
@@ -183,8 +182,7 @@ class TreeStore:
             records: the records to append.
             progress: show a progress bar (records and MB/s) on standard error.
         """
-        self._appendable()
-        with self._writing() as writer:
+        with self._writing(append=True) as writer:
             self._extend(writer, records, progress)
 
     def _extend(self, writer: Writer, records: Iterable[Any], progress: bool) -> None:
@@ -228,9 +226,8 @@ class TreeStore:
             SchemaMismatchError: structure, per-record shape or dtype differ, or the leaves
                 disagree on the number of records. Nothing is appended.
         """
-        self._appendable()
         leaves, treedef = tree_flatten(batch)
-        with self._writing() as writer:
+        with self._writing(append=True) as writer:
             self._extend_batch(writer, batch, leaves, treedef)
 
     def _extend_batch(self, writer: Writer, batch: Any, leaves: list[Any], treedef: Any) -> None:
@@ -814,11 +811,12 @@ class TreeStore:
         return self._writer
 
     @contextlib.contextmanager
-    def _writing(self) -> Iterator[Writer]:
-        """The writer, held by this thread for one append, flush or close."""
-        self._writable()
-        with self._mutex:
-            yield self._writable()  # checked again: closed by another thread meanwhile?
+    def _writing(self, *, append: bool = False) -> Iterator[Writer]:
+        """The writer, held by this thread for one append (``append=True``), flush or close."""
+        if self._writer is not None:
+            self._check_process()  # before the lock, which a forked child may inherit held
+        with self._mutex:  # checked inside: closed by another thread meanwhile?
+            yield self._appendable() if append else self._writable()
 
 
 def _check_cast(cast: Any) -> bool:
