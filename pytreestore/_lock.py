@@ -34,10 +34,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytreestore._location import Location
+from pytreestore._names import LOCK_KEY, NO_VALUE
 from pytreestore.errors import StorageError, StoreLockedError
 
-LOCK_KEY = ".pytreestore/lock"
-NO_VALUE = b"\x02"  # TensorStore's generation of a missing key
 _HELD: set[str] = set()
 _HELD_LOCK = threading.Lock()
 

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytreestore._location import Location
+from pytreestore._names import chunk_key, chunk_prefix
 from pytreestore._schema import ColumnSpec, TreeSchema
 from pytreestore._write import COMMIT_KEY, Commit
 from pytreestore.errors import (
@@ -72,9 +73,7 @@ def _check_shapes(columns: Sequence[ColumnSpec], shapes: Sequence[Any], records:
 def chunk_keys(column: ColumnSpec, rows: range) -> list[str]:
     """The storage keys of every chunk of ``column`` in chunk rows ``rows`` (record axis)."""
     grid = [range(-(-n // c)) for n, c in zip(column.shape, column.chunks[1:])]
-    return [
-        f"{column.key}/c/{'/'.join(map(str, index))}" for index in itertools.product(rows, *grid)
-    ]
+    return [chunk_key(column.key, index) for index in itertools.product(rows, *grid)]
 
 
 def past_commit(engine: Any, location: Location, column: ColumnSpec, records: int) -> list[str]:
@@ -83,7 +82,7 @@ def past_commit(engine: Any, location: Location, column: ColumnSpec, records: in
     if location.kind not in ("file", "memory") or not hasattr(engine, "list_keys"):
         return []
     first = -(-records // column.chunks[0])
-    prefix = f"{column.key}/c/"
+    prefix = chunk_prefix(column.key)
     found = []
     for key in engine.list_keys(prefix):
         row = key[len(prefix) :].split("/", 1)[0]

@@ -41,6 +41,7 @@ from pytreestore import (
 from pytreestore._convert import RecordError
 from pytreestore._location import Location
 from pytreestore._lock import WriterLock
+from pytreestore._names import COMMIT_KEY, INCOMPLETE_KEY, ROOT_KEY
 from pytreestore._repair import check_not_replaced, repair
 from pytreestore._schema import TreeSchema
 from pytreestore._stack import split_leaves
@@ -63,9 +64,6 @@ from pytreestore.errors import (
     UnsupportedTreeError,
 )
 
-ROOT_KEY = "zarr.json"
-#: present while a store is being created or copied into; overwrite=True replaces such a store
-INCOMPLETE_KEY = ".pytreestore/incomplete"
 _ITER_BLOCK = 4096
 
 
@@ -940,7 +938,7 @@ def create_from_schema(
         groups = {k: _group_json({}) for k in _group_keys(schema)}
         engine.write_many_bytes(groups)
         commit = Commit(0, 0, uuid.uuid4().hex)  # the store's identity, kept by every commit
-        engine.write_bytes(".pytreestore/commit.json", commit.to_bytes())
+        engine.write_bytes(COMMIT_KEY, commit.to_bytes())
         info = _validate.stamped(schema.to_json())  # checked against schema.json, with a digest
         engine.write_bytes(ROOT_KEY, _group_json({"pytreestore": info}))
         if finished:
@@ -1076,7 +1074,7 @@ def _clear_for_create(engine: Backend, location: Location, overwrite: bool) -> N
         return
     is_store = (
         engine.read_bytes(ROOT_KEY) is not None
-        or engine.read_bytes(".pytreestore/commit.json") is not None
+        or engine.read_bytes(COMMIT_KEY) is not None
         or engine.read_bytes(INCOMPLETE_KEY) is not None  # what a cut-off copy or create left
     )
     if not overwrite:

@@ -48,6 +48,7 @@ import numpy as np
 
 from pytreestore import _dtypes
 from pytreestore._convert import LeafCaster, RecordError, RowFiller, casters
+from pytreestore._names import COMMIT_KEY
 from pytreestore._schema import FORMAT_VERSION, TreeSchema
 from pytreestore.backends import Backend, ColumnLayout
 from pytreestore.errors import (
@@ -57,7 +58,6 @@ from pytreestore.errors import (
     StorageError,
 )
 
-COMMIT_KEY = ".pytreestore/commit.json"
 _STORE_ID = re.compile("[0-9a-f]{32}")
 
 

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from pytreestore._names import META_DIR, chunk_key
 from pytreestore.errors import CorruptChunkError
 
 
@@ -125,7 +126,7 @@ class Backend(Protocol):
 def missing_chunk(column: str, chunk: tuple[int, ...] | None, why: object) -> CorruptChunkError:
     """The error of a committed chunk of ``column`` (a storage key) whose object is gone: its
     records are lost, and are never read as the fill value (zeros)."""
-    key = f"{column}/c/{'/'.join(map(str, chunk))}" if chunk else None
+    key = chunk_key(column, chunk) if chunk else None
     where = f"chunk {chunk} ({key})" if chunk else "a chunk"
     return CorruptChunkError(
         f"column {column}: {where} is missing, so committed records in it cannot be read "
@@ -140,7 +141,7 @@ def missing_chunk(column: str, chunk: tuple[int, ...] | None, why: object) -> Co
 def damaged_chunk(column: str, chunk: tuple[int, ...] | None, why: object) -> CorruptChunkError:
     """The error of a chunk of ``column`` (a storage key) that cannot be read, naming the chunk
     and its key when known; every backend raises it in these words."""
-    key = f"{column}/c/{'/'.join(map(str, chunk))}" if chunk else None
+    key = chunk_key(column, chunk) if chunk else None
     where = f"chunk {chunk} ({key})" if chunk else "a chunk"
     return CorruptChunkError(
         f"column {column}: {where} is damaged and cannot be read ({why}). "
@@ -159,7 +160,7 @@ def delete_folder(root: str) -> None:
     if not folder.is_dir():
         return
     for entry in folder.iterdir():
-        if entry.name != ".pytreestore":
+        if entry.name != META_DIR:
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
             else:
