@@ -34,6 +34,7 @@ from pytreestore import _consts
 from pytreestore._location import Location
 from pytreestore._names import ROOT_KEY, chunk_prefix
 from pytreestore._schema import _child_entry
+from pytreestore.backends import TensorStoreKvStore
 from pytreestore.errors import PyTreeStoreError
 
 if TYPE_CHECKING:
@@ -208,9 +209,10 @@ def _stored_bytes(store: TreeStore, location: Location, keys: list[str]) -> dict
         out = {key: _tree_size(root / key / "c") for key in keys}
         out[""] = _tree_size(root)
         return out
-    kvstore = getattr(getattr(store, "_backend", None), "kvstore", None)
-    if location.kind != "memory" or kvstore is None:
+    backend = store._backend
+    if location.kind != "memory" or not isinstance(backend, TensorStoreKvStore):
         return {}
+    kvstore = backend.kvstore
     sizes = {
         bytes(k).decode(): len(kvstore.read(k).result().value) for k in kvstore.list().result()
     }

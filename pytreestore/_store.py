@@ -942,7 +942,7 @@ def create_from_schema(
         info = _validate.stamped(schema.to_json())  # checked against schema.json, with a digest
         engine.write_bytes(ROOT_KEY, _group_json({"pytreestore": info}))
         if finished:
-            engine.delete_keys([INCOMPLETE_KEY])  # type: ignore[attr-defined]
+            engine.delete_keys([INCOMPLETE_KEY])
         return TreeStore(
             location=location,
             backend=engine,

@@ -27,6 +27,7 @@ from pytreestore import _progress
 from pytreestore._names import chunk_key, chunk_prefix
 from pytreestore._schema import ColumnSpec, TreeSchema
 from pytreestore._write import COMMIT_KEY, Commit
+from pytreestore.backends import CheckedReads, KeyListing
 from pytreestore.errors import CorruptChunkError, CorruptStoreError, PyTreeStoreError
 
 _READ_BUDGET = 256 << 20  # bytes of chunks decoded in one batch
@@ -221,7 +222,7 @@ def _check_present(
     backend: Any, column: ColumnSpec, records: int, problems: list[Problem], past: list[str]
 ) -> None:
     """Reports missing committed chunks; adds the stored chunks past the commit to ``past``."""
-    if not hasattr(backend, "list_keys") or 0 in column.shape:
+    if not isinstance(backend, KeyListing) or 0 in column.shape:
         return
     prefix = chunk_prefix(column.key)
     present = set(backend.list_keys(prefix))
@@ -286,7 +287,7 @@ def _read_each(
     backend: Any, reads: list[tuple[str, slice]], records: int
 ) -> list[PyTreeStoreError | None]:
     """Reads every ``(key, slice)`` and returns each read's error (None where it worked)."""
-    if hasattr(backend, "read_checked"):
+    if isinstance(backend, CheckedReads):
         return backend.read_checked(reads, records)
     errors: list[PyTreeStoreError | None] = []
     for key, index in reads:

@@ -32,8 +32,14 @@ from pytreestore._location import Location
 from pytreestore._names import COMMIT_KEY, ROOT_KEY, array_json
 from pytreestore.backends import _direct
 from pytreestore.backends._base import (
+    BatchedReads,
+    CheckedReads,
     ColumnLayout,
     ColumnShape,
+    ConditionalWrites,
+    KeyListing,
+    PartialWriteCleanup,
+    TensorStoreKvStore,
     damaged_chunk,
     delete_folder,
     missing_chunk,
@@ -66,7 +72,14 @@ def _memory_context() -> ts.Context:
         return _MEMORY["context"]
 
 
-class TensorStoreBackend:
+class TensorStoreBackend(
+    ConditionalWrites,
+    KeyListing,
+    CheckedReads,
+    BatchedReads,
+    PartialWriteCleanup,
+    TensorStoreKvStore,
+):
     """Columns as TensorStore ``zarr3`` arrays on the ``file``, ``memory``, ``s3`` or ``gcs``
     kvstore.
 

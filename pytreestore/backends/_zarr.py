@@ -70,8 +70,11 @@ from pytreestore import _validate, _zarr_dtypes
 from pytreestore._location import Location
 from pytreestore._names import CHUNK_KEY_PATTERN, META_DIR, NO_VALUE, array_json
 from pytreestore.backends._base import (
+    BatchedReads,
     ColumnLayout,
     ColumnShape,
+    ConditionalWrites,
+    KeyListing,
     damaged_chunk,
     delete_folder,
     missing_chunk,
@@ -96,10 +99,13 @@ _MEMORY_LOCK = threading.Lock()
 _COMMIT_LOCK = threading.Lock()  # the commit lock of memory:// stores
 
 
-class ZarrBackend:
+class ZarrBackend(ConditionalWrites, KeyListing, BatchedReads):
     """Columns as zarr-python 3 arrays on a local directory, a ``memory://`` store or S3.
 
     For an ``s3://`` location the object made is a :class:`ZarrS3Backend`.
+
+    Capabilities: ConditionalWrites (a ``flock`` locally, a process lock in memory; ETags on
+    S3), KeyListing, BatchedReads.
     """
 
     def __new__(cls, location: Location) -> ZarrBackend:

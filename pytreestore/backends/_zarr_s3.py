@@ -189,6 +189,8 @@ class ZarrS3Backend(ZarrBackend):
         token = backend.write_bytes_if("note", b"one", NO_VALUE)  # create only: an ETag
         backend.write_bytes_if("note", b"two", NO_VALUE)  # None: it exists now
         backend.write_bytes_if("note", b"two", token)  # the new ETag
+
+    Capabilities (those of :class:`ZarrBackend`): ConditionalWrites, KeyListing, BatchedReads.
     """
 
     def __init__(self, location: Location) -> None:
