@@ -866,8 +866,9 @@ def create(
             the schema. Its values are not stored.
         chunk_records: records per chunk; by default chosen so chunks hold about 4 MiB.
         codec: ``"zstd"`` (default), ``"blosc"``, ``"gzip"``, or None for uncompressed.
-        backend: the storage engine: ``"tensorstore"`` (default) or ``"zarr"`` (zarr-python;
-            local directories and ``memory://`` only). Either reads what the other wrote.
+        backend: the storage engine: ``"tensorstore"`` (default), ``"zarr"`` (zarr-python;
+            local directories, ``memory://`` and ``s3://``), or a name registered with
+            :func:`pytreestore.backends.register_backend`. Either reads what the other wrote.
         overwrite: replace an existing store at ``path``.
         storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
             retries (see :class:`pytreestore._location.S3Options` and ``docs/reliability.md``).
@@ -981,7 +982,8 @@ def open(
             schema names (for classes defined in ``__main__`` or since moved).
         generic: return dicts, lists and tuples instead of the stored classes, without
             importing them (with mode "a": the store can :meth:`~TreeStore.evolve`, not append).
-        backend: the storage engine: ``"tensorstore"`` (default) or ``"zarr"``.
+        backend: the storage engine: ``"tensorstore"`` (default), ``"zarr"``, or a name
+            registered with :func:`pytreestore.backends.register_backend`.
         storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
             retries (see :class:`pytreestore._location.S3Options` and ``docs/reliability.md``).
         break_lock: S3 and GCS, ``mode="a"`` only: take the writer lock over even from a

@@ -447,7 +447,9 @@ class BackendSuite:
             with self.create(path, _SCALAR, chunk_records=2) as store:
                 store.append(_scalar_record(0))
             first = self.open(path, "a")
-            first._lock.release()  # as if the lock had been broken behind its back
+            lock = first._lock
+            assert lock is not None
+            lock.release()  # as if the lock had been broken behind its back
             second = self.open(path, "a")
             second.extend(_scalar_record(i) for i in (1, 2))
             second.flush()
