@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 import pytreestore
 from pytreestore import _dtypes, errors
 from pytreestore._location import Location
-from pytreestore._names import NO_VALUE
+from pytreestore._names import NO_VALUE, ROOT_KEY
 from pytreestore.backends import (
     Backend,
     BatchedReads,
@@ -391,7 +391,7 @@ class BackendSuite:
         with self.location() as path:
             with self.create(path, _SCALAR, chunk_records=4) as store:
                 store.extend(_scalar_record(i) for i in range(6))
-            meta_file = Path(path) / "v" / "zarr.json"
+            meta_file = Path(path) / "v" / ROOT_KEY
             meta = json.loads(meta_file.read_text())
             meta_file.write_text(json.dumps(meta | change))
             store = self.open(path)
@@ -406,7 +406,7 @@ class BackendSuite:
         with self.location() as path:
             with self.create(path, _SCALAR, chunk_records=4) as store:
                 store.extend(_scalar_record(i) for i in range(2))
-            (Path(path) / "v" / "zarr.json").unlink()
+            (Path(path) / "v" / ROOT_KEY).unlink()
             with pytest.raises(errors.CorruptStoreError, match=re.escape("v/zarr.json")):
                 self.open(path).load(as_numpy=True)
 
