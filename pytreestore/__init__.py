@@ -13,6 +13,8 @@ Example:
 """
 
 from pytreestore import errors as errors
+from pytreestore._batches import BatchIterator as BatchIterator
+from pytreestore._batches import GrainSource as GrainSource
 from pytreestore._copy import copy as copy
 from pytreestore._evolve import evolve as evolve
 from pytreestore._schema import FORMAT_VERSION as FORMAT_VERSION
@@ -23,14 +25,18 @@ from pytreestore._stack import unstack as unstack
 from pytreestore._store import TreeStore as TreeStore
 from pytreestore._store import create as create
 from pytreestore._store import open as open
+from pytreestore._verify import VerifyReport as VerifyReport
 
 __version__ = "0.1.0"
 
 __all__ = [
     "FORMAT_VERSION",
+    "BatchIterator",
     "ColumnSpec",
+    "GrainSource",
     "TreeSchema",
     "TreeStore",
+    "VerifyReport",
     "__version__",
     "copy",
     "create",

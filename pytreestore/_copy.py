@@ -121,7 +121,7 @@ def _copy(
             stop = min(start + step, total)
             writer.write_batch(source._load_leaves(slice(start, stop), None, as_numpy=True))
             bar.advance(stop - start)
-        target._backend.delete_keys([INCOMPLETE_KEY])  # type: ignore[attr-defined]
+        target._backend.delete_keys([INCOMPLETE_KEY])
     return total
 
 

@@ -27,6 +27,7 @@ from urllib.parse import unquote
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey, keystr
 
 from pytreestore import _values
+from pytreestore._names import ROOT_KEY
 
 _SAFE = frozenset(string.ascii_letters + string.digits + "_.-")
 
@@ -42,7 +43,7 @@ def escape(name: str) -> str:
         out = "%2E" + out[1:]
     elif out.startswith("__"):
         out = "%5F" + out[1:]
-    elif out == "zarr.json":
+    elif out == ROOT_KEY:
         out = "zarr%2Ejson"
     if out.endswith(".__lock"):  # TensorStore's file kvstore reserves this suffix
         out = out[: -len(".__lock")] + "%2E__lock"

@@ -31,23 +31,15 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from pytreestore._location import Location
+from pytreestore._names import LOCK_KEY, NO_VALUE
+from pytreestore.backends._base import ConditionalWrites
 from pytreestore.errors import StorageError, StoreLockedError
 
-LOCK_KEY = ".pytreestore/lock"
-NO_VALUE = b"\x02"  # TensorStore's generation of a missing key
 _HELD: set[str] = set()
 _HELD_LOCK = threading.Lock()
-
-
-class ConditionalStore(Protocol):
-    """The backend calls an object-store lock needs (see ``TensorStoreBackend``)."""
-
-    def read_bytes_versioned(self, key: str) -> tuple[bytes | None, bytes]: ...
-
-    def write_bytes_if(self, key: str, data: bytes | None, generation: bytes) -> bytes | None: ...
 
 
 class WriterLock:
@@ -57,7 +49,7 @@ class WriterLock:
         self,
         location: Location,
         fd: int | None,
-        backend: ConditionalStore | None = None,
+        backend: ConditionalWrites | None = None,
         token: bytes | None = None,
     ) -> None:
         self._location = location
@@ -85,7 +77,7 @@ class WriterLock:
                 _HELD.add(location.root)
             return cls(location, None)
         if location.is_object_store:
-            if backend is None or not hasattr(backend, "write_bytes_if"):
+            if not isinstance(backend, ConditionalWrites):
                 raise TypeError(f"the lock of {location} needs a backend with conditional writes")
             token = _acquire_object(location, backend, break_lock)
             return cls(location, None, backend, token)
@@ -138,7 +130,7 @@ def _acquire_flock(location: Location) -> int:
 # ---- object stores ---------------------------------------------------------------------------
 
 
-def _acquire_object(location: Location, backend: ConditionalStore, break_lock: bool) -> bytes:
+def _acquire_object(location: Location, backend: ConditionalWrites, break_lock: bool) -> bytes:
     mine = json.dumps(holder_info()).encode()
     for _ in range(5):
         token = backend.write_bytes_if(LOCK_KEY, mine, NO_VALUE)
@@ -159,7 +151,7 @@ def _acquire_object(location: Location, backend: ConditionalStore, break_lock: b
 
 
 def _check_conditional_writes(
-    location: Location, backend: ConditionalStore, token: bytes, mine: bytes
+    location: Location, backend: ConditionalWrites, token: bytes, mine: bytes
 ) -> None:
     """Refuses servers that ignore ``If-None-Match``: with them no lock or commit is safe."""
     options = location.options

@@ -24,8 +24,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytreestore._location import Location
+from pytreestore._names import chunk_key, chunk_prefix
 from pytreestore._schema import ColumnSpec, TreeSchema
 from pytreestore._write import COMMIT_KEY, Commit
+from pytreestore.backends import Backend, KeyListing, PartialWriteCleanup
 from pytreestore.errors import (
     CorruptChunkError,
     CorruptStoreError,
@@ -34,7 +36,7 @@ from pytreestore.errors import (
 )
 
 
-def repair(engine: Any, location: Location, schema: TreeSchema, records: int) -> None:
+def repair(engine: Backend, location: Location, schema: TreeSchema, records: int) -> None:
     """Readies the columns of a store opened for appending (the caller holds the writer lock).
 
     Raises:
@@ -43,9 +45,8 @@ def repair(engine: Any, location: Location, schema: TreeSchema, records: int) ->
             missing or damaged.
     """
     keys = [c.key for c in schema.columns]
-    remove_partial_writes = getattr(engine, "remove_partial_writes", None)
-    if remove_partial_writes is not None:
-        remove_partial_writes(keys, records // schema.chunk_records)
+    if isinstance(engine, PartialWriteCleanup):
+        engine.remove_partial_writes(keys, records // schema.chunk_records)
     shapes = engine.column_shapes(keys)
     _check_shapes(schema.columns, shapes, records)
     grown = max([records, *(s[0] for s in shapes)])
@@ -72,18 +73,16 @@ def _check_shapes(columns: Sequence[ColumnSpec], shapes: Sequence[Any], records:
 def chunk_keys(column: ColumnSpec, rows: range) -> list[str]:
     """The storage keys of every chunk of ``column`` in chunk rows ``rows`` (record axis)."""
     grid = [range(-(-n // c)) for n, c in zip(column.shape, column.chunks[1:])]
-    return [
-        f"{column.key}/c/{'/'.join(map(str, index))}" for index in itertools.product(rows, *grid)
-    ]
+    return [chunk_key(column.key, index) for index in itertools.product(rows, *grid)]
 
 
-def past_commit(engine: Any, location: Location, column: ColumnSpec, records: int) -> list[str]:
+def past_commit(engine: Backend, location: Location, column: ColumnSpec, records: int) -> list[str]:
     """Chunk keys of ``column`` that lie wholly past ``records`` and are stored, as far as a
     listing finds them (local and in-memory stores; object stores are not listed)."""
-    if location.kind not in ("file", "memory") or not hasattr(engine, "list_keys"):
+    if location.kind not in ("file", "memory") or not isinstance(engine, KeyListing):
         return []
     first = -(-records // column.chunks[0])
-    prefix = f"{column.key}/c/"
+    prefix = chunk_prefix(column.key)
     found = []
     for key in engine.list_keys(prefix):
         row = key[len(prefix) :].split("/", 1)[0]
@@ -93,12 +92,10 @@ def past_commit(engine: Any, location: Location, column: ColumnSpec, records: in
 
 
 def _remove_chunks_past(
-    engine: Any, location: Location, columns: Sequence[ColumnSpec], records: int, grown: int
+    engine: Backend, location: Location, columns: Sequence[ColumnSpec], records: int, grown: int
 ) -> None:
     """Deletes every chunk that holds no committed record: those a listing finds, and those
     a crashed writer may have written up to the length it grew the columns to."""
-    if not hasattr(engine, "delete_keys"):
-        return
     keys: set[str] = set()
     for c in columns:
         if 0 in c.shape:

@@ -32,13 +32,14 @@ from jax.tree_util import keystr
 
 from pytreestore import _consts
 from pytreestore._location import Location
+from pytreestore._names import ROOT_KEY, chunk_prefix
 from pytreestore._schema import _child_entry
+from pytreestore.backends import TensorStoreKvStore
 from pytreestore.errors import PyTreeStoreError
 
 if TYPE_CHECKING:
     from pytreestore._store import TreeStore
 
-_ROOT_KEY = "zarr.json"
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
@@ -208,13 +209,14 @@ def _stored_bytes(store: TreeStore, location: Location, keys: list[str]) -> dict
         out = {key: _tree_size(root / key / "c") for key in keys}
         out[""] = _tree_size(root)
         return out
-    kvstore = getattr(getattr(store, "_backend", None), "kvstore", None)
-    if location.kind != "memory" or kvstore is None:
+    backend = store._backend
+    if location.kind != "memory" or not isinstance(backend, TensorStoreKvStore):
         return {}
+    kvstore = backend.kvstore
     sizes = {
         bytes(k).decode(): len(kvstore.read(k).result().value) for k in kvstore.list().result()
     }
-    out = {key: sum(n for k, n in sizes.items() if k.startswith(f"{key}/c/")) for key in keys}
+    out = {key: sum(n for k, n in sizes.items() if k.startswith(chunk_prefix(key))) for key in keys}
     out[""] = sum(sizes.values())
     return out
 
@@ -232,7 +234,7 @@ def _tree_size(root: Path) -> int:
 
 def _format_version(store: TreeStore) -> int:
     backend = getattr(store, "_backend", None)
-    raw = backend.read_bytes(_ROOT_KEY) if backend is not None else None
+    raw = backend.read_bytes(ROOT_KEY) if backend is not None else None
     try:
         return int(json.loads(raw)["attributes"]["pytreestore"]["format_version"])  # type: ignore[arg-type]
     except (TypeError, KeyError, ValueError) as err:

@@ -39,6 +39,7 @@ from pytreestore.errors import (
     ClassResolutionError,
     CorruptStoreError,
     SchemaMismatchError,
+    UnknownColumnError,
     UnsupportedDtypeError,
     UnsupportedTreeError,
 )
@@ -244,7 +245,7 @@ class TreeSchema:
                 raise TypeError(f"columns takes tree-path strings, got {sel!r}")
             hits = [i for i, c in enumerate(self.columns) if _under(c.path, sel)]
             if not hits:
-                raise KeyError(
+                raise UnknownColumnError(
                     f"no column at or below {sel!r}{_consts.only_consts_note(self.tree, sel)}; "
                     f"the store's columns are {', '.join(self.paths)}"
                 )

@@ -35,7 +35,7 @@ from jax.sharding import Sharding
 from pytreestore import _device
 from pytreestore._read import Selection
 from pytreestore._schema import ColumnSpec
-from pytreestore.backends import Backend
+from pytreestore.backends import Backend, BatchedReads
 from pytreestore.errors import ShardingError
 
 
@@ -282,9 +282,8 @@ def read_many(
     """
     if not requests:
         return []
-    many = getattr(backend, "read_many", None)
-    if many is not None:
-        return many(requests, records)
+    if isinstance(backend, BatchedReads):
+        return backend.read_many(requests, records)
     groups: dict[Any, list[int]] = {}
     for i, (_, index) in enumerate(requests):
         groups.setdefault(_hashable(index), []).append(i)

@@ -41,6 +41,7 @@ from pytreestore import (
 from pytreestore._convert import RecordError
 from pytreestore._location import Location
 from pytreestore._lock import WriterLock
+from pytreestore._names import COMMIT_KEY, INCOMPLETE_KEY, ROOT_KEY
 from pytreestore._repair import check_not_replaced, repair
 from pytreestore._schema import TreeSchema
 from pytreestore._stack import split_leaves
@@ -63,9 +64,6 @@ from pytreestore.errors import (
     UnsupportedTreeError,
 )
 
-ROOT_KEY = "zarr.json"
-#: present while a store is being created or copied into; overwrite=True replaces such a store
-INCOMPLETE_KEY = ".pytreestore/incomplete"
 _ITER_BLOCK = 4096
 
 
@@ -866,8 +864,9 @@ def create(
             the schema. Its values are not stored.
         chunk_records: records per chunk; by default chosen so chunks hold about 4 MiB.
         codec: ``"zstd"`` (default), ``"blosc"``, ``"gzip"``, or None for uncompressed.
-        backend: the storage engine: ``"tensorstore"`` (default) or ``"zarr"`` (zarr-python;
-            local directories and ``memory://`` only). Either reads what the other wrote.
+        backend: the storage engine: ``"tensorstore"`` (default), ``"zarr"`` (zarr-python;
+            local directories, ``memory://`` and ``s3://``), or a name registered with
+            :func:`pytreestore.backends.register_backend`. Either reads what the other wrote.
         overwrite: replace an existing store at ``path``.
         storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
             retries (see :class:`pytreestore._location.S3Options` and ``docs/reliability.md``).
@@ -938,11 +937,11 @@ def create_from_schema(
         groups = {k: _group_json({}) for k in _group_keys(schema)}
         engine.write_many_bytes(groups)
         commit = Commit(0, 0, uuid.uuid4().hex)  # the store's identity, kept by every commit
-        engine.write_bytes(".pytreestore/commit.json", commit.to_bytes())
+        engine.write_bytes(COMMIT_KEY, commit.to_bytes())
         info = _validate.stamped(schema.to_json())  # checked against schema.json, with a digest
         engine.write_bytes(ROOT_KEY, _group_json({"pytreestore": info}))
         if finished:
-            engine.delete_keys([INCOMPLETE_KEY])  # type: ignore[attr-defined]
+            engine.delete_keys([INCOMPLETE_KEY])
         return TreeStore(
             location=location,
             backend=engine,
@@ -981,7 +980,8 @@ def open(
             schema names (for classes defined in ``__main__`` or since moved).
         generic: return dicts, lists and tuples instead of the stored classes, without
             importing them (with mode "a": the store can :meth:`~TreeStore.evolve`, not append).
-        backend: the storage engine: ``"tensorstore"`` (default) or ``"zarr"``.
+        backend: the storage engine: ``"tensorstore"`` (default), ``"zarr"``, or a name
+            registered with :func:`pytreestore.backends.register_backend`.
         storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
             retries (see :class:`pytreestore._location.S3Options` and ``docs/reliability.md``).
         break_lock: S3 and GCS, ``mode="a"`` only: take the writer lock over even from a
@@ -1074,7 +1074,7 @@ def _clear_for_create(engine: Backend, location: Location, overwrite: bool) -> N
         return
     is_store = (
         engine.read_bytes(ROOT_KEY) is not None
-        or engine.read_bytes(".pytreestore/commit.json") is not None
+        or engine.read_bytes(COMMIT_KEY) is not None
         or engine.read_bytes(INCOMPLETE_KEY) is not None  # what a cut-off copy or create left
     )
     if not overwrite:

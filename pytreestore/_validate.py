@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import jsonschema
 import jsonschema.exceptions
 
+from pytreestore._names import ROOT_KEY
 from pytreestore._schema import FORMAT_VERSION, TreeSchema, resolve_class
 from pytreestore.errors import (
     CorruptStoreError,
@@ -52,7 +53,6 @@ from pytreestore.errors import (
 if TYPE_CHECKING:
     from pytreestore.backends._base import ColumnShape
 
-ROOT_KEY = "zarr.json"
 DIGEST_KEY = "digest"
 _DIGEST_PREFIX = "blake2b-160:"
 _CACHE_SIZE = 256

@@ -24,8 +24,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytreestore import _progress
+from pytreestore._names import chunk_key, chunk_prefix
 from pytreestore._schema import ColumnSpec, TreeSchema
 from pytreestore._write import COMMIT_KEY, Commit
+from pytreestore.backends import CheckedReads, KeyListing
 from pytreestore.errors import CorruptChunkError, CorruptStoreError, PyTreeStoreError
 
 _READ_BUDGET = 256 << 20  # bytes of chunks decoded in one batch
@@ -212,7 +214,7 @@ def _chunk_keys(column: ColumnSpec, records: int) -> list[tuple[tuple[int, ...],
     grid += [-(-n // c) for n, c in zip(column.shape, column.chunks[1:])]
     out = []
     for index in itertools.product(*(range(n) for n in grid)):
-        out.append((index, f"{column.key}/c/{'/'.join(map(str, index))}"))
+        out.append((index, chunk_key(column.key, index)))
     return out
 
 
@@ -220,9 +222,9 @@ def _check_present(
     backend: Any, column: ColumnSpec, records: int, problems: list[Problem], past: list[str]
 ) -> None:
     """Reports missing committed chunks; adds the stored chunks past the commit to ``past``."""
-    if not hasattr(backend, "list_keys") or 0 in column.shape:
+    if not isinstance(backend, KeyListing) or 0 in column.shape:
         return
-    prefix = f"{column.key}/c/"
+    prefix = chunk_prefix(column.key)
     present = set(backend.list_keys(prefix))
     first = -(-records // column.chunks[0])
     for key in sorted(present):
@@ -285,7 +287,7 @@ def _read_each(
     backend: Any, reads: list[tuple[str, slice]], records: int
 ) -> list[PyTreeStoreError | None]:
     """Reads every ``(key, slice)`` and returns each read's error (None where it worked)."""
-    if hasattr(backend, "read_checked"):
+    if isinstance(backend, CheckedReads):
         return backend.read_checked(reads, records)
     errors: list[PyTreeStoreError | None] = []
     for key, index in reads:
@@ -299,5 +301,5 @@ def _read_each(
 
 def _problem(column: ColumnSpec, i: int, error: PyTreeStoreError) -> Problem:
     chunk = getattr(error, "chunk", None) or (i,)
-    key = getattr(error, "key", None) or f"{column.key}/c/{'/'.join(map(str, chunk))}"
+    key = getattr(error, "key", None) or chunk_key(column.key, chunk)
     return Problem(column.path, key, tuple(chunk), f"damaged: {error.__cause__ or error}")

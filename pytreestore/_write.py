@@ -48,8 +48,9 @@ import numpy as np
 
 from pytreestore import _dtypes
 from pytreestore._convert import LeafCaster, RecordError, RowFiller, casters
+from pytreestore._names import COMMIT_KEY
 from pytreestore._schema import FORMAT_VERSION, TreeSchema
-from pytreestore.backends import Backend, ColumnLayout
+from pytreestore.backends import Backend, ColumnLayout, ConditionalWrites
 from pytreestore.errors import (
     ChunkSizeError,
     CommitConflictError,
@@ -57,7 +58,6 @@ from pytreestore.errors import (
     StorageError,
 )
 
-COMMIT_KEY = ".pytreestore/commit.json"
 _STORE_ID = re.compile("[0-9a-f]{32}")
 
 
@@ -336,7 +336,8 @@ class Writer:
     def _commit_if_unchanged(self, commit: Commit) -> bytes:
         """Writes the commit record only if nobody else wrote it since this writer did."""
         assert self._token is not None
-        backend: Any = self._backend
+        backend = self._backend
+        assert isinstance(backend, ConditionalWrites)  # a token comes only from such a backend
         try:
             token = backend.write_bytes_if(COMMIT_KEY, commit.to_bytes(), self._token)
         except StorageError:
@@ -365,9 +366,9 @@ def commit_token(backend: Backend, commit: Commit, where: str) -> bytes | None:
     None for backends without conditional writes (the writer then commits unconditionally).
     Raises :class:`CommitConflictError` if the record changed since ``commit`` was read.
     """
-    if not hasattr(backend, "write_bytes_if"):
+    if not isinstance(backend, ConditionalWrites):
         return None
-    raw, token = backend.read_bytes_versioned(COMMIT_KEY)  # type: ignore[attr-defined]
+    raw, token = backend.read_bytes_versioned(COMMIT_KEY)
     if raw is None and (commit.records, commit.generation) == (0, 0):
         return token  # the generation of a missing key: the first commit creates it
     found = Commit.from_bytes(raw, where)

@@ -35,6 +35,8 @@ __all__ = [
     "StoreLockedError",
     "StoreNotFoundError",
     "StoreReplacedError",
+    "UnknownBackendError",
+    "UnknownColumnError",
     "UnpicklableStoreError",
     "UnsupportedDtypeError",
     "UnsupportedTreeError",
@@ -158,3 +160,15 @@ class ChunkSizeError(PyTreeStoreError, ValueError):
 class StoreReplacedError(PyTreeStoreError, FileNotFoundError):
     """The store a reader opened was deleted or replaced (e.g. by ``create(overwrite=True)``)
     since it was opened: what it would read belongs to another store."""
+
+
+class UnknownBackendError(PyTreeStoreError, ValueError):
+    """A ``backend=`` name that no backend is registered under (see
+    :func:`pytreestore.backends.register_backend`)."""
+
+
+class UnknownColumnError(PyTreeStoreError, KeyError):
+    """A keypath or column selector that names no leaf of the store's schema."""
+
+    def __str__(self) -> str:  # KeyError would print the message in quotes
+        return str(self.args[0]) if self.args else ""

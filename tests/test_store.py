@@ -72,8 +72,10 @@ def test_columns_select_prefix(seed_store):
     only = seed_store.load(slice(0, 2), columns=[".p[1].y"], as_numpy=True)
     assert isinstance(only.p[1].y, np.ndarray)
     np.testing.assert_array_equal(only.p[1].y, [3, 4])
-    with pytest.raises(KeyError, match=re.escape("no column at or below '.q'")):
+    with pytest.raises(KeyError, match=re.escape("no column at or below '.q'")) as info:
         seed_store.load(columns=".q")
+    assert isinstance(info.value, errors.UnknownColumnError)
+    assert str(info.value).startswith("no column at or below '.q'")  # not in quotes, as KeyError
 
 
 def test_load_to_device(seed_store):

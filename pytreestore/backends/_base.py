@@ -1,14 +1,48 @@
-"""The interface a storage engine implements.
+"""The backend contract: the interface every storage engine implements, in one file.
 
-A backend knows keys, bytes and chunked arrays; it knows nothing of trees or commits. Every
-multi-column call issues its I/O for all columns at once and waits for all of it.
+A backend knows keys, bytes and chunked arrays below one store root; it knows nothing of trees
+or commits (the store owns the commit protocol). :class:`Backend` lists what every backend
+does; each optional capability is a ``runtime_checkable`` Protocol below it, which the store
+checks with ``isinstance`` (never ``hasattr``) before using it, and which the shipped
+conformance suite (:mod:`pytreestore.testing.conformance`) tests only where a backend has it.
+
+Construction:
+    ``Backend(location, **options)``: ``location`` is a parsed
+    :class:`~pytreestore._location.Location` (``file``, ``memory``, ``s3`` or ``gcs``, with its
+    storage options); ``options`` are engine settings (``cache_bytes`` for TensorStore).
+    Constructing does no I/O that can fail on a missing store. Register a factory under a name
+    with :func:`pytreestore.backends.register_backend` to make ``backend="name"`` work in
+    ``create``, ``open`` and ``copy``.
+
+Errors (every one a :class:`~pytreestore.errors.PyTreeStoreError`, never engine text alone):
+    * :class:`~pytreestore.errors.StorageError`: storage could not be reached or refused the
+      call (network, permissions, timeouts). Retryable; nothing is known to be damaged.
+    * :class:`~pytreestore.errors.CorruptChunkError`: a chunk is damaged or missing (built with
+      :func:`damaged_chunk` / :func:`missing_chunk`, naming the column key, chunk and its key).
+    * :class:`~pytreestore.errors.CorruptStoreError`: an array's ``zarr.json`` is missing or
+      disagrees with its column.
+    * :class:`~pytreestore.errors.CommitConflictError` is raised by the store, not the
+      backend: a :class:`ConditionalWrites` backend returns None from ``write_bytes_if`` when
+      the key changed, and the store turns that into the conflict.
+
+Atomicity:
+    * ``write_bytes`` is atomic per key: a reader sees the old value or the new one, never a
+      mix. ``write_many_bytes`` is atomic per key, not across keys.
+    * ``resize`` is metadata-only: it rewrites each array's ``zarr.json`` and never touches a
+      chunk (chunks past the new end are the store's to delete, with ``delete_keys``).
+    * Every multi-column call (``write``, ``read``, ``resize``, ``column_shapes``) issues its
+      I/O for all columns at once and waits for all of it.
+    * A column's length is the backend's to report (``column_shapes``); reads are bounded by
+      the ``records`` the caller passes (the committed count), never by what lies on disk.
 
 Example:
-    >>> from pytreestore.backends import TensorStoreBackend
+    >>> from pytreestore.backends import ConditionalWrites, KeyListing, TensorStoreBackend
     >>> from pytreestore._location import Location
     >>> backend = TensorStoreBackend(Location.parse("memory://doc-backend"))
     >>> backend.write_bytes("note", b"hi"); backend.read_bytes("note")
     b'hi'
+    >>> isinstance(backend, ConditionalWrites), isinstance(backend, KeyListing)
+    (True, True)
 """
 
 from __future__ import annotations
@@ -17,11 +51,12 @@ import dataclasses
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from pytreestore.errors import CorruptChunkError
+from pytreestore._names import META_DIR, chunk_key
+from pytreestore.errors import CorruptChunkError, PyTreeStoreError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +99,9 @@ class ColumnShape(Protocol):
     def chunks(self) -> tuple[int, ...]: ...
 
 
+@runtime_checkable
 class Backend(Protocol):
-    """A storage engine under one store root."""
+    """A storage engine under one store root: what every backend does (see the module)."""
 
     def read_bytes(self, key: str) -> bytes | None:
         """The value at ``key``, or None when absent."""
@@ -77,6 +113,10 @@ class Backend(Protocol):
 
     def write_many_bytes(self, items: dict[str, bytes]) -> None:
         """Writes several keys concurrently, each atomically (not all together)."""
+        ...
+
+    def delete_keys(self, keys: Sequence[str]) -> None:
+        """Deletes ``keys`` (absent ones are skipped): markers and chunks past a commit."""
         ...
 
     def delete_all(self) -> None:
@@ -122,10 +162,90 @@ class Backend(Protocol):
         ...
 
 
+# ---- optional capabilities -------------------------------------------------------------------
+
+
+@runtime_checkable
+class ConditionalWrites(Protocol):
+    """Compare-and-swap on single keys: the writer lock on object stores and the conditional
+    commit (two writers that both saw commit *n* cannot both write commit *n + 1*).
+
+    A token is opaque bytes naming one value of a key; a missing key's token is
+    :data:`~pytreestore._names.NO_VALUE`. Both calls must be atomic against each other across
+    processes and machines; a backend that cannot promise that must not have this capability.
+    """
+
+    def read_bytes_versioned(self, key: str, /) -> tuple[bytes | None, bytes]:
+        """The value at ``key`` (None when absent) and its token."""
+        ...
+
+    def write_bytes_if(self, key: str, data: bytes | None, token: bytes, /) -> bytes | None:
+        """Writes ``data`` (None: deletes) at ``key`` only if its token is still ``token``.
+
+        Returns:
+            The new token, or None when the key had changed and nothing was written.
+        """
+        ...
+
+
+@runtime_checkable
+class KeyListing(Protocol):
+    """Listing keys: lets verify find missing chunks and repair find chunks past a commit."""
+
+    def list_keys(self, prefix: str, /) -> list[str]:
+        """Every stored key below the folder ``prefix`` (ending in ``/``), sorted.
+
+        A prefix that does not end in ``/`` is not part of the contract (zarr-python's local
+        store lists nothing for it; the S3 backends filter by it).
+        """
+        ...
+
+
+@runtime_checkable
+class CheckedReads(Protocol):
+    """Reading many ``(key, index)`` pairs and collecting each one's damage, for verify."""
+
+    def read_checked(
+        self, reads: Sequence[tuple[str, Any]], records: int, /
+    ) -> list[PyTreeStoreError | None]:
+        """Each read's error (None where it worked); storage failures raise StorageError."""
+        ...
+
+
+@runtime_checkable
+class BatchedReads(Protocol):
+    """Reading different indices of different columns in one batch (the sharded load)."""
+
+    def read_many(self, requests: Sequence[tuple[str, Any]], records: int, /) -> list[np.ndarray]:
+        """``index`` (a slice or a 1-d int array over ``[0, records)``) of column ``key`` for
+        every ``(key, index)``, issued all at once."""
+        ...
+
+
+@runtime_checkable
+class PartialWriteCleanup(Protocol):
+    """Removing an engine's own leftovers of a killed writer (TensorStore's ``*.__lock``)."""
+
+    def remove_partial_writes(self, keys: Sequence[str], tail_chunk: int, /) -> list[str]:
+        """Deletes what a killed writer left in columns ``keys`` from chunk row ``tail_chunk``
+        on (and in the store's own files); the paths removed. Only the lock holder calls it."""
+        ...
+
+
+@runtime_checkable
+class TensorStoreKvStore(Protocol):
+    """The engine's TensorStore key-value store (sizes of in-memory stores in ``repr``)."""
+
+    @property
+    def kvstore(self) -> Any:
+        """An open ``tensorstore.KvStore`` at the store root."""
+        ...
+
+
 def missing_chunk(column: str, chunk: tuple[int, ...] | None, why: object) -> CorruptChunkError:
     """The error of a committed chunk of ``column`` (a storage key) whose object is gone: its
     records are lost, and are never read as the fill value (zeros)."""
-    key = f"{column}/c/{'/'.join(map(str, chunk))}" if chunk else None
+    key = chunk_key(column, chunk) if chunk else None
     where = f"chunk {chunk} ({key})" if chunk else "a chunk"
     return CorruptChunkError(
         f"column {column}: {where} is missing, so committed records in it cannot be read "
@@ -140,7 +260,7 @@ def missing_chunk(column: str, chunk: tuple[int, ...] | None, why: object) -> Co
 def damaged_chunk(column: str, chunk: tuple[int, ...] | None, why: object) -> CorruptChunkError:
     """The error of a chunk of ``column`` (a storage key) that cannot be read, naming the chunk
     and its key when known; every backend raises it in these words."""
-    key = f"{column}/c/{'/'.join(map(str, chunk))}" if chunk else None
+    key = chunk_key(column, chunk) if chunk else None
     where = f"chunk {chunk} ({key})" if chunk else "a chunk"
     return CorruptChunkError(
         f"column {column}: {where} is damaged and cannot be read ({why}). "
@@ -159,7 +279,7 @@ def delete_folder(root: str) -> None:
     if not folder.is_dir():
         return
     for entry in folder.iterdir():
-        if entry.name != ".pytreestore":
+        if entry.name != META_DIR:
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
             else:

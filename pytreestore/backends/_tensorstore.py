@@ -29,10 +29,17 @@ import tensorstore as ts
 
 from pytreestore import _validate
 from pytreestore._location import Location
+from pytreestore._names import COMMIT_KEY, ROOT_KEY, array_json
 from pytreestore.backends import _direct
 from pytreestore.backends._base import (
+    BatchedReads,
+    CheckedReads,
     ColumnLayout,
     ColumnShape,
+    ConditionalWrites,
+    KeyListing,
+    PartialWriteCleanup,
+    TensorStoreKvStore,
     damaged_chunk,
     delete_folder,
     missing_chunk,
@@ -50,8 +57,6 @@ from pytreestore.errors import (
     StorageError,
 )
 
-#: TensorStore's storage generation of a missing key (``if_equal=NO_VALUE``: create only)
-NO_VALUE = b"\x02"
 #: status codes of a read that found bytes it could not decode (as opposed to not reaching them)
 _DAMAGED = ("DATA_LOSS", "FAILED_PRECONDITION", "INVALID_ARGUMENT", "OUT_OF_RANGE")
 
@@ -67,7 +72,14 @@ def _memory_context() -> ts.Context:
         return _MEMORY["context"]
 
 
-class TensorStoreBackend:
+class TensorStoreBackend(
+    ConditionalWrites,
+    KeyListing,
+    CheckedReads,
+    BatchedReads,
+    PartialWriteCleanup,
+    TensorStoreKvStore,
+):
     """Columns as TensorStore ``zarr3`` arrays on the ``file``, ``memory``, ``s3`` or ``gcs``
     kvstore.
 
@@ -353,9 +365,9 @@ class TensorStoreBackend:
         if self._location.kind != "file":
             return []
         root = Path(self._location.root)
-        found = [root / ".pytreestore" / "commit.json.__lock", root / "zarr.json.__lock"]
+        found = [root / f"{COMMIT_KEY}.__lock", root / f"{ROOT_KEY}.__lock"]
         for key in keys:
-            found.append(root / key / "zarr.json.__lock")
+            found.append(root / f"{array_json(key)}.__lock")
             chunks = root / key / "c"
             if not chunks.is_dir():
                 continue

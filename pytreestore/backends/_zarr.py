@@ -51,7 +51,6 @@ import functools
 import hashlib
 import json
 import os
-import re
 import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Collection, Iterable, Iterator, Sequence
@@ -69,9 +68,13 @@ from zarr.storage._common import StorePath
 
 from pytreestore import _validate, _zarr_dtypes
 from pytreestore._location import Location
+from pytreestore._names import CHUNK_KEY_PATTERN, META_DIR, NO_VALUE, array_json
 from pytreestore.backends._base import (
+    BatchedReads,
     ColumnLayout,
     ColumnShape,
+    ConditionalWrites,
+    KeyListing,
     damaged_chunk,
     delete_folder,
     missing_chunk,
@@ -94,15 +97,15 @@ _CONFIG = {"write_empty_chunks": True, "order": "C"}  # a chunk of zeros is stil
 _MEMORY: dict[str, dict[str, Buffer]] = {}
 _MEMORY_LOCK = threading.Lock()
 _COMMIT_LOCK = threading.Lock()  # the commit lock of memory:// stores
-_ARRAY_JSON = "zarr.json"
-#: the token of a missing key, as in TensorStore and :mod:`pytreestore._lock`
-NO_VALUE = b"\x02"
 
 
-class ZarrBackend:
+class ZarrBackend(ConditionalWrites, KeyListing, BatchedReads):
     """Columns as zarr-python 3 arrays on a local directory, a ``memory://`` store or S3.
 
     For an ``s3://`` location the object made is a :class:`ZarrS3Backend`.
+
+    Capabilities: ConditionalWrites (a ``flock`` locally, a process lock in memory; ETags on
+    S3), KeyListing, BatchedReads.
     """
 
     def __new__(cls, location: Location) -> ZarrBackend:
@@ -186,7 +189,7 @@ class ZarrBackend:
             with _COMMIT_LOCK:
                 yield
             return
-        folder = Path(self._location.root) / ".pytreestore"
+        folder = Path(self._location.root) / META_DIR
         try:
             folder.mkdir(parents=True, exist_ok=True)
             fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
@@ -268,15 +271,15 @@ class ZarrBackend:
         :class:`CommitConflictError` and nothing is written (:class:`ZarrS3Backend` does the
         same with conditional PUTs).
         """
-        items = {f"{k}/{_ARRAY_JSON}": encode_document(d) for k, d in documents.items()}
+        items = {array_json(k): encode_document(d) for k, d in documents.items()}
         if not grown:
             self.write_many_bytes(items)
             return
         with self._exclusive():
-            reads = (self._get(f"{k}/{_ARRAY_JSON}") for k in grown)
+            reads = (self._get(array_json(k)) for k in grown)
             raws = self._call(_gather(reads), f"reading column metadata of {self._location}")
             for key, raw in zip(grown, raws):
-                file = f"{self._location}/{key}/{_ARRAY_JSON}"
+                file = f"{self._location}/{array_json(key)}"
                 known = self._documents[key]["shape"][0]
                 shape = _validate.array_facts(_validate.parse_array_json(raw, file), file)[1]
                 found = shape[0] if shape else known
@@ -304,10 +307,10 @@ class ZarrBackend:
         ]
         if not stale:
             return
-        reads = (self._get(f"{k}/{_ARRAY_JSON}") for k in stale)
+        reads = (self._get(array_json(k)) for k in stale)
         raws = self._call(_gather(reads), f"reading column metadata of {self._location}")
         for key, raw in zip(stale, raws):
-            file = f"{self._location}/{key}/{_ARRAY_JSON}"
+            file = f"{self._location}/{array_json(key)}"
             document = _validate.parse_array_json(raw, file)
             data_type, shape, chunks = _validate.array_facts(document, file)
             if key in self._layouts:
@@ -340,7 +343,7 @@ class ZarrBackend:
 
     def _make_array(self, key: str, shape: tuple[int, ...]) -> AsyncArray[ArrayV3Metadata]:
         document = self._documents[key]
-        file = f"{self._location}/{key}/{_ARRAY_JSON}"
+        file = f"{self._location}/{array_json(key)}"
         try:
             metadata = _parse_metadata(encode_document(dict(document, shape=[0, *shape[1:]])))
         except (ValueError, TypeError, KeyError) as err:
@@ -412,8 +415,6 @@ def _run(
 
 # ---- stores --------------------------------------------------------------------------------------
 
-_CHUNK_KEY = re.compile(r"^(.*)/c/(\d+(?:/\d+)*)$")
-
 
 class ChunksRequired(WrapperStore[Store]):
     """A store whose missing chunks raise :class:`CorruptChunkError` instead of reading as
@@ -441,7 +442,7 @@ class ChunksRequired(WrapperStore[Store]):
 
 
 def _raise_missing(key: str) -> None:
-    found = _CHUNK_KEY.match(key)
+    found = CHUNK_KEY_PATTERN.match(key)
     if found:
         chunk = tuple(int(i) for i in found.group(2).split("/"))
         raise missing_chunk(found.group(1), chunk, f"no object at {key}")

@@ -26,8 +26,9 @@ from zarr.storage import ObjectStore
 
 from pytreestore import _validate
 from pytreestore._location import Location, S3Options
+from pytreestore._names import NO_VALUE, array_json
 from pytreestore.backends._metadata import encode_document
-from pytreestore.backends._zarr import _ARRAY_JSON, NO_VALUE, ZarrBackend, _gather
+from pytreestore.backends._zarr import ZarrBackend, _gather
 from pytreestore.errors import BadLocationError, CommitConflictError, StorageError
 
 # ---- S3 ----------------------------------------------------------------------------------------
@@ -188,6 +189,8 @@ class ZarrS3Backend(ZarrBackend):
         token = backend.write_bytes_if("note", b"one", NO_VALUE)  # create only: an ETag
         backend.write_bytes_if("note", b"two", NO_VALUE)  # None: it exists now
         backend.write_bytes_if("note", b"two", token)  # the new ETag
+
+    Capabilities (those of :class:`ZarrBackend`): ConditionalWrites, KeyListing, BatchedReads.
     """
 
     def __init__(self, location: Location) -> None:
@@ -288,7 +291,7 @@ class ZarrS3Backend(ZarrBackend):
         return NO_VALUE
 
     async def _put_document(self, key: str, document: dict[str, Any], grow: bool) -> None:
-        name, data = f"{key}/{_ARRAY_JSON}", encode_document(document)
+        name, data = array_json(key), encode_document(document)
         token = self._document_tokens.pop(key, None)
         for _ in range(_DOCUMENT_ATTEMPTS):
             if token is None:

@@ -39,7 +39,16 @@ from hypothesis import strategies as st
 import pytreestore
 from pytreestore import _dtypes, errors
 from pytreestore._location import Location
-from pytreestore.backends import ColumnLayout, get_backend
+from pytreestore._names import NO_VALUE, ROOT_KEY
+from pytreestore.backends import (
+    Backend,
+    BatchedReads,
+    CheckedReads,
+    ColumnLayout,
+    ConditionalWrites,
+    KeyListing,
+    get_backend,
+)
 from pytreestore.testing import assert_trees_equal
 from pytreestore.testing import strategies as pts
 
@@ -102,6 +111,13 @@ class BackendSuite:
 
     def raw_backend(self, path: str) -> Any:
         return get_backend(self.backend)(Location.parse(path))
+
+    def capable(self, path: str, capability: type) -> Any:
+        """The raw backend at ``path``, or a skip where it lacks ``capability``."""
+        backend = self.raw_backend(path)
+        if not isinstance(backend, capability):
+            pytest.skip(f"backend {self.backend!r} does not declare {capability.__name__}")
+        return backend
 
     # ---- properties over random trees ----------------------------------------------------------
 
@@ -313,6 +329,10 @@ class BackendSuite:
 
     # ---- the backend protocol ------------------------------------------------------------------
 
+    def test_keeps_the_core_contract(self) -> None:
+        with self.location() as path:
+            assert isinstance(self.raw_backend(path), Backend)
+
     def test_bytes_are_replaced_whole(self) -> None:
         with self.location() as path:
             backend = self.raw_backend(path)
@@ -371,7 +391,7 @@ class BackendSuite:
         with self.location() as path:
             with self.create(path, _SCALAR, chunk_records=4) as store:
                 store.extend(_scalar_record(i) for i in range(6))
-            meta_file = Path(path) / "v" / "zarr.json"
+            meta_file = Path(path) / "v" / ROOT_KEY
             meta = json.loads(meta_file.read_text())
             meta_file.write_text(json.dumps(meta | change))
             store = self.open(path)
@@ -386,7 +406,7 @@ class BackendSuite:
         with self.location() as path:
             with self.create(path, _SCALAR, chunk_records=4) as store:
                 store.extend(_scalar_record(i) for i in range(2))
-            (Path(path) / "v" / "zarr.json").unlink()
+            (Path(path) / "v" / ROOT_KEY).unlink()
             with pytest.raises(errors.CorruptStoreError, match=re.escape("v/zarr.json")):
                 self.open(path).load(as_numpy=True)
 
@@ -403,3 +423,72 @@ class BackendSuite:
                 store.extend_batch({"b": values})
             array = zarr.open_array(f"{path}/b", mode="r")
             assert _same_bits(np.asarray(array[:]), values)
+
+    # ---- optional capabilities: each runs only where the backend declares it ----------------
+
+    def test_conditional_writes_compare_and_swap(self) -> None:
+        with self.location() as path:
+            backend = self.capable(path, ConditionalWrites)
+            assert backend.read_bytes_versioned("k") == (None, NO_VALUE)
+            first = backend.write_bytes_if("k", b"one", NO_VALUE)
+            assert first is not None and backend.read_bytes("k") == b"one"
+            assert backend.write_bytes_if("k", b"again", NO_VALUE) is None  # create only
+            second = backend.write_bytes_if("k", b"two", first)
+            assert second is not None and second != first
+            assert backend.write_bytes_if("k", b"stale", first) is None
+            assert backend.read_bytes_versioned("k") == (b"two", second)
+            assert backend.write_bytes_if("k", None, second) is not None  # a conditional delete
+            assert backend.read_bytes_versioned("k") == (None, NO_VALUE)
+
+    def test_second_writer_gets_commit_conflict(self) -> None:
+        """Two writers that both saw commit n: the second commit fails, nothing is lost."""
+        with self.location() as path:
+            self.capable(path, ConditionalWrites)
+            with self.create(path, _SCALAR, chunk_records=2) as store:
+                store.append(_scalar_record(0))
+            first = self.open(path, "a")
+            lock = first._lock
+            assert lock is not None
+            lock.release()  # as if the lock had been broken behind its back
+            second = self.open(path, "a")
+            second.extend(_scalar_record(i) for i in (1, 2))
+            second.flush()
+            first.append(_scalar_record(9))
+            with pytest.raises(errors.CommitConflictError, match="another writer"):
+                first.flush()
+            second.close()
+            np.testing.assert_array_equal(self.open(path).load(as_numpy=True)["n"], [0, 1, 2])
+
+    def test_list_keys_by_prefix(self) -> None:
+        with self.location() as path:
+            backend = self.capable(path, KeyListing)
+            backend.write_many_bytes({"a/b": b"1", "a/bc": b"2", "a/c/0": b"3", "b": b"4"})
+            assert backend.list_keys("a/") == ["a/b", "a/bc", "a/c/0"]
+            assert backend.list_keys("a/c/") == ["a/c/0"]
+            assert backend.list_keys("z/") == []
+
+    def test_batched_reads_equal_single_reads(self) -> None:
+        lays = [ColumnLayout(k, np.dtype("int32"), (), (4,), "zstd", ("record",), 0) for k in "xy"]
+        with self.location() as path:
+            backend = self.capable(path, BatchedReads)
+            backend.create_columns(lays)
+            backend.resize(["x", "y"], 10)
+            backend.write(
+                ["x", "y"], 0, [np.arange(10, dtype=np.int32), -np.arange(10, dtype=np.int32)]
+            )
+            got = backend.read_many([("x", slice(2, 7)), ("y", np.array([9, 0]))], 10)
+            np.testing.assert_array_equal(got[0], [2, 3, 4, 5, 6])
+            np.testing.assert_array_equal(got[1], [-9, 0])
+
+    def test_checked_reads_name_each_damaged_chunk(self) -> None:
+        lay = ColumnLayout("x", np.dtype("int32"), (), (4,), "zstd", ("record",), 0)
+        with self.location() as path:
+            backend = self.capable(path, CheckedReads)
+            backend.create_columns([lay])
+            backend.resize(["x"], 8)
+            backend.write(["x"], 0, [np.arange(8, dtype=np.int32)])
+            assert backend.read_checked([("x", slice(0, 4)), ("x", slice(4, 8))], 8) == [None] * 2
+            backend.write_bytes("x/c/1", b"not zstd")
+            ok, bad = backend.read_checked([("x", slice(0, 4)), ("x", slice(4, 8))], 8)
+            assert ok is None and isinstance(bad, errors.CorruptChunkError)
+            assert "x/c/1" in str(bad)
