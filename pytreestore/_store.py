@@ -418,8 +418,24 @@ class TreeStore:
         self._check_open()
         if self._writer is None:
             with self._reading() as backend:
-                self._commit = check_not_replaced(backend, self._location, self._commit)
+                now = check_not_replaced(backend, self._location, self._commit)
+                if now.records != self._commit.records:
+                    self._check_columns_kept(backend)
+                self._commit = now
         return len(self)
+
+    def _check_columns_kept(self, backend: Backend) -> None:
+        """Raises SchemaMismatchError if an evolve since this reader opened dropped one of its
+        columns: the records committed since hold no values there."""
+        info = _validate.root_schema(backend.read_bytes(ROOT_KEY), self.path)
+        keys = {c.get("key") for c in info["columns"]}
+        gone = [c.path for c in self._schema.columns if c.key not in keys]
+        if gone:
+            raise SchemaMismatchError(
+                f"{self.path}: the store's schema was changed (evolve dropped {gone}) since this "
+                "reader opened it, so the records committed since have no values for them; "
+                "open it again with pytreestore.open() to read them in the new schema"
+            )
 
     def _check_not_replaced(self, *, always: bool = False) -> None:
         """Raises StoreReplacedError if a reader's store was replaced since it opened; on

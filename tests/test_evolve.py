@@ -184,6 +184,22 @@ def test_drop_then_add_the_same_name_gets_a_new_key(tmp_path, backend):
     assert store.load(as_numpy=True)["y"].tolist() == [2] * 6 + [60]
 
 
+def test_a_reader_refreshing_past_a_drop_is_told_the_schema_changed(tmp_path, backend):
+    store = small(tmp_path / "s", backend)
+    store.evolve(add={"['y']": np.int32(1)})
+    store.flush()
+    reader = pytreestore.open(tmp_path / "s", backend=backend)
+    store.evolve(drop=["['y']"])
+    store.evolve(add={"['y']": np.int32(2)})
+    store.append({"x": np.float32(9), "y": np.int32(90)})
+    store.flush()
+    with pytest.raises(errors.SchemaMismatchError, match=r"evolve.*\['y'\].*open it again"):
+        reader.refresh()
+    assert reader.load(as_numpy=True)["y"].tolist() == [1] * 5  # still its own snapshot
+    fresh = pytreestore.open(tmp_path / "s", backend=backend)
+    assert fresh.load(as_numpy=True)["y"].tolist() == [2] * 5 + [90]
+
+
 def test_golden_format_1_store_is_upgraded_by_evolve(tmp_path, backend):
     shutil.copytree(make_golden.GOLDEN / "format-1" / "root-leaf", tmp_path / "s")
     root = tmp_path / "s" / "zarr.json"
