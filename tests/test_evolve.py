@@ -200,6 +200,21 @@ def test_a_reader_refreshing_past_a_drop_is_told_the_schema_changed(tmp_path, ba
     assert fresh.load(as_numpy=True)["y"].tolist() == [2] * 5 + [90]
 
 
+@pytest.mark.parametrize("fill", [2**40, 1.5, "NaN", [1.0, 2.0], True])
+def test_a_hand_edited_default_the_dtype_cannot_hold_is_refused(tmp_path, backend, fill):
+    store = small(tmp_path / "s", backend)
+    store.evolve(add={"['y']": np.int32(1)})
+    store.close()
+    root = tmp_path / "s" / "zarr.json"
+    document = json.loads(root.read_text())
+    info = document["attributes"]["pytreestore"]
+    info["columns"][1]["default"] = fill
+    del info["digest"]
+    root.write_text(json.dumps(document))
+    with pytest.raises(errors.CorruptStoreError, match=r"\['y'\].*default.*int32"):
+        pytreestore.open(tmp_path / "s", backend=backend).load(as_numpy=True)
+
+
 def test_golden_format_1_store_is_upgraded_by_evolve(tmp_path, backend):
     shutil.copytree(make_golden.GOLDEN / "format-1" / "root-leaf", tmp_path / "s")
     root = tmp_path / "s" / "zarr.json"
