@@ -115,7 +115,6 @@ class TreeStore:
         self._reads = 0  # reads in flight, which close() waits for
         self._reads_done = threading.Condition()
         self._writer = Writer(backend, schema, commit) if mode == "a" else None
-        self._key_impls = [c.key_impl for c in schema.columns]
 
     # ---- description ---------------------------------------------------------------------------
 
@@ -501,8 +500,11 @@ class TreeStore:
         if sharding is not None or pmap_devices is not None or pad:
             _sharded.check_request(index, sharding, pmap_devices, device=device, as_numpy=as_numpy)
             return self._load_sharded(index, columns, sharding, pmap_devices, pad=pad, cast=cast)
-        leaves = self._load_leaves(index, columns, device=device, as_numpy=as_numpy, cast=cast)
-        return self._schema.unflatten(leaves)
+        schema = self._schema  # one schema for the whole read, whatever evolve does meanwhile
+        leaves = self._load_leaves(
+            index, columns, device=device, as_numpy=as_numpy, cast=cast, schema=schema
+        )
+        return schema.unflatten(leaves)
 
     def _load_sharded(
         self,
@@ -514,9 +516,10 @@ class TreeStore:
         pad: bool,
         cast: bool,
     ) -> Any:
-        selection, chosen, n = self._select(index, columns)
-        shardings = _sharded.resolve(sharding, pmap_devices, self._schema.paths)
-        specs = [self._schema.columns[i] for i in chosen]
+        schema = self._schema  # one schema for the whole read, whatever evolve does meanwhile
+        selection, chosen, n = self._select(index, columns, schema)
+        shardings = _sharded.resolve(sharding, pmap_devices, schema.paths)
+        specs = [schema.columns[i] for i in chosen]
         with self._reading() as backend:
             arrays, mask = _sharded.load(
                 backend,
@@ -529,10 +532,10 @@ class TreeStore:
                 pmap=pmap_devices is not None,
             )
             self._check_not_replaced()
-        leaves: list[Any] = [None] * len(self._schema.columns)
+        leaves: list[Any] = [None] * len(schema.columns)
         for i, array in zip(chosen, arrays):
             leaves[i] = array
-        records = self._schema.unflatten(_prng.wrap_columns(leaves, self._key_impls))
+        records = schema.unflatten(_prng.wrap_columns(leaves, _key_impls(schema)))
         return (records, mask) if pad else records
 
     def __getitem__(self, index: Any) -> Any:
@@ -561,11 +564,12 @@ class TreeStore:
         """
         cast = self._cast_for(cast)
         n = self._readable()
+        schema = self._schema  # one schema for the whole iteration, whatever evolve does
         for start in range(0, n, _ITER_BLOCK):
             block = slice(start, min(start + _ITER_BLOCK, n))
-            leaves = self._load_leaves(block, columns, as_numpy=as_numpy, cast=cast)
+            leaves = self._load_leaves(block, columns, as_numpy=as_numpy, cast=cast, schema=schema)
             for row in zip(*[split_leaves(leaf) for leaf in leaves]):
-                yield self._schema.unflatten(row)
+                yield schema.unflatten(row)
 
     def _load_leaves(
         self,
@@ -575,9 +579,11 @@ class TreeStore:
         device: Any = None,
         as_numpy: bool = False,
         cast: bool = False,
+        schema: TreeSchema | None = None,
     ) -> list[Any]:
-        selection, chosen, n = self._select(index, columns)
-        specs = [self._schema.columns[i] for i in chosen]
+        schema = schema or self._schema
+        selection, chosen, n = self._select(index, columns, schema)
+        specs = [schema.columns[i] for i in chosen]
         if selection.count == 0:
             arrays = [np.empty((0, *c.shape), c.dtype) for c in specs]
         else:
@@ -587,25 +593,25 @@ class TreeStore:
             except CorruptStoreError as err:
                 self._check_not_replaced(always=True)  # a replaced store lacks our chunks
                 if isinstance(err, CorruptChunkError):
-                    raise name_column(err, self._schema) from err
+                    raise name_column(err, schema) from err
                 raise
             self._check_not_replaced()  # what was read belongs to the store opened
         if selection.scalar:
             arrays = [a[0, ...] for a in arrays]
-        leaves: list[Any] = [None] * len(self._schema.columns)
+        leaves: list[Any] = [None] * len(schema.columns)
         for i, array in zip(chosen, arrays):
             leaves[i] = array
         if as_numpy:
             return leaves
-        placed = _device.to_jax(leaves, self._schema.paths, device=device, cast=cast)
-        return _prng.wrap_columns(placed, self._key_impls)
+        placed = _device.to_jax(leaves, schema.paths, device=device, cast=cast)
+        return _prng.wrap_columns(placed, _key_impls(schema))
 
     def _select(
-        self, index: Any, columns: str | Sequence[str] | None
+        self, index: Any, columns: str | Sequence[str] | None, schema: TreeSchema
     ) -> tuple[_read.Selection, list[int], int]:
         """Flushes pending appends; the normalised index, chosen columns and record count."""
         n = self._readable()
-        return _read.normalize(index, n), self._schema.select(columns), n
+        return _read.normalize(index, n), schema.select(columns), n
 
     def _readable(self) -> int:
         """The records a read sees: all of them, committed first, unless another thread is
@@ -835,6 +841,11 @@ class TreeStore:
         self._writable()
         with self._mutex:
             yield self._writable()  # checked again: closed by another thread meanwhile?
+
+
+def _key_impls(schema: TreeSchema) -> list[Any]:
+    """The PRNG key implementation of each column of ``schema`` (None for other columns)."""
+    return [c.key_impl for c in schema.columns]
 
 
 def _check_cast(cast: Any) -> bool:

@@ -215,6 +215,42 @@ def test_a_hand_edited_default_the_dtype_cannot_hold_is_refused(tmp_path, backen
         pytreestore.open(tmp_path / "s", backend=backend).load(as_numpy=True)
 
 
+def test_a_read_keeps_one_schema_while_another_thread_evolves(tmp_path, backend):
+    store = pytreestore.create(
+        tmp_path / "s", {"a": np.int32(0), "b": np.float32(0)}, backend=backend
+    )
+    store.extend({"a": np.int32(i), "b": np.float32(-i)} for i in range(3))
+    store.flush()
+    read = store._backend.read
+
+    def evolve_meanwhile(*args, **kwargs):  # the evolve lands between the schema and the read
+        store._backend.read = read
+        store.evolve(rename={"['a']": "['z']"}, add={"['c']": np.int8(7)})
+        return read(*args, **kwargs)
+
+    store._backend.read = evolve_meanwhile
+    got = store.load(as_numpy=True)
+    assert {k: v.tolist() for k, v in got.items()} == {"a": [0, 1, 2], "b": [0, -1, -2]}
+    got = store.load(as_numpy=True)
+    assert {k: v.tolist() for k, v in got.items()} == {
+        "b": [0, -1, -2],
+        "c": [7] * 3,
+        "z": [0, 1, 2],
+    }
+
+
+def test_prng_keys_stay_keys_after_evolve_reorders_the_columns(tmp_path, backend):
+    import jax
+
+    record = {"b": jax.random.key(1), "c": np.float32(0.5)}
+    store = pytreestore.create(tmp_path / "s", record, backend=backend)
+    store.append(record)
+    store.evolve(rename={"['b']": "['z']"})  # columns now c, z
+    got = store[0]
+    assert got["c"].tolist() == 0.5
+    assert jax.random.key_data(got["z"]).tolist() == jax.random.key_data(record["b"]).tolist()
+
+
 def test_golden_format_1_store_is_upgraded_by_evolve(tmp_path, backend):
     shutil.copytree(make_golden.GOLDEN / "format-1" / "root-leaf", tmp_path / "s")
     root = tmp_path / "s" / "zarr.json"
