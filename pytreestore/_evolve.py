@@ -285,7 +285,10 @@ def _free_key(key: str, used: set, taken: Callable[[str], bool]) -> str:
 
 
 def _default_value(path: str, default: Any) -> tuple[np.ndarray, np.dtype]:
-    dtype = _dtypes.value_dtype(default)
+    try:
+        dtype = _dtypes.value_dtype(default)
+    except TypeError:  # a dtype numpy cannot represent, such as a PRNG key's
+        dtype = None
     if dtype is None or isinstance(default, str | bytes) or not _dtypes.is_supported(dtype):
         raise UnsupportedDtypeError(
             f"evolve: the default for {path} is {default!r} of type {type(default).__name__}, "

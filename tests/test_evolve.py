@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 
+import jax
 import numpy as np
 import pytest
 
@@ -240,8 +241,6 @@ def test_a_read_keeps_one_schema_while_another_thread_evolves(tmp_path, backend)
 
 
 def test_prng_keys_stay_keys_after_evolve_reorders_the_columns(tmp_path, backend):
-    import jax
-
     record = {"b": jax.random.key(1), "c": np.float32(0.5)}
     store = pytreestore.create(tmp_path / "s", record, backend=backend)
     store.append(record)
@@ -278,6 +277,7 @@ BAD = [
     (dict(add={".q": np.int8(0)}), errors.SchemaMismatchError, "children of a dict are named"),
     (dict(add={"['q']": "text"}), errors.UnsupportedDtypeError, "which a column cannot hold"),
     (dict(add={"['q']": np.arange(3)}), errors.UnsupportedDtypeError, "holds different values"),
+    (dict(add={"['q']": jax.random.key(0)}), errors.UnsupportedDtypeError, "cannot hold"),
     (dict(drop=["['x']"]), errors.SchemaMismatchError, "without columns"),
     (dict(rename={"['x']": "['x']['y']"}), errors.SchemaMismatchError, "must keep the parent"),
     (dict(rename_class={"a:B": "c:D"}), errors.SchemaMismatchError, "no node of class 'a:B'"),
