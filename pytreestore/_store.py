@@ -843,6 +843,18 @@ class TreeStore:
             yield self._writable()  # checked again: closed by another thread meanwhile?
 
 
+def _check_starts(schema: TreeSchema, records: int, location: Location) -> None:
+    """Raises CorruptStoreError if a column added by evolve starts past the committed records
+    (the schema is read before the commit record, and an evolve starts columns at a commit)."""
+    for column in schema.columns:
+        if column.start > records:
+            raise CorruptStoreError(
+                f"{location}/{ROOT_KEY}: column {column.path} starts at record {column.start}, "
+                f"but only {records} are committed; the schema was edited or damaged outside "
+                "pytreestore (records before 'start' would read its default)"
+            )
+
+
 def _key_impls(schema: TreeSchema) -> list[Any]:
     """The PRNG key implementation of each column of ``schema`` (None for other columns)."""
     return [c.key_impl for c in schema.columns]
@@ -1062,6 +1074,7 @@ def open(
     lock = _take_lock(location, engine, break_lock=break_lock) if mode == "a" else None
     try:
         commit = Commit.read(engine, str(location))
+        _check_starts(schema, commit.records, location)
         if mode == "a":
             repair(engine, location, schema, commit.records)
         return TreeStore(

@@ -250,6 +250,21 @@ def test_prng_keys_stay_keys_after_evolve_reorders_the_columns(tmp_path, backend
     assert jax.random.key_data(got["z"]).tolist() == jax.random.key_data(record["b"]).tolist()
 
 
+def test_a_hand_edited_start_past_the_committed_records_is_refused(tmp_path, backend):
+    store = small(tmp_path / "s", backend)
+    store.evolve(add={"['y']": np.int32(1)})
+    store.append({"x": np.float32(5), "y": np.int32(50)})
+    store.close()
+    root = tmp_path / "s" / "zarr.json"
+    document = json.loads(root.read_text())
+    info = document["attributes"]["pytreestore"]
+    info["columns"][1]["start"] = 99  # would hide the record appended after the evolve
+    del info["digest"]
+    root.write_text(json.dumps(document))
+    with pytest.raises(errors.CorruptStoreError, match=r"\['y'\] starts at record 99.*only 6"):
+        pytreestore.open(tmp_path / "s", backend=backend)
+
+
 def test_golden_format_1_store_is_upgraded_by_evolve(tmp_path, backend):
     shutil.copytree(make_golden.GOLDEN / "format-1" / "root-leaf", tmp_path / "s")
     root = tmp_path / "s" / "zarr.json"
