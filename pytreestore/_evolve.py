@@ -33,7 +33,7 @@ from jax.tree_util import DictKey, GetAttrKey
 
 from pytreestore import _dtypes, _keys
 from pytreestore._schema import FORMAT_VERSION, ColumnSpec, _child_entry, _leaf_chunks
-from pytreestore.errors import SchemaMismatchError, UnsupportedDtypeError
+from pytreestore.errors import CorruptStoreError, SchemaMismatchError, UnsupportedDtypeError
 
 _LAST = re.compile(
     r"""(?:\.([A-Za-z_][A-Za-z0-9_]*)|\[((?:'(?:[^'\\]|\\.)*')|(?:"(?:[^"\\]|\\.)*"))\])$"""
@@ -69,7 +69,10 @@ def plan(
             repeated value.
     """
     tree = copy.deepcopy(info["tree"])
-    columns = [ColumnSpec.from_json(c) for c in info["columns"]]
+    try:
+        columns = [ColumnSpec.from_json(c) for c in info["columns"]]
+    except ValueError as err:  # edited since the store was opened
+        raise CorruptStoreError(f"the store's schema is malformed: {err}") from err
     _number_leaves(tree, iter(range(len(columns))))
     for old, new in (rename_class or {}).items():
         if not _rename_class(tree, old, new):

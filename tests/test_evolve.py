@@ -265,6 +265,17 @@ def test_a_hand_edited_start_past_the_committed_records_is_refused(tmp_path, bac
         pytreestore.open(tmp_path / "s", backend=backend)
 
 
+def test_a_default_damaged_while_the_store_is_open_stops_evolve(tmp_path, backend):
+    store = small(tmp_path / "s", backend)
+    store.evolve(add={"['y']": np.int32(1)})
+    root = tmp_path / "s" / "zarr.json"
+    document = json.loads(root.read_text())
+    document["attributes"]["pytreestore"]["columns"][1]["default"] = 2**40
+    root.write_text(json.dumps(document))
+    with pytest.raises(errors.CorruptStoreError, match=r"\['y'\].*default.*int32"):
+        store.evolve(add={"['z']": np.int8(0)})
+
+
 def test_golden_format_1_store_is_upgraded_by_evolve(tmp_path, backend):
     shutil.copytree(make_golden.GOLDEN / "format-1" / "root-leaf", tmp_path / "s")
     root = tmp_path / "s" / "zarr.json"
