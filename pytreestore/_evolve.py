@@ -33,7 +33,7 @@ from jax.tree_util import DictKey, GetAttrKey
 
 from pytreestore import _dtypes, _keys
 from pytreestore._schema import FORMAT_VERSION, ColumnSpec, _child_entry, _leaf_chunks
-from pytreestore.errors import SchemaMismatchError, UnsupportedDtypeError
+from pytreestore.errors import CorruptStoreError, SchemaMismatchError, UnsupportedDtypeError
 
 _LAST = re.compile(
     r"""(?:\.([A-Za-z_][A-Za-z0-9_]*)|\[((?:'(?:[^'\\]|\\.)*')|(?:"(?:[^"\\]|\\.)*"))\])$"""
@@ -69,7 +69,10 @@ def plan(
             repeated value.
     """
     tree = copy.deepcopy(info["tree"])
-    columns = [ColumnSpec.from_json(c) for c in info["columns"]]
+    try:
+        columns = [ColumnSpec.from_json(c) for c in info["columns"]]
+    except ValueError as err:  # edited since the store was opened
+        raise CorruptStoreError(f"the store's schema is malformed: {err}") from err
     _number_leaves(tree, iter(range(len(columns))))
     for old, new in (rename_class or {}).items():
         if not _rename_class(tree, old, new):
@@ -285,7 +288,10 @@ def _free_key(key: str, used: set, taken: Callable[[str], bool]) -> str:
 
 
 def _default_value(path: str, default: Any) -> tuple[np.ndarray, np.dtype]:
-    dtype = _dtypes.value_dtype(default)
+    try:
+        dtype = _dtypes.value_dtype(default)
+    except TypeError:  # a dtype numpy cannot represent, such as a PRNG key's
+        dtype = None
     if dtype is None or isinstance(default, str | bytes) or not _dtypes.is_supported(dtype):
         raise UnsupportedDtypeError(
             f"evolve: the default for {path} is {default!r} of type {type(default).__name__}, "

@@ -116,9 +116,41 @@ class ColumnSpec:
             shape=tuple(obj["shape"]),
             chunks=tuple(obj["chunks"]),
             start=int(obj.get("start", 0)),
-            default=obj.get("default"),
+            default=_checked_default(obj),
             key_impl=obj.get("key_impl"),
         )
+
+
+_FLOAT_WORDS = ("NaN", "Infinity", "-Infinity")
+
+
+def _checked_default(obj: dict[str, Any]) -> Any:
+    """A column's ``default`` (zarr v3 fill value JSON), if its dtype holds it exactly.
+
+    Raises:
+        ValueError: a default of the wrong JSON type or out of the dtype's range.
+    """
+    fill, dtype = obj.get("default"), _dtypes.from_name(obj["dtype"])
+    kind = _dtypes.kind(dtype)
+
+    def real(x: Any) -> bool:
+        return x in _FLOAT_WORDS or (isinstance(x, int | float) and not isinstance(x, bool))
+
+    if kind == "b":
+        ok = isinstance(fill, bool)
+    elif kind in "iu":
+        info = np.iinfo(dtype)
+        ok = type(fill) is int and info.min <= fill <= info.max
+    elif kind == "c":
+        ok = isinstance(fill, list) and len(fill) == 2 and all(real(x) for x in fill)
+    else:
+        ok = real(fill)
+    if fill is not None and not ok:
+        raise ValueError(
+            f"column {obj['path']}: its default {fill!r} is not a {dtype.name} value; the "
+            "schema was edited or damaged outside pytreestore"
+        )
+    return fill
 
 
 @dataclasses.dataclass(frozen=True)

@@ -113,7 +113,6 @@ class TreeStore:
         self._reads = 0  # reads in flight, which close() waits for
         self._reads_done = threading.Condition()
         self._writer = Writer(backend, schema, commit) if mode == "a" else None
-        self._key_impls = [c.key_impl for c in schema.columns]
 
     # ---- description ---------------------------------------------------------------------------
 
@@ -413,8 +412,24 @@ class TreeStore:
         self._check_open()
         if self._writer is None:
             with self._reading() as backend:
-                self._commit = check_not_replaced(backend, self._location, self._commit)
+                now = check_not_replaced(backend, self._location, self._commit)
+                if now.records != self._commit.records:
+                    self._check_columns_kept(backend)
+                self._commit = now
         return len(self)
+
+    def _check_columns_kept(self, backend: Backend) -> None:
+        """Raises SchemaMismatchError if an evolve since this reader opened dropped one of its
+        columns: the records committed since hold no values there."""
+        info = _validate.root_schema(backend.read_bytes(ROOT_KEY), self.path)
+        keys = {c.get("key") for c in info["columns"]}
+        gone = [c.path for c in self._schema.columns if c.key not in keys]
+        if gone:
+            raise SchemaMismatchError(
+                f"{self.path}: the store's schema was changed (evolve dropped {gone}) since this "
+                "reader opened it, so the records committed since have no values for them; "
+                "open it again with pytreestore.open() to read them in the new schema"
+            )
 
     def _check_not_replaced(self, *, always: bool = False) -> None:
         """Raises StoreReplacedError if a reader's store was replaced since it opened; on
@@ -480,8 +495,11 @@ class TreeStore:
         if sharding is not None or pmap_devices is not None or pad:
             _sharded.check_request(index, sharding, pmap_devices, device=device, as_numpy=as_numpy)
             return self._load_sharded(index, columns, sharding, pmap_devices, pad=pad, cast=cast)
-        leaves = self._load_leaves(index, columns, device=device, as_numpy=as_numpy, cast=cast)
-        return self._schema.unflatten(leaves)
+        schema = self._schema  # one schema for the whole read, whatever evolve does meanwhile
+        leaves = self._load_leaves(
+            index, columns, device=device, as_numpy=as_numpy, cast=cast, schema=schema
+        )
+        return schema.unflatten(leaves)
 
     def _load_sharded(
         self,
@@ -493,9 +511,10 @@ class TreeStore:
         pad: bool,
         cast: bool,
     ) -> Any:
-        selection, chosen, n = self._select(index, columns)
-        shardings = _sharded.resolve(sharding, pmap_devices, self._schema.paths)
-        specs = [self._schema.columns[i] for i in chosen]
+        schema = self._schema  # one schema for the whole read, whatever evolve does meanwhile
+        selection, chosen, n = self._select(index, columns, schema)
+        shardings = _sharded.resolve(sharding, pmap_devices, schema.paths)
+        specs = [schema.columns[i] for i in chosen]
         with self._reading() as backend:
             arrays, mask = _sharded.load(
                 backend,
@@ -508,10 +527,10 @@ class TreeStore:
                 pmap=pmap_devices is not None,
             )
             self._check_not_replaced()
-        leaves: list[Any] = [None] * len(self._schema.columns)
+        leaves: list[Any] = [None] * len(schema.columns)
         for i, array in zip(chosen, arrays):
             leaves[i] = array
-        records = self._schema.unflatten(_prng.wrap_columns(leaves, self._key_impls))
+        records = schema.unflatten(_prng.wrap_columns(leaves, _key_impls(schema)))
         return (records, mask) if pad else records
 
     def __getitem__(self, index: Any) -> Any:
@@ -540,11 +559,12 @@ class TreeStore:
         """
         cast = self._cast_for(cast)
         n = self._readable()
+        schema = self._schema  # one schema for the whole iteration, whatever evolve does
         for start in range(0, n, _ITER_BLOCK):
             block = slice(start, min(start + _ITER_BLOCK, n))
-            leaves = self._load_leaves(block, columns, as_numpy=as_numpy, cast=cast)
+            leaves = self._load_leaves(block, columns, as_numpy=as_numpy, cast=cast, schema=schema)
             for row in zip(*[split_leaves(leaf) for leaf in leaves]):
-                yield self._schema.unflatten(row)
+                yield schema.unflatten(row)
 
     def _load_leaves(
         self,
@@ -554,9 +574,11 @@ class TreeStore:
         device: Any = None,
         as_numpy: bool = False,
         cast: bool = False,
+        schema: TreeSchema | None = None,
     ) -> list[Any]:
-        selection, chosen, n = self._select(index, columns)
-        specs = [self._schema.columns[i] for i in chosen]
+        schema = schema or self._schema
+        selection, chosen, n = self._select(index, columns, schema)
+        specs = [schema.columns[i] for i in chosen]
         if selection.count == 0:
             arrays = [np.empty((0, *c.shape), c.dtype) for c in specs]
         else:
@@ -566,25 +588,25 @@ class TreeStore:
             except CorruptStoreError as err:
                 self._check_not_replaced(always=True)  # a replaced store lacks our chunks
                 if isinstance(err, CorruptChunkError):
-                    raise name_column(err, self._schema) from err
+                    raise name_column(err, schema) from err
                 raise
             self._check_not_replaced()  # what was read belongs to the store opened
         if selection.scalar:
             arrays = [a[0, ...] for a in arrays]
-        leaves: list[Any] = [None] * len(self._schema.columns)
+        leaves: list[Any] = [None] * len(schema.columns)
         for i, array in zip(chosen, arrays):
             leaves[i] = array
         if as_numpy:
             return leaves
-        placed = _device.to_jax(leaves, self._schema.paths, device=device, cast=cast)
-        return _prng.wrap_columns(placed, self._key_impls)
+        placed = _device.to_jax(leaves, schema.paths, device=device, cast=cast)
+        return _prng.wrap_columns(placed, _key_impls(schema))
 
     def _select(
-        self, index: Any, columns: str | Sequence[str] | None
+        self, index: Any, columns: str | Sequence[str] | None, schema: TreeSchema
     ) -> tuple[_read.Selection, list[int], int]:
         """Flushes pending appends; the normalised index, chosen columns and record count."""
         n = self._readable()
-        return _read.normalize(index, n), self._schema.select(columns), n
+        return _read.normalize(index, n), schema.select(columns), n
 
     def _readable(self) -> int:
         """The records a read sees: all of them, committed first, unless another thread is
@@ -817,6 +839,23 @@ class TreeStore:
             yield self._appendable() if append else self._writable()
 
 
+def _check_starts(schema: TreeSchema, records: int, location: Location) -> None:
+    """Raises CorruptStoreError if a column added by evolve starts past the committed records
+    (the schema is read before the commit record, and an evolve starts columns at a commit)."""
+    for column in schema.columns:
+        if column.start > records:
+            raise CorruptStoreError(
+                f"{location}/{ROOT_KEY}: column {column.path} starts at record {column.start}, "
+                f"but only {records} are committed; the schema was edited or damaged outside "
+                "pytreestore (records before 'start' would read its default)"
+            )
+
+
+def _key_impls(schema: TreeSchema) -> list[Any]:
+    """The PRNG key implementation of each column of ``schema`` (None for other columns)."""
+    return [c.key_impl for c in schema.columns]
+
+
 def _check_cast(cast: Any) -> bool:
     if not isinstance(cast, bool):
         raise TypeError(f"cast must be True, False or None (the store's policy), got {cast!r}")
@@ -1033,6 +1072,7 @@ def open(
     lock = _take_lock(location, engine, break_lock=break_lock) if mode == "a" else None
     try:
         commit = Commit.read(engine, str(location))
+        _check_starts(schema, commit.records, location)
         if mode == "a":
             repair(engine, location, schema, commit.records)
         return TreeStore(

@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 
+import jax
 import numpy as np
 import pytest
 
@@ -184,6 +185,97 @@ def test_drop_then_add_the_same_name_gets_a_new_key(tmp_path, backend):
     assert store.load(as_numpy=True)["y"].tolist() == [2] * 6 + [60]
 
 
+def test_a_reader_refreshing_past_a_drop_is_told_the_schema_changed(tmp_path, backend):
+    store = small(tmp_path / "s", backend)
+    store.evolve(add={"['y']": np.int32(1)})
+    store.flush()
+    reader = pytreestore.open(tmp_path / "s", backend=backend)
+    store.evolve(drop=["['y']"])
+    store.evolve(add={"['y']": np.int32(2)})
+    store.append({"x": np.float32(9), "y": np.int32(90)})
+    store.flush()
+    with pytest.raises(errors.SchemaMismatchError, match=r"evolve.*\['y'\].*open it again"):
+        reader.refresh()
+    assert reader.load(as_numpy=True)["y"].tolist() == [1] * 5  # still its own snapshot
+    fresh = pytreestore.open(tmp_path / "s", backend=backend)
+    assert fresh.load(as_numpy=True)["y"].tolist() == [2] * 5 + [90]
+
+
+@pytest.mark.parametrize("fill", [2**40, 1.5, "NaN", [1.0, 2.0], True])
+def test_a_hand_edited_default_the_dtype_cannot_hold_is_refused(tmp_path, backend, fill):
+    store = small(tmp_path / "s", backend)
+    store.evolve(add={"['y']": np.int32(1)})
+    store.close()
+    root = tmp_path / "s" / "zarr.json"
+    document = json.loads(root.read_text())
+    info = document["attributes"]["pytreestore"]
+    info["columns"][1]["default"] = fill
+    del info["digest"]
+    root.write_text(json.dumps(document))
+    with pytest.raises(errors.CorruptStoreError, match=r"\['y'\].*default.*int32"):
+        pytreestore.open(tmp_path / "s", backend=backend).load(as_numpy=True)
+
+
+def test_a_read_keeps_one_schema_while_another_thread_evolves(tmp_path, backend):
+    store = pytreestore.create(
+        tmp_path / "s", {"a": np.int32(0), "b": np.float32(0)}, backend=backend
+    )
+    store.extend({"a": np.int32(i), "b": np.float32(-i)} for i in range(3))
+    store.flush()
+    read = store._backend.read
+
+    def evolve_meanwhile(*args, **kwargs):  # the evolve lands between the schema and the read
+        store._backend.read = read
+        store.evolve(rename={"['a']": "['z']"}, add={"['c']": np.int8(7)})
+        return read(*args, **kwargs)
+
+    store._backend.read = evolve_meanwhile
+    got = store.load(as_numpy=True)
+    assert {k: v.tolist() for k, v in got.items()} == {"a": [0, 1, 2], "b": [0, -1, -2]}
+    got = store.load(as_numpy=True)
+    assert {k: v.tolist() for k, v in got.items()} == {
+        "b": [0, -1, -2],
+        "c": [7] * 3,
+        "z": [0, 1, 2],
+    }
+
+
+def test_prng_keys_stay_keys_after_evolve_reorders_the_columns(tmp_path, backend):
+    record = {"b": jax.random.key(1), "c": np.float32(0.5)}
+    store = pytreestore.create(tmp_path / "s", record, backend=backend)
+    store.append(record)
+    store.evolve(rename={"['b']": "['z']"})  # columns now c, z
+    got = store[0]
+    assert got["c"].tolist() == 0.5
+    assert jax.random.key_data(got["z"]).tolist() == jax.random.key_data(record["b"]).tolist()
+
+
+def test_a_hand_edited_start_past_the_committed_records_is_refused(tmp_path, backend):
+    store = small(tmp_path / "s", backend)
+    store.evolve(add={"['y']": np.int32(1)})
+    store.append({"x": np.float32(5), "y": np.int32(50)})
+    store.close()
+    root = tmp_path / "s" / "zarr.json"
+    document = json.loads(root.read_text())
+    info = document["attributes"]["pytreestore"]
+    info["columns"][1]["start"] = 99  # would hide the record appended after the evolve
+    del info["digest"]
+    root.write_text(json.dumps(document))
+    with pytest.raises(errors.CorruptStoreError, match=r"\['y'\] starts at record 99.*only 6"):
+        pytreestore.open(tmp_path / "s", backend=backend)
+
+
+def test_a_default_damaged_while_the_store_is_open_stops_evolve(tmp_path, backend):
+    store = small(tmp_path / "s", backend)
+    store.evolve(add={"['y']": np.int32(1)})
+    root = tmp_path / "s" / "zarr.json"
+    document = json.loads(root.read_text())
+    document["attributes"]["pytreestore"]["columns"][1]["default"] = 2**40
+    root.write_text(json.dumps(document))
+    with pytest.raises(errors.CorruptStoreError, match=r"\['y'\].*default.*int32"):
+        store.evolve(add={"['z']": np.int8(0)})
+
+
 def test_golden_format_1_store_is_upgraded_by_evolve(tmp_path, backend):
     shutil.copytree(make_golden.GOLDEN / "format-1" / "root-leaf", tmp_path / "s")
     root = tmp_path / "s" / "zarr.json"
@@ -211,6 +303,7 @@ BAD = [
     (dict(add={".q": np.int8(0)}), errors.SchemaMismatchError, "children of a dict are named"),
     (dict(add={"['q']": "text"}), errors.UnsupportedDtypeError, "which a column cannot hold"),
     (dict(add={"['q']": np.arange(3)}), errors.UnsupportedDtypeError, "holds different values"),
+    (dict(add={"['q']": jax.random.key(0)}), errors.UnsupportedDtypeError, "cannot hold"),
     (dict(drop=["['x']"]), errors.SchemaMismatchError, "without columns"),
     (dict(rename={"['x']": "['x']['y']"}), errors.SchemaMismatchError, "must keep the parent"),
     (dict(rename_class={"a:B": "c:D"}), errors.SchemaMismatchError, "no node of class 'a:B'"),
