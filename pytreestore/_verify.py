@@ -239,7 +239,7 @@ def _check_present(
                     column.path,
                     key,
                     index,
-                    "the chunk is missing: its records would read as the fill value (0)",
+                    "the chunk is missing: its committed records are lost (reads raise CorruptChunkError)",
                 )
             )
 
