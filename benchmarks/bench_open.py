@@ -32,7 +32,7 @@ from _common import Case, Result, Timed, at_most, measure_side_by_side
 from zarr.core.sync import sync
 
 import pytreestore
-from pytreestore import _validate
+from pytreestore._format import validate as _validate
 
 TITLE = "Open: wide trees"
 RECORDS = 64

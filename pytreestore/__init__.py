@@ -13,19 +13,19 @@ Example:
 """
 
 from pytreestore import errors as errors
-from pytreestore._batches import BatchIterator as BatchIterator
-from pytreestore._batches import GrainSource as GrainSource
-from pytreestore._copy import copy as copy
-from pytreestore._evolve import evolve as evolve
-from pytreestore._schema import FORMAT_VERSION as FORMAT_VERSION
-from pytreestore._schema import ColumnSpec as ColumnSpec
-from pytreestore._schema import TreeSchema as TreeSchema
-from pytreestore._stack import stack as stack
-from pytreestore._stack import unstack as unstack
+from pytreestore._commit.evolve import evolve as evolve
+from pytreestore._format.schema import FORMAT_VERSION as FORMAT_VERSION
+from pytreestore._format.schema import ColumnSpec as ColumnSpec
+from pytreestore._format.schema import TreeSchema as TreeSchema
+from pytreestore._inspect.verify import VerifyReport as VerifyReport
+from pytreestore._open.copy import copy as copy
+from pytreestore._pipelines.batches import BatchIterator as BatchIterator
+from pytreestore._pipelines.batches import GrainSource as GrainSource
 from pytreestore._store import TreeStore as TreeStore
 from pytreestore._store import create as create
 from pytreestore._store import open as open
-from pytreestore._verify import VerifyReport as VerifyReport
+from pytreestore._tree.stack import stack as stack
+from pytreestore._tree.stack import unstack as unstack
 
 __version__ = "0.1.0"
 

@@ -27,26 +27,24 @@ from typing import Any, Literal
 import numpy as np
 from jax.tree_util import tree_flatten
 
-from pytreestore import (
-    _batches,
-    _device,
-    _map,
-    _prng,
-    _progress,
-    _read,
-    _repr,
-    _sharded,
-    _validate,
-)
-from pytreestore._convert import RecordError
-from pytreestore._location import Location
-from pytreestore._lock import WriterLock
-from pytreestore._names import COMMIT_KEY, INCOMPLETE_KEY, ROOT_KEY
-from pytreestore._repair import check_not_replaced, repair
-from pytreestore._schema import TreeSchema
-from pytreestore._stack import split_leaves
-from pytreestore._verify import VerifyReport, name_column, verify
-from pytreestore._write import Commit, Writer, check_buffer, layouts
+from pytreestore._commit.lock import WriterLock
+from pytreestore._commit.repair import check_not_replaced, repair
+from pytreestore._commit.writer import Commit, Writer, check_buffer, layouts
+from pytreestore._format import prng as _prng
+from pytreestore._format import validate as _validate
+from pytreestore._format.names import COMMIT_KEY, INCOMPLETE_KEY, ROOT_KEY
+from pytreestore._format.schema import TreeSchema
+from pytreestore._inspect import progress as _progress
+from pytreestore._inspect import repr as _repr
+from pytreestore._inspect.verify import VerifyReport, name_column, verify
+from pytreestore._open.location import Location
+from pytreestore._pipelines import batches as _batches
+from pytreestore._pipelines import map as _map
+from pytreestore._read import device as _device
+from pytreestore._read import index as _read
+from pytreestore._read import sharded as _sharded
+from pytreestore._tree.convert import RecordError
+from pytreestore._tree.stack import split_leaves
 from pytreestore.backends import Backend, get_backend
 from pytreestore.errors import (
     ClosedStoreError,
@@ -274,7 +272,7 @@ class TreeStore:
                 allow, or a result today's classes do not match. Nothing is changed.
             UnsupportedDtypeError: a default a column cannot hold. Nothing is changed.
         """
-        from pytreestore import _evolve
+        from pytreestore._commit import evolve as _evolve
 
         with self._writing() as writer:
             writer.flush()
@@ -659,7 +657,7 @@ class TreeStore:
             cast: as for :meth:`load`.
 
         Returns:
-            A :class:`~pytreestore._batches.BatchIterator` of batched records; its ``state()``
+            A :class:`~pytreestore._pipelines.batches.BatchIterator` of batched records; its ``state()``
             reports the position to resume from.
 
         Raises:
@@ -908,7 +906,7 @@ def create(
             :func:`pytreestore.backends.register_backend`. Either reads what the other wrote.
         overwrite: replace an existing store at ``path``.
         storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
-            retries (see :class:`pytreestore._location.S3Options` and ``docs/reliability.md``).
+            retries (see :class:`pytreestore._open.location.S3Options` and ``docs/reliability.md``).
         cast: the store's dtype policy for device reads: True loads 64-bit columns as 32 bits
             while x64 is disabled (values that do not fit raise), in ``store[...]``,
             iteration, :meth:`~TreeStore.records`, :meth:`~TreeStore.load`,
@@ -1022,7 +1020,7 @@ def open(
         backend: the storage engine: ``"tensorstore"`` (default), ``"zarr"``, or a name
             registered with :func:`pytreestore.backends.register_backend`.
         storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
-            retries (see :class:`pytreestore._location.S3Options` and ``docs/reliability.md``).
+            retries (see :class:`pytreestore._open.location.S3Options` and ``docs/reliability.md``).
         break_lock: S3 and GCS, ``mode="a"`` only: take the writer lock over even from a
             holder that may be alive (a writer on a host that crashed). A holder on this host
             that has died is detected and replaced without it.

@@ -29,8 +29,9 @@ import click
 import numpy as np
 
 import pytreestore
-from pytreestore import _progress, _repr
-from pytreestore._copy import KEEP
+from pytreestore._inspect import progress as _progress
+from pytreestore._inspect import repr as _repr
+from pytreestore._open.copy import KEEP
 from pytreestore.errors import CorruptStoreError, NotAStoreError, PyTreeStoreError
 
 EXIT_PROBLEMS = 1

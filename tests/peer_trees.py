@@ -45,9 +45,11 @@ from jax.tree_util import (
 from penzai import pz
 
 import pytreestore
-from pytreestore import _dtypes, _prng, errors
+from pytreestore import errors
 
 # ---- JAX tests/tree_util_test.py ----------------------------------------------------------------
+from pytreestore._format import dtypes as _dtypes
+from pytreestore._format import prng as _prng
 
 ATuple = collections.namedtuple("ATuple", ("foo", "bar"))
 

@@ -15,10 +15,11 @@ import zarr
 from zarr.core.dtype import data_type_registry
 
 import pytreestore
-from pytreestore import _zarr_dtypes, errors
-from pytreestore._location import Location
+from pytreestore import errors
+from pytreestore._open.location import Location
 from pytreestore.backends import ColumnLayout, ZarrBackend
-from pytreestore.backends._zarr import durable_put
+from pytreestore.backends._zarr import dtypes as _zarr_dtypes
+from pytreestore.backends._zarr.backend import durable_put
 
 WIDE = {f"c{i:02d}": np.float32(0) for i in range(20)}
 

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pytreestore
-from pytreestore._batches import BatchIterator, Prefetcher
+from pytreestore._pipelines.batches import BatchIterator, Prefetcher
 from pytreestore.errors import ShardingError
 
 

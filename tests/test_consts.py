@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import pytreestore
-from pytreestore import _validate, errors
-from pytreestore._schema import TreeSchema
+from pytreestore import errors
+from pytreestore._format import validate as _validate
+from pytreestore._format.schema import TreeSchema
 from tests.peer_trees import FunctionLeaf, scale_by_two
 
 BACKENDS = ("tensorstore", "zarr")

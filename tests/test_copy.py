@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 import pytreestore
-from pytreestore import _copy
+from pytreestore._open import copy as _copy
 from pytreestore.cli import main
 from pytreestore.testing import assert_trees_equal
 from tests import trees

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pytreestore
-from pytreestore import _dtypes
+from pytreestore._format import dtypes as _dtypes
 from pytreestore.testing import assert_trees_equal
 from pytreestore.testing import strategies as pts
 from pytreestore.testing.conformance import dtype_values

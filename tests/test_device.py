@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pytreestore
-from pytreestore import _device
+from pytreestore._read import device as _device
 from pytreestore.errors import ShardingError
 
 

@@ -1,4 +1,4 @@
-"""Direct I/O of uncompressed local chunks (pytreestore.backends._direct): the bytes it writes
+"""Direct I/O of uncompressed local chunks (pytreestore.backends._tensorstore.direct): the bytes it writes
 are the bytes TensorStore writes, what it reads equals what TensorStore reads, and damaged,
 short or missing chunk files are caught or handed back to the engine."""
 
@@ -14,7 +14,7 @@ import tensorstore as ts
 
 import pytreestore
 from pytreestore import errors
-from pytreestore.backends import _direct
+from pytreestore.backends._tensorstore import direct as _direct
 
 LIKE = {"m": np.zeros((3, 2), np.float32), "i": np.int64(0), "b": np.zeros(5, np.bool_)}
 

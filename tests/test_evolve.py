@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import pytreestore
-from pytreestore import _validate, errors
+from pytreestore import errors
+from pytreestore._format import validate as _validate
 from tests.class_change import Case, run_cases
 from tests.data import make_golden
 

@@ -21,7 +21,9 @@ from flax import struct
 from zarr.errors import ZarrUserWarning
 
 import pytreestore
-from pytreestore import _dtypes, _validate, errors
+from pytreestore import errors
+from pytreestore._format import dtypes as _dtypes
+from pytreestore._format import validate as _validate
 
 CHUNK = 4
 ML_DTYPES = frozenset(np.dtype(getattr(ml_dtypes, n)) for n in ("bfloat16", "float8_e4m3fn"))

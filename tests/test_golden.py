@@ -18,7 +18,8 @@ import pytest
 import zarr
 
 import pytreestore
-from pytreestore import _validate, _zarr_dtypes
+from pytreestore._format import validate as _validate
+from pytreestore.backends._zarr import dtypes as _zarr_dtypes
 from pytreestore.testing import assert_trees_equal
 from tests.data import make_golden
 

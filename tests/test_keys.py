@@ -17,7 +17,7 @@ from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._keys import (
+from pytreestore._format.keys import (
     entry_from_json,
     entry_name,
     entry_to_json,

@@ -19,7 +19,7 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._schema import TreeSchema
+from pytreestore._format.schema import TreeSchema
 from tests import peer_trees
 
 ROOT = Path(__file__).resolve().parent.parent

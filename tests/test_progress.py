@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pytreestore
-from pytreestore import _progress
+from pytreestore._inspect import progress as _progress
 from pytreestore.errors import SchemaMismatchError
 
 

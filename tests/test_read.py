@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytreestore._read import Selection, normalize
+from pytreestore._read.index import Selection, normalize
 from pytreestore.errors import StoreIndexError
 
 TYPE_MESSAGE = "a store is indexed by an int, a slice, an int array or list, or a bool mask; got "

@@ -11,7 +11,7 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._location import Location
+from pytreestore._open.location import Location
 from pytreestore.backends import (
     Backend,
     BatchedReads,

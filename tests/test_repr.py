@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import pytreestore
-from pytreestore import _repr
-from pytreestore._schema import TreeSchema
+from pytreestore._format.schema import TreeSchema
+from pytreestore._inspect import repr as _repr
 from tests import trees
 
 

@@ -20,9 +20,9 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._location import Location
+from pytreestore._open.location import Location
 from pytreestore.backends import get_backend
-from pytreestore.backends._ts_kvstore import kvstore_spec
+from pytreestore.backends._tensorstore.kvstore import kvstore_spec
 from pytreestore.testing import assert_trees_equal
 from pytreestore.testing.conformance import BackendSuite
 from pytreestore.testing.s3 import OutageProxy

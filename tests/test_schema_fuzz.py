@@ -22,7 +22,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 import pytreestore
-from pytreestore import _validate
+from pytreestore._format import validate as _validate
 from tests import trees
 from tests.data import make_golden
 

@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pytreestore
-from pytreestore import _sharded
+from pytreestore._read import sharded as _sharded
 from pytreestore.errors import ShardingError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,7 +218,7 @@ class EightDeviceTests:  # collected as TestEightDevices in the 8-device child o
 
         mesh = jax.make_mesh((4, 2), ("data", "model"))
         specs = list(store.schema.columns)
-        selection = pytreestore._read.normalize(slice(3, 63, 3), 64)
+        selection = pytreestore._read.index.normalize(slice(3, 63, 3), 64)
         shardings = [NamedSharding(mesh, P("data"))] * 3
         arrays, _ = _sharded.load(
             OnlyRead(), specs, selection, 64, shardings, pad=False, cast=False

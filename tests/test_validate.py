@@ -12,8 +12,10 @@ import pytest
 from hypothesis import given, settings
 
 import pytreestore
-from pytreestore import _dtypes, _validate, errors
-from pytreestore._schema import TreeSchema
+from pytreestore import errors
+from pytreestore._format import dtypes as _dtypes
+from pytreestore._format import validate as _validate
+from pytreestore._format.schema import TreeSchema
 from pytreestore.testing import strategies as pts
 from tests import trees
 

@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from pytreestore import _values
+from pytreestore._format import values as _values
 from pytreestore.errors import ClassResolutionError, PyTreeStoreError
 
 

@@ -16,7 +16,7 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._verify import Problem, VerifyReport
+from pytreestore._inspect.verify import Problem, VerifyReport
 from tests.trees import Pair
 
 pytest_plugins = ("tests.fixtures",)

@@ -27,8 +27,8 @@ from pytreestore.backends._base import (
     PartialWriteCleanup,
     TensorStoreKvStore,
 )
-from pytreestore.backends._tensorstore import TensorStoreBackend
-from pytreestore.backends._zarr import ZarrBackend
+from pytreestore.backends._tensorstore.backend import TensorStoreBackend
+from pytreestore.backends._zarr.backend import ZarrBackend
 from pytreestore.errors import UnknownBackendError
 
 #: ``factory(location, **options)`` makes a backend; a backend class is one
@@ -43,7 +43,7 @@ def register_backend(name: str, factory: BackendFactory, *, replace: bool = Fals
     Args:
         name: the name users pass as ``backend=``.
         factory: called as ``factory(location, **options)`` with a parsed
-            :class:`~pytreestore._location.Location`; returns an object keeping the
+            :class:`~pytreestore._open.location.Location`; returns an object keeping the
             :class:`Backend` contract (a backend class is such a factory).
         replace: allow replacing a backend already registered under ``name``.
 

@@ -8,7 +8,7 @@ conformance suite (:mod:`pytreestore.testing.conformance`) tests only where a ba
 
 Construction:
     ``Backend(location, **options)``: ``location`` is a parsed
-    :class:`~pytreestore._location.Location` (``file``, ``memory``, ``s3`` or ``gcs``, with its
+    :class:`~pytreestore._open.location.Location` (``file``, ``memory``, ``s3`` or ``gcs``, with its
     storage options); ``options`` are engine settings (``cache_bytes`` for TensorStore).
     Constructing does no I/O that can fail on a missing store. Register a factory under a name
     with :func:`pytreestore.backends.register_backend` to make ``backend="name"`` work in
@@ -37,7 +37,7 @@ Atomicity:
 
 Example:
     >>> from pytreestore.backends import ConditionalWrites, KeyListing, TensorStoreBackend
-    >>> from pytreestore._location import Location
+    >>> from pytreestore._open.location import Location
     >>> backend = TensorStoreBackend(Location.parse("memory://doc-backend"))
     >>> backend.write_bytes("note", b"hi"); backend.read_bytes("note")
     b'hi'
@@ -55,7 +55,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from pytreestore._names import META_DIR, chunk_key
+from pytreestore._format.names import META_DIR, chunk_key
 from pytreestore.errors import CorruptChunkError, PyTreeStoreError
 
 
@@ -171,7 +171,7 @@ class ConditionalWrites(Protocol):
     commit (two writers that both saw commit *n* cannot both write commit *n + 1*).
 
     A token is opaque bytes naming one value of a key; a missing key's token is
-    :data:`~pytreestore._names.NO_VALUE`. Both calls must be atomic against each other across
+    :data:`~pytreestore._format.names.NO_VALUE`. Both calls must be atomic against each other across
     processes and machines; a backend that cannot promise that must not have this capability.
     """
 

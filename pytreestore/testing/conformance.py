@@ -37,9 +37,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pytreestore
-from pytreestore import _dtypes, errors
-from pytreestore._location import Location
-from pytreestore._names import NO_VALUE, ROOT_KEY
+from pytreestore import errors
+from pytreestore._format import dtypes as _dtypes
+from pytreestore._format.names import NO_VALUE, ROOT_KEY
+from pytreestore._open.location import Location
 from pytreestore.backends import (
     Backend,
     BatchedReads,
@@ -414,7 +415,7 @@ class BackendSuite:
         """ML dtypes written by this backend read back through zarr-python too."""
         import zarr
 
-        from pytreestore import _zarr_dtypes
+        from pytreestore.backends._zarr import dtypes as _zarr_dtypes
 
         _zarr_dtypes.register()
         values = np.array([[1.5, -2.0], [np.inf, 0.25]], ml_dtypes.bfloat16)

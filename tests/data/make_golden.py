@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:  # run as a script: the node classes must import a
     sys.path.insert(0, str(ROOT))
 
 import pytreestore  # noqa: E402
-from pytreestore import _dtypes  # noqa: E402
+from pytreestore._format import dtypes as _dtypes  # noqa: E402
 from pytreestore.testing import strategies as pts  # noqa: E402
 from pytreestore.testing.conformance import dtype_values  # noqa: E402
 from tests import trees  # noqa: E402

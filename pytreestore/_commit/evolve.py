@@ -1,0 +1,337 @@
+"""Changing a store's schema in place: one atomic, metadata-only step (``TreeStore.evolve``).
+
+:func:`plan` turns the requested changes into a new schema document, checking everything
+before anything is written; the store then creates the arrays of added columns (empty, no
+chunk written: records before the add read the array's fill value, which is the default) and
+replaces its root ``zarr.json`` in one atomic put. A crash before that put leaves the old
+schema (and at most unused arrays, whose keys a later add skips); after it, the new one.
+
+The changes apply in this order: ``rename_class``, ``drop``, ``rename``, ``add``. Paths are
+keypaths as ``jax.tree_util.keystr`` prints them (``.agents.age``, ``['lr']``).
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> s = pytreestore.create("memory://doc-evolve", {"x": np.float32(0)})
+    >>> s.extend({"x": np.float32(i)} for i in range(2))
+    >>> s.evolve(add={"['y']": np.int32(7)})
+    >>> s.append({"x": np.float32(2), "y": np.int32(1)})
+    >>> s.load(as_numpy=True)["y"].tolist()
+    [7, 7, 1]
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from jax.tree_util import DictKey, GetAttrKey
+
+from pytreestore._format import dtypes as _dtypes
+from pytreestore._format import keys as _keys
+from pytreestore._format.schema import FORMAT_VERSION, ColumnSpec, _child_entry, _leaf_chunks
+from pytreestore.errors import CorruptStoreError, SchemaMismatchError, UnsupportedDtypeError
+
+_LAST = re.compile(
+    r"""(?:\.([A-Za-z_][A-Za-z0-9_]*)|\[((?:'(?:[^'\\]|\\.)*')|(?:"(?:[^"\\]|\\.)*"))\])$"""
+)
+
+
+def plan(
+    info: dict[str, Any],
+    records: int,
+    *,
+    add: Mapping[str, Any] | None = None,
+    drop: Sequence[str] | None = None,
+    rename: Mapping[str, str] | None = None,
+    rename_class: Mapping[str, str] | None = None,
+    taken: Callable[[str], bool] = lambda key: False,
+) -> tuple[dict[str, Any], list[ColumnSpec]]:
+    """The schema document after the changes, and the columns to create.
+
+    Args:
+        info: the stored schema document (the root ``zarr.json``'s ``pytreestore``).
+        records: the committed record count (where added columns start).
+        add: keypath -> default value of a new column.
+        drop: keypaths of nodes to hide (their columns' data stays on disk).
+        rename: keypath -> new keypath, under the same parent node.
+        rename_class: ``module:qualname`` -> ``module:qualname``.
+        taken: whether a storage key already holds something (an unused array of an
+            interrupted evolve); an added column then gets another key.
+
+    Raises:
+        SchemaMismatchError: a path that does not exist (or already exists), a change the
+            node kind does not allow, or no column left.
+        UnsupportedDtypeError: a default whose dtype a column cannot hold, or that is not one
+            repeated value.
+    """
+    tree = copy.deepcopy(info["tree"])
+    try:
+        columns = [ColumnSpec.from_json(c) for c in info["columns"]]
+    except ValueError as err:  # edited since the store was opened
+        raise CorruptStoreError(f"the store's schema is malformed: {err}") from err
+    _number_leaves(tree, iter(range(len(columns))))
+    for old, new in (rename_class or {}).items():
+        if not _rename_class(tree, old, new):
+            raise SchemaMismatchError(f"rename_class: no node of class {old!r} in the schema")
+    dropped = [columns[i] for p in drop or () for i in _drop(tree, p)]
+    for old, new in (rename or {}).items():
+        _rename(tree, old, new)
+    used = {c.key for c in columns} | {c.key for c in dropped}
+    used |= {c["key"] for c in info.get("dropped", ())}
+    for path, default in (add or {}).items():
+        columns.append(_add(tree, path, default, len(columns), records, info, used, taken))
+    order = [(i, p) for i, p in _leaf_order(tree, ())]
+    if not order:
+        raise SchemaMismatchError("evolve would leave the store without columns; keep one")
+    kept = [_with_path(columns[i], path) for i, path in order]
+    _strip(tree)
+    out = {k: v for k, v in info.items() if k != "digest"}
+    out.update(format_version=FORMAT_VERSION, tree=tree, columns=[c.to_json() for c in kept])
+    gone = list(info.get("dropped", ())) + [c.to_json() for c in dropped]
+    if gone:
+        out["dropped"] = gone
+    new_keys = {c.key for c in kept} - {c["key"] for c in info["columns"]}
+    return out, [c for c in kept if c.key in new_keys]
+
+
+def evolve(
+    path: str | os.PathLike[str],
+    *,
+    add: Mapping[str, Any] | None = None,
+    drop: Sequence[str] | None = None,
+    rename: Mapping[str, str] | None = None,
+    rename_class: Mapping[str, str] | None = None,
+    backend: str = "tensorstore",
+    storage_options: Mapping[str, Any] | None = None,
+) -> None:
+    """Changes the schema of the store at ``path``, without importing its classes.
+
+    The way to evolve a store that today's classes can no longer open. The arguments are
+    those of :meth:`TreeStore.evolve`, plus ``backend`` and ``storage_options`` of
+    :func:`pytreestore.open`.
+
+    Example:
+        >>> import numpy as np, pytreestore
+        >>> pytreestore.create("memory://doc-evolve-fn", {"a": np.int8(1)}).close()
+        >>> pytreestore.evolve("memory://doc-evolve-fn", rename={"['a']": "['b']"})
+        >>> pytreestore.open("memory://doc-evolve-fn").schema.paths
+        ("['b']",)
+    """
+    from pytreestore._store import open as open_store
+
+    store = open_store(path, "a", generic=True, backend=backend, storage_options=storage_options)
+    with store:
+        store.evolve(add=add, drop=drop, rename=rename, rename_class=rename_class)
+
+
+# ---- the tree, annotated with column numbers while it is edited --------------------------------
+
+
+def _number_leaves(node: dict[str, Any], numbers: Iterator[int]) -> None:
+    if node["node"] == "leaf":
+        node["_col"] = next(numbers)
+    for child in node.get("children", ()):
+        _number_leaves(child, numbers)
+
+
+def _leaf_order(node: dict[str, Any], path: tuple) -> Iterator[tuple[int, str]]:
+    if node["node"] == "leaf":
+        yield node["_col"], _keys.path_str(path)
+    for i, child in enumerate(node.get("children", ())):
+        yield from _leaf_order(child, (*path, _child_entry(node, i)))
+
+
+def _strip(node: dict[str, Any]) -> None:
+    node.pop("_col", None)
+    for child in node.get("children", ()):
+        _strip(child)
+
+
+def _with_path(column: ColumnSpec, path: str) -> ColumnSpec:
+    import dataclasses
+
+    return dataclasses.replace(column, path=path)
+
+
+def _find(tree: dict[str, Any], path: str) -> tuple[dict[str, Any] | None, int, dict[str, Any]]:
+    """``(parent, index, node)`` of the node at ``path`` (parent None for the root)."""
+    for parent, i, node, p in _walk(tree, None, -1, ()):
+        if _keys.path_str(p) == path:
+            return parent, i, node
+    raise SchemaMismatchError(
+        f"evolve: no node at {path!r}; the store's columns are "
+        f"{[p for _, p in _leaf_order(tree, ())]}"
+    )
+
+
+def _walk(node: dict, parent: dict | None, index: int, path: tuple) -> Iterator[tuple]:
+    yield parent, index, node, path
+    for i, child in enumerate(node.get("children", ())):
+        yield from _walk(child, node, i, (*path, _child_entry(node, i)))
+
+
+def _names(node: dict[str, Any]) -> list[Any]:
+    kind = node["node"]
+    if kind in ("dict", "ordered_dict"):
+        return node["keys"]
+    if kind == "namedtuple":
+        return node["fields"]
+    if kind == "custom":
+        return node["keys"]
+    if kind in ("leaf", "none"):
+        raise SchemaMismatchError(f"evolve: a {kind} has no children to add, drop or rename")
+    raise SchemaMismatchError(
+        f"evolve: a {kind} has positional children; only children of dicts, NamedTuples and "
+        "custom nodes (dataclasses) can be added, dropped or renamed"
+    )
+
+
+def _rename_class(node: dict[str, Any], old: str, new: str) -> bool:
+    hit = node.get("type") == old
+    if hit:
+        if not isinstance(new, str) or not re.fullmatch(r"[^:\s]+:[^:\s]+", new):
+            raise SchemaMismatchError(f"rename_class: {new!r} is not 'module:qualname'")
+        node["type"] = new
+    for child in node.get("children", ()):
+        hit = _rename_class(child, old, new) or hit
+    return hit
+
+
+def _drop(tree: dict[str, Any], path: str) -> list[int]:
+    parent, i, node = _find(tree, path)
+    if parent is None:
+        raise SchemaMismatchError("evolve: drop=[''] would drop the whole tree")
+    names = _names(parent)
+    del names[i], parent["children"][i]
+    return [c for c, _ in _leaf_order(node, ())]
+
+
+def _rename(tree: dict[str, Any], old: str, new: str) -> None:
+    parent, i, _ = _find(tree, old)
+    head, entry = _split(new)
+    if parent is None or head != _split(old)[0]:
+        raise SchemaMismatchError(
+            f"evolve: rename {old!r} -> {new!r} must keep the parent node (rename the last "
+            "part of the path only)"
+        )
+    _check_free(tree, new)
+    names = _names(parent)
+    names[i] = _entry_json(parent, entry, new)
+    _sort_dict(parent)
+
+
+def _add(
+    tree: dict, path: str, default: Any, number: int, records: int, info: dict, used: set, taken
+) -> ColumnSpec:
+    head, entry = _split(path)
+    parent = _find(tree, head)[2]
+    _check_free(tree, path)
+    value, dtype = _default_value(path, default)
+    _names(parent).append(_entry_json(parent, entry, path))
+    parent["children"].append({"node": "leaf", "_col": number})
+    _sort_dict(parent)
+    parent_path = next(p for _, _, n, p in _walk(tree, None, -1, ()) if n is parent)
+    key = _free_key(_keys.path_to_key((*parent_path, entry)), used, taken)
+    used.add(key)
+    chunk = int(info["chunk_records"])
+    chunks = (chunk, *_leaf_chunks(dtype, value.shape, chunk))
+    fill = _fill_json(value.reshape(-1)[0] if value.size else np.zeros((), dtype))
+    return ColumnSpec(path, key, dtype, value.shape, chunks, start=records, default=fill)
+
+
+def _split(path: str) -> tuple[str, Any]:
+    """``(parent path, last keypath entry)`` of a keystr path."""
+    match = _LAST.search(path) if isinstance(path, str) else None
+    if match is None:
+        raise SchemaMismatchError(
+            f"evolve: {path!r} is not a keypath ending in .name or ['key'] "
+            "(as jax.tree_util.keystr prints paths)"
+        )
+    head = path[: match.start()]
+    if match.group(1) is not None:
+        return head, GetAttrKey(match.group(1))
+    return head, DictKey(ast.literal_eval(match.group(2)))
+
+
+def _entry_json(parent: dict[str, Any], entry: Any, path: str) -> Any:
+    kind = parent["node"]
+    if kind in ("dict", "ordered_dict") and isinstance(entry, DictKey):
+        return entry.key
+    if kind == "namedtuple" and isinstance(entry, GetAttrKey):
+        return entry.name
+    if kind == "custom" and isinstance(entry, GetAttrKey):
+        return {"attr": entry.name}
+    want = "['name']" if kind in ("dict", "ordered_dict") else ".name"
+    raise SchemaMismatchError(f"evolve: {path!r}: children of a {kind} are named {want}")
+
+
+def _check_free(tree: dict, path: str) -> None:
+    if any(_keys.path_str(p) == path for _, _, _, p in _walk(tree, None, -1, ())):
+        raise SchemaMismatchError(f"evolve: {path!r} already exists in the store's schema")
+
+
+def _sort_dict(node: dict[str, Any]) -> None:
+    if node["node"] == "dict":  # jax flattens dicts in sorted key order
+        pairs = sorted(zip(node["keys"], node["children"]), key=lambda kv: kv[0])
+        node["keys"], node["children"] = [k for k, _ in pairs], [c for _, c in pairs]
+
+
+def _free_key(key: str, used: set, taken: Callable[[str], bool]) -> str:
+    candidate, n = key, 1
+    while candidate in used or taken(candidate):
+        candidate, n = f"{key}%23{n}", n + 1  # '#n': escaped, so no path maps to it by chance
+    return candidate
+
+
+def _default_value(path: str, default: Any) -> tuple[np.ndarray, np.dtype]:
+    try:
+        dtype = _dtypes.value_dtype(default)
+    except TypeError:  # a dtype numpy cannot represent, such as a PRNG key's
+        dtype = None
+    if dtype is None or isinstance(default, str | bytes) or not _dtypes.is_supported(dtype):
+        raise UnsupportedDtypeError(
+            f"evolve: the default for {path} is {default!r} of type {type(default).__name__}, "
+            "which a column cannot hold; give a numpy scalar or array (e.g. np.int32(0))"
+        )
+    value = np.asarray(default, dtype)
+    flat = value.reshape(-1)
+    if flat.size and not all(_same_bits(v, flat[0]) for v in flat):
+        raise UnsupportedDtypeError(
+            f"evolve: the default for {path} holds different values; a default is one value "
+            f"repeated (e.g. np.full({value.shape}, 0.5, np.float32))"
+        )
+    return value, dtype
+
+
+def _same_bits(a: Any, b: Any) -> bool:
+    return np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def _fill_json(value: Any) -> Any:
+    """One value as zarr v3 ``fill_value`` JSON."""
+    value = np.asarray(value)
+    kind = _dtypes.kind(value.dtype)
+    if kind == "b":
+        return bool(value)
+    if kind in "iu":
+        return int(value)
+    if kind == "c":
+        return [_float_json(value.real), _float_json(value.imag)]
+    return _float_json(value)
+
+
+def _float_json(value: Any) -> Any:
+    x = float(value)
+    if np.isnan(x):
+        return "NaN"
+    if np.isinf(x):
+        return "Infinity" if x > 0 else "-Infinity"
+    return x
+
+
+__all__ = ["evolve", "plan"]

@@ -1,0 +1,265 @@
+"""One writer per store: an exclusive lock held while a store is open for writing.
+
+* Local disk: ``flock`` on ``.pytreestore/lock``. The kernel releases it when the holder dies,
+  so a writer killed with SIGKILL leaves no stale lock behind.
+* ``memory://``: a set of held names within the process.
+* S3 and GCS: a lock object ``.pytreestore/lock`` created with a conditional write (it is
+  written only if absent), naming its holder: host, boot, pid namespace, pid and the pid's
+  start time. A lock whose holder is provably dead (same host, boot and pid namespace, and
+  that process gone) is replaced with a second conditional write, so exactly one of several
+  writers racing to break it wins. A holder elsewhere cannot be proven dead; the error says
+  who holds the lock and ``pytreestore.open(..., mode="a", break_lock=True)`` takes it over.
+
+The lock keeps a second writer out; it does not by itself make commits safe. That is the
+commit record's job: every commit is a conditional write on the generation the writer last
+saw (:mod:`pytreestore._commit.writer`), so two writers can never both commit, lock or no lock.
+
+Example:
+    >>> from pytreestore._open.location import Location
+    >>> lock = WriterLock.acquire(Location.parse("memory://doc-lock"))
+    >>> lock.release()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pytreestore._format.names import LOCK_KEY, NO_VALUE
+from pytreestore._open.location import Location
+from pytreestore.backends._base import ConditionalWrites
+from pytreestore.errors import StorageError, StoreLockedError
+
+_HELD: set[str] = set()
+_HELD_LOCK = threading.Lock()
+
+
+class WriterLock:
+    """A held writer lock; :meth:`release` gives it back."""
+
+    def __init__(
+        self,
+        location: Location,
+        fd: int | None,
+        backend: ConditionalWrites | None = None,
+        token: bytes | None = None,
+    ) -> None:
+        self._location = location
+        self._fd = fd
+        self._backend = backend
+        self._token = token
+        self._pid = os.getpid()  # a forked child holds a copy, never the lock itself
+
+    @classmethod
+    def acquire(
+        cls, location: Location, backend: Any = None, *, break_lock: bool = False
+    ) -> WriterLock:
+        """Takes the lock or raises :class:`StoreLockedError` at once.
+
+        Args:
+            location: the store's location.
+            backend: the store's backend; needed for S3 and GCS, whose lock is an object.
+            break_lock: S3 and GCS only: take the lock over even from a holder that may be
+                alive. Only for a writer known to be gone (a crashed host).
+        """
+        if location.kind == "memory":
+            with _HELD_LOCK:
+                if location.root in _HELD:
+                    raise _locked(location)
+                _HELD.add(location.root)
+            return cls(location, None)
+        if location.is_object_store:
+            if not isinstance(backend, ConditionalWrites):
+                raise TypeError(f"the lock of {location} needs a backend with conditional writes")
+            token = _acquire_object(location, backend, break_lock)
+            return cls(location, None, backend, token)
+        return cls(location, _acquire_flock(location))
+
+    @property
+    def owned(self) -> bool:
+        """Whether this process took the lock (False in a process forked from the taker)."""
+        return self._pid == os.getpid()
+
+    def release(self) -> None:
+        """Gives the lock back; a second call does nothing.
+
+        In a process forked from the one that took it, only this process's copy of the lock
+        file's descriptor is closed: the ``flock`` (shared with the parent through the
+        descriptor) and an object store's lock object stay the parent's.
+        """
+        if not self.owned:
+            if self._fd is not None:
+                os.close(self._fd)
+        elif self._location.kind == "memory":
+            with _HELD_LOCK:
+                _HELD.discard(self._location.root)
+        elif self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+        elif self._backend is not None and self._token is not None:
+            # a conditional delete: a lock someone has taken over since stays theirs
+            with contextlib.suppress(StorageError):
+                self._backend.write_bytes_if(LOCK_KEY, None, self._token)
+        self._fd = None
+        self._backend, self._token = None, None
+        self._location = Location("released", "")
+
+
+def _acquire_flock(location: Location) -> int:
+    path = Path(location.root) / LOCK_KEY
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise _locked(location) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+# ---- object stores ---------------------------------------------------------------------------
+
+
+def _acquire_object(location: Location, backend: ConditionalWrites, break_lock: bool) -> bytes:
+    mine = json.dumps(holder_info()).encode()
+    for _ in range(5):
+        token = backend.write_bytes_if(LOCK_KEY, mine, NO_VALUE)
+        if token is not None:
+            _check_conditional_writes(location, backend, token, mine)
+            return token
+        raw, generation = backend.read_bytes_versioned(LOCK_KEY)
+        if raw is None:
+            continue  # released in between: try again
+        holder = _parse_holder(raw)
+        if not (break_lock or holder_is_dead(holder)):
+            raise _locked(location, holder)
+        token = backend.write_bytes_if(LOCK_KEY, mine, generation)
+        if token is not None:
+            return token
+        # another writer replaced the stale lock first: look again
+    raise _locked(location)
+
+
+def _check_conditional_writes(
+    location: Location, backend: ConditionalWrites, token: bytes, mine: bytes
+) -> None:
+    """Refuses servers that ignore ``If-None-Match``: with them no lock or commit is safe."""
+    options = location.options
+    if options is not None and not getattr(options, "conditional_write", True):
+        return
+    probe = backend.write_bytes_if(LOCK_KEY, mine, NO_VALUE)
+    if probe is None:
+        return
+    backend.write_bytes_if(LOCK_KEY, None, probe)
+    raise StorageError(
+        f"the server of {location} ignored a conditional write (If-None-Match): it cannot "
+        "keep two writers apart, so pytreestore will not write there. Use a server that "
+        "supports conditional writes (AWS S3, MinIO, ...), or pass "
+        "storage_options={'conditional_write': False} and make sure only one writer ever runs."
+    )
+
+
+def holder_info() -> dict[str, Any]:
+    """Who this process is, as a lock object records it."""
+    pid = os.getpid()
+    return {
+        "owner": uuid.uuid4().hex,
+        "host": socket.gethostname(),
+        "boot_id": _read("/proc/sys/kernel/random/boot_id"),
+        "pid_ns": _pid_namespace(),
+        "pid": pid,
+        "pid_start": _start_ticks(pid),
+        "acquired": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def holder_is_dead(holder: dict[str, Any]) -> bool:
+    """Whether the lock's holder is provably gone: it ran here (same host, boot and pid
+    namespace) and its process no longer exists (or its pid now belongs to another process).
+    """
+    me = holder_info()
+    same_machine = all(
+        holder.get(k) and holder.get(k) == me[k] for k in ("host", "boot_id", "pid_ns")
+    )
+    pid = holder.get("pid")
+    if not same_machine or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    stat = _stat(pid)
+    if stat is None or stat[0] == "Z":  # gone, or a zombie: dead but not yet reaped
+        return True
+    return holder.get("pid_start") not in (None, stat[1])
+
+
+def _parse_holder(raw: bytes) -> dict[str, Any]:
+    try:
+        holder = json.loads(raw)
+    except ValueError:
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22)."""
+    stat = _stat(pid)
+    return None if stat is None else stat[1]
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """A process's state letter and start time, from ``/proc/PID/stat``; None if absent."""
+    stat = _read(f"/proc/{pid}/stat")
+    try:
+        fields = stat.rsplit(")", 1)[1].split()
+        return fields[0], int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _locked(location: Location, holder: dict[str, Any] | None = None) -> StoreLockedError:
+    who = "another process or another TreeStore object holds its writer lock"
+    if holder:
+        who = (
+            f"held by pid {holder.get('pid')} on host {holder.get('host')!r} "
+            f"since {holder.get('acquired')}"
+        )
+    elif holder is not None:
+        who = "held by a writer whose lock object cannot be read"
+    hint = (
+        " If that writer is gone for good (its host crashed), "
+        "pytreestore.open(path, mode='a', break_lock=True) takes the lock over."
+        if location.is_object_store
+        else ""
+    )
+    return StoreLockedError(
+        f"store {location} is open for writing elsewhere ({who}). "
+        f"Close that writer first, or open this one with mode='r' to read.{hint}"
+    )

@@ -1,0 +1,1 @@
+"""The on-disk format: names, schema, treedef encoding, values, dtypes, validation."""

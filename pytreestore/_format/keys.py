@@ -1,0 +1,145 @@
+"""Tree paths and storage keys.
+
+A column lives at a storage key derived from its leaf's tree path: one key component per path
+entry, joined with ``/``. ``.p[0].x`` becomes ``p/0/x`` and ``['a/b']`` becomes ``a%2Fb``.
+
+Escaping keeps every component inside the portable zarr node-name alphabet ``[A-Za-z0-9_.-]``
+plus ``%``: any other character (and ``%`` itself) is written as ``%XX`` per UTF-8 byte. A component that would collide with
+zarr's own names is escaped too: a leading ``.`` (hidden files, ``.`` and ``..``; pytreestore
+keeps its own files under ``.pytreestore/``), a leading ``__`` (reserved by zarr v3) and
+``zarr.json``, and a trailing ``.__lock`` (reserved by TensorStore's file kvstore). The empty string is written ``%``. The mapping is injective and
+:func:`unescape` inverts it.
+
+Example:
+    >>> escape("a/b"), escape("énergie"), escape(".hidden"), escape("")
+    ('a%2Fb', '%C3%A9nergie', '%2Ehidden', '%')
+    >>> unescape("a%2Fb")
+    'a/b'
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import unquote
+
+from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey, keystr
+
+from pytreestore._format import values as _values
+from pytreestore._format.names import ROOT_KEY
+
+_SAFE = frozenset(string.ascii_letters + string.digits + "_.-")
+
+KeyEntry = GetAttrKey | DictKey | SequenceKey | FlattenedIndexKey | str | int
+
+
+def escape(name: str) -> str:
+    """Turns one path component into a storage key component."""
+    if name == "":
+        return "%"
+    out = "".join(c if c in _SAFE else _percent(c) for c in name)
+    if out.startswith("."):
+        out = "%2E" + out[1:]
+    elif out.startswith("__"):
+        out = "%5F" + out[1:]
+    elif out == ROOT_KEY:
+        out = "zarr%2Ejson"
+    if out.endswith(".__lock"):  # TensorStore's file kvstore reserves this suffix
+        out = out[: -len(".__lock")] + "%2E__lock"
+    return out
+
+
+def unescape(component: str) -> str:
+    """Inverts :func:`escape`."""
+    return "" if component == "%" else unquote(component, errors="strict")
+
+
+def _percent(char: str) -> str:
+    return "".join(f"%{b:02X}" for b in char.encode("utf-8"))
+
+
+def entry_name(entry: Any) -> str:
+    """The plain name of one keypath entry: a field name, a dict key, an index, or the entry.
+
+    Besides JAX's four key classes, ``register_pytree_with_keys`` lets a node use plain str and
+    int entries (JAX's own tests do); those name themselves.
+    """
+    if isinstance(entry, GetAttrKey):
+        return entry.name
+    if isinstance(entry, DictKey):
+        return str(entry.key)
+    if isinstance(entry, SequenceKey):
+        return str(entry.idx)
+    if isinstance(entry, FlattenedIndexKey):
+        return str(entry.key)
+    if type(entry) in (str, int):
+        return str(entry)
+    raise TypeError(_unsupported(entry))
+
+
+def _unsupported(entry: Any) -> str:
+    return (
+        f"keypath entry {entry!r} of type {type(entry).__name__} cannot be stored; a custom "
+        "node's keys must be GetAttrKey, DictKey (with a JSON-able key), SequenceKey, "
+        "FlattenedIndexKey, str or int"
+    )
+
+
+def path_to_key(path: Sequence[Any]) -> str:
+    """Storage key of the column at ``path``; the root leaf's key is ``%``.
+
+    Example:
+        >>> from jax.tree_util import GetAttrKey, SequenceKey
+        >>> path_to_key((GetAttrKey("p"), SequenceKey(0), GetAttrKey("x")))
+        'p/0/x'
+    """
+    if not path:
+        return "%"
+    return "/".join(escape(entry_name(e)) for e in path)
+
+
+def path_str(path: Sequence[Any]) -> str:
+    """The one way pytreestore prints a tree path: :func:`jax.tree_util.keystr`."""
+    return keystr(tuple(path))
+
+
+def entry_to_json(entry: Any) -> dict[str, Any]:
+    """Encodes a keypath entry as a one-key JSON object; raises TypeError for other entries.
+
+    Example:
+        >>> entry_to_json("x"), entry_to_json(DictKey((1, "a")))
+        ({'str': 'x'}, {'key': {'tuple': [1, 'a']}})
+    """
+    if isinstance(entry, GetAttrKey):
+        return {"attr": entry.name}
+    if isinstance(entry, DictKey):
+        try:
+            return {"key": _values.encode(entry.key)}
+        except TypeError as err:
+            raise TypeError(_unsupported(entry)) from err
+    if isinstance(entry, SequenceKey):
+        return {"index": entry.idx}
+    if isinstance(entry, FlattenedIndexKey):
+        return {"flat": entry.key}
+    if type(entry) is str:
+        return {"str": entry}
+    if type(entry) is int:
+        return {"int": entry}
+    raise TypeError(_unsupported(entry))
+
+
+_FROM_JSON: dict[str, Any] = {
+    "attr": GetAttrKey,
+    "key": lambda v: DictKey(_values.decode(v)),
+    "index": SequenceKey,
+    "flat": FlattenedIndexKey,
+    "str": str,
+    "int": int,
+}
+
+
+def entry_from_json(obj: dict[str, Any]) -> KeyEntry:
+    """Inverts :func:`entry_to_json`."""
+    ((kind, value),) = obj.items()
+    return _FROM_JSON[kind](value)

@@ -1,0 +1,47 @@
+"""Every name pytreestore gives a thing on disk, defined once.
+
+A store is a zarr v3 hierarchy: the root group's ``zarr.json`` holds the schema, each column is
+an array (its own ``zarr.json`` and chunks ``<column>/c/<i>/<j>...``), and pytreestore keeps its
+own files under ``.pytreestore/``.
+
+Example:
+    >>> from pytreestore._format.names import COMMIT_KEY, chunk_key
+    >>> COMMIT_KEY, chunk_key("p/x", (3, 0))
+    ('.pytreestore/commit.json', 'p/x/c/3/0')
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+#: the metadata document of a zarr v3 node (the root group's holds the schema)
+ROOT_KEY = "zarr.json"
+#: the folder of pytreestore's own files below the store root
+META_DIR = ".pytreestore"
+#: the commit record: how many records are durable, and how many commits came before
+COMMIT_KEY = f"{META_DIR}/commit.json"
+#: the writer lock (a ``flock``-ed file locally, a conditionally written object elsewhere)
+LOCK_KEY = f"{META_DIR}/lock"
+#: present while a store is being created or copied into; overwrite=True replaces such a store
+INCOMPLETE_KEY = f"{META_DIR}/incomplete"
+#: the token of a missing key in conditional writes (TensorStore's generation of one): pass it
+#: to ``write_bytes_if`` to create only
+NO_VALUE = b"\x02"
+#: a chunk key, split into its column key and its chunk index
+CHUNK_KEY_PATTERN = re.compile(r"^(.*)/c/(\d+(?:/\d+)*)$")
+
+
+def chunk_prefix(column: str) -> str:
+    """The prefix every chunk key of ``column`` (a storage key) starts with."""
+    return f"{column}/c/"
+
+
+def chunk_key(column: str, index: Iterable[int]) -> str:
+    """The storage key of chunk ``index`` (record axis first) of ``column``."""
+    return chunk_prefix(column) + "/".join(map(str, index))
+
+
+def array_json(column: str) -> str:
+    """The storage key of the metadata document of ``column``'s array."""
+    return f"{column}/{ROOT_KEY}"

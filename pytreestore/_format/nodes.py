@@ -1,0 +1,218 @@
+"""Encoding custom pytree nodes: which classes have their own flatten, their keys and static data.
+
+A class registered with JAX (``register_pytree_node``, ``register_pytree_with_keys``,
+``register_dataclass``, flax and chex dataclasses, equinox Modules) is stored as a ``custom``
+node: its class path, the keypath entry of each child and its static (aux) data as JSON
+(:mod:`pytreestore._format.values`). A NamedTuple is stored by its field names only when JAX flattens it
+as a plain NamedTuple; one registered with its own flatten is a custom node, since its children
+need not come in field order.
+
+Example:
+    >>> from typing import NamedTuple
+    >>> class Plain(NamedTuple):
+    ...     a: int
+    >>> has_own_flatten(Plain)
+    False
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from jax._src import tree_util as _jax_tree_util
+from jax.tree_util import PyTreeDef, default_registry, tree_flatten, tree_structure
+
+from pytreestore._format import keys as _keys
+from pytreestore._format import values as _values
+from pytreestore.errors import UnsupportedTreeError
+
+#: ``jax.tree_util.PyTreeDef``, which JAX defines as a runtime alias that type checkers can't use.
+TreeDef = Any
+
+
+def has_own_flatten(cls: type) -> bool:
+    """Whether ``cls`` is registered with JAX's default registry with a flatten of its own.
+
+    JAX keeps every registration (``register_pytree_node`` and the functions built on it) in
+    ``jax._src.tree_util._registry``; a NamedTuple that is not there is flattened natively, in
+    field order.
+    """
+    registry = getattr(_jax_tree_util, "_registry", None)
+    return isinstance(registry, dict) and cls in registry
+
+
+def encode_aux(cls: type, aux: Any, keys: Sequence[Any], where: str) -> Any:
+    """The static (aux) data of a ``cls`` node at ``where`` as JSON, or UnsupportedTreeError."""
+    try:
+        return _values.encode(aux)
+    except TypeError as err:
+        field = _failing_field(cls, aux, keys)
+        what = f"static field .{field}" if field else "static (aux) data"
+        raise UnsupportedTreeError(
+            f"{cls.__name__} at {where} has {what} that cannot be stored: {err}. "
+            "Static fields may hold None, bool, int, float, complex, str, lists, tuples and "
+            "str-keyed dicts of those, numpy scalars and dtypes, Enum members, frozen "
+            "dataclasses of static values, module-level functions and classes (stored by "
+            "import path) and module-level sentinels (such as equinox's MISSING)."
+        ) from err
+
+
+def _failing_field(cls: type, aux: Any, keys: Sequence[Any]) -> str | None:
+    try:
+        entries = [_keys.entry_to_json(k) for k in keys]
+    except TypeError:
+        return None
+    names = _static_names(cls, entries, aux)
+    for name, value in zip(names or (), aux if names else ()):
+        try:
+            _values.encode(value)
+        except TypeError:
+            return name
+    return None
+
+
+def encode_keys(cls: type, keys: Sequence[Any], where: str) -> list[dict[str, Any]]:
+    """The keypath entries of a ``cls`` node's children as JSON, or UnsupportedTreeError."""
+    try:
+        return [_keys.entry_to_json(k) for k in keys]
+    except TypeError as err:
+        raise UnsupportedTreeError(f"{cls.__name__} at {where}: {err}") from err
+
+
+def make_treedef(
+    cls: type, aux: Any, children: Sequence[TreeDef], *, namedtuple: bool = False
+) -> TreeDef:
+    """The treedef of a ``cls`` node with static data ``aux`` over ``children``.
+
+    ``PyTreeDef.from_node_data_and_children`` builds a plain NamedTuple node for every
+    NamedTuple class, even one registered with its own flatten, which would then unflatten the
+    stored children in the wrong order. Such a class's node is built by flattening a probe
+    instance made with ``tuple.__new__`` (the class itself is not called) whose fields hold
+    placeholder subtrees, so that JAX's registered flatten decides the order.
+
+    ``namedtuple=True`` marks a node stored as a plain NamedTuple (format 1 wrote registered
+    NamedTuples that way, children in the registered flatten's order): it is rebuilt the same
+    way when the registered flatten returns every field as a child, and refused when it keeps
+    static data, which format 1 did not store.
+    """
+    if not (issubclass(cls, tuple) and hasattr(cls, "_fields") and has_own_flatten(cls)):
+        return PyTreeDef.from_node_data_and_children(default_registry, (cls, aux), children)
+    fields = cls._fields  # pyright: ignore[reportAttributeAccessIssue]
+    marks = [_Mark() for _ in fields]
+    kids, (_, probe_aux) = _one_level(tuple.__new__(cls, marks))
+    index = {id(m): j for j, m in enumerate(marks)}
+    order = [index.get(id(k)) for k in kids]
+    if None in order or len(kids) != len(children):
+        raise TypeError(
+            f"{cls.__qualname__}'s registered flatten does not return its fields as children, "
+            "so its node cannot be rebuilt without calling the class"
+        )
+    if namedtuple and (probe_aux is not None or len(kids) != len(fields)):
+        raise TypeError(
+            f"{cls.__qualname__} was stored as a plain NamedTuple, but its registered flatten "
+            "keeps static data that the store does not hold; write the store again"
+        )
+    values: list[Any] = list(marks)
+    for field, value in _static_fields(probe_aux, aux, index):
+        values[field] = value
+    for child, field in zip(children, order):
+        assert field is not None  # checked above
+        values[field] = child.unflatten([_Mark() for _ in range(child.num_leaves)])
+    treedef = tree_structure(tuple.__new__(cls, values), is_leaf=lambda x: isinstance(x, _Mark))
+    if treedef.node_data() != (cls, aux):
+        raise TypeError(
+            f"{cls.__qualname__}'s registered flatten keeps static data that cannot be "
+            "rebuilt from its fields"
+        )
+    return treedef
+
+
+def registered_order(cls: type) -> list[int]:
+    """The field index of each child that ``cls``'s registered flatten returns, in order, for a
+    NamedTuple that format 1 stored as a plain NamedTuple (children in the flatten's order).
+
+    Raises:
+        TypeError: the flatten does not return every field once, or keeps static data, which
+            format 1 did not store.
+    """
+    fields = cls._fields  # pyright: ignore[reportAttributeAccessIssue]
+    marks = [_Mark() for _ in fields]
+    kids, (_, probe_aux) = _one_level(tuple.__new__(cls, marks))
+    index = {id(m): j for j, m in enumerate(marks)}
+    order = [index.get(id(k)) for k in kids]
+    if None in order or probe_aux is not None or sorted(order) != list(range(len(fields))):  # type: ignore[type-var]
+        raise TypeError(
+            f"{cls.__qualname__} was stored as a plain NamedTuple, but today its registered "
+            "flatten does not return each field once as a child (or keeps static data), so "
+            "the stored children cannot be bound to its fields; write the store again with "
+            "this pytreestore, or open with generic=True"
+        )
+    return order  # type: ignore[return-value]
+
+
+def _static_fields(probe: Any, aux: Any, index: dict[int, int]) -> list[tuple[int, Any]]:
+    """Which fields the probe's static data holds, with their stored values."""
+    if id(probe) in index:
+        return [(index[id(probe)], aux)]
+    if type(probe) in (tuple, list) and type(aux) is type(probe) and len(aux) == len(probe):
+        return [(index[id(p)], a) for p, a in zip(probe, aux) if id(p) in index]
+    return []
+
+
+class _Mark:
+    """A placeholder leaf."""
+
+
+def _one_level(node: Any) -> tuple[list[Any], Any]:
+    flat, sub = tree_flatten(node, is_leaf=lambda x: x is not node)
+    return flat, sub.node_data()
+
+
+def only_aux_differs(want: dict[str, Any], got: dict[str, Any]) -> bool:
+    """Whether two encoded custom nodes differ in their static data and nothing else."""
+    rest = ("aux", "children")
+    return (
+        want.get("node") == got.get("node") == "custom"
+        and want.get("aux") != got.get("aux")
+        and {k: v for k, v in want.items() if k not in rest}
+        == {k: v for k, v in got.items() if k not in rest}
+    )
+
+
+def static_differences(
+    cls: type, want: dict[str, Any], got: dict[str, Any], path: tuple[Any, ...]
+) -> list[str]:
+    """One line per static field whose stored value differs from the record's.
+
+    Dataclass-like nodes (``register_dataclass``, flax and chex dataclasses, equinox Modules)
+    name their static fields; other nodes name the position in their static data.
+    """
+    stored, current = _values.decode(want["aux"]), _values.decode(got["aux"])
+    names = _static_names(cls, want["keys"], stored)
+    if names is None:
+        where = _keys.path_str(path) or "the root"
+        return [f"{where}: static data stored {stored!r}, got {current!r}"]
+    return [
+        f"{_keys.path_str(path)}.{name}: stored {s!r}, got {c!r}"
+        for name, s, c in zip(names, stored, current)
+        if s != c
+    ]
+
+
+def _static_names(cls: type, keys: list[dict[str, Any]], aux: Any) -> list[str] | None:
+    """Names of the entries of a dataclass node's static data, or None when they are unknown.
+
+    flax, chex and ``register_dataclass`` keep one entry per static field; equinox keeps its
+    wrapper data first, then one entry per static field.
+    """
+    if not dataclasses.is_dataclass(cls) or type(aux) is not tuple:
+        return None
+    children = {k.get("attr") for k in keys}
+    static = [f.name for f in dataclasses.fields(cls) if f.name not in children]
+    if len(static) == len(aux):
+        return static
+    if len(static) + 1 == len(aux):
+        return ["<equinox wrapper data>", *static]
+    return None

@@ -1,0 +1,1 @@
+"""Looking at a store: repr, verify, progress bars."""

@@ -1,0 +1,480 @@
+"""Describing a store to people: its column tree, sizes and compression, as text, HTML or JSON.
+
+:func:`describe` gathers the facts (one :class:`ColumnInfo` per column, bytes on disk where the
+location can tell them cheaply); :func:`render_text` draws them as a tree for a terminal
+(``pytreestore info``), :func:`render_html` as a table for notebooks (``_repr_html_``), and
+:meth:`StoreInfo.to_json` as JSON for scripts.
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> store = pytreestore.create("memory://doc-repr", {"a": np.zeros(3, np.float32), "b": 0})
+    >>> store.extend({"a": np.ones(3, np.float32), "b": i} for i in range(4))
+    >>> info = describe(store)
+    >>> [(c.path, c.dtype, c.shape, c.nbytes) for c in info.columns]
+    [("['a']", 'float32', (3,), 48), ("['b']", 'int32', (), 16)]
+    >>> format_bytes(info.nbytes), info.records
+    ('64 B', 4)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import itertools
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from jax.tree_util import keystr
+
+from pytreestore._format import consts as _consts
+from pytreestore._format.names import ROOT_KEY, chunk_prefix
+from pytreestore._format.schema import _child_entry
+from pytreestore._open.location import Location
+from pytreestore.backends import TensorStoreKvStore
+from pytreestore.errors import PyTreeStoreError
+
+if TYPE_CHECKING:
+    from pytreestore._store import TreeStore
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnInfo:
+    """One column as :func:`describe` reports it.
+
+    Attributes:
+        path: the leaf's keypath (``keystr``), e.g. ``.p[0].x``.
+        key: the column's storage key, e.g. ``p/0/x``.
+        dtype: the dtype's name.
+        shape: the per-record shape.
+        chunks: the chunk shape, record axis first.
+        nbytes: bytes of the column's records, uncompressed.
+        stored: bytes of its chunks on disk, or None where the location cannot tell cheaply.
+    """
+
+    path: str
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    nbytes: int
+    stored: int | None
+
+    @property
+    def ratio(self) -> float | None:
+        """Compression ratio: uncompressed bytes over stored bytes (above 1 means smaller)."""
+        return _ratio(self.nbytes, self.stored)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "key": self.key,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "chunks": list(self.chunks),
+            "nbytes": self.nbytes,
+            "stored_bytes": self.stored,
+            "ratio": self.ratio,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreInfo:
+    """A store as :func:`describe` reports it.
+
+    Attributes:
+        path: where the store lives.
+        records: committed records (for a writer: every record appended so far).
+        format_version: the on-disk format version the store was written in.
+        chunk_records: records per chunk.
+        codec: the compression codec, or None.
+        columns: one :class:`ColumnInfo` per column, in column order.
+        disk_bytes: every byte of the store on disk (chunks and metadata), or None.
+    """
+
+    path: str
+    records: int
+    format_version: int
+    chunk_records: int
+    codec: str | None
+    columns: tuple[ColumnInfo, ...]
+    disk_bytes: int | None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every record, uncompressed."""
+        return sum(c.nbytes for c in self.columns)
+
+    @property
+    def stored(self) -> int | None:
+        """Bytes of every column's chunks on disk, or None where unknown."""
+        sizes = [c.stored for c in self.columns]
+        return None if None in sizes else sum(s for s in sizes if s is not None)
+
+    @property
+    def ratio(self) -> float | None:
+        """Compression ratio over all columns."""
+        return _ratio(self.nbytes, self.stored)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "records": self.records,
+            "format_version": self.format_version,
+            "chunk_records": self.chunk_records,
+            "codec": self.codec,
+            "nbytes": self.nbytes,
+            "stored_bytes": self.stored,
+            "disk_bytes": self.disk_bytes,
+            "ratio": self.ratio,
+            "columns": [c.to_json() for c in self.columns],
+        }
+
+
+def describe(store: TreeStore) -> StoreInfo:
+    """Gathers what :func:`render_text` and :func:`render_html` show about ``store``."""
+    schema, records = store.schema, len(store)
+    location = Location.parse(store.path)
+    stored = _stored_bytes(store, location, [c.key for c in schema.columns])
+    columns = tuple(
+        ColumnInfo(
+            path=c.path,
+            key=c.key,
+            dtype=c.dtype.name,
+            shape=c.shape,
+            chunks=c.chunks,
+            nbytes=records * c.record_nbytes,
+            stored=stored.get(c.key),
+        )
+        for c in schema.columns
+    )
+    return StoreInfo(
+        path=store.path,
+        records=records,
+        format_version=_format_version(store),
+        chunk_records=schema.chunk_records,
+        codec=schema.codec,
+        columns=columns,
+        disk_bytes=stored.get(""),
+    )
+
+
+def summary(store: TreeStore) -> str:
+    """The one line ``repr(store)`` prints: path, mode, records, columns, uncompressed bytes."""
+    if store.closed:
+        return f"TreeStore({store.path!r}, mode={store.mode!r}, closed)"
+    records = len(store)
+    nbytes = records * sum(c.record_nbytes for c in store.schema.columns)
+    return (
+        f"TreeStore({store.path!r}, mode={store.mode!r}, records={records}, "
+        f"columns={len(store.schema.columns)}, nbytes={format_bytes(nbytes)})"
+    )
+
+
+# ---- sizes -------------------------------------------------------------------------------------
+
+
+def format_bytes(n: int | None) -> str:
+    """``1536`` -> ``'1.5 KiB'``; None (unknown) -> ``'?'``."""
+    if n is None:
+        return "?"
+    size, unit = float(n), 0
+    while size >= 1024 and unit < len(_UNITS) - 1:
+        size, unit = size / 1024, unit + 1
+    return f"{n} B" if unit == 0 else f"{size:.1f} {_UNITS[unit]}"
+
+
+def format_ratio(ratio: float | None) -> str:
+    """``2.345`` -> ``'2.35x'``; None -> ``'-'``."""
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def _ratio(nbytes: int, stored: int | None) -> float | None:
+    return None if not stored or not nbytes else nbytes / stored
+
+
+def _stored_bytes(store: TreeStore, location: Location, keys: list[str]) -> dict[str, int]:
+    """Chunk bytes per column key, and every byte of the store under ``""``, where cheap.
+
+    Local stores are measured with ``os.stat``; in-memory stores by reading their values.
+    Other locations (object stores) give an empty dict: listing them could mean downloading.
+    """
+    if location.kind == "file":
+        root = Path(location.root)
+        out = {key: _tree_size(root / key / "c") for key in keys}
+        out[""] = _tree_size(root)
+        return out
+    backend = store._backend
+    if location.kind != "memory" or not isinstance(backend, TensorStoreKvStore):
+        return {}
+    kvstore = backend.kvstore
+    sizes = {
+        bytes(k).decode(): len(kvstore.read(k).result().value) for k in kvstore.list().result()
+    }
+    out = {key: sum(n for k, n in sizes.items() if k.startswith(chunk_prefix(key))) for key in keys}
+    out[""] = sum(sizes.values())
+    return out
+
+
+def _tree_size(root: Path) -> int:
+    total = 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            try:
+                total += os.stat(os.path.join(folder, name)).st_size
+            except FileNotFoundError:  # a writer replaced it meanwhile
+                continue
+    return total
+
+
+def _format_version(store: TreeStore) -> int:
+    backend = getattr(store, "_backend", None)
+    raw = backend.read_bytes(ROOT_KEY) if backend is not None else None
+    try:
+        return int(json.loads(raw)["attributes"]["pytreestore"]["format_version"])  # type: ignore[arg-type]
+    except (TypeError, KeyError, ValueError) as err:
+        raise PyTreeStoreError(f"cannot read the format version of {store.path}") from err
+
+
+# ---- the column tree ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeRow:
+    """One line of the column tree: the drawing to its left, its label, and its column if a leaf."""
+
+    prefix: str
+    label: str
+    column: int | None
+
+
+def tree_rows(tree: dict[str, Any]) -> list[TreeRow]:
+    """The column tree of a schema's JSON ``tree``, root first, leaves in column order.
+
+    Example:
+        >>> from pytreestore._format.schema import TreeSchema
+        >>> schema = TreeSchema.from_example({"a": 0, "b": [0, 0]})
+        >>> for row in tree_rows(schema.tree):
+        ...     print(row.prefix + row.label, row.column)
+        dict None
+        ├── ['a'] 0
+        └── ['b']  list[2] None
+            ├── [0] 1
+            └── [1] 2
+    """
+    if tree["node"] == "leaf":
+        return [TreeRow("", "(the root leaf)", 0)]
+    return [TreeRow("", _node_label(tree), None), *_child_rows(tree, "", itertools.count())]
+
+
+def _child_rows(node: dict[str, Any], indent: str, counter: Iterator[int]) -> Iterator[TreeRow]:
+    children = node.get("children", [])
+    for i, child in enumerate(children):
+        last = i == len(children) - 1
+        entry = keystr((_child_entry(node, i),))
+        is_leaf = child["node"] == "leaf"
+        label = entry if is_leaf else f"{entry}  {_node_label(child)}"
+        yield TreeRow(
+            indent + ("└── " if last else "├── "), label, next(counter) if is_leaf else None
+        )
+        if not is_leaf:
+            yield from _child_rows(child, indent + ("    " if last else "│   "), counter)
+
+
+def _node_label(node: dict[str, Any]) -> str:
+    kind = node["node"]
+    n = len(node.get("children", []))
+    if kind in ("custom", "namedtuple"):
+        return node["type"].rpartition(":")[2]
+    if kind in ("list", "tuple"):
+        return f"{kind}[{n}]"
+    if kind == "ordered_dict":
+        return "OrderedDict"
+    if kind == "const":
+        return f"= {_consts.label(node)} (constant)"
+    return {"dict": "dict", "none": "None", "leaf": "leaf"}[kind]
+
+
+# ---- text and HTML -----------------------------------------------------------------------------
+
+_HEADERS = ("column", "dtype", "shape", "chunks", "data", "stored", "ratio")
+
+
+def _cells(c: ColumnInfo) -> tuple[str, ...]:
+    return (
+        c.dtype,
+        _shape(c.shape),
+        _shape(c.chunks),
+        format_bytes(c.nbytes),
+        format_bytes(c.stored),
+        format_ratio(c.ratio),
+    )
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _headline(info: StoreInfo) -> list[str]:
+    codec = info.codec or "uncompressed"
+    return [
+        info.path,
+        f"  {info.records:,} records · {len(info.columns)} columns · format {info.format_version}"
+        f" · {info.chunk_records:,} records per chunk · {codec}",
+        f"  data {format_bytes(info.nbytes)} · stored {format_bytes(info.stored)}"
+        f" ({format_ratio(info.ratio)}) · on disk {format_bytes(info.disk_bytes)}",
+    ]
+
+
+def render_text(info: StoreInfo, tree: dict[str, Any]) -> str:
+    """The store as ``pytreestore info`` prints it: a headline, then the column tree as a table."""
+    rows = tree_rows(tree)
+    table = [_HEADERS] + [
+        (r.prefix + r.label, *(_cells(info.columns[r.column]) if r.column is not None else ()))
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table if len(row) > i) for i in range(len(_HEADERS))]
+    lines = [*_headline(info), ""]
+    for row in table:
+        padded = [
+            cell.ljust(widths[i]) if i < 4 else cell.rjust(widths[i]) for i, cell in enumerate(row)
+        ]
+        lines.append(("  " + "  ".join(padded)).rstrip())
+    return "\n".join(lines)
+
+
+_CELL = "padding:0.1em 0.6em;white-space:pre;text-align:"
+
+
+def render_html(info: StoreInfo, tree: dict[str, Any]) -> str:
+    """The store as a notebook shows it: a caption, then one table row per node of the tree."""
+
+    def esc(text: str) -> str:
+        return html.escape(text, quote=False)
+
+    def cell(tag: str, text: str, i: int) -> str:
+        return f"<{tag} style='{_CELL}{'left' if i < 4 else 'right'}'>{esc(text)}</{tag}>"
+
+    head = "".join(cell("th", h, i) for i, h in enumerate(_HEADERS))
+    body = []
+    for r in tree_rows(tree):
+        cells = _cells(info.columns[r.column]) if r.column is not None else ("",) * 6
+        row = "".join(cell("td", c, i) for i, c in enumerate((r.prefix + r.label, *cells)))
+        body.append(f"<tr>{row}</tr>")
+    caption = "<br>".join(esc(line.strip()) for line in _headline(info))
+    return (
+        "<table class='pytreestore' style='font-family:monospace;border-collapse:collapse'>"
+        f"<caption style='text-align:left;font-family:sans-serif'><b>TreeStore</b> {caption}"
+        f"</caption><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    )
+
+
+# ---- records -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Group:
+    """A bracketed node of a record being printed: ``open``, then ``(label, child)``s, ``close``."""
+
+    open: str
+    items: list[tuple[str, Any]]
+    close: str
+
+
+def format_record(tree: dict[str, Any], leaves: Sequence[Any], *, width: int = 88) -> str:
+    """One record as its classes would print it, from a schema's JSON ``tree`` and its leaves.
+
+    Classes are named as the schema names them, so a record prints the same whether or not its
+    classes can be imported here. A record wider than ``width`` is broken over lines.
+
+    Example:
+        >>> import numpy as np
+        >>> from pytreestore._format.schema import TreeSchema
+        >>> tree = TreeSchema.from_example({"a": 0, "b": (0.0, np.zeros(2))}).tree
+        >>> print(format_record(tree, [np.int32(1), np.float32(0.5), np.arange(2.0)]))
+        {'a': 1, 'b': (0.5, [0., 1.])}
+        >>> print(format_record(tree, [np.int32(1), np.float32(0.5), np.arange(2.0)], width=12))
+        {
+          'a': 1,
+          'b': (
+            0.5,
+            [0., 1.],
+          ),
+        }
+    """
+    return _layout(_record_doc(tree, iter(leaves)), 0, width)
+
+
+def _record_doc(node: dict[str, Any], leaves: Iterator[Any]) -> Any:
+    kind = node["node"]
+    if kind == "leaf":
+        return _format_leaf(next(leaves))
+    if kind == "none":
+        return "None"
+    if kind == "const":
+        return _consts.label(node)
+    docs = [_record_doc(child, leaves) for child in node.get("children", [])]
+    if kind == "list":
+        return _Group("[", [("", d) for d in docs], "]")
+    if kind == "tuple":
+        return _Group("(", [("", d) for d in docs], ",)" if len(docs) == 1 else ")")
+    if kind in ("dict", "ordered_dict"):
+        opener, closer = ("{", "}") if kind == "dict" else ("OrderedDict({", "})")
+        return _Group(opener, [(f"{k!r}: ", d) for k, d in zip(node["keys"], docs)], closer)
+    name = node["type"].rpartition(":")[2]
+    labels = [_field_label(_child_entry(node, i)) for i in range(len(docs))]
+    return _Group(f"{name}(", list(zip(labels, docs)), ")")
+
+
+def _field_label(entry: Any) -> str:
+    name = getattr(entry, "name", None)
+    return f"{name}=" if isinstance(name, str) else f"{keystr((entry,))}="
+
+
+def _format_leaf(value: Any) -> str:
+    array = np.asarray(value)
+    return np.array2string(array, separator=", ", threshold=16, edgeitems=3, max_line_width=1 << 30)
+
+
+def _flat(doc: Any) -> str:
+    if isinstance(doc, str):
+        return doc
+    inner = ", ".join(label + _flat(child) for label, child in doc.items)
+    return doc.open + inner + doc.close
+
+
+def _layout(doc: Any, indent: int, width: int, column: int | None = None) -> str:
+    """Lays ``doc`` out from ``column``; broken lines are indented from ``indent``."""
+    column = indent if column is None else column
+    flat = _flat(doc)
+    if isinstance(doc, str):
+        return doc.replace("\n", "\n" + " " * column)
+    if column + len(flat) <= width and "\n" not in flat:
+        return flat
+    pad = " " * (indent + 2)
+    lines = [doc.open]
+    for label, child in doc.items:
+        body = _layout(child, indent + 2, width, indent + 2 + len(label))
+        lines.append(pad + label + body + ",")
+    lines.append(" " * indent + doc.close.lstrip(","))
+    return "\n".join(lines)
+
+
+__all__ = [
+    "ColumnInfo",
+    "StoreInfo",
+    "TreeRow",
+    "describe",
+    "format_bytes",
+    "format_ratio",
+    "format_record",
+    "render_html",
+    "render_text",
+    "summary",
+    "tree_rows",
+]

@@ -1,0 +1,1 @@
+"""Where a store lives and how it is opened, created and copied."""

@@ -1,0 +1,153 @@
+"""Copying a store: to another place, with other chunks, another codec or another backend.
+
+The copy reads the source in slices of whole destination chunks (host numpy, exact dtypes) and
+appends them to a new store created with the source's schema, so the classes named in the
+schema never need to be importable. It commits after every slice: a copy that is interrupted
+leaves a valid, shorter destination (or, if cut off while the destination was being created, a
+partial one). Until the copy ends, the destination holds the marker ``.pytreestore/incomplete``,
+so that ``copy(..., overwrite=True)`` and ``create(..., overwrite=True)`` recognise what an
+interrupted copy left and replace it. A destination that overlaps the source (the same place,
+or one inside the other) is refused before anything is written.
+
+Example:
+    >>> import pytreestore
+    >>> with pytreestore.create("memory://doc-copy-src", {"x": 0, "y": 0.0}) as src:
+    ...     src.extend({"x": i, "y": i / 4} for i in range(10))
+    >>> pytreestore.copy("memory://doc-copy-src", "memory://doc-copy-dst", chunk_records=4, codec=None)
+    10
+    >>> dst = pytreestore.open("memory://doc-copy-dst")
+    >>> dst.schema.chunk_records, dst.schema.codec, dst[9]["y"]
+    (4, None, Array(2.25, dtype=float32))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from pytreestore._format.schema import TreeSchema, _leaf_chunks
+from pytreestore._inspect import progress as _progress
+from pytreestore._open.location import Location
+from pytreestore._store import INCOMPLETE_KEY, TreeStore, create_from_schema
+from pytreestore._store import open as open_store
+from pytreestore.errors import BadLocationError
+
+KEEP = "keep"
+_CODECS = ("zstd", "blosc", "gzip", None)
+_SLICE_BYTES = 64 << 20  # bytes of all columns read and written per step, about
+
+
+def copy(
+    src: str | os.PathLike[str] | TreeStore,
+    dst: str | os.PathLike[str],
+    *,
+    chunk_records: int | None = None,
+    codec: str | None = KEEP,
+    backend: str = "tensorstore",
+    overwrite: bool = False,
+    progress: bool = False,
+    src_storage_options: Mapping[str, Any] | None = None,
+    dst_storage_options: Mapping[str, Any] | None = None,
+) -> int:
+    """Copies every record of store ``src`` into a new store at ``dst``.
+
+    Args:
+        src: the source store's path, or an open store (a writer's buffered records included).
+        dst: where to create the copy.
+        chunk_records: records per chunk of the copy (default: the source's).
+        codec: the copy's codec, ``"zstd"``, ``"blosc"``, ``"gzip"`` or None; ``"keep"``
+            (the default) keeps the source's.
+        backend: the copy's storage engine.
+        overwrite: replace a store already at ``dst``.
+        progress: show a progress bar (records and MB/s) on standard error.
+        src_storage_options: ``storage_options`` to open an ``s3://`` or ``gs://`` source
+            with (see :func:`pytreestore.open`).
+        dst_storage_options: ``storage_options`` to create an ``s3://`` or ``gs://`` copy with.
+
+    Returns:
+        The number of records copied.
+
+    Raises:
+        ValueError: ``chunk_records`` or ``codec`` is invalid.
+        BadLocationError: ``dst`` and ``src`` overlap: the same place, or one inside the other.
+        StoreExistsError: something is at ``dst`` and ``overwrite`` is false.
+    """
+    if isinstance(src, TreeStore):
+        source = src
+    else:
+        source = open_store(src, generic=True, storage_options=src_storage_options)
+    location = Location.parse(dst, dst_storage_options)
+    try:
+        return _copy(source, location, chunk_records, codec, backend, overwrite, progress)
+    finally:
+        if source is not src:
+            source.close()
+
+
+def _copy(
+    source: TreeStore,
+    location: Location,
+    chunk_records: int | None,
+    codec: str | None,
+    backend: str,
+    overwrite: bool,
+    progress: bool,
+) -> int:
+    if location.overlaps(source._location):
+        raise BadLocationError(
+            f"cannot copy {source.path} to {location}: the two overlap (the same place, or "
+            "one inside the other), so writing the copy would delete or overwrite the "
+            "source. Nothing was written; choose a destination outside the source."
+        )
+    schema = rechunked(
+        source.schema, chunk_records, source.schema.codec if codec == KEEP else codec
+    )
+    total = len(source)
+    row_bytes = sum(c.record_nbytes for c in schema.columns)
+    step = _step(schema.chunk_records, source.schema.chunk_records, row_bytes)
+    target = create_from_schema(
+        location, schema, backend=backend, overwrite=overwrite, finished=False
+    )
+    with (
+        target,
+        _progress.progress_bar(
+            total=total, desc="copy", record_nbytes=row_bytes, enabled=progress
+        ) as bar,
+    ):
+        writer = target._writable()
+        for start in range(0, total, step):
+            stop = min(start + step, total)
+            writer.write_batch(source._load_leaves(slice(start, stop), None, as_numpy=True))
+            bar.advance(stop - start)
+        target._backend.delete_keys([INCOMPLETE_KEY])
+    return total
+
+
+def rechunked(schema: TreeSchema, chunk_records: int | None, codec: str | None) -> TreeSchema:
+    """``schema`` with ``chunk_records`` records per chunk (None: unchanged) and ``codec``."""
+    if codec not in _CODECS:
+        raise ValueError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
+    if chunk_records is None:  # a copy has no dropped columns: their data is not copied
+        return dataclasses.replace(schema, codec=codec, dropped=())
+    if not isinstance(chunk_records, int) or isinstance(chunk_records, bool) or chunk_records < 1:
+        raise ValueError(f"chunk_records must be a positive int, got {chunk_records!r}")
+    columns = tuple(
+        dataclasses.replace(
+            c, chunks=(chunk_records, *_leaf_chunks(c.dtype, c.shape, chunk_records))
+        )
+        for c in schema.columns
+    )
+    return dataclasses.replace(
+        schema, columns=columns, chunk_records=chunk_records, codec=codec, dropped=()
+    )
+
+
+def _step(dst_chunk: int, src_chunk: int, row_bytes: int) -> int:
+    """Records per step: whole destination chunks, at least one source chunk, about 64 MiB."""
+    want = max(src_chunk, _SLICE_BYTES // max(row_bytes, 1), 1)
+    return -(-want // dst_chunk) * dst_chunk
+
+
+__all__ = ["KEEP", "copy", "rechunked"]

@@ -1,0 +1,1 @@
+"""Streaming over a store: batches, map, the Grain source."""

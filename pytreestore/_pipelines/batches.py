@@ -1,0 +1,319 @@
+"""Input pipelines: streaming batches with background prefetch, and a Grain data source.
+
+:class:`BatchIterator` walks a range of records in batches. A background thread loads the next
+``prefetch`` batches (storage read and host-to-device copy) while the caller computes on the
+current one, so at most ``prefetch + 1`` batches beyond the one the caller holds are in memory.
+Shuffled epochs are permutations drawn from ``numpy.random.default_rng((seed, epoch))``, so an
+epoch's order depends only on the seed and the epoch number; :meth:`BatchIterator.state` gives
+the position after the last batch handed out, and a new iterator given that state yields
+exactly the batches that were still to come.
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> store = pytreestore.create("memory://doc-batches", {"x": np.int32(0)})
+    >>> store.extend({"x": np.int32(i)} for i in range(5))
+    >>> [b["x"].tolist() for b in store.batches(2)]
+    [[0, 1], [2, 3], [4]]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+from jax.tree_util import tree_flatten
+
+from pytreestore._tree.stack import split_leaves
+
+T = TypeVar("T")
+_END = object()
+_ERROR = object()
+_STATE_KEYS = ("records", "batch_size", "shuffle", "seed", "drop_last")
+
+
+class Prefetcher(Generic[T]):
+    """Yields ``load(item)`` for each of ``items`` in order, computed ``depth`` ahead.
+
+    The loads run on a background thread (see :func:`background`); with ``depth == 0`` they
+    run in the caller's thread. An exception raised by ``load`` is re-raised by the ``next()``
+    that would have returned its result.
+    """
+
+    def __init__(self, load: Callable[[Any], T], items: Iterator[Any], depth: int) -> None:
+        if depth < 0:
+            raise ValueError(f"prefetch must be >= 0, got {depth}")
+        self._load, self._items, self._depth = load, items, depth
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(depth, 1))
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        if depth:
+            background(self._produce)
+        else:
+            self._done.set()
+
+    def __iter__(self) -> Prefetcher[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._stop.is_set():
+            raise StopIteration
+        if not self._depth:
+            return self._load(next(self._items))
+        kind, value = self._queue.get()
+        if kind is _END or kind is _ERROR:
+            self._stop.set()  # later next() calls stop too
+        if kind is _END:
+            raise StopIteration
+        if kind is _ERROR:
+            raise value
+        return value
+
+    def _produce(self) -> None:
+        try:
+            for item in self._items:
+                if self._stop.is_set():
+                    return
+                self._put((None, self._load(item)))
+            self._put((_END, None))
+        except BaseException as err:  # handed to the consumer, raised there
+            self._put((_ERROR, err))
+        finally:
+            self._done.set()
+
+    def _put(self, entry: tuple[Any, Any]) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(entry, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+
+    def close(self) -> None:
+        """Stops the background loads and drops prefetched results."""
+        self._stop.set()
+        while not self._done.is_set():
+            with contextlib.suppress(queue.Empty):
+                self._queue.get(timeout=0.05)
+        while not self._queue.empty():
+            self._queue.get_nowait()
+
+
+_IDLE: list[queue.SimpleQueue[Callable[[], None]]] = []
+_IDLE_LOCK = threading.Lock()
+
+
+def background(job: Callable[[], None]) -> None:
+    """Runs ``job`` on a daemon thread, reusing one that finished an earlier job.
+
+    Threads are reused because glibc gives a new thread its own malloc arena: with a fresh
+    thread per iterator (one per epoch, say), freed batch buffers stay in old arenas and the
+    process's memory grew with every epoch.
+    """
+    with _IDLE_LOCK:
+        inbox = _IDLE.pop() if _IDLE else None
+    if inbox is None:
+        inbox = queue.SimpleQueue()
+        name = "pytreestore-prefetch"
+        threading.Thread(target=_serve, args=(inbox,), name=name, daemon=True).start()
+    inbox.put(job)
+
+
+def _serve(inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
+    while True:
+        job = inbox.get()
+        try:
+            job()
+        finally:
+            del job
+            with _IDLE_LOCK:
+                _IDLE.append(inbox)
+
+
+class BatchIterator:
+    """Batches of records ``[start, stop)`` of a store, prefetched in the background.
+
+    Made by :meth:`pytreestore.TreeStore.batches`; see it for the arguments.
+
+    Example:
+        >>> import numpy as np, pytreestore
+        >>> store = pytreestore.create("memory://doc-batch-iterator", {"x": np.int32(0)})
+        >>> store.extend({"x": np.int32(i)} for i in range(6))
+        >>> it = store.batches(2, shuffle=True, seed=1)
+        >>> first = next(it)
+        >>> rest = [b["x"].tolist() for b in store.batches(2, shuffle=True, seed=1, state=it.state())]
+        >>> len(rest)
+        2
+    """
+
+    def __init__(
+        self,
+        load: Callable[[Any], Any],
+        *,
+        start: int,
+        stop: int,
+        batch_size: int,
+        shuffle: bool,
+        seed: int,
+        drop_last: bool,
+        prefetch: int,
+        epochs: int | None,
+        state: dict[str, Any] | None,
+    ) -> None:
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if epochs is not None and epochs < 0:
+            raise ValueError(f"epochs must be >= 0 or None (endless), got {epochs}")
+        self._start, self._count, self._batch_size = start, stop - start, batch_size
+        self._shuffle, self._seed, self._drop_last = shuffle, int(seed), drop_last
+        self._epochs = epochs
+        self._epoch, self._batch = self._resume(state) if state is not None else (0, 0)
+        self._prefetcher = Prefetcher(self._load_item(load), self._positions(), prefetch)
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        whole, rest = divmod(self._count, self._batch_size)
+        return whole + (1 if rest and not self._drop_last else 0)
+
+    def __iter__(self) -> BatchIterator:
+        return self
+
+    def __next__(self) -> Any:
+        epoch, batch, records = next(self._prefetcher)
+        self._epoch, self._batch = (epoch, batch + 1) if batch + 1 < len(self) else (epoch + 1, 0)
+        return records
+
+    def state(self) -> dict[str, Any]:
+        """The position after the last batch handed out, as a small JSON-able dict.
+
+        Pass it as ``state=`` to :meth:`pytreestore.TreeStore.batches` with the same
+        arguments to continue from there.
+        """
+        return {"epoch": self._epoch, "batch": self._batch, **self._settings()}
+
+    def close(self) -> None:
+        """Stops prefetching; the iterator yields nothing more."""
+        self._prefetcher.close()
+
+    def __enter__(self) -> BatchIterator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        prefetcher = getattr(self, "_prefetcher", None)
+        if prefetcher is not None:
+            prefetcher.close()
+
+    # ---- positions ---------------------------------------------------------------------------
+
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "records": self._count,
+            "batch_size": self._batch_size,
+            "shuffle": self._shuffle,
+            "seed": self._seed,
+            "drop_last": self._drop_last,
+        }
+
+    def _resume(self, state: dict[str, Any]) -> tuple[int, int]:
+        ours = self._settings()
+        differ = [k for k in _STATE_KEYS if k in state and state[k] != ours[k]]
+        if differ:
+            detail = ", ".join(f"{k}: state {state[k]!r}, now {ours[k]!r}" for k in differ)
+            raise ValueError(
+                f"batches(state=...) was saved with other settings ({detail}); resume with "
+                "the arguments (and store length) the state was taken with"
+            )
+        epoch, batch = int(state["epoch"]), int(state["batch"])
+        if not 0 <= batch <= len(self):
+            raise ValueError(f"state batch {batch} is outside an epoch of {len(self)} batches")
+        return epoch, batch
+
+    def _positions(self) -> Iterator[tuple[int, int, Any]]:
+        epoch, batch = self._epoch, self._batch
+        while self._epochs is None or epoch < self._epochs:
+            order = self._order(epoch)
+            for k in range(batch, len(self)):
+                yield epoch, k, self._index(order, k)
+            epoch, batch = epoch + 1, 0
+            if len(self) == 0:
+                return
+
+    def _order(self, epoch: int) -> np.ndarray | None:
+        if not self._shuffle:
+            return None
+        rng = np.random.default_rng((self._seed, epoch))
+        return rng.permutation(self._count) + self._start
+
+    def _index(self, order: np.ndarray | None, k: int) -> Any:
+        lo, hi = k * self._batch_size, min((k + 1) * self._batch_size, self._count)
+        if order is None:
+            return slice(self._start + lo, self._start + hi)
+        return order[lo:hi]
+
+    @staticmethod
+    def _load_item(load: Callable[[Any], Any]) -> Callable[[tuple[int, int, Any]], Any]:
+        def item(position: tuple[int, int, Any]) -> tuple[int, int, Any]:
+            epoch, k, index = position
+            return epoch, k, load(index)
+
+        return item
+
+
+class GrainSource:
+    """A store as a Grain random-access data source: ``len``, ``[i]`` and batched reads.
+
+    Records come back with numpy leaves, as Grain's transforms expect. Made by
+    :meth:`pytreestore.TreeStore.grain_source`. Pickling keeps the store's location and the
+    options it was opened with (backend, ``storage_options``, ``like``, ``generic``,
+    ``cache_bytes``) and reopens it read-only in the process that unpickles it (Grain's
+    worker processes); a source of a writer commits its buffered records first, so the
+    workers see them. A ``memory://`` store works only with in-process loading
+    (``worker_count=0``).
+
+    Example:
+        >>> import numpy as np, pytreestore
+        >>> store = pytreestore.create("memory://doc-grain", {"x": np.int32(0)})
+        >>> store.extend({"x": np.int32(i)} for i in range(3))
+        >>> source = store.grain_source()
+        >>> len(source), source[2]["x"]
+        (3, array(2, dtype=int32))
+    """
+
+    def __init__(self, store: Any, *, columns: str | Sequence[str] | None = None) -> None:
+        self._store = store
+        self._columns = columns
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def __getitem__(self, index: int) -> Any:
+        return self._store.load(int(index), columns=self._columns, as_numpy=True)
+
+    def _getitems(self, indices: Sequence[int]) -> list[Any]:
+        """The records at ``indices`` from one batched read (Grain's batched-read protocol)."""
+        index = np.asarray(indices, np.int64)
+        batch = self._store.load(index, columns=self._columns, as_numpy=True)
+        leaves, treedef = tree_flatten(batch, is_leaf=lambda x: x is None)
+        return [treedef.unflatten(row) for row in zip(*map(split_leaves, leaves))]
+
+    __getitems__ = _getitems
+
+    def __repr__(self) -> str:
+        return f"GrainSource({self._store.path!r}, columns={self._columns!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._store.mode == "a":
+            self._store.flush()  # the reopened reader sees what was appended
+        return {"open": self._store.reopen_options(), "columns": self._columns}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        import pytreestore  # here, not at import time: pytreestore imports this module
+
+        self._store = pytreestore.open(**state["open"])
+        self._columns = state["columns"]

@@ -1,0 +1,1 @@
+"""The read side: indices, host reads, device placement, sharded loads."""

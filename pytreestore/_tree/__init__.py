@@ -1,0 +1,1 @@
+"""Pytree values: checking leaves against columns, stacking records."""

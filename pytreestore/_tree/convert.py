@@ -1,0 +1,239 @@
+"""Checking leaf values against their columns and copying them into row buffers.
+
+The fast path of an append is one flatten, one treedef comparison and, per leaf, one type test
+and one assignment. Anything the fast path does not recognise goes through
+:meth:`LeafCaster.coerce`, which applies the casting rule or raises an error naming the leaf.
+
+Example:
+    >>> import numpy as np
+    >>> caster = LeafCaster(".x", np.dtype("int32"), ())
+    >>> caster.coerce(np.int8(3))
+    array(3, dtype=int32)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from pytreestore._format import dtypes as _dtypes
+from pytreestore._format import prng as _prng
+from pytreestore.errors import SchemaMismatchError
+
+_SUFFIX = "Leaf shapes and dtypes are fixed when the store is created."
+
+
+class LeafCaster:
+    """Converts values for the column at ``path`` of ``dtype`` and per-record ``shape``."""
+
+    __slots__ = ("dtype", "exact", "key_impl", "path", "python_types", "shape")
+
+    def __init__(
+        self, path: str, dtype: np.dtype, shape: tuple[int, ...], key_impl: str | None = None
+    ) -> None:
+        self.path = path
+        self.dtype = dtype
+        self.shape = shape
+        self.key_impl = key_impl
+        plain = shape == () and key_impl is None
+        self.python_types = _dtypes.python_kinds_accepted(dtype) if plain else frozenset()
+        #: types assigned without any check: accepted Python scalars and the column's own
+        #: numpy scalar type
+        self.exact = self.python_types | ({dtype.type} if plain else set())
+
+    def _error(self, got: str, why: str = "", what: str = "record") -> SchemaMismatchError:
+        want = _dtypes.describe(self.dtype, self.shape)
+        where = self.path or "the root"
+        return SchemaMismatchError(
+            f"{what} does not match the store schema at {where}: expected {want}, got {got}. "
+            f"{why}{_SUFFIX}"
+        )
+
+    def coerce(self, value: Any, *, batch: int | None = None, what: str = "record") -> np.ndarray:
+        """``value`` as an array of the column's dtype and shape (``(batch, *shape)``)."""
+        shape = self.shape if batch is None else (batch, *self.shape)
+        if self.key_impl is not None or _prng.is_key(value):
+            value = self._key_data(value, what)
+        if type(value) in (bool, int, float, complex):
+            return self._coerce_python(value, shape, what)
+        if not isinstance(value, np.ndarray | np.generic) and not hasattr(value, "__array__"):
+            raise self._error(f"a {type(value).__name__}", what=what)
+        array = np.asarray(value)
+        if not array.dtype.isnative:
+            array = array.astype(array.dtype.newbyteorder("="))
+        src = array.dtype
+        if src is self.dtype and array.shape == shape:
+            return array
+        got = _dtypes.describe(src, array.shape)
+        if not _dtypes.is_supported(src):
+            raise self._error(got, "Columns hold numbers and bools only. ", what)
+        if array.shape != shape:
+            raise self._error(got, what=what)
+        if not _dtypes.can_cast(src, self.dtype):
+            raise self._error(
+                got,
+                f"{src} cannot be cast to {self.dtype} without changing its kind (numpy's "
+                f"same_kind rule); cast it yourself, e.g. value.astype('{self.dtype}'). ",
+                what,
+            )
+        if _dtypes.needs_range_check(src, self.dtype) and not _dtypes.fits(array, self.dtype):
+            raise self._error(
+                got, f"its values do not fit in {self.dtype} and would wrap around. ", what
+            )
+        with np.errstate(over="ignore"):  # an overflow is refused just below
+            out = array.astype(self.dtype, copy=False)
+        if _overflows(array, out):
+            raise self._error(got, _overflow_why(self.dtype), what)
+        return out
+
+    def _key_data(self, value: Any, what: str) -> np.ndarray:
+        if self.key_impl is None:
+            raise self._error(
+                f"a PRNG key array ({_prng.impl_of(value)})",
+                "Store keys in a column made from a key (jax.random.key), or store "
+                "jax.random.key_data(key) in a uint32 column. ",
+                what,
+            )
+        try:
+            return _prng.unwrap(value, self.key_impl, self.path or "the root")
+        except TypeError as err:
+            raise SchemaMismatchError(f"{what} does not match the store schema: {err}") from err
+
+    def _coerce_python(self, value: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
+        got = f"Python {type(value).__name__} {value!r}"
+        if shape != self.shape or self.shape != ():
+            raise self._error(got, what=what)
+        if type(value) not in self.python_types:
+            raise self._error(
+                got,
+                f"a Python {type(value).__name__} cannot be cast to {self.dtype} (numpy's "
+                "same_kind rule). ",
+                what,
+            )
+        try:
+            with np.errstate(over="ignore"):  # an overflow is refused just below
+                out = np.asarray(value, dtype=self.dtype)
+            overflow = _overflows(np.asarray(value), out)
+        except OverflowError as err:
+            raise self._error(got, f"it does not fit in {self.dtype}. ", what) from err
+        if overflow:
+            raise self._error(got, _overflow_why(self.dtype), what)
+        return out
+
+
+def _overflows(src: np.ndarray, out: np.ndarray) -> bool:
+    """Whether a cast turned finite values into infinities (or NaN: float8 has no inf)."""
+    if _dtypes.kind(out.dtype) not in "fc" or out.dtype == src.dtype:
+        return False
+    with np.errstate(invalid="ignore"):
+        return bool(np.any(~np.isfinite(out) & np.isfinite(src)))
+
+
+def _overflow_why(dtype: np.dtype) -> str:
+    return (
+        f"its values are finite but too large for {dtype} and would become infinite; "
+        f"scale them or store them in a wider column. "
+    )
+
+
+def _float_top(dtype: np.dtype) -> float | None:
+    """The largest finite value of a real float column narrower than float64, else None."""
+    if _dtypes.kind(dtype) != "f" or dtype.itemsize >= 8:
+        return None
+    return float(ml_dtypes.finfo(dtype).max)
+
+
+def casters(columns: Sequence[Any]) -> list[LeafCaster]:
+    """One :class:`LeafCaster` per column spec."""
+    return [LeafCaster(c.path, c.dtype, c.shape, c.key_impl) for c in columns]
+
+
+class RowFiller:
+    """Copies one record's leaves into row ``row`` of per-column buffers."""
+
+    def __init__(self, leaf_casters: Sequence[LeafCaster], buffers: Sequence[np.ndarray]) -> None:
+        self._casters = list(leaf_casters)
+        self.buffers = list(buffers)
+        self._fast = [
+            # a key column's values always go through coerce (dtype None skips the fast path)
+            (c.exact, c.dtype if c.key_impl is None else None, c.shape, b, c.coerce)
+            for c, b in zip(leaf_casters, buffers)
+        ]
+        #: per column, the largest finite value of a narrow float column (None: no check)
+        self._tops = [_float_top(c.dtype) for c in leaf_casters]
+
+    def fill(self, leaves: Sequence[Any], row: int) -> None:
+        """Writes ``leaves`` into ``row``; raises SchemaMismatchError, leaving other rows intact."""
+        try:
+            for (exact, dtype, shape, buf, coerce), top, leaf in zip(
+                self._fast, self._tops, leaves
+            ):
+                if type(leaf) in exact or (
+                    type(leaf) is np.ndarray and leaf.dtype is dtype and leaf.shape == shape
+                ):
+                    if top is not None and type(leaf) is float and abs(leaf) > top:
+                        coerce(leaf)  # a Python float that may overflow to inf: raises if so
+                    buf[row] = leaf
+                else:
+                    buf[row] = coerce(leaf)
+        except SchemaMismatchError:
+            raise
+        except (OverflowError, TypeError, ValueError):
+            for caster, leaf in zip(self._casters, leaves):
+                caster.coerce(leaf)
+            raise
+
+    def fill_block(self, rows: Sequence[Sequence[Any]], at: int) -> None:
+        """Writes many records' leaves into rows ``at, at + 1, ...``, one column at a time.
+
+        A column whose values are all of an exact type (accepted Python scalars, the column's
+        numpy scalar type, or arrays of its dtype and shape) is converted in one numpy call;
+        anything else goes record by record.
+
+        Raises:
+            RecordError: record ``rows[error.index]`` was refused.
+        """
+        try:
+            with np.errstate(over="ignore"):  # overflows are found below and refused
+                self._fill_columns(rows, at)
+        except (OverflowError, TypeError, ValueError):
+            for i, leaves in enumerate(rows):
+                try:
+                    self.fill(leaves, at + i)
+                except SchemaMismatchError as err:
+                    raise RecordError(i, err) from err
+
+    def _fill_columns(self, rows: Sequence[Sequence[Any]], at: int) -> None:
+        for (exact, dtype, shape, buf, _), top, column in zip(self._fast, self._tops, zip(*rows)):
+            block = buf[at : at + len(rows)]
+            _fill_column(block, column, exact, dtype, shape)
+            if top is not None and not np.isfinite(block).all():
+                raise ValueError("non-finite values: check record by record")
+
+
+def _fill_column(
+    out: np.ndarray,
+    column: Sequence[Any],
+    exact: frozenset,
+    dtype: np.dtype | None,
+    shape: tuple,
+) -> None:
+    types = set(map(type, column))
+    if types <= exact or (
+        types == {np.ndarray} and all(a.dtype is dtype and a.shape == shape for a in column)
+    ):
+        out[...] = column
+    else:
+        raise ValueError("mixed leaf types: convert record by record")
+
+
+class RecordError(Exception):
+    """Record ``index`` of a block was refused with ``error`` (internal)."""
+
+    def __init__(self, index: int, error: SchemaMismatchError) -> None:
+        super().__init__(index, error)
+        self.index = index
+        self.error = error

@@ -1,0 +1,1 @@
+"""The TensorStore backend: zarr3 driver, kvstores, direct I/O."""

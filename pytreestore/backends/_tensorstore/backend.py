@@ -1,0 +1,521 @@
+"""The TensorStore backend: zarr v3 arrays through TensorStore's ``zarr3`` driver.
+
+Handles are opened lazily and concurrently, and reopened when another process has grown the
+arrays past what a handle sees (a TensorStore handle never sees another handle's resize).
+
+Example:
+    >>> import numpy as np
+    >>> from pytreestore._open.location import Location
+    >>> from pytreestore.backends import ColumnLayout
+    >>> b = TensorStoreBackend(Location.parse("memory://doc-ts"))
+    >>> b.create_columns([ColumnLayout("x", np.dtype("int32"), (), (4,), None, ("record",), 0)])
+    >>> b.resize(["x"], 2); b.write(["x"], 0, [np.array([7, 8], np.int32)])
+    >>> b.read(["x"], slice(0, 2), 2)[0]
+    array([7, 8], dtype=int32)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorstore as ts
+
+from pytreestore._format import validate as _validate
+from pytreestore._format.names import COMMIT_KEY, ROOT_KEY, array_json
+from pytreestore._open.location import Location
+from pytreestore.backends._base import (
+    BatchedReads,
+    CheckedReads,
+    ColumnLayout,
+    ColumnShape,
+    ConditionalWrites,
+    KeyListing,
+    PartialWriteCleanup,
+    TensorStoreKvStore,
+    damaged_chunk,
+    delete_folder,
+    missing_chunk,
+)
+from pytreestore.backends._metadata import _compression_chain as _compression_chain
+from pytreestore.backends._metadata import array_metadata
+from pytreestore.backends._metadata import codec_json as codec_json  # (re-exported)
+from pytreestore.backends._tensorstore import direct as _direct
+from pytreestore.backends._tensorstore.kvstore import kvstore_spec
+from pytreestore.backends._unstored import Unstored
+from pytreestore.errors import (
+    CommitConflictError,
+    CorruptChunkError,
+    CorruptStoreError,
+    PyTreeStoreError,
+    StorageError,
+)
+
+#: status codes of a read that found bytes it could not decode (as opposed to not reaching them)
+_DAMAGED = ("DATA_LOSS", "FAILED_PRECONDITION", "INVALID_ARGUMENT", "OUT_OF_RANGE")
+
+_MEMORY: dict[str, Any] = {}
+_MEMORY_LOCK = threading.Lock()
+
+
+def _memory_context() -> ts.Context:
+    """One context for every ``memory://`` store of this process, so reopening finds the data."""
+    with _MEMORY_LOCK:
+        if "context" not in _MEMORY:
+            _MEMORY["context"] = ts.Context()
+        return _MEMORY["context"]
+
+
+class TensorStoreBackend(
+    ConditionalWrites,
+    KeyListing,
+    CheckedReads,
+    BatchedReads,
+    PartialWriteCleanup,
+    TensorStoreKvStore,
+):
+    """Columns as TensorStore ``zarr3`` arrays on the ``file``, ``memory``, ``s3`` or ``gcs``
+    kvstore.
+
+    Storage failures raise :class:`StorageError`; chunks that cannot be decoded raise
+    :class:`CorruptChunkError` naming the column key and the chunk.
+    """
+
+    def __init__(self, location: Location, cache_bytes: int = 0) -> None:
+        self._location = location
+        self._unstored = Unstored()
+        self._timeout: float | None = getattr(location.options, "total_timeout", None)
+        self._cache = _direct.ChunkCache(cache_bytes) if cache_bytes > 0 else None
+        if location.kind == "memory":
+            self._context = _memory_context()
+        elif cache_bytes > 0:  # TensorStore keeps decoded chunks, revalidated on every read
+            self._context = ts.Context({"cache_pool": {"total_bytes_limit": cache_bytes}})
+        else:
+            self._context = ts.Context()
+        self._kv_spec, self._cleanup = kvstore_spec(location)
+        self._kv: ts.KvStore | None = None
+        self._handles: dict[str, ts.TensorStore] = {}
+        self._layouts: dict[str, ColumnShape] = {}
+        self._direct: dict[str, _direct.DirectColumn | None] = {}
+
+    # ---- keys and bytes ----------------------------------------------------------------------
+
+    @property
+    def kvstore(self) -> ts.KvStore:
+        if self._kv is None:
+            opening = ts.KvStore.open(self._kv_spec, context=self._context)
+            kv: ts.KvStore = _result(opening, self._timeout)
+            self._kv = kv
+            return kv
+        return self._kv
+
+    def read_bytes(self, key: str) -> bytes | None:
+        return self.read_bytes_versioned(key)[0]
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        self.write_many_bytes({key: data})
+
+    def write_many_bytes(self, items: dict[str, bytes]) -> None:
+        futures = [self.kvstore.write(k, v) for k, v in items.items()]
+        _wait(futures, list(items), f"writing to {self._location}", timeout=self._timeout)
+
+    def read_bytes_versioned(self, key: str) -> tuple[bytes | None, bytes]:
+        """The value at ``key`` (None when absent) and its storage generation.
+
+        The generation of a missing key is :data:`NO_VALUE`.
+        """
+        try:
+            result = _result(self.kvstore.read(key), self._timeout)
+        except ValueError as err:
+            raise _storage_error(f"reading {self._location}/{key}", err) from err
+        value = bytes(result.value) if result.state == "value" else None
+        return value, bytes(result.stamp.generation)
+
+    def write_bytes_if(self, key: str, data: bytes | None, generation: bytes) -> bytes | None:
+        """Writes (or with None deletes) ``key`` only if its generation is ``generation``.
+
+        Atomic on the file and memory kvstores, on GCS, and on S3 servers that honour
+        ``If-Match``/``If-None-Match`` (AWS, MinIO, moto). Pass :data:`NO_VALUE` to create only.
+
+        Returns:
+            The new generation, or None when the key had changed and nothing was written.
+        """
+        try:
+            stamp = _result(self.kvstore.write(key, data, if_equal=generation), self._timeout)
+        except ValueError as err:
+            raise _storage_error(f"writing {self._location}/{key}", err) from err
+        return None if stamp.generation == b"" else bytes(stamp.generation)
+
+    def list_keys(self, prefix: str) -> list[str]:
+        """Every key below the root that starts with ``prefix``."""
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else ""
+        try:
+            keys = _result(self.kvstore.list(ts.KvStore.KeyRange(prefix, end)), self._timeout)
+        except ValueError as err:
+            raise _storage_error(f"listing {self._location}/{prefix}", err) from err
+        return sorted(bytes(k).decode() for k in keys)
+
+    def delete_keys(self, keys: Sequence[str]) -> None:
+        """Deletes every key of ``keys`` (absent ones too), all at once."""
+        futures = [self.kvstore.write(k, None) for k in keys]
+        _wait(futures, list(keys), f"deleting from {self._location}", timeout=self._timeout)
+        self._handles.clear()  # their caches may hold the deleted chunks
+
+    def delete_all(self) -> None:
+        self._handles.clear()
+        if self._location.kind == "file":
+            delete_folder(self._location.root)
+        else:
+            try:
+                _result(self.kvstore.delete_range(ts.KvStore.KeyRange()), self._timeout)
+            except ValueError as err:
+                raise _storage_error(f"deleting {self._location}", err) from err
+
+    def is_empty(self) -> bool:
+        if self._location.kind == "file":
+            root = Path(self._location.root)
+            return not root.exists() or not any(root.iterdir())
+        try:
+            return not _result(self.kvstore.list(), self._timeout)
+        except ValueError as err:
+            raise _storage_error(f"listing {self._location}", err) from err
+
+    # ---- columns -----------------------------------------------------------------------------
+
+    def _spec(self, key: str) -> dict[str, Any]:
+        kv = dict(self._kv_spec, path=self._kv_spec["path"] + key + "/")
+        # every chunk is stored, all-zero ones too, so a missing chunk means lost data: it
+        # reads as an error, never as the fill value
+        return {
+            "driver": "zarr3",
+            "kvstore": kv,
+            "store_data_equal_to_fill_value": True,
+            "fill_missing_data_reads": False,
+        }
+
+    def create_columns(self, layouts: Sequence[ColumnLayout]) -> None:
+        futures = [
+            ts.open(
+                dict(self._spec(lay.key), metadata=array_metadata(lay)),
+                create=True,
+                context=self._context,
+            )
+            for lay in layouts
+        ]
+        handles = _wait(
+            futures, [lay.key for lay in layouts], "creating column", timeout=self._timeout
+        )
+        self._handles.update(zip((lay.key for lay in layouts), handles))
+        self._layouts.update((lay.key, lay) for lay in layouts)
+
+    def open_columns(self, columns: Sequence[ColumnShape]) -> None:
+        self._unstored.note(columns)
+        self._layouts.update((c.key, c) for c in columns)
+
+    def _open(self, keys: Sequence[str], records: int = 0) -> list[ts.TensorStore]:
+        """Handles for ``keys`` whose domain covers ``records``, (re)opened concurrently and
+        checked against the declared layouts."""
+        stale = [k for k in keys if k not in self._handles or self._handles[k].shape[0] < records]
+        futures = [ts.open(self._spec(k), context=self._context) for k in stale]
+        handles = _wait(futures, stale, "opening column", meta=True, timeout=self._timeout)
+        for key, handle in zip(stale, handles):
+            self._check(key, handle, records)
+        self._handles.update(zip(stale, handles))
+        return [self._handles[k] for k in keys]
+
+    def _check(self, key: str, handle: ts.TensorStore, records: int) -> None:
+        if key in self._layouts:
+            _validate.check_column(
+                f"{self._location}/{key}/zarr.json",
+                self._layouts[key],
+                data_type=handle.dtype.name,
+                shape=handle.shape,
+                chunks=handle.chunk_layout.write_chunk.shape,
+                records=records,
+            )
+
+    def column_shapes(self, keys: Sequence[str]) -> list[tuple[int, ...]]:
+        for k in keys:
+            self._handles.pop(k, None)
+        return [tuple(h.shape) for h in self._open(keys)]
+
+    def resize(self, keys: Sequence[str], records: int) -> None:
+        handles = self._open(keys)
+        futures = [
+            h.resize(
+                exclusive_max=[records] + [None] * (h.rank - 1),
+                resize_metadata_only=True,
+                # growing never shrinks what another writer grew (its handle is newer)
+                expand_only=records > h.shape[0],
+            )
+            if h.shape[0] != records
+            else None
+            for h in handles
+        ]
+        pending = [(k, f) for k, f in zip(keys, futures) if f is not None]
+        done = _wait(
+            [f for _, f in pending],
+            [k for k, _ in pending],
+            "resizing column",
+            timeout=self._timeout,
+        )
+        self._handles.update(zip((k for k, _ in pending), done))
+
+    def write(self, keys: Sequence[str], start: int, blocks: Sequence[np.ndarray]) -> None:
+        handles = self._open(keys, start + (len(blocks[0]) if blocks else 0))
+        direct = [self._plan(k, h) for k, h in zip(keys, handles)]
+        if blocks and all(direct):
+            try:
+                done = _direct.write(direct, start, blocks)  # type: ignore[arg-type]
+            except PyTreeStoreError:
+                raise
+            except OSError as err:
+                raise _storage_error(f"writing columns of {self._location}", err) from err
+            start, blocks = start + done, [b[done:] for b in blocks]
+            if not len(blocks[0]):
+                return
+        futures = [h[start : start + len(b)].write(b) for h, b in zip(handles, blocks)]
+        _wait(futures, keys, "writing column", timeout=self._timeout)
+
+    def read(self, keys: Sequence[str], index: Any, records: int) -> list[np.ndarray]:
+        return self.read_many([(k, index) for k in keys], records)
+
+    def read_many(self, requests: Sequence[tuple[str, Any]], records: int) -> list[np.ndarray]:
+        """Reads ``index`` of column ``key`` for every ``(key, index)`` pair, all at once;
+        rows below a column's ``start`` (added by ``evolve``) read its default unstored."""
+        return self._unstored.read_many(requests, records, self._read_stored)
+
+    def _read_stored(self, requests: Sequence[tuple[str, Any]], records: int) -> list[np.ndarray]:
+        """Reads ``index`` of column ``key`` for every ``(key, index)`` pair, all at once.
+
+        Uncompressed local chunks are read straight into the outputs (:mod:`._direct`) while
+        TensorStore reads the rest in one batch.
+        """
+        keys = list(dict.fromkeys(key for key, _ in requests))
+        handles = dict(zip(keys, self._open(keys, records)))
+        plans = {k: self._plan(k, handles[k]) for k in keys}
+        out: list[Any] = [None] * len(requests)
+        mine = [(i, plan, index) for i, (k, index) in enumerate(requests) if (plan := plans[k])]
+        engine = self._start_reads(
+            handles, requests, [i for i, (k, _) in enumerate(requests) if plans[k] is None]
+        )
+        if mine:
+            try:
+                got = _direct.read([(plan, index) for _, plan, index in mine], self._cache)
+                for (i, _, _), array in zip(mine, got):
+                    out[i] = array
+            except _direct.MissingChunk:  # TensorStore knows the fill value
+                engine += self._start_reads(handles, requests, [i for i, _, _ in mine])
+            except PyTreeStoreError:
+                raise
+            except OSError as err:
+                raise _storage_error(f"reading columns of {self._location}", err) from err
+        keys_read = [requests[i][0] for i, _ in engine]
+        done = _wait(
+            [f for _, f in engine], keys_read, "reading column", read=True, timeout=self._timeout
+        )
+        for (i, _), array in zip(engine, done):
+            out[i] = array
+        return out
+
+    @staticmethod
+    def _start_reads(
+        handles: dict[str, ts.TensorStore], requests: Sequence[tuple[str, Any]], which: list[int]
+    ) -> list[tuple[int, Any]]:
+        """Issues the reads of ``requests[i]`` for every ``i`` in ``which``, in one batch."""
+        with ts.Batch() as batch:
+            return [(i, handles[requests[i][0]][requests[i][1]].read(batch=batch)) for i in which]
+
+    def _plan(self, key: str, handle: ts.TensorStore) -> _direct.DirectColumn | None:
+        """How ``key``'s chunks can be read and written as plain files, or None (not on local
+        disk, or compressed)."""
+        if key not in self._direct:
+            plan = None
+            codec = handle.codec if self._location.kind == "file" else None
+            codecs = codec.to_json()["codecs"] if codec is not None else []
+            chunks = handle.chunk_layout.write_chunk.shape if len(codecs) == 2 else None
+            if chunks is not None:  # bytes and a checksum, or nothing plain files can do
+                metadata = {
+                    "data_type": handle.dtype.name,
+                    "shape": list(handle.shape),
+                    "chunk_grid": {"configuration": {"chunk_shape": list(chunks)}},
+                    # the format's encoding; a foreign one misses its files and falls back
+                    "chunk_key_encoding": {"name": "default"},
+                    "codecs": codecs,
+                }
+                plan = _direct.plan(Path(self._location.root) / key, metadata, key)
+            self._direct[key] = plan
+        return self._direct[key]
+
+    def remove_partial_writes(self, keys: Sequence[str], tail_chunk: int) -> list[str]:
+        """Deletes the ``<key>.__lock`` files a killed writer left behind; the paths removed.
+
+        TensorStore's file kvstore writes a key through ``<key>.__lock`` and renames it over
+        the key; a writer killed in between leaves that file, and the next write of the key
+        would reuse it without truncating it (a damaged chunk or commit record). Only the
+        holder of the writer lock may call this. Chunks below ``tail_chunk`` (on the record
+        axis) are never written again, so only the chunks from there on are looked at.
+        """
+        if self._location.kind != "file":
+            return []
+        root = Path(self._location.root)
+        found = [root / f"{COMMIT_KEY}.__lock", root / f"{ROOT_KEY}.__lock"]
+        for key in keys:
+            found.append(root / f"{array_json(key)}.__lock")
+            chunks = root / key / "c"
+            if not chunks.is_dir():
+                continue
+            for entry in os.scandir(chunks):
+                index = entry.name.split(".", 1)[0]
+                if entry.name.endswith(".__lock"):
+                    found.append(Path(entry.path))
+                elif entry.is_dir() and index.isdigit() and int(index) >= tail_chunk:
+                    found.extend(Path(entry.path).rglob("*.__lock"))
+        removed = []
+        for path in found:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed.append(str(path))
+        return removed
+
+    def read_checked(
+        self, reads: Sequence[tuple[str, Any]], records: int
+    ) -> list[PyTreeStoreError | None]:
+        """Reads every ``(key, index)`` at once; each read's error, or None where it worked.
+
+        Damaged chunks and metadata give errors in the list; storage failures raise.
+        """
+        opened: dict[str, ts.TensorStore | PyTreeStoreError] = {}
+        for key in dict.fromkeys(k for k, _ in reads):
+            try:
+                opened[key] = self._open([key], records)[0]
+            except CorruptStoreError as err:
+                opened[key] = err
+        direct = {  # plain files are checked as load reads them: sizes too
+            i: self._read_direct(plan, key, index)
+            for i, (key, index) in enumerate(reads)
+            if isinstance(h := opened[key], ts.TensorStore) and (plan := self._plan(key, h))
+        }
+        with ts.Batch() as batch:
+            futures = [
+                h[index].read(batch=batch) if isinstance(h := opened[key], ts.TensorStore) else h
+                for key, index in reads
+            ]
+        out: list[PyTreeStoreError | None] = []
+        for i, ((key, _), fut) in enumerate(zip(reads, futures)):
+            if i in direct and direct[i] is not None:
+                out.append(direct[i])
+                continue
+            if isinstance(fut, PyTreeStoreError):
+                out.append(fut)
+                continue
+            try:
+                _result(fut, self._timeout)
+                out.append(None)
+            except ValueError as err:
+                if not _is_damage(err):
+                    raise _storage_error(f"reading column {key}", err) from err
+                damaged = _chunk_error(key, err)
+                damaged.__cause__ = err
+                out.append(damaged)
+        return out
+
+    @staticmethod
+    def _read_direct(plan: _direct.DirectColumn, key: str, index: Any) -> CorruptChunkError | None:
+        """The error of reading ``index`` of ``key`` as plain files (None: it read back, or a
+        chunk is missing, which the engine's read then reports)."""
+        try:
+            _direct.read([(plan, index)])
+        except _direct.MissingChunk:
+            return None
+        except CorruptChunkError as err:
+            return err
+        except OSError as err:
+            raise _storage_error(f"reading column {key}", err) from err
+        return None
+
+    def close(self) -> None:
+        if self._cache is not None:
+            self._cache.clear()
+        self._handles.clear()
+        self._kv = None
+        self._cleanup()
+
+
+def _wait(
+    futures: Sequence[Any],
+    keys: Sequence[str],
+    doing: str,
+    *,
+    read: bool = False,
+    meta: bool = False,
+    timeout: float | None = None,
+) -> list[Any]:
+    """Waits for every future (each up to ``timeout`` seconds), then raises the first failure
+    as a pytreestore error."""
+    results: list[Any] = []
+    failure: tuple[str, ValueError] | None = None
+    for key, fut in zip(keys, futures):
+        try:
+            results.append(_result(fut, timeout))
+        except ValueError as err:
+            failure = failure or (key, err)
+            results.append(None)
+    if failure is None:
+        return results
+    key, err = failure
+    status = str(err).split(":", 1)[0]
+    if "`expand_only` was specified" in str(err):
+        raise CommitConflictError(
+            f"column {key} has grown since this writer last resized it: another writer is "
+            "appending to this store. Nothing more was written; reopen the store."
+        ) from err
+    if meta and (status in _DAMAGED or status == "NOT_FOUND"):
+        raise CorruptStoreError(f"{doing} {key}: its zarr.json cannot be used: {err}") from err
+    if read and _is_damage(err):
+        raise _chunk_error(key, err) from err
+    raise _storage_error(f"{doing} {key}", err) from err
+
+
+def _is_damage(err: ValueError) -> bool:
+    """Whether a read failed on bytes it could not decode, or on a chunk that is missing."""
+    status = str(err).split(":", 1)[0]
+    return status in _DAMAGED or (status == "NOT_FOUND" and "is missing" in str(err))
+
+
+def _result(future: Any, timeout: float | None) -> Any:
+    """``future``'s result; after ``timeout`` seconds (the location's ``total_timeout``) it is
+    cancelled and a ``DEADLINE_EXCEEDED`` ValueError raised, as TensorStore reports failures."""
+    try:
+        return future.result(timeout=timeout)
+    except TimeoutError as err:
+        future.cancel()
+        raise ValueError(
+            f"DEADLINE_EXCEEDED: no answer from storage within {timeout:g} s (the "
+            "storage option total_timeout; retries included)"
+        ) from err
+
+
+def _chunk_error(key: str, err: ValueError) -> CorruptChunkError:
+    found = re.search(re.escape(key) + r"/c((?:/\d+)+)", str(err))
+    grid = re.search(r"chunk \{([\d, ]+)\}", str(err))
+    if found:
+        chunk: tuple[int, ...] | None = tuple(int(i) for i in found.group(1).split("/")[1:])
+    else:
+        chunk = tuple(int(i) for i in grid.group(1).split(",")) if grid else None
+    if str(err).startswith("NOT_FOUND"):
+        return missing_chunk(key, chunk, err)
+    return damaged_chunk(key, chunk, err)
+
+
+def _storage_error(doing: str, err: Exception) -> StorageError:
+    return StorageError(
+        f"{doing} failed: {err}. Records committed before stay committed; once storage is "
+        "reachable (or has space) again, retry the call (a failed flush() can be repeated)."
+    )

@@ -1,0 +1,1 @@
+"""The zarr-python backend: local, memory and S3 (obstore), dtypes."""

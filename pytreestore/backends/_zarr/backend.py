@@ -1,0 +1,529 @@
+"""The zarr backend: the same zarr v3 arrays and protocol, through zarr-python 3, on local
+disk, ``memory://`` and ``s3://`` (zarr-python's ``ObjectStore`` over obstore's ``S3Store``).
+
+It writes byte for byte the metadata documents the TensorStore backend writes, and keeps the
+guarantees the store's commit protocol relies on:
+
+* **Atomic single-key writes.** On local disk every key (chunk, ``zarr.json``, commit record)
+  is written to a temporary file beside it, fsynced, and renamed over it, and the directory is
+  fsynced: a reader sees the old bytes or the new, and a crash leaves no torn file (the
+  TensorStore ``file`` kvstore does the same). ``memory://NAME`` stores are zarr
+  ``MemoryStore`` objects shared per process by name, where a write is one dict assignment.
+  They are separate from the TensorStore backend's ``memory://`` stores. On S3 every key is
+  one PUT, which S3 makes visible whole or not at all.
+* **Metadata-only resize.** ``resize`` rewrites each array's ``zarr.json`` with the new shape
+  and nothing else. zarr-python's own ``Array.resize`` deletes the chunks outside a smaller
+  shape; this backend never deletes a chunk, so shrinking to the committed length cannot lose
+  a committed row.
+* **Concurrent I/O across columns.** Every multi-column call gathers one coroutine per column
+  on zarr-python's event loop and waits for all of them.
+* **Checked metadata.** A column's ``zarr.json`` is read (all of them at once) when the column
+  is first used and checked against the layout the store declared; handles are built from it
+  without reading it again.
+* **Conditional commits.** ``read_bytes_versioned`` and ``write_bytes_if`` compare and swap a
+  key: the token is a digest of the key's bytes (every commit record differs from the one
+  before: its generation grows), and the comparison and the write happen under an exclusive
+  ``flock`` on the store's ``.pytreestore`` folder (a process-wide lock for ``memory://``).
+  Growing a column happens under the same lock and refuses a column that another writer has
+  grown since this one last saw it, before any chunk is written. So a second writer (the
+  lock file deleted under a running writer, a forked child) gets
+  :class:`CommitConflictError` instead of losing the first writer's commits.
+  :class:`ZarrS3Backend` (what ``ZarrBackend(location)`` is for an ``s3://`` location)
+  implements both with ETags and ``If-Match``/``If-None-Match`` PUTs instead.
+
+Example:
+    >>> import numpy as np
+    >>> from pytreestore._open.location import Location
+    >>> from pytreestore.backends import ColumnLayout
+    >>> b = ZarrBackend(Location.parse("memory://doc-zarr"))
+    >>> b.create_columns([ColumnLayout("x", np.dtype("int32"), (), (4,), None, ("record",), 0)])
+    >>> b.resize(["x"], 2); b.write(["x"], 0, [np.array([7, 8], np.int32)])
+    >>> b.read(["x"], slice(0, 2), 2)[0]
+    array([7, 8], dtype=int32)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import functools
+import hashlib
+import json
+import os
+import threading
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Collection, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+from zarr.abc.store import ByteRequest, Store
+from zarr.core.array import AsyncArray
+from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
+from zarr.core.metadata.v3 import ArrayV3Metadata
+from zarr.core.sync import sync
+from zarr.storage import LocalStore, MemoryStore, WrapperStore
+from zarr.storage._common import StorePath
+
+from pytreestore._format import validate as _validate
+from pytreestore._format.names import CHUNK_KEY_PATTERN, META_DIR, NO_VALUE, array_json
+from pytreestore._open.location import Location
+from pytreestore.backends._base import (
+    BatchedReads,
+    ColumnLayout,
+    ColumnShape,
+    ConditionalWrites,
+    KeyListing,
+    damaged_chunk,
+    delete_folder,
+    missing_chunk,
+)
+from pytreestore.backends._metadata import array_document as array_document
+from pytreestore.backends._metadata import encode_document as encode_document
+from pytreestore.backends._unstored import Unstored
+from pytreestore.backends._zarr import dtypes as _zarr_dtypes
+from pytreestore.errors import (
+    BadLocationError,
+    CommitConflictError,
+    CorruptChunkError,
+    CorruptStoreError,
+    PyTreeStoreError,
+    StorageError,
+)
+
+_T = TypeVar("_T")
+_PROTOTYPE = default_buffer_prototype()
+_CONFIG = {"write_empty_chunks": True, "order": "C"}  # a chunk of zeros is still written
+_MEMORY: dict[str, dict[str, Buffer]] = {}
+_MEMORY_LOCK = threading.Lock()
+_COMMIT_LOCK = threading.Lock()  # the commit lock of memory:// stores
+
+
+class ZarrBackend(ConditionalWrites, KeyListing, BatchedReads):
+    """Columns as zarr-python 3 arrays on a local directory, a ``memory://`` store or S3.
+
+    For an ``s3://`` location the object made is a :class:`ZarrS3Backend`.
+
+    Capabilities: ConditionalWrites (a ``flock`` locally, a process lock in memory; ETags on
+    S3), KeyListing, BatchedReads.
+    """
+
+    def __new__(cls, location: Location) -> ZarrBackend:
+        if cls is ZarrBackend and location.kind == "s3":
+            from pytreestore.backends._zarr.s3 import ZarrS3Backend
+
+            return object.__new__(ZarrS3Backend)
+        return object.__new__(cls)
+
+    def __init__(self, location: Location) -> None:
+        _zarr_dtypes.register()
+        self._location = location
+        self._unstored = Unstored()
+        self._store: Store = _open_store(location)
+        self._errors: tuple[type[Exception], ...] = (OSError,)
+        self._layouts: dict[str, ColumnShape] = {}
+        self._documents: dict[str, dict[str, Any]] = {}
+        self._arrays: dict[str, AsyncArray[ArrayV3Metadata]] = {}
+        self._required = ChunksRequired(self._store)  # what reads go through
+        self._attempted: dict[str, int] = {}  # grows whose write failed: maybe on disk
+
+    # ---- keys and bytes ----------------------------------------------------------------------
+
+    def read_bytes(self, key: str) -> bytes | None:
+        return self._call(self._get(key), f"reading {self._location}/{key}")
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        self.write_many_bytes({key: data})
+
+    def write_many_bytes(self, items: dict[str, bytes]) -> None:
+        sets = (self._store.set(k, _PROTOTYPE.buffer.from_bytes(v)) for k, v in items.items())
+        self._call(_gather(sets), f"writing to {self._location}")
+
+    def list_keys(self, prefix: str) -> list[str]:
+        """Every key below the root that starts with ``prefix``."""
+        listing = _collect(self._store.list_prefix(prefix))
+        return sorted(self._call(listing, f"listing {self._location}/{prefix}"))
+
+    def delete_keys(self, keys: Sequence[str]) -> None:
+        """Deletes every key of ``keys`` (absent ones too), all at once."""
+        deletes = (self._store.delete(k) for k in keys)
+        self._call(_gather(deletes), f"deleting from {self._location}")
+
+    def delete_all(self) -> None:
+        self.close()
+        if self._location.kind == "file":
+            delete_folder(self._location.root)
+        else:
+            _memory_dict(self._location.root).clear()
+
+    def is_empty(self) -> bool:
+        if self._location.kind == "file":
+            root = Path(self._location.root)
+            return not root.exists() or not any(root.iterdir())
+        return not _memory_dict(self._location.root)
+
+    def read_bytes_versioned(self, key: str) -> tuple[bytes | None, bytes]:
+        """The value at ``key`` (None when absent) and its token (:data:`NO_VALUE` if absent)."""
+        raw = self.read_bytes(key)
+        return raw, _digest(raw)
+
+    def write_bytes_if(self, key: str, data: bytes | None, token: bytes) -> bytes | None:
+        """Writes (or with None deletes) ``key`` only if its token is still ``token``.
+
+        Returns:
+            The new token, or None when the key had changed and nothing was written.
+        """
+        with self._exclusive():
+            if _digest(self.read_bytes(key)) != token:
+                return None
+            if data is None:
+                self._call(self._store.delete(key), f"deleting {self._location}/{key}")
+            else:
+                self.write_bytes(key, data)
+        return _digest(data)
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Holds the store's commit lock: a ``flock`` on its ``.pytreestore`` folder."""
+        if self._location.kind != "file":
+            with _COMMIT_LOCK:
+                yield
+            return
+        folder = Path(self._location.root) / META_DIR
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as err:
+            raise StorageError(f"cannot lock {folder} to commit: {err}") from err
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing the only descriptor releases the flock
+
+    async def _get(self, key: str) -> bytes | None:
+        buffer = await self._store.get(key, prototype=_PROTOTYPE)
+        return None if buffer is None else buffer.to_bytes()
+
+    def _call(self, coroutine: Awaitable[_T], doing: str) -> _T:
+        return _run(coroutine, doing, self._errors)
+
+    # ---- columns -----------------------------------------------------------------------------
+
+    def create_columns(self, layouts: Sequence[ColumnLayout]) -> None:
+        documents = {lay.key: array_document(lay, 0) for lay in layouts}
+        self._write_documents(documents)
+        self._layouts.update((lay.key, lay) for lay in layouts)
+        self._documents.update(documents)
+
+    def open_columns(self, columns: Sequence[ColumnShape]) -> None:
+        self._unstored.note(columns)
+        self._layouts.update((c.key, c) for c in columns)
+
+    def column_shapes(self, keys: Sequence[str]) -> list[tuple[int, ...]]:
+        self._load_documents(keys, records=0, refresh=True)
+        return [tuple(self._documents[k]["shape"]) for k in keys]
+
+    def resize(self, keys: Sequence[str], records: int) -> None:
+        self._load_documents(keys, records=0)
+        changed, grown = {}, set()
+        for k in keys:
+            shape = self._documents[k]["shape"]
+            if shape[0] != records:
+                changed[k] = dict(self._documents[k], shape=[records, *shape[1:]])
+            if shape[0] < records:
+                grown.add(k)
+        self._write_documents(changed, grown)
+        self._documents.update(changed)
+
+    def write(self, keys: Sequence[str], start: int, blocks: Sequence[np.ndarray]) -> None:
+        stop = start + (len(blocks[0]) if blocks else 0)
+        arrays = self._handles(keys, stop)
+        writes = (a.setitem(slice(start, start + len(b)), b) for a, b in zip(arrays, blocks))
+        self._call(_gather(writes), f"writing columns of {self._location}")
+
+    def read(self, keys: Sequence[str], index: Any, records: int) -> list[np.ndarray]:
+        return self.read_many([(k, index) for k in keys], records)
+
+    def read_many(self, requests: Sequence[tuple[str, Any]], records: int) -> list[np.ndarray]:
+        """Reads ``index`` of column ``key`` for every ``(key, index)`` pair, all at once;
+        rows below a column's ``start`` (added by ``evolve``) read its default unstored."""
+        return self._unstored.read_many(requests, records, self._read_stored)
+
+    def _read_stored(self, requests: Sequence[tuple[str, Any]], records: int) -> list[np.ndarray]:
+        """Reads ``index`` of column ``key`` for every ``(key, index)`` pair, all at once."""
+        keys = list(dict.fromkeys(key for key, _ in requests))
+        arrays = dict(zip(keys, self._handles(keys, records)))
+        reads = (_read(key, self._reader(arrays[key], key), index) for key, index in requests)
+        return self._call(_gather(reads), f"reading columns of {self._location}")
+
+    def close(self) -> None:
+        self._documents.clear()
+        self._arrays.clear()
+
+    # ---- metadata and handles ----------------------------------------------------------------
+
+    def _write_documents(self, documents: dict[str, Any], grown: Collection[str] = ()) -> None:
+        """Writes the ``zarr.json`` of every column in ``documents``, all at once.
+
+        ``grown`` names the columns whose record axis grows. Under the commit lock, a grown
+        column that another writer has grown since this one last saw it raises
+        :class:`CommitConflictError` and nothing is written (:class:`ZarrS3Backend` does the
+        same with conditional PUTs).
+        """
+        items = {array_json(k): encode_document(d) for k, d in documents.items()}
+        if not grown:
+            self.write_many_bytes(items)
+            return
+        with self._exclusive():
+            reads = (self._get(array_json(k)) for k in grown)
+            raws = self._call(_gather(reads), f"reading column metadata of {self._location}")
+            for key, raw in zip(grown, raws):
+                file = f"{self._location}/{array_json(key)}"
+                known = self._documents[key]["shape"][0]
+                shape = _validate.array_facts(_validate.parse_array_json(raw, file), file)[1]
+                found = shape[0] if shape else known
+                if found > known and found != self._attempted.get(key):
+                    raise CommitConflictError(
+                        f"column {key} holds {found} records on disk but this writer last saw "
+                        f"{known}: another writer is appending to {self._location}. Nothing "
+                        "more was written; reopen the store to append after its records."
+                    )
+            try:
+                self.write_many_bytes(items)
+            except PyTreeStoreError:  # some may have landed: this writer's own, if retried
+                self._attempted.update((k, documents[k]["shape"][0]) for k in grown)
+                raise
+            for key in grown:
+                self._attempted.pop(key, None)
+
+    def _load_documents(self, keys: Sequence[str], records: int, refresh: bool = False) -> None:
+        """Reads (concurrently) and checks the ``zarr.json`` of every key not known to hold
+        ``records`` rows."""
+        stale = [
+            k
+            for k in keys
+            if refresh or k not in self._documents or self._documents[k]["shape"][0] < records
+        ]
+        if not stale:
+            return
+        reads = (self._get(array_json(k)) for k in stale)
+        raws = self._call(_gather(reads), f"reading column metadata of {self._location}")
+        for key, raw in zip(stale, raws):
+            file = f"{self._location}/{array_json(key)}"
+            document = _validate.parse_array_json(raw, file)
+            data_type, shape, chunks = _validate.array_facts(document, file)
+            if key in self._layouts:
+                _validate.check_column(
+                    file,
+                    self._layouts[key],
+                    data_type=data_type,
+                    shape=shape,
+                    chunks=chunks,
+                    records=records,
+                )
+            self._documents[key] = document
+
+    def _handles(self, keys: Sequence[str], records: int) -> list[AsyncArray[ArrayV3Metadata]]:
+        """Handles whose shape is the one on disk, which holds at least ``records`` rows."""
+        self._load_documents(keys, records)
+        out = []
+        for key in keys:
+            shape = tuple(self._documents[key]["shape"])
+            array = self._arrays.get(key)
+            if array is None or array.shape != shape:
+                array = self._make_array(key, shape)
+                self._arrays[key] = array
+            out.append(array)
+        return out
+
+    def _reader(self, array: AsyncArray[ArrayV3Metadata], key: str) -> AsyncArray[ArrayV3Metadata]:
+        """``array`` reading through :class:`ChunksRequired`: a missing chunk raises."""
+        return AsyncArray(array.metadata, StorePath(self._required, key), config=_CONFIG)  # type: ignore[arg-type]
+
+    def _make_array(self, key: str, shape: tuple[int, ...]) -> AsyncArray[ArrayV3Metadata]:
+        document = self._documents[key]
+        file = f"{self._location}/{array_json(key)}"
+        try:
+            metadata = _parse_metadata(encode_document(dict(document, shape=[0, *shape[1:]])))
+        except (ValueError, TypeError, KeyError) as err:
+            raise CorruptStoreError(
+                f"{file} is not zarr v3 array metadata that zarr-python can read: {err}"
+            ) from err
+        path = StorePath(self._store, key)
+        return AsyncArray(metadata.update_shape(shape), path, config=_CONFIG)  # type: ignore[arg-type]
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_metadata(document: bytes) -> ArrayV3Metadata:
+    """Parsed once per distinct document: the columns of a wide tree mostly share one."""
+    return ArrayV3Metadata.from_dict(json.loads(document))
+
+
+async def _read(key: str, array: AsyncArray[ArrayV3Metadata], index: Any) -> np.ndarray:
+    try:
+        if isinstance(index, slice):
+            out = await array.getitem((index,))
+        else:
+            out = await array.get_orthogonal_selection((np.asarray(index),))
+    except (ValueError, RuntimeError) as err:  # a checksum or decoder refused a chunk's bytes
+        raise _chunk_error(key, array, index, err) from err
+    return np.asarray(out)
+
+
+def _chunk_error(
+    key: str, array: AsyncArray[ArrayV3Metadata], index: Any, err: Exception
+) -> CorruptChunkError:
+    """The error of a damaged chunk, naming the chunk when the read touched only one."""
+    chunks = array.chunks
+    rows = range(*index.indices(array.shape[0])) if isinstance(index, slice) else index
+    first = {int(r) // chunks[0] for r in rows}
+    whole_leaf = all(c >= n for c, n in zip(chunks[1:], array.shape[1:]))
+    chunk = (first.pop(), *[0] * (len(chunks) - 1)) if len(first) == 1 and whole_leaf else None
+    return damaged_chunk(key, chunk, err)
+
+
+async def _gather(aws: Iterable[Awaitable[_T]]) -> list[_T]:
+    return list(await asyncio.gather(*aws))
+
+
+async def _collect(items: AsyncIterator[_T]) -> list[_T]:
+    return [item async for item in items]
+
+
+def _run(
+    coroutine: Awaitable[_T], doing: str, errors: tuple[type[Exception], ...] = (OSError,)
+) -> _T:
+    """Runs ``coroutine`` on zarr-python's event loop and waits for it.
+
+    Raises:
+        StorageError: storage refused a request (disk full, server down, ...): any of
+            ``errors`` (``OSError``, and obstore's errors on S3).
+    """
+    try:
+        return sync(coroutine)  # type: ignore[arg-type]
+    except PyTreeStoreError:
+        raise
+    except errors as err:
+        brief = str(err).split("\n\nDebug source:", 1)[0]  # obstore appends a Rust dump
+        raise StorageError(
+            f"{doing} failed: {brief}. Records committed before stay committed; once storage "
+            "is reachable (or has space) again, retry the call (a failed flush() can be "
+            "repeated)."
+        ) from err
+
+
+# ---- stores --------------------------------------------------------------------------------------
+
+
+class ChunksRequired(WrapperStore[Store]):
+    """A store whose missing chunks raise :class:`CorruptChunkError` instead of reading as
+    the fill value: every chunk of a pytreestore column is stored (all-zero ones too), so a
+    missing one below the committed count is lost data. Used for reads only (a write of a new
+    tail chunk legitimately finds none)."""
+
+    async def get(
+        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        value = await self._store.get(key, prototype, byte_range)
+        if value is None:
+            _raise_missing(key)
+        return value
+
+    async def get_partial_values(
+        self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
+    ) -> list[Buffer | None]:
+        ranges = list(key_ranges)
+        values = await self._store.get_partial_values(prototype, ranges)
+        for (key, _), value in zip(ranges, values):
+            if value is None:
+                _raise_missing(key)
+        return values
+
+
+def _raise_missing(key: str) -> None:
+    found = CHUNK_KEY_PATTERN.match(key)
+    if found:
+        chunk = tuple(int(i) for i in found.group(2).split("/"))
+        raise missing_chunk(found.group(1), chunk, f"no object at {key}")
+
+
+def _open_store(location: Location) -> Store:
+    if location.kind == "memory":
+        return MemoryStore(store_dict=_memory_dict(location.root))
+    if location.kind == "file":
+        return DurableLocalStore(location.root)
+    if location.kind == "s3":
+        from pytreestore.backends._zarr.s3 import s3_store
+
+        return s3_store(location)
+    raise BadLocationError(
+        f"the zarr backend stores on local disk, memory:// and s3:// only, not at {location}; "
+        "use backend='tensorstore' there"
+    )
+
+
+def _digest(raw: bytes | None) -> bytes:
+    """The token of a key holding ``raw``: a digest of its bytes (:data:`NO_VALUE` if absent)."""
+    return NO_VALUE if raw is None else hashlib.sha256(raw).hexdigest().encode()
+
+
+def _memory_dict(name: str) -> dict[str, Buffer]:
+    with _MEMORY_LOCK:
+        return _MEMORY.setdefault(name, {})
+
+
+class DurableLocalStore(LocalStore):
+    """zarr-python's ``LocalStore`` with durable atomic writes, and no directory created
+    before the first write.
+
+    ``LocalStore`` already writes a temporary file and renames it; this one also fsyncs the
+    file before the rename and the directory after it, as TensorStore's ``file`` kvstore does,
+    so that a commit record never reaches the disk before the chunks it counts.
+    """
+
+    async def _open(self, *, mode: Any = None) -> None:
+        self._is_open = True  # reading a missing store must not create its directory
+
+    async def _set(self, key: str, value: Buffer, exclusive: bool = False) -> None:
+        self._check_writable()
+        await asyncio.to_thread(durable_put, self.root / key, value.to_bytes(), exclusive)
+
+
+def durable_put(path: Path, data: bytes, exclusive: bool = False) -> None:
+    """Writes ``path`` atomically and durably: temp file, fsync, rename, fsync of the folder.
+
+    With ``exclusive``, an existing ``path`` is left alone (``FileExistsError`` is swallowed
+    by the caller, as zarr-python's ``set_if_not_exists`` expects).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if exclusive:
+            os.link(tmp, path)
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+__all__ = [
+    "NO_VALUE",
+    "DurableLocalStore",
+    "ZarrBackend",
+    "array_document",
+    "durable_put",
+    "encode_document",
+]
