@@ -152,12 +152,11 @@ def _sources(node: dict[str, Any], path: tuple, counter: Iterator[int]) -> Itera
 
 def only_consts_note(tree: dict[str, Any], selector: str) -> str:
     """For a column selector that names no column: a note naming the constants below it."""
-    from pytreestore._format.schema import _under
 
     names = [
         f"{s.path} = {describe(s.value)}"
         for s in sources(tree)
-        if isinstance(s, Const) and _under(s.path, selector)
+        if isinstance(s, Const) and _keys.is_under(s.path, selector)
     ]
     if not names:
         return ""

@@ -143,3 +143,15 @@ def entry_from_json(obj: dict[str, Any]) -> KeyEntry:
     """Inverts :func:`entry_to_json`."""
     ((kind, value),) = obj.items()
     return _FROM_JSON[kind](value)
+
+
+def is_under(path: str, node: str) -> bool:
+    """Whether the tree path ``path`` is ``node`` or lies below it (``""`` is the root).
+
+    This is the one rule of column selectors (``columns=``) and of sharding trees.
+
+    Example:
+        >>> is_under(".p[0].x", ".p[0]"), is_under(".p[10]", ".p[1]"), is_under(".a", "")
+        (True, False, True)
+    """
+    return path == node or (path.startswith(node) and (not node or path[len(node)] in ".["))

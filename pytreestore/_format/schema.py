@@ -281,7 +281,7 @@ class TreeSchema:
         for sel in selectors:
             if not isinstance(sel, str):
                 raise TypeError(f"columns takes tree-path strings, got {sel!r}")
-            hits = [i for i, c in enumerate(self.columns) if _under(c.path, sel)]
+            hits = [i for i, c in enumerate(self.columns) if _keys.is_under(c.path, sel)]
             if not hits:
                 raise UnknownColumnError(
                     f"no column at or below {sel!r}{_consts.only_consts_note(self.tree, sel)}; "
@@ -303,10 +303,6 @@ class TreeSchema:
             f"{what} does not match the store schema:\n{lines}\n"
             "The tree structure (and static fields) is fixed when the store is created."
         )
-
-
-def _under(path: str, selector: str) -> bool:
-    return path == selector or (path.startswith(selector) and path[len(selector)] in ".[")
 
 
 def _check_unique_keys(columns: Sequence[ColumnSpec]) -> None:

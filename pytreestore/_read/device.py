@@ -27,6 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 from jax.tree_util import keystr, tree_flatten_with_path
 
 from pytreestore._format import dtypes as _dtypes
+from pytreestore._format import keys as _keys
 from pytreestore.errors import X64DisabledError
 
 PMAP_AXIS = "pmap"
@@ -114,7 +115,7 @@ def _checked(value: Any, path: str) -> Sharding | None:
 def _from_tree(tree: Any, paths: Sequence[str]) -> list[Sharding | None]:
     flat, _ = tree_flatten_with_path(tree, is_leaf=lambda x: x is None or isinstance(x, Sharding))
     entries = {keystr(kp): _checked(s, keystr(kp) or "the root") for kp, s in flat}
-    unused = [e for e in entries if not any(_under(p, e) for p in paths)]
+    unused = [e for e in entries if not any(_keys.is_under(p, e) for p in paths)]
     if unused:
         raise ValueError(
             f"sharding tree has entries at {', '.join(unused)} that match no column; the "
@@ -122,17 +123,13 @@ def _from_tree(tree: Any, paths: Sequence[str]) -> list[Sharding | None]:
         )
     chosen: list[Sharding | None] = []
     for path in paths:
-        hits = [e for e in entries if _under(path, e)]
+        hits = [e for e in entries if _keys.is_under(path, e)]
         if not hits:
             raise ValueError(
                 f"sharding tree has no entry for column {path}; give one (None replicates)"
             )
         chosen.append(entries[max(hits, key=len)])
     return chosen
-
-
-def _under(path: str, node: str) -> bool:
-    return path == node or (path.startswith(node) and (not node or path[len(node)] in ".["))
 
 
 def replicated(like: Sharding) -> Sharding:
