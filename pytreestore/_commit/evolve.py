@@ -33,7 +33,9 @@ from jax.tree_util import DictKey, GetAttrKey
 
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format import keys as _keys
-from pytreestore._format.schema import FORMAT_VERSION, ColumnSpec, _child_entry, _leaf_chunks
+from pytreestore._format.columns import leaf_chunks
+from pytreestore._format.kinds import child_entry
+from pytreestore._format.schema import FORMAT_VERSION, ColumnSpec
 from pytreestore.errors import CorruptStoreError, SchemaMismatchError, UnsupportedDtypeError
 
 _LAST = re.compile(
@@ -143,7 +145,7 @@ def _leaf_order(node: dict[str, Any], path: tuple) -> Iterator[tuple[int, str]]:
     if node["node"] == "leaf":
         yield node["_col"], _keys.path_str(path)
     for i, child in enumerate(node.get("children", ())):
-        yield from _leaf_order(child, (*path, _child_entry(node, i)))
+        yield from _leaf_order(child, (*path, child_entry(node, i)))
 
 
 def _strip(node: dict[str, Any]) -> None:
@@ -172,7 +174,7 @@ def _find(tree: dict[str, Any], path: str) -> tuple[dict[str, Any] | None, int, 
 def _walk(node: dict, parent: dict | None, index: int, path: tuple) -> Iterator[tuple]:
     yield parent, index, node, path
     for i, child in enumerate(node.get("children", ())):
-        yield from _walk(child, node, i, (*path, _child_entry(node, i)))
+        yield from _walk(child, node, i, (*path, child_entry(node, i)))
 
 
 def _names(node: dict[str, Any]) -> list[Any]:
@@ -239,7 +241,7 @@ def _add(
     key = _free_key(_keys.path_to_key((*parent_path, entry)), used, taken)
     used.add(key)
     chunk = int(info["chunk_records"])
-    chunks = (chunk, *_leaf_chunks(dtype, value.shape, chunk))
+    chunks = (chunk, *leaf_chunks(dtype, value.shape, chunk))
     fill = _fill_json(value.reshape(-1)[0] if value.size else np.zeros((), dtype))
     return ColumnSpec(path, key, dtype, value.shape, chunks, start=records, default=fill)
 

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import enum
 import sys
-from collections.abc import Iterator, Sequence
 from typing import Any
 
-from pytreestore._format import keys as _keys
 from pytreestore._format import values as _values
 from pytreestore.errors import SchemaMismatchError, UnsupportedTreeError
 
@@ -132,64 +130,4 @@ def decode(node: dict[str, Any]) -> Any:
     return _values.decode(node["value"])
 
 
-def sources(tree: dict[str, Any]) -> list[int | Const]:
-    """Per leaf of the tree, in flatten order: its column index, or the :class:`Const`."""
-    counter = iter(range(1 << 62))
-    return list(_sources(tree, (), counter))
-
-
-def _sources(node: dict[str, Any], path: tuple, counter: Iterator[int]) -> Iterator[int | Const]:
-    from pytreestore._format.schema import _child_entry
-
-    kind = node["node"]
-    if kind == "leaf":
-        yield next(counter)
-    elif kind == "const":
-        yield Const(decode(node), _keys.path_str(path))
-    for i, child in enumerate(node.get("children", ())):
-        yield from _sources(child, (*path, _child_entry(node, i)), counter)
-
-
-def only_consts_note(tree: dict[str, Any], selector: str) -> str:
-    """For a column selector that names no column: a note naming the constants below it."""
-
-    names = [
-        f"{s.path} = {describe(s.value)}"
-        for s in sources(tree)
-        if isinstance(s, Const) and _keys.is_under(s.path, selector)
-    ]
-    if not names:
-        return ""
-    return (
-        f" (only constant leaves live there: {', '.join(names)}; they are stored in the schema, "
-        "not as columns, and every load returns them whatever columns= selects)"
-    )
-
-
-def has_consts(tree: dict[str, Any]) -> bool:
-    """Whether the schema tree holds a ``const`` node."""
-    if tree["node"] == "const":
-        return True
-    return any(has_consts(c) for c in tree.get("children", ()))
-
-
-def binding(tree: dict[str, Any], shapes: Sequence[tuple[int, ...]]) -> Any:
-    """The :class:`~pytreestore._format.bind.Binding` of a tree whose leaves are its columns in order
-    plus constants (None when it has no constants)."""
-    from pytreestore._format.bind import Binding
-
-    if not has_consts(tree):
-        return None
-    return Binding(tuple(sources(tree)), tuple(shapes), "")
-
-
-__all__ = [
-    "Const",
-    "binding",
-    "decode",
-    "describe",
-    "encode_leaf",
-    "has_consts",
-    "only_consts_note",
-    "sources",
-]
+__all__ = ["Const", "decode", "describe", "encode_leaf", "encode_value", "label"]

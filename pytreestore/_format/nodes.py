@@ -18,18 +18,76 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from jax._src import tree_util as _jax_tree_util
-from jax.tree_util import PyTreeDef, default_registry, tree_flatten, tree_structure
+from jax.tree_util import (
+    PyTreeDef,
+    default_registry,
+    tree_flatten,
+    tree_flatten_with_path,
+    tree_structure,
+)
 
 from pytreestore._format import keys as _keys
 from pytreestore._format import values as _values
-from pytreestore.errors import UnsupportedTreeError
+from pytreestore.errors import ClassResolutionError, UnsupportedTreeError
 
 #: ``jax.tree_util.PyTreeDef``, which JAX defines as a runtime alias that type checkers can't use.
 TreeDef = Any
+
+
+def one_level(node: Any) -> tuple[TreeDef, list[Any], list[Any]] | None:
+    """Flattens ``node`` one level: its treedef, child keypath entries and children.
+
+    Returns None when ``node`` is a leaf.
+    """
+    flat, sub = tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
+    if sub.num_nodes == 1 and sub.num_leaves == 1:
+        return None
+    return sub, [p[0] for p, _ in flat], [c for _, c in flat]
+
+
+def class_path(cls: type) -> str:
+    """``module:qualname`` of a class."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def class_path_checked(cls: type, where: str) -> str:
+    """``module:qualname`` of the class of the node at ``where``, or UnsupportedTreeError."""
+    if not isinstance(cls, type):
+        raise UnsupportedTreeError(f"node at {where} is not a class instance: {cls!r}")
+    return class_path(cls)
+
+
+def resolve_class(name: str, *, namedtuple: bool = False) -> type:
+    """Imports the class a schema names as ``module:qualname``; calls nothing."""
+    advice = (
+        "Make it importable, pass like=<an example record> to pytreestore.open, "
+        "or open with generic=True to get dicts and lists instead."
+    )
+    module, _, qualname = name.partition(":")
+    try:
+        obj: Any = sys.modules.get(module) or importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ClassResolutionError(
+            f"cannot import class {name} named in the schema ({err}). {advice}"
+        ) from err
+    if not isinstance(obj, type):
+        raise ClassResolutionError(f"{name} named in the schema is not a class. {advice}")
+    if namedtuple and not (issubclass(obj, tuple) and hasattr(obj, "_fields")):
+        raise ClassResolutionError(f"{name} named in the schema is not a NamedTuple. {advice}")
+    return obj
+
+
+def is_plain_namedtuple(cls: type) -> bool:
+    """Whether JAX flattens ``cls`` as a NamedTuple, in field order (no flatten of its own)."""
+    return issubclass(cls, tuple) and hasattr(cls, "_fields") and not has_own_flatten(cls)
 
 
 def has_own_flatten(cls: type) -> bool:

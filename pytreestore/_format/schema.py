@@ -17,32 +17,26 @@ Example:
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import importlib
-import math
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
-from jax.tree_util import (
-    DictKey,
-    GetAttrKey,
-    SequenceKey,
-    tree_flatten_with_path,
-    tree_structure,
-)
+from jax.tree_util import tree_structure
 
-from pytreestore._format import bind as _bind
+from pytreestore._format import binding as _binding
 from pytreestore._format import consts as _consts
 from pytreestore._format import dtypes as _dtypes
+from pytreestore._format import fields as _fields
 from pytreestore._format import keys as _keys
+from pytreestore._format import kinds as _kinds
+from pytreestore._format import mismatch as _mismatch
 from pytreestore._format import nodes as _nodes
 from pytreestore._format import prng as _prng
-from pytreestore._format import values as _values
+from pytreestore._format.bind import bind
+from pytreestore._format.columns import ColumnSpec as ColumnSpec
+from pytreestore._format.columns import check_unique_keys, default_chunk_records, leaf_chunks
 from pytreestore.errors import (
-    ClassResolutionError,
     CorruptStoreError,
     SchemaMismatchError,
     UnknownColumnError,
@@ -53,110 +47,6 @@ from pytreestore.errors import (
 FORMAT_VERSION = 2
 #: ``jax.tree_util.PyTreeDef``, which JAX defines as a runtime alias that type checkers can't use.
 TreeDef: TypeAlias = Any
-_LEAF = tree_structure(0)
-_BUILTIN = {list: "list", tuple: "tuple", dict: "dict", collections.OrderedDict: "ordered_dict"}
-_CHUNK_TARGET = 4 << 20  # bytes of one column chunk we aim at, for the widest column
-_BUFFER_LIMIT = 64 << 20  # bytes of one chunk row across all columns, at most
-#: records per chunk, at most: a flush re-encodes the whole tail chunk of every column, so very
-#: long chunks of small leaves make frequent flushes slow
-_MAX_CHUNK_RECORDS = 1 << 16
-
-
-@dataclasses.dataclass(frozen=True)
-class ColumnSpec:
-    """One column: the leaf at ``path`` (as ``keystr`` prints it), stored at ``key``.
-
-    Attributes:
-        path: the leaf's tree path, e.g. ``.p[0].x``.
-        key: the column's storage key below the store root, e.g. ``p/0/x``.
-        dtype: the column's dtype.
-        shape: the shape of one record's leaf (the column's shape less the record axis).
-        chunks: the chunk shape, record axis first.
-        start: the record count when the column was added by ``evolve`` (0: from the start).
-        default: for a column added by ``evolve``, the value of every record before
-            ``start``, as zarr ``fill_value`` JSON (None: a column from the start).
-        key_impl: for a column of typed PRNG keys, the implementation's name (e.g.
-            ``threefry2x32``); ``dtype`` and ``shape`` are then those of the key data.
-    """
-
-    path: str
-    key: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    chunks: tuple[int, ...]
-    start: int = 0
-    default: Any = None
-    key_impl: str | None = None
-
-    @property
-    def record_nbytes(self) -> int:
-        """Bytes one record takes in this column."""
-        return self.dtype.itemsize * math.prod(self.shape)
-
-    @property
-    def dimension_names(self) -> list[str]:
-        """``record`` then one name per leaf axis, unique within the leaf's parent node."""
-        name = _keys.unescape(self.key.rsplit("/", 1)[-1]) or "leaf"
-        return ["record"] + [f"{name}_{i}" for i in range(len(self.shape))]
-
-    def to_json(self) -> dict[str, Any]:
-        out = {
-            "path": self.path,
-            "key": self.key,
-            "dtype": self.dtype.name,
-            "shape": list(self.shape),
-            "chunks": list(self.chunks),
-        }
-        if self.default is not None:
-            out.update(start=self.start, default=self.default)
-        if self.key_impl is not None:
-            out["key_impl"] = self.key_impl
-        return out
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> ColumnSpec:
-        return cls(
-            path=obj["path"],
-            key=obj["key"],
-            dtype=_dtypes.from_name(obj["dtype"]),
-            shape=tuple(obj["shape"]),
-            chunks=tuple(obj["chunks"]),
-            start=int(obj.get("start", 0)),
-            default=_checked_default(obj),
-            key_impl=obj.get("key_impl"),
-        )
-
-
-_FLOAT_WORDS = ("NaN", "Infinity", "-Infinity")
-
-
-def _checked_default(obj: dict[str, Any]) -> Any:
-    """A column's ``default`` (zarr v3 fill value JSON), if its dtype holds it exactly.
-
-    Raises:
-        ValueError: a default of the wrong JSON type or out of the dtype's range.
-    """
-    fill, dtype = obj.get("default"), _dtypes.from_name(obj["dtype"])
-    kind = _dtypes.kind(dtype)
-
-    def real(x: Any) -> bool:
-        return x in _FLOAT_WORDS or (isinstance(x, int | float) and not isinstance(x, bool))
-
-    if kind == "b":
-        ok = isinstance(fill, bool)
-    elif kind in "iu":
-        info = np.iinfo(dtype)
-        ok = type(fill) is int and info.min <= fill <= info.max
-    elif kind == "c":
-        ok = isinstance(fill, list) and len(fill) == 2 and all(real(x) for x in fill)
-    else:
-        ok = real(fill)
-    if fill is not None and not ok:
-        raise ValueError(
-            f"column {obj['path']}: its default {fill!r} is not a {dtype.name} value; the "
-            "schema was edited or damaged outside pytreestore"
-        )
-    return fill
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,7 +72,7 @@ class TreeSchema:
     chunk_records: int
     codec: str | None
     treedef: TreeDef | None
-    binding: _bind.Binding | None = None
+    binding: _binding.Binding | None = None
     dropped: tuple[ColumnSpec, ...] = ()
     format_version: int = FORMAT_VERSION
 
@@ -193,18 +83,18 @@ class TreeSchema:
         """Builds the schema of records shaped like ``like``; its values are not kept."""
         leaves: list[tuple[str, str, np.dtype, tuple[int, ...], str | None]] = []
         tree = _encode(like, (), leaves)
-        _bind.annotate(tree, like)
-        chunk = _default_chunk_records(leaves) if chunk_records is None else chunk_records
+        _fields.annotate(tree, like)
+        chunk = default_chunk_records(leaves) if chunk_records is None else chunk_records
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
             raise ValueError(f"chunk_records must be a positive int, got {chunk_records!r}")
         columns = tuple(
             ColumnSpec(
-                path, key, dtype, shape, (chunk, *_leaf_chunks(dtype, shape, chunk)), key_impl=impl
+                path, key, dtype, shape, (chunk, *leaf_chunks(dtype, shape, chunk)), key_impl=impl
             )
             for path, key, dtype, shape, impl in leaves
         )
-        _check_unique_keys(columns)
-        binding = _consts.binding(tree, [c.shape for c in columns])
+        check_unique_keys(columns)
+        binding = _binding.const_binding(tree, [c.shape for c in columns])
         return cls(tree, columns, chunk, codec, tree_structure(like), binding)
 
     def to_json(self) -> dict[str, Any]:
@@ -232,16 +122,16 @@ class TreeSchema:
             version = int(obj.get("format_version", FORMAT_VERSION))
         except (KeyError, TypeError, ValueError) as err:
             raise CorruptStoreError(f"the store's schema is malformed: {err!r}") from err
-        _bind.check_tree(tree, len(columns))
+        _kinds.check_tree(tree, len(columns))
         binding = None
         if generic:
             treedef = None
         elif like is not None:
             treedef = _treedef_from_like(tree, columns, like)
-            binding = _consts.binding(tree, [c.shape for c in columns])
+            binding = _binding.const_binding(tree, [c.shape for c in columns])
         else:
             shapes, paths = [c.shape for c in columns], [c.path for c in columns]
-            treedef, binding = _bind.bind(tree, shapes, paths)
+            treedef, binding = bind(tree, shapes, paths)
         return cls(tree, columns, chunk, codec, treedef, binding, dropped, version)
 
     @property
@@ -255,7 +145,7 @@ class TreeSchema:
             leaves = self.binding.leaves(leaves)
         if self.treedef is not None:
             return self.treedef.unflatten(leaves)
-        return _generic(self.tree, iter(leaves))
+        return _kinds.generic(self.tree, iter(leaves))
 
     def column_leaves(self, leaves: list[Any]) -> list[Any]:
         """The columns' values, in column order, from the leaves of a record of ``treedef``.
@@ -284,7 +174,7 @@ class TreeSchema:
             hits = [i for i, c in enumerate(self.columns) if _keys.is_under(c.path, sel)]
             if not hits:
                 raise UnknownColumnError(
-                    f"no column at or below {sel!r}{_consts.only_consts_note(self.tree, sel)}; "
+                    f"no column at or below {sel!r}{_binding.only_consts_note(self.tree, sel)}; "
                     f"the store's columns are {', '.join(self.paths)}"
                 )
             chosen.update(hits)
@@ -295,7 +185,7 @@ class TreeSchema:
         if self.binding is not None and not self.binding.consts_only:  # classes changed
             problems = [f"expected treedef {self.treedef}, got {tree_structure(record)}"]
         else:
-            problems = list(_mismatches(self.tree, record, ()))
+            problems = list(_mismatch.record_differences(self.tree, record))
         if not problems:
             problems = [f"expected treedef {self.treedef}, got {tree_structure(record)}"]
         lines = "\n".join(f"  {p}" for p in problems)
@@ -305,102 +195,19 @@ class TreeSchema:
         )
 
 
-def _check_unique_keys(columns: Sequence[ColumnSpec]) -> None:
-    seen: dict[str, str] = {}
-    for c in columns:
-        if c.key in seen:
-            raise UnsupportedTreeError(
-                f"leaves at {seen[c.key]} and {c.path} map to the same storage key {c.key!r}; "
-                "rename one of them"
-            )
-        seen[c.key] = c.path
-
-
-def _default_chunk_records(leaves: Sequence[tuple[Any, ...]]) -> int:
-    sizes = [dt.itemsize * math.prod(shape) for _, _, dt, shape, _ in leaves] or [1]
-    per_chunk = _CHUNK_TARGET // max(max(sizes), 1)
-    per_buffer = _BUFFER_LIMIT // max(sum(sizes), 1)
-    n = max(1, min(per_chunk, per_buffer, _MAX_CHUNK_RECORDS))
-    return 1 << (n.bit_length() - 1)
-
-
-def _leaf_chunks(dtype: np.dtype, shape: tuple[int, ...], records: int) -> tuple[int, ...]:
-    """Leaf axes stay whole unless one record's leaf alone is far above the chunk target."""
-    chunks = list(shape)
-    for axis in range(len(chunks)):
-        while records * dtype.itemsize * math.prod(chunks) > 2 * _CHUNK_TARGET and chunks[axis] > 1:
-            chunks[axis] = -(-chunks[axis] // 2)
-    return tuple(max(c, 1) for c in chunks)
-
-
 # ---- encoding a tree ---------------------------------------------------------------------------
 
 
-def one_level(node: Any) -> tuple[TreeDef, list[Any], list[Any]] | None:
-    """Flattens ``node`` one level: its treedef, child keypath entries and children.
-
-    Returns None when ``node`` is a leaf.
-    """
-    flat, sub = tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
-    if sub.num_nodes == 1 and sub.num_leaves == 1:
-        return None
-    return sub, [p[0] for p, _ in flat], [c for _, c in flat]
-
-
-def class_path(cls: type) -> str:
-    """``module:qualname`` of a class."""
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
 def _encode(node: Any, path: tuple[Any, ...], leaves: list) -> dict[str, Any]:
-    level = one_level(node)
+    level = _nodes.one_level(node)
     if level is None:
         return _encode_leaf(node, path, leaves)
     sub, keys, children = level
     cls, aux = sub.node_data()  # type: ignore[misc]
-    out = _encode_node(cls, aux, keys, path)
+    out = _kinds.encode_node(cls, aux, keys, path)
     if children or out["node"] != "none":
         out["children"] = [_encode(c, (*path, k), leaves) for k, c in zip(keys, children)]
     return out
-
-
-def _encode_node(cls: type, aux: Any, keys: list[Any], path: tuple[Any, ...]) -> dict[str, Any]:
-    where = _keys.path_str(path) or "the root"
-    if cls is type(None):
-        return {"node": "none"}
-    if cls in (dict, collections.OrderedDict):
-        bad = [k for k in aux if not isinstance(k, str)]
-        if bad:
-            raise UnsupportedTreeError(
-                f"dict at {where} has a key {bad[0]!r} of type {type(bad[0]).__name__}; "
-                "stored dicts need str keys (convert the keys to strings)"
-            )
-        return {"node": _BUILTIN[cls], "keys": list(aux)}
-    if cls in (list, tuple):
-        return {"node": _BUILTIN[cls]}
-    if issubclass(cls, tuple) and hasattr(cls, "_fields") and not _nodes.has_own_flatten(cls):
-        return {
-            "node": "namedtuple",
-            "type": _class_path_checked(cls, where),
-            "fields": list(cls._fields),  # pyright: ignore[reportAttributeAccessIssue]
-        }  # type: ignore[attr-defined]
-    if cls is collections.defaultdict:
-        raise UnsupportedTreeError(
-            f"defaultdict at {where} cannot be stored (its default_factory is code); "
-            "use a dict instead"
-        )
-    return {
-        "node": "custom",
-        "type": _class_path_checked(cls, where),
-        "aux": _nodes.encode_aux(cls, aux, keys, where),
-        "keys": _nodes.encode_keys(cls, keys, where),
-    }
-
-
-def _class_path_checked(cls: type, where: str) -> str:
-    if not isinstance(cls, type):
-        raise UnsupportedTreeError(f"node at {where} is not a class instance: {cls!r}")
-    return class_path(cls)
 
 
 def _encode_leaf(value: Any, path: tuple[Any, ...], leaves: list) -> dict[str, Any]:
@@ -433,34 +240,12 @@ def _encode_leaf(value: Any, path: tuple[Any, ...], leaves: list) -> dict[str, A
 # ---- decoding a tree ---------------------------------------------------------------------------
 
 
-def resolve_class(name: str, *, namedtuple: bool = False) -> type:
-    """Imports the class a schema names as ``module:qualname``; calls nothing."""
-    advice = (
-        "Make it importable, pass like=<an example record> to pytreestore.open, "
-        "or open with generic=True to get dicts and lists instead."
-    )
-    module, _, qualname = name.partition(":")
-    try:
-        obj: Any = sys.modules.get(module) or importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError, ValueError) as err:
-        raise ClassResolutionError(
-            f"cannot import class {name} named in the schema ({err}). {advice}"
-        ) from err
-    if not isinstance(obj, type):
-        raise ClassResolutionError(f"{name} named in the schema is not a class. {advice}")
-    if namedtuple and not (issubclass(obj, tuple) and hasattr(obj, "_fields")):
-        raise ClassResolutionError(f"{name} named in the schema is not a NamedTuple. {advice}")
-    return obj
-
-
 def _treedef_from_like(tree: dict[str, Any], columns: Sequence[ColumnSpec], like: Any) -> TreeDef:
     got = TreeSchema.from_example(like, chunk_records=1)
-    if _strip_types(got.tree) != _strip_types(tree):
+    if _mismatch.strip_types(got.tree) != _mismatch.strip_types(tree):
         raise SchemaMismatchError(
             "like= does not have the stored structure:\n"
-            + "\n".join(f"  {p}" for p in _mismatches_json(tree, got.tree, ()))
+            + "\n".join(f"  {p}" for p in _mismatch.structure_differences(tree, got.tree))
         )
     for want, have in zip(columns, got.columns):
         if (want.dtype, want.shape) != (have.dtype, have.shape):
@@ -473,115 +258,4 @@ def _treedef_from_like(tree: dict[str, Any], columns: Sequence[ColumnSpec], like
     return got.treedef
 
 
-#: node members that name classes or fields rather than fix the structure
-_NOT_STRUCTURE = ("type", "aux_fields")
-
-
-def _strip_types(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {k: _strip_types(v) for k, v in node.items() if k not in _NOT_STRUCTURE}
-    if isinstance(node, list):
-        return [_strip_types(v) for v in node]
-    return node
-
-
-def _mismatches_json(want: dict, got: dict, path: tuple) -> Iterator[str]:
-    where = _keys.path_str(path) or "the root"
-    if {k: v for k, v in want.items() if k not in ("children", *_NOT_STRUCTURE)} != {
-        k: v for k, v in got.items() if k not in ("children", *_NOT_STRUCTURE)
-    }:
-        yield f"at {where}: expected {_describe_json(want)}, got {_describe_json(got)}"
-        return
-    for i, (w, g) in enumerate(zip(want.get("children", []), got.get("children", []))):
-        yield from _mismatches_json(w, g, (*path, _child_entry(want, i)))
-
-
-def _generic(node: dict[str, Any], leaves: Iterator[Any]) -> Any:
-    kind = node["node"]
-    if kind == "leaf":
-        return next(leaves)
-    if kind == "none":
-        return None
-    if kind == "const":
-        return _consts.decode(node)
-    children = [_generic(c, leaves) for c in node.get("children", [])]
-    if kind == "list":
-        return children
-    if kind == "tuple":
-        return tuple(children)
-    names = [_keys.entry_name(_child_entry(node, i)) for i in range(len(children))]
-    return dict(zip(names, children))
-
-
-def _child_entry(node: dict[str, Any], i: int) -> Any:
-    kind = node["node"]
-    if kind in ("dict", "ordered_dict"):
-        return DictKey(node["keys"][i])
-    if kind == "namedtuple":
-        return GetAttrKey(node["fields"][i])
-    if kind == "custom":
-        return _keys.entry_from_json(node["keys"][i])
-    return SequenceKey(i)
-
-
-def _describe_json(node: dict[str, Any]) -> str:
-    kind = node["node"]
-    n = len(node.get("children", []))
-    if kind == "leaf":
-        return "a leaf"
-    if kind == "const":
-        return f"the constant {_consts.label(node)}"
-    if kind == "none":
-        return "None"
-    if kind in ("list", "tuple"):
-        return f"a {kind} of {n}"
-    if kind in ("dict", "ordered_dict"):
-        return f"a {kind.replace('_', ' ')} with keys {node['keys']}"
-    name = node["type"].rpartition(":")[2]
-    if kind == "namedtuple":
-        return f"{name} (NamedTuple)"
-    fields = [_keys.entry_name(_keys.entry_from_json(k)) for k in node["keys"]]
-    return f"{name} with fields {fields} and static data {_values.decode(node['aux'])!r}"
-
-
-def _mismatches(node: dict[str, Any], value: Any, path: tuple[Any, ...]) -> Iterator[str]:
-    """Every path at which ``value`` departs from the schema tree ``node``."""
-    where = _keys.path_str(path) or "the root"
-    level = one_level(value)
-    if node["node"] == "const":
-        if level is not None or _consts.describe(value) != _consts.label(node):
-            yield f"at {where}: expected {_describe_json(node)}, got {_consts.describe(value)}"
-        return
-    if node["node"] == "leaf":
-        if level is not None:
-            yield f"at {where}: expected a leaf, got {_describe_value(value)}"
-        return
-    if level is None:
-        yield f"at {where}: expected {_describe_json(node)}, got a leaf of type {type(value).__name__}"
-        return
-    try:
-        got = _encode_node(*level[0].node_data(), level[1], path)  # type: ignore[misc]
-    except UnsupportedTreeError as err:
-        yield f"at {where}: {err}"
-        return
-    want = {k: v for k, v in node.items() if k not in ("children", "aux_fields")}
-    if _nodes.only_aux_differs(want, got) and len(level[2]) == len(node.get("children", [])):
-        yield from _nodes.static_differences(level[0].node_data()[0], want, got, path)
-        want = got  # the static fields are named above; the children are compared below
-    if got != want or len(level[2]) != len(node.get("children", [])):
-        yield f"at {where}: expected {_describe_json(node)}, got {_describe_value(value)}"
-        return
-    for i, child in enumerate(level[2]):
-        yield from _mismatches(node["children"][i], child, (*path, _child_entry(node, i)))
-
-
-def _describe_value(value: Any) -> str:
-    level = one_level(value)
-    if level is None:
-        return f"a leaf of type {type(value).__name__}"
-    try:
-        node = _encode_node(*level[0].node_data(), level[1], ())  # type: ignore[misc]
-    except UnsupportedTreeError:
-        return f"a {type(value).__name__}"
-    node["children"] = level[2]
-    return _describe_json(node)
+__all__ = ["FORMAT_VERSION", "ColumnSpec", "TreeDef", "TreeSchema"]

@@ -41,7 +41,8 @@ import jsonschema
 import jsonschema.exceptions
 
 from pytreestore._format.names import ROOT_KEY
-from pytreestore._format.schema import FORMAT_VERSION, TreeSchema, resolve_class
+from pytreestore._format.nodes import resolve_class
+from pytreestore._format.schema import FORMAT_VERSION, TreeSchema
 from pytreestore.errors import (
     CorruptStoreError,
     FormatVersionError,

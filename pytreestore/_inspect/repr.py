@@ -31,8 +31,8 @@ import numpy as np
 from jax.tree_util import keystr
 
 from pytreestore._format import consts as _consts
+from pytreestore._format.kinds import child_entry
 from pytreestore._format.names import ROOT_KEY, chunk_prefix
-from pytreestore._format.schema import _child_entry
 from pytreestore._open.location import Location
 from pytreestore.backends import TensorStoreKvStore
 from pytreestore.errors import PyTreeStoreError
@@ -276,7 +276,7 @@ def _child_rows(node: dict[str, Any], indent: str, counter: Iterator[int]) -> It
     children = node.get("children", [])
     for i, child in enumerate(children):
         last = i == len(children) - 1
-        entry = keystr((_child_entry(node, i),))
+        entry = keystr((child_entry(node, i),))
         is_leaf = child["node"] == "leaf"
         label = entry if is_leaf else f"{entry}  {_node_label(child)}"
         yield TreeRow(
@@ -427,7 +427,7 @@ def _record_doc(node: dict[str, Any], leaves: Iterator[Any]) -> Any:
         opener, closer = ("{", "}") if kind == "dict" else ("OrderedDict({", "})")
         return _Group(opener, [(f"{k!r}: ", d) for k, d in zip(node["keys"], docs)], closer)
     name = node["type"].rpartition(":")[2]
-    labels = [_field_label(_child_entry(node, i)) for i in range(len(docs))]
+    labels = [_field_label(child_entry(node, i)) for i in range(len(docs))]
     return _Group(f"{name}(", list(zip(labels, docs)), ")")
 
 

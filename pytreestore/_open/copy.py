@@ -27,7 +27,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pytreestore._format.schema import TreeSchema, _leaf_chunks
+from pytreestore._format.columns import leaf_chunks
+from pytreestore._format.schema import TreeSchema
 from pytreestore._inspect import progress as _progress
 from pytreestore._open.location import Location
 from pytreestore._store import INCOMPLETE_KEY, TreeStore, create_from_schema
@@ -135,7 +136,7 @@ def rechunked(schema: TreeSchema, chunk_records: int | None, codec: str | None) 
         raise ValueError(f"chunk_records must be a positive int, got {chunk_records!r}")
     columns = tuple(
         dataclasses.replace(
-            c, chunks=(chunk_records, *_leaf_chunks(c.dtype, c.shape, chunk_records))
+            c, chunks=(chunk_records, *leaf_chunks(c.dtype, c.shape, chunk_records))
         )
         for c in schema.columns
     )

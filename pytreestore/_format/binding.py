@@ -1,0 +1,140 @@
+"""How the leaves of today's treedef map to the stored columns: :class:`Binding`.
+
+A load reads columns; a record of today's classes has leaves. They are the same, in the same
+order, unless the classes changed since the store was written (fields reordered, added with a
+default, removed: :mod:`pytreestore._format.bind`) or the tree holds constant leaves
+(functions, stored in the schema: :mod:`pytreestore._format.consts`). A :class:`Binding`
+says, per leaf of today's treedef, where its value comes from.
+
+Example:
+    >>> import jax
+    >>> from pytreestore._format.schema import TreeSchema
+    >>> tree = TreeSchema.from_example({"f": jax.nn.relu, "w": 0.0}).tree
+    >>> binding = const_binding(tree, [()])
+    >>> binding.leaves([1.0])[1]
+    1.0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from pytreestore._format import consts as _consts
+from pytreestore._format import keys as _keys
+from pytreestore._format import kinds as _kinds
+from pytreestore.errors import SchemaMismatchError
+
+
+@dataclasses.dataclass(frozen=True)
+class Binding:
+    """How today's leaves map to the stored columns.
+
+    Attributes:
+        sources: per leaf of today's treedef, the index of its stored column, an array:
+            the default of a field that the store lacks, or a constant leaf (a function,
+            stored in the schema: :class:`pytreestore._format.consts.Const`).
+        shapes: per stored column, its per-record shape (to find the batch shape of a load).
+        unwritable: why records of today's classes cannot be appended ("" when they can).
+    """
+
+    sources: tuple[int | np.ndarray | _consts.Const, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    unwritable: str
+
+    def leaves(self, columns: Sequence[Any]) -> list[Any]:
+        """Today's leaves from loaded ``columns`` (None where a column was not loaded)."""
+        ref = next(((c, s) for c, s in zip(columns, self.shapes) if c is not None), None)
+        return [_leaf(s, columns, ref) for s in self.sources]
+
+    @property
+    def consts_only(self) -> bool:
+        """Whether the columns are today's leaves in order, with only constants added."""
+        cols = [s for s in self.sources if not isinstance(s, _consts.Const)]
+        return cols == list(range(len(self.shapes)))
+
+    def columns(self, leaves: Sequence[Any]) -> list[Any]:
+        """The stored columns' values from today's leaves (for appends)."""
+        if self.unwritable:
+            raise SchemaMismatchError(self.unwritable)
+        out: list[Any] = [None] * len(self.shapes)
+        for leaf, source in zip(leaves, self.sources):
+            if isinstance(source, _consts.Const):
+                source.check(leaf)
+            else:
+                out[source] = leaf  # type: ignore[index]
+        return out
+
+
+def _leaf(source: Any, columns: Sequence[Any], ref: Any) -> Any:
+    if isinstance(source, int):
+        return columns[source]
+    if isinstance(source, _consts.Const):
+        return source.value
+    return _fill(source, ref)
+
+
+def _fill(value: np.ndarray, ref: tuple[Any, tuple[int, ...]] | None) -> Any:
+    """``value`` repeated over the batch shape of the loaded column ``ref``."""
+    if ref is None:
+        return None
+    leaf, shape = ref
+    batch = tuple(np.shape(leaf)[: np.ndim(leaf) - len(shape)])
+    if isinstance(leaf, jax.Array):
+        return jax.numpy.broadcast_to(jax.numpy.asarray(value), batch + value.shape)
+    return np.broadcast_to(value, batch + value.shape).copy()
+
+
+def sources(tree: dict[str, Any]) -> list[int | _consts.Const]:
+    """Per leaf of the tree, in flatten order: its column index, or the constant."""
+    counter = iter(range(1 << 62))
+    return list(_sources(tree, (), counter))
+
+
+def _sources(
+    node: dict[str, Any], path: tuple, counter: Iterator[int]
+) -> Iterator[int | _consts.Const]:
+    kind = node["node"]
+    if kind == "leaf":
+        yield next(counter)
+    elif kind == "const":
+        yield _consts.Const(_consts.decode(node), _keys.path_str(path))
+    for i, child in enumerate(node.get("children", ())):
+        yield from _sources(child, (*path, _kinds.child_entry(node, i)), counter)
+
+
+def only_consts_note(tree: dict[str, Any], selector: str) -> str:
+    """For a column selector that names no column: a note naming the constants below it."""
+    names = [
+        f"{s.path} = {_consts.describe(s.value)}"
+        for s in sources(tree)
+        if isinstance(s, _consts.Const) and _keys.is_under(s.path, selector)
+    ]
+    if not names:
+        return ""
+    return (
+        f" (only constant leaves live there: {', '.join(names)}; they are stored in the schema, "
+        "not as columns, and every load returns them whatever columns= selects)"
+    )
+
+
+def has_consts(tree: dict[str, Any]) -> bool:
+    """Whether the schema tree holds a ``const`` node."""
+    if tree["node"] == "const":
+        return True
+    return any(has_consts(c) for c in tree.get("children", ()))
+
+
+def const_binding(tree: dict[str, Any], shapes: Sequence[tuple[int, ...]]) -> Binding | None:
+    """The binding of a tree whose leaves are its columns in order plus constants (None when
+    it has no constants)."""
+    if not has_consts(tree):
+        return None
+    return Binding(tuple(sources(tree)), tuple(shapes), "")
+
+
+__all__ = ["Binding", "const_binding", "has_consts", "only_consts_note", "sources"]

@@ -1,0 +1,254 @@
+"""Binding stored NamedTuple and custom nodes to today's classes, by field name.
+
+* a dataclass-based node becomes a *template* instance of today's class, made without calling
+  user code: every data field that the store has gets a placeholder for its stored column(s),
+  a field the store lacks gets its default, static fields get their stored values (by name
+  where the store recorded the names, format 2); the class's own flatten then gives today's
+  treedef;
+* a NamedTuple is bound the same way by its field names;
+* any other custom node is rebuilt from its stored static data and flattened again, and its
+  keys and static data must come back as stored.
+
+Problems are reported to the :class:`Binder` (:mod:`pytreestore._format.bind` collects them
+all into one error), so that every differing keypath is named at once.
+
+Example:
+    >>> class Collect:
+    ...     def problem(self, path, text): print(text)
+    ...     def column(self): return 0
+    >>> node = {"type": "pytreestore.testing.strategies:Pair", "fields": ["second", "first"]}
+    >>> bind_namedtuple(Collect(), node, [], ["S", "F"], ())
+    Pair(first='F', second='S')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+import numpy as np
+from jax.tree_util import GetAttrKey, tree_flatten_with_path, tree_map, tree_structure
+
+from pytreestore._format import fields as _fields
+from pytreestore._format import keys as _keys
+from pytreestore._format import nodes as _nodes
+from pytreestore._format import values as _values
+from pytreestore._format.fields import NO_DEFAULT, Fields
+from pytreestore.errors import ClassResolutionError, CorruptStoreError
+
+_LEAF = tree_structure(0)
+
+
+class Binder(Protocol):
+    """What binding a node reports to: problems by keypath, and the next stored column."""
+
+    def problem(self, path: tuple, text: str) -> None: ...
+
+    def column(self) -> Any: ...
+
+
+class Default:
+    """Placeholder leaf of a template: a field the store lacks, filled with ``value``."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: np.ndarray) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "<Default>"
+
+
+def bind_namedtuple(binder: Binder, node: dict, entries: list, children: list, path: tuple) -> Any:
+    """Today's NamedTuple for a stored ``namedtuple`` node, its fields bound by name."""
+    cls = _nodes.resolve_class(node["type"], namedtuple=True)
+    if _nodes.has_own_flatten(cls):  # format 1 wrote its children in the flatten's order
+        try:
+            order = _nodes.registered_order(cls)
+        except TypeError as err:
+            binder.problem(path, str(err))
+            return None
+        fields_in_order = [cls._fields[i] for i in order]  # type: ignore[attr-defined]
+        stored = dict(zip(fields_in_order, children))
+    else:
+        stored = dict(zip(node.get("fields", []), children))
+    fields: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
+    defaults: dict[str, Any] = getattr(cls, "_field_defaults", {})
+    values = [_field(binder, path, f, stored, defaults.get(f, NO_DEFAULT)) for f in fields]
+    _check_names(binder, path, cls, list(stored), list(fields), defaults)
+    return tuple.__new__(cls, values)
+
+
+def bind_custom(binder: Binder, node: dict, entries: list, children: list, path: tuple) -> Any:
+    """Today's object for a stored ``custom`` node: a dataclass by field name, else rebuilt."""
+    cls = _nodes.resolve_class(node["type"])
+    try:
+        aux = _values.decode(node["aux"])
+    except (TypeError, ValueError) as err:
+        raise CorruptStoreError(
+            f"the store's schema is damaged: static data {node['aux']!r} of the node at "
+            f"{_keys.path_str(path) or 'the root'} cannot be decoded ({err})"
+        ) from err
+    probe = _fields.probe(cls) if dataclasses.is_dataclass(cls) else None
+    if probe is not None:
+        names = [_keys.entry_name(e) for e in entries]
+        return _dataclass(binder, node, cls, aux, dict(zip(names, children)), probe, path)
+    refusal = _fields.unbuildable(cls)
+    if refusal.endswith(_fields.UNREGISTERED):
+        raise ClassResolutionError(
+            f"{node['type']} is not a registered pytree node type here. Register it "
+            "(import the module that defines it), pass like=<an example record> to open, "
+            "or open with generic=True for dicts and lists."
+        )
+    if refusal:
+        binder.problem(path, f"stored as a custom node of class {node['type']}, but {refusal}")
+        return None
+    return _rebuilt(binder, cls, aux, entries, children, path)
+
+
+# ---- dataclasses and NamedTuples, by name --------------------------------------------------------
+
+
+def _dataclass(
+    binder: Binder, node: dict, cls: type, aux: Any, stored: dict, probe: Fields, path: tuple
+) -> Any:
+    statics = _stored_statics(binder, node, aux, probe, path)
+    obj = object.__new__(cls)
+    data_defaults: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        default = _fields.field_default(f)
+        if f.name in probe.data:
+            data_defaults[f.name] = default
+            value = _field(binder, path, f.name, stored, default)
+        elif f.name in probe.static:
+            value = _static(binder, path, cls, f.name, statics, default)
+            if f.name in stored:
+                binder.problem(
+                    (*path, GetAttrKey(f.name)),
+                    "stored as a data field (a column), static in today's class",
+                )
+        elif default is not NO_DEFAULT:
+            value = default
+        else:
+            continue
+        object.__setattr__(obj, f.name, value)
+    _check_names(binder, path, cls, list(stored), list(probe.data), data_defaults)
+    _check_flatten(binder, obj, cls, probe, path)
+    return obj
+
+
+def _field(binder: Binder, path: tuple, name: str, stored: dict, default: Any) -> Any:
+    if name in stored:
+        return stored[name]
+    if default is NO_DEFAULT:
+        return None  # reported by _check_names, with the stored names beside it
+    try:
+        return tree_map(lambda v: Default(_fields.default_array(v)), default)
+    except (TypeError, ValueError) as err:
+        binder.problem(
+            (*path, GetAttrKey(name)), f"added with a default that is not an array ({err})"
+        )
+        return None
+
+
+def _static(
+    binder: Binder, path: tuple, cls: type, name: str, statics: dict | None, default: Any
+) -> Any:
+    if statics is not None and name in statics:
+        return statics[name]
+    if default is not NO_DEFAULT:
+        return default
+    if statics is not None:
+        binder.problem(
+            (*path, GetAttrKey(name)),
+            f"static field added to {cls.__qualname__} since the store was written, with no "
+            f"default; stored static fields: {sorted(statics)}. Give it a default.",
+        )
+    return None
+
+
+def _stored_statics(
+    binder: Binder, node: dict, aux: Any, probe: Fields, path: tuple
+) -> dict | None:
+    """Stored static values by name: recorded names (format 2), or by position (format 1)."""
+    names = node.get("aux_fields")
+    if names is not None and isinstance(aux, tuple) and len(names) == len(aux):
+        return {n: v for n, v in zip(names, aux) if n is not None}
+    if aux == ():
+        return {}  # no static fields then: today's take their defaults
+    if isinstance(aux, tuple) and len(aux) == len(probe.aux):
+        return {n: aux[i] for n, i in probe.static.items()}
+    binder.problem(
+        path,
+        f"stored static data {aux!r} does not fit the static fields of today's class "
+        f"{sorted(probe.static)} (this store did not record static field names)",
+    )
+    return None
+
+
+def _check_names(
+    binder: Binder, path: tuple, cls: type, stored: list[str], today: list[str], defaults: dict
+) -> None:
+    gone = [n for n in stored if n not in today]
+    new = [n for n in today if n not in stored and defaults.get(n, NO_DEFAULT) is NO_DEFAULT]
+    if not new:
+        return
+    where = _keys.path_str(path)
+    hint = f"store.evolve(add={{'{where}.{new[0]}': <default>}})"
+    text = (
+        f"{cls.__qualname__} has fields {new} that the store lacks and that have no "
+        f"default; stored fields: {stored}. Give them defaults or add them with {hint}"
+    )
+    if gone:
+        rename = {f"{where}.{a}": f"{where}.{b}" for a, b in zip(gone, new)}
+        text += (
+            f". Fields {gone} are stored but not in the class: if they were renamed, "
+            f"store.evolve(rename={rename})"
+        )
+    binder.problem(path, text)
+
+
+def _check_flatten(binder: Binder, obj: Any, cls: type, probe: Fields, path: tuple) -> None:
+    try:
+        flat, _ = tree_flatten_with_path(obj, is_leaf=lambda x: x is not obj)
+    except Exception as err:
+        binder.problem(path, f"{cls.__qualname__} cannot be flattened ({_fields.reason(err)})")
+        return
+    got = [_keys.entry_name(k[0]) for k, _ in flat]
+    if got != list(probe.data):
+        binder.problem(path, f"{cls.__qualname__} flattens to fields {got}, expected {probe.data}")
+
+
+# ---- other custom nodes: rebuilt with the stored static data, then checked ----------------------
+
+
+def _rebuilt(
+    binder: Binder, cls: type, aux: Any, entries: list, children: list, path: tuple
+) -> Any:
+    name = cls.__qualname__
+    try:
+        nodedef = _nodes.make_treedef(cls, aux, [_LEAF] * len(children))
+        obj = nodedef.unflatten(children)
+        flat, sub = tree_flatten_with_path(obj, is_leaf=lambda x: x is not obj)
+        got_aux = sub.node_data()[1]  # type: ignore[index]
+    except Exception as err:
+        binder.problem(
+            path,
+            f"{name} cannot be rebuilt from its stored static data {aux!r} "
+            f"({_fields.reason(err)}); is it still a registered pytree node with the same "
+            "flatten?",
+        )
+        return None
+    got = [k[0] for k, _ in flat]
+    if got != entries or any(a is not b for (_, a), b in zip(flat, children)):
+        want = [_keys.entry_name(e) for e in entries]
+        have = [_keys.entry_name(e) for e in got]
+        binder.problem(path, f"{name} children: stored {want}, today's flatten gives {have}")
+    elif not _fields.same(got_aux, aux):
+        binder.problem(
+            path, f"{name} static data: stored {aux!r}, today's flatten gives {got_aux!r}"
+        )
+    return obj
+
+
+__all__ = ["Binder", "Default", "bind_custom", "bind_namedtuple"]

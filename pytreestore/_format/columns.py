@@ -1,0 +1,159 @@
+"""A store's columns: :class:`ColumnSpec` (one leaf's array on disk) and chunk sizing.
+
+Example:
+    >>> import numpy as np
+    >>> leaf_chunks(np.dtype("float32"), (3,), 1024)
+    (3,)
+    >>> ColumnSpec("['a']", "a", np.dtype("float32"), (3,), (1024, 3)).record_nbytes
+    12
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from pytreestore._format import dtypes as _dtypes
+from pytreestore._format import keys as _keys
+from pytreestore.errors import UnsupportedTreeError
+
+_CHUNK_TARGET = 4 << 20  # bytes of one column chunk we aim at, for the widest column
+_BUFFER_LIMIT = 64 << 20  # bytes of one chunk row across all columns, at most
+#: records per chunk, at most: a flush re-encodes the whole tail chunk of every column, so very
+#: long chunks of small leaves make frequent flushes slow
+_MAX_CHUNK_RECORDS = 1 << 16
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnSpec:
+    """One column: the leaf at ``path`` (as ``keystr`` prints it), stored at ``key``.
+
+    Attributes:
+        path: the leaf's tree path, e.g. ``.p[0].x``.
+        key: the column's storage key below the store root, e.g. ``p/0/x``.
+        dtype: the column's dtype.
+        shape: the shape of one record's leaf (the column's shape less the record axis).
+        chunks: the chunk shape, record axis first.
+        start: the record count when the column was added by ``evolve`` (0: from the start).
+        default: for a column added by ``evolve``, the value of every record before
+            ``start``, as zarr ``fill_value`` JSON (None: a column from the start).
+        key_impl: for a column of typed PRNG keys, the implementation's name (e.g.
+            ``threefry2x32``); ``dtype`` and ``shape`` are then those of the key data.
+    """
+
+    path: str
+    key: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    start: int = 0
+    default: Any = None
+    key_impl: str | None = None
+
+    @property
+    def record_nbytes(self) -> int:
+        """Bytes one record takes in this column."""
+        return self.dtype.itemsize * math.prod(self.shape)
+
+    @property
+    def dimension_names(self) -> list[str]:
+        """``record`` then one name per leaf axis, unique within the leaf's parent node."""
+        name = _keys.unescape(self.key.rsplit("/", 1)[-1]) or "leaf"
+        return ["record"] + [f"{name}_{i}" for i in range(len(self.shape))]
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "path": self.path,
+            "key": self.key,
+            "dtype": self.dtype.name,
+            "shape": list(self.shape),
+            "chunks": list(self.chunks),
+        }
+        if self.default is not None:
+            out.update(start=self.start, default=self.default)
+        if self.key_impl is not None:
+            out["key_impl"] = self.key_impl
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> ColumnSpec:
+        return cls(
+            path=obj["path"],
+            key=obj["key"],
+            dtype=_dtypes.from_name(obj["dtype"]),
+            shape=tuple(obj["shape"]),
+            chunks=tuple(obj["chunks"]),
+            start=int(obj.get("start", 0)),
+            default=_checked_default(obj),
+            key_impl=obj.get("key_impl"),
+        )
+
+
+_FLOAT_WORDS = ("NaN", "Infinity", "-Infinity")
+
+
+def _checked_default(obj: dict[str, Any]) -> Any:
+    """A column's ``default`` (zarr v3 fill value JSON), if its dtype holds it exactly.
+
+    Raises:
+        ValueError: a default of the wrong JSON type or out of the dtype's range.
+    """
+    fill, dtype = obj.get("default"), _dtypes.from_name(obj["dtype"])
+    kind = _dtypes.kind(dtype)
+
+    def real(x: Any) -> bool:
+        return x in _FLOAT_WORDS or (isinstance(x, int | float) and not isinstance(x, bool))
+
+    if kind == "b":
+        ok = isinstance(fill, bool)
+    elif kind in "iu":
+        info = np.iinfo(dtype)
+        ok = type(fill) is int and info.min <= fill <= info.max
+    elif kind == "c":
+        ok = isinstance(fill, list) and len(fill) == 2 and all(real(x) for x in fill)
+    else:
+        ok = real(fill)
+    if fill is not None and not ok:
+        raise ValueError(
+            f"column {obj['path']}: its default {fill!r} is not a {dtype.name} value; the "
+            "schema was edited or damaged outside pytreestore"
+        )
+    return fill
+
+
+def check_unique_keys(columns: Sequence[ColumnSpec]) -> None:
+    """Refuses two leaves whose paths map to one storage key."""
+    seen: dict[str, str] = {}
+    for c in columns:
+        if c.key in seen:
+            raise UnsupportedTreeError(
+                f"leaves at {seen[c.key]} and {c.path} map to the same storage key {c.key!r}; "
+                "rename one of them"
+            )
+        seen[c.key] = c.path
+
+
+def default_chunk_records(leaves: Sequence[tuple[Any, ...]]) -> int:
+    """Records per chunk for leaves ``(path, key, dtype, shape, impl)``: a power of two that
+    keeps the widest column's chunk near the target and a chunk row within the buffer limit."""
+    sizes = [dt.itemsize * math.prod(shape) for _, _, dt, shape, _ in leaves] or [1]
+    per_chunk = _CHUNK_TARGET // max(max(sizes), 1)
+    per_buffer = _BUFFER_LIMIT // max(sum(sizes), 1)
+    n = max(1, min(per_chunk, per_buffer, _MAX_CHUNK_RECORDS))
+    return 1 << (n.bit_length() - 1)
+
+
+def leaf_chunks(dtype: np.dtype, shape: tuple[int, ...], records: int) -> tuple[int, ...]:
+    """Leaf axes stay whole unless one record's leaf alone is far above the chunk target."""
+    chunks = list(shape)
+    for axis in range(len(chunks)):
+        while records * dtype.itemsize * math.prod(chunks) > 2 * _CHUNK_TARGET and chunks[axis] > 1:
+            chunks[axis] = -(-chunks[axis] // 2)
+    return tuple(max(c, 1) for c in chunks)
+
+
+__all__ = ["ColumnSpec", "check_unique_keys", "default_chunk_records", "leaf_chunks"]
