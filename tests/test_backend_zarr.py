@@ -19,7 +19,7 @@ from pytreestore import errors
 from pytreestore._open.location import Location
 from pytreestore.backends import ColumnLayout, ZarrBackend
 from pytreestore.backends._zarr import dtypes as _zarr_dtypes
-from pytreestore.backends._zarr.backend import durable_put
+from pytreestore.backends._zarr.stores import durable_put
 
 WIDE = {f"c{i:02d}": np.float32(0) for i in range(20)}
 
@@ -118,7 +118,7 @@ def test_memory_stores_are_shared_by_name_and_separate_from_tensorstore():
         pytreestore.open("memory://zarr-shared", backend="tensorstore")
 
 
-def test_gcs_is_refused_clearly_and_s3_is_a_zarr_s3_backend():
+def test_gcs_is_refused_clearly_and_s3_is_the_s3_class_s_own():
     with pytest.raises(
         errors.BadLocationError,
         match=re.escape(
@@ -127,8 +127,14 @@ def test_gcs_is_refused_clearly_and_s3_is_a_zarr_s3_backend():
         ),
     ):
         ZarrBackend(Location.parse("gs://bucket/x"))
-    s3 = ZarrBackend(Location.parse("s3://bucket/x", {"endpoint": "http://127.0.0.1:9"}))
-    assert type(s3).__name__ == "ZarrS3Backend" and isinstance(s3, ZarrBackend)
+    with pytest.raises(
+        errors.BadLocationError,
+        match=re.escape(
+            "ZarrBackend stores on local disk and memory://, not at s3://bucket/x; on S3 the "
+            "zarr backend is ZarrS3Backend, which backend='zarr' picks for s3:// locations"
+        ),
+    ):
+        ZarrBackend(Location.parse("s3://bucket/x", {"endpoint": "http://127.0.0.1:9"}))
     local = ZarrBackend(Location.parse("memory://zarr-local-kind"))
     assert hasattr(local, "write_bytes_if")  # local stores commit conditionally too
 

@@ -3,6 +3,7 @@ conformance suite runs on it with the capability cases it lacks skipped."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -124,3 +125,28 @@ def test_registering_is_checked():
     register_backend("test-replaced", CoreOnly)
     register_backend("test-replaced", TensorStoreBackend, replace=True)
     assert get_backend("test-replaced") is TensorStoreBackend
+
+
+def test_zarr_factory_picks_the_class_by_location(tmp_path) -> None:
+    from pytreestore.backends import ZarrBackend
+    from pytreestore.backends._zarr.s3 import ZarrS3Backend
+
+    zarr = get_backend("zarr")
+    s3 = zarr(Location.parse("s3://bucket/x", {"endpoint": "http://127.0.0.1:9"}))
+    assert type(s3) is ZarrS3Backend and isinstance(s3, ZarrBackend)
+    assert type(zarr(Location.parse(str(tmp_path / "s")))) is ZarrBackend
+    assert type(zarr(Location.parse("memory://registry-zarr-kind"))) is ZarrBackend
+    assert type(ZarrBackend(Location.parse(str(tmp_path / "t")))) is ZarrBackend
+
+
+def test_zarr_factory_refuses_gcs() -> None:
+    with pytest.raises(
+        errors.BadLocationError,
+        match=re.escape(
+            "the zarr backend stores on local disk, memory:// and s3:// only, not at "
+            "gs://bucket/x; use backend='tensorstore' there"
+        ),
+    ):
+        get_backend("zarr")(Location.parse("gs://bucket/x"))
+    with pytest.raises(errors.BadLocationError, match="use backend='tensorstore' there"):
+        pytreestore.create("gs://bucket/x", {"x": 0.0}, backend="zarr")

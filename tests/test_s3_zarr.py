@@ -21,15 +21,15 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-from pytreestore.backends._zarr.s3 import ZarrS3Backend, s3_settings
 
 import pytreestore
 from pytreestore import errors
 from pytreestore._commit.lock import LOCK_KEY
 from pytreestore._commit.writer import COMMIT_KEY
+from pytreestore._format.names import NO_VALUE
 from pytreestore._open.location import Location
-from pytreestore.backends import ZarrBackend, get_backend
-from pytreestore.backends._zarr.backend import NO_VALUE
+from pytreestore.backends import get_backend
+from pytreestore.backends._zarr.s3 import ZarrS3Backend, s3_settings
 from pytreestore.testing import assert_trees_equal
 from pytreestore.testing.conformance import BackendSuite
 from pytreestore.testing.s3 import OutageProxy
@@ -53,7 +53,7 @@ def stacked(start: int, stop: int) -> Any:
 
 
 def backend_of(url: str, opts: dict[str, Any]) -> ZarrS3Backend:
-    backend = ZarrBackend(Location.parse(url, opts))
+    backend = get_backend("zarr")(Location.parse(url, opts))
     assert isinstance(backend, ZarrS3Backend)
     return backend
 

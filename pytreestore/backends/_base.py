@@ -32,8 +32,18 @@ Atomicity:
       chunk (chunks past the new end are the store's to delete, with ``delete_keys``).
     * Every multi-column call (``write``, ``read``, ``resize``, ``column_shapes``) issues its
       I/O for all columns at once and waits for all of it.
-    * A column's length is the backend's to report (``column_shapes``); reads are bounded by
-      the ``records`` the caller passes (the committed count), never by what lies on disk.
+
+Records and rows:
+    A column's length (its rows) is the backend's to report, with ``column_shapes``; nothing
+    outside the backend derives it from the record count. The ``records`` that ``read``,
+    ``read_many`` and ``read_checked`` take is the commit's visible record count: a backend
+    uses it only to bound the read (rows a writer added past the commit stay invisible) and
+    to know which metadata it must have seen, never as a column's length. ``resize`` takes a
+    record count too and makes each column hold the rows of that many records. Every column
+    the store writes today holds one row per record, so rows and records coincide; a column
+    stored another way (issue #14: a ragged leaf's values stored flat, with offsets, whose
+    length is not the record count) is added behind these same calls, by the backend that
+    stores it, without changing this Protocol.
 
 Example:
     >>> from pytreestore.backends import ConditionalWrites, KeyListing, TensorStoreBackend
@@ -142,11 +152,22 @@ class Backend(Protocol):
         ...
 
     def column_shapes(self, keys: Sequence[str]) -> list[tuple[int, ...]]:
-        """The shapes the arrays' metadata holds now."""
+        """The shapes the arrays' metadata holds now, read again (not from a cache).
+
+        The first axis is the column's length in rows, which may exceed the committed record
+        count (a writer's uncommitted tail, trimmed by repair) and is the backend's to report:
+        callers never assume it from a record count.
+        """
         ...
 
     def resize(self, keys: Sequence[str], records: int) -> None:
-        """Sets the record axis of every array to ``records`` (metadata only)."""
+        """Makes every column hold the rows of ``records`` records (metadata only).
+
+        For a column with one row per record (every column today) that sets its first axis
+        to ``records``; a backend that stores a column otherwise sets that column's own
+        length from ``records``. Never deletes a chunk: shrinking then growing again shows
+        the old rows.
+        """
         ...
 
     def write(self, keys: Sequence[str], start: int, blocks: Sequence[np.ndarray]) -> None:
@@ -154,7 +175,15 @@ class Backend(Protocol):
         ...
 
     def read(self, keys: Sequence[str], index: Any, records: int) -> list[np.ndarray]:
-        """Reads ``index`` (a slice or int array over ``[0, records)``) of every column."""
+        """Reads the records ``index`` (a slice or int array over ``[0, records)``) of every
+        column, one array per key with the record axis first.
+
+        ``records`` is the commit's visible record count: it bounds the read (a slice is
+        taken over ``[0, records)``) and says how many records each column must have; it is
+        not read as any column's length (see :meth:`column_shapes`). A column whose array
+        holds fewer rows than those records raises
+        :class:`~pytreestore.errors.CorruptStoreError`.
+        """
         ...
 
     def close(self) -> None:
@@ -208,7 +237,11 @@ class CheckedReads(Protocol):
     def read_checked(
         self, reads: Sequence[tuple[str, Any]], records: int, /
     ) -> list[PyTreeStoreError | None]:
-        """Each read's error (None where it worked); storage failures raise StorageError."""
+        """Each read's error (None where it worked); storage failures raise StorageError.
+
+        ``records`` is the commit's visible record count, bounding each read as in
+        :meth:`Backend.read`.
+        """
         ...
 
 
@@ -218,7 +251,8 @@ class BatchedReads(Protocol):
 
     def read_many(self, requests: Sequence[tuple[str, Any]], records: int, /) -> list[np.ndarray]:
         """``index`` (a slice or a 1-d int array over ``[0, records)``) of column ``key`` for
-        every ``(key, index)``, issued all at once."""
+        every ``(key, index)``, issued all at once; ``records`` bounds the reads as in
+        :meth:`Backend.read`."""
         ...
 
 

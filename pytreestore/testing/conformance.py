@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 import pytreestore
 from pytreestore import errors
 from pytreestore._format import dtypes as _dtypes
-from pytreestore._format.names import NO_VALUE, ROOT_KEY
+from pytreestore._format.names import LOCK_KEY, NO_VALUE, ROOT_KEY
 from pytreestore._open.location import Location
 from pytreestore.backends import (
     Backend,
@@ -448,9 +448,8 @@ class BackendSuite:
             with self.create(path, _SCALAR, chunk_records=2) as store:
                 store.append(_scalar_record(0))
             first = self.open(path, "a")
-            lock = first._lock
-            assert lock is not None
-            lock.release()  # as if the lock had been broken behind its back
+            # the lock broken behind the first writer's back: its file or object deleted
+            self.raw_backend(path).delete_keys([LOCK_KEY])
             second = self.open(path, "a")
             second.extend(_scalar_record(i) for i in (1, 2))
             second.flush()

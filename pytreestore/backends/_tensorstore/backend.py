@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,26 +38,14 @@ from pytreestore.backends._base import (
     KeyListing,
     PartialWriteCleanup,
     TensorStoreKvStore,
-    damaged_chunk,
     delete_folder,
-    missing_chunk,
 )
-from pytreestore.backends._metadata import _compression_chain as _compression_chain
 from pytreestore.backends._metadata import array_metadata
-from pytreestore.backends._metadata import codec_json as codec_json  # (re-exported)
 from pytreestore.backends._tensorstore import direct as _direct
+from pytreestore.backends._tensorstore import futures as _futures
 from pytreestore.backends._tensorstore.kvstore import kvstore_spec
 from pytreestore.backends._unstored import Unstored
-from pytreestore.errors import (
-    CommitConflictError,
-    CorruptChunkError,
-    CorruptStoreError,
-    PyTreeStoreError,
-    StorageError,
-)
-
-#: status codes of a read that found bytes it could not decode (as opposed to not reaching them)
-_DAMAGED = ("DATA_LOSS", "FAILED_PRECONDITION", "INVALID_ARGUMENT", "OUT_OF_RANGE")
+from pytreestore.errors import CorruptChunkError, CorruptStoreError, PyTreeStoreError
 
 _MEMORY: dict[str, Any] = {}
 _MEMORY_LOCK = threading.Lock()
@@ -110,7 +97,7 @@ class TensorStoreBackend(
     def kvstore(self) -> ts.KvStore:
         if self._kv is None:
             opening = ts.KvStore.open(self._kv_spec, context=self._context)
-            kv: ts.KvStore = _result(opening, self._timeout)
+            kv: ts.KvStore = _futures.result(opening, self._timeout)
             self._kv = kv
             return kv
         return self._kv
@@ -123,7 +110,7 @@ class TensorStoreBackend(
 
     def write_many_bytes(self, items: dict[str, bytes]) -> None:
         futures = [self.kvstore.write(k, v) for k, v in items.items()]
-        _wait(futures, list(items), f"writing to {self._location}", timeout=self._timeout)
+        _futures.wait(futures, list(items), f"writing to {self._location}", timeout=self._timeout)
 
     def read_bytes_versioned(self, key: str) -> tuple[bytes | None, bytes]:
         """The value at ``key`` (None when absent) and its storage generation.
@@ -131,9 +118,9 @@ class TensorStoreBackend(
         The generation of a missing key is :data:`NO_VALUE`.
         """
         try:
-            result = _result(self.kvstore.read(key), self._timeout)
+            result = _futures.result(self.kvstore.read(key), self._timeout)
         except ValueError as err:
-            raise _storage_error(f"reading {self._location}/{key}", err) from err
+            raise _futures.storage_error(f"reading {self._location}/{key}", err) from err
         value = bytes(result.value) if result.state == "value" else None
         return value, bytes(result.stamp.generation)
 
@@ -147,24 +134,28 @@ class TensorStoreBackend(
             The new generation, or None when the key had changed and nothing was written.
         """
         try:
-            stamp = _result(self.kvstore.write(key, data, if_equal=generation), self._timeout)
+            stamp = _futures.result(
+                self.kvstore.write(key, data, if_equal=generation), self._timeout
+            )
         except ValueError as err:
-            raise _storage_error(f"writing {self._location}/{key}", err) from err
+            raise _futures.storage_error(f"writing {self._location}/{key}", err) from err
         return None if stamp.generation == b"" else bytes(stamp.generation)
 
     def list_keys(self, prefix: str) -> list[str]:
         """Every key below the root that starts with ``prefix``."""
         end = prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else ""
         try:
-            keys = _result(self.kvstore.list(ts.KvStore.KeyRange(prefix, end)), self._timeout)
+            keys = _futures.result(
+                self.kvstore.list(ts.KvStore.KeyRange(prefix, end)), self._timeout
+            )
         except ValueError as err:
-            raise _storage_error(f"listing {self._location}/{prefix}", err) from err
+            raise _futures.storage_error(f"listing {self._location}/{prefix}", err) from err
         return sorted(bytes(k).decode() for k in keys)
 
     def delete_keys(self, keys: Sequence[str]) -> None:
         """Deletes every key of ``keys`` (absent ones too), all at once."""
         futures = [self.kvstore.write(k, None) for k in keys]
-        _wait(futures, list(keys), f"deleting from {self._location}", timeout=self._timeout)
+        _futures.wait(futures, list(keys), f"deleting from {self._location}", timeout=self._timeout)
         self._handles.clear()  # their caches may hold the deleted chunks
 
     def delete_all(self) -> None:
@@ -173,18 +164,18 @@ class TensorStoreBackend(
             delete_folder(self._location.root)
         else:
             try:
-                _result(self.kvstore.delete_range(ts.KvStore.KeyRange()), self._timeout)
+                _futures.result(self.kvstore.delete_range(ts.KvStore.KeyRange()), self._timeout)
             except ValueError as err:
-                raise _storage_error(f"deleting {self._location}", err) from err
+                raise _futures.storage_error(f"deleting {self._location}", err) from err
 
     def is_empty(self) -> bool:
         if self._location.kind == "file":
             root = Path(self._location.root)
             return not root.exists() or not any(root.iterdir())
         try:
-            return not _result(self.kvstore.list(), self._timeout)
+            return not _futures.result(self.kvstore.list(), self._timeout)
         except ValueError as err:
-            raise _storage_error(f"listing {self._location}", err) from err
+            raise _futures.storage_error(f"listing {self._location}", err) from err
 
     # ---- columns -----------------------------------------------------------------------------
 
@@ -208,7 +199,7 @@ class TensorStoreBackend(
             )
             for lay in layouts
         ]
-        handles = _wait(
+        handles = _futures.wait(
             futures, [lay.key for lay in layouts], "creating column", timeout=self._timeout
         )
         self._handles.update(zip((lay.key for lay in layouts), handles))
@@ -223,7 +214,7 @@ class TensorStoreBackend(
         checked against the declared layouts."""
         stale = [k for k in keys if k not in self._handles or self._handles[k].shape[0] < records]
         futures = [ts.open(self._spec(k), context=self._context) for k in stale]
-        handles = _wait(futures, stale, "opening column", meta=True, timeout=self._timeout)
+        handles = _futures.wait(futures, stale, "opening column", meta=True, timeout=self._timeout)
         for key, handle in zip(stale, handles):
             self._check(key, handle, records)
         self._handles.update(zip(stale, handles))
@@ -259,7 +250,7 @@ class TensorStoreBackend(
             for h in handles
         ]
         pending = [(k, f) for k, f in zip(keys, futures) if f is not None]
-        done = _wait(
+        done = _futures.wait(
             [f for _, f in pending],
             [k for k, _ in pending],
             "resizing column",
@@ -276,12 +267,12 @@ class TensorStoreBackend(
             except PyTreeStoreError:
                 raise
             except OSError as err:
-                raise _storage_error(f"writing columns of {self._location}", err) from err
+                raise _futures.storage_error(f"writing columns of {self._location}", err) from err
             start, blocks = start + done, [b[done:] for b in blocks]
             if not len(blocks[0]):
                 return
         futures = [h[start : start + len(b)].write(b) for h, b in zip(handles, blocks)]
-        _wait(futures, keys, "writing column", timeout=self._timeout)
+        _futures.wait(futures, keys, "writing column", timeout=self._timeout)
 
     def read(self, keys: Sequence[str], index: Any, records: int) -> list[np.ndarray]:
         return self.read_many([(k, index) for k in keys], records)
@@ -315,9 +306,9 @@ class TensorStoreBackend(
             except PyTreeStoreError:
                 raise
             except OSError as err:
-                raise _storage_error(f"reading columns of {self._location}", err) from err
+                raise _futures.storage_error(f"reading columns of {self._location}", err) from err
         keys_read = [requests[i][0] for i, _ in engine]
-        done = _wait(
+        done = _futures.wait(
             [f for _, f in engine], keys_read, "reading column", read=True, timeout=self._timeout
         )
         for (i, _), array in zip(engine, done):
@@ -416,12 +407,12 @@ class TensorStoreBackend(
                 out.append(fut)
                 continue
             try:
-                _result(fut, self._timeout)
+                _futures.result(fut, self._timeout)
                 out.append(None)
             except ValueError as err:
-                if not _is_damage(err):
-                    raise _storage_error(f"reading column {key}", err) from err
-                damaged = _chunk_error(key, err)
+                if not _futures.is_damage(err):
+                    raise _futures.storage_error(f"reading column {key}", err) from err
+                damaged = _futures.chunk_error(key, err)
                 damaged.__cause__ = err
                 out.append(damaged)
         return out
@@ -437,7 +428,7 @@ class TensorStoreBackend(
         except CorruptChunkError as err:
             return err
         except OSError as err:
-            raise _storage_error(f"reading column {key}", err) from err
+            raise _futures.storage_error(f"reading column {key}", err) from err
         return None
 
     def close(self) -> None:
@@ -446,76 +437,3 @@ class TensorStoreBackend(
         self._handles.clear()
         self._kv = None
         self._cleanup()
-
-
-def _wait(
-    futures: Sequence[Any],
-    keys: Sequence[str],
-    doing: str,
-    *,
-    read: bool = False,
-    meta: bool = False,
-    timeout: float | None = None,
-) -> list[Any]:
-    """Waits for every future (each up to ``timeout`` seconds), then raises the first failure
-    as a pytreestore error."""
-    results: list[Any] = []
-    failure: tuple[str, ValueError] | None = None
-    for key, fut in zip(keys, futures):
-        try:
-            results.append(_result(fut, timeout))
-        except ValueError as err:
-            failure = failure or (key, err)
-            results.append(None)
-    if failure is None:
-        return results
-    key, err = failure
-    status = str(err).split(":", 1)[0]
-    if "`expand_only` was specified" in str(err):
-        raise CommitConflictError(
-            f"column {key} has grown since this writer last resized it: another writer is "
-            "appending to this store. Nothing more was written; reopen the store."
-        ) from err
-    if meta and (status in _DAMAGED or status == "NOT_FOUND"):
-        raise CorruptStoreError(f"{doing} {key}: its zarr.json cannot be used: {err}") from err
-    if read and _is_damage(err):
-        raise _chunk_error(key, err) from err
-    raise _storage_error(f"{doing} {key}", err) from err
-
-
-def _is_damage(err: ValueError) -> bool:
-    """Whether a read failed on bytes it could not decode, or on a chunk that is missing."""
-    status = str(err).split(":", 1)[0]
-    return status in _DAMAGED or (status == "NOT_FOUND" and "is missing" in str(err))
-
-
-def _result(future: Any, timeout: float | None) -> Any:
-    """``future``'s result; after ``timeout`` seconds (the location's ``total_timeout``) it is
-    cancelled and a ``DEADLINE_EXCEEDED`` ValueError raised, as TensorStore reports failures."""
-    try:
-        return future.result(timeout=timeout)
-    except TimeoutError as err:
-        future.cancel()
-        raise ValueError(
-            f"DEADLINE_EXCEEDED: no answer from storage within {timeout:g} s (the "
-            "storage option total_timeout; retries included)"
-        ) from err
-
-
-def _chunk_error(key: str, err: ValueError) -> CorruptChunkError:
-    found = re.search(re.escape(key) + r"/c((?:/\d+)+)", str(err))
-    grid = re.search(r"chunk \{([\d, ]+)\}", str(err))
-    if found:
-        chunk: tuple[int, ...] | None = tuple(int(i) for i in found.group(1).split("/")[1:])
-    else:
-        chunk = tuple(int(i) for i in grid.group(1).split(",")) if grid else None
-    if str(err).startswith("NOT_FOUND"):
-        return missing_chunk(key, chunk, err)
-    return damaged_chunk(key, chunk, err)
-
-
-def _storage_error(doing: str, err: Exception) -> StorageError:
-    return StorageError(
-        f"{doing} failed: {err}. Records committed before stay committed; once storage is "
-        "reachable (or has space) again, retry the call (a failed flush() can be repeated)."
-    )

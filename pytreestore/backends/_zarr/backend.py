@@ -1,5 +1,7 @@
 """The zarr backend: the same zarr v3 arrays and protocol, through zarr-python 3, on local
-disk, ``memory://`` and ``s3://`` (zarr-python's ``ObjectStore`` over obstore's ``S3Store``).
+disk and ``memory://`` here, and on ``s3://`` in its subclass
+:class:`~pytreestore.backends._zarr.s3.ZarrS3Backend` (zarr-python's ``ObjectStore`` over
+obstore's ``S3Store``); ``backend="zarr"`` picks the class by location.
 
 It writes byte for byte the metadata documents the TensorStore backend writes, and keeps the
 guarantees the store's commit protocol relies on:
@@ -28,8 +30,9 @@ guarantees the store's commit protocol relies on:
   grown since this one last saw it, before any chunk is written. So a second writer (the
   lock file deleted under a running writer, a forked child) gets
   :class:`CommitConflictError` instead of losing the first writer's commits.
-  :class:`ZarrS3Backend` (what ``ZarrBackend(location)`` is for an ``s3://`` location)
-  implements both with ETags and ``If-Match``/``If-None-Match`` PUTs instead.
+  On S3, :class:`~pytreestore.backends._zarr.s3.ZarrS3Backend` (the subclass that
+  ``backend="zarr"`` makes for an ``s3://`` location) implements both with ETags and
+  ``If-Match``/``If-None-Match`` PUTs instead.
 
 Example:
     >>> import numpy as np
@@ -44,7 +47,6 @@ Example:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
 import functools
@@ -52,22 +54,19 @@ import hashlib
 import json
 import os
 import threading
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-from zarr.abc.store import ByteRequest, Store
+from zarr.abc.store import Store
 from zarr.core.array import AsyncArray
-from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
+from zarr.core.buffer import default_buffer_prototype
 from zarr.core.metadata.v3 import ArrayV3Metadata
-from zarr.core.sync import sync
-from zarr.storage import LocalStore, MemoryStore, WrapperStore
 from zarr.storage._common import StorePath
 
 from pytreestore._format import validate as _validate
-from pytreestore._format.names import CHUNK_KEY_PATTERN, META_DIR, NO_VALUE, array_json
+from pytreestore._format.names import META_DIR, NO_VALUE, array_json
 from pytreestore._open.location import Location
 from pytreestore.backends._base import (
     BatchedReads,
@@ -77,14 +76,13 @@ from pytreestore.backends._base import (
     KeyListing,
     damaged_chunk,
     delete_folder,
-    missing_chunk,
 )
-from pytreestore.backends._metadata import array_document as array_document
-from pytreestore.backends._metadata import encode_document as encode_document
+from pytreestore.backends._metadata import array_document, encode_document
 from pytreestore.backends._unstored import Unstored
 from pytreestore.backends._zarr import dtypes as _zarr_dtypes
+from pytreestore.backends._zarr.aio import collect, gather, run
+from pytreestore.backends._zarr.stores import ChunksRequired, memory_dict, open_local_store
 from pytreestore.errors import (
-    BadLocationError,
     CommitConflictError,
     CorruptChunkError,
     CorruptStoreError,
@@ -95,38 +93,33 @@ from pytreestore.errors import (
 _T = TypeVar("_T")
 _PROTOTYPE = default_buffer_prototype()
 _CONFIG = {"write_empty_chunks": True, "order": "C"}  # a chunk of zeros is still written
-_MEMORY: dict[str, dict[str, Buffer]] = {}
-_MEMORY_LOCK = threading.Lock()
 _COMMIT_LOCK = threading.Lock()  # the commit lock of memory:// stores
 
 
 class ZarrBackend(ConditionalWrites, KeyListing, BatchedReads):
-    """Columns as zarr-python 3 arrays on a local directory, a ``memory://`` store or S3.
-
-    For an ``s3://`` location the object made is a :class:`ZarrS3Backend`.
+    """Columns as zarr-python 3 arrays on a local directory or a ``memory://`` store; its
+    subclass :class:`~pytreestore.backends._zarr.s3.ZarrS3Backend` stores on S3
+    (``backend="zarr"`` picks the class by location: :func:`zarr_backend`).
 
     Capabilities: ConditionalWrites (a ``flock`` locally, a process lock in memory; ETags on
     S3), KeyListing, BatchedReads.
     """
 
-    def __new__(cls, location: Location) -> ZarrBackend:
-        if cls is ZarrBackend and location.kind == "s3":
-            from pytreestore.backends._zarr.s3 import ZarrS3Backend
-
-            return object.__new__(ZarrS3Backend)
-        return object.__new__(cls)
-
     def __init__(self, location: Location) -> None:
         _zarr_dtypes.register()
         self._location = location
         self._unstored = Unstored()
-        self._store: Store = _open_store(location)
+        self._store: Store = self._open_store(location)
         self._errors: tuple[type[Exception], ...] = (OSError,)
         self._layouts: dict[str, ColumnShape] = {}
         self._documents: dict[str, dict[str, Any]] = {}
         self._arrays: dict[str, AsyncArray[ArrayV3Metadata]] = {}
         self._required = ChunksRequired(self._store)  # what reads go through
         self._attempted: dict[str, int] = {}  # grows whose write failed: maybe on disk
+
+    def _open_store(self, location: Location) -> Store:
+        """The zarr store under ``location`` (local disk or memory; S3 in the subclass)."""
+        return open_local_store(location)
 
     # ---- keys and bytes ----------------------------------------------------------------------
 
@@ -138,30 +131,30 @@ class ZarrBackend(ConditionalWrites, KeyListing, BatchedReads):
 
     def write_many_bytes(self, items: dict[str, bytes]) -> None:
         sets = (self._store.set(k, _PROTOTYPE.buffer.from_bytes(v)) for k, v in items.items())
-        self._call(_gather(sets), f"writing to {self._location}")
+        self._call(gather(sets), f"writing to {self._location}")
 
     def list_keys(self, prefix: str) -> list[str]:
         """Every key below the root that starts with ``prefix``."""
-        listing = _collect(self._store.list_prefix(prefix))
+        listing = collect(self._store.list_prefix(prefix))
         return sorted(self._call(listing, f"listing {self._location}/{prefix}"))
 
     def delete_keys(self, keys: Sequence[str]) -> None:
         """Deletes every key of ``keys`` (absent ones too), all at once."""
         deletes = (self._store.delete(k) for k in keys)
-        self._call(_gather(deletes), f"deleting from {self._location}")
+        self._call(gather(deletes), f"deleting from {self._location}")
 
     def delete_all(self) -> None:
         self.close()
         if self._location.kind == "file":
             delete_folder(self._location.root)
         else:
-            _memory_dict(self._location.root).clear()
+            memory_dict(self._location.root).clear()
 
     def is_empty(self) -> bool:
         if self._location.kind == "file":
             root = Path(self._location.root)
             return not root.exists() or not any(root.iterdir())
-        return not _memory_dict(self._location.root)
+        return not memory_dict(self._location.root)
 
     def read_bytes_versioned(self, key: str) -> tuple[bytes | None, bytes]:
         """The value at ``key`` (None when absent) and its token (:data:`NO_VALUE` if absent)."""
@@ -207,7 +200,7 @@ class ZarrBackend(ConditionalWrites, KeyListing, BatchedReads):
         return None if buffer is None else buffer.to_bytes()
 
     def _call(self, coroutine: Awaitable[_T], doing: str) -> _T:
-        return _run(coroutine, doing, self._errors)
+        return run(coroutine, doing, self._errors)
 
     # ---- columns -----------------------------------------------------------------------------
 
@@ -241,7 +234,7 @@ class ZarrBackend(ConditionalWrites, KeyListing, BatchedReads):
         stop = start + (len(blocks[0]) if blocks else 0)
         arrays = self._handles(keys, stop)
         writes = (a.setitem(slice(start, start + len(b)), b) for a, b in zip(arrays, blocks))
-        self._call(_gather(writes), f"writing columns of {self._location}")
+        self._call(gather(writes), f"writing columns of {self._location}")
 
     def read(self, keys: Sequence[str], index: Any, records: int) -> list[np.ndarray]:
         return self.read_many([(k, index) for k in keys], records)
@@ -256,7 +249,7 @@ class ZarrBackend(ConditionalWrites, KeyListing, BatchedReads):
         keys = list(dict.fromkeys(key for key, _ in requests))
         arrays = dict(zip(keys, self._handles(keys, records)))
         reads = (_read(key, self._reader(arrays[key], key), index) for key, index in requests)
-        return self._call(_gather(reads), f"reading columns of {self._location}")
+        return self._call(gather(reads), f"reading columns of {self._location}")
 
     def close(self) -> None:
         self._documents.clear()
@@ -278,7 +271,7 @@ class ZarrBackend(ConditionalWrites, KeyListing, BatchedReads):
             return
         with self._exclusive():
             reads = (self._get(array_json(k)) for k in grown)
-            raws = self._call(_gather(reads), f"reading column metadata of {self._location}")
+            raws = self._call(gather(reads), f"reading column metadata of {self._location}")
             for key, raw in zip(grown, raws):
                 file = f"{self._location}/{array_json(key)}"
                 known = self._documents[key]["shape"][0]
@@ -309,7 +302,7 @@ class ZarrBackend(ConditionalWrites, KeyListing, BatchedReads):
         if not stale:
             return
         reads = (self._get(array_json(k)) for k in stale)
-        raws = self._call(_gather(reads), f"reading column metadata of {self._location}")
+        raws = self._call(gather(reads), f"reading column metadata of {self._location}")
         for key, raw in zip(stale, raws):
             file = f"{self._location}/{array_json(key)}"
             document = _validate.parse_array_json(raw, file)
@@ -384,84 +377,7 @@ def _chunk_error(
     return damaged_chunk(key, chunk, err)
 
 
-async def _gather(aws: Iterable[Awaitable[_T]]) -> list[_T]:
-    return list(await asyncio.gather(*aws))
-
-
-async def _collect(items: AsyncIterator[_T]) -> list[_T]:
-    return [item async for item in items]
-
-
-def _run(
-    coroutine: Awaitable[_T], doing: str, errors: tuple[type[Exception], ...] = (OSError,)
-) -> _T:
-    """Runs ``coroutine`` on zarr-python's event loop and waits for it.
-
-    Raises:
-        StorageError: storage refused a request (disk full, server down, ...): any of
-            ``errors`` (``OSError``, and obstore's errors on S3).
-    """
-    try:
-        return sync(coroutine)  # type: ignore[arg-type]
-    except PyTreeStoreError:
-        raise
-    except errors as err:
-        brief = str(err).split("\n\nDebug source:", 1)[0]  # obstore appends a Rust dump
-        raise StorageError(
-            f"{doing} failed: {brief}. Records committed before stay committed; once storage "
-            "is reachable (or has space) again, retry the call (a failed flush() can be "
-            "repeated)."
-        ) from err
-
-
 # ---- stores --------------------------------------------------------------------------------------
-
-
-class ChunksRequired(WrapperStore[Store]):
-    """A store whose missing chunks raise :class:`CorruptChunkError` instead of reading as
-    the fill value: every chunk of a pytreestore column is stored (all-zero ones too), so a
-    missing one below the committed count is lost data. Used for reads only (a write of a new
-    tail chunk legitimately finds none)."""
-
-    async def get(
-        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
-    ) -> Buffer | None:
-        value = await self._store.get(key, prototype, byte_range)
-        if value is None:
-            _raise_missing(key)
-        return value
-
-    async def get_partial_values(
-        self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
-    ) -> list[Buffer | None]:
-        ranges = list(key_ranges)
-        values = await self._store.get_partial_values(prototype, ranges)
-        for (key, _), value in zip(ranges, values):
-            if value is None:
-                _raise_missing(key)
-        return values
-
-
-def _raise_missing(key: str) -> None:
-    found = CHUNK_KEY_PATTERN.match(key)
-    if found:
-        chunk = tuple(int(i) for i in found.group(2).split("/"))
-        raise missing_chunk(found.group(1), chunk, f"no object at {key}")
-
-
-def _open_store(location: Location) -> Store:
-    if location.kind == "memory":
-        return MemoryStore(store_dict=_memory_dict(location.root))
-    if location.kind == "file":
-        return DurableLocalStore(location.root)
-    if location.kind == "s3":
-        from pytreestore.backends._zarr.s3 import s3_store
-
-        return s3_store(location)
-    raise BadLocationError(
-        f"the zarr backend stores on local disk, memory:// and s3:// only, not at {location}; "
-        "use backend='tensorstore' there"
-    )
 
 
 def _digest(raw: bytes | None) -> bytes:
@@ -469,61 +385,4 @@ def _digest(raw: bytes | None) -> bytes:
     return NO_VALUE if raw is None else hashlib.sha256(raw).hexdigest().encode()
 
 
-def _memory_dict(name: str) -> dict[str, Buffer]:
-    with _MEMORY_LOCK:
-        return _MEMORY.setdefault(name, {})
-
-
-class DurableLocalStore(LocalStore):
-    """zarr-python's ``LocalStore`` with durable atomic writes, and no directory created
-    before the first write.
-
-    ``LocalStore`` already writes a temporary file and renames it; this one also fsyncs the
-    file before the rename and the directory after it, as TensorStore's ``file`` kvstore does,
-    so that a commit record never reaches the disk before the chunks it counts.
-    """
-
-    async def _open(self, *, mode: Any = None) -> None:
-        self._is_open = True  # reading a missing store must not create its directory
-
-    async def _set(self, key: str, value: Buffer, exclusive: bool = False) -> None:
-        self._check_writable()
-        await asyncio.to_thread(durable_put, self.root / key, value.to_bytes(), exclusive)
-
-
-def durable_put(path: Path, data: bytes, exclusive: bool = False) -> None:
-    """Writes ``path`` atomically and durably: temp file, fsync, rename, fsync of the folder.
-
-    With ``exclusive``, an existing ``path`` is left alone (``FileExistsError`` is swallowed
-    by the caller, as zarr-python's ``set_if_not_exists`` expects).
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if exclusive:
-            os.link(tmp, path)
-            os.unlink(tmp)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
-
-
-__all__ = [
-    "NO_VALUE",
-    "DurableLocalStore",
-    "ZarrBackend",
-    "array_document",
-    "durable_put",
-    "encode_document",
-]
+__all__ = ["ZarrBackend"]

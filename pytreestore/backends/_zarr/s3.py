@@ -21,6 +21,7 @@ from datetime import timedelta
 from types import ModuleType
 from typing import Any
 
+from zarr.abc.store import Store
 from zarr.core.buffer import Buffer
 from zarr.storage import ObjectStore
 
@@ -28,7 +29,8 @@ from pytreestore._format import validate as _validate
 from pytreestore._format.names import NO_VALUE, array_json
 from pytreestore._open.location import Location, S3Options
 from pytreestore.backends._metadata import encode_document
-from pytreestore.backends._zarr.backend import ZarrBackend, _gather
+from pytreestore.backends._zarr.aio import gather
+from pytreestore.backends._zarr.backend import ZarrBackend
 from pytreestore.errors import BadLocationError, CommitConflictError, StorageError
 
 # ---- S3 ----------------------------------------------------------------------------------------
@@ -185,7 +187,7 @@ class ZarrS3Backend(ZarrBackend):
 
     Example (not run as a doctest: it needs a server)::
 
-        backend = ZarrBackend(Location.parse("s3://my-bucket/runs", {"endpoint": url}))
+        backend = ZarrS3Backend(Location.parse("s3://my-bucket/runs", {"endpoint": url}))
         token = backend.write_bytes_if("note", b"one", NO_VALUE)  # create only: an ETag
         backend.write_bytes_if("note", b"two", NO_VALUE)  # None: it exists now
         backend.write_bytes_if("note", b"two", token)  # the new ETag
@@ -201,6 +203,9 @@ class ZarrS3Backend(ZarrBackend):
         self._s3: LimitedObjectStore = self._store
         self._conditional = getattr(location.options, "conditional_write", True)
         self._document_tokens: dict[str, bytes] = {}
+
+    def _open_store(self, location: Location) -> Store:
+        return s3_store(location)
 
     def read_bytes_versioned(self, key: str) -> tuple[bytes | None, bytes]:
         """The value at ``key`` (None when absent) and its token (:data:`NO_VALUE` if absent)."""
@@ -249,7 +254,7 @@ class ZarrS3Backend(ZarrBackend):
         ``grown`` that another writer grew past the new length raises
         :class:`CommitConflictError`, and nothing is shrunk under it."""
         puts = (self._put_document(k, d, k in grown) for k, d in documents.items())
-        self._call(_gather(puts), f"writing column metadata of {self._location}")
+        self._call(gather(puts), f"writing column metadata of {self._location}")
 
     # ---- requests --------------------------------------------------------------------------
 

@@ -1,0 +1,108 @@
+"""Waiting for TensorStore's futures, and its failures as pytreestore errors.
+
+TensorStore reports every failure as a ``ValueError`` whose text starts with a status code:
+a chunk it could not decode is damage (:class:`CorruptChunkError`), a missing metadata
+document or chunk is named as such, and anything else is storage that could not be reached
+(:class:`StorageError`, retryable).
+
+Example:
+    >>> is_damage(ValueError("DATA_LOSS: checksum mismatch"))
+    True
+    >>> type(storage_error("reading x", ValueError("UNAVAILABLE: down"))).__name__
+    'StorageError'
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from pytreestore.backends._base import damaged_chunk, missing_chunk
+from pytreestore.errors import (
+    CommitConflictError,
+    CorruptChunkError,
+    CorruptStoreError,
+    StorageError,
+)
+
+#: status codes of a read that found bytes it could not decode (as opposed to not reaching them)
+_DAMAGED = ("DATA_LOSS", "FAILED_PRECONDITION", "INVALID_ARGUMENT", "OUT_OF_RANGE")
+
+
+def wait(
+    futures: Sequence[Any],
+    keys: Sequence[str],
+    doing: str,
+    *,
+    read: bool = False,
+    meta: bool = False,
+    timeout: float | None = None,
+) -> list[Any]:
+    """Waits for every future (each up to ``timeout`` seconds), then raises the first failure
+    as a pytreestore error."""
+    results: list[Any] = []
+    failure: tuple[str, ValueError] | None = None
+    for key, fut in zip(keys, futures):
+        try:
+            results.append(result(fut, timeout))
+        except ValueError as err:
+            failure = failure or (key, err)
+            results.append(None)
+    if failure is None:
+        return results
+    key, err = failure
+    status = str(err).split(":", 1)[0]
+    if "`expand_only` was specified" in str(err):
+        raise CommitConflictError(
+            f"column {key} has grown since this writer last resized it: another writer is "
+            "appending to this store. Nothing more was written; reopen the store."
+        ) from err
+    if meta and (status in _DAMAGED or status == "NOT_FOUND"):
+        raise CorruptStoreError(f"{doing} {key}: its zarr.json cannot be used: {err}") from err
+    if read and is_damage(err):
+        raise chunk_error(key, err) from err
+    raise storage_error(f"{doing} {key}", err) from err
+
+
+def is_damage(err: ValueError) -> bool:
+    """Whether a read failed on bytes it could not decode, or on a chunk that is missing."""
+    status = str(err).split(":", 1)[0]
+    return status in _DAMAGED or (status == "NOT_FOUND" and "is missing" in str(err))
+
+
+def result(future: Any, timeout: float | None) -> Any:
+    """``future``'s result; after ``timeout`` seconds (the location's ``total_timeout``) it is
+    cancelled and a ``DEADLINE_EXCEEDED`` ValueError raised, as TensorStore reports failures."""
+    try:
+        return future.result(timeout=timeout)
+    except TimeoutError as err:
+        future.cancel()
+        raise ValueError(
+            f"DEADLINE_EXCEEDED: no answer from storage within {timeout:g} s (the "
+            "storage option total_timeout; retries included)"
+        ) from err
+
+
+def chunk_error(key: str, err: ValueError) -> CorruptChunkError:
+    """The error of a chunk of ``key`` that a read found damaged or missing, naming the chunk."""
+    found = re.search(re.escape(key) + r"/c((?:/\d+)+)", str(err))
+    grid = re.search(r"chunk \{([\d, ]+)\}", str(err))
+    if found:
+        chunk: tuple[int, ...] | None = tuple(int(i) for i in found.group(1).split("/")[1:])
+    else:
+        chunk = tuple(int(i) for i in grid.group(1).split(",")) if grid else None
+    if str(err).startswith("NOT_FOUND"):
+        return missing_chunk(key, chunk, err)
+    return damaged_chunk(key, chunk, err)
+
+
+def storage_error(doing: str, err: Exception) -> StorageError:
+    """The error of storage that failed ``doing`` something: retryable."""
+    return StorageError(
+        f"{doing} failed: {err}. Records committed before stay committed; once storage is "
+        "reachable (or has space) again, retry the call (a failed flush() can be repeated)."
+    )
+
+
+__all__ = ["chunk_error", "is_damage", "result", "storage_error", "wait"]
