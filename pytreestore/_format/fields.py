@@ -23,7 +23,6 @@ import dataclasses
 from typing import Any
 
 import numpy as np
-from jax._src import tree_util as _jax_tree_util
 from jax.tree_util import tree_flatten_with_path
 
 from pytreestore._format import dtypes as _dtypes
@@ -119,7 +118,7 @@ def unbuildable(cls: type) -> str:
     )
     if (issubclass(cls, tuple | list | dict) and not own_namedtuple) or cls is type(None):
         return f"today {cls.__qualname__} is a built-in container (the node kind changed)"
-    entry = _jax_tree_util._registry.get(cls)
+    entry = _nodes.registration(cls)
     if entry is None:
         return f"today {cls.__qualname__}{UNREGISTERED}"
     if "register_dataclass" in getattr(entry.to_iter, "__qualname__", ""):

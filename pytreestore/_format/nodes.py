@@ -97,8 +97,17 @@ def has_own_flatten(cls: type) -> bool:
     ``jax._src.tree_util._registry``; a NamedTuple that is not there is flattened natively, in
     field order.
     """
+    return registration(cls) is not None
+
+
+def registration(cls: type) -> Any:
+    """JAX's registry entry of ``cls`` (its flatten and unflatten), or None when it has none.
+
+    JAX keeps every registration in ``jax._src.tree_util._registry``: this is the one place
+    pytreestore reads it.
+    """
     registry = getattr(_jax_tree_util, "_registry", None)
-    return isinstance(registry, dict) and cls in registry
+    return registry.get(cls) if isinstance(registry, dict) else None
 
 
 def encode_aux(cls: type, aux: Any, keys: Sequence[Any], where: str) -> Any:
