@@ -26,7 +26,7 @@ from pytreestore.backends._zarr.s3 import ZarrS3Backend, s3_settings
 import pytreestore
 from pytreestore import errors
 from pytreestore._commit.lock import LOCK_KEY
-from pytreestore._commit.writer import COMMIT_KEY
+from pytreestore._commit.record import COMMIT_KEY
 from pytreestore._open.location import Location
 from pytreestore.backends import ZarrBackend, get_backend
 from pytreestore.backends._zarr.backend import NO_VALUE

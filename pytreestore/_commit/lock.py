@@ -35,7 +35,7 @@ from typing import Any
 
 from pytreestore._format.names import LOCK_KEY, NO_VALUE
 from pytreestore._open.location import Location
-from pytreestore.backends._base import ConditionalWrites
+from pytreestore.backends import ConditionalWrites
 from pytreestore.errors import StorageError, StoreLockedError
 
 _HELD: set[str] = set()
