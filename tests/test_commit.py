@@ -126,7 +126,7 @@ def test_clearing_an_empty_location_does_nothing(tmp_path):
 # ---- opening: the lock handshake and check_starts ------------------------------------------------
 
 
-def test_attach_for_append_takes_the_lock_before_reading_the_commit(tmp_path):
+def test_attach_for_append_takes_the_writer_lock_and_a_reader_none(tmp_path):
     path = str(tmp_path / "s")
     pytreestore.create(path, LIKE).close()
     location, engine = engine_at(path)
@@ -137,7 +137,8 @@ def test_attach_for_append_takes_the_lock_before_reading_the_commit(tmp_path):
         protocol.attach(other, other_location, schema(), append=True)
     assert protocol.attach(other, other_location, schema(), append=False)[1] is None
     lock.release()
-    again = protocol.attach(*reversed(engine_at(path)), schema(), append=True)[1]
+    third_location, third = engine_at(path)
+    again = protocol.attach(third, third_location, schema(), append=True)[1]
     assert again is not None
     again.release()
 

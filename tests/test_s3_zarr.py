@@ -21,7 +21,6 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-from pytreestore.backends._zarr.s3 import ZarrS3Backend, s3_settings
 
 import pytreestore
 from pytreestore import errors
@@ -30,6 +29,7 @@ from pytreestore._commit.record import COMMIT_KEY
 from pytreestore._open.location import Location
 from pytreestore.backends import ZarrBackend, get_backend
 from pytreestore.backends._zarr.backend import NO_VALUE
+from pytreestore.backends._zarr.s3 import ZarrS3Backend, s3_settings
 from pytreestore.testing import assert_trees_equal
 from pytreestore.testing.conformance import BackendSuite
 from pytreestore.testing.s3 import OutageProxy

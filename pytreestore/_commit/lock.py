@@ -12,7 +12,7 @@
 
 The lock keeps a second writer out; it does not by itself make commits safe. That is the
 commit record's job: every commit is a conditional write on the generation the writer last
-saw (:mod:`pytreestore._commit.writer`), so two writers can never both commit, lock or no lock.
+saw (:mod:`pytreestore._commit.protocol`), so two writers can never both commit, lock or no lock.
 
 Example:
     >>> from pytreestore._open.location import Location
