@@ -13,17 +13,17 @@ Example:
 """
 
 from pytreestore import errors as errors
-from pytreestore._commit.evolve import evolve as evolve
 from pytreestore._format.schema import FORMAT_VERSION as FORMAT_VERSION
 from pytreestore._format.schema import ColumnSpec as ColumnSpec
 from pytreestore._format.schema import TreeSchema as TreeSchema
 from pytreestore._inspect.verify import VerifyReport as VerifyReport
 from pytreestore._open.copy import copy as copy
+from pytreestore._open.open import create as create
+from pytreestore._open.open import evolve as evolve
+from pytreestore._open.open import open as open
 from pytreestore._pipelines.batches import BatchIterator as BatchIterator
 from pytreestore._pipelines.batches import GrainSource as GrainSource
 from pytreestore._store import TreeStore as TreeStore
-from pytreestore._store import create as create
-from pytreestore._store import open as open
 from pytreestore._tree.stack import stack as stack
 from pytreestore._tree.stack import unstack as unstack
 

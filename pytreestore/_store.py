@@ -14,52 +14,45 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import errno
 import functools
-import json
 import os
 import threading
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from jax.tree_util import tree_flatten
 
+from pytreestore._commit import evolve as _evolve
 from pytreestore._commit.lock import WriterLock
-from pytreestore._commit.repair import check_not_replaced, repair
-from pytreestore._commit.writer import Commit, Writer, check_buffer, layouts
+from pytreestore._commit.record import Commit
+from pytreestore._commit.repair import check_not_replaced
+from pytreestore._commit.writer import Writer
 from pytreestore._format import prng as _prng
 from pytreestore._format import validate as _validate
-from pytreestore._format.names import COMMIT_KEY, INCOMPLETE_KEY, ROOT_KEY
+from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._inspect import progress as _progress
 from pytreestore._inspect import repr as _repr
 from pytreestore._inspect.verify import VerifyReport, name_column, verify
 from pytreestore._open.location import Location
+from pytreestore._open.spec import StoreSpec, reopen
 from pytreestore._pipelines import batches as _batches
 from pytreestore._pipelines import map as _map
 from pytreestore._read import device as _device
 from pytreestore._read import index as _read
 from pytreestore._read import sharded as _sharded
-from pytreestore._tree.convert import RecordError
 from pytreestore._tree.stack import split_leaves
-from pytreestore.backends import Backend, get_backend
+from pytreestore.backends import Backend
 from pytreestore.errors import (
     ClosedStoreError,
     CorruptChunkError,
     CorruptStoreError,
     ForkedWriterError,
-    NotAStoreError,
     PyTreeStoreError,
     ReadOnlyError,
     SchemaMismatchError,
     StorageError,
-    StoreExistsError,
-    StoreNotFoundError,
     UnpicklableStoreError,
-    UnsupportedTreeError,
 )
 
 _ITER_BLOCK = 4096
@@ -88,24 +81,21 @@ class TreeStore:
         *,
         location: Location,
         backend: Backend,
-        backend_name: str,
         schema: TreeSchema,
         mode: str,
         commit: Commit,
         lock: WriterLock | None,
-        reopen: Mapping[str, Any] | None = None,
-        cast: bool = False,
+        spec: StoreSpec,
     ) -> None:
         self._location = location
-        self._cast = _check_cast(cast)
+        self._cast = _check_cast(spec.cast)
         self._backend = backend
-        self._backend_name = backend_name
         self._schema = schema
         self._mode = mode
         self._commit = commit
         self._lock = lock
         self._closed = False
-        self._reopen = dict(reopen or {})  # open()'s options, for pickling a reader
+        self._spec = spec  # how to open it again, for pickling a reader
         self._pid = os.getpid()  # a writer serves only the process that opened it
         self._mutex = threading.RLock()  # one append, flush or close at a time
         self._reads = 0  # reads in flight, which close() waits for
@@ -161,11 +151,8 @@ class TreeStore:
             SchemaMismatchError: the record's structure, a shape or a dtype differs from the
                 schema. Nothing is appended.
         """
-        leaves, treedef = tree_flatten(record)
         with self._writing(append=True) as writer:
-            if treedef != self._schema.treedef:
-                raise SchemaMismatchError(self._schema.mismatch_message(record))
-            writer.append(self._schema.column_leaves(leaves))
+            writer.append_record(record)
 
     def extend(self, records: Iterable[Any], *, progress: bool = False) -> None:
         """Appends every record of an iterable (a list, a generator, ...), all or none.
@@ -177,42 +164,11 @@ class TreeStore:
             records: the records to append.
             progress: show a progress bar (records and MB/s) on standard error.
         """
-        with self._writing(append=True) as writer:
-            self._extend(writer, records, progress)
-
-    def _extend(self, writer: Writer, records: Iterable[Any], progress: bool) -> None:
         if progress:
-            records = _progress.track(
-                records,
-                desc="extend",
-                record_nbytes=sum(c.record_nbytes for c in self._schema.columns),
-            )
-        treedef, schema = self._schema.treedef, self._schema
-        seen = [0]
-
-        def checked() -> Iterator[list[Any]]:
-            for record in records:
-                leaves, got = tree_flatten(record)
-                if got != treedef:
-                    raise SchemaMismatchError(schema.mismatch_message(record))
-                yield schema.column_leaves(leaves)
-                seen[0] += 1
-
-        position = writer.snapshot()
-        try:
-            writer.append_many(checked())
-        except (SchemaMismatchError, RecordError) as err:
-            writer.rollback(position)
-            index, cause = (
-                (err.index, err.error) if isinstance(err, RecordError) else (seen[0], err)
-            )
-            raise SchemaMismatchError(
-                f"extend() refused record {index} (none of this call's records were "
-                f"appended): {cause}"
-            ) from cause
-        except BaseException:
-            writer.rollback(position)
-            raise
+            nbytes = sum(c.record_nbytes for c in self._schema.columns)
+            records = _progress.track(records, desc="extend", record_nbytes=nbytes)
+        with self._writing(append=True) as writer:
+            writer.extend(records)
 
     def extend_batch(self, batch: Any) -> None:
         """Appends a batched record: the schema's structure, leaves with a leading record axis.
@@ -221,26 +177,8 @@ class TreeStore:
             SchemaMismatchError: structure, per-record shape or dtype differ, or the leaves
                 disagree on the number of records. Nothing is appended.
         """
-        leaves, treedef = tree_flatten(batch)
         with self._writing(append=True) as writer:
-            self._extend_batch(writer, batch, leaves, treedef)
-
-    def _extend_batch(self, writer: Writer, batch: Any, leaves: list[Any], treedef: Any) -> None:
-        if treedef != self._schema.treedef:
-            raise SchemaMismatchError(self._schema.mismatch_message(batch, what="batch"))
-        leaves = self._schema.column_leaves(leaves)
-        count = _batch_length(leaves, self._schema.paths)
-        blocks = [
-            c.coerce(leaf, batch=count, what="batch") for c, leaf in zip(writer.casters, leaves)
-        ]
-        if count == 0:
-            return
-        position = writer.snapshot()
-        try:
-            writer.write_batch(blocks)
-        except BaseException:
-            writer.rollback(position)
-            raise
+            writer.extend_batch(batch)
 
     def evolve(
         self,
@@ -272,26 +210,11 @@ class TreeStore:
                 allow, or a result today's classes do not match. Nothing is changed.
             UnsupportedDtypeError: a default a column cannot hold. Nothing is changed.
         """
-        from pytreestore._commit import evolve as _evolve
-
+        changes = {"add": add, "drop": drop, "rename": rename, "rename_class": rename_class}
         with self._writing() as writer:
             writer.flush()
-            raw = self._backend.read_bytes(ROOT_KEY)
-            document = json.loads(raw or b"{}")
-            info = _validate.root_schema(raw, self.path)
-            taken = functools.partial(_taken, self._backend)
-            changes = {"add": add, "drop": drop, "rename": rename, "rename_class": rename_class}
-            new_info, added = _evolve.plan(info, writer.commit.records, taken=taken, **changes)
-            stamped = _validate.stamped(new_info)
-            schema = TreeSchema.from_json(stamped, generic=self._schema.treedef is None)
-            if added:
-                self._backend.create_columns(layouts(dataclasses.replace(schema, columns=added)))
-                self._backend.resize([c.key for c in added], writer.commit.records)
-                groups = dataclasses.replace(schema, columns=tuple(added))
-                self._backend.write_many_bytes({k: _group_json({}) for k in _group_keys(groups)})
-            document["attributes"]["pytreestore"] = stamped
-            self._backend.write_bytes(ROOT_KEY, json.dumps(document, indent=1).encode())
-            self._backend.open_columns(schema.columns)
+            records = writer.commit.records
+            schema = _evolve.apply(self._backend, self._schema, records, self.path, **changes)
             self._schema, self._writer = schema, Writer(self._backend, schema, writer.commit)
 
     def flush(self) -> None:
@@ -377,27 +300,17 @@ class TreeStore:
                 "open a reader of it"
             )
         self._check_open()
-        return (_reopen, (self.reopen_options(),))
+        return (reopen, (self._spec,))
+
+    @property
+    def spec(self) -> StoreSpec:
+        """How to open this store again, read-only: a picklable
+        :class:`~pytreestore._open.spec.StoreSpec` (``spec.open()`` opens it)."""
+        return self._spec
 
     def reopen_options(self) -> dict[str, Any]:
         """The arguments of :func:`open` that open this store again, read-only."""
-        options = self._location.options
-        storage = (
-            {
-                f.name: getattr(options, f.name)
-                for f in dataclasses.fields(options)
-                if getattr(options, f.name) != f.default
-            }
-            if options is not None
-            else None
-        )
-        return dict(
-            self._reopen,
-            path=str(self._location),
-            mode="r",
-            backend=self._backend_name,
-            storage_options=storage or None,
-        )
+        return self._spec.options()
 
     # ---- reading -------------------------------------------------------------------------------
 
@@ -837,18 +750,6 @@ class TreeStore:
             yield self._appendable() if append else self._writable()
 
 
-def _check_starts(schema: TreeSchema, records: int, location: Location) -> None:
-    """Raises CorruptStoreError if a column added by evolve starts past the committed records
-    (the schema is read before the commit record, and an evolve starts columns at a commit)."""
-    for column in schema.columns:
-        if column.start > records:
-            raise CorruptStoreError(
-                f"{location}/{ROOT_KEY}: column {column.path} starts at record {column.start}, "
-                f"but only {records} are committed; the schema was edited or damaged outside "
-                "pytreestore (records before 'start' would read its default)"
-            )
-
-
 def _key_impls(schema: TreeSchema) -> list[Any]:
     """The PRNG key implementation of each column of ``schema`` (None for other columns)."""
     return [c.key_impl for c in schema.columns]
@@ -860,316 +761,4 @@ def _check_cast(cast: Any) -> bool:
     return cast
 
 
-def _batch_length(leaves: Sequence[Any], paths: Sequence[str]) -> int:
-    lengths = []
-    for leaf, path in zip(leaves, paths):
-        shape = np.shape(leaf)
-        if not shape:
-            raise SchemaMismatchError(
-                f"batch leaf at {path or 'the root'} has no leading record axis (shape ()); "
-                "extend_batch takes leaves shaped (records, *leaf_shape); use append for one record"
-            )
-        lengths.append(shape[0])
-    if len(set(lengths)) > 1:
-        detail = ", ".join(f"{p or 'the root'}: {n}" for p, n in zip(paths, lengths))
-        raise SchemaMismatchError(
-            f"batch leaves disagree on the number of records ({detail}); every leaf of a batch "
-            "needs the same leading length"
-        )
-    return lengths[0] if lengths else 0
-
-
-# ---- create and open -----------------------------------------------------------------------------
-
-
-def create(
-    path: str | os.PathLike[str],
-    like: Any,
-    *,
-    chunk_records: int | None = None,
-    codec: str | None = "zstd",
-    backend: str = "tensorstore",
-    overwrite: bool = False,
-    storage_options: Mapping[str, Any] | None = None,
-    cast: bool = False,
-) -> TreeStore:
-    """Creates an empty store for records shaped like ``like`` and opens it for appending.
-
-    Args:
-        path: a local directory, or ``memory://NAME`` for an in-memory store.
-        like: an example record; its structure, static fields, leaf dtypes and shapes become
-            the schema. Its values are not stored.
-        chunk_records: records per chunk; by default chosen so chunks hold about 4 MiB.
-        codec: ``"zstd"`` (default), ``"blosc"``, ``"gzip"``, or None for uncompressed.
-        backend: the storage engine: ``"tensorstore"`` (default), ``"zarr"`` (zarr-python;
-            local directories, ``memory://`` and ``s3://``), or a name registered with
-            :func:`pytreestore.backends.register_backend`. Either reads what the other wrote.
-        overwrite: replace an existing store at ``path``.
-        storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
-            retries (see :class:`pytreestore._open.location.S3Options` and ``docs/reliability.md``).
-        cast: the store's dtype policy for device reads: True loads 64-bit columns as 32 bits
-            while x64 is disabled (values that do not fit raise), in ``store[...]``,
-            iteration, :meth:`~TreeStore.records`, :meth:`~TreeStore.load`,
-            :meth:`~TreeStore.batches` and :meth:`~TreeStore.map`; each read's own
-            ``cast=`` overrides it.
-
-    Raises:
-        UnsupportedTreeError: ``like`` holds a node or leaf a store cannot represent.
-        StoreExistsError: a store (or other data) is at ``path`` and ``overwrite`` is false.
-
-    Example:
-        >>> import pytreestore
-        >>> store = pytreestore.create("memory://doc-create", {"x": 0.0}, overwrite=True)
-        >>> [c.path for c in store.schema.columns]
-        ["['x']"]
-    """
-    _check_cast(cast)
-    location = Location.parse(path, storage_options)
-    schema = _schema_of(like, chunk_records=chunk_records, codec=codec)
-    if not schema.columns:
-        raise SchemaMismatchError(
-            "the example record has no leaves, so a store would have no columns; "
-            "give like= at least one array or scalar"
-        )
-    if codec not in ("zstd", "blosc", "gzip", None):
-        raise ValueError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
-    store = create_from_schema(location, schema, backend=backend, overwrite=overwrite)
-    store._cast = cast
-    return store
-
-
-def _schema_of(like: Any, **options: Any) -> TreeSchema:
-    try:
-        tree_flatten(like)
-    except ValueError as err:  # JAX cannot flatten it (dict keys of mixed types, ...)
-        raise UnsupportedTreeError(
-            f"the example record cannot be flattened by JAX: {err} A dict's keys must be "
-            "sortable against each other (all str, or all int); use one key type per dict."
-        ) from err
-    return TreeSchema.from_example(like, **options)
-
-
-def create_from_schema(
-    location: Location,
-    schema: TreeSchema,
-    *,
-    backend: str,
-    overwrite: bool,
-    finished: bool = True,
-) -> TreeStore:
-    """Creates an empty store with a ready-made ``schema`` (``create`` and ``copy`` share it).
-
-    Everything that can be checked is checked before anything is written; a failure after
-    the writer lock is taken deletes what was made and releases the lock. With
-    ``finished=False`` the store keeps its :data:`INCOMPLETE_KEY` marker, which the caller
-    (``copy``) removes once it is done.
-    """
-    check_buffer(schema, str(location))
-    engine: Backend = get_backend(backend)(location)
-    _clear_for_create(engine, location, overwrite)
-    lock = _take_lock(location, engine)
-    try:
-        engine.write_bytes(INCOMPLETE_KEY, b"")
-        engine.create_columns(layouts(schema))
-        groups = {k: _group_json({}) for k in _group_keys(schema)}
-        engine.write_many_bytes(groups)
-        commit = Commit(0, 0, uuid.uuid4().hex)  # the store's identity, kept by every commit
-        engine.write_bytes(COMMIT_KEY, commit.to_bytes())
-        info = _validate.stamped(schema.to_json())  # checked against schema.json, with a digest
-        engine.write_bytes(ROOT_KEY, _group_json({"pytreestore": info}))
-        if finished:
-            engine.delete_keys([INCOMPLETE_KEY])
-        return TreeStore(
-            location=location,
-            backend=engine,
-            backend_name=backend,
-            schema=schema,
-            mode="a",
-            commit=commit,
-            lock=lock,
-        )
-    except BaseException:
-        try:
-            engine.delete_all()  # a half-made store must not block the next create
-        finally:
-            lock.release()
-        raise
-
-
-def open(
-    path: str | os.PathLike[str],
-    mode: Literal["r", "a"] = "r",
-    *,
-    like: Any = None,
-    generic: bool = False,
-    backend: str = "tensorstore",
-    storage_options: Mapping[str, Any] | None = None,
-    break_lock: bool = False,
-    cache_bytes: int = 0,
-    cast: bool = False,
-) -> TreeStore:
-    """Opens an existing store.
-
-    Args:
-        path: the store's directory, or ``memory://NAME``.
-        mode: ``"r"`` to read, ``"a"`` to append (takes the store's writer lock).
-        like: an example record whose classes to use instead of importing the classes the
-            schema names (for classes defined in ``__main__`` or since moved).
-        generic: return dicts, lists and tuples instead of the stored classes, without
-            importing them (with mode "a": the store can :meth:`~TreeStore.evolve`, not append).
-        backend: the storage engine: ``"tensorstore"`` (default), ``"zarr"``, or a name
-            registered with :func:`pytreestore.backends.register_backend`.
-        storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
-            retries (see :class:`pytreestore._open.location.S3Options` and ``docs/reliability.md``).
-        break_lock: S3 and GCS, ``mode="a"`` only: take the writer lock over even from a
-            holder that may be alive (a writer on a host that crashed). A holder on this host
-            that has died is detected and replaced without it.
-        cache_bytes: keep up to this many bytes of decoded chunks in memory (least recently
-            used out first), so that gathers and small reads that touch the same chunks again
-            skip the disk and the decoder. Every use of a cached chunk is checked against
-            storage first, so a chunk a writer has rewritten since is read again. Default 0:
-            no cache. TensorStore backend only.
-        cast: the store's dtype policy for device reads (see :func:`create`): True loads
-            64-bit columns as 32 bits while x64 is disabled, in every read that does not pass
-            its own ``cast=``.
-
-    Raises:
-        StoreNotFoundError: nothing is at ``path``.
-        NotAStoreError: ``path`` holds something that is not a store, or its root metadata
-            is not JSON.
-        FormatVersionError: the store's format is newer than this pytreestore.
-        CorruptStoreError: the root metadata breaks the format's JSON Schema
-            (``pytreestore/schema.json``), or a column's array disagrees with the schema
-            (raised when the column is first read).
-        ClassResolutionError: a class the schema names cannot be imported.
-        StoreLockedError: ``mode="a"`` and another writer holds the store.
-
-    Example:
-        >>> import pytreestore
-        >>> pytreestore.create("memory://doc-open", {"x": 0}).close()
-        >>> pytreestore.open("memory://doc-open")
-        TreeStore('memory://doc-open', mode='r', records=0, columns=1, nbytes=0 B)
-    """
-    if mode not in ("r", "a"):
-        raise ValueError(f"mode must be 'r' (read) or 'a' (append), got {mode!r}")
-    _check_cast(cast)
-    if break_lock and mode != "a":
-        raise ValueError("break_lock=True takes the writer lock; open with mode='a'")
-    if not isinstance(cache_bytes, int) or cache_bytes < 0:
-        raise ValueError(f"cache_bytes must be an int >= 0 (bytes), got {cache_bytes!r}")
-    if cache_bytes and backend != "tensorstore":
-        raise ValueError(
-            f"cache_bytes is a feature of the tensorstore backend, not of {backend!r}; "
-            "open with backend='tensorstore' or without cache_bytes"
-        )
-    location = Location.parse(path, storage_options)
-    cache = {"cache_bytes": cache_bytes} if cache_bytes else {}
-    engine: Backend = get_backend(backend)(location, **cache)
-    schema = _read_schema(engine, location, like=like, generic=generic)
-    engine.open_columns(schema.columns)
-    lock = _take_lock(location, engine, break_lock=break_lock) if mode == "a" else None
-    try:
-        commit = Commit.read(engine, str(location))
-        _check_starts(schema, commit.records, location)
-        if mode == "a":
-            repair(engine, location, schema, commit.records)
-        return TreeStore(
-            location=location,
-            backend=engine,
-            backend_name=backend,
-            schema=schema,
-            mode=mode,
-            commit=commit,
-            lock=lock,
-            reopen={"like": like, "generic": generic, "cache_bytes": cache_bytes, "cast": cast},
-            cast=cast,
-        )
-    except BaseException:
-        try:
-            engine.close()
-        finally:
-            if lock is not None:  # every failure after the lock was taken gives it back
-                lock.release()
-        raise
-
-
-def _reopen(options: dict[str, Any]) -> TreeStore:
-    """Unpickles a reader: opens its store again with the options it was opened with."""
-    return open(**options)
-
-
-def _read_schema(engine: Backend, location: Location, *, like: Any, generic: bool) -> TreeSchema:
-    raw = engine.read_bytes(ROOT_KEY)
-    if raw is None:
-        if engine.is_empty():
-            raise StoreNotFoundError(f"no store at {location}")
-        raise NotAStoreError(f"{location} is not a pytreestore store: {ROOT_KEY} is missing")
-    return _validate.load_schema(raw, str(location), like=like, generic=generic)
-
-
-def _clear_for_create(engine: Backend, location: Location, overwrite: bool) -> None:
-    if engine.is_empty():
-        return
-    is_store = (
-        engine.read_bytes(ROOT_KEY) is not None
-        or engine.read_bytes(COMMIT_KEY) is not None
-        or engine.read_bytes(INCOMPLETE_KEY) is not None  # what a cut-off copy or create left
-    )
-    if not overwrite:
-        raise StoreExistsError(
-            f"{location} already holds "
-            + ("a store; pass overwrite=True to replace it" if is_store else "other data")
-        )
-    if not is_store:
-        raise StoreExistsError(
-            f"{location} holds data that is not a pytreestore store; refusing to delete it. "
-            "Choose an empty or new location."
-        )
-    _take_lock(location, engine).release()
-    engine.delete_all()
-
-
-def _take_lock(location: Location, engine: Backend, *, break_lock: bool = False) -> WriterLock:
-    """The writer lock; a file system that refuses it raises a pytreestore error, not a raw one."""
-    try:
-        return WriterLock.acquire(location, engine, break_lock=break_lock)
-    except PyTreeStoreError:
-        raise
-    except (IsADirectoryError, NotADirectoryError, FileExistsError) as err:
-        raise CorruptStoreError(
-            f"cannot take the writer lock of {location}: {err}. {location}/.pytreestore must "
-            "be a directory and .pytreestore/lock a file; remove whatever is in their place "
-            "(they hold no records) and try again."
-        ) from err
-    except OSError as err:
-        read_only = err.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
-        raise StorageError(
-            f"cannot take the writer lock of {location}: {err}. "
-            + (
-                "The store's directory is not writable (a read-only file system or missing "
-                "permissions); open it with mode='r' to read it."
-                if read_only
-                else "Check the file system and try again."
-            )
-        ) from err
-
-
-def _taken(engine: Backend, key: str) -> bool:
-    return engine.read_bytes(f"{key}/{ROOT_KEY}") is not None
-
-
-def _group_keys(schema: TreeSchema) -> list[str]:
-    groups: set[str] = set()
-    for c in schema.columns:
-        parts = c.key.split("/")
-        groups.update("/".join(parts[:i]) + "/" + ROOT_KEY for i in range(1, len(parts)))
-    return sorted(groups)
-
-
-def _group_json(attributes: dict[str, Any]) -> bytes:
-    return json.dumps(
-        {"zarr_format": 3, "node_type": "group", "attributes": attributes}, indent=1
-    ).encode()
-
-
-__all__ = ["TreeStore", "create", "open"]
+__all__ = ["TreeStore"]

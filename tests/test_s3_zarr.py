@@ -25,7 +25,7 @@ import pytest
 import pytreestore
 from pytreestore import errors
 from pytreestore._commit.lock import LOCK_KEY
-from pytreestore._commit.writer import COMMIT_KEY
+from pytreestore._commit.record import COMMIT_KEY
 from pytreestore._format.names import NO_VALUE
 from pytreestore._open.location import Location
 from pytreestore.backends import get_backend

@@ -1,7 +1,7 @@
 """Changing a store's schema in place: one atomic, metadata-only step (``TreeStore.evolve``).
 
 :func:`plan` turns the requested changes into a new schema document, checking everything
-before anything is written; the store then creates the arrays of added columns (empty, no
+before anything is written; :func:`apply` then creates the arrays of added columns (empty, no
 chunk written: records before the add read the array's fill value, which is the default) and
 replaces its root ``zarr.json`` in one atomic put. A crash before that put leaves the old
 schema (and at most unused arrays, whose keys a later add skips); after it, the new one.
@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import ast
 import copy
-import os
+import dataclasses
+import functools
+import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -31,11 +33,15 @@ from typing import Any
 import numpy as np
 from jax.tree_util import DictKey, GetAttrKey
 
+from pytreestore._commit import protocol
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format import keys as _keys
+from pytreestore._format import validate as _validate
 from pytreestore._format.columns import leaf_chunks
 from pytreestore._format.kinds import child_entry
-from pytreestore._format.schema import FORMAT_VERSION, ColumnSpec
+from pytreestore._format.names import ROOT_KEY
+from pytreestore._format.schema import FORMAT_VERSION, ColumnSpec, TreeSchema
+from pytreestore.backends import Backend
 from pytreestore.errors import CorruptStoreError, SchemaMismatchError, UnsupportedDtypeError
 
 _LAST = re.compile(
@@ -101,34 +107,32 @@ def plan(
     return out, [c for c in kept if c.key in new_keys]
 
 
-def evolve(
-    path: str | os.PathLike[str],
-    *,
-    add: Mapping[str, Any] | None = None,
-    drop: Sequence[str] | None = None,
-    rename: Mapping[str, str] | None = None,
-    rename_class: Mapping[str, str] | None = None,
-    backend: str = "tensorstore",
-    storage_options: Mapping[str, Any] | None = None,
-) -> None:
-    """Changes the schema of the store at ``path``, without importing its classes.
+def apply(
+    backend: Backend, schema: TreeSchema, records: int, where: str, **changes: Any
+) -> TreeSchema:
+    """Applies ``changes`` (the arguments of :func:`plan`) to the store behind ``backend``,
+    whose writer holds the lock and has committed ``records`` records; the new schema.
 
-    The way to evolve a store that today's classes can no longer open. The arguments are
-    those of :meth:`TreeStore.evolve`, plus ``backend`` and ``storage_options`` of
-    :func:`pytreestore.open`.
-
-    Example:
-        >>> import numpy as np, pytreestore
-        >>> pytreestore.create("memory://doc-evolve-fn", {"a": np.int8(1)}).close()
-        >>> pytreestore.evolve("memory://doc-evolve-fn", rename={"['a']": "['b']"})
-        >>> pytreestore.open("memory://doc-evolve-fn").schema.paths
-        ("['b']",)
+    Added columns' arrays are created empty and sized to ``records``, with their groups;
+    then the root ``zarr.json`` is replaced in one atomic put (the commit protocol,
+    :mod:`pytreestore._commit.protocol`, step 7).
     """
-    from pytreestore._store import open as open_store
-
-    store = open_store(path, "a", generic=True, backend=backend, storage_options=storage_options)
-    with store:
-        store.evolve(add=add, drop=drop, rename=rename, rename_class=rename_class)
+    raw = backend.read_bytes(ROOT_KEY)
+    document = json.loads(raw or b"{}")
+    info = _validate.root_schema(raw, where)
+    taken = functools.partial(protocol.taken, backend)
+    new_info, added = plan(info, records, taken=taken, **changes)
+    stamped = _validate.stamped(new_info)
+    new = TreeSchema.from_json(stamped, generic=schema.treedef is None)
+    if added:
+        columns = dataclasses.replace(new, columns=tuple(added))
+        backend.create_columns(protocol.layouts(columns))
+        backend.resize([c.key for c in added], records)
+        backend.write_many_bytes({k: protocol.group_json({}) for k in protocol.group_keys(columns)})
+    document["attributes"]["pytreestore"] = stamped
+    backend.write_bytes(ROOT_KEY, json.dumps(document, indent=1).encode())
+    backend.open_columns(new.columns)
+    return new
 
 
 # ---- the tree, annotated with column numbers while it is edited --------------------------------
@@ -155,8 +159,6 @@ def _strip(node: dict[str, Any]) -> None:
 
 
 def _with_path(column: ColumnSpec, path: str) -> ColumnSpec:
-    import dataclasses
-
     return dataclasses.replace(column, path=path)
 
 
@@ -336,4 +338,4 @@ def _float_json(value: Any) -> Any:
     return x
 
 
-__all__ = ["evolve", "plan"]
+__all__ = ["apply", "plan"]

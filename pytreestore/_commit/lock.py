@@ -12,7 +12,7 @@
 
 The lock keeps a second writer out; it does not by itself make commits safe. That is the
 commit record's job: every commit is a conditional write on the generation the writer last
-saw (:mod:`pytreestore._commit.writer`), so two writers can never both commit, lock or no lock.
+saw (:mod:`pytreestore._commit.protocol`), so two writers can never both commit, lock or no lock.
 
 Example:
     >>> from pytreestore._open.location import Location
@@ -35,7 +35,7 @@ from typing import Any
 
 from pytreestore._format.names import LOCK_KEY, NO_VALUE
 from pytreestore._open.location import Location
-from pytreestore.backends._base import ConditionalWrites
+from pytreestore.backends import ConditionalWrites
 from pytreestore.errors import StorageError, StoreLockedError
 
 _HELD: set[str] = set()

@@ -23,7 +23,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from pytreestore._commit.writer import COMMIT_KEY, Commit
+from pytreestore._commit.record import COMMIT_KEY, Commit
 from pytreestore._format.names import chunk_key, chunk_prefix
 from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._open.location import Location

@@ -1,25 +1,17 @@
-"""Buffering records into chunk-sized blocks, and the commit protocol.
+"""Buffering records into chunk-sized blocks; each write ends in a commit.
 
 A writer keeps one row buffer per column covering exactly one chunk of the record axis,
 ``[start, start + chunk_records)``. Rows below the committed count that share the tail chunk
 stay in the buffer, so every chunk is always written whole: a chunk write replaces the chunk's
 object in one atomic put, and committed rows in it are rewritten with their own values.
 
-The protocol of one write, for any number of records:
-
-1. resize every column's record axis to the new length (metadata only; a resize that grows
-   only grows, so a writer that is behind another fails here);
-2. write every column's chunks, all at once, and wait for all of them;
-3. write the commit record ``.pytreestore/commit.json`` (one atomic put), on backends that
-   can, *conditionally*: only if it is still the version this writer last read or wrote.
-   Otherwise another writer has committed, and :class:`CommitConflictError` is raised with
-   nothing committed, so two writers can never both commit.
-
-Readers trust only the commit record. A crash before step 3 leaves the previous commit in
-force, with harmless bytes past it that the next writer trims and overwrites.
+Every write follows the commit protocol (:mod:`pytreestore._commit.protocol`, step 6): resize
+the columns, write their chunks, then commit through a
+:class:`~pytreestore._commit.protocol.Committer`, conditionally where the backend can.
 
 Example:
     >>> import numpy as np
+    >>> from pytreestore._commit.protocol import layouts
     >>> from pytreestore._open.location import Location
     >>> from pytreestore._format.schema import TreeSchema
     >>> from pytreestore.backends import TensorStoreBackend
@@ -36,113 +28,21 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
-import json
 import os
-import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+from jax.tree_util import tree_flatten
 
-from pytreestore._format import dtypes as _dtypes
-from pytreestore._format.names import COMMIT_KEY
-from pytreestore._format.schema import FORMAT_VERSION, TreeSchema
+from pytreestore._commit.protocol import Committer
+from pytreestore._commit.record import Commit
+from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import LeafCaster, RecordError, RowFiller, casters
-from pytreestore.backends import Backend, ColumnLayout, ConditionalWrites
-from pytreestore.errors import (
-    ChunkSizeError,
-    CommitConflictError,
-    CorruptStoreError,
-    StorageError,
-)
-
-_STORE_ID = re.compile("[0-9a-f]{32}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Commit:
-    """The commit record: how many records are durable, how many commits came before, and
-    (format 2) the store's identity, a random id chosen by ``create`` that every commit keeps,
-    so that a reader notices a store replaced under it (``create(overwrite=True)``)."""
-
-    records: int
-    generation: int
-    store: str | None = None
-
-    def to_bytes(self) -> bytes:
-        obj: dict[str, Any] = {
-            "format_version": FORMAT_VERSION,
-            "records": self.records,
-            "generation": self.generation,
-        }
-        if self.store is not None:
-            obj["store"] = self.store
-        return json.dumps(obj).encode()
-
-    def next(self, records: int) -> Commit:
-        """The commit after this one, holding ``records`` records."""
-        return Commit(records, self.generation + 1, self.store)
-
-    @classmethod
-    def read(cls, backend: Backend, where: str) -> Commit:
-        return cls.from_bytes(backend.read_bytes(COMMIT_KEY), where)
-
-    @classmethod
-    def from_bytes(cls, raw: bytes | None, where: str) -> Commit:
-        if raw is None:
-            raise CorruptStoreError(
-                f"{where}/{COMMIT_KEY} is missing: the store was never committed"
-            )
-        try:
-            obj = json.loads(raw)
-        except ValueError as err:
-            raise CorruptStoreError(
-                f"{where}/{COMMIT_KEY} is not a valid commit record: {err}"
-            ) from err
-        if not isinstance(obj, dict):
-            raise CorruptStoreError(
-                f"{where}/{COMMIT_KEY} is not a valid commit record: expected a JSON object, "
-                f"got {type(obj).__name__}"
-            )
-        records, generation = (_count(obj, name, where) for name in ("records", "generation"))
-        store = obj.get("store")
-        if store is not None and not (isinstance(store, str) and _STORE_ID.fullmatch(store)):
-            raise CorruptStoreError(
-                f"{where}/{COMMIT_KEY} is not a valid commit record: its 'store' must be 32 "
-                f"lowercase hex digits, got {json.dumps(store)}. The store was damaged outside "
-                "pytreestore; restore the file from a backup (nothing was read or written)."
-            )
-        return cls(records, generation, store)
-
-
-def _count(obj: dict[str, Any], name: str, where: str) -> int:
-    """``obj[name]`` if it is an int (not a bool) in ``[0, 2**63)``, else CorruptStoreError."""
-    value = obj.get(name)
-    if type(value) is not int or not 0 <= value < 2**63:
-        raise CorruptStoreError(
-            f"{where}/{COMMIT_KEY} is not a valid commit record: its {name!r} must be an "
-            f"integer in [0, 2**63), got {json.dumps(value)}. The store was damaged outside "
-            "pytreestore; restore the file from a backup (nothing was read or written)."
-        )
-    return value
-
-
-def layouts(schema: TreeSchema) -> list[ColumnLayout]:
-    """The on-disk layout of every column of ``schema``."""
-    return [
-        ColumnLayout(
-            key=c.key,
-            dtype=c.dtype,
-            shape=c.shape,
-            chunks=c.chunks,
-            codec=schema.codec,
-            dimension_names=tuple(c.dimension_names),
-            fill_value=_dtypes.fill_value(c.dtype) if c.default is None else c.default,
-        )
-        for c in schema.columns
-    ]
+from pytreestore._tree.stack import batch_length
+from pytreestore.backends import Backend
+from pytreestore.errors import ChunkSizeError, SchemaMismatchError, StorageError
 
 
 def buffer_nbytes(schema: TreeSchema) -> int:
@@ -195,15 +95,14 @@ class Writer:
 
     def __init__(self, backend: Backend, schema: TreeSchema, commit: Commit) -> None:
         self._backend = backend
+        self.schema = schema
         self._keys = [c.key for c in schema.columns]
         self.chunk = schema.chunk_records
         self.casters: list[LeafCaster] = casters(schema.columns)
         self.buffers = _buffers(schema)
         self.filler = RowFiller(self.casters, self.buffers)
-        self.commit = commit
+        self._committer = Committer(backend, commit)
         self.start = commit.records - commit.records % self.chunk
-        self._token = commit_token(backend, commit, "this store")
-        self._uncertain: Commit | None = None  # a commit whose write failed midway
         self._snap: tuple[int, int] | None = None  # the position of the last snapshot
         self._saved: list[np.ndarray] | None = None  # its buffered rows, once overwritten
         self.fill = commit.records - self.start
@@ -216,9 +115,73 @@ class Writer:
         return self.start + self.fill
 
     @property
+    def commit(self) -> Commit:
+        """The last commit (of this writer, or the one it was opened at)."""
+        return self._committer.commit
+
+    @property
     def pending(self) -> int:
         """Records appended but not yet committed."""
         return len(self) - self.commit.records
+
+    def append_record(self, record: Any) -> None:
+        """Buffers one record after checking its structure against the schema."""
+        leaves, treedef = tree_flatten(record)
+        if treedef != self.schema.treedef:
+            raise SchemaMismatchError(self.schema.mismatch_message(record))
+        self.append(self.schema.column_leaves(leaves))
+
+    def extend(self, records: Iterable[Any]) -> None:
+        """Buffers every record of ``records``, all or none, committing whole chunks.
+
+        Raises:
+            SchemaMismatchError: a record was refused (the error names its position); none
+                of ``records`` is kept.
+        """
+        schema, seen = self.schema, [0]
+
+        def checked() -> Iterator[list[Any]]:
+            for record in records:
+                leaves, got = tree_flatten(record)
+                if got != schema.treedef:
+                    raise SchemaMismatchError(schema.mismatch_message(record))
+                yield schema.column_leaves(leaves)
+                seen[0] += 1
+
+        position = self.snapshot()
+        try:
+            self.append_many(checked())
+        except (SchemaMismatchError, RecordError) as err:
+            self.rollback(position)
+            index, cause = (
+                (err.index, err.error) if isinstance(err, RecordError) else (seen[0], err)
+            )
+            raise SchemaMismatchError(
+                f"extend() refused record {index} (none of this call's records were "
+                f"appended): {cause}"
+            ) from cause
+        except BaseException:
+            self.rollback(position)
+            raise
+
+    def extend_batch(self, batch: Any) -> None:
+        """Buffers a batched record (leaves with a leading record axis), all or none."""
+        leaves, treedef = tree_flatten(batch)
+        if treedef != self.schema.treedef:
+            raise SchemaMismatchError(self.schema.mismatch_message(batch, what="batch"))
+        leaves = self.schema.column_leaves(leaves)
+        count = batch_length(leaves, self.schema.paths)
+        blocks = [
+            c.coerce(leaf, batch=count, what="batch") for c, leaf in zip(self.casters, leaves)
+        ]
+        if count == 0:
+            return
+        position = self.snapshot()
+        try:
+            self.write_batch(blocks)
+        except BaseException:
+            self.rollback(position)
+            raise
 
     def append(self, leaves: Sequence[Any]) -> None:
         """Buffers one record's (already structure-checked) leaves."""
@@ -307,8 +270,7 @@ class Writer:
                 buf[:fill] = block
         self.start, self.fill = start, fill
         self._snap, self._saved = None, None
-        if self._token is not None:  # never trim records another writer has committed
-            commit_token(self._backend, self.commit, "this store")
+        self._committer.check()  # never trim records another writer has committed
         with contextlib.suppress(StorageError):  # rows past the commit are harmless
             self._backend.resize(self._keys, self.commit.records)
 
@@ -326,56 +288,4 @@ class Writer:
         self.start, self.fill = end, 0
 
     def _commit(self, records: int) -> None:
-        commit = self.commit.next(records)
-        if self._token is None:
-            self._backend.write_bytes(COMMIT_KEY, commit.to_bytes())
-        else:
-            self._token = self._commit_if_unchanged(commit)
-        self.commit = commit
-
-    def _commit_if_unchanged(self, commit: Commit) -> bytes:
-        """Writes the commit record only if nobody else wrote it since this writer did."""
-        assert self._token is not None
-        backend = self._backend
-        assert isinstance(backend, ConditionalWrites)  # a token comes only from such a backend
-        try:
-            token = backend.write_bytes_if(COMMIT_KEY, commit.to_bytes(), self._token)
-        except StorageError:
-            self._uncertain = commit  # the write may have landed before the error
-            raise
-        if token is not None:
-            self._uncertain = None
-            return token
-        raw, token = backend.read_bytes_versioned(COMMIT_KEY)
-        if self._uncertain == commit and raw is not None and Commit.from_bytes(raw, "") == commit:
-            self._uncertain = None  # our own earlier attempt landed
-            return token
-        found = Commit.from_bytes(raw, "this store")
-        raise CommitConflictError(
-            f"another writer committed to this store while this one was writing: the commit "
-            f"record holds {found.records} records (commit {found.generation}), this writer "
-            f"expected commit {self.commit.generation} and was about to commit "
-            f"{commit.records} records. Nothing was committed by this writer; its uncommitted "
-            "records are lost. Reopen the store to append after the other writer's records."
-        )
-
-
-def commit_token(backend: Backend, commit: Commit, where: str) -> bytes | None:
-    """The storage generation of the commit record ``commit`` was read from.
-
-    None for backends without conditional writes (the writer then commits unconditionally).
-    Raises :class:`CommitConflictError` if the record changed since ``commit`` was read.
-    """
-    if not isinstance(backend, ConditionalWrites):
-        return None
-    raw, token = backend.read_bytes_versioned(COMMIT_KEY)
-    if raw is None and (commit.records, commit.generation) == (0, 0):
-        return token  # the generation of a missing key: the first commit creates it
-    found = Commit.from_bytes(raw, where)
-    if (found.records, found.generation) != (commit.records, commit.generation):
-        raise CommitConflictError(
-            f"another writer committed to {where} since this writer read its commit record "
-            f"({found.records} records now, {commit.records} then). Nothing was committed by "
-            "this writer; open the store again to append after the other writer's records"
-        )
-    return token
+        self._committer.advance(records)

@@ -28,11 +28,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytreestore._format.columns import leaf_chunks
+from pytreestore._format.names import INCOMPLETE_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._inspect import progress as _progress
 from pytreestore._open.location import Location
-from pytreestore._store import INCOMPLETE_KEY, TreeStore, create_from_schema
-from pytreestore._store import open as open_store
+from pytreestore._open.open import create_from_schema
+from pytreestore._open.open import open as open_store
+from pytreestore._store import TreeStore
 from pytreestore.errors import BadLocationError
 
 KEEP = "keep"

@@ -310,10 +310,8 @@ class GrainSource:
     def __getstate__(self) -> dict[str, Any]:
         if self._store.mode == "a":
             self._store.flush()  # the reopened reader sees what was appended
-        return {"open": self._store.reopen_options(), "columns": self._columns}
+        return {"spec": self._store.spec, "columns": self._columns}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        import pytreestore  # here, not at import time: pytreestore imports this module
-
-        self._store = pytreestore.open(**state["open"])
+        self._store = state["spec"].open()
         self._columns = state["columns"]

@@ -11,7 +11,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
@@ -74,6 +74,30 @@ def unstack(batch: Any) -> list[Any]:
         return []
     columns = [split_leaves(leaf) for leaf in leaves]
     return [treedef.unflatten(row) for row in zip(*columns)]
+
+
+def batch_length(leaves: Sequence[Any], paths: Sequence[str]) -> int:
+    """The common leading (record) length of a batch's leaves.
+
+    Raises:
+        SchemaMismatchError: a leaf has no leading axis, or the leaves disagree on its length.
+    """
+    lengths = []
+    for leaf, path in zip(leaves, paths):
+        shape = np.shape(leaf)
+        if not shape:
+            raise SchemaMismatchError(
+                f"batch leaf at {path or 'the root'} has no leading record axis (shape ()); "
+                "extend_batch takes leaves shaped (records, *leaf_shape); use append for one record"
+            )
+        lengths.append(shape[0])
+    if len(set(lengths)) > 1:
+        detail = ", ".join(f"{p or 'the root'}: {n}" for p, n in zip(paths, lengths))
+        raise SchemaMismatchError(
+            f"batch leaves disagree on the number of records ({detail}); every leaf of a batch "
+            "needs the same leading length"
+        )
+    return lengths[0] if lengths else 0
 
 
 def split_leaves(leaf: Any) -> list[Any]:

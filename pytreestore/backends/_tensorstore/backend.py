@@ -352,6 +352,7 @@ class TensorStoreBackend(
         would reuse it without truncating it (a damaged chunk or commit record). Only the
         holder of the writer lock may call this. Chunks below ``tail_chunk`` (on the record
         axis) are never written again, so only the chunks from there on are looked at.
+        (Repair on open for append, step 4 of :mod:`pytreestore._commit.protocol`.)
         """
         if self._location.kind != "file":
             return []

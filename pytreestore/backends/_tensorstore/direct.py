@@ -19,7 +19,8 @@ naming the chunk.
 Writes follow the TensorStore ``file`` kvstore's own protocol: each chunk goes to
 ``<chunk>.__lock``, is fsynced and renamed over the chunk, so readers see the old chunk or the
 new one; the folders are fsynced before :func:`write` returns, so a commit written after it
-never counts a chunk that is not on disk.
+never counts a chunk that is not on disk (step 6 of the commit protocol,
+:mod:`pytreestore._commit.protocol`).
 
 Example:
     >>> import numpy as np, tempfile

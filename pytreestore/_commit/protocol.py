@@ -1,0 +1,389 @@
+"""The commit protocol, in one place: how a store is made, opened for appending and committed.
+
+A store is consistent when its commit record (``.pytreestore/commit.json``,
+:mod:`pytreestore._commit.record`) says so: readers trust only that record, and every step
+below leaves the previous commit in force until one atomic put replaces it.
+
+1. **Clearing** (:func:`clear_for_create`, ``create(..., overwrite=True)``). A location that
+   holds a store's root ``zarr.json``, a commit record or the incomplete marker is a store (or
+   what a cut-off create or copy left); anything else there is refused, never deleted. A store
+   is deleted only once its writer lock has been taken (and given back): a live writer's
+   store is never cleared under it.
+2. **The initial commit** (:func:`start_store`). With the writer lock held: the *incomplete
+   marker* ``.pytreestore/incomplete`` is written first; then every column's array, the
+   ``zarr.json`` of every intermediate group, the commit record (0 records, generation 0, a
+   new random store id) and last the root ``zarr.json`` holding the schema. ``create`` then
+   deletes the marker; ``copy`` keeps it until the last record is copied, so a copy cut off
+   midway is recognised (and replaced by ``overwrite=True``). If any step fails, everything
+   written is deleted and the lock given back.
+3. **The lock handshake** (:func:`take_lock`, :mod:`pytreestore._commit.lock`). One writer
+   per store: ``flock`` on ``.pytreestore/lock`` locally, a set of names in the process for
+   ``memory://``, a conditionally written lock object naming its holder on S3 and GCS (a
+   provably dead holder is replaced; ``break_lock=True`` takes over from a live one).
+4. **Opening for append** (:func:`attach`). Lock first, then read the commit record, check
+   that no column starts past it (:func:`check_starts`), and repair what a crashed writer
+   left past the commit (:mod:`pytreestore._commit.repair`: partial ``<key>.__lock`` files of
+   TensorStore's file kvstore, removed by ``remove_partial_writes`` in
+   ``pytreestore/backends/_tensorstore/backend.py``; columns grown past the commit; chunks
+   holding no committed record). Opening to read takes no lock and repairs nothing.
+5. **The token** (:class:`Committer`). On backends with conditional writes (S3, GCS, local
+   files and memory through TensorStore) a writer keeps the storage generation of the commit
+   record it last read or wrote; :func:`commit_token` reads it and refuses a record that has
+   changed since.
+6. **One write** (:class:`pytreestore._commit.writer.Writer`), for any number of records:
+   resize every column's record axis to the new length (metadata only; it only grows); write
+   every column's chunks and wait for all of them (locally, each chunk is fsynced and renamed
+   over the old one and the folders fsynced before the write returns:
+   ``pytreestore/backends/_tensorstore/direct.py``); then the **conditional commit**
+   (:meth:`Committer.advance`): the new commit record is written only if it still has the
+   token's generation. Otherwise another writer has committed and
+   :class:`~pytreestore.errors.CommitConflictError` is raised with nothing committed: two
+   writers can never both commit, lock or no lock. A crash before the commit leaves harmless
+   bytes past it, which step 4 removes.
+7. **Evolve** (:mod:`pytreestore._commit.evolve`) adds arrays (empty: they read their default)
+   and replaces the root ``zarr.json`` in one atomic put; its added columns start at the
+   committed count, which step 4 checks.
+
+Example:
+    >>> from pytreestore._format.schema import TreeSchema
+    >>> from pytreestore._open.location import Location
+    >>> from pytreestore.backends import TensorStoreBackend
+    >>> location = Location.parse("memory://doc-protocol")
+    >>> engine = TensorStoreBackend(location)
+    >>> schema = TreeSchema.from_example({"x": 0})
+    >>> commit, lock = start_store(engine, location, schema, overwrite=False)
+    >>> commit.records, commit.generation, engine.read_bytes(INCOMPLETE_KEY) is None
+    (0, 0, True)
+    >>> lock.release()
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import uuid
+from typing import Any
+
+from pytreestore._commit.lock import WriterLock
+from pytreestore._commit.record import Commit
+from pytreestore._commit.repair import repair
+from pytreestore._format import dtypes as _dtypes
+from pytreestore._format import validate as _validate
+from pytreestore._format.names import COMMIT_KEY, INCOMPLETE_KEY, ROOT_KEY
+from pytreestore._format.schema import TreeSchema
+from pytreestore._open.location import Location
+from pytreestore.backends import Backend, ColumnLayout, ConditionalWrites
+from pytreestore.errors import (
+    CommitConflictError,
+    CorruptStoreError,
+    PyTreeStoreError,
+    StorageError,
+    StoreExistsError,
+)
+
+# ---- 1. clearing ---------------------------------------------------------------------------
+
+
+def clear_for_create(engine: Backend, location: Location, overwrite: bool) -> None:
+    """Empties ``location`` for a new store, if it holds a store and ``overwrite`` allows.
+
+    Raises:
+        StoreExistsError: something is there and ``overwrite`` is false, or it is not a store.
+        StoreLockedError: a writer holds the store there.
+    """
+    if engine.is_empty():
+        return
+    is_store = (
+        engine.read_bytes(ROOT_KEY) is not None
+        or engine.read_bytes(COMMIT_KEY) is not None
+        or engine.read_bytes(INCOMPLETE_KEY) is not None  # what a cut-off copy or create left
+    )
+    if not overwrite:
+        raise StoreExistsError(
+            f"{location} already holds "
+            + ("a store; pass overwrite=True to replace it" if is_store else "other data")
+        )
+    if not is_store:
+        raise StoreExistsError(
+            f"{location} holds data that is not a pytreestore store; refusing to delete it. "
+            "Choose an empty or new location."
+        )
+    take_lock(location, engine).release()
+    engine.delete_all()
+
+
+# ---- 2. the initial commit -----------------------------------------------------------------
+
+
+def start_store(
+    engine: Backend,
+    location: Location,
+    schema: TreeSchema,
+    *,
+    overwrite: bool,
+    finished: bool = True,
+) -> tuple[Commit, WriterLock]:
+    """Clears ``location`` (see :func:`clear_for_create`), takes the writer lock and writes an
+    empty store of ``schema``; the first commit and the lock, which the caller then holds.
+
+    With ``finished=False`` the incomplete marker stays, for the caller to remove with
+    :func:`finish_store`. A failure after the lock is taken deletes what was written and
+    gives the lock back.
+    """
+    clear_for_create(engine, location, overwrite)
+    lock = take_lock(location, engine)
+    try:
+        commit = initial_commit(engine, schema)
+        if finished:
+            finish_store(engine)
+    except BaseException:
+        abandon_store(engine, lock)
+        raise
+    return commit, lock
+
+
+def abandon_store(engine: Backend, lock: WriterLock) -> None:
+    """Deletes a store that failed to be made, and gives back its lock."""
+    try:
+        engine.delete_all()  # a half-made store must not block the next create
+    finally:
+        lock.release()
+
+
+def initial_commit(engine: Backend, schema: TreeSchema) -> Commit:
+    """Writes an empty store of ``schema`` behind the incomplete marker; its first commit."""
+    engine.write_bytes(INCOMPLETE_KEY, b"")
+    engine.create_columns(layouts(schema))
+    engine.write_many_bytes({k: group_json({}) for k in group_keys(schema)})
+    commit = Commit(0, 0, uuid.uuid4().hex)  # the store's identity, kept by every commit
+    engine.write_bytes(COMMIT_KEY, commit.to_bytes())
+    info = _validate.stamped(schema.to_json())  # checked against schema.json, with a digest
+    engine.write_bytes(ROOT_KEY, group_json({"pytreestore": info}))
+    return commit
+
+
+def finish_store(engine: Backend) -> None:
+    """Removes the incomplete marker: the store is whole."""
+    engine.delete_keys([INCOMPLETE_KEY])
+
+
+def layouts(schema: TreeSchema) -> list[ColumnLayout]:
+    """The on-disk layout of every column of ``schema``."""
+    return [
+        ColumnLayout(
+            key=c.key,
+            dtype=c.dtype,
+            shape=c.shape,
+            chunks=c.chunks,
+            codec=schema.codec,
+            dimension_names=tuple(c.dimension_names),
+            fill_value=_dtypes.fill_value(c.dtype) if c.default is None else c.default,
+        )
+        for c in schema.columns
+    ]
+
+
+def group_keys(schema: TreeSchema) -> list[str]:
+    """The ``zarr.json`` keys of the groups between the root and ``schema``'s columns."""
+    groups: set[str] = set()
+    for c in schema.columns:
+        parts = c.key.split("/")
+        groups.update("/".join(parts[:i]) + "/" + ROOT_KEY for i in range(1, len(parts)))
+    return sorted(groups)
+
+
+def group_json(attributes: dict[str, Any]) -> bytes:
+    """A zarr v3 group's ``zarr.json`` with ``attributes``."""
+    return json.dumps(
+        {"zarr_format": 3, "node_type": "group", "attributes": attributes}, indent=1
+    ).encode()
+
+
+def taken(engine: Backend, key: str) -> bool:
+    """Whether an array already lives at storage key ``key`` (an interrupted evolve's)."""
+    return engine.read_bytes(f"{key}/{ROOT_KEY}") is not None
+
+
+# ---- 3. the lock handshake -----------------------------------------------------------------
+
+
+def take_lock(location: Location, engine: Backend, *, break_lock: bool = False) -> WriterLock:
+    """The writer lock; a file system that refuses it raises a pytreestore error, not a raw one."""
+    try:
+        return WriterLock.acquire(location, engine, break_lock=break_lock)
+    except PyTreeStoreError:
+        raise
+    except (IsADirectoryError, NotADirectoryError, FileExistsError) as err:
+        raise CorruptStoreError(
+            f"cannot take the writer lock of {location}: {err}. {location}/.pytreestore must "
+            "be a directory and .pytreestore/lock a file; remove whatever is in their place "
+            "(they hold no records) and try again."
+        ) from err
+    except OSError as err:
+        read_only = err.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+        raise StorageError(
+            f"cannot take the writer lock of {location}: {err}. "
+            + (
+                "The store's directory is not writable (a read-only file system or missing "
+                "permissions); open it with mode='r' to read it."
+                if read_only
+                else "Check the file system and try again."
+            )
+        ) from err
+
+
+# ---- 4. opening ----------------------------------------------------------------------------
+
+
+def attach(
+    engine: Backend,
+    location: Location,
+    schema: TreeSchema,
+    *,
+    append: bool,
+    break_lock: bool = False,
+) -> tuple[Commit, WriterLock | None]:
+    """The commit record of an opened store, and with ``append`` its writer lock, taken
+    before the record is read, with the store repaired for appending.
+
+    Every failure closes ``engine`` and gives back the lock.
+    """
+    lock = take_lock(location, engine, break_lock=break_lock) if append else None
+    try:
+        commit = Commit.read(engine, str(location))
+        check_starts(schema, commit.records, location)
+        if append:
+            repair(engine, location, schema, commit.records)
+    except BaseException:
+        detach(engine, lock)
+        raise
+    return commit, lock
+
+
+def detach(engine: Backend, lock: WriterLock | None) -> None:
+    """Closes a store that failed to open, and gives back its lock if it took one."""
+    try:
+        engine.close()
+    finally:
+        if lock is not None:  # every failure after the lock was taken gives it back
+            lock.release()
+
+
+def check_starts(schema: TreeSchema, records: int, location: Location) -> None:
+    """Raises CorruptStoreError if a column added by evolve starts past the committed records
+    (the schema is read before the commit record, and an evolve starts columns at a commit)."""
+    for column in schema.columns:
+        if column.start > records:
+            raise CorruptStoreError(
+                f"{location}/{ROOT_KEY}: column {column.path} starts at record {column.start}, "
+                f"but only {records} are committed; the schema was edited or damaged outside "
+                "pytreestore (records before 'start' would read its default)"
+            )
+
+
+# ---- 5 and 6. the token and the conditional commit -----------------------------------------
+
+
+def commit_token(backend: Backend, commit: Commit, where: str) -> bytes | None:
+    """The storage generation of the commit record ``commit`` was read from.
+
+    None for backends without conditional writes (the writer then commits unconditionally).
+    Raises :class:`CommitConflictError` if the record changed since ``commit`` was read.
+    """
+    if not isinstance(backend, ConditionalWrites):
+        return None
+    raw, token = backend.read_bytes_versioned(COMMIT_KEY)
+    if raw is None and (commit.records, commit.generation) == (0, 0):
+        return token  # the generation of a missing key: the first commit creates it
+    found = Commit.from_bytes(raw, where)
+    if (found.records, found.generation) != (commit.records, commit.generation):
+        raise CommitConflictError(
+            f"another writer committed to {where} since this writer read its commit record "
+            f"({found.records} records now, {commit.records} then). Nothing was committed by "
+            "this writer; open the store again to append after the other writer's records"
+        )
+    return token
+
+
+class Committer:
+    """Writes a writer's commit records: each one conditional on the token of the last.
+
+    Example:
+        >>> from pytreestore._open.location import Location
+        >>> from pytreestore.backends import TensorStoreBackend
+        >>> c = Committer(TensorStoreBackend(Location.parse("memory://doc-committer")), Commit(0, 0))
+        >>> c.advance(3).generation
+        1
+    """
+
+    def __init__(self, backend: Backend, commit: Commit) -> None:
+        self._backend = backend
+        self.commit = commit
+        self._token = commit_token(backend, commit, "this store")
+        self._uncertain: Commit | None = None  # a commit whose write failed midway
+
+    def advance(self, records: int) -> Commit:
+        """Commits ``records`` records (the last commit's successor) and returns the commit.
+
+        Raises:
+            CommitConflictError: another writer committed since; nothing was committed.
+            StorageError: the write failed (it may have landed: a retry finds out).
+        """
+        commit = self.commit.next(records)
+        if self._token is None:
+            self._backend.write_bytes(COMMIT_KEY, commit.to_bytes())
+        else:
+            self._token = self._write_if_unchanged(commit)
+        self.commit = commit
+        return commit
+
+    def check(self) -> None:
+        """Raises :class:`CommitConflictError` if another writer has committed since."""
+        if self._token is not None:
+            commit_token(self._backend, self.commit, "this store")
+
+    def _write_if_unchanged(self, commit: Commit) -> bytes:
+        """Writes the commit record only if nobody else wrote it since this writer did."""
+        assert self._token is not None
+        backend = self._backend
+        assert isinstance(backend, ConditionalWrites)  # a token comes only from such a backend
+        try:
+            token = backend.write_bytes_if(COMMIT_KEY, commit.to_bytes(), self._token)
+        except StorageError:
+            self._uncertain = commit  # the write may have landed before the error
+            raise
+        if token is not None:
+            self._uncertain = None
+            return token
+        raw, token = backend.read_bytes_versioned(COMMIT_KEY)
+        if self._uncertain == commit and raw is not None and Commit.from_bytes(raw, "") == commit:
+            self._uncertain = None  # our own earlier attempt landed
+            return token
+        found = Commit.from_bytes(raw, "this store")
+        raise CommitConflictError(
+            f"another writer committed to this store while this one was writing: the commit "
+            f"record holds {found.records} records (commit {found.generation}), this writer "
+            f"expected commit {self.commit.generation} and was about to commit "
+            f"{commit.records} records. Nothing was committed by this writer; its uncommitted "
+            "records are lost. Reopen the store to append after the other writer's records."
+        )
+
+
+__all__ = [
+    "Commit",
+    "Committer",
+    "abandon_store",
+    "attach",
+    "check_starts",
+    "clear_for_create",
+    "commit_token",
+    "detach",
+    "finish_store",
+    "group_json",
+    "group_keys",
+    "initial_commit",
+    "layouts",
+    "start_store",
+    "take_lock",
+    "taken",
+]

@@ -1,0 +1,296 @@
+"""Creating and opening stores: ``pytreestore.create``, ``pytreestore.open`` and
+``pytreestore.evolve``.
+
+Arguments are checked here, before anything is written; the steps that touch storage (clearing,
+the initial commit, the writer lock, repair) are the commit protocol's,
+:mod:`pytreestore._commit.protocol`.
+
+Example:
+    >>> import pytreestore
+    >>> pytreestore.create("memory://doc-open-module", {"x": 0}).close()
+    >>> pytreestore.open("memory://doc-open-module").mode
+    'r'
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from jax.tree_util import tree_flatten
+
+from pytreestore._commit import protocol
+from pytreestore._commit.writer import check_buffer
+from pytreestore._format import validate as _validate
+from pytreestore._format.names import ROOT_KEY
+from pytreestore._format.schema import TreeSchema
+from pytreestore._open.location import Location
+from pytreestore._open.spec import StoreSpec
+from pytreestore._store import TreeStore
+from pytreestore.backends import Backend, get_backend
+from pytreestore.errors import (
+    NotAStoreError,
+    SchemaMismatchError,
+    StoreNotFoundError,
+    UnsupportedTreeError,
+)
+
+_CODECS = ("zstd", "blosc", "gzip", None)
+
+# ---- create --------------------------------------------------------------------------------
+
+
+def create(
+    path: str | os.PathLike[str],
+    like: Any,
+    *,
+    chunk_records: int | None = None,
+    codec: str | None = "zstd",
+    backend: str = "tensorstore",
+    overwrite: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+    cast: bool = False,
+) -> TreeStore:
+    """Creates an empty store for records shaped like ``like`` and opens it for appending.
+
+    Args:
+        path: a local directory, or ``memory://NAME`` for an in-memory store.
+        like: an example record; its structure, static fields, leaf dtypes and shapes become
+            the schema. Its values are not stored.
+        chunk_records: records per chunk; by default chosen so chunks hold about 4 MiB.
+        codec: ``"zstd"`` (default), ``"blosc"``, ``"gzip"``, or None for uncompressed.
+        backend: the storage engine: ``"tensorstore"`` (default), ``"zarr"`` (zarr-python;
+            local directories, ``memory://`` and ``s3://``), or a name registered with
+            :func:`pytreestore.backends.register_backend`. Either reads what the other wrote.
+        overwrite: replace an existing store at ``path``.
+        storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
+            retries (see :class:`pytreestore._open.location.S3Options` and ``docs/reliability.md``).
+        cast: the store's dtype policy for device reads: True loads 64-bit columns as 32 bits
+            while x64 is disabled (values that do not fit raise), in ``store[...]``,
+            iteration, :meth:`~TreeStore.records`, :meth:`~TreeStore.load`,
+            :meth:`~TreeStore.batches` and :meth:`~TreeStore.map`; each read's own
+            ``cast=`` overrides it.
+
+    Raises:
+        UnsupportedTreeError: ``like`` holds a node or leaf a store cannot represent.
+        StoreExistsError: a store (or other data) is at ``path`` and ``overwrite`` is false.
+
+    Example:
+        >>> import pytreestore
+        >>> store = pytreestore.create("memory://doc-create", {"x": 0.0}, overwrite=True)
+        >>> [c.path for c in store.schema.columns]
+        ["['x']"]
+    """
+    _check_cast(cast)
+    location = Location.parse(path, storage_options)
+    schema = _new_schema(like, chunk_records=chunk_records, codec=codec)
+    return create_from_schema(location, schema, backend=backend, overwrite=overwrite, cast=cast)
+
+
+def _new_schema(like: Any, *, chunk_records: int | None, codec: str | None) -> TreeSchema:
+    schema = _schema_of(like, chunk_records=chunk_records, codec=codec)
+    if not schema.columns:
+        raise SchemaMismatchError(
+            "the example record has no leaves, so a store would have no columns; "
+            "give like= at least one array or scalar"
+        )
+    if codec not in _CODECS:
+        raise ValueError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
+    return schema
+
+
+def _schema_of(like: Any, **options: Any) -> TreeSchema:
+    try:
+        tree_flatten(like)
+    except ValueError as err:  # JAX cannot flatten it (dict keys of mixed types, ...)
+        raise UnsupportedTreeError(
+            f"the example record cannot be flattened by JAX: {err} A dict's keys must be "
+            "sortable against each other (all str, or all int); use one key type per dict."
+        ) from err
+    return TreeSchema.from_example(like, **options)
+
+
+def create_from_schema(
+    location: Location,
+    schema: TreeSchema,
+    *,
+    backend: str,
+    overwrite: bool,
+    finished: bool = True,
+    cast: bool = False,
+) -> TreeStore:
+    """Creates an empty store with a ready-made ``schema`` (``create`` and ``copy`` share it).
+
+    Everything that can be checked is checked before anything is written; a failure after
+    the writer lock is taken deletes what was made and releases the lock. With
+    ``finished=False`` the store keeps its incomplete marker, which the caller (``copy``)
+    removes once it is done (:func:`pytreestore._commit.protocol.finish_store`).
+    """
+    check_buffer(schema, str(location))
+    engine: Backend = get_backend(backend)(location)
+    commit, lock = protocol.start_store(
+        engine, location, schema, overwrite=overwrite, finished=finished
+    )
+    spec = StoreSpec.of(location, backend, cast=cast, opener=open)
+    try:
+        return TreeStore(
+            location=location,
+            backend=engine,
+            schema=schema,
+            mode="a",
+            commit=commit,
+            lock=lock,
+            spec=spec,
+        )
+    except BaseException:
+        protocol.abandon_store(engine, lock)
+        raise
+
+
+# ---- open ----------------------------------------------------------------------------------
+
+
+def open(
+    path: str | os.PathLike[str],
+    mode: Literal["r", "a"] = "r",
+    *,
+    like: Any = None,
+    generic: bool = False,
+    backend: str = "tensorstore",
+    storage_options: Mapping[str, Any] | None = None,
+    break_lock: bool = False,
+    cache_bytes: int = 0,
+    cast: bool = False,
+) -> TreeStore:
+    """Opens an existing store.
+
+    Args:
+        path: the store's directory, or ``memory://NAME``.
+        mode: ``"r"`` to read, ``"a"`` to append (takes the store's writer lock).
+        like: an example record whose classes to use instead of importing the classes the
+            schema names (for classes defined in ``__main__`` or since moved).
+        generic: return dicts, lists and tuples instead of the stored classes, without
+            importing them (with mode "a": the store can :meth:`~TreeStore.evolve`, not append).
+        backend: the storage engine: ``"tensorstore"`` (default), ``"zarr"``, or a name
+            registered with :func:`pytreestore.backends.register_backend`.
+        storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
+            retries (see :class:`pytreestore._open.location.S3Options` and ``docs/reliability.md``).
+        break_lock: S3 and GCS, ``mode="a"`` only: take the writer lock over even from a
+            holder that may be alive (a writer on a host that crashed). A holder on this host
+            that has died is detected and replaced without it.
+        cache_bytes: keep up to this many bytes of decoded chunks in memory (least recently
+            used out first), so that gathers and small reads that touch the same chunks again
+            skip the disk and the decoder. Every use of a cached chunk is checked against
+            storage first, so a chunk a writer has rewritten since is read again. Default 0:
+            no cache. TensorStore backend only.
+        cast: the store's dtype policy for device reads (see :func:`create`): True loads
+            64-bit columns as 32 bits while x64 is disabled, in every read that does not pass
+            its own ``cast=``.
+
+    Raises:
+        StoreNotFoundError: nothing is at ``path``.
+        NotAStoreError: ``path`` holds something that is not a store, or its root metadata
+            is not JSON.
+        FormatVersionError: the store's format is newer than this pytreestore.
+        CorruptStoreError: the root metadata breaks the format's JSON Schema
+            (``pytreestore/schema.json``), or a column's array disagrees with the schema
+            (raised when the column is first read).
+        ClassResolutionError: a class the schema names cannot be imported.
+        StoreLockedError: ``mode="a"`` and another writer holds the store.
+
+    Example:
+        >>> import pytreestore
+        >>> pytreestore.create("memory://doc-open", {"x": 0}).close()
+        >>> pytreestore.open("memory://doc-open")
+        TreeStore('memory://doc-open', mode='r', records=0, columns=1, nbytes=0 B)
+    """
+    _check_open_options(mode, backend, break_lock=break_lock, cache_bytes=cache_bytes, cast=cast)
+    location = Location.parse(path, storage_options)
+    cache = {"cache_bytes": cache_bytes} if cache_bytes else {}
+    engine: Backend = get_backend(backend)(location, **cache)
+    schema = _read_schema(engine, location, like=like, generic=generic)
+    engine.open_columns(schema.columns)
+    commit, lock = protocol.attach(
+        engine, location, schema, append=mode == "a", break_lock=break_lock
+    )
+    options = {"like": like, "generic": generic, "cache_bytes": cache_bytes, "cast": cast}
+    spec = StoreSpec.of(location, backend, opener=open, **options)
+    try:
+        return TreeStore(
+            location=location,
+            backend=engine,
+            schema=schema,
+            mode=mode,
+            commit=commit,
+            lock=lock,
+            spec=spec,
+        )
+    except BaseException:
+        protocol.detach(engine, lock)
+        raise
+
+
+def _check_open_options(
+    mode: str, backend: str, *, break_lock: bool, cache_bytes: Any, cast: Any
+) -> None:
+    if mode not in ("r", "a"):
+        raise ValueError(f"mode must be 'r' (read) or 'a' (append), got {mode!r}")
+    _check_cast(cast)
+    if break_lock and mode != "a":
+        raise ValueError("break_lock=True takes the writer lock; open with mode='a'")
+    if not isinstance(cache_bytes, int) or cache_bytes < 0:
+        raise ValueError(f"cache_bytes must be an int >= 0 (bytes), got {cache_bytes!r}")
+    if cache_bytes and backend != "tensorstore":
+        raise ValueError(
+            f"cache_bytes is a feature of the tensorstore backend, not of {backend!r}; "
+            "open with backend='tensorstore' or without cache_bytes"
+        )
+
+
+def _check_cast(cast: Any) -> None:
+    if not isinstance(cast, bool):
+        raise TypeError(f"cast must be True, False or None (the store's policy), got {cast!r}")
+
+
+def _read_schema(engine: Backend, location: Location, *, like: Any, generic: bool) -> TreeSchema:
+    raw = engine.read_bytes(ROOT_KEY)
+    if raw is None:
+        if engine.is_empty():
+            raise StoreNotFoundError(f"no store at {location}")
+        raise NotAStoreError(f"{location} is not a pytreestore store: {ROOT_KEY} is missing")
+    return _validate.load_schema(raw, str(location), like=like, generic=generic)
+
+
+# ---- evolve by path ------------------------------------------------------------------------
+
+
+def evolve(
+    path: str | os.PathLike[str],
+    *,
+    add: Mapping[str, Any] | None = None,
+    drop: Sequence[str] | None = None,
+    rename: Mapping[str, str] | None = None,
+    rename_class: Mapping[str, str] | None = None,
+    backend: str = "tensorstore",
+    storage_options: Mapping[str, Any] | None = None,
+) -> None:
+    """Changes the schema of the store at ``path``, without importing its classes.
+
+    The way to evolve a store that today's classes can no longer open. The arguments are
+    those of :meth:`TreeStore.evolve`, plus ``backend`` and ``storage_options`` of
+    :func:`pytreestore.open`.
+
+    Example:
+        >>> import numpy as np, pytreestore
+        >>> pytreestore.create("memory://doc-evolve-fn", {"a": np.int8(1)}).close()
+        >>> pytreestore.evolve("memory://doc-evolve-fn", rename={"['a']": "['b']"})
+        >>> pytreestore.open("memory://doc-evolve-fn").schema.paths
+        ("['b']",)
+    """
+    store = open(path, "a", generic=True, backend=backend, storage_options=storage_options)
+    with store:
+        store.evolve(add=add, drop=drop, rename=rename, rename_class=rename_class)
+
+
+__all__ = ["create", "create_from_schema", "evolve", "open"]
