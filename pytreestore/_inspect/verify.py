@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -27,8 +28,9 @@ from pytreestore._commit.writer import COMMIT_KEY, Commit
 from pytreestore._format.names import chunk_key, chunk_prefix
 from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._inspect import progress as _progress
+from pytreestore._read.reader import ReadContext
 from pytreestore.backends import CheckedReads, KeyListing
-from pytreestore.errors import CorruptChunkError, CorruptStoreError, PyTreeStoreError
+from pytreestore.errors import CorruptStoreError, PyTreeStoreError
 
 _READ_BUDGET = 256 << 20  # bytes of chunks decoded in one batch
 
@@ -104,6 +106,26 @@ class VerifyReport:
         return "\n".join(lines)
 
 
+def verify_store(
+    context: ReadContext, schema: TreeSchema, records: int, *, progress: bool = False
+) -> VerifyReport:
+    """Verifies a store through its read context: :func:`verify` of the backend it lends.
+
+    A store replaced since it opened raises ``StoreReplacedError``; a damaged commit record
+    does not raise here, :func:`verify` reports it.
+
+    Args:
+        context: the store's reading context.
+        schema: the schema snapshot to check the columns of.
+        records: the committed count to check up to, if the commit record is unreadable.
+        progress: show a bar of the chunks checked (and MB/s decoded) on standard error.
+    """
+    with context.reading() as backend:
+        with contextlib.suppress(CorruptStoreError):  # a damaged commit record is reported
+            context.check_not_replaced(always=True)
+        return verify(backend, schema, records, context.path, progress=progress)
+
+
 def verify(
     backend: Any,
     schema: TreeSchema,
@@ -157,15 +179,6 @@ def verify(
         tuple(plain),
         tuple(past),
     )
-
-
-def name_column(err: CorruptChunkError, schema: TreeSchema) -> CorruptChunkError:
-    """``err`` (which names a column by storage key) naming the column by its tree path."""
-    path = next((c.path for c in schema.columns if c.key == err.path), None)
-    if path is None:
-        return err
-    message = str(err).replace(f"column {err.path}:", f"column {path or 'the root'}:", 1)
-    return CorruptChunkError(message, path=path, chunk=err.chunk, key=err.key)
 
 
 def _check_commit(backend: Any, records: int, location: str, problems: list[Problem]) -> int:

@@ -285,20 +285,31 @@ class GrainSource:
         (3, array(2, dtype=int32))
     """
 
-    def __init__(self, store: Any, *, columns: str | Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        store: Any,
+        *,
+        columns: str | Sequence[str] | None,
+        load: Callable[[Any], Any],
+        reopen: Callable[[dict[str, Any]], Any],
+    ) -> None:
+        """``load(index)`` loads records of ``store`` with numpy leaves; ``reopen(options)``
+        opens ``store.reopen_options()`` again (a module-level function, so it pickles)."""
         self._store = store
         self._columns = columns
+        self._load = load
+        self._reopen = reopen
 
     def __len__(self) -> int:
         return len(self._store)
 
     def __getitem__(self, index: int) -> Any:
-        return self._store.load(int(index), columns=self._columns, as_numpy=True)
+        return self._load(int(index))
 
     def _getitems(self, indices: Sequence[int]) -> list[Any]:
         """The records at ``indices`` from one batched read (Grain's batched-read protocol)."""
         index = np.asarray(indices, np.int64)
-        batch = self._store.load(index, columns=self._columns, as_numpy=True)
+        batch = self._load(index)
         leaves, treedef = tree_flatten(batch, is_leaf=lambda x: x is None)
         return [treedef.unflatten(row) for row in zip(*map(split_leaves, leaves))]
 
@@ -310,10 +321,9 @@ class GrainSource:
     def __getstate__(self) -> dict[str, Any]:
         if self._store.mode == "a":
             self._store.flush()  # the reopened reader sees what was appended
-        return {"open": self._store.reopen_options(), "columns": self._columns}
+        options = self._store.reopen_options()
+        return {"open": options, "columns": self._columns, "reopen": self._reopen}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        import pytreestore  # here, not at import time: pytreestore imports this module
-
-        self._store = pytreestore.open(**state["open"])
-        self._columns = state["columns"]
+        store = state["reopen"](state["open"])
+        self.__dict__.update(vars(store.grain_source(columns=state["columns"])))
