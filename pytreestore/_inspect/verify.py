@@ -159,26 +159,29 @@ def verify(
         _check_present(backend, column, records, problems, past)
         first = column.start // column.chunks[0]  # chunks wholly before start: unstored
         requests.extend((column, i) for i in range(first, -(-records // column.chunks[0])))
+    problems.extend(_unseen(_read_all(backend, requests, records, progress), problems))
+    order = {c.path: i for i, c in enumerate(schema.columns)}
+    problems.sort(key=lambda p: (-1 if p.path is None else order[p.path], p.chunk or ()))
+    count = len(schema.columns)
+    return VerifyReport(
+        location, records, count, len(requests), tuple(problems), tuple(plain), tuple(past)
+    )
+
+
+def _read_all(
+    backend: Any, requests: list[tuple[ColumnSpec, int]], records: int, progress: bool
+) -> list[Problem]:
+    """The problems of reading every chunk of ``requests``, with a progress bar."""
     with _progress.progress_bar(
         total=len(requests), desc="verify", record_nbytes=0, enabled=progress, unit=" chunks"
     ) as bar:
-        seen = {(p.path, p.chunk) for p in problems}  # a missing chunk also fails to read
-        problems.extend(
-            p
-            for p in _check_chunks(backend, requests, records, bar)
-            if (p.path, p.chunk) not in seen
-        )
-    order = {c.path: i for i, c in enumerate(schema.columns)}
-    problems.sort(key=lambda p: (-1 if p.path is None else order[p.path], p.chunk or ()))
-    return VerifyReport(
-        location,
-        records,
-        len(schema.columns),
-        len(requests),
-        tuple(problems),
-        tuple(plain),
-        tuple(past),
-    )
+        return list(_check_chunks(backend, requests, records, bar))
+
+
+def _unseen(found: list[Problem], known: list[Problem]) -> list[Problem]:
+    """``found`` less the chunks ``known`` already names (a missing chunk also fails to read)."""
+    seen = {(p.path, p.chunk) for p in known}
+    return [p for p in found if (p.path, p.chunk) not in seen]
 
 
 def _check_commit(backend: Any, records: int, location: str, problems: list[Problem]) -> int:

@@ -102,7 +102,7 @@ def loader(context: ReadContext, request: LoadRequest) -> Callable[[Any], Any]:
     return load_index
 
 
-def name_column(err: CorruptChunkError, schema: TreeSchema) -> CorruptChunkError:
+def _name_column(err: CorruptChunkError, schema: TreeSchema) -> CorruptChunkError:
     """``err`` (which names a column by storage key) naming the column by its tree path."""
     path = next((c.path for c in schema.columns if c.key == err.path), None)
     if path is None:
@@ -111,7 +111,7 @@ def name_column(err: CorruptChunkError, schema: TreeSchema) -> CorruptChunkError
     return CorruptChunkError(message, path=path, chunk=err.chunk, key=err.key)
 
 
-def key_impls(schema: TreeSchema) -> list[str | None]:
+def _key_impls(schema: TreeSchema) -> list[str | None]:
     """The PRNG key implementation of each column of ``schema`` (None for other columns)."""
     return [c.key_impl for c in schema.columns]
 
@@ -127,7 +127,7 @@ def _leaves(
         return leaves
     schema = request.schema
     placed = _device.to_jax(leaves, schema.paths, device=request.device, cast=request.cast)
-    return _prng.wrap_columns(placed, key_impls(schema))
+    return _prng.wrap_columns(placed, _key_impls(schema))
 
 
 def _read(
@@ -143,7 +143,7 @@ def _read(
     except CorruptStoreError as err:
         context.check_not_replaced(always=True)  # a replaced store lacks our chunks
         if isinstance(err, CorruptChunkError):
-            raise name_column(err, request.schema) from err
+            raise _name_column(err, request.schema) from err
         raise
     context.check_not_replaced()  # what was read belongs to the store opened
     return arrays
@@ -165,7 +165,7 @@ def _load_split(
             pmap=request.pmap,
         )
         context.check_not_replaced()
-    leaves = _prng.wrap_columns(_spread(request, arrays), key_impls(request.schema))
+    leaves = _prng.wrap_columns(_spread(request, arrays), _key_impls(request.schema))
     tree = request.schema.unflatten(leaves)
     return (tree, mask) if request.pad else tree
 
