@@ -14,39 +14,33 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
-
-import numpy as np
 
 from pytreestore._commit import evolve as _evolve
 from pytreestore._commit.lock import WriterLock
 from pytreestore._commit.record import Commit
 from pytreestore._commit.repair import check_not_replaced
 from pytreestore._commit.writer import Writer
-from pytreestore._format import prng as _prng
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._inspect import progress as _progress
 from pytreestore._inspect import repr as _repr
-from pytreestore._inspect.verify import VerifyReport, name_column, verify
+from pytreestore._inspect.verify import VerifyReport, verify_store
 from pytreestore._open.location import Location
 from pytreestore._open.spec import StoreSpec, reopen
 from pytreestore._pipelines import batches as _batches
 from pytreestore._pipelines import map as _map
-from pytreestore._read import device as _device
-from pytreestore._read import index as _read
-from pytreestore._read import sharded as _sharded
-from pytreestore._tree.stack import split_leaves
+from pytreestore._read import reader as _reader
+from pytreestore._read.reader import ReadContext
+from pytreestore._read.request import LoadRequest
+from pytreestore._read.request import check_cast as _check_cast
 from pytreestore.backends import Backend
 from pytreestore.errors import (
     ClosedStoreError,
-    CorruptChunkError,
-    CorruptStoreError,
     ForkedWriterError,
     PyTreeStoreError,
     ReadOnlyError,
@@ -54,8 +48,6 @@ from pytreestore.errors import (
     StorageError,
     UnpicklableStoreError,
 )
-
-_ITER_BLOCK = 4096
 
 
 class TreeStore:
@@ -348,6 +340,19 @@ class TreeStore:
         if self._writer is None and (always or not self._location.is_object_store):
             check_not_replaced(self._backend, self._location, self._commit)
 
+    def read_context(self) -> ReadContext:
+        """What pytreestore's own read path needs of this store; not a user API.
+
+        Its location, the records a read sees (pending appends committed first), the backend
+        lent for one read, and the check that the store was not replaced since it opened.
+        """
+        return ReadContext(self._location, self._readable, self._reading, self._check_not_replaced)
+
+    def _request(self, **options: Any) -> LoadRequest:
+        """A read's arguments (those of :meth:`load`), checked and resolved once."""
+        self._check_open()
+        return LoadRequest.build(self._schema, policy=self._cast, **options)
+
     def load(
         self,
         index: Any = slice(None),
@@ -402,47 +407,16 @@ class TreeStore:
             >>> s.load([4, 0], columns="['b']", as_numpy=True)
             {'a': None, 'b': (array([4., 0.], dtype=float32), array([8., 0.], dtype=float32))}
         """
-        cast = self._cast_for(cast)
-        if sharding is not None or pmap_devices is not None or pad:
-            _sharded.check_request(index, sharding, pmap_devices, device=device, as_numpy=as_numpy)
-            return self._load_sharded(index, columns, sharding, pmap_devices, pad=pad, cast=cast)
-        schema = self._schema  # one schema for the whole read, whatever evolve does meanwhile
-        leaves = self._load_leaves(
-            index, columns, device=device, as_numpy=as_numpy, cast=cast, schema=schema
+        request = self._request(
+            columns=columns,
+            device=device,
+            as_numpy=as_numpy,
+            cast=cast,
+            sharding=sharding,
+            pad=pad,
+            pmap_devices=pmap_devices,
         )
-        return schema.unflatten(leaves)
-
-    def _load_sharded(
-        self,
-        index: Any,
-        columns: str | Sequence[str] | None,
-        sharding: Any,
-        pmap_devices: Sequence[Any] | None,
-        *,
-        pad: bool,
-        cast: bool,
-    ) -> Any:
-        schema = self._schema  # one schema for the whole read, whatever evolve does meanwhile
-        selection, chosen, n = self._select(index, columns, schema)
-        shardings = _sharded.resolve(sharding, pmap_devices, schema.paths)
-        specs = [schema.columns[i] for i in chosen]
-        with self._reading() as backend:
-            arrays, mask = _sharded.load(
-                backend,
-                specs,
-                selection,
-                n,
-                [shardings[i] for i in chosen],
-                pad=pad,
-                cast=cast,
-                pmap=pmap_devices is not None,
-            )
-            self._check_not_replaced()
-        leaves: list[Any] = [None] * len(schema.columns)
-        for i, array in zip(chosen, arrays):
-            leaves[i] = array
-        records = schema.unflatten(_prng.wrap_columns(leaves, _key_impls(schema)))
-        return (records, mask) if pad else records
+        return _reader.load(self.read_context(), request, index)
 
     def __getitem__(self, index: Any) -> Any:
         return self.load(index)
@@ -468,56 +442,8 @@ class TreeStore:
             >>> [r["t"].item() for r in s.records(as_numpy=True)]
             [0.0, 1.0]
         """
-        cast = self._cast_for(cast)
-        n = self._readable()
-        schema = self._schema  # one schema for the whole iteration, whatever evolve does
-        for start in range(0, n, _ITER_BLOCK):
-            block = slice(start, min(start + _ITER_BLOCK, n))
-            leaves = self._load_leaves(block, columns, as_numpy=as_numpy, cast=cast, schema=schema)
-            for row in zip(*[split_leaves(leaf) for leaf in leaves]):
-                yield schema.unflatten(row)
-
-    def _load_leaves(
-        self,
-        index: Any,
-        columns: str | Sequence[str] | None,
-        *,
-        device: Any = None,
-        as_numpy: bool = False,
-        cast: bool = False,
-        schema: TreeSchema | None = None,
-    ) -> list[Any]:
-        schema = schema or self._schema
-        selection, chosen, n = self._select(index, columns, schema)
-        specs = [schema.columns[i] for i in chosen]
-        if selection.count == 0:
-            arrays = [np.empty((0, *c.shape), c.dtype) for c in specs]
-        else:
-            try:
-                with self._reading() as backend:
-                    arrays = backend.read([c.key for c in specs], selection.index, n)
-            except CorruptStoreError as err:
-                self._check_not_replaced(always=True)  # a replaced store lacks our chunks
-                if isinstance(err, CorruptChunkError):
-                    raise name_column(err, schema) from err
-                raise
-            self._check_not_replaced()  # what was read belongs to the store opened
-        if selection.scalar:
-            arrays = [a[0, ...] for a in arrays]
-        leaves: list[Any] = [None] * len(schema.columns)
-        for i, array in zip(chosen, arrays):
-            leaves[i] = array
-        if as_numpy:
-            return leaves
-        placed = _device.to_jax(leaves, schema.paths, device=device, cast=cast)
-        return _prng.wrap_columns(placed, _key_impls(schema))
-
-    def _select(
-        self, index: Any, columns: str | Sequence[str] | None, schema: TreeSchema
-    ) -> tuple[_read.Selection, list[int], int]:
-        """Flushes pending appends; the normalised index, chosen columns and record count."""
-        n = self._readable()
-        return _read.normalize(index, n), schema.select(columns), n
+        request = self._request(columns=columns, as_numpy=as_numpy, cast=cast)
+        yield from _reader.iterate(self.read_context(), request)
 
     def _readable(self) -> int:
         """The records a read sees: all of them, committed first, unless another thread is
@@ -585,13 +511,12 @@ class TreeStore:
             >>> [b["x"].tolist() for b in it], it.state()["epoch"]
             ([[0, 1], [2, 3]], 1)
         """
+        request = self._request(columns=columns, sharding=sharding, cast=cast)
         lo, hi, _ = slice(start, stop).indices(self._readable())
         hi = max(lo, hi)
-        if sharding is not None:
-            self._check_batch_split(sharding, columns, batch_size, hi - lo, drop_last)
-        load = functools.partial(self.load, columns=columns, sharding=sharding, cast=cast)
+        request.check_batches(batch_size, hi - lo, drop_last=drop_last)
         return _batches.BatchIterator(
-            load,
+            _reader.loader(self.read_context(), request),
             start=lo,
             stop=hi,
             batch_size=batch_size,
@@ -638,21 +563,19 @@ class TreeStore:
             >>> s.map(lambda r: {"y": r["x"] + 1}, batch_size=2)["y"]
             Array([1., 2., 3.], dtype=float32)
         """
-        self._check_open()
         size = batch_size if batch_size is not None else self._schema.chunk_records
-        if sharding is not None:
-            self._check_batch_split(sharding, columns, size, size, True)
-        load = functools.partial(self.load, columns=columns, sharding=sharding, cast=cast)
-        nbytes = sum(self._schema.columns[i].record_nbytes for i in self._schema.select(columns))
+        request = self._request(columns=columns, sharding=sharding, cast=cast)
+        request.check_batches(size, size, drop_last=True)
         return _map.map_records(
             fn,
-            load,
+            _reader.loader(self.read_context(), request),
             count=self._readable(),
             batch_size=size,
             out=out,
             progress=progress,
-            record_nbytes=nbytes,
+            record_nbytes=request.record_nbytes,
             prefetch=prefetch,
+            create=self._spec.creator,
         )
 
     def grain_source(self, *, columns: str | Sequence[str] | None = None) -> _batches.GrainSource:
@@ -666,21 +589,9 @@ class TreeStore:
             >>> len(src), int(src[1]["x"])
             (3, 1)
         """
-        self._check_open()
-        return _batches.GrainSource(self, columns=columns)
-
-    def _check_batch_split(
-        self, sharding: Any, columns: Any, batch_size: int, count: int, drop_last: bool
-    ) -> None:
-        shardings = _sharded.resolve(sharding, None, self._schema.paths)
-        chosen = self._schema.select(columns)
-        _sharded.check_batches(
-            [self._schema.columns[i] for i in chosen],
-            [shardings[i] for i in chosen],
-            batch_size,
-            count,
-            drop_last=drop_last,
-        )
+        request = self._request(columns=columns, as_numpy=True)
+        load = _reader.loader(self.read_context(), request)
+        return _batches.GrainSource(self, columns=columns, load=load)
 
     def verify(self, *, progress: bool = False) -> VerifyReport:
         """Reads back the commit record, every column's metadata and every committed chunk.
@@ -695,17 +606,10 @@ class TreeStore:
         Raises:
             StorageError: storage could not be reached.
         """
-        self._check_open()
-        with self._reading() as backend:
-            with contextlib.suppress(CorruptStoreError):  # a damaged commit record is reported
-                self._check_not_replaced(always=True)
-            return verify(backend, self._schema, self.committed, self.path, progress=progress)
+        request = self._request()
+        return verify_store(self.read_context(), request.schema, self.committed, progress=progress)
 
     # ---- guards --------------------------------------------------------------------------------
-
-    def _cast_for(self, cast: bool | None) -> bool:
-        """A read's ``cast=``, or the store's policy when the read leaves it None."""
-        return self._cast if cast is None else _check_cast(cast)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -748,17 +652,6 @@ class TreeStore:
             self._check_process()  # before the lock, which a forked child may inherit held
         with self._mutex:  # checked inside: closed by another thread meanwhile?
             yield self._appendable() if append else self._writable()
-
-
-def _key_impls(schema: TreeSchema) -> list[Any]:
-    """The PRNG key implementation of each column of ``schema`` (None for other columns)."""
-    return [c.key_impl for c in schema.columns]
-
-
-def _check_cast(cast: Any) -> bool:
-    if not isinstance(cast, bool):
-        raise TypeError(f"cast must be True, False or None (the store's policy), got {cast!r}")
-    return cast
 
 
 __all__ = ["TreeStore"]

@@ -32,6 +32,8 @@ import pytreestore
 from pytreestore._inspect import progress as _progress
 from pytreestore._inspect import repr as _repr
 from pytreestore._open.copy import KEEP
+from pytreestore._read.reader import load_leaves
+from pytreestore._read.request import LoadRequest
 from pytreestore.errors import CorruptStoreError, NotAStoreError, PyTreeStoreError
 
 EXIT_PROBLEMS = 1
@@ -100,7 +102,8 @@ def head(path: str, count: int, as_json: bool) -> None:
     """
     with _opened(path) as store:
         count = min(count, len(store))
-        leaves = store._load_leaves(slice(0, count), None, as_numpy=True)
+        request = LoadRequest.build(store.schema, policy=False, as_numpy=True)
+        leaves = load_leaves(store.read_context(), request, slice(0, count))
         rows = [[leaf[i] for leaf in leaves] for i in range(count)]
         if as_json:
             lines = [json.dumps(_jsonable(store.schema.unflatten(row))) for row in rows]

@@ -35,11 +35,14 @@ faulthandler.enable()
 import numpy as np
 import jax
 import pytreestore
+from pytreestore._read.reader import load_leaves
+from pytreestore._read.request import LoadRequest
 from pytreestore.errors import PyTreeStoreError
 base_path, paths = sys.argv[1], json.loads(sys.argv[2])
 
 def columns(store):
-    return store._load_leaves(slice(None), None, as_numpy=True)
+    request = LoadRequest.build(store.schema, policy=False, as_numpy=True)
+    return load_leaves(store.read_context(), request, slice(None))
 
 base = pytreestore.open(base_path)
 truth = {c.key: leaf for c, leaf in zip(base.schema.columns, columns(base))}

@@ -25,7 +25,7 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from jax.tree_util import keystr
@@ -33,14 +33,27 @@ from jax.tree_util import keystr
 from pytreestore._format import consts as _consts
 from pytreestore._format.kinds import child_entry
 from pytreestore._format.names import ROOT_KEY, chunk_prefix
-from pytreestore._open.location import Location
+from pytreestore._format.schema import TreeSchema
+from pytreestore._read.reader import ReadContext
 from pytreestore.backends import TensorStoreKvStore
 from pytreestore.errors import PyTreeStoreError
 
-if TYPE_CHECKING:
-    from pytreestore._store import TreeStore
-
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+class Described(Protocol):
+    """What a description needs of a store (a :class:`pytreestore.TreeStore` has it)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def schema(self) -> TreeSchema: ...
+    def __len__(self) -> int: ...
+    def read_context(self) -> ReadContext: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,11 +149,10 @@ class StoreInfo:
         }
 
 
-def describe(store: TreeStore) -> StoreInfo:
+def describe(store: Described) -> StoreInfo:
     """Gathers what :func:`render_text` and :func:`render_html` show about ``store``."""
-    schema, records = store.schema, len(store)
-    location = Location.parse(store.path)
-    stored = _stored_bytes(store, location, [c.key for c in schema.columns])
+    schema, records, context = store.schema, len(store), store.read_context()
+    stored = _stored_bytes(context, [c.key for c in schema.columns])
     columns = tuple(
         ColumnInfo(
             path=c.path,
@@ -156,7 +168,7 @@ def describe(store: TreeStore) -> StoreInfo:
     return StoreInfo(
         path=store.path,
         records=records,
-        format_version=_format_version(store),
+        format_version=_format_version(context),
         chunk_records=schema.chunk_records,
         codec=schema.codec,
         columns=columns,
@@ -164,7 +176,7 @@ def describe(store: TreeStore) -> StoreInfo:
     )
 
 
-def summary(store: TreeStore) -> str:
+def summary(store: Described) -> str:
     """The one line ``repr(store)`` prints: path, mode, records, columns, uncompressed bytes."""
     if store.closed:
         return f"TreeStore({store.path!r}, mode={store.mode!r}, closed)"
@@ -198,24 +210,27 @@ def _ratio(nbytes: int, stored: int | None) -> float | None:
     return None if not stored or not nbytes else nbytes / stored
 
 
-def _stored_bytes(store: TreeStore, location: Location, keys: list[str]) -> dict[str, int]:
+def _stored_bytes(context: ReadContext, keys: list[str]) -> dict[str, int]:
     """Chunk bytes per column key, and every byte of the store under ``""``, where cheap.
 
     Local stores are measured with ``os.stat``; in-memory stores by reading their values.
     Other locations (object stores) give an empty dict: listing them could mean downloading.
     """
+    location = context.location
     if location.kind == "file":
         root = Path(location.root)
         out = {key: _tree_size(root / key / "c") for key in keys}
         out[""] = _tree_size(root)
         return out
-    backend = store._backend
-    if location.kind != "memory" or not isinstance(backend, TensorStoreKvStore):
+    if location.kind != "memory":
         return {}
-    kvstore = backend.kvstore
-    sizes = {
-        bytes(k).decode(): len(kvstore.read(k).result().value) for k in kvstore.list().result()
-    }
+    with context.reading() as backend:
+        if not isinstance(backend, TensorStoreKvStore):
+            return {}
+        kvstore = backend.kvstore
+        sizes = {
+            bytes(k).decode(): len(kvstore.read(k).result().value) for k in kvstore.list().result()
+        }
     out = {key: sum(n for k, n in sizes.items() if k.startswith(chunk_prefix(key))) for key in keys}
     out[""] = sum(sizes.values())
     return out
@@ -232,13 +247,13 @@ def _tree_size(root: Path) -> int:
     return total
 
 
-def _format_version(store: TreeStore) -> int:
-    backend = getattr(store, "_backend", None)
-    raw = backend.read_bytes(ROOT_KEY) if backend is not None else None
+def _format_version(context: ReadContext) -> int:
+    with context.reading() as backend:
+        raw = backend.read_bytes(ROOT_KEY)
     try:
         return int(json.loads(raw)["attributes"]["pytreestore"]["format_version"])  # type: ignore[arg-type]
     except (TypeError, KeyError, ValueError) as err:
-        raise PyTreeStoreError(f"cannot read the format version of {store.path}") from err
+        raise PyTreeStoreError(f"cannot read the format version of {context.path}") from err
 
 
 # ---- the column tree ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -27,8 +28,9 @@ from pytreestore._commit.record import COMMIT_KEY, Commit
 from pytreestore._format.names import chunk_key, chunk_prefix
 from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._inspect import progress as _progress
+from pytreestore._read.reader import ReadContext
 from pytreestore.backends import CheckedReads, KeyListing
-from pytreestore.errors import CorruptChunkError, CorruptStoreError, PyTreeStoreError
+from pytreestore.errors import CorruptStoreError, PyTreeStoreError
 
 _READ_BUDGET = 256 << 20  # bytes of chunks decoded in one batch
 
@@ -104,6 +106,26 @@ class VerifyReport:
         return "\n".join(lines)
 
 
+def verify_store(
+    context: ReadContext, schema: TreeSchema, records: int, *, progress: bool = False
+) -> VerifyReport:
+    """Verifies a store through its read context: :func:`verify` of the backend it lends.
+
+    A store replaced since it opened raises ``StoreReplacedError``; a damaged commit record
+    does not raise here, :func:`verify` reports it.
+
+    Args:
+        context: the store's reading context.
+        schema: the schema snapshot to check the columns of.
+        records: the committed count to check up to, if the commit record is unreadable.
+        progress: show a bar of the chunks checked (and MB/s decoded) on standard error.
+    """
+    with context.reading() as backend:
+        with contextlib.suppress(CorruptStoreError):  # a damaged commit record is reported
+            context.check_not_replaced(always=True)
+        return verify(backend, schema, records, context.path, progress=progress)
+
+
 def verify(
     backend: Any,
     schema: TreeSchema,
@@ -137,35 +159,29 @@ def verify(
         _check_present(backend, column, records, problems, past)
         first = column.start // column.chunks[0]  # chunks wholly before start: unstored
         requests.extend((column, i) for i in range(first, -(-records // column.chunks[0])))
-    with _progress.progress_bar(
-        total=len(requests), desc="verify", record_nbytes=0, enabled=progress, unit=" chunks"
-    ) as bar:
-        seen = {(p.path, p.chunk) for p in problems}  # a missing chunk also fails to read
-        problems.extend(
-            p
-            for p in _check_chunks(backend, requests, records, bar)
-            if (p.path, p.chunk) not in seen
-        )
+    problems.extend(_unseen(_read_all(backend, requests, records, progress), problems))
     order = {c.path: i for i, c in enumerate(schema.columns)}
     problems.sort(key=lambda p: (-1 if p.path is None else order[p.path], p.chunk or ()))
+    count = len(schema.columns)
     return VerifyReport(
-        location,
-        records,
-        len(schema.columns),
-        len(requests),
-        tuple(problems),
-        tuple(plain),
-        tuple(past),
+        location, records, count, len(requests), tuple(problems), tuple(plain), tuple(past)
     )
 
 
-def name_column(err: CorruptChunkError, schema: TreeSchema) -> CorruptChunkError:
-    """``err`` (which names a column by storage key) naming the column by its tree path."""
-    path = next((c.path for c in schema.columns if c.key == err.path), None)
-    if path is None:
-        return err
-    message = str(err).replace(f"column {err.path}:", f"column {path or 'the root'}:", 1)
-    return CorruptChunkError(message, path=path, chunk=err.chunk, key=err.key)
+def _read_all(
+    backend: Any, requests: list[tuple[ColumnSpec, int]], records: int, progress: bool
+) -> list[Problem]:
+    """The problems of reading every chunk of ``requests``, with a progress bar."""
+    with _progress.progress_bar(
+        total=len(requests), desc="verify", record_nbytes=0, enabled=progress, unit=" chunks"
+    ) as bar:
+        return list(_check_chunks(backend, requests, records, bar))
+
+
+def _unseen(found: list[Problem], known: list[Problem]) -> list[Problem]:
+    """``found`` less the chunks ``known`` already names (a missing chunk also fails to read)."""
+    seen = {(p.path, p.chunk) for p in known}
+    return [p for p in found if (p.path, p.chunk) not in seen]
 
 
 def _check_commit(backend: Any, records: int, location: str, problems: list[Problem]) -> int:

@@ -34,6 +34,8 @@ from pytreestore._inspect import progress as _progress
 from pytreestore._open.location import Location
 from pytreestore._open.open import create_from_schema
 from pytreestore._open.open import open as open_store
+from pytreestore._read.reader import load_leaves
+from pytreestore._read.request import LoadRequest
 from pytreestore._store import TreeStore
 from pytreestore.errors import BadLocationError
 
@@ -98,7 +100,8 @@ def _copy(
     overwrite: bool,
     progress: bool,
 ) -> int:
-    if location.overlaps(source._location):
+    context = source.read_context()
+    if location.overlaps(context.location):
         raise BadLocationError(
             f"cannot copy {source.path} to {location}: the two overlap (the same place, or "
             "one inside the other), so writing the copy would delete or overwrite the "
@@ -120,9 +123,10 @@ def _copy(
         ) as bar,
     ):
         writer = target._writable()
+        request = LoadRequest.build(source.schema, policy=False, as_numpy=True)
         for start in range(0, total, step):
             stop = min(start + step, total)
-            writer.write_batch(source._load_leaves(slice(start, stop), None, as_numpy=True))
+            writer.write_batch(load_leaves(context, request, slice(start, stop)))
             bar.advance(stop - start)
         target._backend.delete_keys([INCOMPLETE_KEY])
     return total

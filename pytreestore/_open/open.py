@@ -132,7 +132,7 @@ def create_from_schema(
     commit, lock = protocol.start_store(
         engine, location, schema, overwrite=overwrite, finished=finished
     )
-    spec = StoreSpec.of(location, backend, cast=cast, opener=open)
+    spec = StoreSpec.of(location, backend, cast=cast, opener=open, creator=create)
     try:
         return TreeStore(
             location=location,
@@ -215,7 +215,7 @@ def open(
         engine, location, schema, append=mode == "a", break_lock=break_lock
     )
     options = {"like": like, "generic": generic, "cache_bytes": cache_bytes, "cast": cast}
-    spec = StoreSpec.of(location, backend, opener=open, **options)
+    spec = StoreSpec.of(location, backend, opener=open, creator=create, **options)
     try:
         return TreeStore(
             location=location,

@@ -33,6 +33,8 @@ class StoreSpec:
             ``(name, value)`` pairs (empty for local and in-memory stores).
         cache_bytes, like, generic, cast: as given to :func:`pytreestore.open`.
         opener: the function that opens a store from these options (``pytreestore.open``).
+        creator: the function that creates a store (``pytreestore.create``), for
+            ``store.map(fn, out=path)``.
     """
 
     path: str
@@ -43,6 +45,7 @@ class StoreSpec:
     generic: bool = False
     cast: bool = False
     opener: Callable[..., Any] | None = dataclasses.field(default=None, compare=False)
+    creator: Callable[..., Any] | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
     def of(cls, location: Location, backend: str, **options: Any) -> StoreSpec:

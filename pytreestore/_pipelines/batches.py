@@ -285,20 +285,29 @@ class GrainSource:
         (3, array(2, dtype=int32))
     """
 
-    def __init__(self, store: Any, *, columns: str | Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        store: Any,
+        *,
+        columns: str | Sequence[str] | None,
+        load: Callable[[Any], Any],
+    ) -> None:
+        """``load(index)`` loads records of ``store`` with numpy leaves; pickling keeps
+        ``store.spec`` and opens it again where the source is unpickled."""
         self._store = store
         self._columns = columns
+        self._load = load
 
     def __len__(self) -> int:
         return len(self._store)
 
     def __getitem__(self, index: int) -> Any:
-        return self._store.load(int(index), columns=self._columns, as_numpy=True)
+        return self._load(int(index))
 
     def _getitems(self, indices: Sequence[int]) -> list[Any]:
         """The records at ``indices`` from one batched read (Grain's batched-read protocol)."""
         index = np.asarray(indices, np.int64)
-        batch = self._store.load(index, columns=self._columns, as_numpy=True)
+        batch = self._load(index)
         leaves, treedef = tree_flatten(batch, is_leaf=lambda x: x is None)
         return [treedef.unflatten(row) for row in zip(*map(split_leaves, leaves))]
 
@@ -313,5 +322,5 @@ class GrainSource:
         return {"spec": self._store.spec, "columns": self._columns}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._store = state["spec"].open()
-        self._columns = state["columns"]
+        store = state["spec"].open()
+        self.__dict__.update(vars(store.grain_source(columns=state["columns"])))

@@ -39,6 +39,7 @@ def map_records(
     progress: bool = False,
     record_nbytes: int = 0,
     prefetch: int = 2,
+    create: Callable[[Any, Any], Any] | None,
 ) -> Any:
     """Applies ``fn`` to records ``[0, count)`` that ``load(index)`` returns in batches.
 
@@ -52,6 +53,8 @@ def map_records(
         progress: show a progress bar (records and MB/s) on standard error.
         record_nbytes: bytes one loaded record takes, for the bar's MB/s figure.
         prefetch: batches read ahead in the background.
+        create: ``create(path, like)`` makes the new store when ``out`` is a path
+            (:func:`pytreestore.create`).
 
     Returns:
         The batched results (leaves with a leading record axis), or the ``out`` store.
@@ -59,7 +62,7 @@ def map_records(
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     step = _Vmapped(fn)
-    sink = _Sink(out)
+    sink = _Sink(out, create)
     bar = progress_bar(total=count, desc="map", record_nbytes=record_nbytes, enabled=progress)
     batches = Prefetcher(lambda ix: (ix[0], load(ix[1])), _indices(count, batch_size), prefetch)
     try:
@@ -126,8 +129,9 @@ class _Sink:
     keeps computing while the previous result is copied out.
     """
 
-    def __init__(self, out: Any) -> None:
+    def __init__(self, out: Any, create: Callable[[Any, Any], Any] | None) -> None:
         self._out = out
+        self._create = create
         self._pending: Any = None
         self._parts: list[Any] = []
 
@@ -143,10 +147,9 @@ class _Sink:
             self._parts.append(host)
             return
         if isinstance(self._out, (str, os.PathLike)):
-            import pytreestore  # here, not at import time: pytreestore imports this module
-
             like = jax.tree.map(lambda leaf: leaf[0], host)
-            self._out = pytreestore.create(self._out, like)
+            assert self._create is not None, "a store opened by pytreestore has a creator"
+            self._out = self._create(self._out, like)
         self._out.extend_batch(host)
 
     def finish(self, empty_shape: Callable[[], Any]) -> Any:

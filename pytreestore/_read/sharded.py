@@ -49,35 +49,6 @@ class Piece:
     leaf: tuple[slice, ...]
 
 
-def check_request(
-    index: Any, sharding: Any, pmap_devices: Any, *, device: Any, as_numpy: bool
-) -> None:
-    """Refuses argument combinations a sharded or pmap load cannot honour.
-
-    Raises:
-        ValueError: two placements at once, ``as_numpy``, or ``pad`` without a placement.
-        ShardingError: an int index (one record has no record axis to split).
-    """
-    if sharding is not None and pmap_devices is not None:
-        raise ValueError("give sharding= or pmap_devices=, not both")
-    if sharding is None and pmap_devices is None:
-        raise ValueError("pad=True needs sharding= or pmap_devices=: only a split load pads")
-    if device is not None:
-        raise ValueError(
-            "device= places leaves on one device or sharding; drop it when "
-            "giving sharding= or pmap_devices="
-        )
-    if as_numpy:
-        raise ValueError(
-            "as_numpy=True loads to host; it cannot be combined with sharding= or pmap_devices="
-        )
-    if isinstance(index, (int, np.integer)) and not isinstance(index, (bool, np.bool_)):
-        raise ShardingError(
-            f"a sharded load splits the record axis, which one record ({index}) does not "
-            f"have; load a slice such as {index}:{index}+1, or use device= for one record"
-        )
-
-
 def resolve(sharding: Any, pmap_devices: Any, paths: Sequence[str]) -> list[Sharding]:
     """One sharding per column path, from ``sharding=`` or ``pmap_devices=``."""
     if pmap_devices is not None:

@@ -1,0 +1,178 @@
+"""The read path: executing a :class:`~pytreestore._read.request.LoadRequest` against a store.
+
+Every read goes through :func:`load` (a record or a batch of records) or
+:func:`load_leaves` (the columns' arrays, for ``copy`` and the CLI), in the same steps:
+
+1. the store's :class:`ReadContext` gives the records a read sees (committing pending
+   appends first) and the index is normalised against that count;
+2. ``Backend.read`` reads every chosen column at once; a damaged or missing chunk raises
+   :class:`~pytreestore.errors.CorruptChunkError` naming the column's keypath, after a check
+   that the store was not replaced meanwhile;
+3. a scalar index drops the record axis; the host arrays are placed on device
+   (:mod:`pytreestore._read.device`) unless ``as_numpy``;
+4. a sharded or pmap request builds global arrays instead (:mod:`pytreestore._read.sharded`);
+5. typed PRNG key columns are rewrapped, and the schema rebuilds the record's classes.
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> store = pytreestore.create("memory://doc-read-reader", {"x": np.int32(0)})
+    >>> store.extend({"x": np.int32(i)} for i in range(3))
+    >>> request = LoadRequest.build(store.schema, policy=False, as_numpy=True)
+    >>> load(store.read_context(), request, [2, 0])
+    {'x': array([2, 0], dtype=int32)}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import numpy as np
+
+from pytreestore._format import prng as _prng
+from pytreestore._format.schema import TreeSchema
+from pytreestore._open.location import Location
+from pytreestore._read import device as _device
+from pytreestore._read import sharded as _sharded
+from pytreestore._read.index import Selection
+from pytreestore._read.request import LoadRequest
+from pytreestore._tree.stack import split_leaves
+from pytreestore.backends import Backend
+from pytreestore.errors import CorruptChunkError, CorruptStoreError
+
+ITER_BLOCK = 4096  # records read at once by record iteration
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadContext:
+    """What the read path needs of a store, as callables; made by ``TreeStore.read_context``.
+
+    Attributes:
+        location: where the store lives.
+        readable: the records a read sees now (commits pending appends first where it can).
+        reading: a context manager lending the backend for one read (``close()`` waits
+            for it).
+        check_not_replaced: raises ``StoreReplacedError`` if the store was replaced since it
+            was opened; ``always=True`` checks on object stores too (a request there).
+    """
+
+    location: Location
+    readable: Callable[[], int]
+    reading: Callable[[], AbstractContextManager[Backend]]
+    check_not_replaced: Callable[..., None]
+
+    @property
+    def path(self) -> str:
+        """The store's path or URL."""
+        return str(self.location)
+
+
+def load(context: ReadContext, request: LoadRequest, index: Any) -> Any:
+    """Records ``index`` of the store, as ``request`` asks (see ``TreeStore.load``)."""
+    records = context.readable()
+    selection = request.selection(index, records)
+    if request.split:
+        return _load_split(context, request, selection, records)
+    return request.schema.unflatten(_leaves(context, request, selection, records))
+
+
+def load_leaves(context: ReadContext, request: LoadRequest, index: Any) -> list[Any]:
+    """The leaves of records ``index``, in column order (None for columns not chosen)."""
+    records = context.readable()
+    return _leaves(context, request, request.selection(index, records), records)
+
+
+def iterate(context: ReadContext, request: LoadRequest) -> Iterator[Any]:
+    """Every record, one at a time, read :data:`ITER_BLOCK` records at a time."""
+    count = context.readable()
+    for start in range(0, count, ITER_BLOCK):
+        leaves = load_leaves(context, request, slice(start, min(start + ITER_BLOCK, count)))
+        for row in zip(*[split_leaves(leaf) for leaf in leaves]):
+            yield request.schema.unflatten(row)
+
+
+def loader(context: ReadContext, request: LoadRequest) -> Callable[[Any], Any]:
+    """``load`` bound to ``context`` and ``request``: a function of the index alone."""
+
+    def load_index(index: Any) -> Any:
+        return load(context, request, index)
+
+    return load_index
+
+
+def _name_column(err: CorruptChunkError, schema: TreeSchema) -> CorruptChunkError:
+    """``err`` (which names a column by storage key) naming the column by its tree path."""
+    path = next((c.path for c in schema.columns if c.key == err.path), None)
+    if path is None:
+        return err
+    message = str(err).replace(f"column {err.path}:", f"column {path or 'the root'}:", 1)
+    return CorruptChunkError(message, path=path, chunk=err.chunk, key=err.key)
+
+
+def _key_impls(schema: TreeSchema) -> list[str | None]:
+    """The PRNG key implementation of each column of ``schema`` (None for other columns)."""
+    return [c.key_impl for c in schema.columns]
+
+
+def _leaves(
+    context: ReadContext, request: LoadRequest, selection: Selection, records: int
+) -> list[Any]:
+    arrays = _read(context, request, selection, records)
+    if selection.scalar:
+        arrays = [a[0, ...] for a in arrays]
+    leaves = _spread(request, arrays)
+    if request.as_numpy:
+        return leaves
+    schema = request.schema
+    placed = _device.to_jax(leaves, schema.paths, device=request.device, cast=request.cast)
+    return _prng.wrap_columns(placed, _key_impls(schema))
+
+
+def _read(
+    context: ReadContext, request: LoadRequest, selection: Selection, records: int
+) -> list[np.ndarray]:
+    """The chosen columns' rows of ``selection``, read at once, as host arrays."""
+    specs = request.specs
+    if selection.count == 0:
+        return [np.empty((0, *c.shape), c.dtype) for c in specs]
+    try:
+        with context.reading() as backend:
+            arrays = backend.read([c.key for c in specs], selection.index, records)
+    except CorruptStoreError as err:
+        context.check_not_replaced(always=True)  # a replaced store lacks our chunks
+        if isinstance(err, CorruptChunkError):
+            raise _name_column(err, request.schema) from err
+        raise
+    context.check_not_replaced()  # what was read belongs to the store opened
+    return arrays
+
+
+def _load_split(
+    context: ReadContext, request: LoadRequest, selection: Selection, records: int
+) -> Any:
+    assert request.shardings is not None
+    with context.reading() as backend:
+        arrays, mask = _sharded.load(
+            backend,
+            request.specs,
+            selection,
+            records,
+            request.shardings,
+            pad=request.pad,
+            cast=request.cast,
+            pmap=request.pmap,
+        )
+        context.check_not_replaced()
+    leaves = _prng.wrap_columns(_spread(request, arrays), _key_impls(request.schema))
+    tree = request.schema.unflatten(leaves)
+    return (tree, mask) if request.pad else tree
+
+
+def _spread(request: LoadRequest, arrays: list[Any]) -> list[Any]:
+    """One entry per column of the schema: the chosen columns' arrays, None elsewhere."""
+    leaves: list[Any] = [None] * len(request.schema.columns)
+    for i, array in zip(request.chosen, arrays):
+        leaves[i] = array
+    return leaves
