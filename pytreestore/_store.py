@@ -1,14 +1,9 @@
-"""TreeStore: a store of pytree records, one zarr v3 array per leaf. Orchestration only.
+"""TreeStore, the store object: its lifecycle, appends and reads, each delegated.
 
-Example:
-    >>> import numpy as np, pytreestore
-    >>> like = {"x": np.float32(0), "v": np.zeros(3, np.float32)}
-    >>> store = pytreestore.create("memory://doc-store", like)
-    >>> store.append({"x": np.float32(1), "v": np.ones(3, np.float32)})
-    >>> store.extend([like] * 2)
-    >>> len(store), store[:]["v"].shape
-    (3, (3, 3))
-    >>> store.close()
+Appends go to the commit package (:mod:`pytreestore._commit`), reads to the read path
+(:mod:`pytreestore._read.reader`), streaming to :mod:`pytreestore._pipelines`; this module
+holds what ties them: one writer thread at a time, reads that ``close()`` waits for, the
+process that may write. See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -16,24 +11,21 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from pytreestore._commit import evolve as _evolve
 from pytreestore._commit.lock import WriterLock
 from pytreestore._commit.record import Commit
 from pytreestore._commit.repair import check_not_replaced
-from pytreestore._commit.writer import Writer
-from pytreestore._format import validate as _validate
-from pytreestore._format.names import ROOT_KEY
+from pytreestore._commit.writer import Writer, forked_writer
 from pytreestore._format.schema import TreeSchema
 from pytreestore._inspect import progress as _progress
 from pytreestore._inspect import repr as _repr
 from pytreestore._inspect.verify import VerifyReport, verify_store
 from pytreestore._open.location import Location
 from pytreestore._open.spec import StoreSpec, reopen
-from pytreestore._pipelines import batches as _batches
-from pytreestore._pipelines import map as _map
+from pytreestore._pipelines.methods import Pipelines
 from pytreestore._read import reader as _reader
 from pytreestore._read.reader import ReadContext
 from pytreestore._read.request import LoadRequest
@@ -41,16 +33,14 @@ from pytreestore._read.request import check_cast as _check_cast
 from pytreestore.backends import Backend
 from pytreestore.errors import (
     ClosedStoreError,
-    ForkedWriterError,
     PyTreeStoreError,
     ReadOnlyError,
-    SchemaMismatchError,
     StorageError,
     UnpicklableStoreError,
 )
 
 
-class TreeStore:
+class TreeStore(Pipelines):
     """A persistent, columnar store of pytree records.
 
     Create one with :func:`pytreestore.create` or open one with :func:`pytreestore.open`.
@@ -74,16 +64,18 @@ class TreeStore:
         location: Location,
         backend: Backend,
         schema: TreeSchema,
-        mode: str,
         commit: Commit,
         lock: WriterLock | None,
         spec: StoreSpec,
+        writer: Writer | None,
     ) -> None:
+        """Made by :func:`pytreestore.create` / :func:`pytreestore.open` (``writer`` in mode
+        ``"a"``), not by hand."""
         self._location = location
         self._cast = _check_cast(spec.cast)
         self._backend = backend
         self._schema = schema
-        self._mode = mode
+        self._mode = "r" if writer is None else "a"
         self._commit = commit
         self._lock = lock
         self._closed = False
@@ -92,7 +84,7 @@ class TreeStore:
         self._mutex = threading.RLock()  # one append, flush or close at a time
         self._reads = 0  # reads in flight, which close() waits for
         self._reads_done = threading.Condition()
-        self._writer = Writer(backend, schema, commit) if mode == "a" else None
+        self._writer = writer
 
     # ---- description ---------------------------------------------------------------------------
 
@@ -317,22 +309,9 @@ class TreeStore:
             with self._reading() as backend:
                 now = check_not_replaced(backend, self._location, self._commit)
                 if now.records != self._commit.records:
-                    self._check_columns_kept(backend)
+                    _reader.check_columns_kept(backend, self._schema, self.path)
                 self._commit = now
         return len(self)
-
-    def _check_columns_kept(self, backend: Backend) -> None:
-        """Raises SchemaMismatchError if an evolve since this reader opened dropped one of its
-        columns: the records committed since hold no values there."""
-        info = _validate.root_schema(backend.read_bytes(ROOT_KEY), self.path)
-        keys = {c.get("key") for c in info["columns"]}
-        gone = [c.path for c in self._schema.columns if c.key not in keys]
-        if gone:
-            raise SchemaMismatchError(
-                f"{self.path}: the store's schema was changed (evolve dropped {gone}) since this "
-                "reader opened it, so the records committed since have no values for them; "
-                "open it again with pytreestore.open() to read them in the new schema"
-            )
 
     def _check_not_replaced(self, *, always: bool = False) -> None:
         """Raises StoreReplacedError if a reader's store was replaced since it opened; on
@@ -346,7 +325,9 @@ class TreeStore:
         Its location, the records a read sees (pending appends committed first), the backend
         lent for one read, and the check that the store was not replaced since it opened.
         """
-        return ReadContext(self._location, self._readable, self._reading, self._check_not_replaced)
+        return ReadContext(
+            self._location, self._readable, self._reading, self._check_not_replaced, self._request
+        )
 
     def _request(self, **options: Any) -> LoadRequest:
         """A read's arguments (those of :meth:`load`), checked and resolved once."""
@@ -460,139 +441,6 @@ class TreeStore:
         finally:
             self._mutex.release()
 
-    # ---- device pipelines ----------------------------------------------------------------------
-
-    def batches(
-        self,
-        batch_size: int,
-        *,
-        shuffle: bool = False,
-        seed: int = 0,
-        drop_last: bool = False,
-        prefetch: int = 2,
-        columns: str | Sequence[str] | None = None,
-        sharding: Any = None,
-        start: int = 0,
-        stop: int | None = None,
-        epochs: int | None = 1,
-        state: dict[str, Any] | None = None,
-        cast: bool | None = None,
-    ) -> _batches.BatchIterator:
-        """Iterates over records ``[start, stop)`` in batches on device, read ahead in the background.
-
-        Args:
-            batch_size: records per batch.
-            shuffle: visit records in an order drawn from ``(seed, epoch)`` each epoch.
-            seed: the shuffle seed.
-            drop_last: skip the last batch of an epoch when it is short.
-            prefetch: batches read (and copied to device) ahead while the caller computes;
-                0 reads each batch when it is asked for.
-            columns: columns to load, as for :meth:`load`.
-            sharding: as for :meth:`load`; each batch becomes global arrays split this way.
-            start: first record (negative counts from the end).
-            stop: end of the records (default: the store's length now).
-            epochs: passes over the records; None repeats without end.
-            state: a dict from :meth:`BatchIterator.state` to continue from.
-            cast: as for :meth:`load`.
-
-        Returns:
-            A :class:`~pytreestore._pipelines.batches.BatchIterator` of batched records; its ``state()``
-            reports the position to resume from.
-
-        Raises:
-            ShardingError: ``sharding`` cannot split ``batch_size`` (or, without
-                ``drop_last``, the last short batch).
-
-        Example:
-            >>> import numpy as np, pytreestore
-            >>> s = pytreestore.create("memory://doc-store-batches", {"x": np.int32(0)})
-            >>> s.extend({"x": np.int32(i)} for i in range(5))
-            >>> it = s.batches(2, drop_last=True)
-            >>> [b["x"].tolist() for b in it], it.state()["epoch"]
-            ([[0, 1], [2, 3]], 1)
-        """
-        request = self._request(columns=columns, sharding=sharding, cast=cast)
-        lo, hi, _ = slice(start, stop).indices(self._readable())
-        hi = max(lo, hi)
-        request.check_batches(batch_size, hi - lo, drop_last=drop_last)
-        return _batches.BatchIterator(
-            _reader.loader(self.read_context(), request),
-            start=lo,
-            stop=hi,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            prefetch=prefetch,
-            epochs=epochs,
-            state=state,
-        )
-
-    def map(
-        self,
-        fn: Callable[[Any], Any],
-        *,
-        batch_size: int | None = None,
-        out: Any = None,
-        columns: str | Sequence[str] | None = None,
-        sharding: Any = None,
-        progress: bool = False,
-        prefetch: int = 2,
-        cast: bool | None = None,
-    ) -> Any:
-        """Applies ``jax.jit(jax.vmap(fn))`` to every record, one batch at a time.
-
-        Args:
-            fn: a function of one record (leaves without the record axis).
-            batch_size: records per compiled call (default: the store's ``chunk_records``).
-            out: None to return the stacked results; a store open for appending (or a path
-                for a new store, created from the first result) to append them to instead.
-            columns: columns to load, as for :meth:`load`; ``fn`` sees None for the others.
-            sharding: as for :meth:`load`; each batch is split this way.
-            progress: show a progress bar (records and MB/s) on standard error.
-            prefetch: batches read ahead while the previous one computes.
-            cast: as for :meth:`load`.
-
-        Returns:
-            The results with a leading record axis, or the ``out`` store.
-
-        Example:
-            >>> import numpy as np, pytreestore
-            >>> s = pytreestore.create("memory://doc-store-map", {"x": np.float32(0)})
-            >>> s.extend({"x": np.float32(i)} for i in range(3))
-            >>> s.map(lambda r: {"y": r["x"] + 1}, batch_size=2)["y"]
-            Array([1., 2., 3.], dtype=float32)
-        """
-        size = batch_size if batch_size is not None else self._schema.chunk_records
-        request = self._request(columns=columns, sharding=sharding, cast=cast)
-        request.check_batches(size, size, drop_last=True)
-        return _map.map_records(
-            fn,
-            _reader.loader(self.read_context(), request),
-            count=self._readable(),
-            batch_size=size,
-            out=out,
-            progress=progress,
-            record_nbytes=request.record_nbytes,
-            prefetch=prefetch,
-            create=self._spec.creator,
-        )
-
-    def grain_source(self, *, columns: str | Sequence[str] | None = None) -> _batches.GrainSource:
-        """This store as a Grain random-access data source (records with numpy leaves).
-
-        Example:
-            >>> import numpy as np, pytreestore
-            >>> s = pytreestore.create("memory://doc-store-grain", {"x": np.int32(0)})
-            >>> s.extend({"x": np.int32(i)} for i in range(3))
-            >>> src = s.grain_source()
-            >>> len(src), int(src[1]["x"])
-            (3, 1)
-        """
-        request = self._request(columns=columns, as_numpy=True)
-        load = _reader.loader(self.read_context(), request)
-        return _batches.GrainSource(self, columns=columns, load=load)
-
     def verify(self, *, progress: bool = False) -> VerifyReport:
         """Reads back the commit record, every column's metadata and every committed chunk.
 
@@ -617,13 +465,7 @@ class TreeStore:
 
     def _check_process(self) -> None:
         if os.getpid() != self._pid:
-            raise ForkedWriterError(
-                f"store {self.path} was opened for appending by process {self._pid}, and this "
-                f"process ({os.getpid()}) was forked from it: only the process that opened a "
-                "writer may append to it (here it reads the records committed before the "
-                "fork). Open the store again here (pytreestore.open(path) to read; mode='a' "
-                "once the parent has closed it)"
-            )
+            raise forked_writer(self.path, self._pid)
 
     def _appendable(self) -> Writer:
         writer = self._writable()

@@ -42,7 +42,12 @@ from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import LeafCaster, RecordError, RowFiller, casters
 from pytreestore._tree.stack import batch_length
 from pytreestore.backends import Backend
-from pytreestore.errors import ChunkSizeError, SchemaMismatchError, StorageError
+from pytreestore.errors import (
+    ChunkSizeError,
+    ForkedWriterError,
+    SchemaMismatchError,
+    StorageError,
+)
 
 
 def buffer_nbytes(schema: TreeSchema) -> int:
@@ -289,3 +294,13 @@ class Writer:
 
     def _commit(self, records: int) -> None:
         self._committer.advance(records)
+
+
+def forked_writer(path: str, pid: int) -> ForkedWriterError:
+    """The error for a writer used in a process forked from ``pid``, the one that opened it."""
+    return ForkedWriterError(
+        f"store {path} was opened for appending by process {pid}, and this process "
+        f"({os.getpid()}) was forked from it: only the process that opened a writer may "
+        "append to it (here it reads the records committed before the fork). Open the store "
+        "again here (pytreestore.open(path) to read; mode='a' once the parent has closed it)"
+    )

@@ -27,8 +27,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from pytreestore._commit.writer import Writer
 from pytreestore._format.columns import leaf_chunks
-from pytreestore._format.names import INCOMPLETE_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._inspect import progress as _progress
 from pytreestore._open.location import Location
@@ -113,22 +113,18 @@ def _copy(
     total = len(source)
     row_bytes = sum(c.record_nbytes for c in schema.columns)
     step = _step(schema.chunk_records, source.schema.chunk_records, row_bytes)
-    target = create_from_schema(
-        location, schema, backend=backend, overwrite=overwrite, finished=False
-    )
-    with (
-        target,
-        _progress.progress_bar(
+    request = LoadRequest.build(source.schema, policy=False, as_numpy=True)
+
+    def fill(writer: Writer) -> None:
+        with _progress.progress_bar(
             total=total, desc="copy", record_nbytes=row_bytes, enabled=progress
-        ) as bar,
-    ):
-        writer = target._writable()
-        request = LoadRequest.build(source.schema, policy=False, as_numpy=True)
-        for start in range(0, total, step):
-            stop = min(start + step, total)
-            writer.write_batch(load_leaves(context, request, slice(start, stop)))
-            bar.advance(stop - start)
-        target._backend.delete_keys([INCOMPLETE_KEY])
+        ) as bar:
+            for start in range(0, total, step):
+                stop = min(start + step, total)
+                writer.write_batch(load_leaves(context, request, slice(start, stop)))
+                bar.advance(stop - start)
+
+    create_from_schema(location, schema, backend=backend, overwrite=overwrite, fill=fill)
     return total
 
 

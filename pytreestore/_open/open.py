@@ -15,13 +15,13 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from jax.tree_util import tree_flatten
 
 from pytreestore._commit import protocol
-from pytreestore._commit.writer import check_buffer
+from pytreestore._commit.writer import Writer, check_buffer
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
@@ -117,35 +117,43 @@ def create_from_schema(
     *,
     backend: str,
     overwrite: bool,
-    finished: bool = True,
     cast: bool = False,
+    fill: Callable[[Writer], None] | None = None,
 ) -> TreeStore:
     """Creates an empty store with a ready-made ``schema`` (``create`` and ``copy`` share it).
 
     Everything that can be checked is checked before anything is written; a failure after
-    the writer lock is taken deletes what was made and releases the lock. With
-    ``finished=False`` the store keeps its incomplete marker, which the caller (``copy``)
-    removes once it is done (:func:`pytreestore._commit.protocol.finish_store`).
+    the writer lock is taken deletes what was made and releases the lock. With ``fill``
+    (``copy``), ``fill(writer)`` writes the new store's records while it holds its
+    incomplete marker (:func:`pytreestore._commit.protocol.finish_store` removes it once they
+    are committed), and the store comes back closed.
     """
     check_buffer(schema, str(location))
     engine: Backend = get_backend(backend)(location)
     commit, lock = protocol.start_store(
-        engine, location, schema, overwrite=overwrite, finished=finished
+        engine, location, schema, overwrite=overwrite, finished=fill is None
     )
     spec = StoreSpec.of(location, backend, cast=cast, opener=open, creator=create)
     try:
-        return TreeStore(
+        writer = Writer(engine, schema, commit)
+        store = TreeStore(
             location=location,
             backend=engine,
             schema=schema,
-            mode="a",
             commit=commit,
             lock=lock,
             spec=spec,
+            writer=writer,
         )
     except BaseException:
         protocol.abandon_store(engine, lock)
         raise
+    if fill is not None:
+        with store:
+            fill(writer)
+            store.flush()
+            protocol.finish_store(engine)
+    return store
 
 
 # ---- open ----------------------------------------------------------------------------------
@@ -221,10 +229,10 @@ def open(
             location=location,
             backend=engine,
             schema=schema,
-            mode=mode,
             commit=commit,
             lock=lock,
             spec=spec,
+            writer=Writer(engine, schema, commit) if mode == "a" else None,
         )
     except BaseException:
         protocol.detach(engine, lock)

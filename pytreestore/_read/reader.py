@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 
 from pytreestore._format import prng as _prng
+from pytreestore._format import validate as _validate
+from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._open.location import Location
 from pytreestore._read import device as _device
@@ -40,7 +42,7 @@ from pytreestore._read.index import Selection
 from pytreestore._read.request import LoadRequest
 from pytreestore._tree.stack import split_leaves
 from pytreestore.backends import Backend
-from pytreestore.errors import CorruptChunkError, CorruptStoreError
+from pytreestore.errors import CorruptChunkError, CorruptStoreError, SchemaMismatchError
 
 ITER_BLOCK = 4096  # records read at once by record iteration
 
@@ -56,12 +58,15 @@ class ReadContext:
             for it).
         check_not_replaced: raises ``StoreReplacedError`` if the store was replaced since it
             was opened; ``always=True`` checks on object stores too (a request there).
+        request: builds a :class:`LoadRequest` from the arguments of ``TreeStore.load`` with
+            the store's schema and cast policy (raises ``ClosedStoreError`` once closed).
     """
 
     location: Location
     readable: Callable[[], int]
     reading: Callable[[], AbstractContextManager[Backend]]
     check_not_replaced: Callable[..., None]
+    request: Callable[..., LoadRequest]
 
     @property
     def path(self) -> str:
@@ -176,3 +181,17 @@ def _spread(request: LoadRequest, arrays: list[Any]) -> list[Any]:
     for i, array in zip(request.chosen, arrays):
         leaves[i] = array
     return leaves
+
+
+def check_columns_kept(backend: Backend, schema: TreeSchema, path: str) -> None:
+    """Raises SchemaMismatchError if an evolve since a reader opened dropped one of its
+    columns (``schema``'s): the records committed since hold no values there."""
+    info = _validate.root_schema(backend.read_bytes(ROOT_KEY), path)
+    keys = {c.get("key") for c in info["columns"]}
+    gone = [c.path for c in schema.columns if c.key not in keys]
+    if gone:
+        raise SchemaMismatchError(
+            f"{path}: the store's schema was changed (evolve dropped {gone}) since this "
+            "reader opened it, so the records committed since have no values for them; "
+            "open it again with pytreestore.open() to read them in the new schema"
+        )

@@ -1,0 +1,182 @@
+"""The streaming methods of a store: ``batches``, ``map`` and ``grain_source``.
+
+:class:`Pipelines` is a base class of :class:`~pytreestore.TreeStore`: each method builds
+one :class:`~pytreestore._read.request.LoadRequest` through the store's
+:class:`~pytreestore._read.reader.ReadContext`, checks it once against the batch size, and
+hands the pipeline (:mod:`~pytreestore._pipelines.batches`, :mod:`~pytreestore._pipelines.map`)
+a load function bound to it.
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> store = pytreestore.create("memory://doc-pipelines", {"x": np.int32(0)})
+    >>> store.extend({"x": np.int32(i)} for i in range(4))
+    >>> [b["x"].tolist() for b in store.batches(2)]
+    [[0, 1], [2, 3]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from pytreestore._format.schema import TreeSchema
+from pytreestore._open.spec import StoreSpec
+from pytreestore._pipelines import batches as _batches
+from pytreestore._pipelines import map as _map
+from pytreestore._read import reader as _reader
+from pytreestore._read.reader import ReadContext
+
+
+class _Store(Protocol):
+    """What the pipeline methods use of the store they belong to."""
+
+    @property
+    def schema(self) -> TreeSchema: ...
+
+    @property
+    def spec(self) -> StoreSpec: ...
+
+    def read_context(self) -> ReadContext: ...
+
+
+class Pipelines:
+    """``batches``, ``map`` and ``grain_source``: a base class of ``TreeStore``."""
+
+    def batches(
+        self: _Store,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        prefetch: int = 2,
+        columns: str | Sequence[str] | None = None,
+        sharding: Any = None,
+        start: int = 0,
+        stop: int | None = None,
+        epochs: int | None = 1,
+        state: dict[str, Any] | None = None,
+        cast: bool | None = None,
+    ) -> _batches.BatchIterator:
+        """Iterates over records ``[start, stop)`` in batches on device, read ahead in the background.
+
+        Args:
+            batch_size: records per batch.
+            shuffle: visit records in an order drawn from ``(seed, epoch)`` each epoch.
+            seed: the shuffle seed.
+            drop_last: skip the last batch of an epoch when it is short.
+            prefetch: batches read (and copied to device) ahead while the caller computes;
+                0 reads each batch when it is asked for.
+            columns: columns to load, as for :meth:`load`.
+            sharding: as for :meth:`load`; each batch becomes global arrays split this way.
+            start: first record (negative counts from the end).
+            stop: end of the records (default: the store's length now).
+            epochs: passes over the records; None repeats without end.
+            state: a dict from :meth:`BatchIterator.state` to continue from.
+            cast: as for :meth:`load`.
+
+        Returns:
+            A :class:`~pytreestore._pipelines.batches.BatchIterator` of batched records; its ``state()``
+            reports the position to resume from.
+
+        Raises:
+            ShardingError: ``sharding`` cannot split ``batch_size`` (or, without
+                ``drop_last``, the last short batch).
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-store-batches", {"x": np.int32(0)})
+            >>> s.extend({"x": np.int32(i)} for i in range(5))
+            >>> it = s.batches(2, drop_last=True)
+            >>> [b["x"].tolist() for b in it], it.state()["epoch"]
+            ([[0, 1], [2, 3]], 1)
+        """
+        context = self.read_context()
+        request = context.request(columns=columns, sharding=sharding, cast=cast)
+        lo, hi, _ = slice(start, stop).indices(context.readable())
+        hi = max(lo, hi)
+        request.check_batches(batch_size, hi - lo, drop_last=drop_last)
+        return _batches.BatchIterator(
+            _reader.loader(context, request),
+            start=lo,
+            stop=hi,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            prefetch=prefetch,
+            epochs=epochs,
+            state=state,
+        )
+
+    def map(
+        self: _Store,
+        fn: Callable[[Any], Any],
+        *,
+        batch_size: int | None = None,
+        out: Any = None,
+        columns: str | Sequence[str] | None = None,
+        sharding: Any = None,
+        progress: bool = False,
+        prefetch: int = 2,
+        cast: bool | None = None,
+    ) -> Any:
+        """Applies ``jax.jit(jax.vmap(fn))`` to every record, one batch at a time.
+
+        Args:
+            fn: a function of one record (leaves without the record axis).
+            batch_size: records per compiled call (default: the store's ``chunk_records``).
+            out: None to return the stacked results; a store open for appending (or a path
+                for a new store, created from the first result) to append them to instead.
+            columns: columns to load, as for :meth:`load`; ``fn`` sees None for the others.
+            sharding: as for :meth:`load`; each batch is split this way.
+            progress: show a progress bar (records and MB/s) on standard error.
+            prefetch: batches read ahead while the previous one computes.
+            cast: as for :meth:`load`.
+
+        Returns:
+            The results with a leading record axis, or the ``out`` store.
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-store-map", {"x": np.float32(0)})
+            >>> s.extend({"x": np.float32(i)} for i in range(3))
+            >>> s.map(lambda r: {"y": r["x"] + 1}, batch_size=2)["y"]
+            Array([1., 2., 3.], dtype=float32)
+        """
+        context = self.read_context()
+        size = batch_size if batch_size is not None else self.schema.chunk_records
+        request = context.request(columns=columns, sharding=sharding, cast=cast)
+        request.check_batches(size, size, drop_last=True)
+        return _map.map_records(
+            fn,
+            _reader.loader(context, request),
+            count=context.readable(),
+            batch_size=size,
+            out=out,
+            progress=progress,
+            record_nbytes=request.record_nbytes,
+            prefetch=prefetch,
+            create=self.spec.creator,
+        )
+
+    def grain_source(
+        self: _Store, *, columns: str | Sequence[str] | None = None
+    ) -> _batches.GrainSource:
+        """This store as a Grain random-access data source (records with numpy leaves).
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-store-grain", {"x": np.int32(0)})
+            >>> s.extend({"x": np.int32(i)} for i in range(3))
+            >>> src = s.grain_source()
+            >>> len(src), int(src[1]["x"])
+            (3, 1)
+        """
+        context = self.read_context()
+        request = context.request(columns=columns, as_numpy=True)
+        load = _reader.loader(context, request)
+        return _batches.GrainSource(self, columns=columns, load=load)
+
+
+__all__ = ["Pipelines"]
