@@ -23,13 +23,13 @@ from pytreestore._format.schema import TreeSchema
 from pytreestore._inspect import progress as _progress
 from pytreestore._inspect import repr as _repr
 from pytreestore._inspect.verify import VerifyReport, verify_store
-from pytreestore._open.location import Location
-from pytreestore._open.spec import StoreSpec, reopen
+from pytreestore._location import Location
 from pytreestore._pipelines.methods import Pipelines
 from pytreestore._read import reader as _reader
 from pytreestore._read.reader import ReadContext
 from pytreestore._read.request import LoadRequest
 from pytreestore._read.request import check_cast as _check_cast
+from pytreestore._spec import StoreSpec, reopen
 from pytreestore.backends import Backend
 from pytreestore.errors import (
     ClosedStoreError,
@@ -289,7 +289,7 @@ class TreeStore(Pipelines):
     @property
     def spec(self) -> StoreSpec:
         """How to open this store again, read-only: a picklable
-        :class:`~pytreestore._open.spec.StoreSpec` (``spec.open()`` opens it)."""
+        :class:`~pytreestore._spec.StoreSpec` (``spec.open()`` opens it)."""
         return self._spec
 
     def reopen_options(self) -> dict[str, Any]:

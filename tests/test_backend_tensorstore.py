@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pytreestore import errors
-from pytreestore._open.location import Location
+from pytreestore._location import Location
 from pytreestore.backends import ColumnLayout, TensorStoreBackend
 from pytreestore.backends._tensorstore import direct as _direct
 from pytreestore.backends._tensorstore.kvstore import kvstore_spec

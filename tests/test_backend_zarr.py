@@ -16,7 +16,7 @@ from zarr.core.dtype import data_type_registry
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._open.location import Location
+from pytreestore._location import Location
 from pytreestore.backends import ColumnLayout, ZarrBackend
 from pytreestore.backends._zarr import dtypes as _zarr_dtypes
 from pytreestore.backends._zarr.stores import durable_put

@@ -17,7 +17,7 @@ from pytreestore._commit import protocol
 from pytreestore._commit.protocol import Commit, Committer
 from pytreestore._format.names import COMMIT_KEY, INCOMPLETE_KEY, ROOT_KEY
 from pytreestore._format.schema import TreeSchema
-from pytreestore._open.location import Location
+from pytreestore._location import Location
 from pytreestore.backends import get_backend
 
 BACKENDS = ["tensorstore", "zarr"]

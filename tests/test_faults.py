@@ -271,7 +271,7 @@ def silent_server():
 
 
 def test_timeouts_default_to_failing_within_a_minute():
-    from pytreestore._open.location import GCSOptions, S3Options
+    from pytreestore._location import GCSOptions, S3Options
 
     for cls in (S3Options, GCSOptions):
         opts = cls()

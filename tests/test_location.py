@@ -1,4 +1,4 @@
-"""Store locations (``pytreestore._open.location``): local paths, ``memory://``, ``s3://`` and
+"""Store locations (``pytreestore._location``): local paths, ``memory://``, ``s3://`` and
 ``gs://`` with their options, the errors for anything else, and when two locations overlap."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytreestore._open.location import GCSOptions, Location, S3Options
+from pytreestore._location import GCSOptions, Location, S3Options
 from pytreestore.errors import BadLocationError
 
 

@@ -15,7 +15,7 @@ import pytreestore
 from pytreestore import errors
 from pytreestore._commit.lock import WriterLock, holder_info, holder_is_dead
 from pytreestore._format.names import COMMIT_KEY, LOCK_KEY
-from pytreestore._open.location import Location
+from pytreestore._location import Location
 from pytreestore.backends import get_backend
 
 pytest_plugins = ("tests.fixtures",)

@@ -18,7 +18,7 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._open.location import Location
+from pytreestore._location import Location
 from pytreestore.backends import get_backend
 
 pytest_plugins = ("tests.fixtures",)

@@ -12,7 +12,7 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._open.location import Location
+from pytreestore._location import Location
 from pytreestore.backends import (
     Backend,
     BatchedReads,

@@ -20,7 +20,7 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._open.location import Location
+from pytreestore._location import Location
 from pytreestore.backends import get_backend
 from pytreestore.backends._tensorstore.kvstore import kvstore_spec
 from pytreestore.testing import assert_trees_equal

@@ -27,7 +27,7 @@ from pytreestore import errors
 from pytreestore._commit.lock import LOCK_KEY
 from pytreestore._commit.record import COMMIT_KEY
 from pytreestore._format.names import NO_VALUE
-from pytreestore._open.location import Location
+from pytreestore._location import Location
 from pytreestore.backends import get_backend
 from pytreestore.backends._zarr.s3 import ZarrS3Backend, s3_settings
 from pytreestore.testing import assert_trees_equal

@@ -1,4 +1,4 @@
-"""StoreSpec (``pytreestore._open.spec``): how a reader and a Grain source pickle and reopen,
+"""StoreSpec (``pytreestore._spec``): how a reader and a Grain source pickle and reopen,
 keeping their backend, ``storage_options`` and ``cache_bytes`` (once a bug: a GrainSource
 pickled only its path)."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import pytreestore
-from pytreestore._open.location import Location
-from pytreestore._open.spec import StoreSpec
+from pytreestore._location import Location
+from pytreestore._spec import StoreSpec
 
 pytest_plugins = ("tests.fixtures",)
 LIKE = {"id": np.int32(0), "v": np.zeros(2, np.float32)}

@@ -13,7 +13,7 @@ from pytreestore import errors
 from pytreestore._commit.protocol import layouts, start_store
 from pytreestore._commit.writer import Writer, buffer_nbytes, check_buffer
 from pytreestore._format.schema import TreeSchema
-from pytreestore._open.location import Location
+from pytreestore._location import Location
 from pytreestore.backends import TensorStoreBackend
 
 LIKE = {"x": np.int32(0), "v": np.zeros(2, np.float32)}

@@ -15,7 +15,7 @@ commit record's job: every commit is a conditional write on the generation the w
 saw (:mod:`pytreestore._commit.protocol`), so two writers can never both commit, lock or no lock.
 
 Example:
-    >>> from pytreestore._open.location import Location
+    >>> from pytreestore._location import Location
     >>> lock = WriterLock.acquire(Location.parse("memory://doc-lock"))
     >>> lock.release()
 """
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pytreestore._format.names import LOCK_KEY, NO_VALUE
-from pytreestore._open.location import Location
+from pytreestore._location import Location
 from pytreestore.backends import ConditionalWrites
 from pytreestore.errors import StorageError, StoreLockedError
 

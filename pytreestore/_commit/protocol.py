@@ -46,7 +46,7 @@ below leaves the previous commit in force until one atomic put replaces it.
 
 Example:
     >>> from pytreestore._format.schema import TreeSchema
-    >>> from pytreestore._open.location import Location
+    >>> from pytreestore._location import Location
     >>> from pytreestore.backends import TensorStoreBackend
     >>> location = Location.parse("memory://doc-protocol")
     >>> engine = TensorStoreBackend(location)
@@ -71,7 +71,7 @@ from pytreestore._format import dtypes as _dtypes
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import COMMIT_KEY, INCOMPLETE_KEY, ROOT_KEY
 from pytreestore._format.schema import TreeSchema
-from pytreestore._open.location import Location
+from pytreestore._location import Location
 from pytreestore.backends import Backend, ColumnLayout, ConditionalWrites
 from pytreestore.errors import (
     CommitConflictError,
@@ -309,7 +309,7 @@ class Committer:
     """Writes a writer's commit records: each one conditional on the token of the last.
 
     Example:
-        >>> from pytreestore._open.location import Location
+        >>> from pytreestore._location import Location
         >>> from pytreestore.backends import TensorStoreBackend
         >>> c = Committer(TensorStoreBackend(Location.parse("memory://doc-committer")), Commit(0, 0))
         >>> c.advance(3).generation

@@ -26,7 +26,7 @@ from typing import Any
 from pytreestore._commit.record import COMMIT_KEY, Commit
 from pytreestore._format.names import chunk_key, chunk_prefix
 from pytreestore._format.schema import ColumnSpec, TreeSchema
-from pytreestore._open.location import Location
+from pytreestore._location import Location
 from pytreestore.backends import Backend, KeyListing, PartialWriteCleanup
 from pytreestore.errors import (
     CorruptChunkError,

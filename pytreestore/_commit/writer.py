@@ -12,7 +12,7 @@ the columns, write their chunks, then commit through a
 Example:
     >>> import numpy as np
     >>> from pytreestore._commit.protocol import layouts
-    >>> from pytreestore._open.location import Location
+    >>> from pytreestore._location import Location
     >>> from pytreestore._format.schema import TreeSchema
     >>> from pytreestore.backends import TensorStoreBackend
     >>> schema = TreeSchema.from_example({"x": 0}, chunk_records=4)

@@ -31,7 +31,7 @@ from pytreestore._commit.writer import Writer
 from pytreestore._format.columns import leaf_chunks
 from pytreestore._format.schema import TreeSchema
 from pytreestore._inspect import progress as _progress
-from pytreestore._open.location import Location
+from pytreestore._location import Location
 from pytreestore._open.open import create_from_schema
 from pytreestore._open.open import open as open_store
 from pytreestore._read.reader import load_leaves

@@ -25,8 +25,8 @@ from pytreestore._commit.writer import Writer, check_buffer
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
-from pytreestore._open.location import Location
-from pytreestore._open.spec import StoreSpec
+from pytreestore._location import Location
+from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
 from pytreestore.backends import Backend, get_backend
 from pytreestore.errors import (
@@ -65,7 +65,7 @@ def create(
             :func:`pytreestore.backends.register_backend`. Either reads what the other wrote.
         overwrite: replace an existing store at ``path``.
         storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
-            retries (see :class:`pytreestore._open.location.S3Options` and ``docs/reliability.md``).
+            retries (see :class:`pytreestore._location.S3Options` and ``docs/reliability.md``).
         cast: the store's dtype policy for device reads: True loads 64-bit columns as 32 bits
             while x64 is disabled (values that do not fit raise), in ``store[...]``,
             iteration, :meth:`~TreeStore.records`, :meth:`~TreeStore.load`,
@@ -183,7 +183,7 @@ def open(
         backend: the storage engine: ``"tensorstore"`` (default), ``"zarr"``, or a name
             registered with :func:`pytreestore.backends.register_backend`.
         storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
-            retries (see :class:`pytreestore._open.location.S3Options` and ``docs/reliability.md``).
+            retries (see :class:`pytreestore._location.S3Options` and ``docs/reliability.md``).
         break_lock: S3 and GCS, ``mode="a"`` only: take the writer lock over even from a
             holder that may be alive (a writer on a host that crashed). A holder on this host
             that has died is detected and replaced without it.

@@ -20,11 +20,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from pytreestore._format.schema import TreeSchema
-from pytreestore._open.spec import StoreSpec
 from pytreestore._pipelines import batches as _batches
 from pytreestore._pipelines import map as _map
 from pytreestore._read import reader as _reader
 from pytreestore._read.reader import ReadContext
+from pytreestore._spec import StoreSpec
 
 
 class _Store(Protocol):

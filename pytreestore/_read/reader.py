@@ -35,7 +35,7 @@ from pytreestore._format import prng as _prng
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
-from pytreestore._open.location import Location
+from pytreestore._location import Location
 from pytreestore._read import device as _device
 from pytreestore._read import sharded as _sharded
 from pytreestore._read.index import Selection

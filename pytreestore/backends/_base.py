@@ -8,7 +8,7 @@ conformance suite (:mod:`pytreestore.testing.conformance`) tests only where a ba
 
 Construction:
     ``Backend(location, **options)``: ``location`` is a parsed
-    :class:`~pytreestore._open.location.Location` (``file``, ``memory``, ``s3`` or ``gcs``, with its
+    :class:`~pytreestore._location.Location` (``file``, ``memory``, ``s3`` or ``gcs``, with its
     storage options); ``options`` are engine settings (``cache_bytes`` for TensorStore).
     Constructing does no I/O that can fail on a missing store. Register a factory under a name
     with :func:`pytreestore.backends.register_backend` to make ``backend="name"`` work in
@@ -47,7 +47,7 @@ Records and rows:
 
 Example:
     >>> from pytreestore.backends import ConditionalWrites, KeyListing, TensorStoreBackend
-    >>> from pytreestore._open.location import Location
+    >>> from pytreestore._location import Location
     >>> backend = TensorStoreBackend(Location.parse("memory://doc-backend"))
     >>> backend.write_bytes("note", b"hi"); backend.read_bytes("note")
     b'hi'

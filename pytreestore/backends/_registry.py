@@ -4,7 +4,7 @@
 location and a :class:`ZarrBackend` elsewhere (which refuses locations it cannot store at).
 
 Example:
-    >>> from pytreestore._open.location import Location
+    >>> from pytreestore._location import Location
     >>> type(zarr_backend(Location.parse("memory://doc-registry-zarr"))).__name__
     'ZarrBackend'
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pytreestore._open.location import Location
+from pytreestore._location import Location
 from pytreestore.backends._base import Backend
 from pytreestore.backends._tensorstore.backend import TensorStoreBackend
 from pytreestore.backends._zarr.backend import ZarrBackend
@@ -46,7 +46,7 @@ def register_backend(name: str, factory: BackendFactory, *, replace: bool = Fals
     Args:
         name: the name users pass as ``backend=``.
         factory: called as ``factory(location, **options)`` with a parsed
-            :class:`~pytreestore._open.location.Location`; returns an object keeping the
+            :class:`~pytreestore._location.Location`; returns an object keeping the
             :class:`Backend` contract (a backend class is such a factory).
         replace: allow replacing a backend already registered under ``name``.
 

@@ -40,7 +40,7 @@ import pytreestore
 from pytreestore import errors
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format.names import LOCK_KEY, NO_VALUE, ROOT_KEY
-from pytreestore._open.location import Location
+from pytreestore._location import Location
 from pytreestore.backends import (
     Backend,
     BatchedReads,

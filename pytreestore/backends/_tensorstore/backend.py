@@ -5,7 +5,7 @@ arrays past what a handle sees (a TensorStore handle never sees another handle's
 
 Example:
     >>> import numpy as np
-    >>> from pytreestore._open.location import Location
+    >>> from pytreestore._location import Location
     >>> from pytreestore.backends import ColumnLayout
     >>> b = TensorStoreBackend(Location.parse("memory://doc-ts"))
     >>> b.create_columns([ColumnLayout("x", np.dtype("int32"), (), (4,), None, ("record",), 0)])
@@ -28,7 +28,7 @@ import tensorstore as ts
 
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import COMMIT_KEY, ROOT_KEY, array_json
-from pytreestore._open.location import Location
+from pytreestore._location import Location
 from pytreestore.backends._base import (
     BatchedReads,
     CheckedReads,

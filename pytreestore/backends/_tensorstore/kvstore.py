@@ -1,7 +1,7 @@
 """TensorStore kvstore specs for every kind of location: ``file``, ``memory``, ``s3``, ``gcs``.
 
 Example:
-    >>> from pytreestore._open.location import Location
+    >>> from pytreestore._location import Location
     >>> spec, cleanup = kvstore_spec(Location.parse("s3://my-bucket/runs", {"region": "eu-west-1"}))
     >>> spec["driver"], spec["bucket"], spec["path"], spec["aws_region"], spec["use_conditional_write"]
     ('s3', 'my-bucket', 'runs/', 'eu-west-1', True)
@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from pytreestore._open.location import GCSOptions, Location, S3Options
+from pytreestore._location import GCSOptions, Location, S3Options
 
 _PROFILE = "pytreestore"
 

@@ -36,7 +36,7 @@ guarantees the store's commit protocol relies on:
 
 Example:
     >>> import numpy as np
-    >>> from pytreestore._open.location import Location
+    >>> from pytreestore._location import Location
     >>> from pytreestore.backends import ColumnLayout
     >>> b = ZarrBackend(Location.parse("memory://doc-zarr"))
     >>> b.create_columns([ColumnLayout("x", np.dtype("int32"), (), (4,), None, ("record",), 0)])
@@ -67,7 +67,7 @@ from zarr.storage._common import StorePath
 
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import META_DIR, NO_VALUE, array_json
-from pytreestore._open.location import Location
+from pytreestore._location import Location
 from pytreestore.backends._base import (
     BatchedReads,
     ColumnLayout,

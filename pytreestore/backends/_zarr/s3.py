@@ -6,7 +6,7 @@ the commit record, the writer lock and every ``zarr.json`` a resize rewrites, so
 writers can never both commit the same rows. obstore is imported on first use.
 
 Example:
-    >>> from pytreestore._open.location import Location
+    >>> from pytreestore._location import Location
     >>> opts = {"endpoint": "http://127.0.0.1:9000", "region": "us-east-1", "anonymous": True}
     >>> s3_settings(Location.parse("s3://bucket/run", opts))["client_options"]["allow_http"]
     True
@@ -27,7 +27,7 @@ from zarr.storage import ObjectStore
 
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import NO_VALUE, array_json
-from pytreestore._open.location import Location, S3Options
+from pytreestore._location import Location, S3Options
 from pytreestore.backends._metadata import encode_document
 from pytreestore.backends._zarr.aio import gather
 from pytreestore.backends._zarr.backend import ZarrBackend

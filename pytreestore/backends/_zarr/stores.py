@@ -2,7 +2,7 @@
 reads that refuse a missing chunk.
 
 Example:
-    >>> from pytreestore._open.location import Location
+    >>> from pytreestore._location import Location
     >>> type(open_local_store(Location.parse("memory://doc-stores"))).__name__
     'MemoryStore'
 """
@@ -22,7 +22,7 @@ from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import LocalStore, MemoryStore, WrapperStore
 
 from pytreestore._format.names import CHUNK_KEY_PATTERN
-from pytreestore._open.location import Location
+from pytreestore._location import Location
 from pytreestore.backends._base import missing_chunk
 from pytreestore.errors import BadLocationError
 

@@ -7,7 +7,7 @@ imports the store.
 
 Example:
     >>> import pickle, pytreestore
-    >>> from pytreestore._open.location import Location
+    >>> from pytreestore._location import Location
     >>> spec = StoreSpec.of(Location.parse("memory://doc-spec"), "zarr", opener=pytreestore.open)
     >>> spec.options()["backend"], pickle.loads(pickle.dumps(spec)) == spec
     ('zarr', True)
@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from pytreestore._open.location import Location
+from pytreestore._location import Location
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

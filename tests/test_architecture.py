@@ -1,0 +1,163 @@
+"""The layout rules of docs/architecture.md, checked on the package's source.
+
+No import cycle between modules (lazy imports inside functions count; ``TYPE_CHECKING`` ones
+do not) nor between the package's folders; no private name imported from another package;
+no module over 500 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+from pathlib import Path
+
+import pytest
+
+import pytreestore
+
+ROOT = Path(pytreestore.__file__).parent
+LIMIT = 500
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _runtime_imports(path: Path) -> list[ast.ImportFrom | ast.Import]:
+    tree = ast.parse(path.read_text())
+    hidden: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            hidden.update(id(n) for n in ast.walk(node))
+    return [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in hidden
+    ]
+
+
+def _targets(node: ast.Import | ast.ImportFrom) -> list[tuple[str, str | None]]:
+    """(module imported, name taken from it or None) for our own modules."""
+    if isinstance(node, ast.Import):
+        return [(a.name, None) for a in node.names if a.name.startswith("pytreestore")]
+    if not node.module or not node.module.startswith("pytreestore"):
+        return []
+    out = []
+    for alias in node.names:
+        full = f"{node.module}.{alias.name}"
+        out.append((full, None) if full in MODULES else (node.module, alias.name))
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    graph = collections.defaultdict(set)
+    for name, path in MODULES.items():
+        for node in _runtime_imports(path):
+            for module, _ in _targets(node):
+                if module in MODULES and module != name:
+                    graph[name].add(module)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return groups
+
+
+def _package(module: str) -> str:
+    """The folder a module belongs to (``pytreestore._format``), or the module itself for
+    the package's top-level modules (``pytreestore._store``)."""
+    parts = module.split(".")
+    if len(parts) >= 3 and parts[1] == "backends":
+        return "pytreestore.backends"
+    if len(parts) >= 3:
+        return ".".join(parts[:2])
+    return module
+
+
+def test_the_checks_see_the_whole_package():
+    assert {"pytreestore._store", "pytreestore._format.schema", "pytreestore._read.reader"} <= set(
+        MODULES
+    )
+    assert len(_graph()["pytreestore._store"]) > 5
+
+
+def test_no_import_cycle_between_modules():
+    assert _cycles(_graph()) == []
+
+
+def test_no_import_cycle_between_packages():
+    packages: dict[str, set[str]] = collections.defaultdict(set)
+    for source, targets in _graph().items():
+        for target in targets:
+            if _package(source) != _package(target) and source != "pytreestore":
+                packages[_package(source)].add(_package(target))
+    assert _cycles(packages) == []
+
+
+def test_no_private_name_from_another_package():
+    found = []
+    for name, path in MODULES.items():
+        aliases: dict[str, str] = {}
+        for node in _runtime_imports(path):
+            for module, taken in _targets(node):
+                if taken is not None and taken.startswith("_") and not taken.startswith("__"):
+                    if _package(module) != _package(name):
+                        found.append(f"{name}: from {module} import {taken}")
+            if isinstance(node, ast.ImportFrom) and node.module:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    if full in MODULES:
+                        aliases[alias.asname or alias.name] = full
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and _package(aliases[node.value.id]) != _package(name)
+            ):
+                found.append(f"{name}: {aliases[node.value.id]}.{node.attr}")
+    assert found == []
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_module_is_under_the_size_limit(name):
+    lines = len(MODULES[name].read_text().splitlines())
+    assert lines <= LIMIT, f"{name} has {lines} lines; split it by concept (limit {LIMIT})"
