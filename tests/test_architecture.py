@@ -136,9 +136,9 @@ def test_no_private_name_from_another_package():
         aliases: dict[str, str] = {}
         for node in _runtime_imports(path):
             for module, taken in _targets(node):
-                if taken is not None and taken.startswith("_") and not taken.startswith("__"):
-                    if _package(module) != _package(name):
-                        found.append(f"{name}: from {module} import {taken}")
+                private = taken is not None and taken[:1] == "_" and taken[:2] != "__"
+                if private and _package(module) != _package(name):
+                    found.append(f"{name}: from {module} import {taken}")
             if isinstance(node, ast.ImportFrom) and node.module:
                 for alias in node.names:
                     full = f"{node.module}.{alias.name}"
