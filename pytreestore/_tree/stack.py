@@ -86,8 +86,7 @@ def stack(
         return _stack_fixed(records, records[0] if like is None else like, as_numpy)
     decl = Declarations.parse(ragged, optional)
     padder = Padder(build_layout(records, like, decl), check_pad_to(pad_to), truncate)
-    batch, mask = _stack_padded(padder, records, as_numpy)
-    return batch, mask
+    return _stack_padded(padder, records, as_numpy)
 
 
 def _stack_fixed(records: list[Any], like: Any, as_numpy: bool) -> Any:
