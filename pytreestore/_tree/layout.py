@@ -234,7 +234,7 @@ class Walker:
         _, keys, children = level
         for child_spec, key, child in zip(spec.children, keys, children):
             self.merge(child_spec, child, child_position(at, key, value))
-        if spec.shared is not None:
+        if spec.shared is not None and not self.problems:
             check_shared(spec, value, self.record)
 
     def problem(self, at: Position, want: str, got: str, hint: str = "") -> None:
@@ -280,7 +280,7 @@ def check_shared(spec: Fixed, value: Any, record: int) -> None:
 
 
 def _leading_lengths(spec: Spec, value: Any, out: list[tuple[str, int]]) -> None:
-    if isinstance(spec, Leaf) and spec.axis is not None:
+    if isinstance(spec, Leaf) and spec.axis is not None and np.ndim(value):
         out.append((spec.path, int(np.shape(value)[0])))
     elif isinstance(spec, Optional) and value is not None and spec.inner is not None:
         _leading_lengths(spec.inner, value, out)
