@@ -26,6 +26,8 @@ __all__ = [
     "FormatVersionError",
     "NotAStoreError",
     "PyTreeStoreError",
+    "RaggedDeclarationError",
+    "RaggedLengthError",
     "ReadOnlyError",
     "SchemaMismatchError",
     "ShardingError",
@@ -50,6 +52,17 @@ class PyTreeStoreError(Exception):
 
 class SchemaMismatchError(PyTreeStoreError, ValueError):
     """A record or batch does not match the store's schema (structure, shape or dtype)."""
+
+
+class RaggedDeclarationError(PyTreeStoreError, ValueError):
+    """A ``ragged=``, ``optional=`` or ``pad_to=`` argument that cannot apply: a keypath naming
+    nothing, ``[*]`` under a node that is not a list, a bad ``pad_to``, or a ragged or optional
+    structure that no record (nor ``like``) shows."""
+
+
+class RaggedLengthError(PyTreeStoreError, ValueError):
+    """A ragged list or leading axis longer than an explicit ``pad_to`` (and no
+    ``truncate=True``)."""
 
 
 class UnsupportedTreeError(PyTreeStoreError, TypeError):

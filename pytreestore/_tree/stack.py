@@ -20,49 +20,145 @@ from jax.tree_util import tree_flatten
 
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import RowFiller, casters
-from pytreestore.errors import SchemaMismatchError
+from pytreestore._tree.layout import build_layout, record_problems
+from pytreestore._tree.pad import (
+    Layout,
+    Padder,
+    check_pad_to,
+    empty_axis,
+    is_array,
+    recall,
+    remember,
+    stack_trees,
+    unpad,
+)
+from pytreestore._tree.ragged import Declarations
+from pytreestore.errors import RaggedDeclarationError, SchemaMismatchError
 
 
-def stack(records: Iterable[Any], *, like: Any = None, as_numpy: bool = False) -> Any:
+def stack(
+    records: Iterable[Any],
+    *,
+    like: Any = None,
+    as_numpy: bool = False,
+    ragged: bool | Sequence[str] | None = None,
+    optional: Sequence[str] | None = None,
+    pad_to: int | str | Sequence[int] | None = None,
+    truncate: bool = False,
+) -> Any:
     """Stacks records into one batched record, as a store would hold them.
+
+    Without ``ragged=`` and ``optional=`` every record has the structure and leaf shapes of
+    ``like`` and the batch is returned. With either, records may differ where declared and
+    ``(batch, mask)`` is returned (see docs/ragged.md): each ragged list becomes one stacked
+    element (struct of arrays, leaves ``[records, L, ...]``), a ragged leading axis is padded
+    to ``L``, a missing optional subtree is filled with zeros; ``mask`` has the structure of
+    ``batch``, one bool leaf over the padded axes of each leaf, True where a value is real.
 
     Args:
         records: records of one structure (a list, or any iterable).
         like: the example record that fixes the schema; by default the first record.
         as_numpy: return numpy leaves instead of ``jax.Array``.
+        ragged: True (every list, and the leading axis of every array leaf, may vary in
+            length) or the keypaths that may (``".p"``, ``".regions[*].events"``; a node that
+            is not a list: its array leaves share one ragged leading axis).
+        optional: keypaths of subtrees that may be None.
+        pad_to: None (the longest), an int, ``"pow2"`` or increasing bucket sizes (the
+            smallest that holds the longest): the length every ragged axis is padded to.
+        truncate: cut lists and axes longer than ``pad_to`` instead of raising.
 
     Raises:
-        SchemaMismatchError: a record's structure, a shape or a dtype differs from ``like``.
+        SchemaMismatchError: a record's structure, a shape or a dtype differs from ``like``
+            where nothing was declared; every differing keypath is listed, each with the
+            declaration that would accept it.
+        RaggedLengthError: a length above an explicit ``pad_to`` (without ``truncate``).
+        RaggedDeclarationError: a bad ``ragged=``, ``optional=`` or ``pad_to=``.
         ValueError: no records and no ``like``.
     """
     records = list(records)
-    if like is None:
-        if not records:
-            raise ValueError("stack() needs at least one record, or like= to fix the schema")
-        like = records[0]
+    if like is None and not records:
+        raise ValueError("stack() needs at least one record, or like= to fix the schema")
+    if ragged is None and optional is None:
+        if pad_to is not None or truncate:
+            raise RaggedDeclarationError(
+                "pad_to= and truncate= apply to records stacked with ragged= or optional="
+            )
+        return _stack_fixed(records, records[0] if like is None else like, as_numpy)
+    decl = Declarations.parse(ragged, optional)
+    padder = Padder(build_layout(records, like, decl), check_pad_to(pad_to), truncate)
+    return _stack_padded(padder, records, as_numpy)
+
+
+def _stack_fixed(records: list[Any], like: Any, as_numpy: bool) -> Any:
     schema = TreeSchema.from_example(like, chunk_records=1)
     buffers = [np.empty((len(records), *c.shape), c.dtype) for c in schema.columns]
     filler = RowFiller(casters(schema.columns), buffers)
     for i, record in enumerate(records):
         leaves, treedef = tree_flatten(record)
         if treedef != schema.treedef:
-            raise SchemaMismatchError(schema.mismatch_message(record, what=f"record {i}"))
+            message = schema.mismatch_message(record, what=f"record {i}")
+            raise SchemaMismatchError(_with_hints(message, like, record))
         try:
             filler.fill(schema.column_leaves(leaves), i)
         except SchemaMismatchError as err:
-            raise SchemaMismatchError(f"stack() refused record {i}: {err}") from err
+            message = f"stack() refused record {i}: {err}"
+            raise SchemaMismatchError(_with_hints(message, like, record)) from err
     return schema.unflatten(buffers if as_numpy else jax.device_put(buffers))
 
 
-def unstack(batch: Any) -> list[Any]:
+def _with_hints(message: str, like: Any, record: Any) -> str:
+    """``message`` with the declaration that would accept each difference, and every
+    differing keypath it does not list yet."""
+    extra = []
+    for line, hint in record_problems(like, record):
+        bare = line.removesuffix(f" ({hint})") if hint else line
+        if bare in message:
+            message = message.replace(bare, line, 1)
+        else:
+            extra.append(f"  {line}")
+    return message + ("\nEvery differing keypath:\n" + "\n".join(extra) if extra else "")
+
+
+def _stack_padded(padder: Padder, records: list[Any], as_numpy: bool) -> tuple[Any, Any]:
+    parts = [padder.pad(padder.spec, r, i) for i, r in enumerate(records)]
+    if parts:
+        batch = stack_trees([p[0] for p in parts])
+        mask = stack_trees([p[1] for p in parts])
+    else:
+        batch, mask = (empty_axis(t) for t in padder.zeros(padder.spec))
+    if not as_numpy:
+        batch, mask = (jax.tree.map(_to_device, t) for t in (batch, mask))
+    mask_treedef = jax.tree.structure(mask)
+    remember(mask, Layout(padder.spec, tuple(p[2] for p in parts), mask_treedef))
+    return batch, mask
+
+
+def _to_device(leaf: Any) -> Any:
+    return jax.device_put(leaf) if is_array(leaf) else leaf
+
+
+def unstack(batch: Any, mask: Any = None) -> list[Any]:
     """Splits a batched record into its records (the inverse of :func:`stack`).
 
     Leaves keep their kind: ``jax.Array`` leaves give ``jax.Array`` leaves, numpy gives numpy.
     A leaf that is not an array (a function: a constant leaf) is the same in every record.
+    With the ``mask`` that ``stack(..., ragged=/optional=)`` returned, each record comes back
+    as it was stacked: lists of their own lengths, None where it was None, arrays cut to
+    their real leading length.
 
     Raises:
-        SchemaMismatchError: the leaves disagree on the leading (record) length.
+        SchemaMismatchError: the leaves disagree on the leading (record) length, or ``mask``
+            is not one that ``stack`` returned.
     """
+    if mask is not None:
+        layout = recall(mask)
+        rows = unstack(batch)
+        if len(rows) != len(layout.skeletons):
+            raise SchemaMismatchError(
+                f"unstack() got a batch of {len(rows)} records and the mask of "
+                f"{len(layout.skeletons)}"
+            )
+        return [unpad(layout.spec, s, row) for s, row in zip(layout.skeletons, rows)]
     leaves, treedef = tree_flatten(batch)
     arrays = [leaf for leaf in leaves if not is_constant(leaf)]
     lengths = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in arrays}

@@ -1,0 +1,411 @@
+"""The layout of records stacked with ragged and optional declarations
+(:mod:`pytreestore._tree.ragged`): per node, a ragged list, an array leaf (with its ragged
+leading axis), an optional subtree or a fixed node, and the longest length of every ragged
+axis; built from ``like`` (or the first record) and checked against every record.
+
+Example:
+    >>> from pytreestore._tree.ragged import Declarations
+    >>> decl = Declarations.parse(["['p']"], None)
+    >>> layout = build_layout([{"p": [1.0, 2.0]}, {"p": [3.0]}], None, decl)
+    >>> layout.children[0].axis.longest
+    2
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from jax.tree_util import keystr
+
+from pytreestore._format import dtypes as _dtypes
+from pytreestore._format import nodes as _nodes
+from pytreestore._format import prng as _prng
+from pytreestore._tree.ragged import STAR, Declarations, Position, text
+from pytreestore.errors import RaggedDeclarationError, SchemaMismatchError
+
+
+@dataclasses.dataclass
+class Axis:
+    """One ragged axis: a ragged list, a ragged leading axis, or one shared by a node's leaves."""
+
+    path: str
+    longest: int = 0
+
+
+@dataclasses.dataclass
+class Leaf:
+    """An array leaf; ``shape`` leaves out the ragged leading axis when ``axis`` is set."""
+
+    path: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    axis: Axis | None = None
+
+
+@dataclasses.dataclass
+class Kept:
+    """A leaf that is no array (a function, a PRNG key): kept as each record has it."""
+
+    path: str
+    value: Any
+
+
+@dataclasses.dataclass
+class RaggedList:
+    """A list whose length varies; ``element`` is None until some record has an element."""
+
+    path: str
+    axis: Axis
+    element: Any = None
+
+
+@dataclasses.dataclass
+class Optional:
+    """A subtree that may be None; ``inner`` is None until some record has it."""
+
+    path: str
+    inner: Any = None
+    shared: Axis | None = None
+
+
+@dataclasses.dataclass
+class Fixed:
+    """Any other node (dict, dataclass, tuple, fixed-length list, None): one level of it.
+    ``shared`` is the ragged leading axis its leaves share when it was declared ragged."""
+
+    path: str
+    treedef: Any
+    children: list[Any]
+    shared: Axis | None = None
+
+
+Spec = Leaf | Kept | RaggedList | Optional | Fixed
+
+
+def build_layout(records: Sequence[Any], like: Any, decl: Declarations) -> Spec:
+    """The layout of ``records`` (and ``like``, which fixes it first when given).
+
+    Raises:
+        SchemaMismatchError: a record departs from the others where nothing was declared,
+            listing every differing keypath with the declaration that would accept it.
+        RaggedDeclarationError: a declaration names nothing, or a structure is unknown.
+    """
+    walker = Walker(decl)
+    spec = walker.build(like if like is not None else records[0], (), None)
+    if like is not None:
+        _forget_lengths(spec)  # like= fixes the structure; the records, the lengths
+    for i, record in enumerate(records):
+        walker.record = i
+        if i > 0 or like is not None:  # record 0 fixed the layout when no like= is given
+            walker.merge(spec, record, ())
+        if walker.problems:
+            check_used(decl, spec, known_only=True)
+            lines = "\n".join(f"  {p}" for p, _ in walker.problems)
+            raise SchemaMismatchError(
+                f"stack() refused record {i}: its structure departs from "
+                f"{'like=' if like is not None else 'the records before it'} where nothing "
+                f"was declared ragged or optional:\n{lines}"
+            )
+    check_known(spec)
+    check_used(decl, spec)
+    return spec
+
+
+def _forget_lengths(spec: Spec | None) -> None:
+    if isinstance(spec, Leaf | RaggedList) and spec.axis is not None:
+        spec.axis.longest = 0
+    if isinstance(spec, RaggedList | Optional):
+        _forget_lengths(spec.element if isinstance(spec, RaggedList) else spec.inner)
+    elif isinstance(spec, Fixed):
+        for child in spec.children:
+            _forget_lengths(child)
+
+
+def record_problems(like: Any, record: Any) -> list[tuple[str, str]]:
+    """Where ``record`` departs from ``like`` with nothing declared: (line, hint) pairs."""
+    walker = Walker(Declarations.none())
+    walker.merge(walker.build(like, (), None), record, ())
+    return walker.problems
+
+
+class Walker:
+    """Builds a layout from one tree and merges further trees into it."""
+
+    def __init__(self, decl: Declarations) -> None:
+        self.decl = decl
+        self.problems: list[tuple[str, str]] = []
+        self.record = 0
+
+    def build(self, value: Any, at: Position, shared: Axis | None) -> Spec:
+        if self.decl.is_optional(at):
+            inner = None if value is None else self.build_present(value, at, shared)
+            return Optional(text(at), inner, shared)
+        return self.build_present(value, at, shared)
+
+    def build_present(self, value: Any, at: Position, shared: Axis | None) -> Spec:
+        level = _nodes.one_level(value)
+        if level is None:
+            return self.leaf(value, at, shared)
+        sub, keys, children = level
+        if type(value) is list and (self.decl.ragged_all or self.decl.is_ragged(at)):
+            spec = RaggedList(text(at), Axis(text(at)))
+            self.merge(spec, value, at)
+            return spec
+        own = Axis(text(at)) if type(value) is not list and self.decl.is_ragged(at) else None
+        axis = own or shared
+        kids = [self.build(c, child_position(at, k, value), axis) for k, c in zip(keys, children)]
+        spec = Fixed(text(at), sub, kids, own)
+        if own is not None:
+            check_shared(spec, value, self.record)
+        return spec
+
+    def leaf(self, value: Any, at: Position, shared: Axis | None) -> Spec:
+        dtype = None if _prng.is_key(value) else _dtypes.value_dtype(value)
+        if dtype is None:
+            return Kept(text(at), value)
+        shape = tuple(np.shape(value))
+        named = self.decl.is_ragged(at)
+        if named and not shape:
+            raise RaggedDeclarationError(
+                f"ragged= names the leaf at {text(at)}, which is a scalar ({_describe(value)}): "
+                "only an array's leading axis can be ragged"
+            )
+        if not shape or not (named or self.decl.ragged_all or shared is not None):
+            return Leaf(text(at), dtype, shape)
+        axis = shared or Axis(text(at))
+        axis.longest = max(axis.longest, shape[0])
+        return Leaf(text(at), dtype, shape[1:], axis)
+
+    def merge(self, spec: Spec, value: Any, at: Position) -> None:
+        """Checks ``value`` against ``spec``, filling what is still unknown and the longest
+        length of every ragged axis; differences go to ``problems``."""
+        if isinstance(spec, Optional):
+            if value is None:
+                return
+            if spec.inner is None:
+                spec.inner = self.build_present(value, at, spec.shared)
+            else:
+                self.merge(spec.inner, value, at)
+        elif isinstance(spec, RaggedList):
+            self.merge_list(spec, value, at)
+        elif isinstance(spec, Leaf):
+            self.merge_leaf(spec, value, at)
+        elif isinstance(spec, Fixed):
+            self.merge_node(spec, value, at)
+        elif _nodes.one_level(value) is not None:
+            self.problem(at, "a leaf", _describe(value))
+
+    def merge_list(self, spec: RaggedList, value: Any, at: Position) -> None:
+        if type(value) is not list:
+            self.problem(at, "a list", _describe(value))
+            return
+        spec.axis.longest = max(spec.axis.longest, len(value))
+        element = (*at, (STAR, True))
+        for item in value:
+            if spec.element is None:
+                spec.element = self.build(item, element, None)
+            else:
+                self.merge(spec.element, item, element)
+
+    def merge_leaf(self, spec: Leaf, value: Any, at: Position) -> None:
+        if _nodes.one_level(value) is not None:
+            self.problem(at, "a leaf", _describe(value))
+            return
+        shape = tuple(np.shape(value))
+        if spec.axis is None:
+            if shape != spec.shape:
+                hint = shape[1:] == spec.shape[1:] and len(shape) == len(spec.shape) > 0
+                self.problem(at, _describe_leaf(spec), _describe(value), "leading" if hint else "")
+            return
+        if shape[1:] != spec.shape or not shape:
+            self.problem(at, _describe_leaf(spec), _describe(value))
+            return
+        spec.axis.longest = max(spec.axis.longest, shape[0])
+
+    def merge_node(self, spec: Fixed, value: Any, at: Position) -> None:
+        level = _nodes.one_level(value)
+        if level is None or level[0] != spec.treedef:
+            self.problem(at, describe_node(spec), _describe(value), _node_hint(spec, value))
+            return
+        _, keys, children = level
+        for child_spec, key, child in zip(spec.children, keys, children):
+            self.merge(child_spec, child, child_position(at, key, value))
+        if spec.shared is not None and not self.problems:
+            check_shared(spec, value, self.record)
+
+    def problem(self, at: Position, want: str, got: str, hint: str = "") -> None:
+        where = text(at) or "the root"
+        line = f"at {where}: expected {want}, got {got}"
+        advice = _HINTS.get(hint, "").format(path=text(at))
+        if STAR in where and not hint:
+            advice = "every element of a ragged list needs one structure"
+        self.problems.append((f"{line} ({advice})" if advice else line, advice))
+
+
+_HINTS = {
+    "list": 'declare ragged=["{path}"] to allow lists of varying length',
+    "leading": 'declare ragged=["{path}"] to allow a leading axis of varying length',
+    "optional": 'declare optional=["{path}"] to allow None there',
+}
+
+
+def _node_hint(spec: Fixed, value: Any) -> str:
+    cls = node_class(spec)
+    if value is None or cls is type(None):
+        return "optional"
+    if cls is list and type(value) is list:
+        return "list"
+    return ""
+
+
+def child_position(at: Position, key: Any, parent: Any) -> Position:
+    """The position of the child ``key`` of ``parent`` at ``at``."""
+    return (*at, (keystr((key,)), type(parent) is list))
+
+
+def check_shared(spec: Fixed, value: Any, record: int) -> None:
+    """The array leaves below a node declared ragged agree on their leading length."""
+    lengths: list[tuple[str, int]] = []
+    _leading_lengths(spec, value, lengths)
+    for path, n in lengths[1:]:
+        if n != lengths[0][1]:
+            raise SchemaMismatchError(
+                f"record {record}: the leaves below {spec.path or 'the root'} share one ragged "
+                f"leading axis, but {lengths[0][0]} has length {lengths[0][1]} and {path} has length {n}"
+            )
+
+
+def _leading_lengths(spec: Spec, value: Any, out: list[tuple[str, int]]) -> None:
+    if isinstance(spec, Leaf) and spec.axis is not None and np.ndim(value):
+        out.append((spec.path, int(np.shape(value)[0])))
+    elif isinstance(spec, Optional) and value is not None and spec.inner is not None:
+        _leading_lengths(spec.inner, value, out)
+    elif isinstance(spec, Fixed):
+        level = _nodes.one_level(value)
+        for child_spec, child in zip(spec.children, level[2] if level else ()):
+            _leading_lengths(child_spec, child, out)
+
+
+def check_known(spec: Spec) -> None:
+    """Every structure is known: no ragged list without any element, no optional subtree
+    None everywhere, unless ``like`` showed it."""
+    if isinstance(spec, RaggedList | Optional):
+        inner = spec.element if isinstance(spec, RaggedList) else spec.inner
+        if inner is None:
+            what = "an element of the list" if isinstance(spec, RaggedList) else "the subtree"
+            raise RaggedDeclarationError(
+                f"the structure at {spec.path or 'the root'} is unknown: no record has {what} "
+                "there; give like= a record that has one"
+            )
+        check_known(inner)
+    elif isinstance(spec, Fixed):
+        for child in spec.children:
+            check_known(child)
+
+
+def check_used(decl: Declarations, spec: Spec, *, known_only: bool = False) -> None:
+    """Every declaration named a node, else an error saying why it names nothing; with
+    ``known_only``, only those that cannot name a node still unknown (an element of a list or
+    an optional subtree no record has shown yet)."""
+    for kind, tokens in decl.unused():
+        why = why_unused(spec, tokens)
+        if why is not None or not known_only:
+            why = why or "names a position no record (nor like=) has"
+            raise RaggedDeclarationError(f"{kind}= entry {''.join(tokens)!r} {why}")
+
+
+def why_unused(spec: Spec, tokens: tuple[str, ...]) -> str | None:
+    """Why a declared keypath names no node of ``spec``; None when it is below a structure
+    still unknown."""
+    node, depth = spec, 0
+    while depth < len(tokens):
+        nxt = _child(node, tokens[depth])
+        if nxt is None:
+            break
+        node, depth = nxt, depth + 1
+    done = "".join(tokens[:depth]) or "the root"
+    if _unknown(node):
+        return None
+    if depth < len(tokens) and tokens[depth] == STAR:
+        return f"uses [*] under {done}, which is {describe_spec(node)}, not a list"
+    if isinstance(node, Leaf | Kept) and depth < len(tokens):
+        return f"goes inside the leaf at {done} ({describe_spec(node)}); name a node or a leaf"
+    if depth < len(tokens):
+        index = isinstance(node, RaggedList) and re.fullmatch(r"\[\d+\]", tokens[depth])
+        note = " (write [*], not an index, for the elements of a ragged list)" if index else ""
+        return f"names nothing: {done} has no child {tokens[depth]}{note}"
+    return f"names {describe_spec(node)} at {done}, which cannot be declared that way"
+
+
+def _unknown(spec: Spec) -> bool:
+    return (isinstance(spec, Optional) and spec.inner is None) or (
+        isinstance(spec, RaggedList) and spec.element is None
+    )
+
+
+def _child(spec: Spec, token: str) -> Spec | None:
+    if isinstance(spec, Optional):
+        spec = spec.inner
+    if isinstance(spec, RaggedList):
+        return spec.element if token == STAR else None
+    if not isinstance(spec, Fixed):
+        return None
+    for child in spec.children:
+        key = child.path[len(spec.path) :]
+        if key == token or (token == STAR and node_class(spec) is list):
+            return child
+    return None
+
+
+def node_class(spec: Fixed) -> Any:
+    """The class of a fixed node (``list``, ``dict``, ``type(None)``, a dataclass, ...)."""
+    data = spec.treedef.node_data()
+    return data[0] if data else None
+
+
+def describe_spec(spec: Spec | None) -> str:
+    if isinstance(spec, Leaf):
+        return _describe_leaf(spec)
+    if isinstance(spec, RaggedList):
+        return "a ragged list"
+    if isinstance(spec, Optional):
+        return f"optional {describe_spec(spec.inner)}"
+    if isinstance(spec, Fixed):
+        return describe_node(spec)
+    return "a leaf" if spec is not None else "unknown"
+
+
+def describe_node(spec: Fixed) -> str:
+    data = spec.treedef.node_data()
+    return _describe_class(node_class(spec), data[1] if data else None, len(spec.children))
+
+
+def _describe_class(cls: Any, aux: Any, n: int) -> str:
+    if cls is type(None):
+        return "None"
+    if cls in (list, tuple):
+        return f"a {cls.__name__} of {n}"
+    if cls is dict:
+        return f"a dict with keys {list(aux)}"
+    return f"a {getattr(cls, '__name__', cls)}"
+
+
+def _describe_leaf(spec: Leaf) -> str:
+    if spec.axis is None:
+        return _dtypes.describe(spec.dtype, spec.shape)
+    return _dtypes.describe(spec.dtype, ("*", *spec.shape))  # type: ignore[arg-type]
+
+
+def _describe(value: Any) -> str:
+    level = _nodes.one_level(value)
+    if level is None:
+        dtype = _dtypes.value_dtype(value)
+        if dtype is None or _prng.is_key(value):
+            return f"a leaf of type {type(value).__name__}"
+        return _dtypes.describe(dtype, tuple(np.shape(value)))
+    data = level[0].node_data()
+    return _describe_class(type(value), data[1] if data else None, len(level[2]))

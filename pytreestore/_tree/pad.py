@@ -1,0 +1,231 @@
+"""Padding records of one layout (:mod:`pytreestore._tree.ragged`) to one shape, with masks,
+and cutting them back: the padded form of ``stack(records, ragged=...)`` and its inverse.
+
+Example:
+    >>> from pytreestore._tree.layout import build_layout
+    >>> from pytreestore._tree.ragged import Declarations
+    >>> records = [{"p": [1.0, 2.0]}, {"p": [3.0]}]
+    >>> spec = build_layout(records, None, Declarations.parse(True, None))
+    >>> padder = Padder(spec, pad_to=4)
+    >>> padded, mask, _ = padder.pad(spec, records[1], 1)
+    >>> padded["p"].tolist(), mask["p"].tolist()
+    ([3.0, 0.0, 0.0, 0.0], [True, False, False, False])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from pytreestore._tree.convert import LeafCaster
+from pytreestore._tree.layout import Axis, Fixed, Kept, Leaf, Optional, RaggedList, Spec
+from pytreestore.errors import RaggedDeclarationError, RaggedLengthError, SchemaMismatchError
+
+
+def check_pad_to(pad_to: Any) -> Any:
+    """``pad_to`` checked: None, a positive int, ``"pow2"`` or increasing positive buckets."""
+    if pad_to is None or pad_to == "pow2":
+        return pad_to
+    if isinstance(pad_to, int) and not isinstance(pad_to, bool):
+        if pad_to < 1:
+            raise RaggedDeclarationError(f"pad_to must be positive, got {pad_to}")
+        return pad_to
+    if isinstance(pad_to, str) or not isinstance(pad_to, Sequence) or not pad_to:
+        raise RaggedDeclarationError(
+            "pad_to takes None, a positive int, 'pow2' or a non-empty sequence of bucket "
+            f"sizes, got {pad_to!r}"
+        )
+    buckets = tuple(pad_to)
+    if not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in buckets):
+        raise RaggedDeclarationError(f"pad_to buckets must be positive ints, got {pad_to!r}")
+    if any(a >= b for a, b in itertools.pairwise(buckets)):
+        raise RaggedDeclarationError(
+            f"pad_to buckets must be sorted, smallest first, without repeats, got {pad_to!r}"
+        )
+    return buckets
+
+
+def padded_length(pad_to: Any, longest: int) -> int:
+    """The length every ragged axis of the longest ``longest`` is padded to."""
+    if pad_to is None:
+        return longest
+    if pad_to == "pow2":
+        return 1 << max(longest - 1, 0).bit_length()
+    if isinstance(pad_to, int):
+        return pad_to
+    fits = [b for b in pad_to if b >= longest]
+    return fits[0] if fits else pad_to[-1]
+
+
+@dataclasses.dataclass
+class Padder:
+    """Pads records of the layout ``spec``; ``skeleton`` keeps what padding hides (list
+    lengths, present subtrees, leading lengths) for :func:`unpad`."""
+
+    spec: Spec
+    pad_to: Any = None
+    truncate: bool = False
+
+    def length(self, axis: Axis, n: int, record: int) -> int:
+        """The padded length of ``axis``; RaggedLengthError when ``n`` is above it."""
+        limit = padded_length(self.pad_to, axis.longest)
+        if n > limit and not self.truncate:
+            raise RaggedLengthError(
+                f"record {record} has length {n} at {axis.path or 'the root'}, above the limit "
+                f"{limit} of pad_to={self.pad_to!r}; raise pad_to, or pass truncate=True to "
+                "cut longer lists and axes"
+            )
+        return limit
+
+    def pad(self, spec: Spec, value: Any, record: int) -> tuple[Any, Any, Any]:
+        """(padded value, mask, skeleton) of ``value``."""
+        if isinstance(spec, Optional):
+            if value is None:
+                return (*self.zeros(spec.inner), None)
+            padded, mask, skel = self.pad(spec.inner, value, record)
+            return padded, mask, (skel,)
+        if isinstance(spec, RaggedList):
+            return self.pad_list(spec, value, record)
+        if isinstance(spec, Leaf):
+            return self.pad_leaf(spec, value, record)
+        if isinstance(spec, Kept):
+            return value, np.True_, None
+        sub, children = spec.treedef, spec.treedef.flatten_up_to(value)
+        parts = [self.pad(s, c, record) for s, c in zip(spec.children, children)]
+        padded, mask = (sub.unflatten([p[i] for p in parts]) for i in (0, 1))
+        return padded, mask, [p[2] for p in parts]
+
+    def pad_list(self, spec: RaggedList, value: list, record: int) -> tuple[Any, Any, Any]:
+        size = self.length(spec.axis, len(value), record)
+        parts = [self.pad(spec.element, item, record) for item in value[:size]]
+        fill = [self.zeros(spec.element)] * (size - len(parts))
+        if not parts and not fill:
+            padded, mask = self.zeros(spec.element)
+            return empty_axis(padded), empty_axis(mask), []
+        padded = stack_trees([p[0] for p in parts] + [f[0] for f in fill])
+        mask = stack_trees([p[1] for p in parts] + [f[1] for f in fill])
+        return padded, mask, [p[2] for p in parts]
+
+    def pad_leaf(self, spec: Leaf, value: Any, record: int) -> tuple[Any, Any, Any]:
+        shape = tuple(np.shape(value))
+        array = LeafCaster(spec.path, spec.dtype, shape).coerce(value, what=f"record {record}")
+        if spec.axis is None:
+            return array, np.True_, None
+        size = self.length(spec.axis, shape[0], record)
+        n = min(shape[0], size)
+        out = np.zeros((size, *spec.shape), spec.dtype)
+        out[:n] = array[:n]
+        return out, np.arange(size) < n, n
+
+    def zeros(self, spec: Spec | None) -> tuple[Any, Any]:
+        """A padding value of the layout ``spec`` (zeros) and its all-False mask."""
+        if isinstance(spec, Optional):
+            return self.zeros(spec.inner)
+        if isinstance(spec, Leaf):
+            if spec.axis is None:
+                return np.zeros(spec.shape, spec.dtype), np.False_
+            size = padded_length(self.pad_to, spec.axis.longest)
+            return np.zeros((size, *spec.shape), spec.dtype), np.zeros(size, bool)
+        if isinstance(spec, Kept):
+            return spec.value, np.False_
+        if isinstance(spec, RaggedList):
+            size = padded_length(self.pad_to, spec.axis.longest)
+            return tuple(repeat_zeros(t, size) for t in self.zeros(spec.element))  # type: ignore[return-value]
+        assert isinstance(spec, Fixed), spec
+        parts = [self.zeros(s) for s in spec.children]
+        return tuple(spec.treedef.unflatten([p[i] for p in parts]) for i in (0, 1))  # type: ignore[return-value]
+
+
+def is_array(leaf: Any) -> bool:
+    return isinstance(leaf, np.ndarray | np.generic | jax.Array)
+
+
+def stack_trees(trees: Sequence[Any]) -> Any:
+    """Trees of one structure stacked leaf by leaf along a new leading axis (a leaf that is
+    no array, a function, is kept from the first tree)."""
+    return jax.tree.map(lambda *xs: np.stack(xs) if is_array(xs[0]) else xs[0], *trees)
+
+
+def empty_axis(tree: Any) -> Any:
+    """A tree with a leading axis of length 0 added to every array leaf."""
+    return repeat_zeros(tree, 0)
+
+
+def repeat_zeros(tree: Any, size: int) -> Any:
+    """A tree with a leading axis of ``size`` zeros added to every array leaf."""
+
+    def grow(x: Any) -> Any:
+        return np.zeros((size, *np.shape(x)), np.asarray(x).dtype) if is_array(x) else x
+
+    return jax.tree.map(grow, tree)
+
+
+def unpad(spec: Spec, skeleton: Any, value: Any) -> Any:
+    """One record as it was before padding, from its padded value and its skeleton."""
+    if isinstance(spec, Optional):
+        return None if skeleton is None else unpad(spec.inner, skeleton[0], value)
+    if isinstance(spec, Leaf):
+        return value if spec.axis is None else value[:skeleton]
+    if isinstance(spec, Kept):
+        return value
+    if isinstance(spec, RaggedList):
+        return [
+            unpad(
+                spec.element, skel, jax.tree.map(lambda x, j=j: x[j] if is_array(x) else x, value)
+            )
+            for j, skel in enumerate(skeleton)
+        ]
+    children = spec.treedef.flatten_up_to(value)
+    return spec.treedef.unflatten(
+        [unpad(s, k, c) for s, k, c in zip(spec.children, skeleton, children)]
+    )
+
+
+# ---- masks remember their layout --------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """What ``unstack(batch, mask)`` needs beyond the values: the layout and each record's
+    skeleton (list lengths, present subtrees, leading lengths)."""
+
+    spec: Spec
+    skeletons: tuple[Any, ...]
+    mask_treedef: Any
+
+
+_LAYOUTS: dict[int, tuple[weakref.ref, Layout]] = {}
+
+
+def remember(mask: Any, layout: Layout) -> None:
+    """Ties ``layout`` to ``mask`` (its first leaf) for as long as that leaf lives."""
+    leaves = jax.tree.leaves(mask)
+    if not leaves:
+        return
+    key = id(leaves[0])
+    _LAYOUTS[key] = (weakref.ref(leaves[0]), layout)
+    weakref.finalize(leaves[0], _LAYOUTS.pop, key, None)
+
+
+def recall(mask: Any) -> Layout:
+    """The layout :func:`remember` tied to ``mask``.
+
+    Raises:
+        SchemaMismatchError: ``mask`` is not a mask that ``stack(..., ragged=/optional=)``
+            returned in this process.
+    """
+    leaves, treedef = jax.tree.flatten(mask)
+    entry = _LAYOUTS.get(id(leaves[0])) if leaves else None
+    if entry is None or entry[0]() is not leaves[0] or entry[1].mask_treedef != treedef:
+        raise SchemaMismatchError(
+            "unstack(batch, mask) takes the mask that stack(..., ragged=/optional=) returned, "
+            "unchanged: it carries the list lengths and present subtrees that the padded "
+            "batch cannot show"
+        )
+    return entry[1]
