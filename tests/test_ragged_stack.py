@@ -446,3 +446,58 @@ def test_unstack_of_stack_gives_back_the_records(records: list[Any], as_numpy: b
         assert_trees_equal(got, want)
     kind = (np.ndarray, np.generic) if as_numpy else jax.Array
     assert all(isinstance(x, kind) for x in jax.tree.leaves(back))
+
+
+# ---- adversarial review: regressions ----------------------------------------------------------
+
+
+def test_unstack_refuses_a_batch_whose_shapes_differ_from_the_masks() -> None:
+    one = [{"a": [np.float32(1)] * n} for n in (0, 1, 2)]
+    other = [{"a": [np.float32(2)] * n} for n in (1, 2, 3)]
+    batch, mask = pytreestore.stack(one, ragged=True)
+    other_batch, other_mask = pytreestore.stack(other, ragged=True)
+    # a batch cut narrower than the mask's lists: jax clamps indices, so this read padding
+    with pytest.raises(errors.SchemaMismatchError, match="leaf shapes"):
+        pytreestore.unstack({"a": batch["a"][:, :1]}, mask)
+    # masks swapped between two batches of different padded lengths
+    with pytest.raises(errors.SchemaMismatchError, match="leaf shapes"):
+        pytreestore.unstack(batch, other_mask)
+    with pytest.raises(errors.SchemaMismatchError, match="leaf shapes"):
+        pytreestore.unstack(other_batch, mask)
+    # new values of the same shapes are fine
+    back = pytreestore.unstack({"a": batch["a"] + 1}, mask)
+    assert [len(r["a"]) for r in back] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("value", [jnp.sin, "label"])
+def test_a_list_of_constant_leaves_round_trips(value: Any) -> None:
+    records = [{"f": [value, value]}, {"f": [value]}]
+    batch, mask = pytreestore.stack(records, ragged=True)
+    assert pytreestore.unstack(batch, mask) == records
+
+
+def test_records_without_any_leaf_are_refused_by_stack_not_by_unstack() -> None:
+    with pytest.raises(errors.SchemaMismatchError, match="no leaf"):
+        pytreestore.stack([{"a": [None, None]}, {"a": [None]}], ragged=True)
+
+
+@pytest.mark.parametrize("where", ["list", "fixed"])
+def test_prng_keys_are_refused_clearly(where: str) -> None:
+    key = jax.random.key(0)
+    records = [{"k": [key, key]}, {"k": []}] if where == "list" else [{"k": key, "d": None}]
+    with pytest.raises(errors.SchemaMismatchError, match="key_data"):
+        pytreestore.stack(records, ragged=True, optional=["['d']"] if where == "fixed" else None)
+
+
+@pytest.mark.parametrize("ragged", [None, True])
+def test_64_bit_values_outside_the_jax_dtype_are_refused_not_wrapped(ragged: Any) -> None:
+    records = [{"a": np.array([1, 2**40])}]
+    with pytest.raises(errors.SchemaMismatchError, match="as_numpy=True"):
+        pytreestore.stack(records, ragged=ragged)
+    with pytest.raises(errors.SchemaMismatchError, match="as_numpy=True"):
+        pytreestore.stack([{"a": np.array([1e300])}], ragged=ragged)
+    out = pytreestore.stack(records, ragged=ragged, as_numpy=True)
+    batch = out[0] if ragged else out
+    assert batch["a"].tolist() == [[1, 2**40]]
+    fits = pytreestore.stack([{"a": np.array([1, 2])}], ragged=ragged)
+    assert (fits[0] if ragged else fits)["a"].tolist() == [[1, 2]]

@@ -164,7 +164,13 @@ class Walker:
         return spec
 
     def leaf(self, value: Any, at: Position, shared: Axis | None) -> Spec:
-        dtype = None if _prng.is_key(value) else _dtypes.value_dtype(value)
+        if _prng.is_key(value):
+            raise SchemaMismatchError(
+                f"stack() with ragged=/optional= cannot stack the PRNG key array at "
+                f"{text(at) or 'the root'} yet; stack jax.random.key_data(key) instead and "
+                "rewrap it with jax.random.wrap_key_data"
+            )
+        dtype = _dtypes.value_dtype(value)
         if dtype is None:
             return Kept(text(at), value)
         shape = tuple(np.shape(value))

@@ -198,6 +198,10 @@ class Layout:
     spec: Spec
     skeletons: tuple[Any, ...]
     mask_treedef: Any
+    #: the batch's structure and leaf shapes (None for a leaf that is no array): a batch of
+    #: other shapes is not the one this mask belongs to
+    batch_treedef: Any = None
+    batch_shapes: tuple[Any, ...] = ()
 
 
 _LAYOUTS: dict[int, tuple[weakref.ref, Layout]] = {}

@@ -16,8 +16,9 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.tree_util import tree_flatten
+from jax.tree_util import keystr, tree_flatten
 
+from pytreestore._format import dtypes as _dtypes
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import RowFiller, casters
 from pytreestore._tree.layout import build_layout, record_problems
@@ -103,7 +104,10 @@ def _stack_fixed(records: list[Any], like: Any, as_numpy: bool) -> Any:
         except SchemaMismatchError as err:
             message = f"stack() refused record {i}: {err}"
             raise SchemaMismatchError(_with_hints(message, like, record)) from err
-    return schema.unflatten(buffers if as_numpy else jax.device_put(buffers))
+    if not as_numpy:
+        ready = [jax_ready(b, c.path) for b, c in zip(buffers, schema.columns)]
+        buffers = jax.device_put(ready)
+    return schema.unflatten(buffers)
 
 
 def _with_hints(message: str, like: Any, record: Any) -> str:
@@ -126,15 +130,46 @@ def _stack_padded(padder: Padder, records: list[Any], as_numpy: bool) -> tuple[A
         mask = stack_trees([p[1] for p in parts])
     else:
         batch, mask = (empty_axis(t) for t in padder.zeros(padder.spec))
+    if not jax.tree.leaves(mask):
+        raise SchemaMismatchError(
+            "stack() found no leaf in the records (only None and empty nodes): the mask "
+            "carries the list lengths and present subtrees on its leaves, so there is "
+            "nothing to carry them"
+        )
     if not as_numpy:
-        batch, mask = (jax.tree.map(_to_device, t) for t in (batch, mask))
-    mask_treedef = jax.tree.structure(mask)
-    remember(mask, Layout(padder.spec, tuple(p[2] for p in parts), mask_treedef))
+        batch, mask = (jax.tree.map_with_path(_to_device, t) for t in (batch, mask))
+    leaves, batch_treedef = tree_flatten(batch)
+    shapes = tuple(np.shape(x) if is_array(x) else None for x in leaves)
+    skeletons = tuple(p[2] for p in parts)
+    remember(mask, Layout(padder.spec, skeletons, jax.tree.structure(mask), batch_treedef, shapes))
     return batch, mask
 
 
-def _to_device(leaf: Any) -> Any:
-    return jax.device_put(leaf) if is_array(leaf) else leaf
+def _to_device(path: Any, leaf: Any) -> Any:
+    return jax.device_put(jax_ready(leaf, keystr(path))) if is_array(leaf) else leaf
+
+
+def jax_ready(array: Any, path: str) -> Any:
+    """``array`` in the dtype JAX gives it as configured (64-bit ones in 32 bits while x64
+    is off), refused rather than wrapped or overflowed when its values do not fit.
+
+    Raises:
+        SchemaMismatchError: a value outside the 32-bit dtype.
+    """
+    if isinstance(array, jax.Array) or _dtypes.jax_holds(np.dtype(array.dtype)):
+        return array
+    array = np.asarray(array)
+    target = np.dtype(jax.dtypes.canonicalize_dtype(array.dtype))
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = array.astype(target)
+    wrapped = target.kind in "iu" and not _dtypes.fits(array, target)
+    if wrapped or (target.kind in "fc" and not np.array_equal(np.isinf(out), np.isinf(array))):
+        raise SchemaMismatchError(
+            f"stack() got {array.dtype} values at {path or 'the root'} outside {target}, the "
+            "dtype JAX holds them in while x64 is disabled; pass as_numpy=True for the exact "
+            "values, or enable x64 (jax.config.update('jax_enable_x64', True))"
+        )
+    return out
 
 
 def unstack(batch: Any, mask: Any = None) -> list[Any]:
@@ -152,12 +187,7 @@ def unstack(batch: Any, mask: Any = None) -> list[Any]:
     """
     if mask is not None:
         layout = recall(mask)
-        rows = unstack(batch)
-        if len(rows) != len(layout.skeletons):
-            raise SchemaMismatchError(
-                f"unstack() got a batch of {len(rows)} records and the mask of "
-                f"{len(layout.skeletons)}"
-            )
+        rows = _rows(batch, layout)
         return [unpad(layout.spec, s, row) for s, row in zip(layout.skeletons, rows)]
     leaves, treedef = tree_flatten(batch)
     arrays = [leaf for leaf in leaves if not is_constant(leaf)]
@@ -170,6 +200,23 @@ def unstack(batch: Any, mask: Any = None) -> list[Any]:
         return []
     columns = [split_leaves(leaf) for leaf in leaves]
     return [treedef.unflatten(row) for row in zip(*columns)]
+
+
+def _rows(batch: Any, layout: Layout) -> list[Any]:
+    """The records of a padded ``batch``, checked to have the structure and leaf shapes of
+    the batch that ``stack`` returned with the mask of ``layout``."""
+    leaves, treedef = tree_flatten(batch)
+    shapes = tuple(np.shape(x) if is_array(x) else None for x in leaves)
+    n = len(layout.skeletons)
+    if treedef != layout.batch_treedef or shapes != layout.batch_shapes:
+        counts = sorted({s[0] for s in shapes if s})
+        detail = f" (records: {counts}, the mask's: {n})" if counts and counts != [n] else ""
+        raise SchemaMismatchError(
+            "unstack(batch, mask) got a batch whose structure or leaf shapes differ from the "
+            f"batch that stack() returned with this mask{detail}: give each batch its own mask"
+        )
+    columns = [list(split_leaves(x)) if is_array(x) else [x] * n for x in leaves]
+    return [treedef.unflatten([c[i] for c in columns]) for i in range(n)]
 
 
 def batch_length(leaves: Sequence[Any], paths: Sequence[str]) -> int:
