@@ -464,9 +464,23 @@ def test_unstack_refuses_a_batch_whose_shapes_differ_from_the_masks() -> None:
         pytreestore.unstack(batch, other_mask)
     with pytest.raises(errors.SchemaMismatchError, match="leaf shapes"):
         pytreestore.unstack(other_batch, mask)
-    # new values of the same shapes are fine
-    back = pytreestore.unstack({"a": batch["a"] + 1}, mask)
-    assert [len(r["a"]) for r in back] == [0, 1, 2]
+    # the very batch that came with the mask is fine
+    assert [len(r["a"]) for r in pytreestore.unstack(batch, mask)] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("as_numpy", [False, True])
+def test_unstack_refuses_another_batch_of_the_same_shapes(as_numpy: bool) -> None:
+    one = [{"a": [np.float32(1)] * n} for n in (0, 1, 2)]
+    other = [{"a": [np.float32(2)] * n} for n in (2, 0, 1)]
+    batch, mask = pytreestore.stack(one, ragged=True, as_numpy=as_numpy)
+    other_batch, other_mask = pytreestore.stack(other, ragged=True, as_numpy=as_numpy)
+    assert np.shape(batch["a"]) == np.shape(other_batch["a"])
+    # swapped between two batches of equal padded shape: the padding would read as values
+    with pytest.raises(errors.SchemaMismatchError, match="unchanged"):
+        pytreestore.unstack(other_batch, mask)
+    with pytest.raises(errors.SchemaMismatchError, match="unchanged"):
+        pytreestore.unstack({"a": batch["a"] + 1}, mask)
+    assert [len(r["a"]) for r in pytreestore.unstack(other_batch, other_mask)] == [2, 0, 1]
 
 
 @pytest.mark.parametrize("value", [jnp.sin, "label"])

@@ -202,6 +202,27 @@ class Layout:
     #: other shapes is not the one this mask belongs to
     batch_treedef: Any = None
     batch_shapes: tuple[Any, ...] = ()
+    #: weak references to the batch's array leaves: only that batch, unchanged, belongs to
+    #: this mask (another batch of the same shapes would read its padding as values)
+    batch_leaves: tuple[Any, ...] = ()
+
+
+def leaf_refs(leaves: list[Any]) -> tuple[Any, ...]:
+    """Weak references to ``leaves`` (None where a leaf cannot be weakly referenced)."""
+    refs = []
+    for leaf in leaves:
+        try:
+            refs.append(weakref.ref(leaf))
+        except TypeError:
+            refs.append(None)
+    return tuple(refs)
+
+
+def same_leaves(refs: tuple[Any, ...], leaves: list[Any]) -> bool:
+    """Whether ``leaves`` are the very objects ``refs`` were taken of."""
+    return len(refs) == len(leaves) and all(
+        ref is None or ref() is leaf for ref, leaf in zip(refs, leaves)
+    )
 
 
 _LAYOUTS: dict[int, tuple[weakref.ref, Layout]] = {}

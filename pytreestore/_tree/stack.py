@@ -28,8 +28,10 @@ from pytreestore._tree.pad import (
     check_pad_to,
     empty_axis,
     is_array,
+    leaf_refs,
     recall,
     remember,
+    same_leaves,
     stack_trees,
     unpad,
 )
@@ -141,7 +143,9 @@ def _stack_padded(padder: Padder, records: list[Any], as_numpy: bool) -> tuple[A
     leaves, batch_treedef = tree_flatten(batch)
     shapes = tuple(np.shape(x) if is_array(x) else None for x in leaves)
     skeletons = tuple(p[2] for p in parts)
-    remember(mask, Layout(padder.spec, skeletons, jax.tree.structure(mask), batch_treedef, shapes))
+    refs = leaf_refs([x if is_array(x) else None for x in leaves])
+    layout = Layout(padder.spec, skeletons, jax.tree.structure(mask), batch_treedef, shapes, refs)
+    remember(mask, layout)
     return batch, mask
 
 
@@ -214,6 +218,13 @@ def _rows(batch: Any, layout: Layout) -> list[Any]:
         raise SchemaMismatchError(
             "unstack(batch, mask) got a batch whose structure or leaf shapes differ from the "
             f"batch that stack() returned with this mask{detail}: give each batch its own mask"
+        )
+    if not same_leaves(layout.batch_leaves, [x if is_array(x) else None for x in leaves]):
+        raise SchemaMismatchError(
+            "unstack(batch, mask) takes the batch that stack() returned with this mask, "
+            "unchanged: another batch, or new values, of the same shapes cannot be told from "
+            "it, and its padding would read as values. Unstack the original batch, or stack "
+            "the new records again"
         )
     columns = [list(split_leaves(x)) if is_array(x) else [x] * n for x in leaves]
     return [treedef.unflatten([c[i] for c in columns]) for i in range(n)]
