@@ -515,3 +515,17 @@ def test_64_bit_values_outside_the_jax_dtype_are_refused_not_wrapped(ragged: Any
     assert batch["a"].tolist() == [[1, 2**40]]
     fits = pytreestore.stack([{"a": np.array([1, 2])}], ragged=ragged)
     assert (fits[0] if ragged else fits)["a"].tolist() == [[1, 2]]
+
+
+def test_elements_of_one_class_with_other_static_data_say_so() -> None:
+    import equinox as eqx
+
+    class Tagged(eqx.Module):
+        w: jax.Array
+        tag: str = eqx.field(static=True)
+
+    records = [{"p": [Tagged(jnp.ones(2), "a"), Tagged(jnp.ones(2), "b")]}]
+    with pytest.raises(errors.SchemaMismatchError, match="with static data") as info:
+        pytreestore.stack(records, ragged=True)
+    assert "'a'" in str(info.value) and "'b'" in str(info.value)
+    assert "expected a Tagged, got a Tagged" not in str(info.value)

@@ -235,7 +235,10 @@ class Walker:
     def merge_node(self, spec: Fixed, value: Any, at: Position) -> None:
         level = _nodes.one_level(value)
         if level is None or level[0] != spec.treedef:
-            self.problem(at, describe_node(spec), _describe(value), _node_hint(spec, value))
+            want, got = describe_node(spec), _describe(value)
+            if level is not None and want == got:  # one class, other static (aux) data
+                want, got = _with_static(spec.treedef), _with_static(level[0])
+            self.problem(at, want, got, _node_hint(spec, value))
             return
         _, keys, children = level
         for child_spec, key, child in zip(spec.children, keys, children):
@@ -388,6 +391,15 @@ def describe_spec(spec: Spec | None) -> str:
 def describe_node(spec: Fixed) -> str:
     data = spec.treedef.node_data()
     return _describe_class(node_class(spec), data[1] if data else None, len(spec.children))
+
+
+def _with_static(treedef: Any) -> str:
+    """A node described with its static (aux) data, for nodes of one class that differ."""
+    data = treedef.node_data()
+    aux = repr(data[1]) if data else "()"
+    aux = aux if len(aux) <= 120 else aux[:117] + "..."
+    name = getattr(data[0], "__name__", data[0]) if data else "node"
+    return f"a {name} with static data {aux}"
 
 
 def _describe_class(cls: Any, aux: Any, n: int) -> str:
