@@ -28,7 +28,6 @@ from pytreestore._pipelines.methods import Pipelines
 from pytreestore._read import reader as _reader
 from pytreestore._read.reader import ReadContext
 from pytreestore._read.request import LoadRequest
-from pytreestore._read.request import check_cast as _check_cast
 from pytreestore._spec import StoreSpec, reopen
 from pytreestore.backends import Backend
 from pytreestore.errors import (
@@ -72,7 +71,6 @@ class TreeStore(Pipelines):
         """Made by :func:`pytreestore.create` / :func:`pytreestore.open` (``writer`` in mode
         ``"a"``), not by hand."""
         self._location = location
-        self._cast = _check_cast(spec.cast)
         self._backend = backend
         self._schema = schema
         self._mode = "r" if writer is None else "a"
@@ -332,7 +330,7 @@ class TreeStore(Pipelines):
     def _request(self, **options: Any) -> LoadRequest:
         """A read's arguments (those of :meth:`load`), checked and resolved once."""
         self._check_open()
-        return LoadRequest.build(self._schema, policy=self._cast, **options)
+        return LoadRequest.build(self._schema, policy=self._spec.cast, **options)
 
     def load(
         self,

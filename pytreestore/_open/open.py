@@ -26,6 +26,7 @@ from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
+from pytreestore._read.request import check_cast
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
 from pytreestore.backends import Backend, get_backend
@@ -82,7 +83,7 @@ def create(
         >>> [c.path for c in store.schema.columns]
         ["['x']"]
     """
-    _check_cast(cast)
+    check_cast(cast)
     location = Location.parse(path, storage_options)
     schema = _new_schema(like, chunk_records=chunk_records, codec=codec)
     return create_from_schema(location, schema, backend=backend, overwrite=overwrite, cast=cast)
@@ -244,7 +245,7 @@ def _check_open_options(
 ) -> None:
     if mode not in ("r", "a"):
         raise ValueError(f"mode must be 'r' (read) or 'a' (append), got {mode!r}")
-    _check_cast(cast)
+    check_cast(cast)
     if break_lock and mode != "a":
         raise ValueError("break_lock=True takes the writer lock; open with mode='a'")
     if not isinstance(cache_bytes, int) or cache_bytes < 0:
@@ -254,11 +255,6 @@ def _check_open_options(
             f"cache_bytes is a feature of the tensorstore backend, not of {backend!r}; "
             "open with backend='tensorstore' or without cache_bytes"
         )
-
-
-def _check_cast(cast: Any) -> None:
-    if not isinstance(cast, bool):
-        raise TypeError(f"cast must be True, False or None (the store's policy), got {cast!r}")
 
 
 def _read_schema(engine: Backend, location: Location, *, like: Any, generic: bool) -> TreeSchema:
