@@ -25,21 +25,24 @@ from pytreestore._inspect import repr as _repr
 from pytreestore._inspect.verify import VerifyReport, verify_store
 from pytreestore._location import Location
 from pytreestore._pipelines.methods import Pipelines
+from pytreestore._ragged.writer import RaggedWriter
 from pytreestore._read import reader as _reader
 from pytreestore._read.reader import ReadContext
 from pytreestore._read.request import LoadRequest
+from pytreestore._reads import Reads
 from pytreestore._spec import StoreSpec, reopen
 from pytreestore.backends import Backend
 from pytreestore.errors import (
     ClosedStoreError,
     PyTreeStoreError,
     ReadOnlyError,
+    SchemaMismatchError,
     StorageError,
     UnpicklableStoreError,
 )
 
 
-class TreeStore(Pipelines):
+class TreeStore(Pipelines, Reads):
     """A persistent, columnar store of pytree records.
 
     Create one with :func:`pytreestore.create` or open one with :func:`pytreestore.open`.
@@ -66,7 +69,7 @@ class TreeStore(Pipelines):
         commit: Commit,
         lock: WriterLock | None,
         spec: StoreSpec,
-        writer: Writer | None,
+        writer: Writer | RaggedWriter | None,
     ) -> None:
         """Made by :func:`pytreestore.create` / :func:`pytreestore.open` (``writer`` in mode
         ``"a"``), not by hand."""
@@ -193,11 +196,17 @@ class TreeStore(Pipelines):
             UnsupportedDtypeError: a default a column cannot hold. Nothing is changed.
         """
         changes = {"add": add, "drop": drop, "rename": rename, "rename_class": rename_class}
+        if self._schema.ragged is not None:
+            raise SchemaMismatchError(
+                f"store {self.path} holds ragged or optional records, whose schema evolve() "
+                "cannot change yet; copy the records into a new store created with the new "
+                "classes instead"
+            )
         with self._writing() as writer:
             writer.flush()
             records = writer.commit.records
             schema = _evolve.apply(self._backend, self._schema, records, self.path, **changes)
-            self._schema, self._writer = schema, Writer(self._backend, schema, writer.commit)
+            self._schema, self._writer = schema, Writer(self._backend, schema, writer.commit)  # type: ignore[arg-type]
 
     def flush(self) -> None:
         """Writes every buffered record and commits; afterwards all appended records are durable."""
@@ -332,97 +341,9 @@ class TreeStore(Pipelines):
         self._check_open()
         return LoadRequest.build(self._schema, policy=self._spec.cast, **options)
 
-    def load(
-        self,
-        index: Any = slice(None),
-        *,
-        columns: str | Sequence[str] | None = None,
-        device: Any = None,
-        as_numpy: bool = False,
-        cast: bool | None = None,
-        sharding: Any = None,
-        pad: bool = False,
-        pmap_devices: Sequence[Any] | None = None,
-    ) -> Any:
-        """Loads records ``index`` as a record of the stored classes.
-
-        Args:
-            index: an int (one record), a slice, a list or array of ints, or a bool mask.
-            columns: tree-path strings of the columns to load; a node's path selects every
-                column below it (``".p[0]"``). Columns not selected come back as None.
-            device: a ``jax.Device`` or ``jax.sharding.Sharding`` to place the leaves on
-                (default: JAX's default device).
-            as_numpy: return host numpy arrays, with every dtype exactly as stored; a column
-                of typed PRNG keys comes back as its key data (uint32, see
-                :func:`jax.random.key_data`), since numpy has no key dtype.
-            cast: load 64-bit columns while x64 is disabled by casting them to 32 bits
-                (values that do not fit raise); without it they raise. None (default): the
-                store's policy, set by ``pytreestore.open(..., cast=...)`` or ``create``.
-            sharding: build each column as a global ``jax.Array`` split along the record axis:
-                one ``jax.sharding.Sharding`` for every column, a pytree of them shaped like
-                the schema (None replicates), or a callable from tree path to sharding. Each
-                device's rows are read once, for that device only (under ``jax.distributed``,
-                each process reads only its own devices' rows). See docs/sharding.md.
-            pad: with ``sharding`` or ``pmap_devices``, pad a record count that does not split
-                evenly with fill values (zeros) and return ``(records, mask)``, where ``mask``
-                is a bool ``jax.Array`` over the padded records, True for real ones.
-            pmap_devices: devices (e.g. ``jax.local_devices()``) to lay the records out for
-                ``jax.pmap``: leaves shaped ``(len(devices), count // len(devices), ...)``,
-                slice ``i`` already on ``devices[i]``.
-
-        Returns:
-            For an int index, one record whose leaves have the per-record shape; otherwise a
-            batched record whose leaves carry a leading record axis; with ``pad=True`` a pair
-            ``(records, mask)``.
-
-        Raises:
-            ShardingError: a sharding cannot split the record count (and ``pad`` is false) or
-                a leaf's shape.
-
-        Example:
-            >>> import pytreestore
-            >>> s = pytreestore.create("memory://doc-load", {"a": 0, "b": (0.0, 0.0)})
-            >>> s.extend({"a": i, "b": (i * 1.0, i * 2.0)} for i in range(5))
-            >>> s.load([4, 0], columns="['b']", as_numpy=True)
-            {'a': None, 'b': (array([4., 0.], dtype=float32), array([8., 0.], dtype=float32))}
-        """
-        request = self._request(
-            columns=columns,
-            device=device,
-            as_numpy=as_numpy,
-            cast=cast,
-            sharding=sharding,
-            pad=pad,
-            pmap_devices=pmap_devices,
-        )
-        return _reader.load(self.read_context(), request, index)
-
-    def __getitem__(self, index: Any) -> Any:
-        return self.load(index)
-
-    def __iter__(self) -> Iterator[Any]:
-        return self.records()
-
-    def records(
-        self,
-        *,
-        columns: str | Sequence[str] | None = None,
-        as_numpy: bool = False,
-        cast: bool | None = None,
-    ) -> Iterator[Any]:
-        """Iterates over the records one at a time, reading a block of records per read.
-
-        ``iter(store)`` is ``store.records()``. The arguments are those of :meth:`load`.
-
-        Example:
-            >>> import numpy as np, pytreestore
-            >>> s = pytreestore.create("memory://doc-records", {"t": np.float64(0)})
-            >>> s.extend({"t": np.float64(i)} for i in range(2))
-            >>> [r["t"].item() for r in s.records(as_numpy=True)]
-            [0.0, 1.0]
-        """
-        request = self._request(columns=columns, as_numpy=as_numpy, cast=cast)
-        yield from _reader.iterate(self.read_context(), request)
+    def commit_now(self) -> Commit:
+        """The commit a read sees (after :meth:`_readable`); not a user API."""
+        return self._writer.commit if self._writer is not None else self._commit
 
     def _readable(self) -> int:
         """The records a read sees: all of them, committed first, unless another thread is
@@ -491,7 +412,11 @@ class TreeStore(Pipelines):
         if self._writer is not None:
             self._check_process()  # before the lock, which a forked child may inherit held
         with self._mutex:  # checked inside: closed by another thread meanwhile?
-            yield self._appendable() if append else self._writable()
+            try:
+                yield self._appendable() if append else self._writable()
+            finally:
+                if self._writer is not None:  # a ragged store learns pending structures
+                    self._schema = self._writer.schema
 
 
 __all__ = ["TreeStore"]

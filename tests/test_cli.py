@@ -168,7 +168,7 @@ def test_info_draws_the_column_tree(seed: Path) -> None:
     lines = result.stdout.splitlines()
     assert lines[0] == str(seed)
     assert lines[1] == (
-        f"  3 records · 4 columns · format 2 · {store_chunk(seed):,} records per chunk · zstd"
+        f"  3 records · 4 columns · format 3 · {store_chunk(seed):,} records per chunk · zstd"
     )
     assert lines[2].startswith("  data 48 B · stored ")
     assert lines[3] == ""
@@ -185,7 +185,7 @@ def test_info_draws_the_column_tree(seed: Path) -> None:
 
 def test_info_json(seed: Path) -> None:
     data = json.loads(invoke("info", seed, "--json").stdout)
-    assert (data["records"], data["format_version"], data["codec"]) == (3, 2, "zstd")
+    assert (data["records"], data["format_version"], data["codec"]) == (3, 3, "zstd")
     assert data["nbytes"] == 48
     assert [c["path"] for c in data["columns"]] == [".p[0].x", ".p[0].y", ".p[1].x", ".p[1].y"]
     column = data["columns"][0]

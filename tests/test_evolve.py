@@ -161,7 +161,7 @@ def test_evolved_store_metadata(tmp_path, backend):
     store.evolve(add={"['y']": np.int8(3)}, rename={"['x']": "['w']"})
     store.close()
     info = json.loads((tmp_path / "s" / "zarr.json").read_text())["attributes"]["pytreestore"]
-    assert info["format_version"] == 2
+    assert info["format_version"] == 3
     assert info["digest"] == _validate.digest(info)
     assert _validate.schema_errors({"zarr_format": 3, "node_type": "group",
                                     "attributes": {"pytreestore": info}}) == []  # fmt: skip
@@ -292,7 +292,7 @@ def test_golden_format_1_store_is_upgraded_by_evolve(tmp_path, backend):
     first = store.schema.paths[0]
     pytreestore.evolve(tmp_path / "t", rename={first: first[:-2] + "zz']"}, backend=backend)
     info = json.loads((tmp_path / "t" / "zarr.json").read_text())["attributes"]["pytreestore"]
-    assert info["format_version"] == 2
+    assert info["format_version"] == 3
     assert np.array_equal(before, pytreestore.open(tmp_path / "s", backend=backend)[:], True)
 
 

@@ -109,7 +109,7 @@ def test_root_zarr_json(tmp_path):
     assert set(meta["attributes"]) == {"pytreestore"}
     info = meta["attributes"]["pytreestore"]
     assert set(info) == {"format_version", "chunk_records", "codec", "tree", "columns", "digest"}
-    assert info["format_version"] == pytreestore.FORMAT_VERSION == 2
+    assert info["format_version"] == pytreestore.FORMAT_VERSION == 3
     assert info["chunk_records"] == CHUNK
     assert info["codec"] == "zstd"
     store = pytreestore.open(root)
@@ -160,7 +160,7 @@ GOLDEN_ROOT = {
     "node_type": "group",
     "attributes": {
         "pytreestore": {
-            "format_version": 2,
+            "format_version": 3,
             "chunk_records": 8,
             "codec": "zstd",
             "tree": {
@@ -189,7 +189,7 @@ GOLDEN_ROOT = {
                     "chunks": [8],
                 },
             ],
-            "digest": "blake2b-160:ad2c7d14bcf0e8b56267b13e9c66dfa12ab3db00",
+            "digest": "blake2b-160:68208494f113457605615e5f3fdb0b0a778d6505",
         }
     },
 }
@@ -236,7 +236,7 @@ def test_golden_small_store(tmp_path):
     ]  # chunks holding only fill values are stored too
     commit = read_json(root / ".pytreestore" / "commit.json")
     assert re.fullmatch("[0-9a-f]{32}", commit.pop("store"))
-    assert commit == {"format_version": 2, "records": 3, "generation": 1}
+    assert commit == {"format_version": 3, "records": 3, "generation": 1}
 
 
 # ---- groups and arrays ---------------------------------------------------------------------------
@@ -366,27 +366,27 @@ def test_commit_record_after_flushes(tmp_path):
     first = read_json(commit)
     ident = first.pop("store")  # the store's identity: random, kept by every commit
     assert re.fullmatch("[0-9a-f]{32}", ident)
-    assert first == {"format_version": 2, "records": 0, "generation": 0}
+    assert first == {"format_version": 3, "records": 0, "generation": 0}
     for i in range(3):
         store.append({"x": np.int32(i)})
     assert read_json(commit)["records"] == 0  # buffered, not committed
     store.flush()
-    assert read_json(commit) == {"format_version": 2, "records": 3, "generation": 1, "store": ident}
+    assert read_json(commit) == {"format_version": 3, "records": 3, "generation": 1, "store": ident}
     store.flush()  # nothing pending: no new commit
-    assert read_json(commit) == {"format_version": 2, "records": 3, "generation": 1, "store": ident}
+    assert read_json(commit) == {"format_version": 3, "records": 3, "generation": 1, "store": ident}
     store.append({"x": np.int32(3)})
     store.append({"x": np.int32(4)})  # the full chunk [0, 4) is written and committed
-    assert read_json(commit) == {"format_version": 2, "records": 4, "generation": 2, "store": ident}
+    assert read_json(commit) == {"format_version": 3, "records": 4, "generation": 2, "store": ident}
     store.extend({"x": np.int32(i)} for i in range(5, 14))  # commits whole chunks only
     assert read_json(commit) == {
-        "format_version": 2,
+        "format_version": 3,
         "records": 12,
         "generation": 3,
         "store": ident,
     }
     store.close()
     assert read_json(commit) == {
-        "format_version": 2,
+        "format_version": 3,
         "records": 14,
         "generation": 4,
         "store": ident,
@@ -536,7 +536,7 @@ def test_newer_format_version(tmp_path, mode):
     root = written(tmp_path / "s", 2)
     rewrite_root(root, format_version=99)
     text = (
-        f"{root}/zarr.json says {root} is in pytreestore format 99, newer than the 2 this "
+        f"{root}/zarr.json says {root} is in pytreestore format 99, newer than the 3 this "
         "version reads; "
         "upgrade pytreestore to read it"
     )

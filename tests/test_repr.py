@@ -40,7 +40,7 @@ def test_html_table_of_the_column_tree(seed: pytreestore.TreeStore) -> None:
     html = seed._repr_html_()
     assert html is not None
     assert html.startswith("<table class='pytreestore' style=")
-    assert "3 records · 4 columns · format 2" in html
+    assert "3 records · 4 columns · format 3" in html
     assert html.count("<tr>") == 1 + 8  # the header, then the root, .p, 2 Params and 4 leaves
     assert "left'>column</th>" in html and "right'>ratio</th>" in html
     assert ">    ├── [0]  Params</td>" in html
@@ -61,7 +61,7 @@ def test_html_escapes_keys() -> None:
 
 def test_describe_measures_local_and_memory_stores(seed: pytreestore.TreeStore) -> None:
     local = _repr.describe(seed)
-    assert (local.records, local.format_version, local.codec) == (3, 2, "zstd")
+    assert (local.records, local.format_version, local.codec) == (3, 3, "zstd")
     assert local.nbytes == 48 and [c.nbytes for c in local.columns] == [12] * 4
     assert all(c.stored and c.stored > 0 for c in local.columns)
     assert local.stored == sum(c.stored or 0 for c in local.columns)

@@ -260,7 +260,7 @@ def test_schema_violations(path, where, value, message):
         pytreestore.open(path)
     text = str(info.value)
     assert text.startswith(
-        f"{root} does not follow the pytreestore format 2 (its JSON Schema is pytreestore/schema.json): "
+        f"{root} does not follow the pytreestore format 3 (its JSON Schema is pytreestore/schema.json): "
     )
     assert message in text
     assert text.endswith("The store's root metadata was damaged or written by another program.")

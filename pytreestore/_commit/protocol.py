@@ -67,6 +67,7 @@ from typing import Any
 from pytreestore._commit.lock import WriterLock
 from pytreestore._commit.record import Commit
 from pytreestore._commit.repair import repair
+from pytreestore._commit.tables import table_schemas
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import COMMIT_KEY, INCOMPLETE_KEY, ROOT_KEY
@@ -179,14 +180,14 @@ def layouts(schema: TreeSchema) -> list[ColumnLayout]:
             dimension_names=tuple(c.dimension_names),
             fill_value=_dtypes.fill_value(c.dtype) if c.default is None else c.default,
         )
-        for c in schema.columns
+        for c in schema.storage_columns
     ]
 
 
 def group_keys(schema: TreeSchema) -> list[str]:
     """The ``zarr.json`` keys of the groups between the root and ``schema``'s columns."""
     groups: set[str] = set()
-    for c in schema.columns:
+    for c in schema.storage_columns:
         parts = c.key.split("/")
         groups.update("/".join(parts[:i]) + "/" + ROOT_KEY for i in range(1, len(parts)))
     return sorted(groups)
@@ -252,8 +253,11 @@ def attach(
     try:
         commit = Commit.read(engine, str(location))
         check_starts(schema, commit.records, location)
-        if append:
+        if append and schema.ragged is None:
             repair(engine, location, schema, commit.records)
+        elif append:
+            for table, sub in table_schemas(schema).items():
+                repair(engine, location, sub, commit.rows(table))
     except BaseException:
         detach(engine, lock)
         raise
@@ -322,14 +326,15 @@ class Committer:
         self._token = commit_token(backend, commit, "this store")
         self._uncertain: Commit | None = None  # a commit whose write failed midway
 
-    def advance(self, records: int) -> Commit:
-        """Commits ``records`` records (the last commit's successor) and returns the commit.
+    def advance(self, records: int, tables: dict[str, int] | None = None) -> Commit:
+        """Commits ``records`` records (the last commit's successor) and returns the commit;
+        in a ragged store, with ``tables``, the committed rows of every axis's table.
 
         Raises:
             CommitConflictError: another writer committed since; nothing was committed.
             StorageError: the write failed (it may have landed: a retry finds out).
         """
-        commit = self.commit.next(records)
+        commit = self.commit.next(records, tables)
         if self._token is None:
             self._backend.write_bytes(COMMIT_KEY, commit.to_bytes())
         else:

@@ -36,6 +36,9 @@ class Commit:
     records: int
     generation: int
     store: str | None = None
+    #: format 3, a ragged store: the committed rows of every ragged axis's table, by the
+    #: axis's keypath (its offsets array has the rows of the table it lives in)
+    tables: tuple[tuple[str, int], ...] | None = None
 
     def to_bytes(self) -> bytes:
         obj: dict[str, Any] = {
@@ -45,11 +48,21 @@ class Commit:
         }
         if self.store is not None:
             obj["store"] = self.store
+        if self.tables is not None:
+            obj["tables"] = dict(self.tables)
         return json.dumps(obj).encode()
 
-    def next(self, records: int) -> Commit:
-        """The commit after this one, holding ``records`` records."""
-        return Commit(records, self.generation + 1, self.store)
+    def next(self, records: int, tables: dict[str, int] | None = None) -> Commit:
+        """The commit after this one, holding ``records`` records (and, in a ragged store,
+        ``tables`` rows of each axis's table; by default as before)."""
+        rows = self.tables if tables is None else tuple(sorted(tables.items()))
+        return Commit(records, self.generation + 1, self.store, rows)
+
+    def rows(self, table: str | None) -> int:
+        """The committed rows of ``table`` (None: the record table, one row per record)."""
+        if table is None:
+            return self.records
+        return dict(self.tables or ()).get(table, 0)
 
     @classmethod
     def read(cls, backend: Backend, where: str) -> Commit:
@@ -80,7 +93,19 @@ class Commit:
                 f"lowercase hex digits, got {json.dumps(store)}. The store was damaged outside "
                 "pytreestore; restore the file from a backup (nothing was read or written)."
             )
-        return cls(records, generation, store)
+        return cls(records, generation, store, _tables(obj, where))
+
+
+def _tables(obj: dict[str, Any], where: str) -> tuple[tuple[str, int], ...] | None:
+    tables = obj.get("tables")
+    if tables is None:
+        return None
+    if not isinstance(tables, dict):
+        raise CorruptStoreError(
+            f"{where}/{COMMIT_KEY} is not a valid commit record: its 'tables' must be an "
+            f"object of row counts, got {json.dumps(tables)}"
+        )
+    return tuple(sorted((str(k), _count(tables, k, where)) for k in tables))
 
 
 def _count(obj: dict[str, Any], name: str, where: str) -> int:

@@ -98,7 +98,11 @@ def _buffers(schema: TreeSchema) -> list[np.ndarray]:
 class Writer:
     """Appends rows to a store's columns through ``backend``, committing as it goes."""
 
-    def __init__(self, backend: Backend, schema: TreeSchema, commit: Commit) -> None:
+    def __init__(
+        self, backend: Backend, schema: TreeSchema, commit: Commit, committer: Any = None
+    ) -> None:
+        """``committer`` replaces the writer's own :class:`Committer` (a ragged store's
+        tables commit together, :mod:`pytreestore._ragged.writer`)."""
         self._backend = backend
         self.schema = schema
         self._keys = [c.key for c in schema.columns]
@@ -106,7 +110,7 @@ class Writer:
         self.casters: list[LeafCaster] = casters(schema.columns)
         self.buffers = _buffers(schema)
         self.filler = RowFiller(self.casters, self.buffers)
-        self._committer = Committer(backend, commit)
+        self._committer = committer or Committer(backend, commit)
         self.start = commit.records - commit.records % self.chunk
         self._snap: tuple[int, int] | None = None  # the position of the last snapshot
         self._saved: list[np.ndarray] | None = None  # its buffered rows, once overwritten

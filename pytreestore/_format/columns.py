@@ -43,6 +43,10 @@ class ColumnSpec:
             ``start``, as zarr ``fill_value`` JSON (None: a column from the start).
         key_impl: for a column of typed PRNG keys, the implementation's name (e.g.
             ``threefry2x32``); ``dtype`` and ``shape`` are then those of the key data.
+        table: in a ragged store (format 3), the ragged axis whose table holds the column,
+            one row per element (None: the record table, one row per record).
+        role: ``"offsets"`` or ``"presence"`` for a ragged store's index arrays (described
+            by the schema's ``ragged`` section, not listed among its columns); None for a leaf.
     """
 
     path: str
@@ -53,6 +57,8 @@ class ColumnSpec:
     start: int = 0
     default: Any = None
     key_impl: str | None = None
+    table: str | None = None
+    role: str | None = None
 
     @property
     def record_nbytes(self) -> int:
@@ -61,9 +67,11 @@ class ColumnSpec:
 
     @property
     def dimension_names(self) -> list[str]:
-        """``record`` then one name per leaf axis, unique within the leaf's parent node."""
+        """``record`` (``element`` in a ragged axis's table) then one name per leaf axis,
+        unique within the leaf's parent node."""
         name = _keys.unescape(self.key.rsplit("/", 1)[-1]) or "leaf"
-        return ["record"] + [f"{name}_{i}" for i in range(len(self.shape))]
+        first = "record" if self.table is None else "element"
+        return [first] + [f"{name}_{i}" for i in range(len(self.shape))]
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -77,6 +85,8 @@ class ColumnSpec:
             out.update(start=self.start, default=self.default)
         if self.key_impl is not None:
             out["key_impl"] = self.key_impl
+        if self.table is not None:
+            out["table"] = self.table
         return out
 
     @classmethod
@@ -90,6 +100,7 @@ class ColumnSpec:
             start=int(obj.get("start", 0)),
             default=_checked_default(obj),
             key_impl=obj.get("key_impl"),
+            table=obj.get("table"),
         )
 
 

@@ -36,6 +36,7 @@ from pytreestore._format import prng as _prng
 from pytreestore._format.bind import bind
 from pytreestore._format.columns import ColumnSpec as ColumnSpec
 from pytreestore._format.columns import check_unique_keys, default_chunk_records, leaf_chunks
+from pytreestore._format.ragged import RaggedInfo
 from pytreestore.errors import (
     CorruptStoreError,
     SchemaMismatchError,
@@ -44,7 +45,7 @@ from pytreestore.errors import (
     UnsupportedTreeError,
 )
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: ``jax.tree_util.PyTreeDef``, which JAX defines as a runtime alias that type checkers can't use.
 TreeDef: TypeAlias = Any
 
@@ -65,6 +66,12 @@ class TreeSchema:
             columns (fields reordered, added with a default, or removed); None when the same.
         dropped: columns hidden by ``evolve(drop=...)``, whose data stays on disk.
         format_version: the format the schema was read in (new schemas: ``FORMAT_VERSION``).
+        ragged: for a store created with ``ragged=``/``optional=`` (format 3), where records
+            may vary and the offsets and presence arrays that say how; None for a fixed store.
+            ``tree`` and ``columns`` then describe a representative record: one element per
+            ragged list, every optional subtree present (see docs/format.md).
+        layout: for a ragged store, the layout of records (today's classes) that
+            :mod:`pytreestore._ragged` builds on create and open; not stored.
     """
 
     tree: dict[str, Any]
@@ -75,6 +82,8 @@ class TreeSchema:
     binding: _binding.Binding | None = None
     dropped: tuple[ColumnSpec, ...] = ()
     format_version: int = FORMAT_VERSION
+    ragged: RaggedInfo | None = None
+    layout: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_example(
@@ -108,6 +117,8 @@ class TreeSchema:
         }
         if self.dropped:
             out["dropped"] = [c.to_json() for c in self.dropped]
+        if self.ragged is not None:
+            out["ragged"] = self.ragged.to_json()
         return out
 
     @classmethod
@@ -120,6 +131,7 @@ class TreeSchema:
             dropped = tuple(ColumnSpec.from_json(c) for c in obj.get("dropped", ()))
             tree, chunk, codec = obj["tree"], int(obj["chunk_records"]), obj["codec"]
             version = int(obj.get("format_version", FORMAT_VERSION))
+            ragged = RaggedInfo.from_json(obj["ragged"]) if "ragged" in obj else None
         except (KeyError, TypeError, ValueError) as err:
             raise CorruptStoreError(f"the store's schema is malformed: {err!r}") from err
         _kinds.check_tree(tree, len(columns))
@@ -132,7 +144,15 @@ class TreeSchema:
         else:
             shapes, paths = [c.shape for c in columns], [c.path for c in columns]
             treedef, binding = bind(tree, shapes, paths)
-        return cls(tree, columns, chunk, codec, treedef, binding, dropped, version)
+        return cls(tree, columns, chunk, codec, treedef, binding, dropped, version, ragged)
+
+    @property
+    def storage_columns(self) -> tuple[ColumnSpec, ...]:
+        """Every array of the store: the columns, then a ragged store's offsets and presence
+        arrays."""
+        if self.ragged is None:
+            return self.columns
+        return (*self.columns, *self.ragged.index_columns(self.chunk_records))
 
     @property
     def paths(self) -> tuple[str, ...]:

@@ -26,6 +26,8 @@ from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
+from pytreestore._ragged.model import attach_layout, build_schema
+from pytreestore._ragged.writer import new_writer
 from pytreestore._read.request import check_cast
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
@@ -52,6 +54,8 @@ def create(
     overwrite: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     cast: bool = False,
+    ragged: bool | Sequence[str] | None = None,
+    optional: Sequence[str] | None = None,
 ) -> TreeStore:
     """Creates an empty store for records shaped like ``like`` and opens it for appending.
 
@@ -72,6 +76,13 @@ def create(
             iteration, :meth:`~TreeStore.records`, :meth:`~TreeStore.load`,
             :meth:`~TreeStore.batches` and :meth:`~TreeStore.map`; each read's own
             ``cast=`` overrides it.
+        ragged: where records may vary in length (docs/ragged.md): True (every list, and
+            the leading axis of every array leaf) or keypaths (``".p"``,
+            ``".regions[*].events"``; a node that is not a list: its array leaves share one
+            ragged leading axis). A list empty in ``like`` takes its element structure from
+            the first record that has one.
+        optional: keypaths of subtrees that may be None (None in ``like``: the structure
+            comes from the first record that has one).
 
     Raises:
         UnsupportedTreeError: ``like`` holds a node or leaf a store cannot represent.
@@ -85,7 +96,11 @@ def create(
     """
     check_cast(cast)
     location = Location.parse(path, storage_options)
-    schema = _new_schema(like, chunk_records=chunk_records, codec=codec)
+    if ragged is None and optional is None:
+        schema = _new_schema(like, chunk_records=chunk_records, codec=codec)
+    else:
+        _check_codec(codec)
+        schema = build_schema(like, ragged, optional, chunk_records=chunk_records, codec=codec)
     return create_from_schema(location, schema, backend=backend, overwrite=overwrite, cast=cast)
 
 
@@ -96,9 +111,13 @@ def _new_schema(like: Any, *, chunk_records: int | None, codec: str | None) -> T
             "the example record has no leaves, so a store would have no columns; "
             "give like= at least one array or scalar"
         )
+    _check_codec(codec)
+    return schema
+
+
+def _check_codec(codec: Any) -> None:
     if codec not in _CODECS:
         raise ValueError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
-    return schema
 
 
 def _schema_of(like: Any, **options: Any) -> TreeSchema:
@@ -136,7 +155,7 @@ def create_from_schema(
     )
     spec = StoreSpec.of(location, backend, cast=cast, opener=open, creator=create)
     try:
-        writer = Writer(engine, schema, commit)
+        writer = new_writer(engine, schema, commit)
         store = TreeStore(
             location=location,
             backend=engine,
@@ -219,7 +238,7 @@ def open(
     cache = {"cache_bytes": cache_bytes} if cache_bytes else {}
     engine: Backend = get_backend(backend)(location, **cache)
     schema = _read_schema(engine, location, like=like, generic=generic)
-    engine.open_columns(schema.columns)
+    engine.open_columns(schema.storage_columns)
     commit, lock = protocol.attach(
         engine, location, schema, append=mode == "a", break_lock=break_lock
     )
@@ -233,7 +252,7 @@ def open(
             commit=commit,
             lock=lock,
             spec=spec,
-            writer=Writer(engine, schema, commit) if mode == "a" else None,
+            writer=new_writer(engine, schema, commit) if mode == "a" else None,
         )
     except BaseException:
         protocol.detach(engine, lock)
@@ -263,7 +282,8 @@ def _read_schema(engine: Backend, location: Location, *, like: Any, generic: boo
         if engine.is_empty():
             raise StoreNotFoundError(f"no store at {location}")
         raise NotAStoreError(f"{location} is not a pytreestore store: {ROOT_KEY} is missing")
-    return _validate.load_schema(raw, str(location), like=like, generic=generic)
+    schema = _validate.load_schema(raw, str(location), like=like, generic=generic)
+    return schema if schema.ragged is None else attach_layout(schema, str(location))
 
 
 # ---- evolve by path ------------------------------------------------------------------------

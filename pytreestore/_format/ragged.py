@@ -1,0 +1,187 @@
+"""The ragged part of a schema (format 3): where records may vary, and the arrays that say how.
+
+A store created with ``ragged=`` or ``optional=`` keeps its records in *tables*. The record
+table has one row per record (every column of a fixed store lives there). Each ragged axis (a
+ragged list, the ragged leading axis of an array leaf, or the one leading axis shared by the
+leaves below a node) has its own table, one row per element, whose columns are the leaves below
+it concatenated along that element axis: a list of dataclasses is stored struct of arrays.
+
+* An axis's **offsets** array (int64, in the table of the node that holds the axis) has one row
+  per row of that table: the cumulative count of the axis's elements up to and including that
+  row. Row ``i``'s elements are rows ``[offsets[i - 1], offsets[i])`` of the axis's table
+  (``offsets[-1]`` taken as 0). Nested ragged lists nest offsets.
+* An optional subtree's **presence** array (bool, in the table of the optional node) says
+  whether the subtree is there; where it is not, its leaves hold zeros and its axes no element.
+
+Example:
+    >>> info = RaggedInfo.from_json({
+    ...     "declared": {"ragged": [".p"], "optional": []},
+    ...     "axes": [{"path": ".p", "offsets": "p%offsets", "table": None, "chunk_rows": 64}],
+    ...     "optional": []})
+    >>> [(c.key, c.dtype.name, c.table) for c in info.index_columns(1024)]
+    [('p%offsets', 'int64', None)]
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from typing import Any
+
+import numpy as np
+
+from pytreestore._format import keys as _keys
+from pytreestore._format.columns import ColumnSpec
+
+#: one keystr token: .name, [*], [0], ['key'], ["key"], [other]
+_TOKEN = re.compile(
+    r"\.[^.\[\]]+|\[\*\]|\[\d+\]|\['(?:[^'\\]|\\.)*'\]|\[\"(?:[^\"\\]|\\.)*\"\]|\[[^\]]*\]"
+)
+OFFSETS_SUFFIX = "%offsets"
+PRESENCE_SUFFIX = "%present"
+
+
+def path_key(path: str) -> str:
+    """The storage key of the node or leaf at ``path`` in a ragged store: one component per
+    keypath token, ``[*]`` (the elements of a ragged list) written ``%2A``.
+
+    Example:
+        >>> path_key(".p[*].x"), path_key("['a/b'][0]"), path_key("")
+        ('p/%2A/x', 'a%2Fb/0', '%')
+    """
+    tokens = _TOKEN.findall(path)
+    if not tokens:
+        return "%"
+    return "/".join(_component(t) for t in tokens)
+
+
+def _component(token: str) -> str:
+    if token.startswith("."):
+        return _keys.escape(token[1:])
+    inner = token[1:-1]
+    if inner == "*":
+        return "%2A"
+    if inner[:1] in "'\"":
+        try:
+            return _keys.escape(str(ast.literal_eval(inner)))
+        except (ValueError, SyntaxError):
+            pass
+    return _keys.escape(inner)
+
+
+def offsets_key(axis_path: str) -> str:
+    """The storage key of the offsets array of the ragged axis at ``axis_path``."""
+    return ("" if axis_path == "" else path_key(axis_path)) + OFFSETS_SUFFIX
+
+
+def presence_key(path: str) -> str:
+    """The storage key of the presence array of the optional subtree at ``path``."""
+    return path_key(path) + PRESENCE_SUFFIX
+
+
+@dataclasses.dataclass(frozen=True)
+class AxisInfo:
+    """One ragged axis: its keypath, its offsets array's key, the table that array lives in
+    (None: the record table) and the rows per chunk of the axis's own table."""
+
+    path: str
+    offsets: str
+    table: str | None
+    chunk_rows: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PresenceInfo:
+    """One optional subtree: its keypath, its presence array's key and the table it lives in."""
+
+    path: str
+    presence: str
+    table: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedInfo:
+    """What ``create(ragged=, optional=)`` declared and the axes and optional subtrees the
+    example record showed."""
+
+    ragged: bool | tuple[str, ...]
+    optional: tuple[str, ...]
+    axes: tuple[AxisInfo, ...]
+    presence: tuple[PresenceInfo, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "declared": {
+                "ragged": self.ragged if self.ragged is True else list(self.ragged),
+                "optional": list(self.optional),
+            },
+            "axes": [dataclasses.asdict(a) for a in self.axes],
+            "optional": [dataclasses.asdict(p) for p in self.presence],
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> RaggedInfo:
+        """Raises KeyError, TypeError or ValueError on a malformed document."""
+        declared = obj["declared"]
+        ragged = declared["ragged"]
+        if ragged is not True:
+            ragged = tuple(str(p) for p in ragged)
+        axes = tuple(
+            AxisInfo(str(a["path"]), str(a["offsets"]), a["table"], int(a["chunk_rows"]))
+            for a in obj["axes"]
+        )
+        presence = tuple(
+            PresenceInfo(str(p["path"]), str(p["presence"]), p["table"]) for p in obj["optional"]
+        )
+        return cls(ragged, tuple(str(p) for p in declared["optional"]), axes, presence)
+
+    def chunk_rows(self, table: str | None, chunk_records: int) -> int:
+        """Rows per chunk of ``table`` (None: the record table)."""
+        if table is None:
+            return chunk_records
+        return next(a.chunk_rows for a in self.axes if a.path == table)
+
+    def index_columns(self, chunk_records: int) -> list[ColumnSpec]:
+        """The offsets and presence arrays, as columns of the tables they live in."""
+        out = [
+            ColumnSpec(
+                a.path,
+                a.offsets,
+                np.dtype("int64"),
+                (),
+                (self.chunk_rows(a.table, chunk_records),),
+                table=a.table,
+                role="offsets",
+            )
+            for a in self.axes
+        ]
+        out += [
+            ColumnSpec(
+                p.path,
+                p.presence,
+                np.dtype("bool"),
+                (),
+                (self.chunk_rows(p.table, chunk_records),),
+                table=p.table,
+                role="presence",
+            )
+            for p in self.presence
+        ]
+        return out
+
+    def tables(self) -> list[str | None]:
+        """Every table: the record table (None) first, then one per axis."""
+        return [None, *(a.path for a in self.axes)]
+
+
+__all__ = [
+    "OFFSETS_SUFFIX",
+    "PRESENCE_SUFFIX",
+    "AxisInfo",
+    "PresenceInfo",
+    "RaggedInfo",
+    "offsets_key",
+    "path_key",
+    "presence_key",
+]

@@ -1,0 +1,178 @@
+"""Building records from gathered rows (:mod:`pytreestore._ragged.gather`): the records exactly
+as appended, the padded form with its mask, or the flat segments form.
+
+Each table's gathered rows have a *place* in the padded form: a tuple of index arrays, one per
+padded axis (records, then one per enclosing ragged axis). The record table's rows are placed
+at ``(record,)``; an axis's rows at their parent's place plus their position in the list. A
+leaf is then one scatter: ``out[place] = values``; its mask, ``mask[place] = True``.
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> s = pytreestore.create("memory://doc-build", {"p": [np.int32(0)]}, ragged=["['p']"])
+    >>> s.extend([{"p": [np.int32(1), np.int32(2)]}, {"p": [np.int32(3)]}])
+    >>> batch, mask = s.load(as_numpy=True)
+    >>> batch["p"].tolist(), mask["p"].tolist()
+    ([[1, 2], [3, 0]], [[True, True], [True, False]])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from pytreestore._format.ragged import offsets_key, path_key, presence_key
+from pytreestore._ragged.gather import Rows
+from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec
+from pytreestore._tree.pad import padded_length
+from pytreestore.errors import RaggedLengthError
+
+
+@dataclasses.dataclass
+class Place:
+    """Where a table's gathered rows go in the padded form: ``index`` (one array per padded
+    axis, over every gathered row), the padded ``shape``, ``keep`` (rows within the padded
+    lengths; None: all) and ``valid`` (rows inside an optional subtree: whether it is there)."""
+
+    index: tuple[np.ndarray, ...]
+    shape: tuple[int, ...]
+    keep: np.ndarray | None = None
+    valid: np.ndarray | None = None
+
+    def kept(self) -> tuple[tuple[np.ndarray, ...], Any]:
+        """The index of the rows kept, and their validity (True: all valid)."""
+        valid: Any = True if self.valid is None else self.valid
+        if self.keep is None:
+            return self.index, valid
+        index = tuple(i[self.keep] for i in self.index)
+        return index, valid if self.valid is None else self.valid[self.keep]
+
+
+class Padded:
+    """Builds ``(batch, mask)`` of the padded form from gathered rows."""
+
+    def __init__(
+        self,
+        gathered: dict[str | None, Rows],
+        lengths: dict[str, int],
+        *,
+        pad_to: Any,
+        truncate: bool,
+        chosen: set[str] | None,
+    ) -> None:
+        self.rows = gathered
+        self.longest = lengths
+        self.pad_to = pad_to
+        self.truncate = truncate
+        self.chosen = chosen  # leaf paths to build (None: all)
+        self.places: dict[str | None, Place] = {}
+
+    def build(self, spec: Spec) -> tuple[Any, Any]:
+        n = self.rows[None].count
+        return self.node(spec, Place((np.arange(n),), (n,)), None)
+
+    def node(self, spec: Spec | None, place: Place, table: str | None) -> tuple[Any, Any]:
+        if isinstance(spec, Leaf):
+            return self.leaf(spec, place, table)
+        if isinstance(spec, Kept):
+            return spec.value, self.mask(place)
+        if isinstance(spec, RaggedList):
+            if spec.element is None:
+                return None, None
+            return self.node(spec.element, self.place(spec.axis.path, place), spec.axis.path)
+        if isinstance(spec, Optional):
+            if spec.inner is None:
+                return None, None
+            present = self.rows[table].values[presence_key(spec.path)]
+            valid = present if place.valid is None else place.valid & present
+            return self.node(spec.inner, dataclasses.replace(place, valid=valid), table)
+        assert isinstance(spec, Fixed), spec
+        parts = [self.node(c, place, table) for c in spec.children]
+        return tuple(spec.treedef.unflatten([p[i] for p in parts]) for i in (0, 1))  # type: ignore[return-value]
+
+    def leaf(self, spec: Leaf, place: Place, table: str | None) -> tuple[Any, Any]:
+        if self.chosen is not None and spec.path not in self.chosen:
+            return None, None
+        if spec.axis is not None:
+            table = spec.axis.path
+            place = self.place(table, place)
+        values = self.rows[table].values[path_key(spec.path)]
+        if table is None:
+            return values, self.mask(place)  # the record table: already in place
+        out = np.zeros((*place.shape, *spec.shape), values.dtype)
+        index, _ = place.kept()
+        out[index] = values if place.keep is None else values[place.keep]
+        return out, self.mask(place)
+
+    def mask(self, place: Place) -> np.ndarray:
+        if len(place.index) == 1 and place.valid is None:
+            return np.ones(place.shape, bool)
+        mask = np.zeros(place.shape, bool)
+        index, valid = place.kept()
+        mask[index] = valid
+        return mask
+
+    def place(self, axis: str, parent: Place) -> Place:
+        """The place of ``axis``'s rows below rows placed at ``parent`` (cut to the padded
+        length; RaggedLengthError for a length above an explicit ``pad_to``)."""
+        if axis in self.places:
+            return self.places[axis]
+        rows = self.rows[axis]
+        assert rows.parent is not None and rows.position is not None
+        size = padded_length(self.pad_to, self.longest[axis])
+        keep = rows.position < size
+        if not keep.all() and not self.truncate:
+            raise RaggedLengthError(
+                f"a record has length {int(rows.position.max()) + 1} at {axis or 'the root'}, "
+                f"above the limit {size} of pad_to={self.pad_to!r}; raise pad_to, or pass "
+                "truncate=True to cut longer lists and axes"
+            )
+        if parent.keep is not None:
+            keep &= parent.keep[rows.parent]
+        index = (*(i[rows.parent] for i in parent.index), rows.position)
+        valid = None if parent.valid is None else parent.valid[rows.parent]
+        place = Place(index, (*parent.shape, size), None if keep.all() else keep, valid)
+        self.places[axis] = place
+        return place
+
+
+# ---- exact records ------------------------------------------------------------------------------
+
+
+def exact(spec: Spec | None, rows: dict[str | None, Rows], table: str | None, count: int) -> list:
+    """The objects of ``spec`` for each of ``count`` gathered rows of ``table``."""
+    if isinstance(spec, Leaf):
+        if spec.axis is None:
+            values = rows[table].values[path_key(spec.path)]
+            return [values[i] for i in range(count)]
+        return _split(rows, spec.axis.path, table, rows[spec.axis.path].values[path_key(spec.path)], count)
+    if isinstance(spec, Kept):
+        return [spec.value] * count
+    if isinstance(spec, RaggedList):
+        axis = spec.axis.path
+        items = exact(spec.element, rows, axis, rows[axis].count) if spec.element else []
+        return _split(rows, axis, table, items, count)
+    if isinstance(spec, Optional):
+        present = rows[table].values[presence_key(spec.path)]
+        inner = exact(spec.inner, rows, table, count) if spec.inner else [None] * count
+        return [v if p else None for v, p in zip(inner, present)]
+    assert isinstance(spec, Fixed), spec
+    children = [exact(c, rows, table, count) for c in spec.children]
+    treedef = spec.treedef
+    return [treedef.unflatten(list(c)) for c in zip(*children)] if children else [
+        treedef.unflatten([]) for _ in range(count)
+    ]
+
+
+def _split(rows: dict[str | None, Rows], axis: str, table: str | None, items: Any, count: int) -> list:
+    """``items`` (one per row of ``axis``'s table) cut into one run per row of ``table``."""
+    starts, ends = rows[table].values[offsets_key(axis)]
+    bounds = np.cumsum(ends - starts)
+    cuts = np.concatenate([[0], bounds]).tolist()
+    if isinstance(items, np.ndarray):
+        return [items[cuts[i] : cuts[i + 1]] for i in range(count)]
+    return [list(items[cuts[i] : cuts[i + 1]]) for i in range(count)]
+
+
+__all__ = ["Padded", "Place", "exact"]

@@ -1,0 +1,170 @@
+"""Reading the rows of selected records from every table of a ragged store.
+
+The record table is read at the selected records. For each ragged axis, parents first, the
+offsets array is read at the parent rows and at the row before each, which gives every parent
+row's range of elements; the axis's table is then read at those rows, in one read per table.
+Each gathered element knows its parent row (an index into the parent table's gathered rows)
+and its position in its list.
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> s = pytreestore.create("memory://doc-gather", {"p": [np.int32(0)]}, ragged=["['p']"])
+    >>> s.extend([{"p": [np.int32(1), np.int32(2)]}, {"p": [np.int32(3)]}])
+    >>> s.lengths([1, 0])
+    {"['p']": array([1, 2])}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from pytreestore._commit.record import Commit
+from pytreestore._format.columns import ColumnSpec
+from pytreestore._format.ragged import offsets_key
+from pytreestore._format.schema import TreeSchema
+from pytreestore.errors import CorruptStoreError
+
+#: reads ``keys`` at ``index`` of a table holding ``rows`` committed rows
+ReadFn = Callable[[Sequence[str], Any, int], list[np.ndarray]]
+
+
+@dataclasses.dataclass
+class Rows:
+    """The gathered rows of one table.
+
+    Attributes:
+        count: how many rows were gathered.
+        parent: for an axis's table, each row's parent row (index into the parent table's
+            gathered rows); None for the record table.
+        position: each row's position within its parent's list (None for the record table).
+        values: the arrays read, by column key (leaves, offsets' ends, presence).
+    """
+
+    count: int
+    parent: np.ndarray | None = None
+    position: np.ndarray | None = None
+    values: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+
+def gather(
+    schema: TreeSchema,
+    commit: Commit,
+    records: np.ndarray,
+    read: ReadFn,
+    *,
+    leaves: Sequence[ColumnSpec] | None = None,
+) -> dict[str | None, Rows]:
+    """The rows of every table that ``records`` (record indices) hold.
+
+    Args:
+        leaves: the leaf columns to read (default all; ``[]`` reads only the offsets and
+            presence arrays, e.g. for lengths).
+
+    Raises:
+        CorruptStoreError: an offsets array is damaged (decreasing, or past its table).
+    """
+    info = schema.ragged
+    assert info is not None
+    wanted = schema.columns if leaves is None else leaves
+    index_cols = info.index_columns(schema.chunk_records)
+    out: dict[str | None, Rows] = {None: Rows(len(records))}
+    rows_of: dict[str | None, np.ndarray] = {None: records}
+    for axis in [None, *(a.path for a in info.axes)]:
+        if axis is not None:
+            parent = next(a for a in info.axes if a.path == axis).table
+            out[axis], rows_of[axis] = _elements(axis, out[parent], commit)
+        here = rows_of[axis]
+        keys = [c.key for c in wanted if c.table == axis]
+        keys += [c.key for c in index_cols if c.table == axis and c.role == "presence"]
+        _read_into(out[axis], keys, here, commit.rows(axis), read)
+        offsets = [c for c in index_cols if c.table == axis and c.role == "offsets"]
+        _read_offsets(out[axis], offsets, here, commit, read, axis)
+    return out
+
+
+def _read_into(rows: Rows, keys: list[str], index: np.ndarray, count: int, read: ReadFn) -> None:
+    if keys:
+        rows.values.update(zip(keys, read(keys, _compact(index), count)))
+
+
+def _read_offsets(
+    rows: Rows,
+    columns: list[ColumnSpec],
+    index: np.ndarray,
+    commit: Commit,
+    read: ReadFn,
+    table: str | None,
+) -> None:
+    """Reads each offsets array at ``index`` and at the row before; stores (starts, ends)."""
+    if not columns:
+        return
+    keys = [c.key for c in columns]
+    before = np.maximum(index - 1, 0)
+    both = np.concatenate([before, index])
+    got = read(keys, _compact(both) if len(index) else both, commit.rows(table))
+    n = len(index)
+    for c, array in zip(columns, got):
+        starts = np.where(index > 0, array[:n], 0).astype(np.int64)
+        ends = array[n:].astype(np.int64)
+        _check_offsets(c, starts, ends, commit.rows(c.path))
+        rows.values[c.key] = np.stack([starts, ends])
+
+
+def _check_offsets(column: ColumnSpec, starts: np.ndarray, ends: np.ndarray, rows: int) -> None:
+    if len(ends) and (
+        (starts < 0).any() or (ends < starts).any() or (ends > rows).any()
+    ):
+        raise CorruptStoreError(
+            f"the offsets array {column.key} of the ragged axis {column.path or 'the root'} is "
+            f"damaged: it holds a decreasing, negative or too large offset (its table has "
+            f"{rows} committed rows). Restore the store from a backup; records before the "
+            "damaged rows may still read with an index below them"
+        )
+
+
+def _elements(axis: str, parent: Rows, commit: Commit) -> tuple[Rows, np.ndarray]:
+    """The element rows of ``axis`` below the gathered ``parent`` rows."""
+    starts, ends = parent.values[offsets_key(axis)]
+    lengths = ends - starts
+    total = int(lengths.sum())
+    owner = np.repeat(np.arange(parent.count), lengths)
+    first = np.cumsum(lengths) - lengths
+    position = np.arange(total) - np.repeat(first, lengths)
+    element_rows = np.repeat(starts, lengths) + position
+    return Rows(total, owner, position), element_rows
+
+
+def _compact(index: np.ndarray) -> Any:
+    """A slice for a run of consecutive rows, else the index array."""
+    n = len(index)
+    if n == 0:
+        return slice(0, 0)
+    first = int(index[0])
+    if int(index[-1]) - first == n - 1 and (n == 1 or bool((np.diff(index) == 1).all())):
+        return slice(first, first + n)
+    return index
+
+
+def lengths(schema: TreeSchema, gathered: dict[str | None, Rows]) -> dict[str, np.ndarray]:
+    """Per ragged axis, each selected record's longest list (or leading axis) there: the
+    length ``load(ragged="pad")`` pads it to, with ``pad_to=None``."""
+    info = schema.ragged
+    assert info is not None
+    n = gathered[None].count
+    record_of: dict[str | None, np.ndarray] = {None: np.arange(n)}
+    out = {}
+    for a in info.axes:
+        rows = gathered[a.path]
+        assert rows.parent is not None and rows.position is not None
+        record_of[a.path] = record_of[a.table][rows.parent]
+        longest = np.zeros(n, np.int64)
+        np.maximum.at(longest, record_of[a.path], rows.position + 1)
+        out[a.path] = longest
+    return out
+
+
+__all__ = ["Rows", "gather", "lengths"]

@@ -1,0 +1,249 @@
+"""The reads of a ragged store: one record exactly, many padded with a mask, flat segments,
+and lengths (``TreeStore.load``, ``store[i]``, iteration and ``TreeStore.lengths``).
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> s = pytreestore.create("memory://doc-ragged-load", {"p": [np.int32(0)]},
+    ...                        ragged=["['p']"])
+    >>> s.extend([{"p": [np.int32(1), np.int32(2)]}, {"p": []}])
+    >>> s[1], s.load(as_numpy=True)[1]["p"].tolist()
+    ({'p': []}, [[True, True], [False, False]])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+from jax.tree_util import keystr, tree_flatten_with_path
+
+from pytreestore._commit.record import Commit
+from pytreestore._format.schema import TreeSchema
+from pytreestore._ragged.build import Padded, exact
+from pytreestore._ragged.gather import Rows, gather, lengths
+from pytreestore._read.device import to_jax
+from pytreestore._read.reader import ReadContext
+from pytreestore._read.request import LoadRequest
+from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec
+from pytreestore._tree.pad import check_pad_to
+from pytreestore.errors import RaggedDeclarationError, RaggedLengthError, ShardingError
+
+FORMS = ("pad", "segments")
+ITER_BLOCK = 1024  # records gathered at once by iteration
+
+
+class Segments(NamedTuple):
+    """The elements of one ragged axis in the flat form, one entry per element.
+
+    Attributes:
+        record: the record (index into the selection) each element belongs to: the
+            ``segment_ids`` of ``jax.ops.segment_sum(values, record, num_segments=records)``.
+        parent: the row of the parent table (the element of the enclosing ragged list, or the
+            record for a top-level axis) each element belongs to.
+        position: each element's position in its list.
+        valid: True for real elements, False for the padding that ``size=`` adds (whose
+            ``record`` is the record count, out of range, so ``segment_sum`` drops them).
+    """
+
+    record: Any
+    parent: Any
+    position: Any
+    valid: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedRead:
+    """The ragged part of a read: its form and padding options, checked."""
+
+    form: str = "pad"
+    pad_to: Any = None
+    truncate: bool = False
+    size: int | None = None
+
+    @classmethod
+    def build(cls, ragged: Any, pad_to: Any, truncate: Any, size: Any) -> RaggedRead:
+        if ragged not in FORMS:
+            raise RaggedDeclarationError(f"ragged= takes 'pad' or 'segments', got {ragged!r}")
+        if not isinstance(truncate, bool):
+            raise TypeError(f"truncate must be a bool, got {truncate!r}")
+        if size is not None and (
+            not isinstance(size, int) or isinstance(size, bool) or size < 0
+        ):
+            raise RaggedDeclarationError(f"size= takes an int >= 0 (elements), got {size!r}")
+        if ragged == "pad" and size is not None:
+            raise RaggedDeclarationError("size= applies to ragged='segments'; use pad_to= to pad")
+        if ragged == "segments" and pad_to is not None:
+            raise RaggedDeclarationError("pad_to= applies to ragged='pad'; use size= for segments")
+        return cls(ragged, check_pad_to(pad_to), truncate, size)
+
+
+def check_unsplit(request: LoadRequest) -> None:
+    """Sharded and pmap loads of a ragged store come padded, through ``device=`` for now."""
+    if request.split:
+        raise ShardingError(
+            "a ragged store loads padded records onto one device or sharding with device= "
+            "(e.g. device=NamedSharding(mesh, P('data'))); sharding=, pmap_devices= and pad= "
+            "split fixed columns only"
+        )
+
+
+def load(
+    context: ReadContext,
+    commit: Callable[[], Commit],
+    request: LoadRequest,
+    index: Any,
+    options: RaggedRead,
+) -> Any:
+    """Records ``index``: one record exactly for an int, else the padded ``(batch, mask)``
+    or the flat ``(values, segments)``."""
+    check_unsplit(request)
+    now = _commit(context, commit)
+    selection = request.selection(index, now.records)
+    records = _records(selection.index)
+    gathered = _gather(context, request, now, records)
+    spec = request.schema.layout.spec
+    if selection.scalar:
+        (record,) = exact(spec, gathered, None, 1)
+        return _placed(record, request)
+    if options.form == "segments":
+        return _placed(Flat(gathered, request.schema, options.size).build(spec), request)
+    longest = {a: int(v.max(initial=0)) for a, v in lengths(request.schema, gathered).items()}
+    chosen = {c.path for c in request.specs}
+    padder = Padded(
+        gathered, longest, pad_to=options.pad_to, truncate=options.truncate, chosen=chosen
+    )
+    return _placed(padder.build(spec), request)
+
+
+def record_lengths(
+    context: ReadContext, commit: Callable[[], Commit], schema: TreeSchema, index: Any
+) -> dict[str, np.ndarray]:
+    """Per ragged axis, each selected record's longest list there (offsets read only)."""
+    now = _commit(context, commit)
+    request = LoadRequest.build(schema, policy=False, columns=None)
+    records = _records(request.selection(index, now.records).index)
+    return lengths(schema, _gather(context, request, now, records, leaves=[]))
+
+
+def iterate(
+    context: ReadContext, commit: Callable[[], Commit], request: LoadRequest
+) -> Iterator[Any]:
+    """Every record exactly, gathered :data:`ITER_BLOCK` records at a time."""
+    now = _commit(context, commit)
+    spec = request.schema.layout.spec
+    for start in range(0, now.records, ITER_BLOCK):
+        records = np.arange(start, min(start + ITER_BLOCK, now.records))
+        gathered = _gather(context, request, now, records)
+        yield from _placed(exact(spec, gathered, None, len(records)), request)
+
+
+def _commit(context: ReadContext, commit: Callable[[], Commit]) -> Commit:
+    context.readable()  # commits a writer's pending records first
+    return commit()
+
+
+def _records(index: Any) -> np.ndarray:
+    if isinstance(index, slice):
+        return np.arange(index.start, index.stop, index.step, dtype=np.int64)
+    return np.asarray(index, np.int64)
+
+
+def _gather(
+    context: ReadContext,
+    request: LoadRequest,
+    commit: Commit,
+    records: np.ndarray,
+    leaves: Sequence[Any] | None = None,
+) -> dict[str | None, Rows]:
+    with context.reading() as backend:
+        out = gather(
+            request.schema,
+            commit,
+            records,
+            backend.read,
+            leaves=request.specs if leaves is None else leaves,
+        )
+    context.check_not_replaced()
+    return out
+
+
+def _placed(tree: Any, request: LoadRequest) -> Any:
+    """``tree`` with its array leaves on the device (unless ``as_numpy``)."""
+    if request.as_numpy:
+        return tree
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is None)
+    paths = [keystr(p) for p, _ in tree_flatten_with_path(tree, is_leaf=lambda x: x is None)[0]]
+    arrays = [x if isinstance(x, np.ndarray | np.generic) else None for x in leaves]
+    placed = to_jax(
+        [None if a is None else np.asarray(a) for a in arrays],
+        paths,
+        device=request.device,
+        cast=request.cast,
+    )
+    return treedef.unflatten([p if a is not None else x for p, a, x in zip(placed, arrays, leaves)])
+
+
+class Flat:
+    """Builds ``(values, segments)``: each leaf's gathered rows as they are, and per ragged
+    axis the record, parent and position of each element (padded to ``size``)."""
+
+    def __init__(self, gathered: dict[str | None, Rows], schema: TreeSchema, size: int | None):
+        self.rows = gathered
+        self.size = size
+        self.segments: dict[str, Any] = {}
+        n = gathered[None].count
+        self.record_of: dict[str | None, np.ndarray] = {None: np.arange(n)}
+        assert schema.ragged is not None
+        for a in schema.ragged.axes:
+            rows = gathered[a.path]
+            assert rows.parent is not None and rows.position is not None
+            self.record_of[a.path] = self.record_of[a.table][rows.parent]
+            self.segments[a.path] = Segments(
+                self._pad(self.record_of[a.path], n, a.path),
+                self._pad(rows.parent, gathered[a.table].count, a.path),
+                self._pad(rows.position, 0, a.path),
+                self._pad(np.ones(rows.count, bool), False, a.path),
+            )
+
+    def _pad(self, values: np.ndarray, fill: Any, axis: str) -> np.ndarray:
+        if self.size is None:
+            return values
+        if len(values) > self.size:
+            raise RaggedLengthError(
+                f"the selection holds {len(values)} elements at {axis or 'the root'}, more "
+                f"than size={self.size}; raise size, or load fewer records"
+            )
+        out = np.full((self.size, *values.shape[1:]), fill, values.dtype)
+        out[: len(values)] = values
+        return out
+
+    def build(self, spec: Spec) -> tuple[Any, dict[str, Any]]:
+        return self.node(spec, None), self.segments
+
+    def node(self, spec: Spec | None, table: str | None) -> Any:
+        if isinstance(spec, Leaf):
+            table = table if spec.axis is None else spec.axis.path
+            from pytreestore._format.ragged import path_key
+
+            values = self.rows[table].values.get(path_key(spec.path))
+            if values is None or table is None:
+                return values
+            return self._pad(values, 0, table)
+        if isinstance(spec, Kept):
+            return spec.value
+        if isinstance(spec, RaggedList):
+            return None if spec.element is None else self.node(spec.element, spec.axis.path)
+        if isinstance(spec, Optional):
+            from pytreestore._format.ragged import presence_key
+
+            present = self.rows[table].values[presence_key(spec.path)]
+            self.segments[spec.path] = present if table is None else self._pad(present, False, table)
+            return None if spec.inner is None else self.node(spec.inner, table)
+        assert isinstance(spec, Fixed), spec
+        return spec.treedef.unflatten([self.node(c, table) for c in spec.children])
+
+
+__all__ = ["FORMS", "RaggedRead", "Segments", "iterate", "load", "record_lengths"]

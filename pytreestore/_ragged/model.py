@@ -1,0 +1,282 @@
+"""The schema of a ragged store and the layout its records follow.
+
+:func:`build_schema` turns ``create(like, ragged=, optional=)`` into a format-3
+:class:`~pytreestore._format.schema.TreeSchema`: the tree and columns of a *representative*
+record (one element per ragged list, every optional subtree present; a list empty in ``like``
+stays empty and an optional ``None`` stays ``None``: their structure is pending), plus the
+:class:`~pytreestore._format.ragged.RaggedInfo` of its tables. :func:`attach_layout` rebuilds,
+on open, the :class:`Model` of records from the representative record of today's classes.
+
+Example:
+    >>> import numpy as np
+    >>> schema = build_schema({"p": [np.float32(0)]}, ["['p']"], None, chunk_records=None,
+    ...                       codec=None)
+    >>> [(c.path, c.key, c.table) for c in schema.storage_columns]
+    [("['p'][*]", 'p/%2A', "['p']"), ("['p']", 'p%offsets', None)]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from pytreestore._format import ragged as _info
+from pytreestore._format.columns import (
+    ColumnSpec,
+    check_unique_keys,
+    default_chunk_records,
+    leaf_chunks,
+)
+from pytreestore._format.schema import TreeSchema
+from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec, Walker
+from pytreestore._tree.layout import check_used as _check_used
+from pytreestore._tree.ragged import Declarations
+from pytreestore.errors import CorruptStoreError, RaggedDeclarationError, SchemaMismatchError
+
+
+@dataclasses.dataclass
+class Model:
+    """A ragged store's layout and where each part of it is stored.
+
+    Attributes:
+        spec: the layout (:mod:`pytreestore._tree.layout`) of records, today's classes.
+        decl: the declarations it was built with.
+        leaves: each array leaf of the layout with the table holding its values, in walk
+            (flatten) order.
+        axes: each ragged axis's keypath -> the table its offsets live in, parents first.
+        presence: each optional subtree's keypath -> the table its presence lives in.
+    """
+
+    spec: Spec
+    decl: Declarations
+    leaves: list[tuple[Leaf, str | None]] = dataclasses.field(default_factory=list)
+    axes: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    presence: dict[str, str | None] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, spec: Spec, decl: Declarations) -> Model:
+        model = cls(spec, decl)
+        model.walk(spec, None)
+        return model
+
+    def walk(self, spec: Spec | None, table: str | None) -> None:
+        if isinstance(spec, Leaf):
+            if spec.axis is not None and spec.axis.path not in self.axes:
+                self.axes[spec.axis.path] = table  # its own axis (a shared one is the node's)
+            self.leaves.append((spec, table if spec.axis is None else spec.axis.path))
+        elif isinstance(spec, RaggedList):
+            self.axes[spec.axis.path] = table
+            self.walk(spec.element, spec.axis.path)
+        elif isinstance(spec, Optional):
+            self.presence[spec.path] = table
+            self.walk(spec.inner, table)
+        elif isinstance(spec, Fixed):
+            if spec.shared is not None:
+                self.axes[spec.shared.path] = table
+            for child in spec.children:
+                self.walk(child, table)
+
+    @property
+    def tables(self) -> list[str | None]:
+        """The record table (None), then each axis's table."""
+        return [None, *self.axes]
+
+    @property
+    def pending(self) -> list[str]:
+        """Keypaths whose structure no record has shown yet (an empty list, a None subtree)."""
+        out: list[str] = []
+        _pending(self.spec, out)
+        return out
+
+
+def _pending(spec: Spec | None, out: list[str]) -> None:
+    if isinstance(spec, RaggedList):
+        if spec.element is None:
+            out.append(spec.path)
+        _pending(spec.element, out)
+    elif isinstance(spec, Optional):
+        if spec.inner is None:
+            out.append(spec.path)
+        _pending(spec.inner, out)
+    elif isinstance(spec, Fixed):
+        for child in spec.children:
+            _pending(child, out)
+
+
+# ---- create ------------------------------------------------------------------------------------
+
+
+def build_schema(
+    like: Any, ragged: Any, optional: Any, *, chunk_records: int | None, codec: str | None
+) -> TreeSchema:
+    """The format-3 schema of a store whose records may vary where declared.
+
+    Raises:
+        RaggedDeclarationError: a declaration names nothing, or names what cannot vary.
+        SchemaMismatchError, UnsupportedTreeError: ``like`` cannot be stored.
+    """
+    decl = Declarations.parse(ragged, optional)
+    spec = Walker(decl).build(like, (), None)
+    _check_used(decl, spec, known_only=True)
+    model = Model.of(spec, decl)
+    _check_storable(model)
+    base = TreeSchema.from_example(representative(spec), chunk_records=1, codec=codec)
+    return _schema(base, model, ragged, optional, chunk_records)
+
+
+def _schema(
+    base: TreeSchema, model: Model, ragged: Any, optional: Any, chunk_records: int | None
+) -> TreeSchema:
+    if len(base.columns) != len(model.leaves):
+        raise SchemaMismatchError(  # a leaf the layout keeps as a value but the schema not
+            "the example record holds leaves a ragged store cannot store (PRNG keys?); "
+            "store jax.random.key_data(key) instead"
+        )
+    chunks = _table_chunks(model, base, chunk_records)
+    columns = tuple(
+        ColumnSpec(
+            leaf.path,
+            _info.path_key(leaf.path),
+            c.dtype,
+            leaf.shape,
+            (chunks[table], *leaf_chunks(c.dtype, leaf.shape, chunks[table])),
+            table=table,
+        )
+        for (leaf, table), c in zip(model.leaves, base.columns)
+    )
+    info = _info.RaggedInfo(
+        True if ragged is True else tuple(ragged or ()),
+        tuple(optional or ()),
+        tuple(
+            _info.AxisInfo(p, _info.offsets_key(p), t, chunks[p]) for p, t in model.axes.items()
+        ),
+        tuple(_info.PresenceInfo(p, _info.presence_key(p), t) for p, t in model.presence.items()),
+    )
+    schema = dataclasses.replace(
+        base, columns=columns, chunk_records=chunks[None], ragged=info, layout=model
+    )
+    check_unique_keys(schema.storage_columns)
+    return schema
+
+
+def _table_chunks(
+    model: Model, base: TreeSchema, chunk_records: int | None
+) -> dict[str | None, int]:
+    """Rows per chunk of every table: ``chunk_records`` (or about 4 MiB) for the record
+    table, about 4 MiB of the widest column for each axis's table."""
+    sizes: dict[str | None, list[tuple[Any, ...]]] = {t: [] for t in model.tables}
+    for (leaf, table), c in zip(model.leaves, base.columns):
+        sizes[table].append((c.path, c.key, c.dtype, leaf.shape, None))
+    for _, table in list(model.axes.items()) + list(model.presence.items()):
+        sizes[table].append(("", "", np.dtype("int64"), (), None))
+    out = {t: default_chunk_records(rows) for t, rows in sizes.items()}
+    if chunk_records is not None:
+        out[None] = chunk_records
+    return out
+
+
+def _check_storable(model: Model) -> None:
+    """Refuses layouts whose tables could not count their rows."""
+    counted = {t for _, t in model.leaves} | set(model.axes.values())
+    counted |= set(model.presence.values())
+    for axis in model.axes:
+        if axis not in counted and axis not in model.pending:
+            raise RaggedDeclarationError(
+                f"the ragged axis at {axis or 'the root'} has no array leaf below it to carry "
+                "its elements (only None, empty nodes, functions or scalars of a node declared "
+                "ragged); give its elements at least one array leaf"
+            )
+    _check_no_optional_in_shared(model.spec, False)
+
+
+def _check_no_optional_in_shared(spec: Spec | None, shared: bool) -> None:
+    if isinstance(spec, Optional):
+        if shared:
+            raise RaggedDeclarationError(
+                f"optional= entry {spec.path!r} lies below a node declared ragged (whose leaves "
+                "share one leading axis); declare the optional subtree outside it"
+            )
+        _check_no_optional_in_shared(spec.inner, shared)
+    elif isinstance(spec, RaggedList):
+        _check_no_optional_in_shared(spec.element, False)
+    elif isinstance(spec, Fixed):
+        for child in spec.children:
+            _check_no_optional_in_shared(child, shared or spec.shared is not None)
+
+
+def representative(spec: Spec | None) -> Any:
+    """The record the schema's tree and columns describe: zeros, one element per ragged list
+    (none while pending), one row per ragged leading axis, every known optional present."""
+    if isinstance(spec, Leaf):
+        return np.zeros(spec.shape if spec.axis is None else (1, *spec.shape), spec.dtype)
+    if isinstance(spec, Kept):
+        return spec.value
+    if isinstance(spec, RaggedList):
+        return [] if spec.element is None else [representative(spec.element)]
+    if isinstance(spec, Optional):
+        return None if spec.inner is None else representative(spec.inner)
+    assert isinstance(spec, Fixed), spec
+    return spec.treedef.unflatten([representative(c) for c in spec.children])
+
+
+# ---- open --------------------------------------------------------------------------------------
+
+
+def attach_layout(schema: TreeSchema, where: str) -> TreeSchema:
+    """``schema`` (read from a ragged store) with the :class:`Model` of its records, built
+    from today's classes (or the generic view).
+
+    Raises:
+        SchemaMismatchError: today's classes differ from the stored ones in a way a ragged
+            store cannot bind (fields added or removed; reordered fields are fine).
+        CorruptStoreError: the stored axes disagree with the stored tree.
+    """
+    info = schema.ragged
+    assert info is not None
+    decl = Declarations.parse(True if info.ragged is True else list(info.ragged), info.optional)
+    zeros = [np.zeros((1, *c.shape) if _leading(c) else c.shape, c.dtype) for c in schema.columns]
+    try:
+        rep = schema.unflatten(zeros)
+        spec = Walker(decl).build(rep, (), None)
+    except (ValueError, TypeError) as err:
+        raise CorruptStoreError(f"{where}: the ragged store's schema is inconsistent: {err}") from err
+    model = Model.of(spec, decl)
+    _check_model(model, schema, where)
+    return dataclasses.replace(schema, layout=model)
+
+
+def _leading(column: ColumnSpec) -> bool:
+    """Whether a column's leaf has a ragged leading axis (its own, or its node's)."""
+    table = column.table
+    return table is not None and (
+        column.path == table or not column.path[len(table) :].startswith("[*]")
+    )
+
+
+def _check_model(model: Model, schema: TreeSchema, where: str) -> None:
+    info = schema.ragged
+    assert info is not None
+    stored = {(c.path, c.table) for c in schema.columns}
+    now = {(leaf.path, table) for leaf, table in model.leaves}
+    if stored != now:
+        gone = sorted(p for p, _ in stored - now)
+        new = sorted(p for p, _ in now - stored)
+        raise SchemaMismatchError(
+            f"{where}: today's classes do not match the ragged store's leaves (stored only: "
+            f"{gone or 'none'}; today's only: {new or 'none'}). A ragged store binds classes "
+            "whose fields were reordered, not added or removed; open it with generic=True, "
+            "or with like= a record of the stored structure"
+        )
+    axes = {a.path: a.table for a in info.axes}
+    presence = {p.path: p.table for p in info.presence}
+    if axes != model.axes or presence != model.presence:
+        raise CorruptStoreError(
+            f"{where}: the ragged store's axes {axes} and optional subtrees {presence} "
+            f"disagree with its tree ({model.axes}, {model.presence}); the schema was edited "
+            "or damaged outside pytreestore"
+        )
+
+
+__all__ = ["Model", "attach_layout", "build_schema", "representative"]

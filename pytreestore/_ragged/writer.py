@@ -1,0 +1,296 @@
+"""Appending records to a ragged store: each record's rows go to its tables, one commit for all.
+
+Every table (the record table and one per ragged axis, :mod:`pytreestore._format.ragged`) has
+its own :class:`~pytreestore._commit.writer.Writer`, which buffers whole chunks and writes them
+as they fill, but commits nothing itself. :class:`RaggedWriter` commits: it flushes every
+table, then writes one commit record holding the record count and every table's rows (step 6
+of :mod:`pytreestore._commit.protocol`). Rows written past the commit are harmless, and
+removed by the repair of the next writer.
+
+A record is walked once along the layout: each ragged list's elements become rows of its
+table (their leaves side by side: struct of arrays), each ragged leading axis a block of rows,
+and the row of the table holding the list gets the running row count of the list's table, its
+offset. A record that does not fit is rolled back from every table and explained with every
+differing keypath.
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> s = pytreestore.create("memory://doc-ragged-writer", {"p": [np.float32(0)]},
+    ...                        ragged=["['p']"])
+    >>> s.append({"p": [np.float32(1), np.float32(2)]}); s.append({"p": []}); s.flush()
+    >>> s.committed, dict(s._writer.commit.tables)
+    (2, {"['p']": 2})
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from pytreestore._commit.protocol import Committer
+from pytreestore._commit.record import Commit
+from pytreestore._commit.tables import table_schemas
+from pytreestore._commit.writer import Writer
+from pytreestore._format.schema import TreeSchema
+from pytreestore._ragged.model import Model
+from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec, Walker
+from pytreestore.backends import Backend
+from pytreestore.errors import SchemaMismatchError
+
+
+class _Mismatch(Exception):
+    """A record departs from the layout (internal: explained by :func:`_explain`)."""
+
+
+class PendingStructure(Exception):
+    """A record shows the structure of a list or optional subtree no record had (internal)."""
+
+
+class _TableCommitter:
+    """Stands in for a table's committer: the table's committed rows; commits nothing."""
+
+    def __init__(self, owner: RaggedWriter, table: str | None) -> None:
+        self._owner = owner
+        self._table = table
+
+    @property
+    def commit(self) -> Commit:
+        return Commit(self._owner.commit.rows(self._table), 0)
+
+    def advance(self, records: int, tables: Any = None) -> Commit:
+        return self.commit
+
+    def check(self) -> None:
+        self._owner.check()
+
+
+class RaggedWriter:
+    """Appends records of a ragged store's layout to its tables; commits them together."""
+
+    def __init__(self, backend: Backend, schema: TreeSchema, commit: Commit) -> None:
+        self._backend = backend
+        self.schema = schema
+        self.model: Model = schema.layout
+        self._committer = Committer(backend, commit)
+        self.tables = {
+            t: Writer(backend, sub, Commit(commit.rows(t), 0), _TableCommitter(self, t))
+            for t, sub in table_schemas(schema).items()
+        }
+        self._slots = {
+            t: {(c.role or "leaf", c.path): i for i, c in enumerate(w.schema.columns)}
+            for t, w in self.tables.items()
+        }
+        self._width = {t: len(w.schema.columns) for t, w in self.tables.items()}
+
+    # ---- what the store asks of a writer -------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.tables[None])
+
+    @property
+    def commit(self) -> Commit:
+        return self._committer.commit
+
+    @property
+    def pending(self) -> int:
+        return len(self) - self.commit.records
+
+    def check(self) -> None:
+        self._committer.check()
+
+    def append_record(self, record: Any) -> None:
+        """Buffers one record; nothing of it is kept if it is refused."""
+        position = self._snapshot()
+        try:
+            self._record(record)
+        except BaseException as err:
+            self._rollback(position)
+            if isinstance(err, _Mismatch):
+                raise _explain(self.model, record, "record") from None
+            raise
+        self._commit_whole_chunks()
+
+    def extend(self, records: Iterable[Any]) -> None:
+        """Buffers every record of ``records``, all or none."""
+        position = self._snapshot()
+        i = 0
+        try:
+            for i, record in enumerate(records):  # noqa: B007 (i names the refused one)
+                self._record(record)
+        except BaseException as err:
+            self._rollback(position)
+            if isinstance(err, _Mismatch | SchemaMismatchError):
+                cause = _explain(self.model, record, "record") if isinstance(err, _Mismatch) else err
+                raise SchemaMismatchError(
+                    f"extend() refused record {i} (none of this call's records were "
+                    f"appended): {cause}"
+                ) from None
+            raise
+        self._commit_whole_chunks()
+
+    def extend_batch(self, batch: Any) -> None:
+        raise SchemaMismatchError(
+            "a ragged store appends records one by one (append, extend); extend_batch takes "
+            "the batched form of a fixed store, which cannot show list lengths or None"
+        )
+
+    def flush(self) -> None:
+        """Writes every table's buffered rows, then commits them all in one commit record."""
+        if self.pending == 0:
+            return
+        for writer in self.tables.values():
+            writer.flush()
+        rows = {t: len(w) for t, w in self.tables.items() if t is not None}
+        self._committer.advance(len(self), rows)
+
+    def _commit_whole_chunks(self) -> None:
+        if self.tables[None].start > self.commit.records:
+            self.flush()
+
+    def _snapshot(self) -> dict[str | None, tuple[int, int]]:
+        return {t: w.snapshot() for t, w in self.tables.items()}
+
+    def _rollback(self, position: dict[str | None, tuple[int, int]]) -> None:
+        for t, w in self.tables.items():
+            w.rollback(position[t])
+
+    # ---- one record ----------------------------------------------------------------------------
+
+    def _record(self, record: Any) -> None:
+        row: list[Any] = [None] * self._width[None]
+        self._walk(self.model.spec, record, None, row, None)
+        self.tables[None].append(row)
+
+    def _walk(
+        self, spec: Spec, value: Any, table: str | None, row: list[Any], shared: dict | None
+    ) -> None:
+        kind = type(spec)
+        if kind is Leaf:
+            self._leaf(spec, value, table, row, shared)  # type: ignore[arg-type]
+        elif kind is Fixed:
+            self._node(spec, value, table, row, shared)  # type: ignore[arg-type]
+        elif kind is RaggedList:
+            self._list(spec, value, table, row)  # type: ignore[arg-type]
+        elif kind is Optional:
+            present = value is not None
+            row[self._slots[table][("presence", spec.path)]] = present
+            if spec.inner is None:  # type: ignore[union-attr]
+                if present:
+                    raise PendingStructure(spec.path)
+            elif present:
+                self._walk(spec.inner, value, table, row, shared)  # type: ignore[union-attr]
+            else:
+                self._absent(spec.inner, table, row)  # type: ignore[union-attr]
+        elif kind is Kept and value is not spec.value and value != spec.value:  # type: ignore[union-attr]
+            raise _Mismatch
+
+    def _leaf(
+        self, spec: Leaf, value: Any, table: str | None, row: list[Any], shared: dict | None
+    ) -> None:
+        if spec.axis is None:
+            row[self._slots[table][("leaf", spec.path)]] = value
+            return
+        axis = spec.axis.path
+        writer = self.tables[axis]
+        slot = self._slots[axis][("leaf", spec.path)]
+        shape = np.shape(value)
+        if not shape:
+            raise _Mismatch
+        block = writer.casters[slot].coerce(value, batch=shape[0])
+        if shared is not None and shared["axis"] is spec.axis:
+            shared["blocks"][slot] = block
+            return
+        writer.write_batch([block])
+        row[self._slots[table][("offsets", axis)]] = len(writer)
+
+    def _node(
+        self, spec: Fixed, value: Any, table: str | None, row: list[Any], shared: dict | None
+    ) -> None:
+        try:
+            children = spec.treedef.flatten_up_to(value)
+        except (ValueError, TypeError):
+            raise _Mismatch from None
+        if spec.shared is not None:
+            shared = {"axis": spec.shared, "blocks": {}}
+        for child, item in zip(spec.children, children):
+            self._walk(child, item, table, row, shared)
+        if spec.shared is not None:
+            assert shared is not None
+            self._write_shared(spec, shared["blocks"], table, row)
+
+    def _write_shared(self, spec: Fixed, blocks: dict, table: str | None, row: list[Any]) -> None:
+        axis = spec.shared.path  # type: ignore[union-attr]
+        writer = self.tables[axis]
+        lengths = {len(b) for b in blocks.values()}
+        if len(lengths) > 1:
+            paths = [c.path for c in writer.schema.columns]
+            detail = ", ".join(f"{paths[i]}: {len(b)}" for i, b in sorted(blocks.items()))
+            raise SchemaMismatchError(
+                f"the leaves below {spec.path or 'the root'} share one ragged leading axis, "
+                f"but their lengths differ ({detail})"
+            )
+        writer.write_batch([blocks[i] for i in range(len(blocks))])
+        row[self._slots[table][("offsets", axis)]] = len(writer)
+
+    def _list(self, spec: RaggedList, value: Any, table: str | None, row: list[Any]) -> None:
+        if type(value) is not list:
+            raise _Mismatch
+        axis = spec.axis.path
+        writer = self.tables[axis]
+        if value:
+            if spec.element is None:
+                raise PendingStructure(spec.path)
+            width = self._width[axis]
+            for item in value:
+                sub: list[Any] = [None] * width
+                self._walk(spec.element, item, axis, sub, None)
+                writer.append(sub)
+        row[self._slots[table][("offsets", axis)]] = len(writer)
+
+    def _absent(self, spec: Spec, table: str | None, row: list[Any]) -> None:
+        """Fills the row of an optional subtree that is None: zeros, no elements."""
+        slots = self._slots[table]
+        if isinstance(spec, Leaf):
+            if spec.axis is None:
+                row[slots[("leaf", spec.path)]] = np.zeros(spec.shape, spec.dtype)
+            else:
+                row[slots[("offsets", spec.axis.path)]] = len(self.tables[spec.axis.path])
+        elif isinstance(spec, RaggedList):
+            row[slots[("offsets", spec.axis.path)]] = len(self.tables[spec.axis.path])
+        elif isinstance(spec, Optional):
+            row[slots[("presence", spec.path)]] = False
+            if spec.inner is not None:
+                self._absent(spec.inner, table, row)
+        elif isinstance(spec, Fixed):
+            for child in spec.children:
+                self._absent(child, table, row)
+
+
+def new_writer(backend: Backend, schema: TreeSchema, commit: Commit) -> Writer | RaggedWriter:
+    """The writer of a store of ``schema``: a :class:`RaggedWriter` for a ragged store."""
+    if schema.ragged is not None:
+        return RaggedWriter(backend, schema, commit)
+    return Writer(backend, schema, commit)
+
+
+def _explain(model: Model, record: Any, what: str) -> SchemaMismatchError:
+    """Every keypath where ``record`` departs from the layout, with the declaration that
+    would accept each."""
+    walker = Walker(model.decl)
+    try:
+        walker.merge(copy.deepcopy(model.spec), record, ())
+    except SchemaMismatchError as err:
+        return err
+    lines = "\n".join(f"  {line}" for line, _ in walker.problems) or (
+        "  a leaf that is no array (a function) differs from the stored one"
+    )
+    return SchemaMismatchError(
+        f"{what} does not match the store schema:\n{lines}\n"
+        "A ragged store's records may differ only where ragged= and optional= allow."
+    )
+
+
+__all__ = ["PendingStructure", "RaggedWriter", "new_writer"]

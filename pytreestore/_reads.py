@@ -1,0 +1,188 @@
+"""The reads of a store: ``load``, indexing, iteration and ``lengths``, for fixed and ragged
+stores alike (a base class of :class:`~pytreestore.TreeStore`).
+
+Example:
+    >>> import pytreestore
+    >>> s = pytreestore.create("memory://doc-reads", {"a": 0})
+    >>> s.extend({"a": i} for i in range(3))
+    >>> s[1:]["a"].tolist()
+    [1, 2]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from pytreestore._commit.record import Commit
+from pytreestore._format.schema import TreeSchema
+from pytreestore._ragged import load as _ragged
+from pytreestore._read import reader as _reader
+from pytreestore._read.reader import ReadContext
+from pytreestore._read.request import LoadRequest
+from pytreestore.errors import RaggedDeclarationError
+
+
+class _Store(Protocol):
+    """What these methods need of the store they are methods of."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def schema(self) -> TreeSchema: ...
+
+    def read_context(self) -> ReadContext: ...
+
+    def commit_now(self) -> Commit: ...
+
+    def _request(self, **options: Any) -> LoadRequest: ...
+
+
+class Reads:
+    """``load``, ``store[...]``, iteration, ``records`` and ``lengths``."""
+
+    def load(
+        self: _Store,
+        index: Any = slice(None),
+        *,
+        columns: str | Sequence[str] | None = None,
+        device: Any = None,
+        as_numpy: bool = False,
+        cast: bool | None = None,
+        sharding: Any = None,
+        pad: bool = False,
+        pmap_devices: Sequence[Any] | None = None,
+        ragged: str = "pad",
+        pad_to: int | str | Sequence[int] | None = None,
+        truncate: bool = False,
+        size: int | None = None,
+    ) -> Any:
+        """Loads records ``index`` as a record of the stored classes.
+
+        Args:
+            index: an int (one record), a slice, a list or array of ints, or a bool mask.
+            columns: tree-path strings of the columns to load; a node's path selects every
+                column below it (``".p[0]"``). Columns not selected come back as None.
+            device: a ``jax.Device`` or ``jax.sharding.Sharding`` to place the leaves on
+                (default: JAX's default device).
+            as_numpy: return host numpy arrays, with every dtype exactly as stored; a column
+                of typed PRNG keys comes back as its key data (uint32, see
+                :func:`jax.random.key_data`), since numpy has no key dtype.
+            cast: load 64-bit columns while x64 is disabled by casting them to 32 bits
+                (values that do not fit raise); without it they raise. None (default): the
+                store's policy, set by ``pytreestore.open(..., cast=...)`` or ``create``.
+            sharding: build each column as a global ``jax.Array`` split along the record axis:
+                one ``jax.sharding.Sharding`` for every column, a pytree of them shaped like
+                the schema (None replicates), or a callable from tree path to sharding. Each
+                device's rows are read once, for that device only (under ``jax.distributed``,
+                each process reads only its own devices' rows). See docs/sharding.md.
+            pad: with ``sharding`` or ``pmap_devices``, pad a record count that does not split
+                evenly with fill values (zeros) and return ``(records, mask)``, where ``mask``
+                is a bool ``jax.Array`` over the padded records, True for real ones.
+            pmap_devices: devices (e.g. ``jax.local_devices()``) to lay the records out for
+                ``jax.pmap``: leaves shaped ``(len(devices), count // len(devices), ...)``,
+                slice ``i`` already on ``devices[i]``.
+            ragged: for a store created with ``ragged=``/``optional=`` (docs/ragged.md):
+                ``"pad"`` (default) returns ``(batch, mask)``, each ragged list stacked into
+                one element padded to ``L``, ``mask`` True where a value is real;
+                ``"segments"`` returns ``(values, segments)``, the leaves flat along each
+                axis and, per axis, the :class:`~pytreestore.Segments` of its elements.
+            pad_to: with ``ragged="pad"``: None (the longest in the selection), an int,
+                ``"pow2"`` or increasing bucket sizes; a longer list raises
+                :class:`~pytreestore.errors.RaggedLengthError`.
+            truncate: with ``pad_to``, cut longer lists instead of raising.
+            size: with ``ragged="segments"``, pad every axis's elements to this many.
+
+        Returns:
+            For an int index, one record whose leaves have the per-record shape; otherwise a
+            batched record whose leaves carry a leading record axis; with ``pad=True`` a pair
+            ``(records, mask)``.
+
+        Raises:
+            ShardingError: a sharding cannot split the record count (and ``pad`` is false) or
+                a leaf's shape.
+
+        Example:
+            >>> import pytreestore
+            >>> s = pytreestore.create("memory://doc-load", {"a": 0, "b": (0.0, 0.0)})
+            >>> s.extend({"a": i, "b": (i * 1.0, i * 2.0)} for i in range(5))
+            >>> s.load([4, 0], columns="['b']", as_numpy=True)
+            {'a': None, 'b': (array([4., 0.], dtype=float32), array([8., 0.], dtype=float32))}
+        """
+        request = self._request(
+            columns=columns,
+            device=device,
+            as_numpy=as_numpy,
+            cast=cast,
+            sharding=sharding,
+            pad=pad,
+            pmap_devices=pmap_devices,
+        )
+        if request.schema.ragged is not None:
+            options = _ragged.RaggedRead.build(ragged, pad_to, truncate, size)
+            return _ragged.load(self.read_context(), self.commit_now, request, index, options)
+        if (ragged, pad_to, truncate, size) != ("pad", None, False, None):
+            raise RaggedDeclarationError(
+                f"store {self.path} was created without ragged= or optional=, so its records "
+                "all have one structure; ragged=, pad_to=, truncate= and size= do not apply"
+            )
+        return _reader.load(self.read_context(), request, index)
+
+    def __getitem__(self: _Store, index: Any) -> Any:
+        return Reads.load(self, index)
+
+    def __iter__(self: _Store) -> Iterator[Any]:
+        return Reads.records(self)
+
+    def records(
+        self: _Store,
+        *,
+        columns: str | Sequence[str] | None = None,
+        as_numpy: bool = False,
+        cast: bool | None = None,
+    ) -> Iterator[Any]:
+        """Iterates over the records one at a time, reading a block of records per read.
+
+        ``iter(store)`` is ``store.records()``. The arguments are those of :meth:`load`.
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-records", {"t": np.float64(0)})
+            >>> s.extend({"t": np.float64(i)} for i in range(2))
+            >>> [r["t"].item() for r in s.records(as_numpy=True)]
+            [0.0, 1.0]
+        """
+        request = self._request(columns=columns, as_numpy=as_numpy, cast=cast)
+        if request.schema.ragged is not None:
+            yield from _ragged.iterate(self.read_context(), self.commit_now, request)
+        else:
+            yield from _reader.iterate(self.read_context(), request)
+
+    def lengths(self: _Store, index: Any = slice(None)) -> dict[str, np.ndarray]:
+        """Per ragged axis, each selected record's longest list (or leading axis) there,
+        reading only the offsets: what a sampler needs to bucket records by size.
+
+        Returns:
+            ``{axis keypath: int64 array over the selected records}``; a nested axis gives
+            the longest list of the record's elements. ``load(index, pad_to=None)`` pads
+            each axis to the largest of these.
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-lengths", {"p": [np.int8(0)]},
+            ...                        ragged=["['p']"])
+            >>> s.extend([{"p": [np.int8(1)] * n} for n in (3, 0, 2)])
+            >>> s.lengths()["['p']"].tolist()
+            [3, 0, 2]
+        """
+        schema = self.schema
+        if schema.ragged is None:
+            return {}
+        return _ragged.record_lengths(self.read_context(), self.commit_now, schema, index)
+
+
+
+__all__ = ["Reads"]
