@@ -184,5 +184,4 @@ class Reads:
         return _ragged.record_lengths(self.read_context(), self.commit_now, schema, index)
 
 
-
 __all__ = ["Reads"]

@@ -45,7 +45,7 @@ below leaves the previous commit in force until one atomic put replaces it.
    committed count, which step 4 checks.
 
 Example:
-    >>> from pytreestore._format.schema import TreeSchema
+    >>> from pytreestore._format.schema import ColumnSpec, TreeSchema
     >>> from pytreestore._location import Location
     >>> from pytreestore.backends import TensorStoreBackend
     >>> location = Location.parse("memory://doc-protocol")
@@ -62,6 +62,7 @@ from __future__ import annotations
 import errno
 import json
 import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytreestore._commit.lock import WriterLock
@@ -71,7 +72,7 @@ from pytreestore._commit.tables import table_schemas
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import COMMIT_KEY, INCOMPLETE_KEY, ROOT_KEY
-from pytreestore._format.schema import TreeSchema
+from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._location import Location
 from pytreestore.backends import Backend, ColumnLayout, ConditionalWrites
 from pytreestore.errors import (
@@ -170,17 +171,22 @@ def finish_store(engine: Backend) -> None:
 
 def layouts(schema: TreeSchema) -> list[ColumnLayout]:
     """The on-disk layout of every column of ``schema``."""
+    return column_layouts(schema.storage_columns, schema.codec)
+
+
+def column_layouts(columns: Sequence[ColumnSpec], codec: str | None) -> list[ColumnLayout]:
+    """The on-disk layout of ``columns``, compressed with ``codec``."""
     return [
         ColumnLayout(
             key=c.key,
             dtype=c.dtype,
             shape=c.shape,
             chunks=c.chunks,
-            codec=schema.codec,
+            codec=codec,
             dimension_names=tuple(c.dimension_names),
             fill_value=_dtypes.fill_value(c.dtype) if c.default is None else c.default,
         )
-        for c in schema.storage_columns
+        for c in columns
     ]
 
 
@@ -252,7 +258,7 @@ def attach(
     lock = take_lock(location, engine, break_lock=break_lock) if append else None
     try:
         commit = Commit.read(engine, str(location))
-        check_starts(schema, commit.records, location)
+        check_starts(schema, commit.records, location, commit.rows)
         if append and schema.ragged is None:
             repair(engine, location, schema, commit.records)
         elif append:
@@ -273,15 +279,22 @@ def detach(engine: Backend, lock: WriterLock | None) -> None:
             lock.release()
 
 
-def check_starts(schema: TreeSchema, records: int, location: Location) -> None:
-    """Raises CorruptStoreError if a column added by evolve starts past the committed records
-    (the schema is read before the commit record, and an evolve starts columns at a commit)."""
-    for column in schema.columns:
-        if column.start > records:
+def check_starts(
+    schema: TreeSchema,
+    records: int,
+    location: Location,
+    rows: Callable[[str | None], int] | None = None,
+) -> None:
+    """Raises CorruptStoreError if a column added by evolve (or, in a ragged store, by a
+    structure learnt) starts past the committed records, or past its table's committed rows
+    (``rows``); the schema is read before the commit record, and columns start at a commit."""
+    for column in schema.storage_columns:
+        count = records if column.table is None or rows is None else rows(column.table)
+        if column.start > count:
             raise CorruptStoreError(
-                f"{location}/{ROOT_KEY}: column {column.path} starts at record {column.start}, "
-                f"but only {records} are committed; the schema was edited or damaged outside "
-                "pytreestore (records before 'start' would read its default)"
+                f"{location}/{ROOT_KEY}: column {column.path} starts at row {column.start}, "
+                f"but only {count} are committed; the schema was edited or damaged outside "
+                "pytreestore (rows before 'start' would read its default)"
             )
 
 
@@ -381,6 +394,7 @@ __all__ = [
     "attach",
     "check_starts",
     "clear_for_create",
+    "column_layouts",
     "commit_token",
     "detach",
     "finish_store",

@@ -89,6 +89,7 @@ class AxisInfo:
     offsets: str
     table: str | None
     chunk_rows: int
+    start: int = 0  # rows of its table when a record first showed the axis (0: from create)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +99,7 @@ class PresenceInfo:
     path: str
     presence: str
     table: str | None
+    start: int = 0  # rows of its table when a record first showed the subtree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,8 +118,8 @@ class RaggedInfo:
                 "ragged": self.ragged if self.ragged is True else list(self.ragged),
                 "optional": list(self.optional),
             },
-            "axes": [dataclasses.asdict(a) for a in self.axes],
-            "optional": [dataclasses.asdict(p) for p in self.presence],
+            "axes": [_without_zero_start(dataclasses.asdict(a)) for a in self.axes],
+            "optional": [_without_zero_start(dataclasses.asdict(p)) for p in self.presence],
         }
 
     @classmethod
@@ -128,11 +130,18 @@ class RaggedInfo:
         if ragged is not True:
             ragged = tuple(str(p) for p in ragged)
         axes = tuple(
-            AxisInfo(str(a["path"]), str(a["offsets"]), a["table"], int(a["chunk_rows"]))
+            AxisInfo(
+                str(a["path"]),
+                str(a["offsets"]),
+                a["table"],
+                int(a["chunk_rows"]),
+                int(a.get("start", 0)),
+            )
             for a in obj["axes"]
         )
         presence = tuple(
-            PresenceInfo(str(p["path"]), str(p["presence"]), p["table"]) for p in obj["optional"]
+            PresenceInfo(str(p["path"]), str(p["presence"]), p["table"], int(p.get("start", 0)))
+            for p in obj["optional"]
         )
         return cls(ragged, tuple(str(p) for p in declared["optional"]), axes, presence)
 
@@ -153,6 +162,7 @@ class RaggedInfo:
                 (self.chunk_rows(a.table, chunk_records),),
                 table=a.table,
                 role="offsets",
+                **_started(a.start, 0),
             )
             for a in self.axes
         ]
@@ -165,6 +175,7 @@ class RaggedInfo:
                 (self.chunk_rows(p.table, chunk_records),),
                 table=p.table,
                 role="presence",
+                **_started(p.start, False),
             )
             for p in self.presence
         ]
@@ -173,6 +184,15 @@ class RaggedInfo:
     def tables(self) -> list[str | None]:
         """Every table: the record table (None) first, then one per axis."""
         return [None, *(a.path for a in self.axes)]
+
+
+def _without_zero_start(obj: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if k != "start" or v}
+
+
+def _started(start: int, default: Any) -> dict[str, Any]:
+    """A learnt array's ``start`` and the ``default`` of the rows before it."""
+    return {"start": start, "default": default} if start else {}
 
 
 __all__ = [

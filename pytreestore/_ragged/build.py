@@ -146,7 +146,9 @@ def exact(spec: Spec | None, rows: dict[str | None, Rows], table: str | None, co
         if spec.axis is None:
             values = rows[table].values[path_key(spec.path)]
             return [values[i] for i in range(count)]
-        return _split(rows, spec.axis.path, table, rows[spec.axis.path].values[path_key(spec.path)], count)
+        return _split(
+            rows, spec.axis.path, table, rows[spec.axis.path].values[path_key(spec.path)], count
+        )
     if isinstance(spec, Kept):
         return [spec.value] * count
     if isinstance(spec, RaggedList):
@@ -160,12 +162,16 @@ def exact(spec: Spec | None, rows: dict[str | None, Rows], table: str | None, co
     assert isinstance(spec, Fixed), spec
     children = [exact(c, rows, table, count) for c in spec.children]
     treedef = spec.treedef
-    return [treedef.unflatten(list(c)) for c in zip(*children)] if children else [
-        treedef.unflatten([]) for _ in range(count)
-    ]
+    return (
+        [treedef.unflatten(list(c)) for c in zip(*children)]
+        if children
+        else [treedef.unflatten([]) for _ in range(count)]
+    )
 
 
-def _split(rows: dict[str | None, Rows], axis: str, table: str | None, items: Any, count: int) -> list:
+def _split(
+    rows: dict[str | None, Rows], axis: str, table: str | None, items: Any, count: int
+) -> list:
     """``items`` (one per row of ``axis``'s table) cut into one run per row of ``table``."""
     starts, ends = rows[table].values[offsets_key(axis)]
     bounds = np.cumsum(ends - starts)

@@ -115,9 +115,7 @@ def _read_offsets(
 
 
 def _check_offsets(column: ColumnSpec, starts: np.ndarray, ends: np.ndarray, rows: int) -> None:
-    if len(ends) and (
-        (starts < 0).any() or (ends < starts).any() or (ends > rows).any()
-    ):
+    if len(ends) and ((starts < 0).any() or (ends < starts).any() or (ends > rows).any()):
         raise CorruptStoreError(
             f"the offsets array {column.key} of the ragged axis {column.path or 'the root'} is "
             f"damaged: it holds a decreasing, negative or too large offset (its table has "

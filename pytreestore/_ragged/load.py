@@ -69,9 +69,7 @@ class RaggedRead:
             raise RaggedDeclarationError(f"ragged= takes 'pad' or 'segments', got {ragged!r}")
         if not isinstance(truncate, bool):
             raise TypeError(f"truncate must be a bool, got {truncate!r}")
-        if size is not None and (
-            not isinstance(size, int) or isinstance(size, bool) or size < 0
-        ):
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
             raise RaggedDeclarationError(f"size= takes an int >= 0 (elements), got {size!r}")
         if ragged == "pad" and size is not None:
             raise RaggedDeclarationError("size= applies to ragged='segments'; use pad_to= to pad")
@@ -240,7 +238,9 @@ class Flat:
             from pytreestore._format.ragged import presence_key
 
             present = self.rows[table].values[presence_key(spec.path)]
-            self.segments[spec.path] = present if table is None else self._pad(present, False, table)
+            self.segments[spec.path] = (
+                present if table is None else self._pad(present, False, table)
+            )
             return None if spec.inner is None else self.node(spec.inner, table)
         assert isinstance(spec, Fixed), spec
         return spec.treedef.unflatten([self.node(c, table) for c in spec.children])

@@ -17,7 +17,9 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -29,6 +31,7 @@ from pytreestore._format.columns import (
     default_chunk_records,
     leaf_chunks,
 )
+from pytreestore._format.dtypes import fill_value
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec, Walker
 from pytreestore._tree.layout import check_used as _check_used
@@ -126,15 +129,81 @@ def build_schema(
     return _schema(base, model, ragged, optional, chunk_records)
 
 
+def grow_schema(schema: TreeSchema, record: Any, rows: Callable[[str | None], int]) -> TreeSchema:
+    """``schema`` with the structures ``record`` shows where the schema's were pending (an
+    element of a list that was empty so far, a subtree that was None).
+
+    Raises:
+        SchemaMismatchError: ``record`` departs from the schema elsewhere.
+        RaggedDeclarationError: the structure it shows cannot be stored.
+
+    New arrays in a table that has rows already (``rows(table)``, committed) start there:
+    the rows before read zeros, offsets 0 and absent, unstored.
+    """
+    model: Model = schema.layout
+    info = schema.ragged
+    assert info is not None
+    spec = copy.deepcopy(model.spec)
+    walker = Walker(model.decl)
+    walker.merge(spec, record, ())
+    if walker.problems:
+        lines = "\n".join(f"  {line}" for line, _ in walker.problems)
+        raise SchemaMismatchError(f"record does not match the store schema:\n{lines}")
+    grown = Model.of(spec, model.decl)
+    _check_storable(grown)
+    base = TreeSchema.from_example(representative(spec), chunk_records=1, codec=schema.codec)
+    known = {a.path: a.chunk_rows for a in info.axes}
+    declared = info.ragged if info.ragged is True else list(info.ragged)
+    new = _schema(base, grown, declared, list(info.optional), schema.chunk_records, known)
+    return _started(schema, new, rows)
+
+
+def _started(old: TreeSchema, new: TreeSchema, rows: Callable[[str | None], int]) -> TreeSchema:
+    """``new`` whose arrays not in ``old`` start at their table's rows."""
+    before = {c.key: c for c in old.storage_columns}
+
+    def column(c: ColumnSpec) -> ColumnSpec:
+        if c.key in before:
+            return dataclasses.replace(c, start=before[c.key].start, default=before[c.key].default)
+        n = rows(c.table)
+        return dataclasses.replace(c, start=n, default=fill_value(c.dtype)) if n else c
+
+    info = new.ragged
+    assert info is not None
+    axes = tuple(
+        dataclasses.replace(
+            a, start=before[a.offsets].start if a.offsets in before else rows(a.table)
+        )
+        for a in info.axes
+    )
+    presence = tuple(
+        dataclasses.replace(
+            p, start=before[p.presence].start if p.presence in before else rows(p.table)
+        )
+        for p in info.presence
+    )
+    return dataclasses.replace(
+        new,
+        columns=tuple(column(c) for c in new.columns),
+        ragged=dataclasses.replace(info, axes=axes, presence=presence),
+        format_version=old.format_version,
+    )
+
+
 def _schema(
-    base: TreeSchema, model: Model, ragged: Any, optional: Any, chunk_records: int | None
+    base: TreeSchema,
+    model: Model,
+    ragged: Any,
+    optional: Any,
+    chunk_records: int | None,
+    known: dict[str, int] | None = None,
 ) -> TreeSchema:
     if len(base.columns) != len(model.leaves):
         raise SchemaMismatchError(  # a leaf the layout keeps as a value but the schema not
             "the example record holds leaves a ragged store cannot store (PRNG keys?); "
             "store jax.random.key_data(key) instead"
         )
-    chunks = _table_chunks(model, base, chunk_records)
+    chunks = {**_table_chunks(model, base, chunk_records), **(known or {})}
     columns = tuple(
         ColumnSpec(
             leaf.path,
@@ -149,9 +218,7 @@ def _schema(
     info = _info.RaggedInfo(
         True if ragged is True else tuple(ragged or ()),
         tuple(optional or ()),
-        tuple(
-            _info.AxisInfo(p, _info.offsets_key(p), t, chunks[p]) for p, t in model.axes.items()
-        ),
+        tuple(_info.AxisInfo(p, _info.offsets_key(p), t, chunks[p]) for p, t in model.axes.items()),
         tuple(_info.PresenceInfo(p, _info.presence_key(p), t) for p, t in model.presence.items()),
     )
     schema = dataclasses.replace(
@@ -241,7 +308,9 @@ def attach_layout(schema: TreeSchema, where: str) -> TreeSchema:
         rep = schema.unflatten(zeros)
         spec = Walker(decl).build(rep, (), None)
     except (ValueError, TypeError) as err:
-        raise CorruptStoreError(f"{where}: the ragged store's schema is inconsistent: {err}") from err
+        raise CorruptStoreError(
+            f"{where}: the ragged store's schema is inconsistent: {err}"
+        ) from err
     model = Model.of(spec, decl)
     _check_model(model, schema, where)
     return dataclasses.replace(schema, layout=model)
@@ -279,4 +348,4 @@ def _check_model(model: Model, schema: TreeSchema, where: str) -> None:
         )
 
 
-__all__ = ["Model", "attach_layout", "build_schema", "representative"]
+__all__ = ["Model", "attach_layout", "build_schema", "grow_schema", "representative"]

@@ -30,12 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from pytreestore._commit.protocol import Committer
+from pytreestore._commit.protocol import Committer, column_layouts, group_json, group_keys
 from pytreestore._commit.record import Commit
 from pytreestore._commit.tables import table_schemas
 from pytreestore._commit.writer import Writer
+from pytreestore._format import validate as _validate
+from pytreestore._format.names import ROOT_KEY, array_json
 from pytreestore._format.schema import TreeSchema
-from pytreestore._ragged.model import Model
+from pytreestore._ragged.model import Model, grow_schema
 from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec, Walker
 from pytreestore.backends import Backend
 from pytreestore.errors import SchemaMismatchError
@@ -70,11 +72,21 @@ class _TableCommitter:
 class RaggedWriter:
     """Appends records of a ragged store's layout to its tables; commits them together."""
 
-    def __init__(self, backend: Backend, schema: TreeSchema, commit: Commit) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        schema: TreeSchema,
+        commit: Commit,
+        committer: Committer | None = None,
+    ) -> None:
         self._backend = backend
+        self._committer = committer or Committer(backend, commit)
+        self._open_tables(schema, commit)
+
+    def _open_tables(self, schema: TreeSchema, commit: Commit) -> None:
+        backend = self._backend
         self.schema = schema
         self.model: Model = schema.layout
-        self._committer = Committer(backend, commit)
         self.tables = {
             t: Writer(backend, sub, Commit(commit.rows(t), 0), _TableCommitter(self, t))
             for t, sub in table_schemas(schema).items()
@@ -106,6 +118,11 @@ class RaggedWriter:
         position = self._snapshot()
         try:
             self._record(record)
+        except PendingStructure:
+            self._rollback(position)
+            self._learn(record)
+            self.append_record(record)
+            return
         except BaseException as err:
             self._rollback(position)
             if isinstance(err, _Mismatch):
@@ -115,15 +132,24 @@ class RaggedWriter:
 
     def extend(self, records: Iterable[Any]) -> None:
         """Buffers every record of ``records``, all or none."""
+        if self.model.pending:  # a record may fix a structure: then start again with it
+            records = list(records)
         position = self._snapshot()
         i = 0
         try:
             for i, record in enumerate(records):  # noqa: B007 (i names the refused one)
                 self._record(record)
+        except PendingStructure:
+            self._rollback(position)
+            self._learn(record)
+            self.extend(records)
+            return
         except BaseException as err:
             self._rollback(position)
             if isinstance(err, _Mismatch | SchemaMismatchError):
-                cause = _explain(self.model, record, "record") if isinstance(err, _Mismatch) else err
+                cause = (
+                    _explain(self.model, record, "record") if isinstance(err, _Mismatch) else err
+                )
                 raise SchemaMismatchError(
                     f"extend() refused record {i} (none of this call's records were "
                     f"appended): {cause}"
@@ -145,6 +171,30 @@ class RaggedWriter:
             writer.flush()
         rows = {t: len(w) for t, w in self.tables.items() if t is not None}
         self._committer.advance(len(self), rows)
+
+    def _learn(self, record: Any) -> None:
+        """Fixes the structures ``record`` shows where the schema's were pending: commits what
+        is buffered, creates the new arrays (sized to their tables' rows, which read as zeros
+        and empty lists), and replaces the schema in one atomic put."""
+        self.flush()
+        commit = self.commit
+        try:
+            grown = grow_schema(self.schema, record, commit.rows)
+        except SchemaMismatchError:
+            raise _explain(self.model, record, "record") from None
+        old = {c.key for c in self.schema.storage_columns}
+        added = [c for c in grown.storage_columns if c.key not in old]
+        self._backend.delete_keys([array_json(c.key) for c in added])  # a cut-off attempt's
+        self._backend.create_columns(column_layouts(added, grown.codec))
+        for table in {c.table for c in added}:
+            keys = [c.key for c in added if c.table == table]
+            self._backend.resize(keys, commit.rows(table))
+        groups = {k: group_json({}) for k in group_keys(grown)}
+        self._backend.write_many_bytes(groups)
+        document = group_json({"pytreestore": _validate.stamped(grown.to_json())})
+        self._backend.write_bytes(ROOT_KEY, document)
+        self._backend.open_columns(grown.storage_columns)
+        self._open_tables(grown, commit)
 
     def _commit_whole_chunks(self) -> None:
         if self.tables[None].start > self.commit.records:
