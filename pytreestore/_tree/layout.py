@@ -219,7 +219,8 @@ class Walker:
 
     def merge_leaf(self, spec: Leaf, value: Any, at: Position) -> None:
         if _nodes.one_level(value) is not None:
-            self.problem(at, "a leaf", _describe(value))
+            hint = "optional" if value is None else ""
+            self.problem(at, _describe_leaf(spec), _describe(value), hint)
             return
         shape = tuple(np.shape(value))
         if spec.axis is None:
