@@ -12,7 +12,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -131,11 +131,11 @@ class Reads:
             )
         return _reader.load(self.read_context(), request, index)
 
-    def __getitem__(self: _Store, index: Any) -> Any:
-        return Reads.load(self, index)
+    def __getitem__(self, index: Any) -> Any:
+        return cast(Any, self).load(index)
 
-    def __iter__(self: _Store) -> Iterator[Any]:
-        return Reads.records(self)
+    def __iter__(self) -> Iterator[Any]:
+        return cast(Any, self).records()
 
     def records(
         self: _Store,

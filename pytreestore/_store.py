@@ -386,7 +386,7 @@ class TreeStore(Pipelines, Reads):
         if os.getpid() != self._pid:
             raise forked_writer(self.path, self._pid)
 
-    def _appendable(self) -> Writer:
+    def _appendable(self) -> Writer | RaggedWriter:
         writer = self._writable()
         if self._schema.treedef is None:
             raise ReadOnlyError(
@@ -395,7 +395,7 @@ class TreeStore(Pipelines, Reads):
             )
         return writer
 
-    def _writable(self) -> Writer:
+    def _writable(self) -> Writer | RaggedWriter:
         """The writer, unguarded: for a caller that alone holds this store (copy's target)."""
         self._check_open()
         if self._writer is None:
@@ -407,7 +407,7 @@ class TreeStore(Pipelines, Reads):
         return self._writer
 
     @contextlib.contextmanager
-    def _writing(self, *, append: bool = False) -> Iterator[Writer]:
+    def _writing(self, *, append: bool = False) -> Iterator[Writer | RaggedWriter]:
         """The writer, held by this thread for one append (``append=True``), flush or close."""
         if self._writer is not None:
             self._check_process()  # before the lock, which a forked child may inherit held

@@ -54,10 +54,14 @@ def _agent(rng: np.random.Generator, n_events: int, n_trail: int) -> Agent:
 
 
 def _step(rng: np.random.Generator, t: int, n_agents: int, storm: bool) -> Step:
-    agents = [_agent(rng, int(rng.integers(0, 4)), int(rng.integers(0, 3))) for _ in range(n_agents)]
+    agents = [
+        _agent(rng, int(rng.integers(0, 4)), int(rng.integers(0, 3))) for _ in range(n_agents)
+    ]
     cells = rng.integers(0, 9, size=int(rng.integers(0, 4))).astype(np.int16)
     return Step(
-        np.int32(t), agents, {"strength": np.float32(rng.random()), "cells": cells} if storm else None
+        np.int32(t),
+        agents,
+        {"strength": np.float32(rng.random()), "cells": cells} if storm else None,
     )
 
 
@@ -208,7 +212,7 @@ def test_lengths_read_only_the_offsets(tmp_path, backend):
 def test_column_selection(tmp_path, backend):
     steps = _steps(seed=7)
     store = _filled(tmp_path / "s", backend, steps)
-    batch, mask = store.load(columns=".agents[*].energy", as_numpy=True)
+    batch, _ = store.load(columns=".agents[*].energy", as_numpy=True)
     assert batch.t is None and batch.agents.pos is None and batch.agents.energy is not None
 
 
@@ -341,6 +345,4 @@ def test_property_round_trip(tmp_path_factory, seed, n, cut):
     reader = pytreestore.open(path, backend=backend)
     for i, want in enumerate(steps):
         _same(reader.load(i, as_numpy=True), want)
-    _same(
-        reader.load(as_numpy=True), pytreestore.stack(steps, like=_like(), as_numpy=True, **DECL)
-    )
+    _same(reader.load(as_numpy=True), pytreestore.stack(steps, like=_like(), as_numpy=True, **DECL))

@@ -115,7 +115,7 @@ class RaggedInfo:
     def to_json(self) -> dict[str, Any]:
         return {
             "declared": {
-                "ragged": self.ragged if self.ragged is True else list(self.ragged),
+                "ragged": self.declared_ragged,
                 "optional": list(self.optional),
             },
             "axes": [_without_zero_start(dataclasses.asdict(a)) for a in self.axes],
@@ -144,6 +144,11 @@ class RaggedInfo:
             for p in obj["optional"]
         )
         return cls(ragged, tuple(str(p) for p in declared["optional"]), axes, presence)
+
+    @property
+    def declared_ragged(self) -> bool | list[str]:
+        """``ragged=`` as ``create`` took it: True, or the keypaths."""
+        return list(self.ragged) if isinstance(self.ragged, tuple) else True
 
     def chunk_rows(self, table: str | None, chunk_records: int) -> int:
         """Rows per chunk of ``table`` (None: the record table)."""

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from jax.tree_util import tree_flatten
 
 from pytreestore._commit import protocol
-from pytreestore._commit.writer import Writer, check_buffer
+from pytreestore._commit.writer import check_buffer
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
@@ -138,7 +138,7 @@ def create_from_schema(
     backend: str,
     overwrite: bool,
     cast: bool = False,
-    fill: Callable[[Writer], None] | None = None,
+    fill: Callable[[Any], None] | None = None,
 ) -> TreeStore:
     """Creates an empty store with a ready-made ``schema`` (``create`` and ``copy`` share it).
 

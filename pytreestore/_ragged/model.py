@@ -153,7 +153,7 @@ def grow_schema(schema: TreeSchema, record: Any, rows: Callable[[str | None], in
     _check_storable(grown)
     base = TreeSchema.from_example(representative(spec), chunk_records=1, codec=schema.codec)
     known = {a.path: a.chunk_rows for a in info.axes}
-    declared = info.ragged if info.ragged is True else list(info.ragged)
+    declared = info.declared_ragged
     new = _schema(base, grown, declared, list(info.optional), schema.chunk_records, known)
     return _started(schema, new, rows)
 
@@ -302,7 +302,7 @@ def attach_layout(schema: TreeSchema, where: str) -> TreeSchema:
     """
     info = schema.ragged
     assert info is not None
-    decl = Declarations.parse(True if info.ragged is True else list(info.ragged), info.optional)
+    decl = Declarations.parse(info.declared_ragged, info.optional)
     zeros = [np.zeros((1, *c.shape) if _leading(c) else c.shape, c.dtype) for c in schema.columns]
     try:
         rep = schema.unflatten(zeros)
