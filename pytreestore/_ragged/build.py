@@ -143,8 +143,11 @@ class Padded:
 def exact(spec: Spec | None, rows: dict[str | None, Rows], table: str | None, count: int) -> list:
     """The objects of ``spec`` for each of ``count`` gathered rows of ``table``."""
     if isinstance(spec, Leaf):
+        key = path_key(spec.path)
+        if key not in rows[table if spec.axis is None else spec.axis.path].values:
+            return [None] * count  # a column not chosen
         if spec.axis is None:
-            values = rows[table].values[path_key(spec.path)]
+            values = rows[table].values[key]
             return [values[i] for i in range(count)]
         return _split(
             rows, spec.axis.path, table, rows[spec.axis.path].values[path_key(spec.path)], count

@@ -21,6 +21,7 @@ import numpy as np
 from jax.tree_util import keystr, tree_flatten_with_path
 
 from pytreestore._commit.record import Commit
+from pytreestore._format.ragged import path_key, presence_key
 from pytreestore._format.schema import TreeSchema
 from pytreestore._ragged.build import Padded, exact
 from pytreestore._ragged.gather import Rows, gather, lengths
@@ -199,10 +200,10 @@ class Flat:
             rows = gathered[a.path]
             assert rows.parent is not None and rows.position is not None
             self.record_of[a.path] = self.record_of[a.table][rows.parent]
-            self.segments[a.path] = Segments(
-                self._pad(self.record_of[a.path], n, a.path),
-                self._pad(rows.parent, gathered[a.table].count, a.path),
-                self._pad(rows.position, 0, a.path),
+            self.segments[a.path] = Segments(  # int32: JAX's index type without x64
+                self._pad(self.record_of[a.path].astype(np.int32), n, a.path),
+                self._pad(rows.parent.astype(np.int32), gathered[a.table].count, a.path),
+                self._pad(rows.position.astype(np.int32), 0, a.path),
                 self._pad(np.ones(rows.count, bool), False, a.path),
             )
 
@@ -224,8 +225,6 @@ class Flat:
     def node(self, spec: Spec | None, table: str | None) -> Any:
         if isinstance(spec, Leaf):
             table = table if spec.axis is None else spec.axis.path
-            from pytreestore._format.ragged import path_key
-
             values = self.rows[table].values.get(path_key(spec.path))
             if values is None or table is None:
                 return values
@@ -235,8 +234,6 @@ class Flat:
         if isinstance(spec, RaggedList):
             return None if spec.element is None else self.node(spec.element, spec.axis.path)
         if isinstance(spec, Optional):
-            from pytreestore._format.ragged import presence_key
-
             present = self.rows[table].values[presence_key(spec.path)]
             self.segments[spec.path] = (
                 present if table is None else self._pad(present, False, table)

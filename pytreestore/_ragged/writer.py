@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+from jax.tree_util import tree_flatten, tree_structure
 
 from pytreestore._commit.protocol import Committer, column_layouts, group_json, group_keys
 from pytreestore._commit.record import Commit
@@ -37,7 +38,8 @@ from pytreestore._commit.writer import Writer
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY, array_json
 from pytreestore._format.schema import TreeSchema
-from pytreestore._ragged.model import Model, grow_schema
+from pytreestore._ragged.model import Model, grow_schema, representative
+from pytreestore._tree.convert import RecordError
 from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec, Walker
 from pytreestore.backends import Backend
 from pytreestore.errors import SchemaMismatchError
@@ -96,6 +98,7 @@ class RaggedWriter:
             for t, w in self.tables.items()
         }
         self._width = {t: len(w.schema.columns) for t, w in self.tables.items()}
+        self._flat = {a: f for a, f in _flat_elements(self.model.spec, self._slots).items()}
 
     # ---- what the store asks of a writer -------------------------------------------------------
 
@@ -290,7 +293,10 @@ class RaggedWriter:
             raise _Mismatch
         axis = spec.axis.path
         writer = self.tables[axis]
-        if value:
+        flat = self._flat.get(axis)
+        if value and flat is not None:
+            self._append_flat(writer, flat, value)
+        elif value:
             if spec.element is None:
                 raise PendingStructure(spec.path)
             width = self._width[axis]
@@ -299,6 +305,22 @@ class RaggedWriter:
                 self._walk(spec.element, item, axis, sub, None)
                 writer.append(sub)
         row[self._slots[table][("offsets", axis)]] = len(writer)
+
+    @staticmethod
+    def _append_flat(writer: Writer, flat: tuple[Any, list[int] | None], items: list) -> None:
+        """Appends the elements of a list whose elements are fixed trees: one flatten each,
+        then every column converted at once."""
+        treedef, order = flat
+        rows = []
+        for item in items:
+            leaves, got = tree_flatten(item)
+            if got != treedef:
+                raise _Mismatch
+            rows.append(leaves if order is None else [leaves[i] for i in order])
+        try:
+            writer.append_many(iter(rows))
+        except RecordError as err:
+            raise err.error from None
 
     def _absent(self, spec: Spec, table: str | None, row: list[Any]) -> None:
         """Fills the row of an optional subtree that is None: zeros, no elements."""
@@ -317,6 +339,42 @@ class RaggedWriter:
         elif isinstance(spec, Fixed):
             for child in spec.children:
                 self._absent(child, table, row)
+
+
+def _flat_elements(
+    spec: Spec | None, slots: dict[str | None, dict[tuple[str, str], int]]
+) -> dict[str, tuple[Any, list[int] | None]]:
+    """The ragged lists whose elements are fixed trees (no list, optional subtree, ragged
+    axis or constant inside): their element treedef, and the table columns in flatten order
+    (None when that is the table's own order)."""
+    out: dict[str, tuple[Any, list[int] | None]] = {}
+    if isinstance(spec, RaggedList):
+        leaves: list[Leaf] = []
+        if spec.element is not None and _fixed(spec.element, leaves):
+            table = slots[spec.axis.path]
+            order = [table[("leaf", leaf.path)] for leaf in leaves]
+            if len(order) == len(table):
+                inverse = sorted(range(len(order)), key=order.__getitem__)
+                treedef = tree_structure(representative(spec.element))
+                same = inverse == list(range(len(order)))
+                out[spec.axis.path] = (treedef, None if same else inverse)
+        out.update(_flat_elements(spec.element, slots))
+    elif isinstance(spec, Optional):
+        out.update(_flat_elements(spec.inner, slots))
+    elif isinstance(spec, Fixed):
+        for child in spec.children:
+            out.update(_flat_elements(child, slots))
+    return out
+
+
+def _fixed(spec: Spec, leaves: list[Leaf]) -> bool:
+    """Whether ``spec`` is a fixed tree (collecting its leaves in flatten order)."""
+    if isinstance(spec, Leaf):
+        leaves.append(spec)
+        return spec.axis is None
+    if isinstance(spec, Fixed):
+        return spec.shared is None and all(_fixed(c, leaves) for c in spec.children)
+    return False
 
 
 def new_writer(backend: Backend, schema: TreeSchema, commit: Commit) -> Writer | RaggedWriter:
