@@ -44,6 +44,7 @@ bench-quick: $(BENCH_STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/simulation.py
+	$(PY) examples/particles.py
 
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site

@@ -1,6 +1,9 @@
 """The motivating example: store a list of nested flax dataclasses, then vmap over it.
 
-Run with ``.venv/bin/python examples/seed.py``. It prints the vmapped result and exits non-zero
+Then the case the first answer excluded: records whose lists differ in length (one of them
+empty), kept in a ragged store and loaded padded, with a mask, for ``jax.vmap``.
+
+Run with ``.venv/bin/python examples/seed.py``. It prints the vmapped results and exits non-zero
 if anything read back differs from what was appended.
 """
 
@@ -77,8 +80,52 @@ def main() -> int:
         print("store[1] =", record)
         assert same_record(record, AllParams([Params(3, 5), Params(2, 4)])), record
         store.close()
+
+        ragged_lists(f"{tmp}/ragged.pytreestore")
     print("seed example OK")
     return 0
+
+
+# --- when the lists differ in length: a ragged store -----------------------------------------
+
+ragged_list = [
+    AllParams([Params(4, 2), Params(4, 3)]),
+    AllParams([]),  # an empty list is a record too
+    AllParams([Params(3, 5), Params(2, 4), Params(1, 7)]),
+    AllParams([Params(6, 3)]),
+]
+
+
+def weighted_sum(params, mask):
+    """sum of x * y over the real elements of one record's list (padding masked out)."""
+    return jnp.sum(jnp.where(mask.p.x, params.p.x * params.p.y, 0))
+
+
+def ragged_lists(path: str) -> None:
+    # ragged=[".p"]: the length of .p may differ from record to record. `like` still fixes the
+    # structure and dtypes of one element (Params of two int32 leaves).
+    with pytreestore.create(path, like=ragged_list[0], ragged=[".p"]) as store:
+        for record in ragged_list:  # appended as produced, whatever their lengths
+            store.append(record)
+
+    store = pytreestore.open(path)
+    # Padded to the longest list (3): batch.p is one Params whose leaves are [records, 3], and
+    # mask has the batch's structure, True where an element is real.
+    batch, mask = store.load(ragged="pad")
+    print("padded:", batch.p.x.shape, "lengths:", store.lengths()[".p"].tolist())
+    result = jax.jit(jax.vmap(weighted_sum))(batch, mask)
+    print(repr(result))
+
+    loop = [sum(q.x * q.y for q in record.p) for record in ragged_list]
+    assert result.tolist() == loop, (result, loop)
+
+    # One record comes back exactly as appended: its own list length, no padding.
+    for i, record in enumerate(ragged_list):
+        got = store[i]
+        assert len(got.p) == len(record.p), (i, got)
+        assert same_record(got, record), (i, got)
+    print("store[1] =", store[1], "store[3] =", store[3])
+    store.close()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,17 @@ SCRIPTS = sorted(EXAMPLES.glob("*.py"))
 
 # Lines each script must print. A script not listed here only has to exit with status 0.
 EXPECTED_OUTPUT: dict[str, list[str]] = {
-    "seed.py": ["Array([ 4,  2, -3], dtype=int32)", "seed example OK"],
+    "seed.py": [
+        "Array([ 4,  2, -3], dtype=int32)",
+        "Array([20,  0, 30, 18], dtype=int32)",
+        "store[1] = AllParams(p=[])",
+        "seed example OK",
+    ],
+    "particles.py": [
+        "mean speed per step matches a Python loop over the steps",
+        "particles: all checks passed",
+    ],
+    "read_ragged_with_zarr.py": ["read_ragged_with_zarr example OK"],
     "simulation.py": [
         "2,000 records, 78 columns",
         "kinetic energy matches the in-memory states",
@@ -48,7 +58,22 @@ def test_example_runs(script: Path, tmp_path: Path) -> None:
         assert expected in result.stdout, f"{script.name} did not print {expected!r}\n{report}"
 
 
-def test_simulation_uses_a_temporary_directory_by_default() -> None:
-    result = run_script(EXAMPLES / "simulation.py")
+@pytest.mark.parametrize("name", ["simulation.py", "particles.py"])
+def test_demo_uses_a_temporary_directory_by_default(name: str) -> None:
+    result = run_script(EXAMPLES / name)  # what `make demo` runs: no directory given
     assert result.returncode == 0, result.stderr
     assert "all checks passed" in result.stdout
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="load(ragged='segments') returns int64 Segments, refused by JAX with x64 off "
+    "(X64DisabledError) unless cast=True or as_numpy=True; docs/ragged.md passes cast=True",
+)
+def test_segments_load_with_x64_off(tmp_path: Path) -> None:
+    import pytreestore
+
+    with pytreestore.create(tmp_path / "s", {"p": [1]}, ragged=True) as store:
+        store.extend([{"p": [1, 2]}, {"p": []}])
+    _, segments = pytreestore.open(tmp_path / "s").load(ragged="segments")
+    assert segments["['p']"].record.tolist() == [0, 0]
