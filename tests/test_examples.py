@@ -65,11 +65,6 @@ def test_demo_uses_a_temporary_directory_by_default(name: str) -> None:
     assert "all checks passed" in result.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="load(ragged='segments') returns int64 Segments, refused by JAX with x64 off "
-    "(X64DisabledError) unless cast=True or as_numpy=True; docs/ragged.md passes cast=True",
-)
 def test_segments_load_with_x64_off(tmp_path: Path) -> None:
     import pytreestore
 
