@@ -177,7 +177,7 @@ class TreeStore(Pipelines, Reads):
 
         Buffered records are committed first. Changes apply in the order ``rename_class``,
         ``drop``, ``rename``, ``add``; appends afterwards follow the new schema. A store in
-        format 1 is upgraded to format 2. See docs/migration.md, "When your classes change".
+        format 1 or 2 is upgraded to format 3. See docs/migration.md, "When your classes change".
 
         Args:
             add: keypath -> default, e.g. ``{".agents.age": np.int32(0)}``: a new column

@@ -21,13 +21,23 @@ import pytreestore
 from pytreestore._format import validate as _validate
 from pytreestore.backends._zarr import dtypes as _zarr_dtypes
 from pytreestore.testing import assert_trees_equal
+from tests import trees
 from tests.data import make_golden
 
 NAMES = list(make_golden.RECIPES)
+#: the fixed stores (every record one structure), whose columns are the leaves of a batch
+FIXED = [n for n, r in make_golden.RECIPES.items() if r.ragged is None and r.optional is None]
+RAGGED = make_golden.RECIPES["ragged"]
 
 
 def expected(name: str):
-    return pytreestore.stack(make_golden.RECIPES[name].records(), as_numpy=True)
+    """The batch a full ``load(as_numpy=True)`` returns: for a ragged store ``(batch, mask)``."""
+    recipe = make_golden.RECIPES[name]
+    if recipe.ragged is None and recipe.optional is None:
+        return pytreestore.stack(recipe.records(), as_numpy=True)
+    return pytreestore.stack(
+        recipe.records(), ragged=recipe.ragged, optional=recipe.optional, as_numpy=True
+    )
 
 
 def test_golden_stores_exist_for_the_current_format():
@@ -84,13 +94,17 @@ def test_golden_metadata_follows_the_json_schema(name):
     commit = json.loads((path / ".pytreestore" / "commit.json").read_text())
     assert _validate.schema_errors(commit, "commit") == []
     assert commit["records"] == make_golden.RECIPES[name].n
+    info = json.loads((path / "zarr.json").read_text())["attributes"]["pytreestore"]
+    assert info["format_version"] == commit["format_version"] == pytreestore.FORMAT_VERSION
+    if name in FIXED:  # a fixed store is a format-2 store but for the version
+        assert "tables" not in commit and "ragged" not in info
     for meta_file in path.rglob("zarr.json"):
         document = json.loads(meta_file.read_text())
         if document["node_type"] == "array":
             assert _validate.schema_errors(document, "array") == [], meta_file
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", FIXED)
 def test_golden_store_reads_with_plain_zarr(name):
     _zarr_dtypes.register()
     path = make_golden.CURRENT / name
@@ -111,3 +125,140 @@ def test_golden_paths_are_escaped_as_specified():
         assert (make_golden.CURRENT / "tree" / key / "zarr.json").is_file()
     assert pytreestore.open(make_golden.CURRENT / "root-leaf").schema.columns[0].key == "%"
     assert not Path(make_golden.CURRENT / "tree" / ".pytreestore" / "lock").exists()
+
+
+# ---- format 3: the ragged golden store ---------------------------------------------------------
+
+
+def ragged_copy(tmp_path: Path) -> Path:
+    path = tmp_path / "ragged"
+    shutil.copytree(make_golden.CURRENT / "ragged", path)
+    return path
+
+
+def assert_same_bytes(got, want):
+    assert_trees_equal(got, want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_ragged_golden_records_read_back_exactly(backend, tmp_path):
+    store = pytreestore.open(ragged_copy(tmp_path), backend=backend)
+    assert len(store) == RAGGED.n
+    for i in range(RAGGED.n):
+        assert_same_bytes(store.load(i, as_numpy=True), RAGGED.record(i))
+        assert_trees_equal(store[i], RAGGED.record(i))  # jax.Arrays, the stored dtypes
+    for got, want in zip(store.records(as_numpy=True), RAGGED.records(), strict=True):
+        assert_same_bytes(got, want)
+    assert type(store[0]) is trees.Event and type(store[0].hits[1]) is trees.Hit
+    assert store[1].calib is None and store[1].hits == [] and store[2].trace.shape == (0, 2)
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_ragged_golden_padded_load(backend, tmp_path):
+    store = pytreestore.open(ragged_copy(tmp_path), backend=backend)
+    records = RAGGED.records()
+    batch, mask = store.load(as_numpy=True)
+    assert batch.hits.pos.shape == (5, 3, 3) and batch.hits.samples.shape == (5, 3, 3)
+    assert batch.trace.shape == (5, 4, 2) and batch.track["q"].shape == (5, 3, 2)
+    assert mask.calib.gain.tolist() == [True, False, True, True, False]
+    assert mask.hits.pos.sum(axis=1).tolist() == [2, 0, 3, 1, 0]
+    for pad_to in (None, 8, "pow2"):
+        assert_same_bytes(
+            store.load([3, 0, 1], as_numpy=True, pad_to=pad_to),
+            pytreestore.stack(
+                [records[3], records[0], records[1]],
+                ragged=RAGGED.ragged,
+                optional=RAGGED.optional,
+                pad_to=pad_to,
+                as_numpy=True,
+            ),
+        )
+    lengths = {k: v.tolist() for k, v in store.lengths().items()}
+    assert lengths == {
+        ".hits": [2, 0, 3, 1, 0],
+        ".hits[*].samples": [2, 0, 3, 1, 0],
+        ".trace": [3, 1, 0, 4, 2],
+        ".track": [2, 0, 1, 3, 0],
+    }
+
+
+def ragged_tables() -> dict[str, dict[str, np.ndarray]]:
+    """The golden ragged store's arrays as the format specifies them, computed from the
+    records alone: element columns concatenated along their tables, cumulative end offsets,
+    presence, zeros for an absent optional subtree."""
+    records = RAGGED.records()
+    hits = [h for r in records for h in r.hits]
+    calib = [r.calib or trees.Calib(np.float32(0), np.int8(0)) for r in records]
+    return {
+        "record": {
+            "hits%offsets": np.cumsum([len(r.hits) for r in records]),
+            "trace%offsets": np.cumsum([len(r.trace) for r in records]),
+            "track%offsets": np.cumsum([len(r.track["t"]) for r in records]),
+            "calib%present": np.array([r.calib is not None for r in records]),
+            "calib/gain": np.stack([c.gain for c in calib]),
+            "calib/offset": np.stack([c.offset for c in calib]),
+            "run": np.stack([r.run for r in records]),
+        },
+        ".hits": {
+            "hits/%2A/pos": np.stack([h.pos for h in hits]),
+            "hits/%2A/samples%offsets": np.cumsum([len(h.samples) for h in hits]),
+        },
+        ".hits[*].samples": {"hits/%2A/samples": np.concatenate([h.samples for h in hits])},
+        ".trace": {"trace": np.concatenate([r.trace for r in records])},
+        ".track": {
+            "track/t": np.concatenate([r.track["t"] for r in records]),
+            "track/q": np.concatenate([r.track["q"] for r in records]),
+        },
+    }
+
+
+def test_ragged_golden_layout_reads_with_plain_zarr():
+    _zarr_dtypes.register()
+    path = make_golden.CURRENT / "ragged"
+    commit = json.loads((path / ".pytreestore" / "commit.json").read_text())
+    tables = ragged_tables()
+    assert commit["tables"] == {
+        t: len(next(iter(a.values()))) for t, a in tables.items() if t != "record"
+    }
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Object at .pytreestore", module="zarr")
+        group = zarr.open_group(path, mode="r")
+        for table, arrays in tables.items():
+            rows = commit["records"] if table == "record" else commit["tables"][table]
+            for key, want in arrays.items():
+                got = np.asarray(group[key][:rows])  # pyright: ignore[reportArgumentType]
+                meta = json.loads((path / key / "zarr.json").read_text())
+                first = "record" if table == "record" else "element"
+                assert meta["dimension_names"][0] == first, key
+                assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), key
+    keys = {key for arrays in tables.values() for key in arrays}
+    stored = {c.key for c in pytreestore.open(path).schema.storage_columns}
+    assert stored == keys  # every array of the store, and no other
+
+
+def test_ragged_golden_schema_section():
+    info = json.loads((make_golden.CURRENT / "ragged" / "zarr.json").read_text())
+    info = info["attributes"]["pytreestore"]
+    assert info["format_version"] == 3
+    assert info["ragged"]["declared"] == {"ragged": RAGGED.ragged, "optional": RAGGED.optional}
+    assert [(a["path"], a["offsets"], a["table"]) for a in info["ragged"]["axes"]] == [
+        (".hits", "hits%offsets", None),
+        (".hits[*].samples", "hits/%2A/samples%offsets", ".hits"),
+        (".trace", "trace%offsets", None),
+        (".track", "track%offsets", None),
+    ]
+    assert info["ragged"]["optional"] == [
+        {"path": ".calib", "presence": "calib%present", "table": None}
+    ]
+    assert [(c["path"], c["key"], c.get("table"), c["shape"]) for c in info["columns"]] == [
+        (".hits[*].pos", "hits/%2A/pos", ".hits", [3]),
+        (".hits[*].samples", "hits/%2A/samples", ".hits[*].samples", []),
+        (".trace", "trace", ".trace", [2]),
+        (".track['q']", "track/q", ".track", [2]),
+        (".track['t']", "track/t", ".track", []),
+        (".calib.gain", "calib/gain", None, []),
+        (".calib.offset", "calib/offset", None, []),
+        (".run", "run", None, []),
+    ]  # flatten order; a ragged leading axis is not part of the shape

@@ -132,11 +132,11 @@ def test_json_but_not_a_store(path, content):
 
 
 def test_newer_format_version(path):
-    edit_root(path, lambda info: info.update(format_version=3, columns="the future"))
+    edit_root(path, lambda info: info.update(format_version=4, columns="the future"))
     with pytest.raises(
         errors.FormatVersionError,
         match=re.escape(
-            f"{path} is in pytreestore format 3, newer than the 2 this version reads; upgrade pytreestore to read it"
+            f"{path} is in pytreestore format 4, newer than the 3 this version reads; upgrade pytreestore to read it"
         ),
     ):
         pytreestore.open(path)
@@ -148,7 +148,7 @@ def test_invalid_format_version(path, version):
     with pytest.raises(
         errors.NotAStoreError,
         match=re.escape(
-            f"zarr.json has an invalid format_version {version!r}: expected an integer from 1 to 2"
+            f"zarr.json has an invalid format_version {version!r}: expected an integer from 1 to 3"
         ),
     ):
         pytreestore.open(path)

@@ -90,3 +90,37 @@ def wide_record(i: int = 0, n: int = 300) -> dict[str, Any]:
     return {
         f"g{g}": [Params(np.float32(i + j), np.int32(j)) for j in range(n // 20)] for g in range(10)
     }
+
+
+# ---- ragged records (format 3) -------------------------------------------------------------
+
+
+@struct.dataclass
+class Hit:
+    """An element of a ragged list, itself holding a ragged leading axis (``samples``)."""
+
+    pos: Any
+    samples: Any
+
+
+@struct.dataclass
+class Calib:
+    gain: Any
+    offset: Any
+
+
+@struct.dataclass
+class Event:
+    """A ragged record: ``hits`` a ragged list of dataclasses, ``trace`` a leaf with a ragged
+    leading axis, ``track`` a node whose leaves share one, ``calib`` an optional subtree."""
+
+    hits: list[Hit]
+    trace: Any
+    track: dict[str, Any]
+    calib: Calib | None
+    run: Any
+
+
+#: the declarations of a store of :class:`Event` records
+EVENT_RAGGED = [".hits", ".hits[*].samples", ".trace", ".track"]
+EVENT_OPTIONAL = [".calib"]

@@ -62,6 +62,9 @@ class Recipe:
     #: before it are written as ``before(i)``, and ``record(i)`` is how they read back
     evolve: tuple[int, dict[str, Any]] | None = None
     before: Callable[[int], Any] | None = None
+    #: format 3: ``create(ragged=, optional=)``; None for a fixed store
+    ragged: list[str] | None = None
+    optional: list[str] | None = None
 
     def records(self) -> list[Any]:
         return [self.record(i) for i in range(self.n)]
@@ -123,6 +126,29 @@ def evolved_record(i: int) -> dict[str, Any]:
     return {"w": np.float32(i), "y": y, "s": trees.WithStatic(np.float32(i), name="a")}
 
 
+def ragged_record(i: int) -> trees.Event:
+    """Format 3: a ragged list of dataclasses whose elements hold a ragged leading axis, a
+    leaf and a node with ragged leading axes, an optional subtree; record 0 has every part."""
+    hits = [
+        trees.Hit(
+            pos=np.arange(3, dtype=np.float32) + 10 * i + j,
+            samples=np.arange((i + j) % 3 + 1, dtype=np.int16) - 5 * i,
+        )
+        for j in range((2, 0, 3, 1, 0)[i])
+    ]
+    steps, points = (3, 1, 0, 4, 2)[i], (2, 0, 1, 3, 0)[i]
+    return trees.Event(
+        hits=hits,
+        trace=(np.arange(2 * steps, dtype=np.float16).reshape(steps, 2) - i) / 4,
+        track={
+            "t": np.arange(points, dtype=np.float32) * (i + 1),
+            "q": np.full((points, 2), i - 2, np.int8),
+        },
+        calib=None if i in (1, 4) else trees.Calib(np.float32(i / 3), np.int8(-i)),
+        run=np.int32(100 + i),
+    )
+
+
 EVOLVED = {
     "add": {"['y']": np.int16(-3)},
     "drop": ["['old']"],
@@ -137,6 +163,15 @@ RECIPES: dict[str, Recipe] = {
     "seed-zarr": Recipe(seed_record, 3, chunk_records=2, codec="zstd", backend="zarr"),
     "evolved": Recipe(
         evolved_record, 5, chunk_records=2, codec=None, evolve=(3, EVOLVED), before=evolved_before
+    ),
+    "ragged": Recipe(
+        ragged_record,
+        5,
+        chunk_records=2,
+        codec="zstd",
+        sessions=(2,),
+        ragged=trees.EVENT_RAGGED,
+        optional=trees.EVENT_OPTIONAL,
     ),
 }
 
@@ -159,6 +194,8 @@ def write(name: str, path: Path) -> None:
                 chunk_records=recipe.chunk_records,
                 codec=recipe.codec,
                 backend=recipe.backend,
+                ragged=recipe.ragged,
+                optional=recipe.optional,
             )
         else:
             store = pytreestore.open(path, "a", backend=recipe.backend)
