@@ -557,7 +557,7 @@ def test_invalid_format_version(tmp_path, version):
         rewrite_root(root, format_version=version)
     text = (
         f"{root}/zarr.json has an invalid format_version {version!r}: expected an integer "
-        "from 1 to 2"
+        "from 1 to 3"
     )
     with pytest.raises(errors.NotAStoreError, match=f"^{re.escape(text)}$"):
         pytreestore.open(root)
@@ -586,7 +586,7 @@ def test_malformed_schema(tmp_path):
     root = written(tmp_path / "s", 2)
     rewrite_root(root, columns=None)
     text = (
-        f"{root}/zarr.json does not follow the pytreestore format 2 (its JSON Schema is "
+        f"{root}/zarr.json does not follow the pytreestore format 3 (its JSON Schema is "
         "pytreestore/schema.json): at /attributes/pytreestore: 'columns' is a required property"
     )
     with pytest.raises(errors.CorruptStoreError, match=f"^{re.escape(text)}"):

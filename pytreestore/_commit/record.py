@@ -7,7 +7,7 @@ how it is written.
 
 Example:
     >>> Commit(0, 0).next(5)
-    Commit(records=5, generation=1, store=None)
+    Commit(records=5, generation=1, store=None, tables=None)
     >>> Commit.from_bytes(Commit(3, 1).to_bytes(), "memory://doc-record").records
     3
 """
