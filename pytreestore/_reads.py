@@ -22,7 +22,6 @@ from pytreestore._ragged import load as _ragged
 from pytreestore._read import reader as _reader
 from pytreestore._read.reader import ReadContext
 from pytreestore._read.request import LoadRequest
-from pytreestore.errors import RaggedDeclarationError
 
 
 class _Store(Protocol):
@@ -124,11 +123,7 @@ class Reads:
         if request.schema.ragged is not None:
             options = _ragged.RaggedRead.build(ragged, pad_to, truncate, size)
             return _ragged.load(self.read_context(), self.commit_now, request, index, options)
-        if (ragged, pad_to, truncate, size) != ("pad", None, False, None):
-            raise RaggedDeclarationError(
-                f"store {self.path} was created without ragged= or optional=, so its records "
-                "all have one structure; ragged=, pad_to=, truncate= and size= do not apply"
-            )
+        _ragged.check_fixed(self.path, ragged, pad_to, truncate, size)
         return _reader.load(self.read_context(), request, index)
 
     def __getitem__(self, index: Any) -> Any:

@@ -155,15 +155,27 @@ class TreeStore(Pipelines, Reads):
         with self._writing(append=True) as writer:
             writer.extend(records)
 
-    def extend_batch(self, batch: Any) -> None:
+    def extend_batch(self, batch: Any, mask: Any = None) -> None:
         """Appends a batched record: the schema's structure, leaves with a leading record axis.
+
+        A ragged store takes the padded form with its mask, ``extend_batch(batch, mask=mask)``
+        (the pair :meth:`load` returns): each list's length is its run of True in the mask.
 
         Raises:
             SchemaMismatchError: structure, per-record shape or dtype differ, or the leaves
-                disagree on the number of records. Nothing is appended.
+                disagree on the number of records (or a mask gives no length). Nothing is
+                appended.
         """
         with self._writing(append=True) as writer:
-            writer.extend_batch(batch)
+            if isinstance(writer, RaggedWriter):
+                writer.extend_batch(batch, mask)
+            elif mask is not None:
+                raise SchemaMismatchError(
+                    f"store {self.path} holds records of one structure: extend_batch takes "
+                    "no mask= (that is for stores created with ragged= or optional=)"
+                )
+            else:
+                writer.extend_batch(batch)
 
     def evolve(
         self,

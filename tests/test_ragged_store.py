@@ -346,3 +346,79 @@ def test_property_round_trip(tmp_path_factory, seed, n, cut):
     for i, want in enumerate(steps):
         _same(reader.load(i, as_numpy=True), want)
     _same(reader.load(as_numpy=True), pytreestore.stack(steps, like=_like(), as_numpy=True, **DECL))
+
+
+# ---- batched appends, pipelines, copy, verify ---------------------------------------------------
+
+
+def test_extend_batch_takes_a_loaded_pair(tmp_path, backend):
+    steps = _steps(seed=12)
+    source = _filled(tmp_path / "a", backend, steps)
+    target = pytreestore.create(tmp_path / "b", _like(), backend=backend, **DECL)
+    batch, mask = source.load([5, 1, 7])
+    target.extend_batch(batch, mask=mask)
+    target.extend_batch(*source.load(slice(0, 2), pad_to=8, as_numpy=True))
+    for got, want in zip(target.records(as_numpy=True), [steps[i] for i in (5, 1, 7, 0, 1)]):
+        _same(got, want)
+    with pytest.raises(errors.SchemaMismatchError, match="mask=mask"):
+        target.extend_batch(batch)
+    broken = jax.tree.map(lambda m: np.asarray(m).copy(), mask)
+    if broken.agents.energy.shape[1] > 1:
+        broken.agents.energy[:, 0] = False
+        broken.agents.energy[:, 1] = True
+        with pytest.raises(errors.SchemaMismatchError, match="run of True then False|disagree"):
+            target.extend_batch(batch, mask=broken)
+    assert len(target) == 5
+
+
+def test_batches_and_map_of_a_ragged_store(tmp_path, backend):
+    steps = _steps(seed=13, n=10)
+    store = _filled(tmp_path / "s", backend, steps)
+    seen = []
+    for batch, mask in store.batches(4, pad_to=[2, 4, 8]):
+        assert batch.agents.energy.shape[1] in (2, 4, 8)
+        seen += np.asarray(batch.t).tolist()
+    assert seen == list(range(10))
+
+    def energy(step, m):
+        return jax.numpy.sum(jax.numpy.where(m.agents.energy, step.agents.energy, 0))
+
+    got = store.map(energy, batch_size=4, pad_to=8)
+    want = [sum(float(a.energy) for a in s.agents) for s in steps]
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+    src = store.grain_source()
+    _same(src[3], steps[3])
+    for got_one, want_one in zip(src._getitems([4, 2]), [steps[4], steps[2]]):
+        _same(got_one, want_one)
+
+
+def test_copy_and_verify_of_a_ragged_store(tmp_path, backend):
+    steps = _steps(seed=14)
+    _filled(tmp_path / "s", backend, steps).close()
+    assert pytreestore.copy(tmp_path / "s", tmp_path / "c", chunk_records=2, codec=None) == 12
+    copied = pytreestore.open(tmp_path / "c")
+    for i, want in enumerate(steps):
+        _same(copied.load(i, as_numpy=True), want)
+    report = copied.verify()
+    assert report.ok and report.columns == len(copied.schema.storage_columns)
+    chunk = next((tmp_path / "c" / "agents" / "%2A" / "energy" / "c").iterdir())
+    chunk.unlink()
+    report = pytreestore.open(tmp_path / "c").verify()
+    assert not report.ok and ".agents[*].energy" in str(report)
+    with pytest.raises(errors.CorruptChunkError, match=r"column \.agents\[\*\]\.energy"):
+        pytreestore.open(tmp_path / "c").load(slice(None))
+
+
+def test_sharded_load_of_a_ragged_store(tmp_path):
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    steps = _steps(seed=15, n=8)
+    store = _filled(tmp_path / "s", "tensorstore", steps)
+    mesh = Mesh(np.array(jax.devices()[:2]), ("d",))
+    batch, mask = store.load(slice(0, 8), sharding=NamedSharding(mesh, P("d")))
+    assert batch.agents.energy.sharding.spec == P("d")
+    want = pytreestore.stack(steps, like=_like(), as_numpy=True, **DECL)
+    _same(jax.tree.map(np.asarray, (batch, mask)), want)
+    with pytest.raises(errors.ShardingError, match="one jax.sharding.Sharding"):
+        store.load(slice(0, 8), pmap_devices=jax.devices()[:2])

@@ -146,25 +146,29 @@ def verify(
         StorageError: storage could not be reached; nothing can be concluded.
     """
     problems: list[Problem] = []
-    records = _check_commit(backend, records, location, problems)
+    commit = _check_commit(backend, records, location, problems)
     plain: list[str] = []
     past: list[str] = []
-    requests: list[tuple[ColumnSpec, int]] = []
-    for column in schema.columns:
-        meta = _check_metadata(backend, column, records, problems)
-        if meta is None:
-            continue
-        if not any(c.get("name") == "crc32c" for c in meta.get("codecs", [])):
-            plain.append(column.path or "the root")
-        _check_present(backend, column, records, problems, past)
-        first = column.start // column.chunks[0]  # chunks wholly before start: unstored
-        requests.extend((column, i) for i in range(first, -(-records // column.chunks[0])))
-    problems.extend(_unseen(_read_all(backend, requests, records, progress), problems))
-    order = {c.path: i for i, c in enumerate(schema.columns)}
+    chunks = 0
+    for table in dict.fromkeys(c.table for c in schema.storage_columns):
+        rows = commit.rows(table)  # a ragged store's tables each have their own rows
+        requests: list[tuple[ColumnSpec, int]] = []
+        for column in (c for c in schema.storage_columns if c.table == table):
+            meta = _check_metadata(backend, column, rows, problems)
+            if meta is None:
+                continue
+            if not any(c.get("name") == "crc32c" for c in meta.get("codecs", [])):
+                plain.append(column.path or "the root")
+            _check_present(backend, column, rows, problems, past)
+            first = column.start // column.chunks[0]  # chunks wholly before start: unstored
+            requests.extend((column, i) for i in range(first, -(-rows // column.chunks[0])))
+        problems.extend(_unseen(_read_all(backend, requests, rows, progress), problems))
+        chunks += len(requests)
+    order = {c.path: i for i, c in enumerate(schema.storage_columns)}
     problems.sort(key=lambda p: (-1 if p.path is None else order[p.path], p.chunk or ()))
-    count = len(schema.columns)
+    count = len(schema.storage_columns)
     return VerifyReport(
-        location, records, count, len(requests), tuple(problems), tuple(plain), tuple(past)
+        location, commit.records, count, chunks, tuple(problems), tuple(plain), tuple(past)
     )
 
 
@@ -184,12 +188,12 @@ def _unseen(found: list[Problem], known: list[Problem]) -> list[Problem]:
     return [p for p in found if (p.path, p.chunk) not in seen]
 
 
-def _check_commit(backend: Any, records: int, location: str, problems: list[Problem]) -> int:
+def _check_commit(backend: Any, records: int, location: str, problems: list[Problem]) -> Commit:
     try:
-        return Commit.from_bytes(backend.read_bytes(COMMIT_KEY), location).records
+        return Commit.from_bytes(backend.read_bytes(COMMIT_KEY), location)
     except CorruptStoreError as err:
         problems.append(Problem(None, COMMIT_KEY, None, str(err)))
-        return records
+        return Commit(records, 0)
 
 
 def _check_metadata(

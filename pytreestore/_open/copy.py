@@ -34,6 +34,7 @@ from pytreestore._inspect import progress as _progress
 from pytreestore._location import Location
 from pytreestore._open.open import create_from_schema
 from pytreestore._open.open import open as open_store
+from pytreestore._ragged.model import GenericViewError
 from pytreestore._read.reader import load_leaves
 from pytreestore._read.request import LoadRequest
 from pytreestore._store import TreeStore
@@ -82,7 +83,10 @@ def copy(
     if isinstance(src, TreeStore):
         source = src
     else:
-        source = open_store(src, generic=True, storage_options=src_storage_options)
+        try:
+            source = open_store(src, generic=True, storage_options=src_storage_options)
+        except GenericViewError:  # a ragged store: read with its classes
+            source = open_store(src, storage_options=src_storage_options)
     location = Location.parse(dst, dst_storage_options)
     try:
         return _copy(source, location, chunk_records, codec, backend, overwrite, progress)
@@ -116,6 +120,9 @@ def _copy(
     request = LoadRequest.build(source.schema, policy=False, as_numpy=True)
 
     def fill(writer: Writer) -> None:
+        if schema.ragged is not None:  # records one by one: each has its own structure
+            _copy_records(source, writer, total, progress)
+            return
         with _progress.progress_bar(
             total=total, desc="copy", record_nbytes=row_bytes, enabled=progress
         ) as bar:
@@ -128,10 +135,36 @@ def _copy(
     return total
 
 
+def _copy_records(source: TreeStore, writer: Any, total: int, progress: bool) -> None:
+    """Appends the first ``total`` records of a ragged ``source``, read exactly."""
+    with _progress.progress_bar(total=total, desc="copy", record_nbytes=0, enabled=progress) as bar:
+        for i, record in enumerate(source.records(as_numpy=True)):
+            if i == total:
+                break
+            writer.append_record(record)
+            bar.advance(1)
+
+
+def _unstarted(schema: TreeSchema) -> TreeSchema:
+    """A ragged schema whose learnt arrays start at row 0: a copy writes every row."""
+    info = schema.ragged
+    assert info is not None
+    columns = tuple(dataclasses.replace(c, start=0, default=None) for c in schema.columns)
+    info = dataclasses.replace(
+        info,
+        axes=tuple(dataclasses.replace(a, start=0) for a in info.axes),
+        presence=tuple(dataclasses.replace(p, start=0) for p in info.presence),
+    )
+    return dataclasses.replace(schema, columns=columns, ragged=info)
+
+
 def rechunked(schema: TreeSchema, chunk_records: int | None, codec: str | None) -> TreeSchema:
-    """``schema`` with ``chunk_records`` records per chunk (None: unchanged) and ``codec``."""
+    """``schema`` with ``chunk_records`` records per chunk (None: unchanged) and ``codec``;
+    in a ragged store, the record table's chunks only."""
     if codec not in _CODECS:
         raise ValueError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
+    if schema.ragged is not None:
+        schema = _unstarted(schema)
     if chunk_records is None:  # a copy has no dropped columns: their data is not copied
         return dataclasses.replace(schema, codec=codec, dropped=())
     if not isinstance(chunk_records, int) or isinstance(chunk_records, bool) or chunk_records < 1:
@@ -140,6 +173,8 @@ def rechunked(schema: TreeSchema, chunk_records: int | None, codec: str | None) 
         dataclasses.replace(
             c, chunks=(chunk_records, *leaf_chunks(c.dtype, c.shape, chunk_records))
         )
+        if c.table is None
+        else c
         for c in schema.columns
     )
     return dataclasses.replace(

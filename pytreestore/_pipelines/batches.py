@@ -306,6 +306,8 @@ class GrainSource:
 
     def _getitems(self, indices: Sequence[int]) -> list[Any]:
         """The records at ``indices`` from one batched read (Grain's batched-read protocol)."""
+        if self._store.schema.ragged is not None:  # records of their own structure each
+            return [self._load(int(i)) for i in indices]
         index = np.asarray(indices, np.int64)
         batch = self._load(index)
         leaves, treedef = tree_flatten(batch, is_leaf=lambda x: x is None)

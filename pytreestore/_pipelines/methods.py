@@ -19,11 +19,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from pytreestore._commit.record import Commit
 from pytreestore._format.schema import TreeSchema
 from pytreestore._pipelines import batches as _batches
 from pytreestore._pipelines import map as _map
+from pytreestore._ragged import load as _ragged
 from pytreestore._read import reader as _reader
 from pytreestore._read.reader import ReadContext
+from pytreestore._read.request import LoadRequest
 from pytreestore._spec import StoreSpec
 
 
@@ -37,6 +40,8 @@ class _Store(Protocol):
     def spec(self) -> StoreSpec: ...
 
     def read_context(self) -> ReadContext: ...
+
+    def commit_now(self) -> Commit: ...
 
 
 class Pipelines:
@@ -57,6 +62,9 @@ class Pipelines:
         epochs: int | None = 1,
         state: dict[str, Any] | None = None,
         cast: bool | None = None,
+        ragged: str = "pad",
+        pad_to: int | str | Sequence[int] | None = None,
+        truncate: bool = False,
     ) -> _batches.BatchIterator:
         """Iterates over records ``[start, stop)`` in batches on device, read ahead in the background.
 
@@ -74,6 +82,9 @@ class Pipelines:
             epochs: passes over the records; None repeats without end.
             state: a dict from :meth:`BatchIterator.state` to continue from.
             cast: as for :meth:`load`.
+            ragged, pad_to, truncate: for a ragged store, as for :meth:`load`: each batch is
+                the pair ``(batch, mask)`` (or ``(values, segments)``); give ``pad_to``
+                buckets so that a jitted step compiles once per bucket.
 
         Returns:
             A :class:`~pytreestore._pipelines.batches.BatchIterator` of batched records; its ``state()``
@@ -97,7 +108,7 @@ class Pipelines:
         hi = max(lo, hi)
         request.check_batches(batch_size, hi - lo, drop_last=drop_last)
         return _batches.BatchIterator(
-            _reader.loader(context, request),
+            _loader(self, context, request, ragged, pad_to, truncate),
             start=lo,
             stop=hi,
             batch_size=batch_size,
@@ -120,6 +131,8 @@ class Pipelines:
         progress: bool = False,
         prefetch: int = 2,
         cast: bool | None = None,
+        pad_to: int | str | Sequence[int] | None = None,
+        truncate: bool = False,
     ) -> Any:
         """Applies ``jax.jit(jax.vmap(fn))`` to every record, one batch at a time.
 
@@ -133,6 +146,9 @@ class Pipelines:
             progress: show a progress bar (records and MB/s) on standard error.
             prefetch: batches read ahead while the previous one computes.
             cast: as for :meth:`load`.
+            pad_to, truncate: for a ragged store, as for :meth:`load`: ``fn`` is then a
+                function of ``(record, mask)``, one padded record and its mask; with
+                ``pad_to`` fixed every batch has one shape (one compile).
 
         Returns:
             The results with a leading record axis, or the ``out`` store.
@@ -148,9 +164,11 @@ class Pipelines:
         size = batch_size if batch_size is not None else self.schema.chunk_records
         request = context.request(columns=columns, sharding=sharding, cast=cast)
         request.check_batches(size, size, drop_last=True)
+        if self.schema.ragged is not None:
+            fn = _on_pair(fn)
         return _map.map_records(
             fn,
-            _reader.loader(context, request),
+            _loader(self, context, request, "pad", pad_to, truncate),
             count=context.readable(),
             batch_size=size,
             out=out,
@@ -175,8 +193,38 @@ class Pipelines:
         """
         context = self.read_context()
         request = context.request(columns=columns, as_numpy=True)
-        load = _reader.loader(context, request)
+        load = _loader(self, context, request, "pad", None, False)
         return _batches.GrainSource(self, columns=columns, load=load)
+
+
+def _loader(
+    store: _Store,
+    context: ReadContext,
+    request: LoadRequest,
+    ragged: str,
+    pad_to: Any,
+    truncate: bool,
+) -> Callable[[Any], Any]:
+    """The load function of a pipeline: records of a fixed store, ``(batch, mask)`` (or
+    ``(values, segments)``) of a ragged one."""
+    if request.schema.ragged is None:
+        _ragged.check_fixed(store.path, ragged, pad_to, truncate, None)
+        return _reader.loader(context, request)
+    options = _ragged.RaggedRead.build(ragged, pad_to, truncate, None)
+
+    def load(index: Any) -> Any:
+        return _ragged.load(context, store.commit_now, request, index, options)
+
+    return load
+
+
+def _on_pair(fn: Callable[..., Any]) -> Callable[[Any], Any]:
+    """``fn(record, mask)`` as a function of the pair a ragged store's batches are."""
+
+    def on_pair(pair: Any) -> Any:
+        return fn(*pair)
+
+    return on_pair
 
 
 __all__ = ["Pipelines"]

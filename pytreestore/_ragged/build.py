@@ -148,7 +148,7 @@ def exact(spec: Spec | None, rows: dict[str | None, Rows], table: str | None, co
             return [None] * count  # a column not chosen
         if spec.axis is None:
             values = rows[table].values[key]
-            return [values[i] for i in range(count)]
+            return [values[i, ...] for i in range(count)]
         return _split(
             rows, spec.axis.path, table, rows[spec.axis.path].values[path_key(spec.path)], count
         )

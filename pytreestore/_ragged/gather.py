@@ -102,10 +102,14 @@ def _read_offsets(
     """Reads each offsets array at ``index`` and at the row before; stores (starts, ends)."""
     if not columns:
         return
+    if not len(index):  # no rows: nothing to read
+        for c in columns:
+            rows.values[c.key] = np.zeros((2, 0), np.int64)
+        return
     keys = [c.key for c in columns]
     before = np.maximum(index - 1, 0)
     both = np.concatenate([before, index])
-    got = read(keys, _compact(both) if len(index) else both, commit.rows(table))
+    got = read(keys, _compact(both), commit.rows(table))
     n = len(index)
     for c, array in zip(columns, got):
         starts = np.where(index > 0, array[:n], 0).astype(np.int64)

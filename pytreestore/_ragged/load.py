@@ -26,11 +26,17 @@ from pytreestore._format.schema import TreeSchema
 from pytreestore._ragged.build import Padded, exact
 from pytreestore._ragged.gather import Rows, gather, lengths
 from pytreestore._read.device import to_jax
-from pytreestore._read.reader import ReadContext
+from pytreestore._read.reader import ReadContext, name_column
 from pytreestore._read.request import LoadRequest
 from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec
 from pytreestore._tree.pad import check_pad_to
-from pytreestore.errors import RaggedDeclarationError, RaggedLengthError, ShardingError
+from pytreestore.errors import (
+    CorruptChunkError,
+    CorruptStoreError,
+    RaggedDeclarationError,
+    RaggedLengthError,
+    ShardingError,
+)
 
 FORMS = ("pad", "segments")
 ITER_BLOCK = 1024  # records gathered at once by iteration
@@ -79,14 +85,33 @@ class RaggedRead:
         return cls(ragged, check_pad_to(pad_to), truncate, size)
 
 
-def check_unsplit(request: LoadRequest) -> None:
-    """Sharded and pmap loads of a ragged store come padded, through ``device=`` for now."""
-    if request.split:
-        raise ShardingError(
-            "a ragged store loads padded records onto one device or sharding with device= "
-            "(e.g. device=NamedSharding(mesh, P('data'))); sharding=, pmap_devices= and pad= "
-            "split fixed columns only"
+def check_fixed(path: str, ragged: Any, pad_to: Any, truncate: Any, size: Any) -> None:
+    """Refuses the ragged read options for a store without ragged axes."""
+    if (ragged, pad_to, truncate, size) != ("pad", None, False, None):
+        raise RaggedDeclarationError(
+            f"store {path} was created without ragged= or optional=, so its records all have "
+            "one structure; ragged=, pad_to=, truncate= and size= do not apply"
         )
+
+
+def unsplit(request: LoadRequest) -> LoadRequest:
+    """A sharded load of a ragged store as a load placed on that one sharding: the padded
+    leaves (records first) are split along the record axis.
+
+    Raises:
+        ShardingError: ``pmap_devices=``, ``pad=``, or a sharding per column.
+    """
+    if not request.split:
+        return request
+    assert request.shardings is not None
+    shardings = set(request.shardings)
+    if request.pmap or request.pad or len(shardings) != 1 or None in shardings:
+        raise ShardingError(
+            "a ragged store's loads take one jax.sharding.Sharding for every leaf (sharding="
+            "NamedSharding(mesh, P('data')) splits the padded records); pmap_devices=, pad= "
+            "and a sharding per column apply to fixed stores only"
+        )
+    return dataclasses.replace(request, device=shardings.pop(), shardings=None)
 
 
 def load(
@@ -98,7 +123,7 @@ def load(
 ) -> Any:
     """Records ``index``: one record exactly for an int, else the padded ``(batch, mask)``
     or the flat ``(values, segments)``."""
-    check_unsplit(request)
+    request = unsplit(request)
     now = _commit(context, commit)
     selection = request.selection(index, now.records)
     records = _records(selection.index)
@@ -157,14 +182,20 @@ def _gather(
     records: np.ndarray,
     leaves: Sequence[Any] | None = None,
 ) -> dict[str | None, Rows]:
-    with context.reading() as backend:
-        out = gather(
-            request.schema,
-            commit,
-            records,
-            backend.read,
-            leaves=request.specs if leaves is None else leaves,
-        )
+    try:
+        with context.reading() as backend:
+            out = gather(
+                request.schema,
+                commit,
+                records,
+                backend.read,
+                leaves=request.specs if leaves is None else leaves,
+            )
+    except CorruptStoreError as err:
+        context.check_not_replaced(always=True)  # a replaced store lacks our chunks
+        if isinstance(err, CorruptChunkError):
+            raise name_column(err, request.schema) from err
+        raise
     context.check_not_replaced()
     return out
 
@@ -176,12 +207,18 @@ def _placed(tree: Any, request: LoadRequest) -> Any:
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is None)
     paths = [keystr(p) for p, _ in tree_flatten_with_path(tree, is_leaf=lambda x: x is None)[0]]
     arrays = [x if isinstance(x, np.ndarray | np.generic) else None for x in leaves]
-    placed = to_jax(
-        [None if a is None else np.asarray(a) for a in arrays],
-        paths,
-        device=request.device,
-        cast=request.cast,
-    )
+    try:
+        placed = to_jax(
+            [None if a is None else np.asarray(a) for a in arrays],
+            paths,
+            device=request.device,
+            cast=request.cast,
+        )
+    except ValueError as err:  # a sharding that does not divide the padded shapes
+        raise ShardingError(
+            f"cannot place the loaded records on {request.device}: {err}. Load a record "
+            "count the sharding divides, or pad_to= a length it divides"
+        ) from None
     return treedef.unflatten([p if a is not None else x for p, a, x in zip(placed, arrays, leaves)])
 
 
@@ -243,4 +280,12 @@ class Flat:
         return spec.treedef.unflatten([self.node(c, table) for c in spec.children])
 
 
-__all__ = ["FORMS", "RaggedRead", "Segments", "iterate", "load", "record_lengths"]
+__all__ = [
+    "FORMS",
+    "RaggedRead",
+    "Segments",
+    "check_fixed",
+    "iterate",
+    "load",
+    "record_lengths",
+]

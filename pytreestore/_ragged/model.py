@@ -36,7 +36,16 @@ from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec, Walker
 from pytreestore._tree.layout import check_used as _check_used
 from pytreestore._tree.ragged import Declarations
-from pytreestore.errors import CorruptStoreError, RaggedDeclarationError, SchemaMismatchError
+from pytreestore.errors import (
+    CorruptStoreError,
+    RaggedDeclarationError,
+    SchemaMismatchError,
+    UnsupportedTreeError,
+)
+
+
+class GenericViewError(UnsupportedTreeError):
+    """``open(generic=True)`` of a ragged store (its declarations name today's paths)."""
 
 
 @dataclasses.dataclass
@@ -302,6 +311,11 @@ def attach_layout(schema: TreeSchema, where: str) -> TreeSchema:
     """
     info = schema.ragged
     assert info is not None
+    if schema.treedef is None:
+        raise GenericViewError(
+            f"{where} holds ragged or optional records, which have no generic view yet: "
+            "open it with its classes importable, or with like= a record of its structure"
+        )
     decl = Declarations.parse(info.declared_ragged, info.optional)
     zeros = [np.zeros((1, *c.shape) if _leading(c) else c.shape, c.dtype) for c in schema.columns]
     try:
@@ -348,4 +362,11 @@ def _check_model(model: Model, schema: TreeSchema, where: str) -> None:
         )
 
 
-__all__ = ["Model", "attach_layout", "build_schema", "grow_schema", "representative"]
+__all__ = [
+    "GenericViewError",
+    "Model",
+    "attach_layout",
+    "build_schema",
+    "grow_schema",
+    "representative",
+]

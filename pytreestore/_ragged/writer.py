@@ -39,6 +39,7 @@ from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY, array_json
 from pytreestore._format.schema import TreeSchema
 from pytreestore._ragged.model import Model, grow_schema, representative
+from pytreestore._ragged.unpad import unpad_records
 from pytreestore._tree.convert import RecordError
 from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec, Walker
 from pytreestore.backends import Backend
@@ -160,11 +161,16 @@ class RaggedWriter:
             raise
         self._commit_whole_chunks()
 
-    def extend_batch(self, batch: Any) -> None:
-        raise SchemaMismatchError(
-            "a ragged store appends records one by one (append, extend); extend_batch takes "
-            "the batched form of a fixed store, which cannot show list lengths or None"
-        )
+    def extend_batch(self, batch: Any, mask: Any = None) -> None:
+        """Appends the records of a padded ``batch`` whose real values ``mask`` marks (the
+        pair ``load`` returns), all or none."""
+        if mask is None:
+            raise SchemaMismatchError(
+                "a ragged store's extend_batch takes the padded batch with its mask, "
+                "extend_batch(batch, mask=mask) (the pair load() returns): the batch alone "
+                "cannot show list lengths or None"
+            )
+        self.extend(unpad_records(self.model.spec, batch, mask))
 
     def flush(self) -> None:
         """Writes every table's buffered rows, then commits them all in one commit record."""

@@ -107,9 +107,9 @@ def loader(context: ReadContext, request: LoadRequest) -> Callable[[Any], Any]:
     return load_index
 
 
-def _name_column(err: CorruptChunkError, schema: TreeSchema) -> CorruptChunkError:
+def name_column(err: CorruptChunkError, schema: TreeSchema) -> CorruptChunkError:
     """``err`` (which names a column by storage key) naming the column by its tree path."""
-    path = next((c.path for c in schema.columns if c.key == err.path), None)
+    path = next((c.path for c in schema.storage_columns if c.key == err.path), None)
     if path is None:
         return err
     message = str(err).replace(f"column {err.path}:", f"column {path or 'the root'}:", 1)
@@ -148,7 +148,7 @@ def _read(
     except CorruptStoreError as err:
         context.check_not_replaced(always=True)  # a replaced store lacks our chunks
         if isinstance(err, CorruptChunkError):
-            raise _name_column(err, request.schema) from err
+            raise name_column(err, request.schema) from err
         raise
     context.check_not_replaced()  # what was read belongs to the store opened
     return arrays

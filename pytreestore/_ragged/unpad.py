@@ -1,0 +1,176 @@
+"""Records back from the padded form: what ``extend_batch(batch, mask=mask)`` of a ragged store
+appends, so that a loaded selection can be appended to another store.
+
+The mask says where values are real. A ragged list's length in each row is the count of True
+along its axis in the mask of a leaf that lies directly in its elements (not below a further
+ragged axis or optional subtree), and every such leaf must agree; an optional subtree is
+present where such a leaf of it is True. The True entries of each row must come first.
+
+Example:
+    >>> import jax
+import jax
+import numpy as np
+    >>> from pytreestore._tree.layout import build_layout
+    >>> from pytreestore._tree.ragged import Declarations
+    >>> records = [{"p": [1.0, 2.0]}, {"p": []}]
+    >>> spec = build_layout(records, None, Declarations.parse(True, None))
+    >>> batch = {"p": np.array([[1.0, 2.0], [0.0, 0.0]], np.float32)}
+    >>> mask = {"p": np.array([[True, True], [False, False]])}
+    >>> [len(r["p"]) for r in unpad_records(spec, batch, mask)]
+    [2, 0]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec
+from pytreestore.errors import SchemaMismatchError
+
+
+def unpad_records(spec: Spec, batch: Any, mask: Any) -> list[Any]:
+    """The records of the padded ``batch`` whose real values ``mask`` marks.
+
+    Raises:
+        SchemaMismatchError: ``batch`` or ``mask`` does not have the padded structure of the
+            store's records, a mask is not a run of True then False, or the leaves of one
+            list disagree on its length.
+    """
+    rows = _rows(spec, batch)
+    return _split(spec, batch, mask, rows)
+
+
+def _rows(spec: Spec, batch: Any) -> int:
+    for leaf in _leaves(spec, batch):
+        shape = np.shape(leaf)
+        if shape:
+            return int(shape[0])
+    raise SchemaMismatchError("extend_batch(batch, mask=) found no array leaf in the batch")
+
+
+def _leaves(spec: Spec | None, value: Any) -> list[Any]:
+    if isinstance(spec, Leaf):
+        return [value]
+    if isinstance(spec, RaggedList):
+        return _leaves(spec.element, value)
+    if isinstance(spec, Optional):
+        return _leaves(spec.inner, value)
+    if isinstance(spec, Fixed):
+        return [x for c, v in zip(spec.children, _children(spec, value)) for x in _leaves(c, v)]
+    return []
+
+
+def _children(spec: Fixed, value: Any) -> list[Any]:
+    try:
+        return spec.treedef.flatten_up_to(value)
+    except (ValueError, TypeError) as err:
+        raise SchemaMismatchError(
+            f"extend_batch(batch, mask=): at {spec.path or 'the root'} the batch (or mask) does "
+            f"not have the padded structure of the store's records: {err}"
+        ) from None
+
+
+def _split(spec: Spec | None, value: Any, mask: Any, rows: int) -> list[Any]:
+    """One object per row of ``value`` and ``mask`` (leading axis: the rows)."""
+    if isinstance(spec, Leaf):
+        array = np.asarray(value)
+        if spec.axis is None:
+            return [array[i, ...] for i in range(rows)]
+        lengths = _lengths(np.asarray(mask), spec.path, rows)
+        return [array[i, : lengths[i]] for i in range(rows)]
+    if isinstance(spec, Kept):
+        return [spec.value] * rows
+    if isinstance(spec, RaggedList):
+        return _split_list(spec, value, mask, rows)
+    if isinstance(spec, Optional):
+        if spec.inner is None:
+            return [None] * rows
+        present = _witness(spec.inner, mask, spec.path, rows, optional=True)
+        inner = _split(spec.inner, _take(value, present), _take(mask, present), int(present.sum()))
+        it = iter(inner)
+        return [next(it) if p else None for p in present]
+    assert isinstance(spec, Fixed), spec
+    parts = [
+        _split(c, v, m, rows)
+        for c, v, m in zip(spec.children, _children(spec, value), _children(spec, mask))
+    ]
+    return (
+        [spec.treedef.unflatten(list(p)) for p in zip(*parts)]
+        if parts
+        else [spec.treedef.unflatten([]) for _ in range(rows)]
+    )
+
+
+def _split_list(spec: RaggedList, value: Any, mask: Any, rows: int) -> list[Any]:
+    if spec.element is None:
+        return [[] for _ in range(rows)]
+    real = _witness(spec.element, mask, spec.path, rows, optional=False)
+    lengths = _lengths(real, spec.path, rows)
+    items = _split(spec.element, _take(value, real), _take(mask, real), int(lengths.sum()))
+    cuts = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    return [items[cuts[i] : cuts[i + 1]] for i in range(rows)]
+
+
+def _take(tree: Any, where: np.ndarray) -> Any:
+    """Every array leaf of ``tree`` at the True entries of ``where`` (its leading axes)."""
+    return jax.tree.map(lambda x: np.asarray(x)[where] if hasattr(x, "shape") else x, tree)
+
+
+def _witness(spec: Spec, mask: Any, path: str, rows: int, *, optional: bool) -> np.ndarray:
+    """Where the elements of a list (or an optional subtree) are real, from the masks of
+    the leaves directly in it, which must agree."""
+    found = [np.asarray(m) for m in _direct_masks(spec, mask)]
+    if not found:
+        what = "optional subtree" if optional else "ragged list's elements"
+        raise SchemaMismatchError(
+            f"extend_batch(batch, mask=) cannot tell at {path or 'the root'} which entries are "
+            f"real: the {what} hold no leaf outside a further ragged axis or optional subtree; "
+            "append the records instead"
+        )
+    first = found[0].astype(bool)
+    if any(m.shape != first.shape or (m.astype(bool) != first).any() for m in found[1:]):
+        raise SchemaMismatchError(
+            f"extend_batch(batch, mask=): the masks below {path or 'the root'} disagree on "
+            "which entries are real"
+        )
+    return first
+
+
+def _direct_masks(spec: Spec | None, mask: Any) -> list[Any]:
+    if isinstance(spec, Leaf):
+        return [mask] if spec.axis is None else []
+    if isinstance(spec, Kept):
+        return [mask]
+    if isinstance(spec, Fixed):
+        return [
+            m
+            for c, v in zip(spec.children, _children(spec, mask))
+            if not isinstance(c, RaggedList | Optional)
+            for m in _direct_masks(c, v)
+        ]
+    return []
+
+
+def _lengths(mask: np.ndarray, path: str, rows: int) -> np.ndarray:
+    """Each row's count of True along the last axis of ``mask``, which must come first."""
+    if mask.ndim != 2 or mask.shape[0] != rows:
+        raise SchemaMismatchError(
+            f"extend_batch(batch, mask=): the mask at {path or 'the root'} has shape "
+            f"{mask.shape}, expected {rows} rows and a padded axis"
+        )
+    real = mask.astype(bool)
+    lengths = real.sum(axis=1)
+    prefix = np.arange(real.shape[1]) < lengths[:, None]
+    if (real != prefix).any():
+        bad = int(np.argmax((real != prefix).any(axis=1)))
+        raise SchemaMismatchError(
+            f"extend_batch(batch, mask=): row {bad} of the mask at {path or 'the root'} is not a "
+            "run of True then False, so it gives no length"
+        )
+    return lengths
+
+
+__all__ = ["unpad_records"]
