@@ -366,7 +366,7 @@ def test_extend_batch_takes_a_loaded_pair(tmp_path, backend):
     if broken.agents.energy.shape[1] > 1:
         broken.agents.energy[:, 0] = False
         broken.agents.energy[:, 1] = True
-        with pytest.raises(errors.SchemaMismatchError, match="run of True then False|disagree"):
+        with pytest.raises(errors.SchemaMismatchError, match=r"run of True then False|disagree"):
             target.extend_batch(batch, mask=broken)
     assert len(target) == 5
 
@@ -375,7 +375,7 @@ def test_batches_and_map_of_a_ragged_store(tmp_path, backend):
     steps = _steps(seed=13, n=10)
     store = _filled(tmp_path / "s", backend, steps)
     seen = []
-    for batch, mask in store.batches(4, pad_to=[2, 4, 8]):
+    for batch, _mask in store.batches(4, pad_to=[2, 4, 8]):
         assert batch.agents.energy.shape[1] in (2, 4, 8)
         seen += np.asarray(batch.t).tolist()
     assert seen == list(range(10))
@@ -420,5 +420,5 @@ def test_sharded_load_of_a_ragged_store(tmp_path):
     assert batch.agents.energy.sharding.spec == P("d")
     want = pytreestore.stack(steps, like=_like(), as_numpy=True, **DECL)
     _same(jax.tree.map(np.asarray, (batch, mask)), want)
-    with pytest.raises(errors.ShardingError, match="one jax.sharding.Sharding"):
+    with pytest.raises(errors.ShardingError, match=r"one jax\.sharding\.Sharding"):
         store.load(slice(0, 8), pmap_devices=jax.devices()[:2])

@@ -291,10 +291,11 @@ def check_starts(
     for column in schema.storage_columns:
         count = records if column.table is None or rows is None else rows(column.table)
         if column.start > count:
+            unit = "record" if column.table is None else "row"
             raise CorruptStoreError(
-                f"{location}/{ROOT_KEY}: column {column.path} starts at row {column.start}, "
+                f"{location}/{ROOT_KEY}: column {column.path} starts at {unit} {column.start}, "
                 f"but only {count} are committed; the schema was edited or damaged outside "
-                "pytreestore (rows before 'start' would read its default)"
+                f"pytreestore ({unit}s before 'start' would read its default)"
             )
 
 

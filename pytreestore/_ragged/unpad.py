@@ -7,9 +7,7 @@ ragged axis or optional subtree), and every such leaf must agree; an optional su
 present where such a leaf of it is True. The True entries of each row must come first.
 
 Example:
-    >>> import jax
-import jax
-import numpy as np
+    >>> import numpy as np
     >>> from pytreestore._tree.layout import build_layout
     >>> from pytreestore._tree.ragged import Declarations
     >>> records = [{"p": [1.0, 2.0]}, {"p": []}]
