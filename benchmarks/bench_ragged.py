@@ -327,9 +327,25 @@ def _take_row(
 # --- append -------------------------------------------------------------------------------------
 
 
-def _case_append(sizes: Sizes) -> list[Result]:
+def _fixed_scalar_records(data: Data) -> list[Record]:
+    """Fixed records holding a tuple of FIXED_LEN Points of scalar leaves: 8 x FIXED_LEN leaf
+    values per record as separate leaves, as many Python objects as an average ragged list."""
+    out = []
+    for r, row in zip(data.records, _fixed_records(data), strict=True):
+        leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(row.p)]
+        points = tuple(Point(*(leaf[k][()] for leaf in leaves)) for k in range(FIXED_LEN))
+        out.append(Record(r.step, r.v, points))
+    gc.freeze()
+    return out
+
+
+def _case_append_scalars(sizes: Sizes) -> list[Result]:
+    return _case_append(sizes, scalars=True)
+
+
+def _case_append(sizes: Sizes, *, scalars: bool = False) -> list[Result]:
     data = _data(sizes.n)
-    fixed = _fixed_records(data)
+    fixed = _fixed_scalar_records(data) if scalars else _fixed_records(data)
     expected_fixed = [
         np.stack([np.asarray(x) for x in col])
         for col in zip(*(jax.tree_util.tree_leaves(r) for r in fixed[:100]), strict=True)
@@ -366,9 +382,16 @@ def _case_append(sizes: Sizes) -> list[Result]:
             ),
         )
     mean = float(data.lengths.mean())
+    fixed_label = (
+        f"`step`, `v` and a tuple of {FIXED_LEN} Points of 8 scalar leaves ({8 * FIXED_LEN} "
+        "leaf values, each its own leaf and column, as many Python objects as a ragged list)"
+        if scalars
+        else f"`step`, `v` and 8 leaves of shape [{FIXED_LEN}] (float32/int32 alternating), "
+        f"the same 10 columns at {FIXED_LEN} elements"
+    )
     return [
         Result(
-            case="append",
+            case="append (vs scalar leaves)" if scalars else "append",
             n=sizes.n,
             ours=ragged,
             baseline=flat,
@@ -378,11 +401,7 @@ def _case_append(sizes: Sizes) -> list[Result]:
                 'create a local store with `ragged=[".p"]`, N x `store.append(record)`, '
                 f"`flush()`, `close()`; lists of 1-{MAX_LEN} elements (mean {mean:.1f})"
             ),
-            baseline_label=(
-                "the same into a fixed-structure store: `step`, `v` and 8 leaves of shape "
-                f"[{FIXED_LEN}] (float32/int32 alternating), the same 10 columns at "
-                f"{FIXED_LEN} elements"
-            ),
+            baseline_label=f"the same into a fixed-structure store: {fixed_label}",
             notes=(
                 f"Per record: ragged {ragged.median / sizes.n * 1e6:.1f} us, fixed "
                 f"{flat.median / sizes.n * 1e6:.1f} us.",
@@ -444,5 +463,6 @@ def cases(quick: bool) -> list[Case]:
     return [
         Case("take", lambda: _case_take(sizes)),
         Case("append", lambda: _case_append(sizes)),
+        Case("append_scalars", lambda: _case_append_scalars(sizes)),
         Case("bytes", lambda: _case_bytes(sizes)),
     ]

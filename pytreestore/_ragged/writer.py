@@ -99,7 +99,7 @@ class RaggedWriter:
             for t, w in self.tables.items()
         }
         self._width = {t: len(w.schema.columns) for t, w in self.tables.items()}
-        self._flat = {a: f for a, f in _flat_elements(self.model.spec, self._slots).items()}
+        self._flat = _flat_elements(self.model.spec, self._slots)
 
     # ---- what the store asks of a writer -------------------------------------------------------
 
@@ -312,21 +312,35 @@ class RaggedWriter:
                 writer.append(sub)
         row[self._slots[table][("offsets", axis)]] = len(writer)
 
-    @staticmethod
-    def _append_flat(writer: Writer, flat: tuple[Any, list[int] | None], items: list) -> None:
-        """Appends the elements of a list whose elements are fixed trees: one flatten each,
-        then every column converted at once."""
-        treedef, order = flat
-        rows = []
-        for item in items:
-            leaves, got = tree_flatten(item)
-            if got != treedef:
-                raise _Mismatch
-            rows.append(leaves if order is None else [leaves[i] for i in order])
+    def _append_flat(self, writer: Writer, flat: _FlatList, items: list) -> None:
+        """Appends the elements of a list whose elements are fixed trees: one flatten of the
+        whole list, then one conversion per column."""
+        leaves, got = tree_flatten(items)
+        if got != flat.of_length(len(items)):
+            raise _Mismatch
+        k = flat.width
+        columns = [leaves[j::k] for j in range(k)]
+        if flat.order is not None:
+            columns = [columns[i] for i in flat.order]
         try:
-            writer.append_many(iter(rows))
-        except RecordError as err:
-            raise err.error from None
+            arrays = [np.asarray(c) for c in columns]
+        except (ValueError, TypeError):
+            arrays = None  # shapes differ between elements: checked element by element
+        n = len(items)
+        try:
+            if arrays is None or any(a.dtype == object for a in arrays):
+                raise SchemaMismatchError("mixed elements")
+            blocks = [
+                a if a.dtype is c.dtype and a.shape[1:] == c.shape else c.coerce(a, batch=n)
+                for c, a in zip(writer.casters, arrays)
+            ]
+        except SchemaMismatchError:  # element by element, for the error naming one element
+            try:
+                writer.append_many(iter([[c[i] for c in columns] for i in range(n)]))
+            except RecordError as err:
+                raise err.error from None
+            return
+        writer.write_batch(blocks)
 
     def _absent(self, spec: Spec, table: str | None, row: list[Any]) -> None:
         """Fills the row of an optional subtree that is None: zeros, no elements."""
@@ -347,13 +361,30 @@ class RaggedWriter:
                 self._absent(child, table, row)
 
 
+class _FlatList:
+    """A ragged list whose elements are fixed trees: the treedef of a list of ``n`` of
+    them, the leaves per element, and the table columns in flatten order (None: the table's
+    own order)."""
+
+    def __init__(self, element: Any, order: list[int] | None) -> None:
+        self._element = element
+        self.width = tree_structure(element).num_leaves
+        self.order = order
+        self._lists: dict[int, Any] = {}
+
+    def of_length(self, n: int) -> Any:
+        treedef = self._lists.get(n)
+        if treedef is None:
+            treedef = self._lists[n] = tree_structure([self._element] * n)
+        return treedef
+
+
 def _flat_elements(
     spec: Spec | None, slots: dict[str | None, dict[tuple[str, str], int]]
-) -> dict[str, tuple[Any, list[int] | None]]:
+) -> dict[str, _FlatList]:
     """The ragged lists whose elements are fixed trees (no list, optional subtree, ragged
-    axis or constant inside): their element treedef, and the table columns in flatten order
-    (None when that is the table's own order)."""
-    out: dict[str, tuple[Any, list[int] | None]] = {}
+    axis or constant inside)."""
+    out: dict[str, _FlatList] = {}
     if isinstance(spec, RaggedList):
         leaves: list[Leaf] = []
         if spec.element is not None and _fixed(spec.element, leaves):
@@ -361,9 +392,9 @@ def _flat_elements(
             order = [table[("leaf", leaf.path)] for leaf in leaves]
             if len(order) == len(table):
                 inverse = sorted(range(len(order)), key=order.__getitem__)
-                treedef = tree_structure(representative(spec.element))
                 same = inverse == list(range(len(order)))
-                out[spec.axis.path] = (treedef, None if same else inverse)
+                element = representative(spec.element)
+                out[spec.axis.path] = _FlatList(element, None if same else inverse)
         out.update(_flat_elements(spec.element, slots))
     elif isinstance(spec, Optional):
         out.update(_flat_elements(spec.inner, slots))
