@@ -14,6 +14,9 @@ Jobs (one JSON object per line on the zygote's stdin):
   ``op KIND FROM TO`` (records appended before and after the call) and after it
   ``done COMMITTED``. Commits happen at flush and at chunk boundaries only, so a kill in the
   middle of a call leaves one of :func:`possible_commits`.
+* ``ragged_writer``: the same for a ragged store (:func:`ragged_record`), with ``append``,
+  ``extend`` and ``flush`` calls only; a store created ``pending`` learns the structure of
+  its lists and optional subtree from the first records that have them.
 * ``reader``: polls a store while a writer appends and checks every read against
   ``record(i)``; logs ``read LEN CHECKED`` lines, or ``FAIL ...``.
 * ``hold``: opens a store for appending, logs ``held``, and waits (to be killed), or logs the
@@ -25,6 +28,7 @@ Jobs (one JSON object per line on the zygote's stdin):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -99,6 +103,123 @@ def possible_commits(log: list[str], chunk: int) -> tuple[set[int], int]:
         if kind == "flush":
             options.add(upto)
     return options, committed
+
+
+# ---- the ragged records of the ragged crash trials -----------------------------------------------
+
+RAGGED_OPS = ("append", "extend", "flush")
+RAGGED_DECL: dict[str, Any] = {
+    "ragged": ["['elems']", "['elems'][*].tags", "['elems'][*].trail", "['opt']['cells']"],
+    "optional": ["['opt']"],
+}
+
+
+@dataclasses.dataclass
+class Elem:
+    """An element of a ragged list: a scalar, a nested ragged list, a ragged leading axis."""
+
+    x: Any  # float32
+    tags: list  # ragged list of int16 scalars
+    trail: Any  # float32[n, 3]
+
+
+def _elem_pytree() -> None:
+    import jax
+
+    jax.tree_util.register_dataclass(Elem, data_fields=["x", "tags", "trail"], meta_fields=[])
+
+
+_elem_pytree()
+
+
+def ragged_record(i: int) -> dict[str, Any]:
+    """Ragged record ``i``: a function of ``i`` only. Records 0-2 have no elements and no
+    ``opt``, records 3-5 elements without tags, so a store created from a pending ``like``
+    learns its structures at records 3, 6 and (about) 3-9."""
+    rng = np.random.default_rng([i, 14])
+    n = 0 if i < 3 else int(rng.integers(0, 21))
+    elems = []
+    for _ in range(n):
+        tags = (
+            [] if i < 6 else [np.int16(rng.integers(-999, 999)) for _ in range(rng.integers(0, 4))]
+        )
+        trail = rng.standard_normal((int(rng.integers(0, 4)), 3)).astype(np.float32)
+        elems.append(Elem(np.float32(rng.standard_normal()), tags, trail))
+    present = i >= 3 and rng.random() < 0.6
+    cells = rng.integers(-(2**31), 2**31 - 1, size=int(rng.integers(0, 5)), dtype=np.int32)
+    opt = {"w": rng.standard_normal(2), "cells": cells} if present else None
+    return {"i": np.int64(i), "elems": elems, "opt": opt}
+
+
+def ragged_like(pending: bool) -> dict[str, Any]:
+    """The ``like`` of a ragged store: full, or with every ragged structure pending."""
+    if pending:
+        return {"i": np.int64(0), "elems": [], "opt": None}
+    elem = Elem(np.float32(0), [np.int16(0)], np.zeros((1, 3), np.float32))
+    return {
+        "i": np.int64(0),
+        "elems": [elem],
+        "opt": {"w": np.zeros(2), "cells": np.zeros(1, np.int32)},
+    }
+
+
+def ragged_possible_commits(log: list[str], chunk: int, learn: set[int]) -> tuple[set[int], int]:
+    """Like :func:`possible_commits`, for a ragged writer: a call cut short may also have
+    committed at its start (a flush before learning a structure), at a record that taught
+    the store a structure (``learn``), at its end (an ``extend`` commits once, at its end,
+    when it filled a chunk), or one record past a chunk boundary (an ``append`` writes a
+    full chunk when the next record arrives, then commits every record it holds)."""
+    options, committed = possible_commits(log, chunk)
+    pending = None
+    for line in log:
+        word, *rest = line.split()
+        if word == "op":
+            pending = (int(rest[1]), int(rest[2]))
+        elif word == "done":
+            pending = None
+    if pending is not None:
+        start, upto = pending
+        options.update({start, upto} | {i for i in learn if start <= i <= upto})
+        # an append commits when its record starts a chunk: the one before it is written
+        first = (max(committed, start) // chunk + 1) * chunk + 1
+        options.update(range(first, upto + 1, chunk))
+    return options, committed
+
+
+def run_ragged_writer(job: dict[str, Any], log: Log) -> None:
+    import pytreestore
+
+    # the records' classes from ``tests.trial_harness``, not from ``__main__`` (the zygote)
+    if str(HERE.parent) not in sys.path:
+        sys.path.insert(0, str(HERE.parent))
+    from tests.trial_harness import RAGGED_DECL, ragged_like, ragged_record
+
+    rng = random.Random(job["seed"])
+    backend = job["backend"]
+    if job["create"]:
+        like = ragged_like(job["pending"])
+        store = pytreestore.create(
+            job["path"], like, chunk_records=job["chunk"], backend=backend, **RAGGED_DECL
+        )
+    else:
+        store = pytreestore.open(job["path"], mode="a", backend=backend)
+    n = len(store)
+    log("ready", store.committed)
+    for _ in range(job["ops"]):
+        kind = rng.choice(RAGGED_OPS)
+        k = 0 if kind == "flush" else rng.randint(1, job["max_batch"])
+        log("op", kind, n, n + k)
+        if kind == "append":
+            for i in range(n, n + k):
+                store.append(ragged_record(i))
+        elif kind == "extend":
+            store.extend(ragged_record(i) for i in range(n, n + k))
+        else:
+            store.flush()
+        n += k
+        log("done", store.committed)
+    log("finished")
+    time.sleep(3600)
 
 
 # ---- the children ---------------------------------------------------------------------------------
@@ -236,7 +357,13 @@ def run_race(job: dict[str, Any], log: Log) -> None:
         log("conflict", str(err).replace("\n", " "))
 
 
-JOBS = {"writer": run_writer, "reader": run_reader, "hold": run_hold, "race": run_race}
+JOBS = {
+    "writer": run_writer,
+    "reader": run_reader,
+    "hold": run_hold,
+    "race": run_race,
+    "ragged_writer": run_ragged_writer,
+}
 
 
 def child(job: dict[str, Any]) -> None:
