@@ -1,5 +1,5 @@
 """Ragged stores (issue #14) under attack: damaged files, threads, pickling, fork, changed
-classes and malformed inputs. Each case either passes or is a strict xfail naming the bug."""
+classes and malformed inputs. Each case passes; those that found a bug are its regression tests."""
 
 from __future__ import annotations
 
@@ -212,12 +212,6 @@ def test_a_damaged_ragged_schema_section_is_refused_clearly(tmp_path, edit, rest
         read_everything(tmp_path / "s", "tensorstore", records)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a format-3 schema whose 'ragged' section is deleted (columns still carry "
-    "'table' and [*] keypaths, %offsets columns remain) passes the JSON Schema and opens as a "
-    "fixed store: load(0) silently returns the representative record (one element per list)",
-)
 @pytest.mark.parametrize("restamp", [True, False], ids=["digest-restamped", "digest-stale"])
 def test_a_schema_without_its_ragged_section_is_refused(tmp_path, restamp):
     records = filled(tmp_path / "s")
@@ -226,13 +220,6 @@ def test_a_schema_without_its_ragged_section_is_refused(tmp_path, restamp):
         read_everything(tmp_path / "s", "tensorstore", records)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: with TensorStore, when every committed record has an empty outer list, "
-    "reading a record reads chunk 0 of the nested axis's offsets array for no rows; the chunk "
-    "was never written, so store[i] raises CorruptChunkError (zarr reads fine). "
-    "tests/test_ragged_crash.py counts these reads (EMPTY_LISTS_BUG): remove that when fixed",
-)
 def test_records_with_only_empty_outer_lists_read_back(tmp_path):
     like = {"p": [{"x": np.float32(0), "q": [np.float32(0)]}]}
     store = pytreestore.create(tmp_path / "s", like, ragged=["['p']", "['p'][*]['q']"])
@@ -382,27 +369,14 @@ def test_a_changed_element_class(tmp_path, change):
 
 SMALL = {"p": [{"x": np.float32(0), "v": np.zeros(3, np.float32)}], "s": np.float32(0)}
 BAD_RAGGED = [1.5, b"['p']", [1], [None], [["['p']"]], "['p']", object()]
-UNCLEAR = "bug: ragged={!r} is {}, not a RaggedDeclarationError saying what ragged= takes"
 
 
 @pytest.mark.parametrize(
     "value",
     [
         *BAD_RAGGED,
-        pytest.param(
-            1,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=UNCLEAR.format(1, "a raw TypeError ('int' object is not iterable)"),
-            ),
-        ),
-        pytest.param(
-            {"['p']": True},
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=UNCLEAR.format({"['p']": True}, "accepted (its keys taken as keypaths)"),
-            ),
-        ),
+        1,
+        {"['p']": True},
     ],
     ids=repr,
 )
@@ -517,11 +491,6 @@ def test_a_bad_pad_to_is_refused(reader, pad_to):
         store.load(pad_to=pad_to)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: load(pad_to=10**15) raises numpy's raw _ArrayMemoryError (allocating 21 PiB) "
-    "instead of a PyTreeStoreError naming pad_to",
-)
 def test_a_huge_pad_to_is_refused_clearly(reader):
     store, _ = reader
     with pytest.raises(errors.PyTreeStoreError):

@@ -34,7 +34,6 @@ import jax
 import pytest
 
 import pytreestore
-from pytreestore import errors
 from pytreestore.testing import assert_trees_equal
 from tests.test_trials import _wait_done, require_slow
 from tests.trial_harness import (
@@ -59,14 +58,12 @@ class Tally:
     mid_call: int = 0
     in_learning_call: int = 0
     before_ready: int = 0
-    empty_lists_bug: int = 0
 
     def __str__(self) -> str:
         return (
             f"{self.trials} trials, {self.records_checked} records checked, "
             f"{self.mid_call} killed inside a call ({self.in_learning_call} in a call that "
-            f"taught the store a structure), {self.before_ready} while opening; "
-            f"{self.empty_lists_bug} reads hit the known empty-lists bug"
+            f"taught the store a structure), {self.before_ready} while opening"
         )
 
 
@@ -93,14 +90,6 @@ def _same(got: Any, want: Any, note: str) -> None:
     assert_trees_equal(got, want)
 
 
-# Bug (test_ragged_adversarial's test_records_with_only_empty_outer_lists_read_back, a
-# strict xfail): with TensorStore, a store whose committed records all have an empty
-# ``elems`` list, after the nested axes' arrays exist, cannot be read (the nested offsets'
-# chunk 0 is read for no rows and is missing). Such stores are counted, not failed; remove
-# this when that xfail passes.
-EMPTY_LISTS_BUG = True
-
-
 def check_store(
     path: str, n_options: set[int], backend: str, note: str, rng: random.Random, tally: Tally
 ) -> int:
@@ -108,13 +97,7 @@ def check_store(
     store = pytreestore.open(path, backend=backend)
     n = len(store)
     assert n in n_options, f"{note}: {n} records after the kill, expected one of {n_options}"
-    try:
-        _check_records(store, n, note, rng)
-    except errors.CorruptChunkError as err:
-        hit = all(not ragged_record(i)["elems"] for i in range(n)) and "%offsets" in str(err)
-        if not (EMPTY_LISTS_BUG and backend == "tensorstore" and hit):
-            raise
-        tally.empty_lists_bug += 1
+    _check_records(store, n, note, rng)
     store.close()
     return n
 

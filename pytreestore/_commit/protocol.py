@@ -157,7 +157,8 @@ def initial_commit(engine: Backend, schema: TreeSchema) -> Commit:
     engine.write_bytes(INCOMPLETE_KEY, b"")
     engine.create_columns(layouts(schema))
     engine.write_many_bytes({k: group_json({}) for k in group_keys(schema)})
-    commit = Commit(0, 0, uuid.uuid4().hex)  # the store's identity, kept by every commit
+    tables = None if schema.ragged is None else tuple((a.path, 0) for a in schema.ragged.axes)
+    commit = Commit(0, 0, uuid.uuid4().hex, tables)  # the store's identity, kept by every commit
     engine.write_bytes(COMMIT_KEY, commit.to_bytes())
     info = _validate.stamped(schema.to_json())  # checked against schema.json, with a digest
     engine.write_bytes(ROOT_KEY, group_json({"pytreestore": info}))
@@ -258,6 +259,7 @@ def attach(
     lock = take_lock(location, engine, break_lock=break_lock) if append else None
     try:
         commit = Commit.read(engine, str(location))
+        check_tables(schema, commit, location)
         check_starts(schema, commit.records, location, commit.rows)
         if append and schema.ragged is None:
             repair(engine, location, schema, commit.records)
@@ -277,6 +279,19 @@ def detach(engine: Backend, lock: WriterLock | None) -> None:
     finally:
         if lock is not None:  # every failure after the lock was taken gives it back
             lock.release()
+
+
+def check_tables(schema: TreeSchema, commit: Commit, location: Location) -> None:
+    """Raises CorruptStoreError if the commit record and the schema disagree on whether the
+    store is ragged (one of them edited or damaged: the other would be read wrongly)."""
+    ragged = schema.ragged is not None
+    if ragged != (commit.tables is not None):
+        has, lacks = ("the schema", "the commit record") if ragged else ("the commit", "schema")
+        raise CorruptStoreError(
+            f"{location}: {has} describes ragged tables but {lacks} does not; the store's "
+            f"{ROOT_KEY} or {COMMIT_KEY} was edited or damaged outside pytreestore. Restore "
+            "it from a backup"
+        )
 
 
 def check_starts(
@@ -394,6 +409,7 @@ __all__ = [
     "abandon_store",
     "attach",
     "check_starts",
+    "check_tables",
     "clear_for_create",
     "column_layouts",
     "commit_token",

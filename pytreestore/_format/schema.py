@@ -135,6 +135,12 @@ class TreeSchema:
         except (KeyError, TypeError, ValueError) as err:
             raise CorruptStoreError(f"the store's schema is malformed: {err!r}") from err
         _kinds.check_tree(tree, len(columns))
+        if ragged is None and any(c.table is not None for c in columns):
+            raise CorruptStoreError(
+                "the store's schema is malformed: its columns live in the tables of ragged "
+                "axes ('table'), but it has no 'ragged' section to say how; the schema was "
+                "edited or damaged outside pytreestore"
+            )
         binding = None
         if generic:
             treedef = None

@@ -139,7 +139,15 @@ def load(
     padder = Padded(
         gathered, longest, pad_to=options.pad_to, truncate=options.truncate, chosen=chosen
     )
-    return _placed(padder.build(spec), request)
+    try:
+        padded = padder.build(spec)
+    except MemoryError as err:
+        raise RaggedLengthError(
+            f"padding {len(records)} records to pad_to={options.pad_to!r} needs more memory "
+            f"than this machine has ({err}); choose a smaller pad_to, or load "
+            "ragged='segments'"
+        ) from None
+    return _placed(padded, request)
 
 
 def record_lengths(

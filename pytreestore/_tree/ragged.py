@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pytreestore.errors import RaggedDeclarationError
@@ -63,7 +63,9 @@ class Declarations:
     def parse(cls, ragged: Any, optional: Any) -> Declarations:
         """Checks and parses ``ragged=`` (True, or keypaths) and ``optional=`` (keypaths)."""
         ragged_all = ragged is True
-        paths = () if ragged in (None, False, True) else _entries(ragged, "ragged=")
+        paths = () if ragged is None or ragged is False or ragged is True else _entries(
+            ragged, "ragged="
+        )
         opts = () if optional is None else _entries(optional, "optional=")
         for tokens in opts:
             if not tokens:
@@ -97,7 +99,7 @@ class Declarations:
 
 
 def _entries(value: Any, what: str) -> tuple[tuple[str, ...], ...]:
-    if isinstance(value, str) or not isinstance(value, Iterable):
+    if not isinstance(value, list | tuple):  # not a str, dict, set, int, ...
         raise RaggedDeclarationError(
             f"{what} takes a list of keypath strings (or, for ragged=, True), got {value!r}"
         )
