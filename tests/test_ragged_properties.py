@@ -46,20 +46,22 @@ def _same(got: Any, want: Any) -> None:
     assert_trees_equal(got, want)
 
 
-def _create(path: Path, schema: prs.RaggedSchema, backend: str, **kw: Any) -> Any:
-    return pytreestore.create(
-        path, schema.like, backend=backend, ragged=schema.ragged, optional=schema.optional, **kw
-    )
+Decl = tuple[Any, Any, list[str]]  # like=, ragged=, optional=
 
 
-def _stack(schema: prs.RaggedSchema, records: list[Any], **kw: Any) -> Any:
+def _decl(schema: prs.RaggedSchema) -> Decl:
+    return schema.like, schema.ragged, schema.optional
+
+
+def _create(path: Path, decl: Decl, backend: str, **kw: Any) -> Any:
+    like, ragged, optional = decl
+    return pytreestore.create(path, like, backend=backend, ragged=ragged, optional=optional, **kw)
+
+
+def _stack(decl: Decl, records: list[Any], **kw: Any) -> Any:
+    like, ragged, optional = decl
     return pytreestore.stack(
-        records,
-        like=schema.like,
-        ragged=schema.ragged,
-        optional=schema.optional,
-        as_numpy=True,
-        **kw,
+        records, like=like, ragged=ragged, optional=optional, as_numpy=True, **kw
     )
 
 
@@ -171,11 +173,14 @@ def _shared_length(part: prs.NodePart, value: Any) -> int:
 
 
 @EXAMPLES
-@given(case=_cases(), data=st.data())
-def test_records_come_back_and_padded_loads_are_stack(case: Any, data: st.DataObject) -> None:
-    schema, records, backend = case
+@given(case=prs.ragged_cases(), backend=st.sampled_from(BACKENDS), data=st.data())
+def test_records_come_back_and_padded_loads_are_stack(
+    case: Any, backend: str, data: st.DataObject
+) -> None:
+    like, records, ragged, optional = case
+    decl = (like, ragged, optional)
     with _tmp() as where:
-        with _create(where / "s", schema, backend, chunk_records=2) as store:
+        with _create(where / "s", decl, backend, chunk_records=2) as store:
             store.extend(records)
         store = pytreestore.open(where / "s", backend=backend)
         assert len(store) == len(records)
@@ -183,12 +188,12 @@ def test_records_come_back_and_padded_loads_are_stack(case: Any, data: st.DataOb
             _same(store.load(i, as_numpy=True), want)
         for got, want in zip(store.records(as_numpy=True), records):
             _same(got, want)
-        _same(store.load(ragged="pad", as_numpy=True), _stack(schema, records))
+        _same(store.load(ragged="pad", as_numpy=True), _stack(decl, records))
         index = data.draw(st.lists(st.integers(0, len(records) - 1), min_size=1, max_size=5))
         chosen = [records[i] for i in index]
-        _same(store.load(index, as_numpy=True), _stack(schema, chosen))
+        _same(store.load(index, as_numpy=True), _stack(decl, chosen))
         got = store.load(index, ragged="pad", pad_to="pow2", as_numpy=True)
-        _same(got, _stack(schema, chosen, pad_to="pow2"))
+        _same(got, _stack(decl, chosen, pad_to="pow2"))
 
 
 # ---- segments and lengths ---------------------------------------------------------------------
@@ -204,7 +209,7 @@ def test_segments_flatten_each_table_and_lengths_are_the_longest(
     chosen = [records[i] for i in index]
     want = _Tables(schema, chosen)
     with _tmp() as where:
-        with _create(where / "s", schema, backend, chunk_records=3) as store:
+        with _create(where / "s", _decl(schema), backend, chunk_records=3) as store:
             for record in records:
                 store.append(record)
         store = pytreestore.open(where / "s", backend=backend)
@@ -245,12 +250,12 @@ def test_appending_in_pieces_equals_appending_once(case: Any, data: st.DataObjec
     cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=3)))
     bounds = list(zip([0, *cuts], [*cuts, n]))
     with _tmp() as where:
-        with _create(where / "once", schema, backend, chunk_records=2) as once:
+        with _create(where / "once", _decl(schema), backend, chunk_records=2) as once:
             once.extend(records)
         once = pytreestore.open(where / "once", backend=backend)
-        _create(where / "pieces", schema, backend, chunk_records=2).close()
+        _create(where / "pieces", _decl(schema), backend, chunk_records=2).close()
         for start, stop in bounds:
-            how = data.draw(st.sampled_from(["append", "extend", "extend_batch"]))
+            how = data.draw(st.sampled_from(["append", "extend", "extend_batch", "extend_batch"]))
             with pytreestore.open(where / "pieces", mode="a", backend=backend) as pieces:
                 if how == "append":
                     for record in records[start:stop]:
@@ -266,7 +271,7 @@ def test_appending_in_pieces_equals_appending_once(case: Any, data: st.DataObjec
         for i, want in enumerate(records):
             _same(pieces.load(i, as_numpy=True), want)
         _same(pieces.load(as_numpy=True), once.load(as_numpy=True))
-        _same(pieces.load(as_numpy=True), _stack(schema, records))
+        _same(pieces.load(as_numpy=True), _stack(_decl(schema), records))
         _same(pieces.lengths(), once.lengths())
 
 
