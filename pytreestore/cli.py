@@ -31,7 +31,9 @@ import numpy as np
 import pytreestore
 from pytreestore._inspect import progress as _progress
 from pytreestore._inspect import repr as _repr
+from pytreestore._inspect.records import format_record
 from pytreestore._open.copy import KEEP
+from pytreestore._open.open import open_any
 from pytreestore._read.reader import load_leaves
 from pytreestore._read.request import LoadRequest
 from pytreestore.errors import CorruptStoreError, NotAStoreError, PyTreeStoreError
@@ -102,6 +104,9 @@ def head(path: str, count: int, as_json: bool) -> None:
     """
     with _opened(path) as store:
         count = min(count, len(store))
+        if store.schema.ragged is not None:  # each record of its own structure
+            _head_ragged(store, count, as_json)
+            return
         request = LoadRequest.build(store.schema, policy=False, as_numpy=True)
         leaves = load_leaves(store.read_context(), request, slice(0, count))
         rows = [[leaf[i] for leaf in leaves] for i in range(count)]
@@ -111,10 +116,37 @@ def head(path: str, count: int, as_json: bool) -> None:
             return
         width = shutil.get_terminal_size((100, 24)).columns
         for i, row in enumerate(rows):
-            text = _repr.format_record(store.schema.tree, row, width=max(width - 4, 40))
+            text = format_record(store.schema.tree, row, width=max(width - 4, 40))
             click.echo(f"[{i}] {text}")
         if count < len(store):
             click.echo(f"... {len(store) - count:,} more of {len(store):,} records")
+
+
+def _head_ragged(store: pytreestore.TreeStore, count: int, as_json: bool) -> None:
+    records = [_plain(store.load(i, as_numpy=True)) for i in range(count)]
+    if as_json:
+        lines = [json.dumps(_jsonable(r)) for r in records]
+        click.echo("[\n" + ",\n".join(lines) + "\n]" if lines else "[]")
+        return
+    width = max(shutil.get_terminal_size((100, 24)).columns - 4, 40)
+    for i, record in enumerate(records):
+        text = json.dumps(_jsonable(record), separators=(", ", ": "))
+        click.echo(f"[{i}] {text if len(text) <= width else text[: width - 3] + '...'}")
+    if count < len(store):
+        click.echo(f"... {len(store) - count:,} more of {len(store):,} records")
+
+
+def _plain(value: Any) -> Any:
+    """A record as dicts, lists and leaves: dataclass and NamedTuple nodes by field name."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return {k: _plain(v) for k, v in zip(value._fields, value)}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 # ---- verify -----------------------------------------------------------------------------------
@@ -131,7 +163,7 @@ def verify(path: str, progress: bool | None, as_json: bool) -> None:
     A store whose metadata is too damaged to open counts as one problem.
     """
     try:
-        store = pytreestore.open(path, generic=True)
+        store = open_any(path)
     except (CorruptStoreError, NotAStoreError) as err:
         _report_verify(path, {"records": None, "columns": None}, [str(err)], as_json)
     except PyTreeStoreError as err:
@@ -249,7 +281,7 @@ def copy(
 def _opened(path: str) -> Iterator[pytreestore.TreeStore]:
     """The store at ``path``, read-only and generic; a store that won't open is an error."""
     try:
-        store = pytreestore.open(path, generic=True)
+        store = open_any(path)
     except PyTreeStoreError as err:
         _fail(str(err))
     with store:

@@ -422,3 +422,27 @@ def test_sharded_load_of_a_ragged_store(tmp_path):
     _same(jax.tree.map(np.asarray, (batch, mask)), want)
     with pytest.raises(errors.ShardingError, match=r"one jax\.sharding\.Sharding"):
         store.load(slice(0, 8), pmap_devices=jax.devices()[:2])
+
+
+def test_cli_and_repr_of_a_ragged_store(tmp_path):
+    from click.testing import CliRunner
+
+    from pytreestore.cli import main
+
+    steps = _steps(seed=16, n=4)
+    store = _filled(tmp_path / "s", "tensorstore", steps)
+    elements = sum(len(s.agents) for s in steps)
+    assert f"records={len(steps)}" in repr(store)
+    nbytes = store.schema.ragged and sum(
+        (len(steps) if c.table is None else store.commit_now().rows(c.table)) * c.record_nbytes
+        for c in store.schema.storage_columns
+    )
+    assert f"nbytes={nbytes} B" in repr(store) and elements > 0
+    runner = CliRunner()
+    out = runner.invoke(main, ["head", str(tmp_path / "s"), "-n", "4", "--json"])
+    assert out.exit_code == 0, out.output
+    got = json.loads(out.output)
+    assert [len(r["agents"]) for r in got] == [len(s.agents) for s in steps]
+    assert [r["storm"] is None for r in got] == [s.storm is None for s in steps]
+    assert runner.invoke(main, ["verify", str(tmp_path / "s")]).exit_code == 0
+    assert runner.invoke(main, ["info", str(tmp_path / "s")]).exit_code == 0

@@ -11,6 +11,7 @@ import pytest
 import pytreestore
 from pytreestore._format.schema import TreeSchema
 from pytreestore._inspect import repr as _repr
+from pytreestore._inspect.records import format_record
 from tests import trees
 
 
@@ -136,11 +137,11 @@ def test_format_record_of_every_node_kind() -> None:
     }
     tree = TreeSchema.from_example(like).tree
     leaves = [np.bool_(True), np.float32(0.5), np.float32(1), 2, 3, np.arange(2, dtype=np.int8)]
-    assert _repr.format_record(tree, leaves, width=200) == (
+    assert format_record(tree, leaves, width=200) == (
         "{'c': Plain(a=True, b=[0.5]), 'nt': Pair(left=1., right=None), "
         "'od': OrderedDict({'b': 2, 'a': 3}), 't': ([0, 1],)}"
     )
-    narrow = _repr.format_record(tree, leaves, width=40)
+    narrow = format_record(tree, leaves, width=40)
     assert narrow.splitlines()[:3] == [
         "{",
         "  'c': Plain(a=True, b=[0.5]),",
@@ -152,6 +153,6 @@ def test_format_record_of_every_node_kind() -> None:
 def test_format_record_shortens_long_arrays() -> None:
     tree = TreeSchema.from_example(np.zeros(1000)).tree
     assert (
-        _repr.format_record(tree, [np.arange(1000.0)])
+        format_record(tree, [np.arange(1000.0)])
         == "[  0.,   1.,   2., ..., 997., 998., 999.]"
     )

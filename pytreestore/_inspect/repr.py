@@ -23,17 +23,17 @@ import html
 import itertools
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 from jax.tree_util import keystr
 
+from pytreestore._commit.record import Commit
 from pytreestore._format import consts as _consts
 from pytreestore._format.kinds import child_entry
 from pytreestore._format.names import ROOT_KEY, chunk_prefix
-from pytreestore._format.schema import TreeSchema
+from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._read.reader import ReadContext
 from pytreestore.backends import TensorStoreKvStore
 from pytreestore.errors import PyTreeStoreError
@@ -54,6 +54,13 @@ class Described(Protocol):
     def schema(self) -> TreeSchema: ...
     def __len__(self) -> int: ...
     def read_context(self) -> ReadContext: ...
+    def commit_now(self) -> Commit: ...
+
+
+def _rows(store: Described, records: int) -> Callable[[ColumnSpec], int]:
+    """Each column's rows: the records, or (a ragged axis's table) its committed rows."""
+    commit = store.commit_now() if store.schema.ragged is not None else None
+    return lambda c: records if commit is None or c.table is None else commit.rows(c.table)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +159,8 @@ class StoreInfo:
 def describe(store: Described) -> StoreInfo:
     """Gathers what :func:`render_text` and :func:`render_html` show about ``store``."""
     schema, records, context = store.schema, len(store), store.read_context()
-    stored = _stored_bytes(context, [c.key for c in schema.columns])
+    rows = _rows(store, records)
+    stored = _stored_bytes(context, [c.key for c in schema.storage_columns])
     columns = tuple(
         ColumnInfo(
             path=c.path,
@@ -160,10 +168,10 @@ def describe(store: Described) -> StoreInfo:
             dtype=c.dtype.name,
             shape=c.shape,
             chunks=c.chunks,
-            nbytes=records * c.record_nbytes,
+            nbytes=rows(c) * c.record_nbytes,
             stored=stored.get(c.key),
         )
-        for c in schema.columns
+        for c in schema.storage_columns
     )
     return StoreInfo(
         path=store.path,
@@ -181,7 +189,8 @@ def summary(store: Described) -> str:
     if store.closed:
         return f"TreeStore({store.path!r}, mode={store.mode!r}, closed)"
     records = len(store)
-    nbytes = records * sum(c.record_nbytes for c in store.schema.columns)
+    rows = _rows(store, records)
+    nbytes = sum(rows(c) * c.record_nbytes for c in store.schema.storage_columns)
     return (
         f"TreeStore({store.path!r}, mode={store.mode!r}, records={records}, "
         f"columns={len(store.schema.columns)}, nbytes={format_bytes(nbytes)})"
@@ -389,97 +398,6 @@ def render_html(info: StoreInfo, tree: dict[str, Any]) -> str:
     )
 
 
-# ---- records -----------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _Group:
-    """A bracketed node of a record being printed: ``open``, then ``(label, child)``s, ``close``."""
-
-    open: str
-    items: list[tuple[str, Any]]
-    close: str
-
-
-def format_record(tree: dict[str, Any], leaves: Sequence[Any], *, width: int = 88) -> str:
-    """One record as its classes would print it, from a schema's JSON ``tree`` and its leaves.
-
-    Classes are named as the schema names them, so a record prints the same whether or not its
-    classes can be imported here. A record wider than ``width`` is broken over lines.
-
-    Example:
-        >>> import numpy as np
-        >>> from pytreestore._format.schema import TreeSchema
-        >>> tree = TreeSchema.from_example({"a": 0, "b": (0.0, np.zeros(2))}).tree
-        >>> print(format_record(tree, [np.int32(1), np.float32(0.5), np.arange(2.0)]))
-        {'a': 1, 'b': (0.5, [0., 1.])}
-        >>> print(format_record(tree, [np.int32(1), np.float32(0.5), np.arange(2.0)], width=12))
-        {
-          'a': 1,
-          'b': (
-            0.5,
-            [0., 1.],
-          ),
-        }
-    """
-    return _layout(_record_doc(tree, iter(leaves)), 0, width)
-
-
-def _record_doc(node: dict[str, Any], leaves: Iterator[Any]) -> Any:
-    kind = node["node"]
-    if kind == "leaf":
-        return _format_leaf(next(leaves))
-    if kind == "none":
-        return "None"
-    if kind == "const":
-        return _consts.label(node)
-    docs = [_record_doc(child, leaves) for child in node.get("children", [])]
-    if kind == "list":
-        return _Group("[", [("", d) for d in docs], "]")
-    if kind == "tuple":
-        return _Group("(", [("", d) for d in docs], ",)" if len(docs) == 1 else ")")
-    if kind in ("dict", "ordered_dict"):
-        opener, closer = ("{", "}") if kind == "dict" else ("OrderedDict({", "})")
-        return _Group(opener, [(f"{k!r}: ", d) for k, d in zip(node["keys"], docs)], closer)
-    name = node["type"].rpartition(":")[2]
-    labels = [_field_label(child_entry(node, i)) for i in range(len(docs))]
-    return _Group(f"{name}(", list(zip(labels, docs)), ")")
-
-
-def _field_label(entry: Any) -> str:
-    name = getattr(entry, "name", None)
-    return f"{name}=" if isinstance(name, str) else f"{keystr((entry,))}="
-
-
-def _format_leaf(value: Any) -> str:
-    array = np.asarray(value)
-    return np.array2string(array, separator=", ", threshold=16, edgeitems=3, max_line_width=1 << 30)
-
-
-def _flat(doc: Any) -> str:
-    if isinstance(doc, str):
-        return doc
-    inner = ", ".join(label + _flat(child) for label, child in doc.items)
-    return doc.open + inner + doc.close
-
-
-def _layout(doc: Any, indent: int, width: int, column: int | None = None) -> str:
-    """Lays ``doc`` out from ``column``; broken lines are indented from ``indent``."""
-    column = indent if column is None else column
-    flat = _flat(doc)
-    if isinstance(doc, str):
-        return doc.replace("\n", "\n" + " " * column)
-    if column + len(flat) <= width and "\n" not in flat:
-        return flat
-    pad = " " * (indent + 2)
-    lines = [doc.open]
-    for label, child in doc.items:
-        body = _layout(child, indent + 2, width, indent + 2 + len(label))
-        lines.append(pad + label + body + ",")
-    lines.append(" " * indent + doc.close.lstrip(","))
-    return "\n".join(lines)
-
-
 __all__ = [
     "ColumnInfo",
     "StoreInfo",
@@ -487,7 +405,6 @@ __all__ = [
     "describe",
     "format_bytes",
     "format_ratio",
-    "format_record",
     "render_html",
     "render_text",
     "summary",

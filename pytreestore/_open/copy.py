@@ -32,9 +32,7 @@ from pytreestore._format.columns import leaf_chunks
 from pytreestore._format.schema import TreeSchema
 from pytreestore._inspect import progress as _progress
 from pytreestore._location import Location
-from pytreestore._open.open import create_from_schema
-from pytreestore._open.open import open as open_store
-from pytreestore._ragged.model import GenericViewError
+from pytreestore._open.open import create_from_schema, open_any
 from pytreestore._read.reader import load_leaves
 from pytreestore._read.request import LoadRequest
 from pytreestore._store import TreeStore
@@ -83,10 +81,7 @@ def copy(
     if isinstance(src, TreeStore):
         source = src
     else:
-        try:
-            source = open_store(src, generic=True, storage_options=src_storage_options)
-        except GenericViewError:  # a ragged store: read with its classes
-            source = open_store(src, storage_options=src_storage_options)
+        source = open_any(src, storage_options=src_storage_options)
     location = Location.parse(dst, dst_storage_options)
     try:
         return _copy(source, location, chunk_records, codec, backend, overwrite, progress)

@@ -26,7 +26,7 @@ from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
-from pytreestore._ragged.model import attach_layout, build_schema
+from pytreestore._ragged.model import GenericViewError, attach_layout, build_schema
 from pytreestore._ragged.writer import new_writer
 from pytreestore._read.request import check_cast
 from pytreestore._spec import StoreSpec
@@ -259,6 +259,15 @@ def open(
         raise
 
 
+def open_any(path: str | os.PathLike[str], **options: Any) -> TreeStore:
+    """A reader of any store without its classes where it can: the generic view, or for a
+    ragged store (which has none yet) its classes (the CLI and ``copy`` use it)."""
+    try:
+        return open(path, generic=True, **options)
+    except GenericViewError:
+        return open(path, **options)
+
+
 def _check_open_options(
     mode: str, backend: str, *, break_lock: bool, cache_bytes: Any, cast: Any
 ) -> None:
@@ -317,4 +326,4 @@ def evolve(
         store.evolve(add=add, drop=drop, rename=rename, rename_class=rename_class)
 
 
-__all__ = ["create", "create_from_schema", "evolve", "open"]
+__all__ = ["create", "create_from_schema", "evolve", "open", "open_any"]

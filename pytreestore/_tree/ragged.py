@@ -63,8 +63,10 @@ class Declarations:
     def parse(cls, ragged: Any, optional: Any) -> Declarations:
         """Checks and parses ``ragged=`` (True, or keypaths) and ``optional=`` (keypaths)."""
         ragged_all = ragged is True
-        paths = () if ragged is None or ragged is False or ragged is True else _entries(
-            ragged, "ragged="
+        paths = (
+            ()
+            if ragged is None or ragged is False or ragged is True
+            else _entries(ragged, "ragged=")
         )
         opts = () if optional is None else _entries(optional, "optional=")
         for tokens in opts:
