@@ -88,7 +88,8 @@ class Reads:
                 ``"pad"`` (default) returns ``(batch, mask)``, each ragged list stacked into
                 one element padded to ``L``, ``mask`` True where a value is real;
                 ``"segments"`` returns ``(values, segments)``, the leaves flat along each
-                axis and, per axis, the :class:`~pytreestore.Segments` of its elements.
+                axis and, per axis, the :class:`~pytreestore.Segments` of its elements
+                (and, per optional subtree, its presence under ``"present" + keypath``).
             pad_to: with ``ragged="pad"``: None (the longest in the selection), an int,
                 ``"pow2"`` or increasing bucket sizes; a longer list raises
                 :class:`~pytreestore.errors.RaggedLengthError`.

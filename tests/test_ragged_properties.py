@@ -219,20 +219,16 @@ def test_segments_flatten_each_table_and_lengths_are_the_longest(
     assert sorted(flat) == sorted(want.kinds)
     for bpath, leaf in flat.items():
         assert_trees_equal(leaf, want.values(bpath), err_msg=f"values at {bpath}")
-    assert set(segments) == set(want.segments) | set(want.presence)
-    both = set(want.segments) & set(want.presence)  # one key for two entries: see the xfail
+    assert set(segments) == set(want.segments) | {"present" + p for p in want.presence}
     for axis, (record, parent, position) in want.segments.items():
-        if axis in both:
-            continue
         seg = segments[axis]
         np.testing.assert_array_equal(seg.record, np.array(record, np.int64), err_msg=axis)
         np.testing.assert_array_equal(seg.parent, np.array(parent, np.int64), err_msg=axis)
         np.testing.assert_array_equal(seg.position, np.array(position, np.int64), err_msg=axis)
         assert np.asarray(seg.valid).all() and len(seg.valid) == len(record)
     for path, present in want.presence.items():
-        if path in both:
-            continue
-        np.testing.assert_array_equal(segments[path], np.array(present, bool), err_msg=path)
+        got = segments["present" + path]
+        np.testing.assert_array_equal(got, np.array(present, bool), err_msg=path)
     assert set(lengths) == set(want.longest)
     for axis, longest in want.longest.items():
         assert lengths[axis].dtype == np.int64
@@ -328,11 +324,6 @@ def test_a_ragged_list_without_an_array_leaf_is_refused(
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="segments has one key for a keypath that is both a ragged axis and an optional "
-    "subtree: the presence array replaces the axis's Segments",
-)
 def test_segments_of_an_optional_ragged_list_keep_both_entries() -> None:
     store = pytreestore.create(
         "memory://ragged-prop-optional-list",
@@ -345,3 +336,4 @@ def test_segments_of_an_optional_ragged_list_keep_both_entries() -> None:
     seg = segments["['a']"]
     assert isinstance(seg, pytreestore.Segments)
     assert seg.record.tolist() == [0, 0]
+    assert segments["present['a']"].tolist() == [True, False]

@@ -191,7 +191,7 @@ def test_segments_form_and_segment_sum(tmp_path, backend):
     events = segments[".agents[*].events"]
     assert values.agents.events.shape == (sum(len(a.events) for s in steps for a in s.agents),)
     assert (events.record == seg.record[events.parent]).all()
-    assert segments[".storm"].tolist() == [s.storm is not None for s in steps]
+    assert segments["present.storm"].tolist() == [s.storm is not None for s in steps]
     values, segments = store.load(ragged="segments", size=500, as_numpy=True)
     assert segments[".agents"].record.shape == (500,) and values.agents.energy.shape == (500,)
     assert segments[".agents"].valid.sum() == total

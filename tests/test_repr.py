@@ -152,7 +152,4 @@ def test_format_record_of_every_node_kind() -> None:
 
 def test_format_record_shortens_long_arrays() -> None:
     tree = TreeSchema.from_example(np.zeros(1000)).tree
-    assert (
-        format_record(tree, [np.arange(1000.0)])
-        == "[  0.,   1.,   2., ..., 997., 998., 999.]"
-    )
+    assert format_record(tree, [np.arange(1000.0)]) == "[  0.,   1.,   2., ..., 997., 998., 999.]"

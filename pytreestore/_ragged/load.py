@@ -39,6 +39,9 @@ from pytreestore.errors import (
 )
 
 FORMS = ("pad", "segments")
+#: the key of an optional subtree's presence in the segments form: ``"present" + keypath``
+#: (an axis's keypath never starts with a letter, so the two never meet)
+PRESENT = "present"
 ITER_BLOCK = 1024  # records gathered at once by iteration
 
 
@@ -231,8 +234,9 @@ def _placed(tree: Any, request: LoadRequest) -> Any:
 
 
 class Flat:
-    """Builds ``(values, segments)``: each leaf's gathered rows as they are, and per ragged
-    axis the record, parent and position of each element (padded to ``size``)."""
+    """Builds ``(values, segments)``: each leaf's gathered rows as they are, per ragged axis
+    the record, parent and position of each element (padded to ``size``), and per optional
+    subtree its presence in each row of its table, under ``"present" + keypath``."""
 
     def __init__(self, gathered: dict[str | None, Rows], schema: TreeSchema, size: int | None):
         self.rows = gathered
@@ -280,7 +284,7 @@ class Flat:
             return None if spec.element is None else self.node(spec.element, spec.axis.path)
         if isinstance(spec, Optional):
             present = self.rows[table].values[presence_key(spec.path)]
-            self.segments[spec.path] = (
+            self.segments[PRESENT + spec.path] = (
                 present if table is None else self._pad(present, False, table)
             )
             return None if spec.inner is None else self.node(spec.inner, table)
