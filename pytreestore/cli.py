@@ -140,8 +140,9 @@ def _plain(value: Any) -> Any:
     """A record as dicts, lists and leaves: dataclass and NamedTuple nodes by field name."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return {k: _plain(v) for k, v in zip(value._fields, value)}
+    fields = getattr(value, "_fields", None)
+    if isinstance(value, tuple) and fields is not None:
+        return {k: _plain(v) for k, v in zip(fields, value)}
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
