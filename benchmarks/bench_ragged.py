@@ -16,8 +16,10 @@ TensorStore backend, default chunking.
   the same values: `step`, `v` and 8 leaves of shape [16] (float32 and int32 alternating),
   i.e. the ragged record's 8 element columns at 16 elements (the mean list length is 16.5).
   That compares the cost of raggedness (a list of dataclasses to walk, an offsets column)
-  against the same column count and bytes; a fixed record of 8 x 16 scalar leaves would
-  instead charge the fixed store for 128 columns.
+  against the same column count and bytes.
+* **append (vs scalar leaves)**: the same ragged appends against a fixed record holding a
+  tuple of 16 Points of 8 scalar leaves: the same count of leaf values, each a Python object
+  as in a ragged list (and each its own column).
 * **bytes**: the bytes a ragged store holds before compression, the sum over its arrays of
   rows x itemsize x values per row read from each array's `zarr.json` (`offsets` included),
   against the bytes of the leaf values appended. Sizes in MB, not times.
