@@ -25,6 +25,7 @@ from pytreestore._inspect import repr as _repr
 from pytreestore._inspect.verify import VerifyReport, verify_store
 from pytreestore._location import Location
 from pytreestore._pipelines.methods import Pipelines
+from pytreestore._ragged.model import reread_schema
 from pytreestore._ragged.writer import RaggedWriter
 from pytreestore._read import reader as _reader
 from pytreestore._read.reader import ReadContext
@@ -328,9 +329,19 @@ class TreeStore(Pipelines, Reads):
             with self._reading() as backend:
                 now = check_not_replaced(backend, self._location, self._commit)
                 if now.records != self._commit.records:
-                    _reader.check_columns_kept(backend, self._schema, self.path)
+                    self._check_schema(backend)
                 self._commit = now
         return len(self)
+
+    def _check_schema(self, backend: Backend) -> None:
+        """A reader's schema, against the store's now: a fixed store's columns must all be
+        kept; a ragged store's structures still pending are read again, in case a writer
+        has learnt them."""
+        if self._schema.ragged is None:
+            _reader.check_columns_kept(backend, self._schema, self.path)
+        elif self._schema.layout.pending:
+            spec = self._spec
+            self._schema = reread_schema(backend, self.path, like=spec.like, generic=spec.generic)
 
     def _check_not_replaced(self, *, always: bool = False) -> None:
         """Raises StoreReplacedError if a reader's store was replaced since it opened; on

@@ -446,3 +446,21 @@ def test_cli_and_repr_of_a_ragged_store(tmp_path):
     assert [r["storm"] is None for r in got] == [s.storm is None for s in steps]
     assert runner.invoke(main, ["verify", str(tmp_path / "s")]).exit_code == 0
     assert runner.invoke(main, ["info", str(tmp_path / "s")]).exit_code == 0
+
+
+def test_a_reader_refreshes_into_a_structure_learnt_since_it_opened(tmp_path, backend):
+    like = {"p": [], "t": np.int32(0)}
+    writer = pytreestore.create(tmp_path / "s", like, backend=backend, ragged=["['p']"])
+    writer.append({"p": [], "t": np.int32(0)})
+    writer.flush()
+    reader = pytreestore.open(tmp_path / "s", backend=backend)
+    assert reader.schema.layout.pending == ["['p']"]
+    writer.append({"p": [np.float32(1), np.float32(2)], "t": np.int32(1)})
+    writer.flush()
+    assert reader.refresh() == 2 and reader.schema.layout.pending == []
+    assert [float(x) for x in reader[1]["p"]] == [1.0, 2.0]
+    stale = pytreestore.open(tmp_path / "s", backend=backend)
+    old = pytreestore.create(tmp_path / "o", like, backend=backend, ragged=["['p']"])
+    stale._schema = old.schema  # a schema still pending, against learnt rows: refused
+    with pytest.raises(errors.SchemaMismatchError, match=r"refresh\(\)"):
+        stale.load(1)

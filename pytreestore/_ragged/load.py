@@ -35,6 +35,7 @@ from pytreestore.errors import (
     CorruptStoreError,
     RaggedDeclarationError,
     RaggedLengthError,
+    SchemaMismatchError,
     ShardingError,
 )
 
@@ -186,6 +187,23 @@ def _records(index: Any) -> np.ndarray:
     return np.asarray(index, np.int64)
 
 
+def check_learnt(schema: TreeSchema, gathered: dict[str | None, Rows], where: str) -> None:
+    """Raises SchemaMismatchError when the rows read hold a structure that was still pending
+    when this reader read the schema (a writer has learnt it since)."""
+    for path in schema.layout.pending:
+        rows = gathered.get(path)
+        learnt = rows is not None and rows.count > 0
+        for table_rows in gathered.values():
+            present = table_rows.values.get(presence_key(path))
+            learnt = learnt or (present is not None and bool(np.any(present)))
+        if learnt:
+            raise SchemaMismatchError(
+                f"{where}: records read hold the structure at {path or 'the root'}, which "
+                "a writer learnt after this reader read the schema; call store.refresh() "
+                "(or open the store again) to read them"
+            )
+
+
 def _gather(
     context: ReadContext,
     request: LoadRequest,
@@ -208,6 +226,8 @@ def _gather(
             raise name_column(err, request.schema) from err
         raise
     context.check_not_replaced()
+    if leaves is None:
+        check_learnt(request.schema, out, context.path)
     return out
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from pytreestore._format import ragged as _info
+from pytreestore._format import validate as _validate
 from pytreestore._format.columns import (
     ColumnSpec,
     check_unique_keys,
@@ -32,6 +33,7 @@ from pytreestore._format.columns import (
     leaf_chunks,
 )
 from pytreestore._format.dtypes import fill_value
+from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec, Walker
 from pytreestore._tree.layout import check_used as _check_used
@@ -330,6 +332,15 @@ def attach_layout(schema: TreeSchema, where: str) -> TreeSchema:
     return dataclasses.replace(schema, layout=model)
 
 
+def reread_schema(backend: Any, where: str, *, like: Any, generic: bool) -> TreeSchema:
+    """A ragged store's schema read again (``refresh`` of a reader whose schema had pending
+    structures), with its layout; the backend told of its arrays."""
+    schema = _validate.load_schema(backend.read_bytes(ROOT_KEY), where, like=like, generic=generic)
+    schema = attach_layout(schema, where)
+    backend.open_columns(schema.storage_columns)
+    return schema
+
+
 def _leading(column: ColumnSpec) -> bool:
     """Whether a column's leaf has a ragged leading axis (its own, or its node's)."""
     table = column.table
@@ -369,4 +380,5 @@ __all__ = [
     "build_schema",
     "grow_schema",
     "representative",
+    "reread_schema",
 ]
