@@ -339,7 +339,7 @@ class TreeStore(Pipelines, Reads):
         has learnt them."""
         if self._schema.ragged is None:
             _reader.check_columns_kept(backend, self._schema, self.path)
-        elif self._schema.layout.pending:
+        elif self._schema.pending:
             spec = self._spec
             self._schema = reread_schema(backend, self.path, like=spec.like, generic=spec.generic)
 

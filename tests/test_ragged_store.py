@@ -294,10 +294,10 @@ def test_like_may_start_empty(tmp_path, backend):
     like = Step(np.int32(0), [], None)
     steps = _steps(seed=10)
     store = pytreestore.create(tmp_path / "s", like, backend=backend, **DECL)
-    assert set(store.schema.layout.pending) == {".agents", ".storm"}
+    assert set(store.schema.pending) == {".agents", ".storm"}
     store.append(Step(np.int32(-1), [], None))
     store.extend(steps)
-    assert store.schema.layout.pending == []
+    assert store.schema.pending == ()
     store.close()
     again = pytreestore.open(tmp_path / "s", backend=backend)
     _same(again.load(0, as_numpy=True), Step(np.int32(-1), [], None))
@@ -454,10 +454,10 @@ def test_a_reader_refreshes_into_a_structure_learnt_since_it_opened(tmp_path, ba
     writer.append({"p": [], "t": np.int32(0)})
     writer.flush()
     reader = pytreestore.open(tmp_path / "s", backend=backend)
-    assert reader.schema.layout.pending == ["['p']"]
+    assert reader.schema.pending == ("['p']",)
     writer.append({"p": [np.float32(1), np.float32(2)], "t": np.int32(1)})
     writer.flush()
-    assert reader.refresh() == 2 and reader.schema.layout.pending == []
+    assert reader.refresh() == 2 and reader.schema.pending == ()
     assert [float(x) for x in reader[1]["p"]] == [1.0, 2.0]
     stale = pytreestore.open(tmp_path / "s", backend=backend)
     old = pytreestore.create(tmp_path / "o", like, backend=backend, ragged=["['p']"])

@@ -153,6 +153,12 @@ class TreeSchema:
         return cls(tree, columns, chunk, codec, treedef, binding, dropped, version, ragged)
 
     @property
+    def pending(self) -> tuple[str, ...]:
+        """A ragged store's keypaths whose structure no record has shown yet (an empty list,
+        or None, in ``like``); they are learnt from the first record that has one."""
+        return tuple(self.layout.pending) if self.layout is not None else ()
+
+    @property
     def storage_columns(self) -> tuple[ColumnSpec, ...]:
         """Every array of the store: the columns, then a ragged store's offsets and presence
         arrays."""

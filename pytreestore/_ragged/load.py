@@ -190,7 +190,7 @@ def _records(index: Any) -> np.ndarray:
 def check_learnt(schema: TreeSchema, gathered: dict[str | None, Rows], where: str) -> None:
     """Raises SchemaMismatchError when the rows read hold a structure that was still pending
     when this reader read the schema (a writer has learnt it since)."""
-    for path in schema.layout.pending:
+    for path in schema.pending:
         rows = gathered.get(path)
         learnt = rows is not None and rows.count > 0
         for table_rows in gathered.values():

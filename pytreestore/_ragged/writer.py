@@ -118,7 +118,11 @@ class RaggedWriter:
         self._committer.check()
 
     def append_record(self, record: Any) -> None:
-        """Buffers one record; nothing of it is kept if it is refused."""
+        """Buffers one record; nothing of it is kept if it is refused. A record table whose
+        chunk is full is committed first, as a fixed store's writer does."""
+        records = self.tables[None]
+        if records.fill == records.chunk:
+            self.flush()
         position = self._snapshot()
         try:
             self._record(record)
@@ -132,7 +136,6 @@ class RaggedWriter:
             if isinstance(err, _Mismatch):
                 raise _explain(self.model, record, "record") from None
             raise
-        self._commit_whole_chunks()
 
     def extend(self, records: Iterable[Any]) -> None:
         """Buffers every record of ``records``, all or none."""
