@@ -34,8 +34,9 @@ import numpy as np
 from pytreestore._format import keys as _keys
 from pytreestore._format.columns import ColumnSpec
 
-#: one keystr token: .name, [*], [0], ['key'], ["key"], [other]
-_TOKEN = re.compile(
+#: one keystr token: .name, [*], [0], ['key'] (quotes escaped as repr escapes them),
+#: ["key"], [other]
+KEYPATH_TOKEN = re.compile(
     r"\.[^.\[\]]+|\[\*\]|\[\d+\]|\['(?:[^'\\]|\\.)*'\]|\[\"(?:[^\"\\]|\\.)*\"\]|\[[^\]]*\]"
 )
 OFFSETS_SUFFIX = "%offsets"
@@ -50,7 +51,7 @@ def path_key(path: str) -> str:
         >>> path_key(".p[*].x"), path_key("['a/b'][0]"), path_key("")
         ('p/%2A/x', 'a%2Fb/0', '%')
     """
-    tokens = _TOKEN.findall(path)
+    tokens = KEYPATH_TOKEN.findall(path)
     if not tokens:
         return "%"
     return "/".join(_component(t) for t in tokens)
@@ -201,6 +202,7 @@ def _started(start: int, default: Any) -> dict[str, Any]:
 
 
 __all__ = [
+    "KEYPATH_TOKEN",
     "OFFSETS_SUFFIX",
     "PRESENCE_SUFFIX",
     "AxisInfo",

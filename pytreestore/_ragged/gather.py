@@ -151,22 +151,33 @@ def _compact(index: np.ndarray) -> Any:
     return index
 
 
-def lengths(schema: TreeSchema, gathered: dict[str | None, Rows]) -> dict[str, np.ndarray]:
-    """Per ragged axis, each selected record's longest list (or leading axis) there: the
-    length ``load(ragged="pad")`` pads it to, with ``pad_to=None``."""
+def record_of(schema: TreeSchema, gathered: dict[str | None, Rows]) -> dict[str | None, np.ndarray]:
+    """Per table, the selected record (index into the selection) each gathered row is in."""
     info = schema.ragged
     assert info is not None
-    n = gathered[None].count
-    record_of: dict[str | None, np.ndarray] = {None: np.arange(n)}
-    out = {}
+    out: dict[str | None, np.ndarray] = {None: np.arange(gathered[None].count)}
     for a in info.axes:
-        rows = gathered[a.path]
-        assert rows.parent is not None and rows.position is not None
-        record_of[a.path] = record_of[a.table][rows.parent]
-        longest = np.zeros(n, np.int64)
-        np.maximum.at(longest, record_of[a.path], rows.position + 1)
-        out[a.path] = longest
+        parent = gathered[a.path].parent
+        assert parent is not None
+        out[a.path] = out[a.table][parent]
     return out
 
 
-__all__ = ["Rows", "gather", "lengths"]
+def lengths(schema: TreeSchema, gathered: dict[str | None, Rows]) -> dict[str, np.ndarray]:
+    """Per ragged axis, each selected record's longest list (or leading axis) there: the
+    length ``load(ragged="pad")`` pads it to, with ``pad_to=None``."""
+    n = gathered[None].count
+    records = record_of(schema, gathered)
+    out = {}
+    for axis, record in records.items():
+        if axis is None:
+            continue
+        position = gathered[axis].position
+        assert position is not None
+        longest = np.zeros(n, np.int64)
+        np.maximum.at(longest, record, position + 1)
+        out[axis] = longest
+    return out
+
+
+__all__ = ["Rows", "gather", "lengths", "record_of"]

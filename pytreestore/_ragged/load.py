@@ -16,7 +16,6 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-import jax
 import numpy as np
 from jax.tree_util import keystr, tree_flatten_with_path
 
@@ -24,7 +23,7 @@ from pytreestore._commit.record import Commit
 from pytreestore._format.ragged import path_key, presence_key
 from pytreestore._format.schema import TreeSchema
 from pytreestore._ragged.build import Padded, exact
-from pytreestore._ragged.gather import Rows, gather, lengths
+from pytreestore._ragged.gather import Rows, gather, lengths, record_of
 from pytreestore._read.device import to_jax
 from pytreestore._read.reader import ReadContext, name_column
 from pytreestore._read.request import LoadRequest
@@ -235,8 +234,8 @@ def _placed(tree: Any, request: LoadRequest) -> Any:
     """``tree`` with its array leaves on the device (unless ``as_numpy``)."""
     if request.as_numpy:
         return tree
-    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is None)
-    paths = [keystr(p) for p, _ in tree_flatten_with_path(tree, is_leaf=lambda x: x is None)[0]]
+    pairs, treedef = tree_flatten_with_path(tree, is_leaf=lambda x: x is None)
+    paths, leaves = [keystr(p) for p, _ in pairs], [x for _, x in pairs]
     arrays = [x if isinstance(x, np.ndarray | np.generic) else None for x in leaves]
     try:
         placed = to_jax(
@@ -263,14 +262,13 @@ class Flat:
         self.size = size
         self.segments: dict[str, Any] = {}
         n = gathered[None].count
-        self.record_of: dict[str | None, np.ndarray] = {None: np.arange(n)}
+        records = record_of(schema, gathered)
         assert schema.ragged is not None
         for a in schema.ragged.axes:
             rows = gathered[a.path]
             assert rows.parent is not None and rows.position is not None
-            self.record_of[a.path] = self.record_of[a.table][rows.parent]
             self.segments[a.path] = Segments(  # int32: JAX's index type without x64
-                self._pad(self.record_of[a.path].astype(np.int32), n, a.path),
+                self._pad(records[a.path].astype(np.int32), n, a.path),
                 self._pad(rows.parent.astype(np.int32), gathered[a.table].count, a.path),
                 self._pad(rows.position.astype(np.int32), 0, a.path),
                 self._pad(np.ones(rows.count, bool), False, a.path),

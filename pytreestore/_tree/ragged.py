@@ -14,16 +14,12 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Sequence
 from typing import Any
 
+from pytreestore._format.ragged import KEYPATH_TOKEN
 from pytreestore.errors import RaggedDeclarationError
 
-#: one keystr token: .name, [*], [0], ['key'] (quotes escaped as repr escapes them), [other]
-_TOKEN = re.compile(
-    r"\.[^.\[\]]+|\[\*\]|\[\d+\]|\['(?:[^'\\]|\\.)*'\]|\[\"(?:[^\"\\]|\\.)*\"\]|\[[^\]]*\]"
-)
 STAR = "[*]"
 
 #: a node's position: one (token, is a list element) pair per level; elements of a ragged
@@ -35,7 +31,7 @@ def parse_keypath(path: Any, what: str) -> tuple[str, ...]:
     """The tokens of one declared keypath; RaggedDeclarationError when it is no keypath."""
     if not isinstance(path, str):
         raise RaggedDeclarationError(f"{what} takes keypath strings, got {path!r}")
-    tokens = tuple(_TOKEN.findall(path))
+    tokens = tuple(KEYPATH_TOKEN.findall(path))
     if "".join(tokens) != path:
         raise RaggedDeclarationError(
             f"{what} entry {path!r} is not a keypath as jax.tree_util.keystr spells it "
