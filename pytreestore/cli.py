@@ -104,36 +104,28 @@ def head(path: str, count: int, as_json: bool) -> None:
     """
     with _opened(path) as store:
         count = min(count, len(store))
+        width = max(shutil.get_terminal_size((100, 24)).columns - 4, 40)
         if store.schema.ragged is not None:  # each record of its own structure
-            _head_ragged(store, count, as_json)
-            return
-        request = LoadRequest.build(store.schema, policy=False, as_numpy=True)
-        leaves = load_leaves(store.read_context(), request, slice(0, count))
-        rows = [[leaf[i] for leaf in leaves] for i in range(count)]
+            plain = [_plain(store.load(i, as_numpy=True)) for i in range(count)]
+            texts = (_clip(json.dumps(_jsonable(r), separators=(", ", ": ")), width) for r in plain)
+        else:
+            request = LoadRequest.build(store.schema, policy=False, as_numpy=True)
+            leaves = load_leaves(store.read_context(), request, slice(0, count))
+            rows = [[leaf[i] for leaf in leaves] for i in range(count)]
+            plain = [store.schema.unflatten(row) for row in rows]
+            texts = (format_record(store.schema.tree, row, width=width) for row in rows)
         if as_json:
-            lines = [json.dumps(_jsonable(store.schema.unflatten(row))) for row in rows]
+            lines = [json.dumps(_jsonable(record)) for record in plain]
             click.echo("[\n" + ",\n".join(lines) + "\n]" if lines else "[]")
             return
-        width = shutil.get_terminal_size((100, 24)).columns
-        for i, row in enumerate(rows):
-            text = format_record(store.schema.tree, row, width=max(width - 4, 40))
+        for i, text in enumerate(texts):
             click.echo(f"[{i}] {text}")
         if count < len(store):
             click.echo(f"... {len(store) - count:,} more of {len(store):,} records")
 
 
-def _head_ragged(store: pytreestore.TreeStore, count: int, as_json: bool) -> None:
-    records = [_plain(store.load(i, as_numpy=True)) for i in range(count)]
-    if as_json:
-        lines = [json.dumps(_jsonable(r)) for r in records]
-        click.echo("[\n" + ",\n".join(lines) + "\n]" if lines else "[]")
-        return
-    width = max(shutil.get_terminal_size((100, 24)).columns - 4, 40)
-    for i, record in enumerate(records):
-        text = json.dumps(_jsonable(record), separators=(", ", ": "))
-        click.echo(f"[{i}] {text if len(text) <= width else text[: width - 3] + '...'}")
-    if count < len(store):
-        click.echo(f"... {len(store) - count:,} more of {len(store):,} records")
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _plain(value: Any) -> Any:
