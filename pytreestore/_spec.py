@@ -40,7 +40,7 @@ class StoreSpec:
     path: str
     backend: str
     storage_options: tuple[tuple[str, Any], ...] = ()
-    cache_bytes: int = 0
+    cache_bytes: int | None = None
     like: Any = None
     generic: bool = False
     cast: bool = False

@@ -28,6 +28,7 @@ from pytreestore._pipelines.methods import Pipelines
 from pytreestore._ragged.model import reread_schema
 from pytreestore._ragged.writer import RaggedWriter
 from pytreestore._read import reader as _reader
+from pytreestore._read.ahead import ReadAhead
 from pytreestore._read.reader import ReadContext
 from pytreestore._read.request import LoadRequest
 from pytreestore._reads import Reads
@@ -87,6 +88,7 @@ class TreeStore(Pipelines, Reads):
         self._reads = 0  # reads in flight, which close() waits for
         self._reads_done = threading.Condition()
         self._writer = writer
+        self._ahead = ReadAhead()  # the block that store[i] in a loop reads from
 
     # ---- description ---------------------------------------------------------------------------
 
@@ -257,6 +259,7 @@ class TreeStore(Pipelines, Reads):
         with self._reads_done:
             self._closed = True  # no read starts from now on
             self._reads_done.wait_for(lambda: self._reads == 0)
+        self._ahead.clear()
         if self._lock is not None:
             self._lock.release()
         self._backend.close()
@@ -356,7 +359,12 @@ class TreeStore(Pipelines, Reads):
         lent for one read, and the check that the store was not replaced since it opened.
         """
         return ReadContext(
-            self._location, self._readable, self._reading, self._check_not_replaced, self._request
+            self._location,
+            self._readable,
+            self._reading,
+            self._check_not_replaced,
+            self._request,
+            self._ahead,
         )
 
     def _request(self, **options: Any) -> LoadRequest:

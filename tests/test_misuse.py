@@ -346,7 +346,7 @@ def test_a_reader_pickles_by_location_and_options(tmp_path, backend):
     copy = pickle.loads(pickle.dumps(reader))
     options = copy.reopen_options()
     assert options["backend"] == backend and options["generic"] is True
-    assert options.get("cache_bytes", 0) == cache.get("cache_bytes", 0)
+    assert options.get("cache_bytes") == cache.get("cache_bytes")
     got = copy.load(as_numpy=True)
     assert isinstance(got, dict)  # generic: a NamedTuple comes back as a dict
     np.testing.assert_array_equal(got["id"], np.arange(3))

@@ -47,7 +47,7 @@ def test_a_grain_source_of_a_local_store_keeps_its_backend_and_cache(tmp_path, b
     source = pickle.loads(pickle.dumps(reader.grain_source(columns="['id']")))
     options = source._store.reopen_options()
     assert options["backend"] == backend
-    assert options["cache_bytes"] == cache.get("cache_bytes", 0)
+    assert options["cache_bytes"] == cache.get("cache_bytes")
     assert len(source) == 4 and int(source[3]["id"]) == 3 and source[3]["v"] is None
 
 

@@ -188,7 +188,7 @@ def open(
     backend: str = "tensorstore",
     storage_options: Mapping[str, Any] | None = None,
     break_lock: bool = False,
-    cache_bytes: int = 0,
+    cache_bytes: int | None = None,
     cast: bool = False,
 ) -> TreeStore:
     """Opens an existing store.
@@ -207,11 +207,13 @@ def open(
         break_lock: S3 and GCS, ``mode="a"`` only: take the writer lock over even from a
             holder that may be alive (a writer on a host that crashed). A holder on this host
             that has died is detected and replaced without it.
-        cache_bytes: keep up to this many bytes of decoded chunks in memory (least recently
-            used out first), so that gathers and small reads that touch the same chunks again
-            skip the disk and the decoder. Every use of a cached chunk is checked against
-            storage first, so a chunk a writer has rewritten since is read again. Default 0:
-            no cache. TensorStore backend only.
+        cache_bytes: decoded chunks kept in memory for this store alone, at most this many
+            bytes (least recently used out first), so that reads touching the same chunks
+            again skip the disk and the decoder; ``0``: no cache. Default None: the cache all
+            stores of the process share, of ``PYTREESTORE_CACHE_BYTES`` bytes (256 MiB
+            unless set; ``0`` turns it off). Every use of a cached chunk is checked against
+            storage first, so a chunk a writer has rewritten since is read again.
+            TensorStore backend only (the zarr backend keeps no cache).
         cast: the store's dtype policy for device reads (see :func:`create`): True loads
             64-bit columns as 32 bits while x64 is disabled, in every read that does not pass
             its own ``cast=``.
@@ -235,7 +237,9 @@ def open(
     """
     _check_open_options(mode, backend, break_lock=break_lock, cache_bytes=cache_bytes, cast=cast)
     location = Location.parse(path, storage_options)
-    cache = {"cache_bytes": cache_bytes} if cache_bytes else {}
+    cache = (
+        {"cache_bytes": cache_bytes} if cache_bytes is not None and backend == "tensorstore" else {}
+    )
     engine: Backend = get_backend(backend)(location, **cache)
     schema = _read_schema(engine, location, like=like, generic=generic)
     engine.open_columns(schema.storage_columns)
@@ -276,8 +280,13 @@ def _check_open_options(
     check_cast(cast)
     if break_lock and mode != "a":
         raise ValueError("break_lock=True takes the writer lock; open with mode='a'")
-    if not isinstance(cache_bytes, int) or cache_bytes < 0:
-        raise ValueError(f"cache_bytes must be an int >= 0 (bytes), got {cache_bytes!r}")
+    if cache_bytes is not None and (
+        not isinstance(cache_bytes, int) or isinstance(cache_bytes, bool) or cache_bytes < 0
+    ):
+        raise ValueError(
+            f"cache_bytes must be None (the shared cache) or an int >= 0 (bytes), got "
+            f"{cache_bytes!r}"
+        )
     if cache_bytes and backend != "tensorstore":
         raise ValueError(
             f"cache_bytes is a feature of the tensorstore backend, not of {backend!r}; "

@@ -24,6 +24,7 @@ from pytreestore._format.ragged import path_key, presence_key
 from pytreestore._format.schema import TreeSchema
 from pytreestore._ragged.build import Padded, exact
 from pytreestore._ragged.gather import Rows, gather, lengths, record_of
+from pytreestore._read.ahead import RecordsBlock
 from pytreestore._read.device import to_jax
 from pytreestore._read.reader import ReadContext, name_column
 from pytreestore._read.request import LoadRequest
@@ -129,6 +130,13 @@ def load(
     request = unsplit(request)
     now = _commit(context, commit)
     selection = request.selection(index, now.records)
+    if selection.scalar and context.ahead is not None:
+        i = selection.index.start
+        read = lambda i: _block(context, request, now, i)  # noqa: E731
+        hit, record = context.ahead.record(request, i, read)
+        if hit:
+            context.check_not_replaced()  # the block belongs to the store opened
+            return record
     records = _records(selection.index)
     gathered = _gather(context, request, now, records)
     spec = request.schema.layout.spec
@@ -173,6 +181,15 @@ def iterate(
         records = np.arange(start, min(start + ITER_BLOCK, now.records))
         gathered = _gather(context, request, now, records)
         yield from _placed(exact(spec, gathered, None, len(records)), request)
+
+
+def _block(context: ReadContext, request: LoadRequest, now: Commit, start: int) -> RecordsBlock:
+    """Records from ``start`` (:data:`ITER_BLOCK` of them, fewer at the end), exactly, for
+    ``store[i]`` in a loop to read from."""
+    records = np.arange(start, min(start + ITER_BLOCK, now.records))
+    gathered = _gather(context, request, now, records)
+    exact_records = exact(request.schema.layout.spec, gathered, None, len(records))
+    return RecordsBlock(request, start, exact_records, lambda r: _placed(r, request))
 
 
 def _commit(context: ReadContext, commit: Callable[[], Commit]) -> Commit:

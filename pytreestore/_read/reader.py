@@ -36,15 +36,14 @@ from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
+from pytreestore._read import ahead as _ahead
 from pytreestore._read import device as _device
 from pytreestore._read import sharded as _sharded
+from pytreestore._read.ahead import Block, ReadAhead
 from pytreestore._read.index import Selection
 from pytreestore._read.request import LoadRequest
-from pytreestore._tree.stack import split_leaves
 from pytreestore.backends import Backend
 from pytreestore.errors import CorruptChunkError, CorruptStoreError, SchemaMismatchError
-
-ITER_BLOCK = 4096  # records read at once by record iteration
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +59,8 @@ class ReadContext:
             was opened; ``always=True`` checks on object stores too (a request there).
         request: builds a :class:`LoadRequest` from the arguments of ``TreeStore.load`` with
             the store's schema and cast policy (raises ``ClosedStoreError`` once closed).
+        ahead: the store's read-ahead block, which ``store[i]`` in a loop reads from
+            (:mod:`pytreestore._read.ahead`; None: every record is read alone).
     """
 
     location: Location
@@ -67,6 +68,7 @@ class ReadContext:
     reading: Callable[[], AbstractContextManager[Backend]]
     check_not_replaced: Callable[..., None]
     request: Callable[..., LoadRequest]
+    ahead: ReadAhead | None = None
 
     @property
     def path(self) -> str:
@@ -80,6 +82,14 @@ def load(context: ReadContext, request: LoadRequest, index: Any) -> Any:
     selection = request.selection(index, records)
     if request.split:
         return _load_split(context, request, selection, records)
+    if selection.scalar and context.ahead is not None:
+        i = selection.index.start
+        hit, record = context.ahead.record(
+            request, i, lambda i: _block(context, request, i, records)
+        )
+        if hit:
+            context.check_not_replaced()  # the block belongs to the store opened
+            return record
     return request.schema.unflatten(_leaves(context, request, selection, records))
 
 
@@ -90,12 +100,20 @@ def load_leaves(context: ReadContext, request: LoadRequest, index: Any) -> list[
 
 
 def iterate(context: ReadContext, request: LoadRequest) -> Iterator[Any]:
-    """Every record, one at a time, read :data:`ITER_BLOCK` records at a time."""
+    """Every record, one at a time, read a block at a time (:mod:`pytreestore._read.ahead`:
+    with jax leaves, each block is placed once and each record taken by one call)."""
     count = context.readable()
-    for start in range(0, count, ITER_BLOCK):
-        leaves = load_leaves(context, request, slice(start, min(start + ITER_BLOCK, count)))
-        for row in zip(*[split_leaves(leaf) for leaf in leaves]):
-            yield request.schema.unflatten(row)
+    for start in range(0, count, _ahead.block_size(request.record_nbytes)):
+        block = _block(context, request, start, count)
+        for j in range(block.count):
+            yield block.record(j, copy=False)  # views: the block is not kept for reuse
+
+
+def _block(context: ReadContext, request: LoadRequest, start: int, records: int) -> Block:
+    """Records from ``start`` (one read-ahead block, fewer at the end) of ``records``."""
+    stop = min(start + _ahead.block_size(request.record_nbytes), records)
+    selection = Selection(slice(start, stop, 1), stop - start, False)
+    return Block.of(request, start, _spread(request, _read(context, request, selection, records)))
 
 
 def loader(context: ReadContext, request: LoadRequest) -> Callable[[Any], Any]:

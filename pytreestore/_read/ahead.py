@@ -1,0 +1,220 @@
+"""Reading one record at a time at the speed of a block read: read-ahead blocks.
+
+A chunk of a column holds thousands of records, and reading one record costs decoding its
+whole chunk, so a loop of ``store[i]`` over consecutive ``i`` would decode each chunk once
+per record. Instead, record iteration and ``store[i]`` in such a loop read a *block* of
+consecutive records at once (:func:`block_size` records, about :data:`BLOCK_BYTES`), and
+serve each record from it:
+
+* as numpy, a record is a copy of its rows in the block (the caller may write to it);
+* as ``jax.Array`` leaves, the block is placed on the device once and each record is taken
+  from it by one compiled call (:func:`take`) for the whole tree: one dispatch per record,
+  not one per leaf. Blocks of fewer than :data:`JIT_MIN` records (and reads with a sharding
+  for ``device``) place each record's rows from the host instead, which compiles nothing.
+
+:class:`ReadAhead` keeps a store's last block: ``store[i]`` reads one when ``i`` follows the
+record it read last (the loop ``for i in range(n): store[i]``), and serves later records from
+it while they fall inside. Committed records never change in place, so a block stays exact
+while the store is the one opened (each hit still checks that it was not replaced); a new
+schema (``evolve``, ``refresh``) or other read options miss.
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> s = pytreestore.create("memory://doc-ahead", {"x": np.int32(0)})
+    >>> s.extend({"x": np.int32(i)} for i in range(100))
+    >>> [s.load(i, as_numpy=True)["x"].item() for i in (3, 4, 5)]  # 4 reads a block; 5 hits
+    [3, 4, 5]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from pytreestore._format import prng as _prng
+from pytreestore._read import device as _device
+from pytreestore._read.request import LoadRequest
+from pytreestore.errors import X64DisabledError
+
+BLOCK_BYTES = 16 << 20  # bytes of one read-ahead block of records (host copy)
+MAX_BLOCK = 4096  # records of one block, at most
+JIT_MIN = 64  # a block of fewer records is placed record by record (no compile)
+
+
+def block_size(record_nbytes: int) -> int:
+    """Records per block for records of ``record_nbytes``: a power of two of about
+    :data:`BLOCK_BYTES`, at least 1 and at most :data:`MAX_BLOCK`.
+
+    Example:
+        >>> block_size(4), block_size(14_500), block_size(1 << 30)
+        (4096, 1024, 1)
+    """
+    n = max(1, min(MAX_BLOCK, BLOCK_BYTES // max(record_nbytes, 1)))
+    return 1 << (n.bit_length() - 1)
+
+
+@jax.jit
+def take(leaves: list[jax.Array], i: jax.Array) -> list[jax.Array]:
+    """Row ``i`` of every leaf, in one compiled call."""
+    return [leaf[i] for leaf in leaves]
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """Consecutive records ``start .. start + count`` of one read, ready to serve one by one.
+
+    Attributes:
+        request: the read the block was read for (its schema, columns and placement).
+        start: the first record's index.
+        count: how many records.
+        host: each column's rows (None for columns not chosen).
+        device: for jax leaves, the chosen columns' rows on the device, padded to a power of
+            two (None: each record is placed from ``host``).
+    """
+
+    request: LoadRequest
+    start: int
+    count: int
+    host: list[np.ndarray | None]
+    device: list[jax.Array] | None
+
+    @classmethod
+    def of(cls, request: LoadRequest, start: int, host: list[np.ndarray | None]) -> Block:
+        """The block of ``host`` rows read from record ``start``, placed if worth it."""
+        count = next((len(a) for a in host if a is not None), 0)
+        return cls(request, start, count, host, _place(request, host, count))
+
+    def holds(self, request: LoadRequest, i: int) -> bool:
+        """Whether record ``i`` is here, read the way ``request`` asks."""
+        return same_read(self.request, request) and self.start <= i < self.start + self.count
+
+    def leaves(self, j: int, *, copy: bool = True) -> list[Any]:
+        """The leaves of the block's ``j``-th record, in column order (None: not chosen);
+        as numpy, copies of the block's rows, or views of them without ``copy``."""
+        request = self.request
+        if self.device is not None:
+            placed = iter(take(self.device, j))
+            leaves = [None if a is None else next(placed) for a in self.host]
+        else:
+            rows = [None if a is None else np.array(a[j, ...], copy=copy) for a in self.host]
+            if request.as_numpy:
+                return rows
+            paths = request.schema.paths
+            leaves = _device.to_jax(rows, paths, device=request.device, cast=request.cast)
+        return _prng.wrap_columns(leaves, [c.key_impl for c in request.schema.columns])
+
+    def record(self, j: int, *, copy: bool = True) -> Any:
+        """The block's ``j``-th record, as the store's classes (numpy leaves: see
+        :meth:`leaves`)."""
+        return self.request.schema.unflatten(self.leaves(j, copy=copy))
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordsBlock:
+    """Consecutive records of a ragged store, each kept exactly as read (host arrays), for
+    ``store[i]`` in a loop; a record is served as a copy, placed by ``place``.
+
+    Attributes:
+        request: the read the block was read for.
+        start: the first record's index.
+        records: the records, as numpy trees.
+        place: puts a record's arrays where the request asks (the device, or nowhere).
+    """
+
+    request: LoadRequest
+    start: int
+    records: list[Any]
+    place: Callable[[Any], Any]
+
+    @property
+    def count(self) -> int:
+        return len(self.records)
+
+    def holds(self, request: LoadRequest, i: int) -> bool:
+        """Whether record ``i`` is here, read the way ``request`` asks."""
+        return same_read(self.request, request) and self.start <= i < self.start + self.count
+
+    def record(self, j: int) -> Any:
+        """A copy of the block's ``j``-th record, placed."""
+        copy = jax.tree.map(
+            lambda x: np.array(x) if isinstance(x, np.ndarray | np.generic) else x,
+            self.records[j],
+            is_leaf=lambda x: x is None,
+        )
+        return self.place(copy)
+
+
+def same_read(a: LoadRequest, b: LoadRequest) -> bool:
+    """Whether two requests read the same columns the same way from the same schema."""
+    return a.schema is b.schema and (a.chosen, a.as_numpy, a.cast, a.device) == (
+        b.chosen,
+        b.as_numpy,
+        b.cast,
+        b.device,
+    )
+
+
+def _place(request: LoadRequest, host: Sequence[np.ndarray | None], count: int) -> Any:
+    """The chosen rows on the device, padded to a power of two, or None when the block is
+    small, read as numpy, placed by a sharding, or holds a value the dtype policy refuses
+    (then each record is placed alone, and only a record holding such a value raises)."""
+    device = request.device
+    if (
+        request.as_numpy
+        or count < JIT_MIN
+        or not (device is None or isinstance(device, jax.Device))
+    ):
+        return None
+    size = 1 << (count - 1).bit_length()
+    chosen = [(a, p) for a, p in zip(host, request.schema.paths) if a is not None]
+    padded = [
+        np.concatenate([a, np.zeros((size - count, *a.shape[1:]), a.dtype)]) if size > count else a
+        for a, _ in chosen
+    ]
+    try:
+        return _device.to_jax(padded, [p for _, p in chosen], device=device, cast=request.cast)
+    except X64DisabledError:
+        return None
+
+
+class ReadAhead:
+    """A store's last read-ahead block, for ``store[i]`` in a loop; safe across threads.
+
+    :meth:`record` serves record ``i`` from the block when it holds it; when it does not but
+    ``i`` follows the last record asked for, it reads a new block from ``i`` first.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._block: Block | RecordsBlock | None = None
+        self._last: tuple[LoadRequest, int] | None = None
+
+    def record(
+        self, request: LoadRequest, i: int, read: Callable[[int], Block | RecordsBlock]
+    ) -> tuple[bool, Any]:
+        """``(True, record i)`` from a block (``read(i)`` reads a new one from ``i`` when
+        ``i`` follows the last record asked for), or ``(False, None)``: read it alone."""
+        with self._lock:
+            block, last = self._block, self._last
+            self._last = (request, i)
+        if block is None or not block.holds(request, i):
+            if last is None or last[1] != i - 1 or not same_read(last[0], request):
+                return False, None
+            block = read(i)
+            with self._lock:
+                self._block = block
+        return True, block.record(i - block.start)
+
+    def clear(self) -> None:
+        """Forgets the block (the store closes, or its schema changes)."""
+        with self._lock:
+            self._block = None
+            self._last = None
+
+
+__all__ = ["BLOCK_BYTES", "Block", "ReadAhead", "RecordsBlock", "block_size", "take"]
