@@ -18,10 +18,11 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
@@ -31,7 +32,7 @@ import numpy as np
 import pytreestore
 from pytreestore._inspect import progress as _progress
 from pytreestore._inspect import repr as _repr
-from pytreestore._inspect.records import format_record
+from pytreestore._inspect.records import format_record, record_items, static_fields, summary_lines
 from pytreestore._open.copy import KEEP
 from pytreestore._open.open import open_any
 from pytreestore._read.reader import load_leaves
@@ -84,6 +85,32 @@ def info(path: str, as_json: bool) -> None:
 # ---- head -------------------------------------------------------------------------------------
 
 
+class _Several(click.Option):
+    """An option that takes every value up to the next option: ``--columns .a .b['k']``.
+
+    The values taken are those that start like a keypath (``.`` or ``[``); the option may
+    also be repeated.
+    """
+
+    def add_to_parser(self, parser: Any, ctx: click.Context) -> None:
+        super().add_to_parser(parser, ctx)
+        for name in self.opts:
+            option = parser._long_opt.get(name) or parser._short_opt.get(name)
+            if option is not None:
+                option.process = self._greedy(option.process)
+
+    @staticmethod
+    def _greedy(process: Any) -> Any:
+        def take(value: Any, state: Any) -> None:
+            values = [value]
+            while state.rargs and state.rargs[0][:1] in (".", "["):
+                values.append(state.rargs.pop(0))
+            for v in values:
+                process(v, state)
+
+        return take
+
+
 @main.command()
 @click.argument("path")
 @click.option(
@@ -95,33 +122,124 @@ def info(path: str, as_json: bool) -> None:
     show_default=True,
     help="How many records to print.",
 )
+@click.option(
+    "--start",
+    type=int,
+    default=0,
+    show_default=True,
+    help="The first record to print; negative counts from the end (-1: the last).",
+)
+@click.option(
+    "-c",
+    "--columns",
+    "columns",
+    cls=_Several,
+    multiple=True,
+    metavar="KEYPATH...",
+    help="Print only these columns: keypaths as load(columns=) takes them; a node's "
+    "keypath selects every column below it (.p[0]).",
+)
+@click.option("--full", is_flag=True, help="Print every value, each record as its classes.")
 @_json_option
-def head(path: str, count: int, as_json: bool) -> None:
-    """Print the first records of a store, as the classes the schema names.
+def head(
+    path: str, count: int, start: int, columns: tuple[str, ...], full: bool, as_json: bool
+) -> None:
+    """Print records of a store: by default one line per leaf (keypath, dtype and shape, the
+    first values), after the store's static fields.
 
-    The classes are not imported: records print the same wherever the store is read.
-    With --json: a JSON list with one record per line, as plain objects and lists.
+    With --full, each record whole, as the classes the schema names (the classes are not
+    imported: records print the same wherever the store is read). With --json: a JSON list
+    with one record per line, every value, as plain objects and lists.
     """
     with _opened(path) as store:
-        count = min(count, len(store))
-        width = max(shutil.get_terminal_size((100, 24)).columns - 4, 40)
-        if store.schema.ragged is not None:  # each record of its own structure
-            plain = [_plain(store.load(i, as_numpy=True)) for i in range(count)]
-            texts = (_clip(json.dumps(_jsonable(r), separators=(", ", ": ")), width) for r in plain)
-        else:
-            request = LoadRequest.build(store.schema, policy=False, as_numpy=True)
-            leaves = load_leaves(store.read_context(), request, slice(0, count))
-            rows = [[leaf[i] for leaf in leaves] for i in range(count)]
-            plain = [store.schema.unflatten(row) for row in rows]
-            texts = (format_record(store.schema.tree, row, width=width) for row in rows)
+        total = len(store)
+        first = _first_record(start, total)
+        stop = min(first + count, total)
+        try:
+            shown = _read_records(store, range(first, stop), list(columns) or None)
+        except PyTreeStoreError as err:
+            _fail(str(err))
         if as_json:
-            lines = [json.dumps(_jsonable(record)) for record in plain]
+            lines = [json.dumps(_jsonable(record.plain)) for record in shown]
             click.echo("[\n" + ",\n".join(lines) + "\n]" if lines else "[]")
             return
-        for i, text in enumerate(texts):
+        width = max(shutil.get_terminal_size((100, 24)).columns - 4, 40)
+        statics = static_fields(store.schema.tree, store.schema.ragged)
+        if statics:
+            click.echo("static fields\n" + "".join(f"  {f.text}\n" for f in statics))
+        label = _root_label(store.schema.tree)
+        for i, one in zip(range(first, stop), shown):
+            text = one.full(width=width) if full else "\n".join([label, *_summary(one, width)])
             click.echo(f"[{i}] {text}")
-        if count < len(store):
-            click.echo(f"... {len(store) - count:,} more of {len(store):,} records")
+        if stop < total:
+            click.echo(f"... {total - stop:,} more of {total:,} records")
+
+
+def _first_record(start: int, total: int) -> int:
+    """``--start`` as a record index; out of range is a usage error."""
+    first = start + total if start < 0 else start
+    if 0 <= first < total or start == 0:
+        return first
+    span = f"0 to {total - 1}, or -{total} to -1" if total else "0: the store is empty"
+    raise click.BadParameter(
+        f"{start} is out of range for a store of {total:,} records (use {span})",
+        param_hint="'--start'",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shown:
+    """One record read for printing.
+
+    Attributes:
+        plain: the record as dicts, lists and leaves (``--json``).
+        items: its ``(keypath, leaf)`` pairs (the summary lines).
+        full: its every value as text, given ``width=`` (``--full``).
+    """
+
+    plain: Any
+    items: list[tuple[str, Any]]
+    full: Callable[..., str]
+
+
+def _read_records(
+    store: pytreestore.TreeStore, indices: range, columns: list[str] | None
+) -> list[_Shown]:
+    """Records ``indices`` read for printing; columns not selected are None.
+
+    A fixed store's records are read together, as its columns' leaves; a ragged store's one
+    at a time, exactly as ``store[i]`` gives them.
+    """
+    schema = store.schema
+    if schema.ragged is not None:  # each record of its own structure
+        shown = []
+        for i in indices:
+            record = store.load(i, as_numpy=True, columns=columns)
+            plain = _plain(record)
+            text = json.dumps(_jsonable(plain), separators=(", ", ": "))
+            items = record_items(record, schema.ragged)
+            shown.append(_Shown(plain, items, functools.partial(_clip, text)))
+        return shown
+    request = LoadRequest.build(schema, policy=False, columns=columns, as_numpy=True)
+    leaves = load_leaves(store.read_context(), request, slice(indices.start, indices.stop))
+    rows = [[None if leaf is None else leaf[i] for leaf in leaves] for i in range(len(indices))]
+    return [
+        _Shown(
+            schema.unflatten(row),
+            [(schema.columns[c].path, row[c]) for c in request.chosen],
+            functools.partial(format_record, schema.tree, row),
+        )
+        for row in rows
+    ]
+
+
+def _summary(shown: _Shown, width: int) -> list[str]:
+    return summary_lines(shown.items, width=width) or ["  (no leaves)"]
+
+
+def _root_label(tree: dict[str, Any]) -> str:
+    """What a record is: its class (``AllParams``), or ``dict``, ``list``..."""
+    return tree["type"].rpartition(":")[2] if "type" in tree else tree["node"]
 
 
 def _clip(text: str, width: int) -> str:

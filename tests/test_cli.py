@@ -141,7 +141,7 @@ def test_console_script(tmp_path: Path, seed: Path) -> None:
     assert "copy: 100%" in copy.stderr and "3/3" in copy.stderr and "MB/s" in copy.stderr
 
     assert module.returncode == 0, module.stderr
-    assert module.stdout.startswith("[0] AllParams(")
+    assert module.stdout.startswith("[0] AllParams\n  .p[0].x  int32[]  4\n")
 
 
 # ---- each command, in process --------------------------------------------------------------------
@@ -207,12 +207,12 @@ def store_chunk(path: Path) -> int:
 
 
 def test_head(seed: Path) -> None:
-    assert invoke("head", seed).stdout.splitlines() == [
+    assert invoke("head", seed, "--full").stdout.splitlines() == [
         "[0] AllParams(p=[Params(x=4, y=2), Params(x=4, y=3)])",
         "[1] AllParams(p=[Params(x=3, y=5), Params(x=2, y=4)])",
         "[2] AllParams(p=[Params(x=3, y=2), Params(x=6, y=3)])",
     ]
-    assert invoke("head", seed, "-n", "1").stdout.splitlines()[1] == "... 2 more of 3 records"
+    assert invoke("head", seed, "-n", "1").stdout.splitlines()[5] == "... 2 more of 3 records"
     assert invoke("head", seed, "--records", "0").stdout == "... 3 more of 3 records\n"
     records = json.loads(invoke("head", seed, "--json").stdout)
     assert records[2] == {"p": [{"x": 3, "y": 2}, {"x": 6, "y": 3}]}
@@ -242,7 +242,7 @@ def test_head_breaks_wide_records_and_prints_every_dtype(tmp_path: Path) -> None
     }
     with pytreestore.create(tmp_path / "s", like) as store:
         store.append(record)
-    out = invoke("head", tmp_path / "s").stdout
+    out = invoke("head", tmp_path / "s", "--full").stdout
     assert out.startswith("[0] {\n")
     assert "  'big': 1099511627776,\n" in out
     assert "  'm': [[1., 0.],\n        [0., 1.]],\n" in out

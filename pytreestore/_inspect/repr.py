@@ -34,6 +34,7 @@ from pytreestore._format import consts as _consts
 from pytreestore._format.kinds import child_entry
 from pytreestore._format.names import ROOT_KEY, chunk_prefix
 from pytreestore._format.schema import ColumnSpec, TreeSchema
+from pytreestore._inspect.records import StaticField, static_fields
 from pytreestore._read.reader import ReadContext
 from pytreestore.backends import TensorStoreKvStore
 from pytreestore.errors import PyTreeStoreError
@@ -115,6 +116,8 @@ class StoreInfo:
         codec: the compression codec, or None.
         columns: one :class:`ColumnInfo` per column, in column order.
         disk_bytes: every byte of the store on disk (chunks and metadata), or None.
+        static: the static fields the schema holds (flax ``pytree_node=False``, equinox
+            ``static=True``, a registered class's static data), in tree order.
     """
 
     path: str
@@ -124,6 +127,7 @@ class StoreInfo:
     codec: str | None
     columns: tuple[ColumnInfo, ...]
     disk_bytes: int | None
+    static: tuple[StaticField, ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -153,6 +157,7 @@ class StoreInfo:
             "disk_bytes": self.disk_bytes,
             "ratio": self.ratio,
             "columns": [c.to_json() for c in self.columns],
+            "static_fields": [f.to_json() for f in self.static],
         }
 
 
@@ -181,6 +186,7 @@ def describe(store: Described) -> StoreInfo:
         codec=schema.codec,
         columns=columns,
         disk_bytes=stored.get(""),
+        static=tuple(static_fields(schema.tree, schema.ragged)),
     )
 
 
@@ -369,6 +375,8 @@ def render_text(info: StoreInfo, tree: dict[str, Any]) -> str:
             cell.ljust(widths[i]) if i < 4 else cell.rjust(widths[i]) for i, cell in enumerate(row)
         ]
         lines.append(("  " + "  ".join(padded)).rstrip())
+    if info.static:
+        lines += ["", "  static fields", *(f"    {f.text}" for f in info.static)]
     return "\n".join(lines)
 
 
