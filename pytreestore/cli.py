@@ -95,7 +95,8 @@ class _Several(click.Option):
     def add_to_parser(self, parser: Any, ctx: click.Context) -> None:
         super().add_to_parser(parser, ctx)
         for name in self.opts:
-            option = parser._long_opt.get(name) or parser._short_opt.get(name)
+            long, short = getattr(parser, "_long_opt", {}), getattr(parser, "_short_opt", {})
+            option = long.get(name) or short.get(name)  # click's parser: repeat if it changed
             if option is not None:
                 option.process = self._greedy(option.process)
 
