@@ -297,7 +297,7 @@ def _case_extend(sizes: Sizes) -> list[Result]:
             n=sizes.n,
             ours=ours,
             baseline=recipe,
-            goal=at_least(10.0),
+            goal=at_least(15.0),
             higher_is_better=True,
             ours_label="`store.extend(list_of_N_records)` + `flush()` on a fresh local store",
             baseline_label="`jax.tree.map(lambda *v: jnp.array(v), *records)` + `block_until_ready`",
