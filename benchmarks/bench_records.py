@@ -235,7 +235,7 @@ class Fixed:
 
 
 def _columns(build: Callable[[Any], Any], n: int, seed: int) -> tuple[Any, list[np.ndarray]]:
-    """Stacked columns of ``n`` records of ``build``'s structure, every value distinct."""
+    """Stacked columns of ``n`` records of ``build``'s structure, random values (fixed seed)."""
     rng = np.random.default_rng(seed)
     shapes: list[tuple[tuple[int, ...], np.dtype]] = []
     like = build(lambda shape, dtype: shapes.append((shape, dtype)) or np.zeros(shape, dtype))
