@@ -14,9 +14,9 @@ side with pytreestore in the same process, through pytreestore's public API only
   100,000 on the 20-leaf, 3-level record of the core benchmarks, from an open store, against
   Lance: the same records as a Lance dataset with one column per leaf (fixed-size-list columns
   for the array leaves), `dataset.take(indices)` and each column to numpy. Four rows: a store
-  with the default codec (zstd) and one with `codec=None`, each opened as is (no cache, the
-  default) and with `cache_bytes=256 << 20` (decoded chunks kept between gathers, as a reader
-  drawing random minibatches would open it), all against the same Lance runs.
+  with the default codec (zstd) and one with `codec=None`, each opened with `cache_bytes=0`
+  (no cache) and with `cache_bytes=256 << 20` (decoded chunks kept between gathers, as the
+  shared default cache keeps them), all against the same Lance runs.
 * **orbax**: create + `extend_batch` of the stacked 100,000-record pytree (jax.Array leaves) +
   `close` + `open` + `load()` (jax.Array leaves), against Orbax `StandardCheckpointer` save +
   `wait_until_finished` + `restore` with the abstract tree as target. One checkpointer is made
@@ -520,7 +520,7 @@ def _gather_row(
                 f", opened with `cache_bytes={cache >> 20} << 20` (decoded chunks kept; the "
                 "warm-up run fills the cache)"
                 if cache
-                else ", no cache (the default)"
+                else ", opened with `cache_bytes=0` (no cache)"
             )
         ),
         baseline_label=(

@@ -9,8 +9,8 @@ TensorStore backend, default chunking.
   `dataset.take(indices)`, then the list column to padded numpy arrays and a mask (list
   offsets and the struct's flattened children scattered with one boolean-mask assignment per
   field). Ratio: speedup, Lance over ours. Four rows: the default codec (zstd, the goal row)
-  and `codec=None`, each opened as is and with `cache_bytes=256 << 20`, all against the same
-  Lance runs.
+  and `codec=None`, each opened with `cache_bytes=0` (no cache) and with
+  `cache_bytes=256 << 20`, all against the same Lance runs.
 * **append**: N x `store.append(record)` of the ragged records, then `flush` + `close`,
   against the same into a fixed-structure store whose record has the same columns and about
   the same values: `step`, `v` and 8 leaves of shape [16] (float32 and int32 alternating),
@@ -315,7 +315,7 @@ def _take_row(
             + (
                 f", opened with `cache_bytes={cache >> 20} << 20` (the warm-up fills part of it)"
                 if cache
-                else ", no cache (the default)"
+                else ", opened with `cache_bytes=0` (no cache)"
             )
         ),
         baseline_label=(

@@ -29,6 +29,8 @@ from pytreestore._ragged.model import reread_schema
 from pytreestore._ragged.writer import RaggedWriter
 from pytreestore._read import reader as _reader
 from pytreestore._read.ahead import ReadAhead
+from pytreestore._read.cache import ChunkCache
+from pytreestore._read.cache import shared as shared_cache
 from pytreestore._read.reader import ReadContext
 from pytreestore._read.request import LoadRequest
 from pytreestore._reads import Reads
@@ -89,6 +91,7 @@ class TreeStore(Pipelines, Reads):
         self._reads_done = threading.Condition()
         self._writer = writer
         self._ahead = ReadAhead()  # the block that store[i] in a loop reads from
+        self._cache = _chunk_cache(location, spec.cache_bytes)
 
     # ---- description ---------------------------------------------------------------------------
 
@@ -260,6 +263,8 @@ class TreeStore(Pipelines, Reads):
             self._closed = True  # no read starts from now on
             self._reads_done.wait_for(lambda: self._reads == 0)
         self._ahead.clear()
+        if self._cache is not None and self._cache is not shared_cache():
+            self._cache.clear()
         if self._lock is not None:
             self._lock.release()
         self._backend.close()
@@ -365,6 +370,8 @@ class TreeStore(Pipelines, Reads):
             self._check_not_replaced,
             self._request,
             self._ahead,
+            self._cache,
+            self.commit_now().store,
         )
 
     def _request(self, **options: Any) -> LoadRequest:
@@ -448,6 +455,14 @@ class TreeStore(Pipelines, Reads):
             finally:
                 if self._writer is not None:  # a ragged store learns pending structures
                     self._schema = self._writer.schema
+
+
+def _chunk_cache(location: Location, cache_bytes: int | None) -> ChunkCache | None:
+    """The decoded-chunk cache a store reads through: the shared one (``cache_bytes`` None),
+    one of its own, or none (``0``, or a ``memory://`` store, which is in memory already)."""
+    if location.kind == "memory" or cache_bytes == 0:
+        return None
+    return shared_cache() if cache_bytes is None else ChunkCache(cache_bytes)
 
 
 __all__ = ["TreeStore"]

@@ -1,14 +1,12 @@
 """Read-ahead blocks (``pytreestore/_read/ahead.py``): ``store[i]`` in a loop and record
 iteration serve records from a block read once, exactly as reading each record alone would,
-on both backends; and the decoded-chunk cache every store shares by default."""
+on both backends."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -48,7 +46,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     path = tmp_path / "s"
     with pytreestore.create(path, _record(0), backend=request.param, chunk_records=64) as s:
         s.extend(_record(i) for i in range(N))
-    reader = pytreestore.open(path, backend=request.param)
+    reader = pytreestore.open(path, backend=request.param, cache_bytes=0)  # reads counted
     yield reader
     reader.close()
 
@@ -231,7 +229,7 @@ def test_a_ragged_store_in_a_loop(tmp_path: Path, backend: str) -> None:
     ]
     with pytreestore.create(tmp_path / "s", like, ragged=["['p']"], backend=backend) as s:
         s.extend(records)
-    reader = pytreestore.open(tmp_path / "s", backend=backend)
+    reader = pytreestore.open(tmp_path / "s", backend=backend, cache_bytes=0)
     calls = _reads(reader)
     for i, want in enumerate(records):
         got = reader.load(i, as_numpy=True)
@@ -244,92 +242,3 @@ def test_a_ragged_store_in_a_loop(tmp_path: Path, backend: str) -> None:
     got["t"][...] = -1
     assert reader.load(42, as_numpy=True)["t"].item() == 42
     assert served < len(records)  # blocks, not one read per record
-
-
-# ---- the shared cache -------------------------------------------------------------------------
-
-
-def test_stores_opened_without_cache_bytes_share_one_cache(tmp_path: Path) -> None:
-    for name in "ab":
-        with pytreestore.create(tmp_path / name, {"a": np.int32(0)}) as s:
-            s.extend({"a": np.int32(i)} for i in range(10))
-    a, b = pytreestore.open(tmp_path / "a"), pytreestore.open(tmp_path / "b")
-    cache = lambda s: cast(Any, s)._backend._cache  # noqa: E731
-    own = pytreestore.open(tmp_path / "a", cache_bytes=1 << 20)
-    none = pytreestore.open(tmp_path / "a", cache_bytes=0)
-    try:
-        assert cache(a) is cache(b) is not None
-        assert cache(own) is not cache(a)
-        assert cache(none) is None
-        a.close()
-        assert cache(b).limit == 256 << 20  # closing one store keeps the shared cache
-        assert b.load(3, as_numpy=True)["a"].item() == 3
-    finally:
-        for s in (b, own, none):
-            s.close()
-
-
-def test_a_rewritten_chunk_is_read_again_through_the_shared_cache(tmp_path: Path) -> None:
-    with pytreestore.create(tmp_path / "s", {"a": np.int32(0)}, codec=None, chunk_records=8) as w:
-        w.extend({"a": np.int32(i)} for i in range(5))
-        w.flush()
-        reader = pytreestore.open(tmp_path / "s")
-        assert reader.load([4, 0], as_numpy=True)["a"].tolist() == [4, 0]
-        w.extend({"a": np.int32(10 + i)} for i in range(2))
-        w.flush()  # rewrites the tail chunk
-        reader.refresh()
-        assert reader.load([6, 5, 0], as_numpy=True)["a"].tolist() == [11, 10, 0]
-        reader.close()
-
-
-@pytest.mark.parametrize(("value", "limit"), [("0", None), ("4096", 4096)])
-def test_the_shared_cache_bound_comes_from_the_environment(
-    tmp_path: Path, value: str, limit: int | None
-) -> None:
-    with pytreestore.create(tmp_path / "s", {"a": np.int32(0)}) as s:
-        s.extend({"a": np.int32(i)} for i in range(10))
-    script = (
-        "import sys, pytreestore\n"
-        "s = pytreestore.open(sys.argv[1])\n"
-        "assert s.load(9, as_numpy=True)['a'].item() == 9\n"
-        "c = s._backend._cache\n"
-        "print(None if c is None else c.limit)\n"
-    )
-    env = {"PYTREESTORE_CACHE_BYTES": value, "PATH": "/usr/bin:/bin"}
-    out = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "s")],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    )
-    assert out.stdout.strip() == str(limit)
-
-
-def test_a_malformed_cache_bound_is_a_clear_error(tmp_path: Path) -> None:
-    with pytreestore.create(tmp_path / "s", {"a": np.int32(0)}) as s:
-        s.append({"a": np.int32(1)})
-    script = (
-        "import sys, pytreestore\n"
-        "from pytreestore.errors import PyTreeStoreError\n"
-        "try:\n"
-        "    pytreestore.open(sys.argv[1]).load(0)\n"
-        "except PyTreeStoreError as err:\n"
-        "    print('refused:', err)\n"
-    )
-    env = {"PYTREESTORE_CACHE_BYTES": "lots", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "s")],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    )
-    assert "refused: PYTREESTORE_CACHE_BYTES must be a whole number of bytes" in out.stdout
-
-
-def test_cache_bytes_is_checked() -> None:
-    bad_values: list[Any] = [-1, 1.5, True, "1"]
-    for bad in bad_values:
-        with pytest.raises(ValueError, match="cache_bytes must be None"):
-            pytreestore.open("memory://nowhere", cache_bytes=bad)

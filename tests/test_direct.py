@@ -204,13 +204,20 @@ def test_cached_gathers_see_chunks_a_writer_rewrote(tmp_path: Path, codec) -> No
 
 def test_the_cache_holds_at_most_its_limit(tmp_path: Path) -> None:
     make(tmp_path / "s", n=23).close()
-    chunk = 4 * 24  # four float32[3, 2] records
-    store = pytreestore.open(tmp_path / "s", cache_bytes=2 * chunk)
-    cache = store._backend._cache  # type: ignore[attr-defined]
-    np.testing.assert_array_equal(
-        store.load(np.arange(0, 23, 2), as_numpy=True)["m"], rows(23)["m"][::2]
-    )
-    assert 0 < cache.nbytes <= 2 * chunk
+    store = pytreestore.open(tmp_path / "s")
+    chunk = sum(c.chunks[0] * c.record_nbytes for c in store.schema.columns)  # of every column
+    store.close()
+    store = pytreestore.open(tmp_path / "s", cache_bytes=4 * chunk)
+    cache = store._cache  # type: ignore[attr-defined]
+    for k in range(5):  # gathers within one full chunk each: kept, the oldest dropped
+        picks = np.array([4 * k + 3, 4 * k])
+        np.testing.assert_array_equal(store.load(picks, as_numpy=True)["m"], rows(23)["m"][picks])
+        assert cache.nbytes == min(k + 1, 4) * chunk
+    cache.clear()
+    picks = np.arange(0, 23, 2)  # needs five whole chunks, more than half the cache: not kept
+    np.testing.assert_array_equal(store.load(picks, as_numpy=True)["m"], rows(23)["m"][picks])
+    assert cache.nbytes == 0
+    store.load(np.array([1]), as_numpy=True)
     store.close()
     assert cache.nbytes == 0
 
@@ -219,5 +226,5 @@ def test_cache_bytes_is_checked(tmp_path: Path) -> None:
     make(tmp_path / "s").close()
     with pytest.raises(ValueError, match="cache_bytes must be None"):
         pytreestore.open(tmp_path / "s", cache_bytes=-1)
-    with pytest.raises(ValueError, match="feature of the tensorstore backend, not of 'zarr'"):
-        pytreestore.open(tmp_path / "s", backend="zarr", cache_bytes=1 << 20)
+    with pytreestore.open(tmp_path / "s", backend="zarr", cache_bytes=1 << 20) as store:
+        assert store._cache is not None and store._cache.limit == 1 << 20  # type: ignore[attr-defined]

@@ -223,14 +223,21 @@ def test_a_read_keeps_one_schema_while_another_thread_evolves(tmp_path, backend)
     )
     store.extend({"a": np.int32(i), "b": np.float32(-i)} for i in range(3))
     store.flush()
-    read = store._backend.read
+    backend = store._backend
+    names = [n for n in ("read", "read_many") if hasattr(backend, n)]  # the cache reads many
+    originals = {n: getattr(backend, n) for n in names}
 
-    def evolve_meanwhile(*args, **kwargs):  # the evolve lands between the schema and the read
-        store._backend.read = read
-        store.evolve(rename={"['a']": "['z']"}, add={"['c']": np.int8(7)})
-        return read(*args, **kwargs)
+    def meanwhile(original):
+        def evolve_meanwhile(*args, **kwargs):  # the evolve lands between schema and read
+            for n in names:
+                setattr(backend, n, originals[n])
+            store.evolve(rename={"['a']": "['z']"}, add={"['c']": np.int8(7)})
+            return original(*args, **kwargs)
 
-    store._backend.read = evolve_meanwhile
+        return evolve_meanwhile
+
+    for n in names:
+        setattr(backend, n, meanwhile(originals[n]))
     got = store.load(as_numpy=True)
     assert {k: v.tolist() for k, v in got.items()} == {"a": [0, 1, 2], "b": [0, -1, -2]}
     got = store.load(as_numpy=True)

@@ -211,9 +211,9 @@ def open(
             bytes (least recently used out first), so that reads touching the same chunks
             again skip the disk and the decoder; ``0``: no cache. Default None: the cache all
             stores of the process share, of ``PYTREESTORE_CACHE_BYTES`` bytes (256 MiB
-            unless set; ``0`` turns it off). Every use of a cached chunk is checked against
-            storage first, so a chunk a writer has rewritten since is read again.
-            TensorStore backend only (the zarr backend keeps no cache).
+            unless set; ``0`` turns it off).
+            Only chunks whose records are all committed are kept: they never change while
+            the store is the one opened (see docs/concepts.md).
         cast: the store's dtype policy for device reads (see :func:`create`): True loads
             64-bit columns as 32 bits while x64 is disabled, in every read that does not pass
             its own ``cast=``.
@@ -237,10 +237,7 @@ def open(
     """
     _check_open_options(mode, backend, break_lock=break_lock, cache_bytes=cache_bytes, cast=cast)
     location = Location.parse(path, storage_options)
-    cache = (
-        {"cache_bytes": cache_bytes} if cache_bytes is not None and backend == "tensorstore" else {}
-    )
-    engine: Backend = get_backend(backend)(location, **cache)
+    engine: Backend = get_backend(backend)(location)
     schema = _read_schema(engine, location, like=like, generic=generic)
     engine.open_columns(schema.storage_columns)
     commit, lock = protocol.attach(
@@ -286,11 +283,6 @@ def _check_open_options(
         raise ValueError(
             f"cache_bytes must be None (the shared cache) or an int >= 0 (bytes), got "
             f"{cache_bytes!r}"
-        )
-    if cache_bytes and backend != "tensorstore":
-        raise ValueError(
-            f"cache_bytes is a feature of the tensorstore backend, not of {backend!r}; "
-            "open with backend='tensorstore' or without cache_bytes"
         )
 
 

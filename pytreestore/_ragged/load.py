@@ -24,6 +24,7 @@ from pytreestore._format.ragged import path_key, presence_key
 from pytreestore._format.schema import TreeSchema
 from pytreestore._ragged.build import Padded, exact
 from pytreestore._ragged.gather import Rows, gather, lengths, record_of
+from pytreestore._read import cache as _cache
 from pytreestore._read.ahead import RecordsBlock
 from pytreestore._read.device import to_jax
 from pytreestore._read.reader import ReadContext, name_column
@@ -229,13 +230,10 @@ def _gather(
 ) -> dict[str | None, Rows]:
     try:
         with context.reading() as backend:
-            out = gather(
-                request.schema,
-                commit,
-                records,
-                backend.read,
-                leaves=request.specs if leaves is None else leaves,
-            )
+            columns = request.schema.storage_columns
+            read = _cache.reader(context.cache, context.store, backend, columns)
+            chosen = request.specs if leaves is None else leaves
+            out = gather(request.schema, commit, records, read, leaves=chosen)
     except CorruptStoreError as err:
         context.check_not_replaced(always=True)  # a replaced store lacks our chunks
         if isinstance(err, CorruptChunkError):

@@ -75,6 +75,7 @@ class Block:
         host: each column's rows (None for columns not chosen).
         device: for jax leaves, the chosen columns' rows on the device, padded to a power of
             two (None: each record is placed from ``host``).
+        impls: each column's PRNG key implementation, or None when no column holds keys.
     """
 
     request: LoadRequest
@@ -82,12 +83,15 @@ class Block:
     count: int
     host: list[np.ndarray | None]
     device: list[jax.Array] | None
+    impls: tuple[str | None, ...] | None = None
 
     @classmethod
     def of(cls, request: LoadRequest, start: int, host: list[np.ndarray | None]) -> Block:
         """The block of ``host`` rows read from record ``start``, placed if worth it."""
         count = next((len(a) for a in host if a is not None), 0)
-        return cls(request, start, count, host, _place(request, host, count))
+        impls = tuple(c.key_impl for c in request.schema.columns)
+        placed = _place(request, host, count)
+        return cls(request, start, count, host, placed, impls if any(impls) else None)
 
     def holds(self, request: LoadRequest, i: int) -> bool:
         """Whether record ``i`` is here, read the way ``request`` asks."""
@@ -101,12 +105,15 @@ class Block:
             placed = iter(take(self.device, j))
             leaves = [None if a is None else next(placed) for a in self.host]
         else:
-            rows = [None if a is None else np.array(a[j, ...], copy=copy) for a in self.host]
+            if copy:
+                rows = [None if a is None else a[j, ...].copy() for a in self.host]
+            else:
+                rows = [None if a is None else a[j, ...] for a in self.host]
             if request.as_numpy:
                 return rows
             paths = request.schema.paths
             leaves = _device.to_jax(rows, paths, device=request.device, cast=request.cast)
-        return _prng.wrap_columns(leaves, [c.key_impl for c in request.schema.columns])
+        return leaves if self.impls is None else _prng.wrap_columns(leaves, self.impls)
 
     def record(self, j: int, *, copy: bool = True) -> Any:
         """The block's ``j``-th record, as the store's classes (numpy leaves: see

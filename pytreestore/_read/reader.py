@@ -37,9 +37,11 @@ from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
 from pytreestore._read import ahead as _ahead
+from pytreestore._read import cache as _cache
 from pytreestore._read import device as _device
 from pytreestore._read import sharded as _sharded
 from pytreestore._read.ahead import Block, ReadAhead
+from pytreestore._read.cache import ChunkCache
 from pytreestore._read.index import Selection
 from pytreestore._read.request import LoadRequest
 from pytreestore.backends import Backend
@@ -61,6 +63,9 @@ class ReadContext:
             the store's schema and cast policy (raises ``ClosedStoreError`` once closed).
         ahead: the store's read-ahead block, which ``store[i]`` in a loop reads from
             (:mod:`pytreestore._read.ahead`; None: every record is read alone).
+        cache: the decoded-chunk cache the store reads through (:mod:`pytreestore._read.cache`;
+            None: none).
+        store: the store's id (from its commit record), which the cache's keys hold.
     """
 
     location: Location
@@ -69,6 +74,8 @@ class ReadContext:
     check_not_replaced: Callable[..., None]
     request: Callable[..., LoadRequest]
     ahead: ReadAhead | None = None
+    cache: ChunkCache | None = None
+    store: str | None = None
 
     @property
     def path(self) -> str:
@@ -162,7 +169,13 @@ def _read(
         return [np.empty((0, *c.shape), c.dtype) for c in specs]
     try:
         with context.reading() as backend:
-            arrays = backend.read([c.key for c in specs], selection.index, records)
+            arrays = None
+            if context.cache is not None and context.store is not None:
+                arrays = _cache.read(
+                    context.cache, context.store, backend, specs, selection.index, records
+                )
+            if arrays is None:
+                arrays = backend.read([c.key for c in specs], selection.index, records)
     except CorruptStoreError as err:
         context.check_not_replaced(always=True)  # a replaced store lacks our chunks
         if isinstance(err, CorruptChunkError):

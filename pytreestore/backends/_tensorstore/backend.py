@@ -49,8 +49,6 @@ from pytreestore.errors import CorruptChunkError, CorruptStoreError, PyTreeStore
 
 _MEMORY: dict[str, Any] = {}
 _MEMORY_LOCK = threading.Lock()
-#: bytes of decoded chunks kept by the cache every store opened without ``cache_bytes`` shares
-SHARED_CACHE_BYTES = 256 << 20
 
 
 def _memory_context() -> ts.Context:
@@ -59,40 +57,6 @@ def _memory_context() -> ts.Context:
         if "context" not in _MEMORY:
             _MEMORY["context"] = ts.Context()
         return _MEMORY["context"]
-
-
-def _shared_cache() -> tuple[_direct.ChunkCache, ts.Context]:
-    """The process-wide decoded-chunk cache (uncompressed chunks read in part, and TensorStore's
-    cache pool for the rest), bounded by ``PYTREESTORE_CACHE_BYTES`` (default
-    :data:`SHARED_CACHE_BYTES`; ``0`` turns it off), made on first use."""
-    with _MEMORY_LOCK:
-        if "shared" not in _MEMORY:
-            limit = _env_bytes("PYTREESTORE_CACHE_BYTES", SHARED_CACHE_BYTES)
-            pool = {"cache_pool": {"total_bytes_limit": limit}} if limit else {}
-            _MEMORY["shared"] = (_direct.ChunkCache(limit), ts.Context(pool))
-        return _MEMORY["shared"]
-
-
-def _env_bytes(name: str, default: int) -> int:
-    """An environment variable holding a byte count, or ``default`` when it is unset."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise PyTreeStoreError(f"{name} must be a whole number of bytes >= 0, got {raw!r}")
-    return value
-
-
-def _forget_shared() -> None:
-    """A forked child makes its own cache (TensorStore's threads are not forked)."""
-    _MEMORY.pop("shared", None)
-
-
-os.register_at_fork(after_in_child=_forget_shared)
 
 
 class TensorStoreBackend(
@@ -110,19 +74,14 @@ class TensorStoreBackend(
     :class:`CorruptChunkError` naming the column key and the chunk.
     """
 
-    def __init__(self, location: Location, cache_bytes: int | None = None) -> None:
+    def __init__(self, location: Location, cache_bytes: int = 0) -> None:
         self._location = location
         self._unstored = Unstored()
         self._timeout: float | None = getattr(location.options, "total_timeout", None)
-        self._cache: _direct.ChunkCache | None = None
-        self._own_cache = cache_bytes is not None
+        self._cache = _direct.ChunkCache(cache_bytes) if cache_bytes > 0 else None
         if location.kind == "memory":
             self._context = _memory_context()
-        elif cache_bytes is None:  # the cache every store shares
-            self._cache, self._context = _shared_cache()
-            self._cache = self._cache if self._cache.limit else None
         elif cache_bytes > 0:  # TensorStore keeps decoded chunks, revalidated on every read
-            self._cache = _direct.ChunkCache(cache_bytes)
             self._context = ts.Context({"cache_pool": {"total_bytes_limit": cache_bytes}})
         else:
             self._context = ts.Context()
@@ -474,7 +433,7 @@ class TensorStoreBackend(
         return None
 
     def close(self) -> None:
-        if self._cache is not None and self._own_cache:
+        if self._cache is not None:
             self._cache.clear()
         self._handles.clear()
         self._kv = None

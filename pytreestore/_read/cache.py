@@ -1,0 +1,225 @@
+"""The decoded-chunk cache: whole chunks kept in memory, so that reading a record whose chunk
+was read recently costs a copy, not a read and a decode.
+
+A chunk is kept with the number of its rows the read saw (all of them, but in the tail
+chunk), and is used only by reads that see the same rows. Committed rows never change while
+the store is the one opened: appends rewrite the tail chunk with its committed rows as they
+were, repair deletes only chunks past the commit, ``evolve`` never reuses a column's storage
+key, and a replaced store has a new store id, which every key holds. So a cached chunk is used
+without a look at storage; a reader that sees more records (``refresh``) reads the tail chunk
+again.
+
+Every store opened without ``cache_bytes`` shares one cache of the process
+(:func:`shared`), bounded by ``PYTREESTORE_CACHE_BYTES`` (default :data:`SHARED_BYTES`;
+``0`` turns it off); ``open(cache_bytes=N)`` gives a store a cache of its own.
+
+A read goes through the cache (:func:`read`) when it selects fewer records than a chunk holds
+(one record, a short slice) or is a gather, and the chunks it must read in whole fit in half
+the cache; bigger reads go to the backend, which reads only what they select.
+
+Example:
+    >>> import numpy as np
+    >>> cache = ChunkCache(1 << 20)
+    >>> cache.put(("store", "x", 0, 4), np.arange(4))
+    >>> cache.get(("store", "x", 0, 4)).tolist(), cache.nbytes
+    ([0, 1, 2, 3], 32)
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from pytreestore._format.schema import ColumnSpec
+from pytreestore.backends import Backend, BatchedReads
+from pytreestore.errors import PyTreeStoreError
+
+SHARED_BYTES = 256 << 20  # the shared cache's bound unless PYTREESTORE_CACHE_BYTES says
+
+_Key = tuple[str, str, int, int]  # (store id, column key, chunk index, rows a read sees)
+
+
+class ChunkCache:
+    """Decoded chunks by ``(store id, column key, chunk, rows)``, least recently used out
+    first, at most ``limit`` bytes; safe across threads.
+
+    Args:
+        limit: the most bytes of chunks kept.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.nbytes = 0
+        self._entries: OrderedDict[_Key, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: _Key) -> np.ndarray | None:
+        """The chunk at ``key`` (now the most recently used), or None."""
+        with self._lock:
+            chunk = self._entries.get(key)
+            if chunk is not None:
+                self._entries.move_to_end(key)
+            return chunk
+
+    def put(self, key: _Key, chunk: np.ndarray) -> None:
+        """Keeps ``chunk`` (read-only from now on) unless it alone is over the limit."""
+        if chunk.nbytes > self.limit:
+            return
+        chunk.flags.writeable = False  # served rows are copies; the chunk never changes
+        with self._lock:
+            old = self._entries.pop(key, None)
+            self.nbytes -= 0 if old is None else old.nbytes
+            self._entries[key] = chunk
+            self.nbytes += chunk.nbytes
+            while self.nbytes > self.limit:
+                _, dropped = self._entries.popitem(last=False)
+                self.nbytes -= dropped.nbytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.nbytes = 0
+
+
+_SHARED: list[ChunkCache | None] = []
+_SHARED_LOCK = threading.Lock()
+
+
+def shared() -> ChunkCache | None:
+    """The cache every store opened without ``cache_bytes`` shares (None: turned off by
+    ``PYTREESTORE_CACHE_BYTES=0``), made on first use.
+
+    Raises:
+        PyTreeStoreError: ``PYTREESTORE_CACHE_BYTES`` is not a whole number of bytes.
+    """
+    with _SHARED_LOCK:
+        if not _SHARED:
+            limit = _env_bytes("PYTREESTORE_CACHE_BYTES", SHARED_BYTES)
+            _SHARED.append(ChunkCache(limit) if limit else None)
+        return _SHARED[0]
+
+
+def _env_bytes(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    value = int(raw) if raw.isdigit() else -1
+    if value < 0:
+        raise PyTreeStoreError(f"{name} must be a whole number of bytes >= 0, got {raw!r}")
+    return value
+
+
+def read(
+    cache: ChunkCache,
+    store: str,
+    backend: Backend,
+    specs: Sequence[ColumnSpec],
+    index: Any,
+    records: int,
+) -> list[np.ndarray] | None:
+    """Rows ``index`` (a slice or an int array) of every column of ``specs``, the full
+    committed chunks they lie in taken from ``cache`` (those missing read whole, in one
+    batch, and kept), the rest read from ``backend``; None when the read is not one the
+    cache serves (see the module)."""
+    rows = _rows(index)
+    if rows is None or not len(rows) or any(spec.chunks[0] < 1 for spec in specs):
+        return None  # (a chunk of no rows: a damaged schema, which the backend reports)
+    if isinstance(index, slice) and any(len(rows) >= spec.chunks[0] for spec in specs):
+        return None  # a chunk or more of a slice: the backend reads just what it selects
+    plans = [_Plan(spec, rows, records) for spec in specs]
+    missing = []
+    for p in plans:
+        for k, valid in p.chunks_read.items():
+            p.chunks[k] = cache.get((store, p.spec.key, k, valid))
+            if p.chunks[k] is None:
+                missing.append((p, k, valid))
+    if sum(valid * p.spec.record_nbytes for p, _, valid in missing) > cache.limit // 2:
+        return None
+    whole = [(p.spec.key, slice(k * p.size, k * p.size + valid)) for p, k, valid in missing]
+    arrays = _read_whole(backend, whole, records)
+    for (p, k, valid), chunk in zip(missing, arrays):
+        p.chunks[k] = chunk
+        cache.put((store, p.spec.key, k, valid), chunk)
+    return [p.assemble() for p in plans]
+
+
+def _read_whole(
+    backend: Backend, requests: list[tuple[str, slice]], records: int
+) -> list[np.ndarray]:
+    """Every ``(key, slice)`` read at once: in one batch where the backend reads batches,
+    else one ``read`` per distinct slice (the columns' chunks usually share it)."""
+    if not requests:
+        return []
+    if isinstance(backend, BatchedReads):
+        return backend.read_many(requests, records)
+    by_slice: dict[tuple[int, int], list[int]] = {}
+    for i, (_, where) in enumerate(requests):
+        by_slice.setdefault((where.start, where.stop), []).append(i)
+    out: list[Any] = [None] * len(requests)
+    for (start, stop), which in by_slice.items():
+        got = backend.read([requests[i][0] for i in which], slice(start, stop), records)
+        for i, array in zip(which, got):
+            out[i] = array
+    return out
+
+
+def reader(
+    cache: ChunkCache | None, store: str | None, backend: Backend, columns: Sequence[ColumnSpec]
+) -> Callable[[Sequence[str], Any, int], list[np.ndarray]]:
+    """``backend.read`` through ``cache`` (when there is one) for the storage columns
+    ``columns``: what a ragged store's gathers read with (each table's committed rows as
+    ``records``)."""
+    if cache is None or store is None:
+        return backend.read
+    by_key = {c.key: c for c in columns}
+
+    def read_keys(keys: Sequence[str], index: Any, records: int) -> list[np.ndarray]:
+        specs = [by_key[k] for k in keys]
+        got = read(cache, store, backend, specs, index, records)
+        return got if got is not None else backend.read(keys, index, records)
+
+    return read_keys
+
+
+def _rows(index: Any) -> np.ndarray | None:
+    if isinstance(index, slice):
+        return np.arange(index.start, index.stop, index.step, dtype=np.int64)
+    if isinstance(index, np.ndarray) and index.ndim == 1 and index.dtype.kind in "iu":
+        return index.astype(np.int64, copy=False)
+    return None
+
+
+class _Plan:
+    """The chunks that hold the rows of one column, each with its rows a read sees."""
+
+    def __init__(self, spec: ColumnSpec, rows: np.ndarray, records: int) -> None:
+        self.spec = spec
+        self.rows = rows
+        self.size = size = spec.chunks[0]
+        self.chunk_of = rows // size
+        touched = sorted(set(self.chunk_of.tolist()))
+        self.chunks_read = {k: min(size, records - k * size) for k in touched}
+        self.chunks: dict[int, np.ndarray | None] = {}
+
+    def assemble(self) -> np.ndarray:
+        """The column's rows, from its chunks (all present by now)."""
+        spec = self.spec
+        if len(self.chunks) == 1:
+            ((k, chunk),) = self.chunks.items()
+            assert chunk is not None
+            local = self.rows - k * self.size
+            return chunk[local] if len(local) > 1 else chunk[local[0] : local[0] + 1].copy()
+        out = np.empty((len(self.rows), *spec.shape), spec.dtype)
+        for k, chunk in self.chunks.items():
+            assert chunk is not None
+            where = np.flatnonzero(self.chunk_of == k)
+            out[where] = chunk[self.rows[where] - k * self.size]
+        return out
+
+
+__all__ = ["SHARED_BYTES", "ChunkCache", "read", "reader", "shared"]
