@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, cast
 
@@ -238,3 +239,28 @@ def test_cache_bytes_is_checked() -> None:
     for bad in bad_values:
         with pytest.raises(ValueError, match="cache_bytes must be None"):
             pytreestore.open("memory://nowhere", cache_bytes=bad)
+
+
+def test_a_forked_child_reads_through_the_cache_even_if_its_lock_was_held(tmp_path: Path) -> None:
+    import os
+
+    _make(tmp_path / "s", 16, "tensorstore", codec=None)  # misses read by the direct path
+    store = pytreestore.open(tmp_path / "s")
+    assert store.load(3, as_numpy=True)["a"].item() == 3  # chunk 0 cached
+    cache = cast(Any, store)._cache
+    cache._lock.acquire()  # as if another thread were inside the cache when the fork came
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter(
+                "ignore"
+            )  # JAX warns that forking a multithreaded process is risky
+            pid = os.fork()
+        if pid == 0:  # the child: the cached chunk, and a chunk it reads itself
+            ok = store.load(5, as_numpy=True)["a"].item() == 5
+            ok = ok and store.load(np.array([12, 1]), as_numpy=True)["a"].tolist() == [12, 1]
+            os._exit(0 if ok else 3)
+    finally:
+        cache._lock.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    store.close()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -57,6 +58,7 @@ class ChunkCache:
         self.nbytes = 0
         self._entries: OrderedDict[_Key, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
+        _LIVE.add(self)
 
     def get(self, key: _Key) -> np.ndarray | None:
         """The chunk at ``key`` (now the most recently used), or None."""
@@ -88,6 +90,18 @@ class ChunkCache:
 
 _SHARED: list[ChunkCache | None] = []
 _SHARED_LOCK = threading.Lock()
+_LIVE: weakref.WeakSet[ChunkCache] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    """A forked child has one thread: no lock it inherited can be released, so each is new."""
+    global _SHARED_LOCK
+    _SHARED_LOCK = threading.Lock()
+    for cache in list(_LIVE):
+        cache._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def shared() -> ChunkCache | None:
