@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -92,6 +93,7 @@ class TreeStore(Pipelines, Reads):
         self._writer = writer
         self._ahead = ReadAhead()  # the block that store[i] in a loop reads from
         self._cache = _chunk_cache(location, spec.cache_bytes)
+        self._cache_id = uuid.uuid4().hex  # this object's chunks in the cache (see _read/cache)
 
     # ---- description ---------------------------------------------------------------------------
 
@@ -263,8 +265,8 @@ class TreeStore(Pipelines, Reads):
             self._closed = True  # no read starts from now on
             self._reads_done.wait_for(lambda: self._reads == 0)
         self._ahead.clear()
-        if self._cache is not None and self._cache is not shared_cache():
-            self._cache.clear()
+        if self._cache is not None:
+            self._cache.drop(self._cache_id)
         if self._lock is not None:
             self._lock.release()
         self._backend.close()
@@ -371,7 +373,7 @@ class TreeStore(Pipelines, Reads):
             self._request,
             self._ahead,
             self._cache,
-            self.commit_now().store,
+            self._cache_id,
         )
 
     def _request(self, **options: Any) -> LoadRequest:

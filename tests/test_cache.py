@@ -264,3 +264,52 @@ def test_a_forked_child_reads_through_the_cache_even_if_its_lock_was_held(tmp_pa
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     store.close()
+
+
+def test_a_store_copied_as_files_keeps_its_id_but_not_the_originals_chunks(tmp_path: Path) -> None:
+    import shutil
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    with pytreestore.create(a, {"x": np.int32(0)}, chunk_records=8) as s:
+        s.extend({"x": np.int32(i)} for i in range(4))
+    shutil.copytree(a, b)  # the same store id in both
+    with pytreestore.open(a, mode="a") as w:
+        w.extend({"x": np.int32(100 + i)} for i in range(4))
+    with pytreestore.open(b, mode="a") as w:
+        w.extend({"x": np.int32(200 + i)} for i in range(4))
+    ra, rb = pytreestore.open(a), pytreestore.open(b)
+    assert ra.load(5, as_numpy=True)["x"].item() == 101
+    assert rb.load(5, as_numpy=True)["x"].item() == 201
+    assert rb.load(np.array([6, 1]), as_numpy=True)["x"].tolist() == [202, 1]
+
+
+def test_a_store_restored_from_a_backup_is_read_anew(tmp_path: Path) -> None:
+    import shutil
+
+    path, backup = tmp_path / "s", tmp_path / "backup"
+    with pytreestore.create(path, {"x": np.int32(0)}, chunk_records=8) as s:
+        s.extend({"x": np.int32(i)} for i in range(4))
+    shutil.copytree(path, backup)
+    with pytreestore.open(path, mode="a") as w:
+        w.extend({"x": np.int32(100 + i)} for i in range(4))
+    before = pytreestore.open(path)
+    assert before.load(5, as_numpy=True)["x"].item() == 101
+    before.close()
+    shutil.rmtree(path)
+    shutil.copytree(backup, path)  # the same id, record count and generation after appends
+    with pytreestore.open(path, mode="a") as w:
+        w.extend({"x": np.int32(200 + i)} for i in range(4))
+    after = pytreestore.open(path)
+    assert after.load(5, as_numpy=True)["x"].item() == 201
+    assert after[4:8]["x"].tolist() == [200, 201, 202, 203]
+
+
+def test_a_closed_store_leaves_nothing_in_the_shared_cache(tmp_path: Path) -> None:
+    _make(tmp_path / "s", 16, "tensorstore")
+    store = pytreestore.open(tmp_path / "s")
+    cache = cast(Any, store)._cache
+    before = cache.nbytes
+    store.load(np.array([1, 12]), as_numpy=True)
+    assert cache.nbytes > before
+    store.close()
+    assert cache.nbytes == before

@@ -231,7 +231,7 @@ def _gather(
     try:
         with context.reading() as backend:
             columns = request.schema.storage_columns
-            read = _cache.reader(context.cache, context.store, backend, columns)
+            read = _cache.reader(context.cache, context.cache_id, backend, columns)
             chosen = request.specs if leaves is None else leaves
             out = gather(request.schema, commit, records, read, leaves=chosen)
     except CorruptStoreError as err:

@@ -1,13 +1,15 @@
 """The decoded-chunk cache: whole chunks kept in memory, so that reading a record whose chunk
 was read recently costs a copy, not a read and a decode.
 
-A chunk is kept with the number of its rows the read saw (all of them, but in the tail
-chunk), and is used only by reads that see the same rows. Committed rows never change while
-the store is the one opened: appends rewrite the tail chunk with its committed rows as they
-were, repair deletes only chunks past the commit, ``evolve`` never reuses a column's storage
-key, and a replaced store has a new store id, which every key holds. So a cached chunk is used
-without a look at storage; a reader that sees more records (``refresh``) reads the tail chunk
-again.
+A chunk is kept under its store object (a random id each ``TreeStore`` makes when it opens,
+so no two open stores share entries, whatever their paths or store ids), its column's storage
+key, its index and the number of its rows the read saw (all of them, but in the tail chunk),
+and is used only by reads that see the same rows. Committed rows never change while a store is
+open: appends rewrite the tail chunk with its committed rows as they were, repair deletes only
+chunks past the commit, and ``evolve`` never reuses a column's storage key; a store replaced by
+``create(overwrite=True)`` is refused by the read's replaced-store check. So a cached chunk is
+used without a look at storage; a reader that sees more records (``refresh``) reads the tail
+chunk again. A store object's entries are dropped when it closes.
 
 Every store opened without ``cache_bytes`` shares one cache of the process
 (:func:`shared`), bounded by ``PYTREESTORE_CACHE_BYTES`` (default :data:`SHARED_BYTES`;
@@ -42,12 +44,12 @@ from pytreestore.errors import PyTreeStoreError
 
 SHARED_BYTES = 256 << 20  # the shared cache's bound unless PYTREESTORE_CACHE_BYTES says
 
-_Key = tuple[str, str, int, int]  # (store id, column key, chunk index, rows a read sees)
+_Key = tuple[str, str, int, int]  # (store object's id, column key, chunk, rows a read sees)
 
 
 class ChunkCache:
-    """Decoded chunks by ``(store id, column key, chunk, rows)``, least recently used out
-    first, at most ``limit`` bytes; safe across threads.
+    """Decoded chunks by ``(store object, column key, chunk, rows)``, least recently used
+    out first, at most ``limit`` bytes; safe across threads.
 
     Args:
         limit: the most bytes of chunks kept.
@@ -81,6 +83,12 @@ class ChunkCache:
             while self.nbytes > self.limit:
                 _, dropped = self._entries.popitem(last=False)
                 self.nbytes -= dropped.nbytes
+
+    def drop(self, owner: str) -> None:
+        """Forgets the chunks of store object ``owner`` (it has closed)."""
+        with self._lock:
+            for key in [k for k in self._entries if k[0] == owner]:
+                self.nbytes -= self._entries.pop(key).nbytes
 
     def clear(self) -> None:
         with self._lock:
@@ -130,16 +138,16 @@ def _env_bytes(name: str, default: int) -> int:
 
 def read(
     cache: ChunkCache,
-    store: str,
+    owner: str,
     backend: Backend,
     specs: Sequence[ColumnSpec],
     index: Any,
     records: int,
 ) -> list[np.ndarray] | None:
-    """Rows ``index`` (a slice or an int array) of every column of ``specs``, the full
-    committed chunks they lie in taken from ``cache`` (those missing read whole, in one
-    batch, and kept), the rest read from ``backend``; None when the read is not one the
-    cache serves (see the module)."""
+    """Rows ``index`` (a slice or an int array) of every column of ``specs``, from the chunks
+    they lie in as store object ``owner`` keeps them in ``cache`` (those missing read whole
+    from ``backend``, in one batch, and kept); None when the read is not one the cache
+    serves (see the module)."""
     rows = _rows(index)
     if rows is None or not len(rows) or any(spec.chunks[0] < 1 for spec in specs):
         return None  # (a chunk of no rows: a damaged schema, which the backend reports)
@@ -149,7 +157,7 @@ def read(
     missing = []
     for p in plans:
         for k, valid in p.chunks_read.items():
-            p.chunks[k] = cache.get((store, p.spec.key, k, valid))
+            p.chunks[k] = cache.get((owner, p.spec.key, k, valid))
             if p.chunks[k] is None:
                 missing.append((p, k, valid))
     if sum(valid * p.spec.record_nbytes for p, _, valid in missing) > cache.limit // 2:
@@ -158,7 +166,7 @@ def read(
     arrays = _read_whole(backend, whole, records)
     for (p, k, valid), chunk in zip(missing, arrays):
         p.chunks[k] = chunk
-        cache.put((store, p.spec.key, k, valid), chunk)
+        cache.put((owner, p.spec.key, k, valid), chunk)
     return [p.assemble() for p in plans]
 
 
@@ -183,18 +191,18 @@ def _read_whole(
 
 
 def reader(
-    cache: ChunkCache | None, store: str | None, backend: Backend, columns: Sequence[ColumnSpec]
+    cache: ChunkCache | None, owner: str | None, backend: Backend, columns: Sequence[ColumnSpec]
 ) -> Callable[[Sequence[str], Any, int], list[np.ndarray]]:
     """``backend.read`` through ``cache`` (when there is one) for the storage columns
     ``columns``: what a ragged store's gathers read with (each table's committed rows as
     ``records``)."""
-    if cache is None or store is None:
+    if cache is None or owner is None:
         return backend.read
     by_key = {c.key: c for c in columns}
 
     def read_keys(keys: Sequence[str], index: Any, records: int) -> list[np.ndarray]:
         specs = [by_key[k] for k in keys]
-        got = read(cache, store, backend, specs, index, records)
+        got = read(cache, owner, backend, specs, index, records)
         return got if got is not None else backend.read(keys, index, records)
 
     return read_keys

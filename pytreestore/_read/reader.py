@@ -65,7 +65,7 @@ class ReadContext:
             (:mod:`pytreestore._read.ahead`; None: every record is read alone).
         cache: the decoded-chunk cache the store reads through (:mod:`pytreestore._read.cache`;
             None: none).
-        store: the store's id (from its commit record), which the cache's keys hold.
+        cache_id: the store object's own key in the cache (a random id made when it opened).
     """
 
     location: Location
@@ -75,7 +75,7 @@ class ReadContext:
     request: Callable[..., LoadRequest]
     ahead: ReadAhead | None = None
     cache: ChunkCache | None = None
-    store: str | None = None
+    cache_id: str | None = None
 
     @property
     def path(self) -> str:
@@ -170,9 +170,9 @@ def _read(
     try:
         with context.reading() as backend:
             arrays = None
-            if context.cache is not None and context.store is not None:
+            if context.cache is not None and context.cache_id is not None:
                 arrays = _cache.read(
-                    context.cache, context.store, backend, specs, selection.index, records
+                    context.cache, context.cache_id, backend, specs, selection.index, records
                 )
             if arrays is None:
                 arrays = backend.read([c.key for c in specs], selection.index, records)
