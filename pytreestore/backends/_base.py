@@ -9,7 +9,7 @@ conformance suite (:mod:`pytreestore.testing.conformance`) tests only where a ba
 Construction:
     ``Backend(location, **options)``: ``location`` is a parsed
     :class:`~pytreestore._location.Location` (``file``, ``memory``, ``s3`` or ``gcs``, with its
-    storage options); ``options`` are engine settings (``cache_bytes`` for TensorStore).
+    storage options); ``options`` are engine settings (the shipped backends take none).
     Constructing does no I/O that can fail on a missing store. Register a factory under a name
     with :func:`pytreestore.backends.register_backend` to make ``backend="name"`` work in
     ``create``, ``open`` and ``copy``.

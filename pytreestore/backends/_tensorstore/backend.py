@@ -74,17 +74,12 @@ class TensorStoreBackend(
     :class:`CorruptChunkError` naming the column key and the chunk.
     """
 
-    def __init__(self, location: Location, cache_bytes: int = 0) -> None:
+    def __init__(self, location: Location) -> None:
         self._location = location
         self._unstored = Unstored()
         self._timeout: float | None = getattr(location.options, "total_timeout", None)
-        self._cache = _direct.ChunkCache(cache_bytes) if cache_bytes > 0 else None
-        if location.kind == "memory":
-            self._context = _memory_context()
-        elif cache_bytes > 0:  # TensorStore keeps decoded chunks, revalidated on every read
-            self._context = ts.Context({"cache_pool": {"total_bytes_limit": cache_bytes}})
-        else:
-            self._context = ts.Context()
+        # decoded chunks are cached above the backends (pytreestore._read.cache)
+        self._context = _memory_context() if location.kind == "memory" else ts.Context()
         self._kv_spec, self._cleanup = kvstore_spec(location)
         self._kv: ts.KvStore | None = None
         self._handles: dict[str, ts.TensorStore] = {}
@@ -298,7 +293,7 @@ class TensorStoreBackend(
         )
         if mine:
             try:
-                got = _direct.read([(plan, index) for _, plan, index in mine], self._cache)
+                got = _direct.read([(plan, index) for _, plan, index in mine])
                 for (i, _, _), array in zip(mine, got):
                     out[i] = array
             except _direct.MissingChunk:  # TensorStore knows the fill value
@@ -433,8 +428,6 @@ class TensorStoreBackend(
         return None
 
     def close(self) -> None:
-        if self._cache is not None:
-            self._cache.clear()
         self._handles.clear()
         self._kv = None
         self._cleanup()

@@ -44,7 +44,6 @@ import math
 import os
 import sys
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -133,13 +132,8 @@ def plan(folder: Path, metadata: dict[str, Any], key: str = "") -> DirectColumn 
 # ---- reads -----------------------------------------------------------------------------------
 
 
-def read(
-    requests: Sequence[tuple[DirectColumn, Any]], cache: ChunkCache | None = None
-) -> list[np.ndarray]:
+def read(requests: Sequence[tuple[DirectColumn, Any]]) -> list[np.ndarray]:
     """Reads ``index`` (a slice with a positive step, or an int array) of each column.
-
-    Chunks read in part (a gather, the ends of a slice) are kept in ``cache`` when one is
-    given, and taken from it while their file is unchanged.
 
     Raises:
         MissingChunk: a chunk file is absent (read the request through the engine instead).
@@ -152,7 +146,7 @@ def read(
         if isinstance(index, slice) and (index.step or 1) == 1:
             start, stop = index.start or 0, index.stop
             out = np.empty((stop - start, *column.shape), column.dtype)
-            tasks.extend(_slice_tasks(column, start, stop, out, cache))
+            tasks.extend(_slice_tasks(column, start, stop, out))
         else:
             key = (id(index), column.chunk)  # the columns of a call share their index
             if key not in plans:
@@ -160,7 +154,7 @@ def read(
                 plans[key] = (index, len(rows), _by_chunk(rows, column.chunk))  # keeps id(index)
             _, count, plan = plans[key]
             out = np.empty((count, *column.shape), column.dtype)
-            tasks.extend(_gather_tasks(column, plan, out, cache))
+            tasks.extend(_gather_tasks(column, plan, out))
         outs.append(out)
     _run_all(tasks)
     return outs
@@ -182,23 +176,13 @@ def _by_chunk(rows: np.ndarray, size: int) -> list[tuple[int, np.ndarray, np.nda
 
 
 def _gather_tasks(
-    column: DirectColumn,
-    plan: list[tuple[int, np.ndarray, np.ndarray]],
-    out: np.ndarray,
-    cache: ChunkCache | None,
+    column: DirectColumn, plan: list[tuple[int, np.ndarray, np.ndarray]], out: np.ndarray
 ) -> list[Callable[[], None]]:
-    tasks = []
-    for k, positions, local in plan:
-        hit = cache.get(column.path(k)) if cache is not None else None
-        if hit is None:
-            tasks.append(_gather_task(column, k, positions, local, out, cache))
-        else:  # cached: gathered here, since handing it to a thread costs more than it does
-            out[positions] = hit.view(column.dtype).reshape(-1, *column.shape)[local]
-    return tasks
+    return [_gather_task(column, k, positions, local, out) for k, positions, local in plan]
 
 
 def _slice_tasks(
-    column: DirectColumn, start: int, stop: int, out: np.ndarray, cache: ChunkCache | None
+    column: DirectColumn, start: int, stop: int, out: np.ndarray
 ) -> list[Callable[[], None]]:
     flat = out.reshape(-1).view(np.uint8)
     row, size = column.row_nbytes, column.chunk
@@ -210,43 +194,29 @@ def _slice_tasks(
             tasks.append(lambda k=k, target=target: _read_into(column, k, target))
         else:
             offset = (lo - k * size) * row
-            tasks.append(lambda k=k, t=target, o=offset: _read_part(column, k, t, o, cache))
+            tasks.append(lambda k=k, t=target, o=offset: _read_part(column, k, t, o))
     return tasks
 
 
 def _gather_task(
-    column: DirectColumn,
-    k: int,
-    positions: np.ndarray,
-    rows: np.ndarray,
-    out: np.ndarray,
-    cache: ChunkCache | None,
+    column: DirectColumn, k: int, positions: np.ndarray, rows: np.ndarray, out: np.ndarray
 ) -> Callable[[], None]:
     def task() -> None:
-        chunk = _whole_chunk(column, k, cache).view(column.dtype).reshape(-1, *column.shape)
+        chunk = _whole_chunk(column, k).view(column.dtype).reshape(-1, *column.shape)
         out[positions] = chunk[rows]
 
     return task
 
 
-def _read_part(
-    column: DirectColumn, k: int, target: np.ndarray, offset: int, cache: ChunkCache | None
-) -> None:
-    target[:] = _whole_chunk(column, k, cache)[offset : offset + len(target)]
+def _read_part(column: DirectColumn, k: int, target: np.ndarray, offset: int) -> None:
+    target[:] = _whole_chunk(column, k)[offset : offset + len(target)]
 
 
-def _whole_chunk(column: DirectColumn, k: int, cache: ChunkCache | None) -> np.ndarray:
-    """Chunk ``k``'s bytes: from ``cache`` while its file is unchanged, else read (into the
-    cache, or into this thread's scratch buffer, which the caller must use before its next
-    call)."""
-    nbytes = column.chunk * column.row_nbytes
-    path = column.path(k)
-    if cache is not None and (hit := cache.get(path)) is not None:
-        return hit
-    chunk = np.empty(nbytes, np.uint8) if cache is not None else _scratch(nbytes)
-    stamp = _read_into(column, k, chunk)
-    if cache is not None:
-        cache.put(path, stamp, chunk)
+def _whole_chunk(column: DirectColumn, k: int) -> np.ndarray:
+    """Chunk ``k``'s bytes, read into this thread's scratch buffer (which the caller must use
+    before its next call)."""
+    chunk = _scratch(column.chunk * column.row_nbytes)
+    _read_into(column, k, chunk)
     return chunk
 
 
@@ -261,67 +231,8 @@ def _scratch(nbytes: int) -> np.ndarray:
     return buffer[:nbytes]
 
 
-class ChunkCache:
-    """Whole chunks read in part, up to ``limit`` bytes, least recently used out first.
-
-    An entry is used only while its file is the one it was read from (same inode, size and
-    modification time): a writer replaces a chunk by renaming a new file over it, so a
-    rewritten chunk is read again.
-
-    Args:
-        limit: the most bytes of chunks kept.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.nbytes = 0
-        self._entries: OrderedDict[str, tuple[tuple[int, int, int], np.ndarray]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, path: str) -> np.ndarray | None:
-        with self._lock:
-            entry = self._entries.get(path)
-        if entry is None:
-            return None
-        try:
-            now = _stamp(os.stat(path))
-        except FileNotFoundError:
-            now = None
-        with self._lock:
-            if now != entry[0]:
-                self._drop(path)
-                return None
-            self._entries.move_to_end(path)
-        return entry[1]
-
-    def put(self, path: str, stamp: tuple[int, int, int], chunk: np.ndarray) -> None:
-        if chunk.nbytes > self.limit:
-            return
-        with self._lock:
-            self._drop(path)
-            self._entries[path] = (stamp, chunk)
-            self.nbytes += chunk.nbytes
-            while self.nbytes > self.limit:
-                self._drop(next(iter(self._entries)))
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self.nbytes = 0
-
-    def _drop(self, path: str) -> None:
-        entry = self._entries.pop(path, None)
-        if entry is not None:
-            self.nbytes -= entry[1].nbytes
-
-
-def _stamp(st: os.stat_result) -> tuple[int, int, int]:
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _read_into(column: DirectColumn, k: int, target: np.ndarray) -> tuple[int, int, int]:
-    """Reads chunk ``k`` (exactly ``len(target)`` bytes and a checksum) into ``target``;
-    the file's identity (inode, size, modification time) as it was read."""
+def _read_into(column: DirectColumn, k: int, target: np.ndarray) -> None:
+    """Reads chunk ``k`` (exactly ``len(target)`` bytes and a checksum) into ``target``."""
     path = column.path(k)
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -329,7 +240,6 @@ def _read_into(column: DirectColumn, k: int, target: np.ndarray) -> tuple[int, i
         raise MissingChunk(path) from None
     checksum = bytearray(4)
     try:
-        stamp = _stamp(os.fstat(fd))
         got = _preadv_all(fd, [target.data, memoryview(checksum)])
         extra = os.pread(fd, 1, got)
     finally:
@@ -340,7 +250,6 @@ def _read_into(column: DirectColumn, k: int, target: np.ndarray) -> tuple[int, i
         _damaged(column, k, f"the file holds {size}{'+' if extra else ''} bytes, not {want}")
     if google_crc32c.value(target) != int.from_bytes(checksum, "little"):
         _damaged(column, k, "its crc32c checksum does not match its bytes")
-    return stamp
 
 
 def _preadv_all(fd: int, buffers: list[memoryview]) -> int:
@@ -451,4 +360,4 @@ def _run_all(tasks: Sequence[Callable[[], _T]]) -> list[_T]:
     return [f.result() for f in futures]
 
 
-__all__ = ["ChunkCache", "DirectColumn", "MissingChunk", "plan", "read", "write"]
+__all__ = ["DirectColumn", "MissingChunk", "plan", "read", "write"]
