@@ -211,9 +211,8 @@ def open(
             bytes (least recently used out first), so that reads touching the same chunks
             again skip the disk and the decoder; ``0``: no cache. Default None: the cache all
             stores of the process share, of ``PYTREESTORE_CACHE_BYTES`` bytes (256 MiB
-            unless set; ``0`` turns it off).
-            Only chunks whose records are all committed are kept: they never change while
-            the store is the one opened (see docs/concepts.md).
+            unless set; ``0`` turns it off). A chunk is kept with the rows the read saw, and
+            committed rows never change while the store is open (see docs/concepts.md).
         cast: the store's dtype policy for device reads (see :func:`create`): True loads
             64-bit columns as 32 bits while x64 is disabled, in every read that does not pass
             its own ``cast=``.

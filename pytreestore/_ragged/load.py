@@ -27,6 +27,7 @@ from pytreestore._ragged.gather import Rows, gather, lengths, record_of
 from pytreestore._read import cache as _cache
 from pytreestore._read.ahead import RecordsBlock
 from pytreestore._read.device import to_jax
+from pytreestore._read.index import rows
 from pytreestore._read.reader import ReadContext, name_column
 from pytreestore._read.request import LoadRequest
 from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec
@@ -138,7 +139,7 @@ def load(
         if hit:
             context.check_not_replaced()  # the block belongs to the store opened
             return record
-    records = _records(selection.index)
+    records = rows(selection.index)
     gathered = _gather(context, request, now, records)
     spec = request.schema.layout.spec
     if selection.scalar:
@@ -168,7 +169,7 @@ def record_lengths(
     """Per ragged axis, each selected record's longest list there (offsets read only)."""
     now = _commit(context, commit)
     request = LoadRequest.build(schema, policy=False, columns=None)
-    records = _records(request.selection(index, now.records).index)
+    records = rows(request.selection(index, now.records).index)
     return lengths(schema, _gather(context, request, now, records, leaves=[]))
 
 
@@ -196,12 +197,6 @@ def _block(context: ReadContext, request: LoadRequest, now: Commit, start: int) 
 def _commit(context: ReadContext, commit: Callable[[], Commit]) -> Commit:
     context.readable()  # commits a writer's pending records first
     return commit()
-
-
-def _records(index: Any) -> np.ndarray:
-    if isinstance(index, slice):
-        return np.arange(index.start, index.stop, index.step, dtype=np.int64)
-    return np.asarray(index, np.int64)
 
 
 def check_learnt(schema: TreeSchema, gathered: dict[str | None, Rows], where: str) -> None:

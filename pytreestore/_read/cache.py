@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from pytreestore._format.schema import ColumnSpec
+from pytreestore._read.index import rows
 from pytreestore.backends import Backend, BatchedReads
 from pytreestore.errors import PyTreeStoreError
 
@@ -144,25 +145,33 @@ def read(
     index: Any,
     records: int,
 ) -> list[np.ndarray] | None:
-    """Rows ``index`` (a slice or an int array) of every column of ``specs``, from the chunks
+    """Rows ``index`` (normalised: a slice or an int array) of every column of ``specs``, from the chunks
     they lie in as store object ``owner`` keeps them in ``cache`` (those missing read whole
     from ``backend``, in one batch, and kept); None when the read is not one the cache
     serves (see the module)."""
-    rows = _rows(index)
-    if rows is None or not len(rows) or any(spec.chunks[0] < 1 for spec in specs):
+    selected = rows(index)
+    if not len(selected) or any(spec.chunks[0] < 1 for spec in specs):
         return None  # (a chunk of no rows: a damaged schema, which the backend reports)
-    if isinstance(index, slice) and any(len(rows) >= spec.chunks[0] for spec in specs):
+    if isinstance(index, slice) and any(len(selected) >= spec.chunks[0] for spec in specs):
         return None  # a chunk or more of a slice: the backend reads just what it selects
-    plans = [_Plan(spec, rows, records) for spec in specs]
+    grids: dict[int, _Grid] = {}  # the columns' chunks usually share one size
+    plans = []
+    for spec in specs:
+        size = spec.chunks[0]
+        if size not in grids:
+            grids[size] = _Grid(selected, size, records)
+        plans.append(_Plan(spec, grids[size]))
     missing = []
     for p in plans:
-        for k, valid in p.chunks_read.items():
+        for k, valid in p.grid.chunks_read.items():
             p.chunks[k] = cache.get((owner, p.spec.key, k, valid))
             if p.chunks[k] is None:
                 missing.append((p, k, valid))
     if sum(valid * p.spec.record_nbytes for p, _, valid in missing) > cache.limit // 2:
         return None
-    whole = [(p.spec.key, slice(k * p.size, k * p.size + valid)) for p, k, valid in missing]
+    whole = [
+        (p.spec.key, slice(k * p.grid.size, k * p.grid.size + valid)) for p, k, valid in missing
+    ]
     arrays = _read_whole(backend, whole, records)
     for (p, k, valid), chunk in zip(missing, arrays):
         p.chunks[k] = chunk
@@ -208,39 +217,41 @@ def reader(
     return read_keys
 
 
-def _rows(index: Any) -> np.ndarray | None:
-    if isinstance(index, slice):
-        return np.arange(index.start, index.stop, index.step, dtype=np.int64)
-    if isinstance(index, np.ndarray) and index.ndim == 1 and index.dtype.kind in "iu":
-        return index.astype(np.int64, copy=False)
-    return None
+class _Grid:
+    """Where selected rows lie in chunks of ``size`` rows: each row's chunk, each chunk's
+    positions among the rows, and each chunk's rows a read sees (computed once for all the
+    columns whose chunks have that size)."""
+
+    def __init__(self, selected: np.ndarray, size: int, records: int) -> None:
+        self.rows = selected
+        self.size = size
+        chunk_of = selected // size
+        touched = sorted(set(chunk_of.tolist()))
+        self.chunks_read = {k: min(size, records - k * size) for k in touched}
+        self.where = {k: np.flatnonzero(chunk_of == k) for k in touched} if len(touched) > 1 else {}
 
 
 class _Plan:
-    """The chunks that hold the rows of one column, each with its rows a read sees."""
+    """One column's rows of a :class:`_Grid`, and the chunks they are taken from."""
 
-    def __init__(self, spec: ColumnSpec, rows: np.ndarray, records: int) -> None:
+    def __init__(self, spec: ColumnSpec, grid: _Grid) -> None:
         self.spec = spec
-        self.rows = rows
-        self.size = size = spec.chunks[0]
-        self.chunk_of = rows // size
-        touched = sorted(set(self.chunk_of.tolist()))
-        self.chunks_read = {k: min(size, records - k * size) for k in touched}
+        self.grid = grid
         self.chunks: dict[int, np.ndarray | None] = {}
 
     def assemble(self) -> np.ndarray:
         """The column's rows, from its chunks (all present by now)."""
-        spec = self.spec
+        grid = self.grid
         if len(self.chunks) == 1:
             ((k, chunk),) = self.chunks.items()
             assert chunk is not None
-            local = self.rows - k * self.size
+            local = grid.rows - k * grid.size
             return chunk[local] if len(local) > 1 else chunk[local[0] : local[0] + 1].copy()
-        out = np.empty((len(self.rows), *spec.shape), spec.dtype)
+        out = np.empty((len(grid.rows), *self.spec.shape), self.spec.dtype)
         for k, chunk in self.chunks.items():
             assert chunk is not None
-            where = np.flatnonzero(self.chunk_of == k)
-            out[where] = chunk[self.rows[where] - k * self.size]
+            where = grid.where[k]
+            out[where] = chunk[grid.rows[where] - k * grid.size]
         return out
 
 

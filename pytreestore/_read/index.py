@@ -45,6 +45,19 @@ class Selection:
     __hash__ = None  # type: ignore[assignment]
 
 
+def rows(index: Any) -> np.ndarray:
+    """The record (or row) indices a normalised index selects (a slice with a positive step,
+    or a 1-d int array), as int64.
+
+    Example:
+        >>> rows(slice(2, 8, 3)).tolist(), rows(np.array([4, 1])).tolist()
+        ([2, 5], [4, 1])
+    """
+    if isinstance(index, slice):
+        return np.arange(index.start, index.stop, index.step, dtype=np.int64)
+    return np.asarray(index, np.int64)
+
+
 def normalize(index: Any, n: int) -> Selection:
     """Normalises ``index`` against a store of ``n`` records.
 
