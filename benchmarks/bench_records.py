@@ -288,6 +288,22 @@ def _feed(sets: Sequence[Any]) -> Callable[[], Any]:
     return lambda: next(it)
 
 
+def _each_index(
+    fn: Callable[[int], Any],
+    sizes: Sizes,
+    sets: Sequence[np.ndarray],
+    check: Callable[[np.ndarray, list[Any]], None],
+) -> Timed:
+    """``fn(i)`` for every index of one set per run (the sets in order, after a warm-up)."""
+    return Timed(
+        lambda index: [fn(i) for i in index.tolist()],
+        sizes.random_repeats,
+        warmup=1,
+        setup=_feed(sets),
+        teardown=check,
+    )
+
+
 def _per_record(t: Timing, k: int) -> Timing:
     return Timing(tuple(x / k for x in t.times))
 
@@ -321,40 +337,28 @@ def _case_random(sizes: Sizes) -> list[Result]:
         store = pytreestore.open(str(fixed.path))
         try:
             load, take = measure_side_by_side(
-                Timed(
-                    lambda index: [store.load(i, as_numpy=True) for i in index.tolist()],
-                    sizes.random_repeats,
-                    warmup=1,
-                    setup=_feed(sets),
-                    teardown=_checker(fixed, "load(i)"),
+                _each_index(
+                    lambda i: store.load(i, as_numpy=True), sizes, sets, _checker(fixed, "load(i)")
                 ),
-                Timed(
-                    lambda index: [
-                        jax.tree.unflatten(fixed.treedef, _lance_row(dataset, i, shapes))
-                        for i in index.tolist()
-                    ],
-                    sizes.random_repeats,
-                    warmup=1,
-                    setup=_feed(sets),
-                    teardown=_checker(fixed, "lance take([i])"),
+                _each_index(
+                    lambda i: jax.tree.unflatten(fixed.treedef, _lance_row(dataset, i, shapes)),
+                    sizes,
+                    sets,
+                    _checker(fixed, "lance take([i])"),
                 ),
             )
             get, put = measure_side_by_side(
-                Timed(
-                    lambda index: [jax.block_until_ready(store[i]) for i in index.tolist()],
-                    sizes.random_repeats,
-                    warmup=1,
-                    setup=_feed(sets),
-                    teardown=_checker(fixed, "store[i]"),
+                _each_index(
+                    lambda i: jax.block_until_ready(store[i]),
+                    sizes,
+                    sets,
+                    _checker(fixed, "store[i]"),
                 ),
-                Timed(
-                    lambda index: [
-                        jax.block_until_ready(jax.device_put(rows[i])) for i in index.tolist()
-                    ],
-                    sizes.random_repeats,
-                    warmup=1,
-                    setup=_feed(sets),
-                    teardown=_checker(fixed, "device_put(row)"),
+                _each_index(
+                    lambda i: jax.block_until_ready(jax.device_put(rows[i])),
+                    sizes,
+                    sets,
+                    _checker(fixed, "device_put(row)"),
                 ),
             )
         finally:
@@ -610,19 +614,17 @@ def _case_ragged(sizes: Sizes) -> list[Result]:
         store = pytreestore.open(path)
         try:
             ours, take = measure_side_by_side(
-                Timed(
-                    lambda index: [store.load(i, as_numpy=True) for i in index.tolist()],
-                    sizes.random_repeats,
-                    warmup=1,
-                    setup=_feed(sets),
-                    teardown=_check_entries(data, "ragged load(i)"),
+                _each_index(
+                    lambda i: store.load(i, as_numpy=True),
+                    sizes,
+                    sets,
+                    _check_entries(data, "ragged load(i)"),
                 ),
-                Timed(
-                    lambda index: [_lance_entry(dataset, i) for i in index.tolist()],
-                    sizes.random_repeats,
-                    warmup=1,
-                    setup=_feed(sets),
-                    teardown=_check_entries(data, "lance take([i])"),
+                _each_index(
+                    lambda i: _lance_entry(dataset, i),
+                    sizes,
+                    sets,
+                    _check_entries(data, "lance take([i])"),
                 ),
             )
         finally:

@@ -15,6 +15,7 @@ import pytest
 import pytreestore
 from pytreestore._read import ahead as _ahead
 from pytreestore.errors import StoreReplacedError, X64DisabledError
+from tests.reads import count_reads
 
 BACKENDS = ["tensorstore", "zarr"]
 N = 300
@@ -51,20 +52,6 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     reader.close()
 
 
-def _reads(store: Any) -> list[int]:
-    """Counts the backend reads ``store`` makes from now on."""
-    calls: list[int] = []
-    backend = store._backend
-    original = backend.read
-
-    def read(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    backend.read = read
-    return calls
-
-
 def test_block_size_is_a_power_of_two_within_bounds() -> None:
     assert _ahead.block_size(1) == _ahead.MAX_BLOCK
     assert _ahead.block_size(14_500) == 1024
@@ -76,7 +63,7 @@ def test_block_size_is_a_power_of_two_within_bounds() -> None:
 def test_a_loop_of_store_i_reads_blocks_and_returns_every_record(
     store: Any, as_numpy: bool
 ) -> None:
-    calls = _reads(store)
+    calls = count_reads(store)
     for i in range(N):
         _check(store.load(i, as_numpy=as_numpy), i)
     # record 0 alone, then one block from record 1 (the block holds the rest)
@@ -84,7 +71,7 @@ def test_a_loop_of_store_i_reads_blocks_and_returns_every_record(
 
 
 def test_random_reads_read_each_record_alone(store: Any) -> None:
-    calls = _reads(store)
+    calls = count_reads(store)
     order = [5, 200, 17, 260, 3, 99]
     for i in order:
         _check(store.load(i, as_numpy=True), i)
@@ -230,7 +217,7 @@ def test_a_ragged_store_in_a_loop(tmp_path: Path, backend: str) -> None:
     with pytreestore.create(tmp_path / "s", like, ragged=["['p']"], backend=backend) as s:
         s.extend(records)
     reader = pytreestore.open(tmp_path / "s", backend=backend, cache_bytes=0)
-    calls = _reads(reader)
+    calls = count_reads(reader)
     for i, want in enumerate(records):
         got = reader.load(i, as_numpy=True)
         assert got["t"].item() == i

@@ -16,23 +16,9 @@ import pytest
 
 import pytreestore
 from pytreestore.errors import StoreReplacedError
+from tests.reads import count_reads
 
 BACKENDS = ["tensorstore", "zarr"]
-
-
-def _reads(store: Any) -> list[int]:
-    """Counts the backend reads ``store`` makes from now on."""
-    calls: list[int] = []
-    backend = store._backend
-    for name in ("read", "read_many"):
-        original = getattr(backend, name)
-
-        def counted(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
-            calls.append(1)
-            return _original(*args, **kwargs)
-
-        setattr(backend, name, counted)
-    return calls
 
 
 def _make(path: Path, n: int, backend: str, **options: Any) -> None:
@@ -53,7 +39,7 @@ def test_a_full_chunk_read_once_is_served_from_memory(
 ) -> None:
     _make(tmp_path / "s", 20, backend, codec=codec)
     store = pytreestore.open(tmp_path / "s", backend=backend)
-    calls = _reads(store)
+    calls = count_reads(store)
     for i in (9, 3, 14, 0, 12):  # chunks 1, 0, 1, 0, 1 (records 0-15 are full chunks)
         got = store.load(i, as_numpy=True)
         assert got["a"].item() == i and got["v"].tolist() == [i] * 3
@@ -79,7 +65,7 @@ def test_a_tail_chunk_is_read_again_once_more_of_it_is_committed(
         assert reader.load(np.array([4, 0]), as_numpy=True)["a"].tolist() == [4, 0]
         w.extend({"a": np.int32(100 + i), "v": np.zeros(3, np.float32)} for i in range(6))
         w.flush()  # rewrites chunk 0: records 5-7 fill it; 8-10 start chunk 1
-        calls = _reads(reader)
+        calls = count_reads(reader)
         assert reader.load(np.array([4, 1]), as_numpy=True)["a"].tolist() == [4, 1]
         assert len(calls) == 0  # the five rows this reader sees, as it read them
         reader.refresh()
@@ -188,6 +174,20 @@ def test_a_rewritten_chunk_is_read_again_through_the_shared_cache(tmp_path: Path
         reader.close()
 
 
+def _with_bound(value: str, script: str, path: Path) -> str:
+    """What ``script`` (given ``path``) prints in a fresh process whose environment sets
+    ``PYTREESTORE_CACHE_BYTES`` to ``value``."""
+    env = {"PYTREESTORE_CACHE_BYTES": value, "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    return out.stdout
+
+
 @pytest.mark.parametrize(("value", "limit"), [("0", None), ("4096", 4096)])
 def test_the_shared_cache_bound_comes_from_the_environment(
     tmp_path: Path, value: str, limit: int | None
@@ -201,15 +201,7 @@ def test_the_shared_cache_bound_comes_from_the_environment(
         "c = s._cache\n"
         "print(None if c is None else c.limit)\n"
     )
-    env = {"PYTREESTORE_CACHE_BYTES": value, "PATH": "/usr/bin:/bin"}
-    out = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "s")],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    )
-    assert out.stdout.strip() == str(limit)
+    assert _with_bound(value, script, tmp_path / "s").strip() == str(limit)
 
 
 def test_a_malformed_cache_bound_is_a_clear_error(tmp_path: Path) -> None:
@@ -223,15 +215,8 @@ def test_a_malformed_cache_bound_is_a_clear_error(tmp_path: Path) -> None:
         "except PyTreeStoreError as err:\n"
         "    print('refused:', err)\n"
     )
-    env = {"PYTREESTORE_CACHE_BYTES": "lots", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "s")],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    )
-    assert "refused: PYTREESTORE_CACHE_BYTES must be a whole number of bytes" in out.stdout
+    out = _with_bound("lots", script, tmp_path / "s")
+    assert "refused: PYTREESTORE_CACHE_BYTES must be a whole number of bytes" in out
 
 
 def test_cache_bytes_is_checked() -> None:
