@@ -32,6 +32,8 @@ class StoreSpec:
         storage_options: the object-store options that differ from their defaults, as
             ``(name, value)`` pairs (empty for local and in-memory stores).
         cache_bytes, like, generic, cast: as given to :func:`pytreestore.open`.
+        version: the version a reader was opened at with ``open(version=...)`` (None: the
+            latest at each open).
         opener: the function that opens a store from these options (``pytreestore.open``).
         creator: the function that creates a store (``pytreestore.create``), for
             ``store.map(fn, out=path)``.
@@ -44,6 +46,7 @@ class StoreSpec:
     like: Any = None
     generic: bool = False
     cast: bool = False
+    version: int | None = None
     opener: Callable[..., Any] | None = dataclasses.field(default=None, compare=False)
     creator: Callable[..., Any] | None = dataclasses.field(default=None, compare=False)
 
@@ -64,7 +67,9 @@ class StoreSpec:
 
     def options(self) -> dict[str, Any]:
         """The keyword arguments of :func:`pytreestore.open` that open the store, read-only."""
+        pinned = {} if self.version is None else {"version": self.version}
         return {
+            **pinned,
             "like": self.like,
             "generic": self.generic,
             "cache_bytes": self.cache_bytes,

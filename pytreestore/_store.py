@@ -20,6 +20,7 @@ from pytreestore._commit.lock import WriterLock
 from pytreestore._commit.record import Commit
 from pytreestore._commit.repair import check_not_replaced
 from pytreestore._commit.writer import Writer, forked_writer
+from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
 from pytreestore._inspect import progress as _progress
 from pytreestore._inspect import repr as _repr
@@ -36,6 +37,7 @@ from pytreestore._read.reader import ReadContext
 from pytreestore._read.request import LoadRequest
 from pytreestore._reads import Reads
 from pytreestore._spec import StoreSpec, reopen
+from pytreestore._versioning import Versioning
 from pytreestore.backends import Backend
 from pytreestore.errors import (
     ClosedStoreError,
@@ -47,7 +49,7 @@ from pytreestore.errors import (
 )
 
 
-class TreeStore(Pipelines, Reads):
+class TreeStore(Pipelines, Reads, Versioning):
     """A persistent, columnar store of pytree records.
 
     Create one with :func:`pytreestore.create` or open one with :func:`pytreestore.open`.
@@ -226,7 +228,11 @@ class TreeStore(Pipelines, Reads):
             writer.flush()
             records = writer.commit.records
             schema = _evolve.apply(self._backend, self._schema, records, self.path, **changes)
-            self._schema, self._writer = schema, Writer(self._backend, schema, writer.commit)  # type: ignore[arg-type]
+            committer = writer.committer
+            committer.schema = _validate.id_of(schema)
+            committer.advance(records, operation="evolve")  # the new schema is a version
+            self._schema = schema
+            self._writer = Writer(self._backend, schema, committer.commit, committer)
 
     def flush(self) -> None:
         """Writes every buffered record and commits; afterwards all appended records are durable."""
@@ -338,8 +344,12 @@ class TreeStore(Pipelines, Reads):
         if self._writer is None:
             with self._reading() as backend:
                 now = check_not_replaced(backend, self._location, self._commit)
+                if self._spec.version is not None:
+                    return len(self)  # opened at a version: it stays there
                 if now.records != self._commit.records:
                     self._check_schema(backend)
+                if now.truncated_since(self._commit):
+                    self._forget_reads()  # rows past a truncate may hold new values
                 self._commit = now
         return len(self)
 

@@ -37,11 +37,13 @@ __all__ = [
     "StoreLockedError",
     "StoreNotFoundError",
     "StoreReplacedError",
+    "TagExistsError",
     "UnknownBackendError",
     "UnknownColumnError",
     "UnpicklableStoreError",
     "UnsupportedDtypeError",
     "UnsupportedTreeError",
+    "VersionNotFoundError",
     "X64DisabledError",
 ]
 
@@ -173,6 +175,15 @@ class ChunkSizeError(PyTreeStoreError, ValueError):
 class StoreReplacedError(PyTreeStoreError, FileNotFoundError):
     """The store a reader opened was deleted or replaced (e.g. by ``create(overwrite=True)``)
     since it was opened: what it would read belongs to another store."""
+
+
+class VersionNotFoundError(PyTreeStoreError, LookupError):
+    """``open(version=...)`` names a version the store does not keep (never made, dropped
+    from its log, or written over after a truncate), or a tag it does not have."""
+
+
+class TagExistsError(PyTreeStoreError, ValueError):
+    """:meth:`TreeStore.tag` was given a name that already tags a version (tags never move)."""
 
 
 class UnknownBackendError(PyTreeStoreError, ValueError):

@@ -34,6 +34,7 @@ import numpy as np
 from jax.tree_util import DictKey, GetAttrKey
 
 from pytreestore._commit import protocol
+from pytreestore._commit.versions import save_schema
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format import keys as _keys
 from pytreestore._format import validate as _validate
@@ -130,6 +131,7 @@ def apply(
         backend.resize([c.key for c in added], records)
         backend.write_many_bytes({k: protocol.group_json({}) for k in protocol.group_keys(columns)})
     document["attributes"]["pytreestore"] = stamped
+    save_schema(backend, stamped)
     backend.write_bytes(ROOT_KEY, json.dumps(document, indent=1).encode())
     backend.open_columns(new.columns)
     return new

@@ -59,6 +59,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import uuid
@@ -66,12 +67,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytreestore._commit.lock import WriterLock
-from pytreestore._commit.record import Commit
+from pytreestore._commit import versions
+from pytreestore._commit.record import Commit, now_utc
 from pytreestore._commit.repair import repair
 from pytreestore._commit.tables import table_schemas
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format import validate as _validate
-from pytreestore._format.names import COMMIT_KEY, INCOMPLETE_KEY, ROOT_KEY
+from pytreestore._format.names import COMMIT_KEY, INCOMPLETE_KEY, ROOT_KEY, schema_key
 from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._location import Location
 from pytreestore.backends import Backend, ColumnLayout, ConditionalWrites
@@ -158,9 +160,12 @@ def initial_commit(engine: Backend, schema: TreeSchema) -> Commit:
     engine.create_columns(layouts(schema))
     engine.write_many_bytes({k: group_json({}) for k in group_keys(schema)})
     tables = None if schema.ragged is None else tuple((a.path, 0) for a in schema.ragged.axes)
-    commit = Commit(0, 0, uuid.uuid4().hex, tables)  # the store's identity, kept by every commit
-    engine.write_bytes(COMMIT_KEY, commit.to_bytes())
     info = _validate.stamped(schema.to_json())  # checked against schema.json, with a digest
+    versions.save_schema(engine, info)
+    store = uuid.uuid4().hex  # the store's identity, kept by every commit
+    commit = Commit(0, 0, store, tables, info["digest"], now_utc(), "create")
+    versions.publish(engine, commit)
+    engine.write_bytes(COMMIT_KEY, commit.to_bytes())
     engine.write_bytes(ROOT_KEY, group_json({"pytreestore": info}))
     return commit
 
@@ -261,15 +266,32 @@ def attach(
         commit = Commit.read(engine, str(location))
         check_tables(schema, commit, location)
         check_starts(schema, commit.records, location, commit.rows)
-        if append and schema.ragged is None:
-            repair(engine, location, schema, commit.records)
-        elif append:
-            for table, sub in table_schemas(schema).items():
-                repair(engine, location, sub, commit.rows(table))
+        if append:
+            prepare_append(engine, location, schema, commit)
     except BaseException:
         detach(engine, lock)
         raise
     return commit, lock
+
+
+def prepare_append(engine: Backend, location: Location, schema: TreeSchema, commit: Commit) -> None:
+    """Readies a store for its writer: repairs what a crashed writer left past the commit
+    (nothing while a truncate holds rows for older versions: no write touched them), drops a
+    version record it left, and keeps the schema in the version log."""
+    versions.discard_orphan(engine, commit)
+    schema_id = _validate.id_of(schema)
+    if engine.read_bytes(schema_key(schema_id)) is None:  # a store of an older pytreestore
+        info = _validate.root_schema(engine.read_bytes(ROOT_KEY), str(location))
+        versions.save_schema(engine, {**info, "digest": schema_id})
+    if commit.schema is None:  # its head, committed before versions: the log's first
+        versions.publish(engine, dataclasses.replace(commit, schema=schema_id))
+    if commit.high is not None:
+        return
+    if schema.ragged is None:
+        repair(engine, location, schema, commit.records)
+        return
+    for table, sub in table_schemas(schema).items():
+        repair(engine, location, sub, commit.rows(table))
 
 
 def detach(engine: Backend, lock: WriterLock | None) -> None:
@@ -339,7 +361,14 @@ def commit_token(backend: Backend, commit: Commit, where: str) -> bytes | None:
 
 
 class Committer:
-    """Writes a writer's commit records: each one conditional on the token of the last.
+    """Writes a writer's commits: each one a new version record, then the commit record,
+    conditional on the token of the last.
+
+    Attributes:
+        schema: the id of the schema commits are made with (the writer's; see
+            :func:`pytreestore._format.validate.id_of`).
+        keep: versions the log keeps besides tagged ones (None: all);
+            :func:`pytreestore._commit.versions.trim`.
 
     Example:
         >>> from pytreestore._location import Location
@@ -349,27 +378,68 @@ class Committer:
         1
     """
 
-    def __init__(self, backend: Backend, commit: Commit) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        commit: Commit,
+        schema: str | None = None,
+        keep: int | None = versions.KEEP_VERSIONS,
+    ) -> None:
         self._backend = backend
         self.commit = commit
+        self.schema = schema
+        self.keep = keep
         self._token = commit_token(backend, commit, "this store")
         self._uncertain: Commit | None = None  # a commit whose write failed midway
 
-    def advance(self, records: int, tables: dict[str, int] | None = None) -> Commit:
+    def advance(
+        self, records: int, tables: dict[str, int] | None = None, *, operation: str = "append"
+    ) -> Commit:
         """Commits ``records`` records (the last commit's successor) and returns the commit;
         in a ragged store, with ``tables``, the committed rows of every axis's table.
+
+        The version record is written first, only if absent, then the commit record.
 
         Raises:
             CommitConflictError: another writer committed since; nothing was committed.
             StorageError: the write failed (it may have landed: a retry finds out).
         """
-        commit = self.commit.next(records, tables)
+        commit = self.commit.next(records, tables, schema=self.schema, operation=operation)
+        if self._uncertain is not None and self._uncertain == commit:
+            commit = self._uncertain  # a retry: the same record, byte for byte
+        self._publish(commit)
         if self._token is None:
             self._backend.write_bytes(COMMIT_KEY, commit.to_bytes())
         else:
             self._token = self._write_if_unchanged(commit)
         self.commit = commit
+        versions.trim(self._backend, commit, self.keep)
         return commit
+
+    def release(self) -> None:
+        """Before a write below the rows older versions hold after a truncate: commits a
+        version that gives them up (those versions are gone from then on)."""
+        if self.commit.high is not None:
+            self.advance(self.commit.records, operation="release")
+
+    @property
+    def holding(self) -> bool:
+        """Whether rows past the commit still belong to older versions (after a truncate)."""
+        return self.commit.high is not None
+
+    def _publish(self, commit: Commit) -> None:
+        try:
+            written = versions.publish(self._backend, commit)
+        except StorageError:
+            self._uncertain = commit  # the write may have landed before the error
+            raise
+        if not written:
+            raise CommitConflictError(
+                f"another writer committed to this store while this one was writing: it made "
+                f"version {commit.generation} (its version record exists). Nothing was committed by this "
+                "writer; its uncommitted records are lost. Reopen the store to append after "
+                "the other writer's records."
+            )
 
     def check(self) -> None:
         """Raises :class:`CommitConflictError` if another writer has committed since."""
@@ -419,6 +489,7 @@ __all__ = [
     "group_keys",
     "initial_commit",
     "layouts",
+    "prepare_append",
     "start_store",
     "take_lock",
     "taken",

@@ -5,9 +5,24 @@ It says how many records are durable, how many commits came before (the generati
 that a reader notices a store replaced under it. See :mod:`pytreestore._commit.protocol` for
 how it is written.
 
+Format 3 makes every commit a *version* (:mod:`pytreestore._commit.versions`): the commit
+record is also written, unchanged, as the immutable ``.pytreestore/versions/<generation>.json``,
+and carries the id of its schema, its time and operation, and what ``truncate`` left for
+older versions: ``high`` (the records older versions still reach past ``records``), ``cuts``
+(the truncates, as ``(version, records)``) and ``rewrites`` (the commits that released the rows
+of older versions past a truncate, as ``(version, first record)``: every version before that
+one holding more records is gone).
+
 Example:
-    >>> Commit(0, 0).next(5)
-    Commit(records=5, generation=1, store=None, tables=None)
+    >>> c = Commit(0, 0).next(5)
+    >>> c.records, c.generation
+    (5, 1)
+    >>> t = c.next(2, operation="truncate")
+    >>> t.high, t.cuts, t.gone(c)
+    (5, ((2, 2),), None)
+    >>> r = t.next(2, operation="release")
+    >>> r.high, r.rewrites, r.gone(c)
+    (None, ((3, 2),), (3, 2))
     >>> Commit.from_bytes(Commit(3, 1).to_bytes(), "memory://doc-record").records
     3
 """
@@ -15,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import re
 from typing import Any
@@ -25,6 +41,11 @@ from pytreestore.backends import Backend
 from pytreestore.errors import CorruptStoreError
 
 _STORE_ID = re.compile("[0-9a-f]{32}")
+#: what a commit did: ``release`` frees the rows older versions held past a truncate, before
+#: the first append after it writes over them
+OPERATIONS = ("create", "append", "evolve", "truncate", "release")
+#: the most ``cuts`` and ``rewrites`` a commit record keeps (the oldest are dropped)
+_HISTORY = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,8 +60,20 @@ class Commit:
     #: format 3, a ragged store: the committed rows of every ragged axis's table, by the
     #: axis's keypath (its offsets array has the rows of the table it lives in)
     tables: tuple[tuple[str, int], ...] | None = None
+    #: format 3: the id (digest) of the schema this version's records are read with
+    schema: str | None = dataclasses.field(default=None, compare=False)
+    #: format 3: when the commit was made, ISO 8601 in UTC
+    time: str | None = dataclasses.field(default=None, compare=False)
+    #: format 3: what the commit did, one of :data:`OPERATIONS`
+    operation: str | None = dataclasses.field(default=None, compare=False)
+    #: format 3, after a truncate: the records older versions still reach (None: ``records``)
+    high: int | None = None
+    #: format 3: the truncates, ``(version, records)``, oldest first
+    cuts: tuple[tuple[int, int], ...] = ()
+    #: format 3: the releases, ``(version, first record written over)``, oldest first
+    rewrites: tuple[tuple[int, int], ...] = ()
 
-    def to_bytes(self) -> bytes:
+    def to_json(self) -> dict[str, Any]:
         obj: dict[str, Any] = {
             "format_version": FORMAT_VERSION,
             "records": self.records,
@@ -50,13 +83,74 @@ class Commit:
             obj["store"] = self.store
         if self.tables is not None:
             obj["tables"] = dict(self.tables)
-        return json.dumps(obj).encode()
+        optional = {"schema": self.schema, "time": self.time, "operation": self.operation}
+        obj.update({k: v for k, v in optional.items() if v is not None})
+        if self.high is not None:
+            obj["high"] = self.high
+        if self.cuts:
+            obj["cuts"] = [list(c) for c in self.cuts]
+        if self.rewrites:
+            obj["rewrites"] = [list(r) for r in self.rewrites]
+        return obj
 
-    def next(self, records: int, tables: dict[str, int] | None = None) -> Commit:
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_json()).encode()
+
+    def next(
+        self,
+        records: int,
+        tables: dict[str, int] | None = None,
+        *,
+        schema: str | None = None,
+        operation: str = "append",
+    ) -> Commit:
         """The commit after this one, holding ``records`` records (and, in a ragged store,
-        ``tables`` rows of each axis's table; by default as before)."""
+        ``tables`` rows of each axis's table; by default as before).
+
+        ``operation="truncate"`` keeps what older versions reach as ``high``;
+        ``"release"`` gives it up (older versions holding more than ``records`` are then gone).
+        """
         rows = self.tables if tables is None else tuple(sorted(tables.items()))
-        return Commit(records, self.generation + 1, self.store, rows)
+        version = self.generation + 1
+        high, cuts, rewrites = self.high, self.cuts, self.rewrites
+        if operation == "truncate":
+            high = max(self.high or 0, self.records)
+            cuts = (*cuts, (version, records))[-_HISTORY:]
+        elif operation == "release" or (high is not None and records > self.records):
+            rewrites = (*rewrites, (version, self.records))[-_HISTORY:]
+            high = None
+        if high is not None and high <= records:
+            high = None
+        return Commit(
+            records,
+            version,
+            self.store,
+            rows,
+            schema or self.schema,
+            now_utc(),
+            operation,
+            high,
+            cuts,
+            rewrites,
+        )
+
+    def gone(self, seen: Commit) -> tuple[int, int] | None:
+        """The release ``(version, first record)`` by which this commit's store no longer
+        holds every record of version ``seen``, or None while it does."""
+        for version, start in self.rewrites:
+            if version > seen.generation and start < seen.records:
+                return version, start
+        return None
+
+    def truncated_since(self, seen: Commit) -> bool:
+        """Whether a truncate was committed after version ``seen``."""
+        return any(version > seen.generation for version, _ in self.cuts)
+
+    @property
+    def reach(self) -> int:
+        """The records this commit's store still holds for its versions: ``high`` or
+        ``records``."""
+        return self.records if self.high is None else self.high
 
     def rows(self, table: str | None) -> int:
         """The committed rows of ``table`` (None: the record table, one row per record)."""
@@ -93,7 +187,7 @@ class Commit:
                 f"lowercase hex digits, got {json.dumps(store)}. The store was damaged outside "
                 "pytreestore; restore the file from a backup (nothing was read or written)."
             )
-        return cls(records, generation, store, _tables(obj, where))
+        return cls(records, generation, store, _tables(obj, where), *_history(obj, where))
 
 
 def _tables(obj: dict[str, Any], where: str) -> tuple[tuple[str, int], ...] | None:
@@ -108,6 +202,41 @@ def _tables(obj: dict[str, Any], where: str) -> tuple[tuple[str, int], ...] | No
     return tuple(sorted((str(k), _count(tables, k, where)) for k in tables))
 
 
+def _history(obj: dict[str, Any], where: str) -> tuple[Any, ...]:
+    """The format-3 members: schema, time, operation, high, cuts, rewrites."""
+    texts = []
+    for name in ("schema", "time", "operation"):
+        value = obj.get(name)
+        if value is not None and not isinstance(value, str):
+            raise CorruptStoreError(
+                f"{where}/{COMMIT_KEY} is not a valid commit record: its {name!r} must be a "
+                f"string, got {json.dumps(value)}"
+            )
+        texts.append(value)
+    high = _count(obj, "high", where) if "high" in obj else None
+    pairs = [_pairs(obj, name, where) for name in ("cuts", "rewrites")]
+    return (*texts, high, *pairs)
+
+
+def _pairs(obj: dict[str, Any], name: str, where: str) -> tuple[tuple[int, int], ...]:
+    value = obj.get(name, [])
+    ok = isinstance(value, list) and all(
+        isinstance(p, list) and len(p) == 2 and all(type(n) is int and n >= 0 for n in p)
+        for p in value
+    )
+    if not ok:
+        raise CorruptStoreError(
+            f"{where}/{COMMIT_KEY} is not a valid commit record: its {name!r} must be a list "
+            f"of [version, records] pairs, got {json.dumps(value)}"
+        )
+    return tuple((int(a), int(b)) for a, b in value)
+
+
+def now_utc() -> str:
+    """The time now, ISO 8601 in UTC to the microsecond."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def _count(obj: dict[str, Any], name: str, where: str) -> int:
     """``obj[name]`` if it is an int (not a bool) in ``[0, 2**63)``, else CorruptStoreError."""
     value = obj.get(name)
@@ -120,4 +249,4 @@ def _count(obj: dict[str, Any], name: str, where: str) -> int:
     return value
 
 
-__all__ = ["COMMIT_KEY", "Commit"]
+__all__ = ["COMMIT_KEY", "OPERATIONS", "Commit", "now_utc"]

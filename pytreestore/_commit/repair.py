@@ -152,17 +152,26 @@ def check_not_replaced(engine: Any, location: Location, seen: Commit) -> Commit:
             "again if a new store is there"
         ) from err
     other = None not in (now.store, seen.store) and now.store != seen.store
-    if other or now.generation < seen.generation or now.records < seen.records:
+    shrunk = now.records < seen.records and not now.truncated_since(seen)
+    if other or now.generation < seen.generation or shrunk:
         why = (
             f"its store id is now {now.store}, not {seen.store}"
             if other
-            else "commits only grow a store"
+            else "commits only grow a store, but for truncate"
         )
         raise StoreReplacedError(
             f"the store {location} was replaced since this reader opened it: it now holds "
             f"{now.records} records at commit {now.generation}, this reader saw {seen.records} "
             f"records at commit {seen.generation} ({why}). What it would read belongs to "
             "another store; open it again with pytreestore.open()."
+        )
+    gone = now.gone(seen)
+    if gone is not None:
+        raise StoreReplacedError(
+            f"the records this reader of {location} opened (version {seen.generation}, "
+            f"{seen.records} records) were written over: after a truncate, version {gone[0]} "
+            f"wrote new records from record {gone[1]} on. Open the store again to read its "
+            "latest version."
         )
     return now
 

@@ -38,6 +38,7 @@ from jax.tree_util import tree_flatten
 
 from pytreestore._commit.protocol import Committer
 from pytreestore._commit.record import Commit
+from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import LeafCaster, RecordError, RowFiller, casters
 from pytreestore._tree.stack import batch_length
@@ -110,7 +111,7 @@ class Writer:
         self.casters: list[LeafCaster] = casters(schema.columns)
         self.buffers = _buffers(schema)
         self.filler = RowFiller(self.casters, self.buffers)
-        self._committer = committer or Committer(backend, commit)
+        self._committer = committer or Committer(backend, commit, _validate.id_of(schema))
         self.start = commit.records - commit.records % self.chunk
         self._snap: tuple[int, int] | None = None  # the position of the last snapshot
         self._saved: list[np.ndarray] | None = None  # its buffered rows, once overwritten
@@ -122,6 +123,11 @@ class Writer:
 
     def __len__(self) -> int:
         return self.start + self.fill
+
+    @property
+    def committer(self) -> Any:
+        """What commits this writer's records (a :class:`Committer`)."""
+        return self._committer
 
     @property
     def commit(self) -> Commit:
@@ -233,6 +239,7 @@ class Writer:
             if self.fill == 0 and count - done >= self.chunk:
                 whole = (count - done) // self.chunk * self.chunk
                 end = self.start + whole
+                self._committer.release()
                 self._backend.resize(self._keys, end)
                 self._backend.write(
                     self._keys, self.start, [b[done : done + whole] for b in blocks]
@@ -253,6 +260,7 @@ class Writer:
         if self.pending == 0:
             return
         end = len(self)
+        self._committer.release()
         self._backend.resize(self._keys, end)
         self._backend.write(self._keys, self.start, [b[: self.fill] for b in self.buffers])
         self._commit(end)
@@ -280,6 +288,8 @@ class Writer:
         self.start, self.fill = start, fill
         self._snap, self._saved = None, None
         self._committer.check()  # never trim records another writer has committed
+        if self._committer.holding:
+            return  # nothing was written: the rows past the commit are older versions'
         with contextlib.suppress(StorageError):  # rows past the commit are harmless
             self._backend.resize(self._keys, self.commit.records)
 
@@ -290,6 +300,7 @@ class Writer:
             # a rollback needs no read (which fails when storage is what failed)
             self._saved = [b[: snap[1]].copy() for b in self.buffers]
         end = self.start + self.chunk
+        self._committer.release()
         self._backend.resize(self._keys, end)
         self._backend.write(self._keys, self.start, self.buffers)
         if commit:

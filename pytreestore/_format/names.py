@@ -25,6 +25,12 @@ COMMIT_KEY = f"{META_DIR}/commit.json"
 LOCK_KEY = f"{META_DIR}/lock"
 #: present while a store is being created or copied into; overwrite=True replaces such a store
 INCOMPLETE_KEY = f"{META_DIR}/incomplete"
+#: format 3: every commit's record, kept as ``<generation, 20 digits>.json`` (the versions)
+VERSIONS_DIR = f"{META_DIR}/versions"
+#: format 3: named versions, one ``<name>.json`` each
+TAGS_DIR = f"{META_DIR}/tags"
+#: format 3: every schema a version was committed with, as ``<digest hex>.json``
+SCHEMAS_DIR = f"{META_DIR}/schemas"
 #: the token of a missing key in conditional writes (TensorStore's generation of one): pass it
 #: to ``write_bytes_if`` to create only
 NO_VALUE = b"\x02"
@@ -40,6 +46,21 @@ def chunk_prefix(column: str) -> str:
 def chunk_key(column: str, index: Iterable[int]) -> str:
     """The storage key of chunk ``index`` (record axis first) of ``column``."""
     return chunk_prefix(column) + "/".join(map(str, index))
+
+
+def version_key(version: int) -> str:
+    """The storage key of version ``version``'s record (zero-padded, so keys sort by number)."""
+    return f"{VERSIONS_DIR}/{version:020d}.json"
+
+
+def tag_key(name: str) -> str:
+    """The storage key of the tag ``name``."""
+    return f"{TAGS_DIR}/{name}.json"
+
+
+def schema_key(schema_id: str) -> str:
+    """The storage key of the schema whose digest is ``schema_id`` (``blake2b-160:<hex>``)."""
+    return f"{SCHEMAS_DIR}/{schema_id.rpartition(':')[2]}.json"
 
 
 def array_json(column: str) -> str:

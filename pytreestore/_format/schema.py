@@ -84,6 +84,9 @@ class TreeSchema:
     format_version: int = FORMAT_VERSION
     ragged: RaggedInfo | None = None
     layout: Any = dataclasses.field(default=None, compare=False, repr=False)
+    #: the digest of the stored schema document this schema was read from (its id in the
+    #: version log); None for a schema not read from a store
+    digest: str | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_example(

@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.resources
@@ -131,7 +132,9 @@ def load_schema(raw: bytes, where: str, *, like: Any = None, generic: bool = Fal
         schema, classes = hit
         if all(_same_class(name, cls) for name, cls in classes):
             return schema
-    schema = TreeSchema.from_json(root_schema(raw, where), like=like, generic=generic)
+    info = root_schema(raw, where)
+    schema = TreeSchema.from_json(info, like=like, generic=generic)
+    schema = dataclasses.replace(schema, digest=schema_id(info))
     if like is None:
         classes = () if generic else tuple((n, resolve_class(n)) for n in _class_names(schema.tree))
         with _VALIDATED_LOCK:
@@ -168,6 +171,18 @@ def digest(info: dict[str, Any]) -> str:
     body = {k: v for k, v in info.items() if k != DIGEST_KEY}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return _DIGEST_PREFIX + hashlib.blake2b(text.encode(), digest_size=20).hexdigest()
+
+
+def schema_id(info: dict[str, Any]) -> str:
+    """The id of a stored schema document in the version log: its ``digest`` (computed for
+    documents of older writers that have none)."""
+    stamp = info.get(DIGEST_KEY)
+    return stamp if isinstance(stamp, str) and stamp.startswith(_DIGEST_PREFIX) else digest(info)
+
+
+def id_of(schema: TreeSchema) -> str:
+    """The id of ``schema``: the digest it was read with, or that of the document it writes."""
+    return schema.digest or digest(schema.to_json())
 
 
 def stamped(info: dict[str, Any]) -> dict[str, Any]:
@@ -320,11 +335,13 @@ __all__ = [
     "check_column",
     "digest",
     "forget_validated",
+    "id_of",
     "json_schema",
     "load_schema",
     "parse_array_json",
     "root_schema",
     "schema_errors",
+    "schema_id",
     "stamped",
     "validator",
 ]

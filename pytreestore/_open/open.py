@@ -20,7 +20,8 @@ from typing import Any, Literal
 
 from jax.tree_util import tree_flatten
 
-from pytreestore._commit import protocol
+from pytreestore._commit import protocol, versions
+from pytreestore._commit.versions import KEEP_VERSIONS
 from pytreestore._commit.writer import check_buffer
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY
@@ -56,6 +57,7 @@ def create(
     cast: bool = False,
     ragged: bool | Sequence[str] | None = None,
     optional: Sequence[str] | None = None,
+    keep_versions: int | None = KEEP_VERSIONS,
 ) -> TreeStore:
     """Creates an empty store for records shaped like ``like`` and opens it for appending.
 
@@ -83,6 +85,8 @@ def create(
             the first record that has one.
         optional: keypaths of subtrees that may be None (None in ``like``: the structure
             comes from the first record that has one).
+        keep_versions: the versions the log keeps besides tagged ones (the last this many;
+            None: all); every commit is a version (:meth:`~TreeStore.versions`).
 
     Raises:
         UnsupportedTreeError: ``like`` holds a node or leaf a store cannot represent.
@@ -95,13 +99,16 @@ def create(
         ["['x']"]
     """
     check_cast(cast)
+    _check_version_options("a", None, keep_versions)
     location = Location.parse(path, storage_options)
     if ragged is None and optional is None:
         schema = _new_schema(like, chunk_records=chunk_records, codec=codec)
     else:
         _check_codec(codec)
         schema = build_schema(like, ragged, optional, chunk_records=chunk_records, codec=codec)
-    return create_from_schema(location, schema, backend=backend, overwrite=overwrite, cast=cast)
+    return create_from_schema(
+        location, schema, backend=backend, overwrite=overwrite, cast=cast, keep=keep_versions
+    )
 
 
 def _new_schema(like: Any, *, chunk_records: int | None, codec: str | None) -> TreeSchema:
@@ -139,6 +146,7 @@ def create_from_schema(
     overwrite: bool,
     cast: bool = False,
     fill: Callable[[Any], None] | None = None,
+    keep: int | None = KEEP_VERSIONS,
 ) -> TreeStore:
     """Creates an empty store with a ready-made ``schema`` (``create`` and ``copy`` share it).
 
@@ -155,7 +163,7 @@ def create_from_schema(
     )
     spec = StoreSpec.of(location, backend, cast=cast, opener=open, creator=create)
     try:
-        writer = new_writer(engine, schema, commit)
+        writer = new_writer(engine, schema, commit, keep)
         store = TreeStore(
             location=location,
             backend=engine,
@@ -190,8 +198,10 @@ def open(
     break_lock: bool = False,
     cache_bytes: int | None = None,
     cast: bool = False,
+    version: int | str | None = None,
+    keep_versions: int | None = KEEP_VERSIONS,
 ) -> TreeStore:
-    """Opens an existing store.
+    """Opens an existing store, at its latest version or (``version=``) at an older one.
 
     Args:
         path: the store's directory, or ``memory://NAME``.
@@ -216,6 +226,11 @@ def open(
         cast: the store's dtype policy for device reads (see :func:`create`): True loads
             64-bit columns as 32 bits while x64 is disabled, in every read that does not pass
             its own ``cast=``.
+        version: mode "r" only: read the store as it was at this version (a number from
+            :meth:`~TreeStore.versions`) or tag (:meth:`~TreeStore.tag`), with that
+            version's records and schema, whatever is committed later.
+        keep_versions: mode "a": the versions the log keeps besides tagged ones (the last
+            this many; None: all). Older version records are deleted as commits go by.
 
     Raises:
         StoreNotFoundError: nothing is at ``path``.
@@ -227,6 +242,8 @@ def open(
             (raised when the column is first read).
         ClassResolutionError: a class the schema names cannot be imported.
         StoreLockedError: ``mode="a"`` and another writer holds the store.
+        VersionNotFoundError: ``version`` names no version the store keeps, or one whose
+            records were written over after a truncate.
 
     Example:
         >>> import pytreestore
@@ -235,6 +252,7 @@ def open(
         TreeStore('memory://doc-open', mode='r', records=0, columns=1, nbytes=0 B)
     """
     _check_open_options(mode, backend, break_lock=break_lock, cache_bytes=cache_bytes, cast=cast)
+    _check_version_options(mode, version, keep_versions)
     location = Location.parse(path, storage_options)
     engine: Backend = get_backend(backend)(location)
     schema = _read_schema(engine, location, like=like, generic=generic)
@@ -242,9 +260,15 @@ def open(
     commit, lock = protocol.attach(
         engine, location, schema, append=mode == "a", break_lock=break_lock
     )
-    options = {"like": like, "generic": generic, "cache_bytes": cache_bytes, "cast": cast}
-    spec = StoreSpec.of(location, backend, opener=open, creator=create, **options)
     try:
+        if version is not None:
+            commit = versions.resolve(engine, commit, version, str(location))
+            schema = _version_schema(engine, location, schema, commit, like=like, generic=generic)
+        options = {"like": like, "generic": generic, "cache_bytes": cache_bytes, "cast": cast}
+        pinned = None if version is None else commit.generation
+        spec = StoreSpec.of(
+            location, backend, opener=open, creator=create, version=pinned, **options
+        )
         return TreeStore(
             location=location,
             backend=engine,
@@ -252,11 +276,45 @@ def open(
             commit=commit,
             lock=lock,
             spec=spec,
-            writer=new_writer(engine, schema, commit) if mode == "a" else None,
+            writer=new_writer(engine, schema, commit, keep_versions) if mode == "a" else None,
         )
     except BaseException:
         protocol.detach(engine, lock)
         raise
+
+
+def _check_version_options(mode: str, version: Any, keep: Any) -> None:
+    if version is not None:
+        if mode != "r":
+            raise ValueError(
+                "version= opens a store as it was, read-only; open it with mode='r' (to append "
+                "after an older version, truncate() the store instead)"
+            )
+        versions.check_wanted(version)
+    if keep is not None and (type(keep) is not int or keep < 1):
+        raise ValueError(f"keep_versions must be None (keep all) or an int >= 1, got {keep!r}")
+
+
+def _version_schema(
+    engine: Backend,
+    location: Location,
+    latest: TreeSchema,
+    commit: Any,
+    *,
+    like: Any,
+    generic: bool,
+) -> TreeSchema:
+    """The schema of an older version: the latest one if it is the same, else the one the
+    version log kept."""
+    if commit.schema is None or commit.schema == latest.digest:
+        return latest
+    info = versions.schema_info(engine, commit.schema, str(location))
+    raw = protocol.group_json({"pytreestore": info})
+    schema = _validate.load_schema(raw, str(location), like=like, generic=generic)
+    schema = schema if schema.ragged is None else attach_layout(schema, str(location))
+    engine.open_columns(schema.storage_columns)
+    protocol.check_starts(schema, commit.records, location, commit.rows)
+    return schema
 
 
 def open_any(path: str | os.PathLike[str], **options: Any) -> TreeStore:

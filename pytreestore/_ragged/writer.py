@@ -33,6 +33,7 @@ from jax.tree_util import tree_flatten, tree_structure
 
 from pytreestore._commit.protocol import Committer, column_layouts, group_json, group_keys
 from pytreestore._commit.record import Commit
+from pytreestore._commit.versions import KEEP_VERSIONS, save_schema
 from pytreestore._commit.tables import table_schemas
 from pytreestore._commit.writer import Writer
 from pytreestore._format import validate as _validate
@@ -68,6 +69,13 @@ class _TableCommitter:
     def advance(self, records: int, tables: Any = None) -> Commit:
         return self.commit
 
+    def release(self) -> None:
+        self._owner.committer.release()
+
+    @property
+    def holding(self) -> bool:
+        return self._owner.committer.holding
+
     def check(self) -> None:
         self._owner.check()
 
@@ -83,7 +91,7 @@ class RaggedWriter:
         committer: Committer | None = None,
     ) -> None:
         self._backend = backend
-        self._committer = committer or Committer(backend, commit)
+        self._committer = committer or Committer(backend, commit, _validate.id_of(schema))
         self._open_tables(schema, commit)
 
     def _open_tables(self, schema: TreeSchema, commit: Commit) -> None:
@@ -105,6 +113,11 @@ class RaggedWriter:
 
     def __len__(self) -> int:
         return len(self.tables[None])
+
+    @property
+    def committer(self) -> Any:
+        """What commits this writer's records (a :class:`Committer`)."""
+        return self._committer
 
     @property
     def commit(self) -> Commit:
@@ -203,8 +216,10 @@ class RaggedWriter:
             self._backend.resize(keys, commit.rows(table))
         groups = {k: group_json({}) for k in group_keys(grown)}
         self._backend.write_many_bytes(groups)
-        document = group_json({"pytreestore": _validate.stamped(grown.to_json())})
-        self._backend.write_bytes(ROOT_KEY, document)
+        info = _validate.stamped(grown.to_json())
+        save_schema(self._backend, info)
+        self._backend.write_bytes(ROOT_KEY, group_json({"pytreestore": info}))
+        self._committer.schema = info["digest"]
         self._backend.open_columns(grown.storage_columns)
         self._open_tables(grown, commit)
 
@@ -417,11 +432,15 @@ def _fixed(spec: Spec, leaves: list[Leaf]) -> bool:
     return False
 
 
-def new_writer(backend: Backend, schema: TreeSchema, commit: Commit) -> Writer | RaggedWriter:
-    """The writer of a store of ``schema``: a :class:`RaggedWriter` for a ragged store."""
+def new_writer(
+    backend: Backend, schema: TreeSchema, commit: Commit, keep: int | None = KEEP_VERSIONS
+) -> Writer | RaggedWriter:
+    """The writer of a store of ``schema``: a :class:`RaggedWriter` for a ragged store; its
+    version log keeps the last ``keep`` versions (None: all) besides tagged ones."""
+    committer = Committer(backend, commit, _validate.id_of(schema), keep)
     if schema.ragged is not None:
-        return RaggedWriter(backend, schema, commit)
-    return Writer(backend, schema, commit)
+        return RaggedWriter(backend, schema, commit, committer)
+    return Writer(backend, schema, commit, committer)
 
 
 def _explain(model: Model, record: Any, what: str) -> SchemaMismatchError:

@@ -1,0 +1,161 @@
+"""``store.vacuum()``: removing what no version the log keeps still needs.
+
+The log (:mod:`pytreestore._commit.versions`) keeps the last ``keep_versions`` versions and
+the tagged ones. Vacuum, with the writer lock held:
+
+1. deletes the records of versions outside that (tagged ones stay) and of versions written
+   over after a truncate (untagged);
+2. for every column of a readable kept version, deletes the chunks wholly past the most rows
+   any readable kept version holds in it, and shrinks the array to those rows;
+3. deletes the arrays that no readable kept version's schema has (columns dropped by
+   ``evolve``, and arrays an interrupted ``evolve`` left), and the schemas no kept version
+   names (the latest schema always stays).
+
+It lists the whole store once: it is maintenance, run when a user asks, never by a commit.
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> s = pytreestore.create("memory://doc-vacuum-module", {"x": np.int8(0)}, chunk_records=1)
+    >>> s.extend({"x": np.int8(i)} for i in range(3)); s.truncate(1); s.append({"x": np.int8(5)})
+    >>> s.vacuum()
+    Vacuumed(versions=1, schemas=0, arrays=0, chunks=1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable
+
+from pytreestore._commit import versions
+from pytreestore._commit.record import Commit
+from pytreestore._format import validate as _validate
+from pytreestore._format.names import CHUNK_KEY_PATTERN, META_DIR, ROOT_KEY, version_key
+from pytreestore._format.schema import ColumnSpec, TreeSchema
+from pytreestore.backends import Backend
+
+
+@dataclasses.dataclass(frozen=True)
+class Vacuumed:
+    """What :meth:`TreeStore.vacuum` removed.
+
+    Attributes:
+        versions: version records (outside the log's bound, or written over).
+        schemas: schemas no kept version names.
+        arrays: arrays of columns no kept version has (each with its chunks).
+        chunks: chunks past every kept version's rows.
+    """
+
+    versions: int = 0
+    schemas: int = 0
+    arrays: int = 0
+    chunks: int = 0
+
+
+def vacuum(engine: Backend, head: Commit, keep: int | None, where: str) -> Vacuumed:
+    """Vacuums the store behind ``engine`` whose latest commit is ``head`` (the caller holds
+    the writer lock and has nothing buffered)."""
+    root = _validate.root_schema(engine.read_bytes(ROOT_KEY), where)
+    latest = _validate.schema_id(root)
+    tagged = set(versions.tags(engine, where).values())
+    old = [c for c in _records(engine, head, where) if c.generation < head.generation]
+    stale = set(versions.stale(engine, head, keep)) if keep is not None else set()
+    drop = [
+        c.generation
+        for c in old
+        if c.generation not in tagged and (c.generation in stale or head.gone(c) is not None)
+    ]
+    live = [c for c in old if c.generation not in drop and head.gone(c) is None] + [head]
+    schemas = {latest: root}
+    for c in live:
+        if c.schema is not None and c.schema not in schemas:
+            schemas[c.schema] = versions.schema_info(engine, c.schema, where)
+    reach = _reach(live, schemas, latest)
+    keys = engine.list_keys("")
+    arrays = _dead_arrays(engine, keys, reach, schemas)
+    chunks = _dead_chunks(keys, reach, arrays)
+    spare = [s for s in versions.schema_ids(engine) if s not in schemas]
+    engine.delete_keys([version_key(n) for n in drop])
+    engine.delete_keys(chunks + [k for k in keys if _array_of(k, arrays)])
+    _shrink(engine, reach)
+    engine.delete_keys([f"{META_DIR}/schemas/{s.rpartition(':')[2]}.json" for s in spare])
+    return Vacuumed(len(drop), len(spare), len(arrays), len(chunks))
+
+
+def _records(engine: Backend, head: Commit, where: str) -> list[Commit]:
+    found = (versions.read(engine, n, where) for n in versions.numbers(engine))
+    return [c for c in found if c is not None and c.generation <= head.generation]
+
+
+def _reach(live: Iterable[Commit], schemas: dict[str, dict], latest: str) -> dict[str, tuple]:
+    """Column key -> (its spec, the most rows a live version holds in it)."""
+    reach: dict[str, tuple[ColumnSpec, int]] = {}
+    for commit in live:
+        info = schemas[commit.schema or latest]
+        for column in _columns(info):
+            rows = commit.rows(column.table)
+            _, best = reach.get(column.key, (column, 0))
+            reach[column.key] = (column, max(best, rows))
+    return reach
+
+
+def _columns(info: dict) -> tuple[ColumnSpec, ...]:
+    schema = TreeSchema.from_json(info, generic=True)
+    return schema.storage_columns
+
+
+def _dead_arrays(
+    engine: Backend, keys: list[str], reach: dict[str, tuple], schemas: dict[str, dict]
+) -> set[str]:
+    """Keys of the arrays stored that no live version has."""
+    found = set()
+    for key in keys:
+        if not key.endswith("/" + ROOT_KEY) or key.startswith(META_DIR + "/"):
+            continue
+        column = key[: -len(ROOT_KEY) - 1]
+        if column in reach:
+            continue
+        try:
+            node = json.loads(engine.read_bytes(key) or b"")
+        except ValueError:
+            continue  # not a zarr node pytreestore wrote: leave it
+        if isinstance(node, dict) and node.get("node_type") == "array":
+            found.add(column)
+    return found
+
+
+def _array_of(key: str, arrays: set[str]) -> bool:
+    column = key.rpartition("/" + ROOT_KEY)[0] if key.endswith("/" + ROOT_KEY) else None
+    if column in arrays:
+        return True
+    match = CHUNK_KEY_PATTERN.match(key)
+    return bool(match and match.group(1) in arrays)
+
+
+def _dead_chunks(keys: list[str], reach: dict[str, tuple], arrays: set[str]) -> list[str]:
+    """Chunk keys of live columns wholly past the rows live versions hold."""
+    dead = []
+    for key in keys:
+        match = CHUNK_KEY_PATTERN.match(key)
+        if not match or match.group(1) not in reach:
+            continue
+        column, rows = reach[match.group(1)]
+        first = int(match.group(2).split("/")[0]) * column.chunks[0]
+        if first >= rows:
+            dead.append(key)
+    return dead
+
+
+def _shrink(engine: Backend, reach: dict[str, tuple]) -> None:
+    """Shrinks every live column's array to the rows live versions hold in it."""
+    by_rows: dict[int, list[str]] = {}
+    keys = list(reach)
+    for key, shape in zip(keys, engine.column_shapes(keys)):
+        rows = reach[key][1]
+        if shape[0] > rows:
+            by_rows.setdefault(rows, []).append(key)
+    for rows, group in by_rows.items():
+        engine.resize(group, rows)
+
+
+__all__ = ["Vacuumed", "vacuum"]

@@ -1,0 +1,187 @@
+"""The store's versions: listing them, naming them, going back, and removing what none needs.
+
+Every commit is a version (:mod:`pytreestore._commit.versions`): :meth:`Versioning.versions`
+lists them, :meth:`~Versioning.tag` names one, :meth:`~Versioning.truncate` commits a version
+holding the first records only, and :meth:`~Versioning.vacuum` removes the chunks, arrays and
+schemas that no version the log keeps still needs. ``pytreestore.open(path, version=N)`` (or
+a tag's name) reads a store as it was at a version.
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> s = pytreestore.create("memory://doc-versioning", {"x": np.int32(0)})
+    >>> s.extend({"x": np.int32(i)} for i in range(5)); s.flush(); s.tag("five")
+    >>> s.truncate(2); s.append({"x": np.int32(9)}); s.flush()
+    >>> s.load(as_numpy=True)["x"].tolist(), [v.operation for v in s.versions()]
+    ([0, 1, 9], ['create', 'append', 'truncate', 'release', 'append'])
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from pytreestore._commit import vacuum as _vacuum
+from pytreestore._commit import versions as _versions
+from pytreestore._commit.record import Commit
+from pytreestore._commit.truncate import rows_at
+from pytreestore._commit.vacuum import Vacuumed
+from pytreestore._commit.versions import Version
+from pytreestore._ragged.writer import new_writer
+from pytreestore.errors import StoreIndexError
+
+if TYPE_CHECKING:
+    from pytreestore.backends import Backend
+
+
+class Versioning:
+    """The version methods of :class:`~pytreestore.TreeStore` (a mixin)."""
+
+    _commit: Commit
+    _backend: Backend
+    _writer: Any
+    _cache: Any
+    _cache_id: str
+    _ahead: Any
+    _spec: Any
+
+    @property
+    def version(self) -> int:
+        """The version this store object reads (a writer: its latest commit's)."""
+        self._check_open()  # type: ignore[attr-defined]
+        return (self._writer.commit if self._writer is not None else self._commit).generation
+
+    def versions(self) -> list[Version]:
+        """Every version the store keeps, oldest first, the latest committed one last.
+
+        A version is a commit: its number, records, time and operation, its tags, and
+        whether it can still be read (a version holding more records than a later truncate
+        left is gone once an append writes over them). A store written before versions
+        existed lists only its latest commit.
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-versions-method", {"x": np.int8(0)})
+            >>> s.append({"x": np.int8(1)}); s.flush()
+            >>> [(v.version, v.records) for v in s.versions()]
+            [(0, 0), (1, 1)]
+        """
+        with self._reading() as backend:  # type: ignore[attr-defined]
+            head = self._head(backend)
+            return _versions.history(backend, head, self.path)  # type: ignore[attr-defined]
+
+    def tag(self, name: str, version: int | None = None) -> None:
+        """Names a version, for ``pytreestore.open(path, version=name)``; tags never move.
+
+        Buffered records are committed first. Tagged versions stay in the log whatever
+        ``keep_versions`` says.
+
+        Args:
+            name: 1 to 128 of ``A-Z a-z 0-9 _ . -``, not starting with ``.`` or ``-``.
+            version: the version to name (default: the latest commit).
+
+        Raises:
+            ReadOnlyError: the store is open with mode "r".
+            TagExistsError: ``name`` names a version already; nothing is written.
+            VersionNotFoundError: ``version`` is not one the store keeps.
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-tag", {"x": np.int8(0)})
+            >>> s.append({"x": np.int8(1)}); s.tag("first")
+            >>> pytreestore.open("memory://doc-tag", version="first").version
+            1
+        """
+        _versions.check_tag_name(name)
+        with self._writing() as writer:  # type: ignore[attr-defined]
+            writer.flush()
+            head = writer.commit
+            number = head.generation if version is None else version
+            if version is not None:
+                _versions.check_wanted(version)
+                _versions.resolve(self._backend, head, number, self.path)  # type: ignore[attr-defined]
+            _versions.add_tag(self._backend, name, number, self.path)  # type: ignore[attr-defined]
+
+    def truncate(self, records: int) -> None:
+        """Commits a new version holding the first ``records`` records only.
+
+        Nothing committed is rewritten: ``pytreestore.open(path, version=v)`` still reads
+        every earlier version, until the next append writes over the records they hold past
+        ``records`` (a version of the log then says so, and those versions are gone).
+        Buffered records are committed first.
+
+        Raises:
+            ReadOnlyError: the store is open with mode "r".
+            StoreIndexError: ``records`` is negative or more than the store holds; or it
+                falls before a column that ``evolve`` (or a ragged structure learnt) added.
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-truncate", {"x": np.int8(0)})
+            >>> s.extend({"x": np.int8(i)} for i in range(4)); s.truncate(1)
+            >>> len(s), len(pytreestore.open("memory://doc-truncate", version=1))
+            (1, 4)
+        """
+        with self._writing(append=True) as writer:  # type: ignore[attr-defined]
+            writer.flush()
+            head = writer.commit
+            _check_records(records, head.records, self.path)  # type: ignore[attr-defined]
+            tables = rows_at(self._backend, writer.schema, head, records, self.path)  # type: ignore[attr-defined]
+            writer.committer.advance(records, tables, operation="truncate")
+            self._renew_writer(writer)
+
+    def vacuum(self) -> Vacuumed:
+        """Removes what no version the log keeps needs: chunks past every kept version's
+        records, arrays of columns no kept version has (dropped by ``evolve``, or left by an
+        interrupted one), schemas no kept version names, and the records of versions written
+        over or past ``keep_versions``. Buffered records are committed first.
+
+        Readers open at a version the log no longer keeps may then fail to read.
+
+        Raises:
+            ReadOnlyError: the store is open with mode "r".
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-vacuum", {"x": np.int8(0)}, chunk_records=2)
+            >>> s.extend({"x": np.int8(i)} for i in range(6)); s.truncate(2)
+            >>> s.append({"x": np.int8(7)}); s.vacuum().chunks
+            1
+        """
+        with self._writing() as writer:  # type: ignore[attr-defined]
+            writer.flush()
+            keep = writer.committer.keep
+            return _vacuum.vacuum(self._backend, writer.commit, keep, self.path)  # type: ignore[attr-defined]
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    def _head(self, backend: Backend) -> Commit:
+        """The latest commit: the writer's, or the commit record now."""
+        if self._writer is not None:
+            return self._writer.commit
+        return Commit.read(backend, self.path)  # type: ignore[attr-defined]
+
+    def _renew_writer(self, writer: Any) -> None:
+        """A new writer at the writer's commit, and none of this object's cached reads (the
+        rows past a truncate may be written again, with other values)."""
+        committer = writer.committer
+        self._writer = new_writer(self._backend, writer.schema, committer.commit, committer.keep)
+        self._forget_reads()
+
+    def _forget_reads(self) -> None:
+        self._ahead.clear()
+        if self._cache is not None:
+            self._cache.drop(self._cache_id)
+        self._cache_id = uuid.uuid4().hex
+
+
+def _check_records(records: Any, committed: int, where: str) -> None:
+    if type(records) is not int:
+        raise TypeError(f"truncate() takes a record count (an int), got {records!r}")
+    if not 0 <= records <= committed:
+        raise StoreIndexError(
+            f"cannot truncate {where} to {records} records: it holds {committed}; give a count "
+            f"from 0 to {committed}. Nothing was changed."
+        )
+
+
+__all__ = ["Version", "Versioning"]
