@@ -120,7 +120,7 @@ def test_tags_name_versions_and_never_move(path, backend):
         store.tag("warmup")
         store.extend([rec(2)])
         store.tag("before", version=1)
-        with pytest.raises(errors.TagExistsError, match="'warmup' already.*version 1"):
+        with pytest.raises(errors.TagExistsError, match=r"'warmup' already.*version 1"):
             store.tag("warmup")
         with pytest.raises(ValueError, match="tag's name"):
             store.tag("../x")
@@ -130,7 +130,7 @@ def test_tags_name_versions_and_never_move(path, backend):
     assert xs(old) == [0.0, 1.0]
     tagged = {v.version: v.tags for v in old.versions()}
     assert tagged[1] == ("before", "warmup")
-    with pytest.raises(errors.VersionNotFoundError, match="no tag 'nope'.*'before', 'warmup'"):
+    with pytest.raises(errors.VersionNotFoundError, match=r"no tag 'nope'.*'before', 'warmup'"):
         pytreestore.open(path, backend=backend, version="nope")
 
 
@@ -174,7 +174,7 @@ def test_append_after_truncate_releases_the_older_versions(path, backend):
 def test_truncate_refuses_bad_counts(path, backend):
     with make(path, backend, 4) as store:
         for bad in (5, -1):
-            with pytest.raises(errors.StoreIndexError, match="holds 4.*Nothing was changed"):
+            with pytest.raises(errors.StoreIndexError, match=r"holds 4.*Nothing was changed"):
                 store.truncate(bad)
         with pytest.raises(TypeError):
             store.truncate(2.0)  # type: ignore[arg-type]
@@ -266,7 +266,7 @@ def test_the_log_keeps_the_last_versions_and_the_tags(path, backend):
     numbers = [v.version for v in pytreestore.open(path, backend=backend).versions()]
     assert numbers[0] == 1 and len(numbers) < 70 and numbers[-1] == 70
     assert xs(pytreestore.open(path, backend=backend, version="first")) == [0.0]
-    with pytest.raises(errors.VersionNotFoundError, match="no version 2.*keeps versions 1 to 70"):
+    with pytest.raises(errors.VersionNotFoundError, match=r"no version 2.*keeps versions 1 to 70"):
         pytreestore.open(path, backend=backend, version=2)
 
 

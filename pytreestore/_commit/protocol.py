@@ -66,8 +66,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pytreestore._commit.lock import WriterLock
 from pytreestore._commit import versions
+from pytreestore._commit.lock import WriterLock
 from pytreestore._commit.record import Commit, now_utc
 from pytreestore._commit.repair import repair
 from pytreestore._commit.tables import table_schemas

@@ -32,7 +32,8 @@ from pytreestore._commit.record import Commit
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import CHUNK_KEY_PATTERN, META_DIR, ROOT_KEY, version_key
 from pytreestore._format.schema import ColumnSpec, TreeSchema
-from pytreestore.backends import Backend
+from pytreestore.backends import Backend, KeyListing
+from pytreestore.errors import StorageError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +72,11 @@ def vacuum(engine: Backend, head: Commit, keep: int | None, where: str) -> Vacuu
         if c.schema is not None and c.schema not in schemas:
             schemas[c.schema] = versions.schema_info(engine, c.schema, where)
     reach = _reach(live, schemas, latest)
+    if not isinstance(engine, KeyListing):
+        raise StorageError(
+            f"vacuum needs to list the keys of {where}, which its backend "
+            f"({type(engine).__name__}) cannot do; nothing was removed"
+        )
     keys = engine.list_keys("")
     arrays = _dead_arrays(engine, keys, reach, schemas)
     chunks = _dead_chunks(keys, reach, arrays)

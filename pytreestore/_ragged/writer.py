@@ -33,8 +33,8 @@ from jax.tree_util import tree_flatten, tree_structure
 
 from pytreestore._commit.protocol import Committer, column_layouts, group_json, group_keys
 from pytreestore._commit.record import Commit
-from pytreestore._commit.versions import KEEP_VERSIONS, save_schema
 from pytreestore._commit.tables import table_schemas
+from pytreestore._commit.versions import KEEP_VERSIONS, save_schema
 from pytreestore._commit.writer import Writer
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY, array_json
