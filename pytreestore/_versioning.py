@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from pytreestore._commit import vacuum as _vacuum
 from pytreestore._commit import versions as _versions
 from pytreestore._commit.record import Commit
-from pytreestore._commit.truncate import rows_at
+from pytreestore._commit import evolve as _evolve
+from pytreestore._commit.truncate import lower_starts, rows_at, tables_of
 from pytreestore._commit.vacuum import Vacuumed
 from pytreestore._commit.versions import Version
 from pytreestore._ragged.writer import new_writer
@@ -111,8 +112,10 @@ class Versioning:
 
         Raises:
             ReadOnlyError: the store is open with mode "r".
-            StoreIndexError: ``records`` is negative or more than the store holds; or it
-                falls before a column that ``evolve`` (or a ragged structure learnt) added.
+            StoreIndexError: ``records`` is negative or more than the store holds.
+
+        A column added (by ``evolve``, or a ragged structure first shown) after ``records``
+        then starts at ``records``: its records before read its default, as they did.
 
         Example:
             >>> import numpy as np, pytreestore
@@ -125,9 +128,14 @@ class Versioning:
             writer.flush()
             head = writer.commit
             _check_records(records, head.records, self.path)  # type: ignore[attr-defined]
-            tables = rows_at(self._backend, writer.schema, head, records, self.path)  # type: ignore[attr-defined]
-            writer.committer.advance(records, tables, operation="truncate")
-            self._renew_writer(writer)
+            rows = rows_at(self._backend, writer.schema, head, records, self.path)  # type: ignore[attr-defined]
+            schema = lower_starts(writer.schema, rows)
+            if schema is not None:  # a new schema: the version log keeps it
+                schema = _evolve.replace_schema(self._backend, schema, self.path)  # type: ignore[attr-defined]
+                writer.committer.schema = schema.digest
+                self._schema = schema
+            writer.committer.advance(records, tables_of(rows), operation="truncate")
+            self._renew_writer(writer, schema or writer.schema)
 
     def vacuum(self) -> Vacuumed:
         """Removes what no version the log keeps needs: chunks past every kept version's
@@ -160,11 +168,11 @@ class Versioning:
             return self._writer.commit
         return Commit.read(backend, self.path)  # type: ignore[attr-defined]
 
-    def _renew_writer(self, writer: Any) -> None:
+    def _renew_writer(self, writer: Any, schema: Any) -> None:
         """A new writer at the writer's commit, and none of this object's cached reads (the
         rows past a truncate may be written again, with other values)."""
         committer = writer.committer
-        self._writer = new_writer(self._backend, writer.schema, committer.commit, committer.keep)
+        self._writer = new_writer(self._backend, schema, committer.commit, committer.keep)
         self._forget_reads()
 
     def _forget_reads(self) -> None:

@@ -98,6 +98,10 @@ def check_store(
     n = len(store)
     assert n in n_options, f"{note}: {n} records after the kill, expected one of {n_options}"
     _check_records(store, n, note, rng)
+    for v in store.versions()[-3:-1]:  # older versions (truncate, tag) read their records
+        if v.readable:
+            old = pytreestore.open(path, backend=backend, version=v.version)
+            _check_records(old, v.records, f"{note}, version {v.version}", rng)
     store.close()
     return n
 

@@ -69,6 +69,13 @@ def check_store(path: str, n_options: set[int], opts: dict[str, Any], note: str)
         assert not bad, f"{note}: records differ at {bad}"
     report = store.verify()
     assert report.ok, f"{note}: {report}"
+    listed = store.versions()
+    tagged = [v for v in listed if v.tags]
+    for v in {*listed[-4:-1], *tagged[-2:]}:  # older versions (truncate, tag) read theirs
+        if v.readable and v.records:
+            old = pytreestore.open(path, version=v.version, **opts).load(as_numpy=True)
+            bad = differences(old, expected(0, v.records))
+            assert not bad, f"{note}: version {v.version} differs at {bad}"
     store.close()
     return n
 

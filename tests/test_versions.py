@@ -192,14 +192,23 @@ def test_truncate_then_pending_records_are_committed_first(path, backend):
     assert [(v.records, v.operation) for v in versions][-2:] == [(4, "append"), (3, "truncate")]
 
 
-def test_truncate_before_an_evolved_column_is_refused(path, backend):
+def test_truncate_before_an_evolved_column_lowers_its_start(path, backend):
     with make(path, backend, 4) as store:
         store.evolve(add={"['y']": np.int8(7)})
+        evolved = store.version
         store.append({**rec(4), "y": np.int8(1)})
-        with pytest.raises(errors.StoreIndexError, match=r"\['y'\] was added after"):
-            store.truncate(2)
-        store.truncate(4)
-        assert store.load(as_numpy=True)["y"].tolist() == [7, 7, 7, 7]
+        store.flush()
+        five = store.version
+        store.truncate(2)
+        assert store.load(as_numpy=True)["y"].tolist() == [7, 7]
+        old = pytreestore.open(path, backend=backend, version=evolved - 1)  # before evolve
+        assert "['y']" not in old.schema.paths and len(old) == 4
+        before = pytreestore.open(path, backend=backend, version=five)
+        assert before.load(as_numpy=True)["y"].tolist() == [7, 7, 7, 7, 1]
+        store.append({**rec(8), "y": np.int8(3)})
+        assert store.schema.columns[-1].start == 2
+    got = pytreestore.open(path, backend=backend).load(as_numpy=True)
+    assert got["y"].tolist() == [7, 7, 3] and got["x"].tolist() == [0.0, 1.0, 8.0]
 
 
 def test_a_reader_whose_records_were_written_over_is_told(path, backend):

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-OPS = ("append", "extend", "generator", "batch", "flush")
+OPS = ("append", "extend", "generator", "batch", "flush", "truncate", "tag")
 
 
 # ---- the records every writer appends ------------------------------------------------------------
@@ -98,16 +98,44 @@ def possible_commits(log: list[str], chunk: int) -> tuple[set[int], int]:
         raise ValueError("the writer never became ready")
     options = {committed}
     if pending is not None:
-        kind, _, upto = pending
+        kind, start, upto = pending
+        if kind == "truncate":  # it flushes what is buffered, then commits ``upto`` records
+            options.update(range((committed // chunk + 1) * chunk, start + 1, chunk))
+            options.update({start, upto})
+            return options, committed
         options.update(range((committed // chunk + 1) * chunk, upto + 1, chunk))
-        if kind == "flush":
+        if kind in ("flush", "tag"):  # a tag flushes first
             options.add(upto)
     return options, committed
 
 
+def plan_op(rng: random.Random, kinds: tuple[str, ...], n: int, max_batch: int) -> tuple[str, int]:
+    """The next call of a trial writer holding ``n`` records: its kind and the records it
+    leaves (a truncate keeps a random prefix, and is rarer than the others)."""
+    kind = rng.choice(kinds)
+    if kind == "truncate" and rng.random() < 0.5:
+        kind = "flush"
+    if kind in ("flush", "tag"):
+        return kind, n
+    if kind == "truncate":
+        return kind, rng.randint(max(0, n - 2 * max_batch), n)
+    return kind, n + rng.randint(1, max_batch)
+
+
+def run_versioning(store: Any, kind: str, upto: int, log: Log) -> bool:
+    """Runs a ``truncate`` or ``tag`` call of a trial writer; whether ``kind`` was one."""
+    if kind == "truncate":
+        store.truncate(upto)
+    elif kind == "tag":
+        store.tag(f"t{os.getpid()}-{len(store)}-{time.monotonic_ns()}")
+    else:
+        return False
+    return True
+
+
 # ---- the ragged records of the ragged crash trials -----------------------------------------------
 
-RAGGED_OPS = ("append", "extend", "flush")
+RAGGED_OPS = ("append", "extend", "flush", "truncate", "tag")
 RAGGED_DECL: dict[str, Any] = {
     "ragged": ["['elems']", "['elems'][*].tags", "['elems'][*].trail", "['opt']['cells']"],
     "optional": ["['opt']"],
@@ -206,10 +234,12 @@ def run_ragged_writer(job: dict[str, Any], log: Log) -> None:
     n = len(store)
     log("ready", store.committed)
     for _ in range(job["ops"]):
-        kind = rng.choice(RAGGED_OPS)
-        k = 0 if kind == "flush" else rng.randint(1, job["max_batch"])
-        log("op", kind, n, n + k)
-        if kind == "append":
+        kind, upto = plan_op(rng, RAGGED_OPS, n, job["max_batch"])
+        k = upto - n
+        log("op", kind, n, upto)
+        if run_versioning(store, kind, upto, log):
+            pass
+        elif kind == "append":
             for i in range(n, n + k):
                 store.append(ragged_record(i))
         elif kind == "extend":
@@ -257,10 +287,12 @@ def run_writer(job: dict[str, Any], log: Log) -> None:
     n = len(store)
     log("ready", store.committed)
     for _ in range(job["ops"]):
-        kind = rng.choice(OPS)
-        k = 0 if kind == "flush" else rng.randint(1, job["max_batch"])
-        log("op", kind, n, n + k)
-        if kind == "append":
+        kind, upto = plan_op(rng, OPS, n, job["max_batch"])
+        k = upto - n
+        log("op", kind, n, upto)
+        if run_versioning(store, kind, upto, log):
+            pass
+        elif kind == "append":
             for i in range(n, n + k):
                 store.append(record(i))
         elif kind == "extend":

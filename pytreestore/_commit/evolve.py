@@ -137,6 +137,19 @@ def apply(
     return new
 
 
+def replace_schema(backend: Backend, schema: TreeSchema, where: str) -> TreeSchema:
+    """Writes ``schema`` (its columns' arrays exist) as the store's, in one atomic put of the
+    root ``zarr.json``, kept in the version log first; ``schema`` with its digest."""
+    raw = backend.read_bytes(ROOT_KEY)
+    document = json.loads(raw or b"{}")
+    _validate.root_schema(raw, where)
+    stamped = _validate.stamped(schema.to_json())
+    save_schema(backend, stamped)
+    document["attributes"]["pytreestore"] = stamped
+    backend.write_bytes(ROOT_KEY, json.dumps(document, indent=1).encode())
+    return dataclasses.replace(schema, digest=stamped["digest"])
+
+
 # ---- the tree, annotated with column numbers while it is edited --------------------------------
 
 
@@ -340,4 +353,4 @@ def _float_json(value: Any) -> Any:
     return x
 
 
-__all__ = ["apply", "plan"]
+__all__ = ["apply", "plan", "replace_schema"]

@@ -76,7 +76,7 @@ from pytreestore._format import validate as _validate
 from pytreestore._format.names import COMMIT_KEY, INCOMPLETE_KEY, ROOT_KEY, schema_key
 from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._location import Location
-from pytreestore.backends import Backend, ColumnLayout, ConditionalWrites
+from pytreestore.backends import Backend, ColumnLayout, ConditionalWrites, PartialWriteCleanup
 from pytreestore.errors import (
     CommitConflictError,
     CorruptStoreError,
@@ -278,6 +278,8 @@ def prepare_append(engine: Backend, location: Location, schema: TreeSchema, comm
     """Readies a store for its writer: repairs what a crashed writer left past the commit
     (nothing while a truncate holds rows for older versions: no write touched them), drops a
     version record it left, and keeps the schema in the version log."""
+    if isinstance(engine, PartialWriteCleanup):  # a write cut short must not be reused
+        engine.remove_partial_writes([], 0)
     versions.discard_orphan(engine, commit)
     schema_id = _validate.id_of(schema)
     if engine.read_bytes(schema_key(schema_id)) is None:  # a store of an older pytreestore
@@ -285,7 +287,10 @@ def prepare_append(engine: Backend, location: Location, schema: TreeSchema, comm
         versions.save_schema(engine, {**info, "digest": schema_id})
     if commit.schema is None:  # its head, committed before versions: the log's first
         versions.publish(engine, dataclasses.replace(commit, schema=schema_id))
-    if commit.high is not None:
+    if commit.high is not None:  # rows past the commit are older versions': only locks go
+        if isinstance(engine, PartialWriteCleanup):
+            keys = [c.key for c in schema.storage_columns]
+            engine.remove_partial_writes(keys, commit.records // schema.chunk_records)
         return
     if schema.ragged is None:
         repair(engine, location, schema, commit.records)

@@ -1,53 +1,67 @@
-"""What ``truncate(n)`` commits: the rows of every table at record ``n``, checked first.
+"""What ``truncate(n)`` commits: the rows of every table at record ``n``, and the schema.
 
 A fixed store's version of ``n`` records is rows ``[0, n)`` of its columns. In a ragged store
 each axis's table holds the elements of the records before it: with cumulative end offsets,
 the rows of an axis's table at ``n`` records are ``offsets[rows - 1]`` of the table its offsets
 live in (0 for no rows), parents before children.
 
+A column that ``evolve`` added (or a ragged structure first shown) after those rows starts
+past them; its ``start`` is lowered to them (:func:`lower_starts`), which reads the same:
+rows before ``start`` read the column's default, and the array holds its fill value, the
+default, in every row no record wrote.
+
 Example:
     >>> import numpy as np, pytreestore
     >>> s = pytreestore.create("memory://doc-truncate-rows", {"p": [np.int8(0)]}, ragged=True)
     >>> s.extend([{"p": [np.int8(1)] * 2}, {"p": [np.int8(2)] * 3}]); s.flush()
     >>> rows_at(s._backend, s.schema, s.commit_now(), 1, s.path)
-    {"['p']": 2}
+    {None: 1, "['p']": 2}
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from pytreestore._commit.record import Commit
 from pytreestore._format.schema import TreeSchema
 from pytreestore.backends import Backend
-from pytreestore.errors import StoreIndexError
 
 
 def rows_at(
     backend: Backend, schema: TreeSchema, commit: Commit, records: int, where: str
-) -> dict[str, int] | None:
-    """The rows of every axis table of a store holding its first ``records`` records (None for
-    a fixed store), after checking that no column starts past them.
-
-    Raises:
-        StoreIndexError: a column, axis or optional subtree was added after record (or row)
-            ``records`` (by ``evolve`` or by a structure learnt): truncating before it is not
-            supported.
-    """
+) -> dict[str | None, int]:
+    """The rows of every table of a store holding its first ``records`` records: the record
+    table (None) and each axis's table."""
     rows: dict[str | None, int] = {None: records}
     if schema.ragged is not None:
         for axis in schema.ragged.axes:
             rows[axis.path] = _rows(backend, axis.offsets, rows[axis.table], commit, axis.table)
-    for column in schema.storage_columns:
-        if column.start > rows[column.table]:
-            raise StoreIndexError(
-                f"cannot truncate {where} to {records} records: column {column.path} was added "
-                f"after them (at {'record' if column.table is None else 'row'} {column.start}), "
-                "and truncating before a column was added is not supported. Nothing was "
-                "changed; open an older version with pytreestore.open(path, version=...) to "
-                "read the store as it was."
-            )
-    if schema.ragged is None:
+    return rows
+
+
+def tables_of(rows: dict[str | None, int]) -> dict[str, int] | None:
+    """The ``tables`` of a commit from :func:`rows_at` (None for a fixed store)."""
+    tables = {str(t): n for t, n in rows.items() if t is not None}
+    return tables if len(rows) > 1 else None
+
+
+def lower_starts(schema: TreeSchema, rows: dict[str | None, int]) -> TreeSchema | None:
+    """``schema`` with every column, axis and optional subtree starting at most at its
+    table's ``rows``; None when none starts past them."""
+    columns = tuple(_lowered(c, rows[c.table]) for c in schema.columns)
+    ragged = schema.ragged
+    if ragged is not None:
+        axes = tuple(_lowered(a, rows[a.table]) for a in ragged.axes)
+        presence = tuple(_lowered(p, rows[p.table]) for p in ragged.presence)
+        ragged = dataclasses.replace(ragged, axes=axes, presence=presence)
+    if columns == schema.columns and ragged == schema.ragged:
         return None
-    return {str(t): n for t, n in rows.items() if t is not None}
+    return dataclasses.replace(schema, columns=columns, ragged=ragged, digest=None)
+
+
+def _lowered(item: Any, rows: int) -> Any:
+    return dataclasses.replace(item, start=rows) if item.start > rows else item
 
 
 def _rows(backend: Backend, offsets: str, parent: int, commit: Commit, table: str | None) -> int:
@@ -58,4 +72,4 @@ def _rows(backend: Backend, offsets: str, parent: int, commit: Commit, table: st
     return int(end[0])
 
 
-__all__ = ["rows_at"]
+__all__ = ["lower_starts", "rows_at", "tables_of"]

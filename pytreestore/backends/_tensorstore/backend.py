@@ -27,7 +27,14 @@ import numpy as np
 import tensorstore as ts
 
 from pytreestore._format import validate as _validate
-from pytreestore._format.names import COMMIT_KEY, ROOT_KEY, array_json
+from pytreestore._format.names import (
+    COMMIT_KEY,
+    ROOT_KEY,
+    SCHEMAS_DIR,
+    TAGS_DIR,
+    VERSIONS_DIR,
+    array_json,
+)
 from pytreestore._location import Location
 from pytreestore.backends._base import (
     BatchedReads,
@@ -353,6 +360,8 @@ class TensorStoreBackend(
             return []
         root = Path(self._location.root)
         found = [root / f"{COMMIT_KEY}.__lock", root / f"{ROOT_KEY}.__lock"]
+        for folder in (VERSIONS_DIR, TAGS_DIR, SCHEMAS_DIR):  # the version log's objects
+            found.extend((root / folder).glob("*.__lock"))
         for key in keys:
             found.append(root / f"{array_json(key)}.__lock")
             chunks = root / key / "c"
