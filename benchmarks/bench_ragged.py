@@ -434,7 +434,7 @@ def _case_bytes(sizes: Sizes) -> list[Result]:
         stored = stored_bytes(path)
         offsets = sum(
             math.prod(json.loads(m.read_text())["shape"]) * 8
-            for m in path.rglob("*%offsets/zarr.json")
+            for m in path.rglob("*-offsets/zarr.json")
         )
     flat = data.flat_bytes()
     mb = 1e6

@@ -1,8 +1,8 @@
 """Reading a ragged pytreestore store with zarr-python alone.
 
 A ragged store keeps each ragged list as a table: one row per element, each element leaf a
-flat column along the element axis (``p/%2A/x`` holds ``.p[*].x`` of every record, one after
-the other), and an int64 offsets array (``p%offsets``) of cumulative END offsets, one per
+flat column along the element axis (``p/-2A/x`` holds ``.p[*].x`` of every record, one after
+the other), and an int64 offsets array (``p-offsets``) of cumulative END offsets, one per
 record: record i's elements are rows ``[offsets[i-1], offsets[i])``, with ``offsets[-1]``
 taken as 0. The committed record count and the committed rows of each table are in
 ``.pytreestore/commit.json``.
@@ -74,14 +74,14 @@ def read_record(path: Path, i: int) -> dict[str, np.ndarray]:
         root = zarr.open_group(path, mode="r")
     schema: Any = root.attrs["pytreestore"]  # JSON: the tree, columns and ragged axes
     (axis,) = schema["ragged"]["axes"]  # one ragged axis here: .p
-    assert axis["path"] == ".p" and axis["offsets"] == "p%offsets"
+    assert axis["path"] == ".p" and axis["offsets"] == "p-offsets"
 
     offsets = np.asarray(root[axis["offsets"]][:records])  # cumulative end offsets, int64
     start = int(offsets[i - 1]) if i > 0 else 0
     end = int(offsets[i])
     assert end <= commit["tables"][".p"]
     fields = {}
-    for column in schema["columns"]:  # the element columns: table ".p", keys p/%2A/<field>
+    for column in schema["columns"]:  # the element columns: table ".p", keys p/-2A/<field>
         if column.get("table") == ".p":
             field = column["path"].removeprefix(".p[*].")
             fields[field] = np.asarray(root[column["key"]][start:end])

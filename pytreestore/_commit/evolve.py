@@ -303,7 +303,7 @@ def _sort_dict(node: dict[str, Any]) -> None:
 def _free_key(key: str, used: set, taken: Callable[[str], bool]) -> str:
     candidate, n = key, 1
     while candidate in used or taken(candidate):
-        candidate, n = f"{key}%23{n}", n + 1  # '#n': escaped, so no path maps to it by chance
+        candidate, n = f"{key}-23{n}", n + 1  # '#n', escaped: portable, like every key
     return candidate
 
 

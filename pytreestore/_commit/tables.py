@@ -9,7 +9,7 @@ Example:
     >>> import numpy as np, pytreestore
     >>> s = pytreestore.create("memory://doc-tables", {"p": [np.int8(0)]}, ragged=["['p']"])
     >>> {t: [c.key for c in sub.columns] for t, sub in table_schemas(s.schema).items()}
-    {None: ['p%offsets'], "['p']": ['p/%2A']}
+    {None: ['p-offsets'], "['p']": ['p/-2A']}
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ class ColumnSpec:
     def dimension_names(self) -> list[str]:
         """``record`` (``element`` in a ragged axis's table) then one name per leaf axis,
         unique within the leaf's parent node."""
-        name = _keys.unescape(self.key.rsplit("/", 1)[-1]) or "leaf"
+        name = _keys.decode_name(self.key.rsplit("/", 1)[-1]) or "leaf"
         first = "record" if self.table is None else "element"
         return [first] + [f"{name}_{i}" for i in range(len(self.shape))]
 

@@ -1,24 +1,33 @@
 """Tree paths and storage keys.
 
 A column lives at a storage key derived from its leaf's tree path: one key component per path
-entry, joined with ``/``. ``.p[0].x`` becomes ``p/0/x`` and ``['a/b']`` becomes ``a%2Fb``.
+entry, joined with ``/``. ``.p[0].x`` becomes ``p/0/x`` and ``['a/b']`` becomes ``a-2Fb``.
 
-Escaping keeps every component inside the portable zarr node-name alphabet ``[A-Za-z0-9_.-]``
-plus ``%``: any other character (and ``%`` itself) is written as ``%XX`` per UTF-8 byte. A component that would collide with
-zarr's own names is escaped too: a leading ``.`` (hidden files, ``.`` and ``..``; pytreestore
-keeps its own files under ``.pytreestore/``), a leading ``__`` (reserved by zarr v3) and
-``zarr.json``, and a trailing ``.__lock`` (reserved by TensorStore's file kvstore). The empty string is written ``%``. The mapping is injective and
-:func:`unescape` inverts it.
+Escaping keeps every component inside zarr v3's portable node-name alphabet ``[A-Za-z0-9_.-]``
+(zarrita.js and other URL-based readers percent-decode keys, so ``%`` is not used), with ``-``
+as the escape character: any character outside ``[A-Za-z0-9_.]`` (``-`` itself included) is
+written as ``-XX`` per UTF-8 byte, upper-case hex. A component that would collide with zarr's
+own names is escaped too: a leading ``.`` (hidden files, ``.`` and ``..``; pytreestore keeps
+its own files under ``.pytreestore/``), a leading ``__`` (reserved by zarr v3), ``zarr.json``,
+and a trailing ``.__lock`` (reserved by TensorStore's file kvstore). The empty string is written
+``-`` (a lone dash). The mapping is injective and :func:`unescape` inverts it.
+
+Stores written before this scheme used ``%XX`` escapes (and ``%`` for the empty string). The
+mapping is stored per column in the schema and readers use the stored key, so those stores keep
+opening; :func:`decode_name` reads a component of either scheme.
 
 Example:
-    >>> escape("a/b"), escape("énergie"), escape(".hidden"), escape("")
-    ('a%2Fb', '%C3%A9nergie', '%2Ehidden', '%')
-    >>> unescape("a%2Fb")
-    'a/b'
+    >>> escape("a/b"), escape("a-b"), escape("énergie"), escape(".hidden"), escape("")
+    ('a-2Fb', 'a-2Db', '-C3-A9nergie', '-2Ehidden', '-')
+    >>> unescape("a-2Fb"), unescape("-")
+    ('a/b', '')
+    >>> decode_name("a%2Fb"), decode_name("a-2Fb")
+    ('a/b', 'a/b')
 """
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Sequence
 from typing import Any
@@ -29,7 +38,15 @@ from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey, k
 from pytreestore._format import values as _values
 from pytreestore._format.names import ROOT_KEY
 
-_SAFE = frozenset(string.ascii_letters + string.digits + "_.-")
+#: the characters a component keeps as they are; every other one is escaped
+_SAFE = frozenset(string.ascii_letters + string.digits + "_.")
+#: the escape character: ``-XX`` is one UTF-8 byte, and ``-`` alone is the empty string
+ESCAPE = "-"
+#: the key component of the empty string, and the key of a store whose record is one leaf
+EMPTY = ESCAPE
+_LOCK_SUFFIX = ".__lock"  # TensorStore's file kvstore reserves this suffix
+_BYTES = re.compile(r"((?:-[0-9A-F]{2})+)")
+_ESCAPED = re.compile(r"(?:[A-Za-z0-9_.]|-[0-9A-F]{2})+")
 
 KeyEntry = GetAttrKey | DictKey | SequenceKey | FlattenedIndexKey | str | int
 
@@ -37,26 +54,54 @@ KeyEntry = GetAttrKey | DictKey | SequenceKey | FlattenedIndexKey | str | int
 def escape(name: str) -> str:
     """Turns one path component into a storage key component."""
     if name == "":
-        return "%"
-    out = "".join(c if c in _SAFE else _percent(c) for c in name)
+        return EMPTY
+    out = "".join(c if c in _SAFE else _hex(c) for c in name)
     if out.startswith("."):
-        out = "%2E" + out[1:]
+        out = "-2E" + out[1:]
     elif out.startswith("__"):
-        out = "%5F" + out[1:]
+        out = "-5F" + out[1:]
     elif out == ROOT_KEY:
-        out = "zarr%2Ejson"
-    if out.endswith(".__lock"):  # TensorStore's file kvstore reserves this suffix
-        out = out[: -len(".__lock")] + "%2E__lock"
+        out = "zarr-2Ejson"
+    if out.endswith(_LOCK_SUFFIX):
+        out = out[: -len(_LOCK_SUFFIX)] + "-2E__lock"
     return out
 
 
 def unescape(component: str) -> str:
-    """Inverts :func:`escape`."""
-    return "" if component == "%" else unquote(component, errors="strict")
+    """Inverts :func:`escape`; raises ValueError for a component it cannot have written."""
+    if component == EMPTY:
+        return ""
+    try:
+        name = _decode_bytes(component, "strict") if _ESCAPED.fullmatch(component) else None
+    except UnicodeDecodeError:
+        name = None
+    if name is None or escape(name) != component:
+        raise ValueError(f"{component!r} is not a key component escape() writes")
+    return name
 
 
-def _percent(char: str) -> str:
-    return "".join(f"%{b:02X}" for b in char.encode("utf-8"))
+def decode_name(component: str) -> str:
+    """The name a stored key component stands for, of either scheme, for display (such as
+    zarr ``dimension_names``): a component holding ``%`` is an old ``%XX`` one (``%`` alone:
+    the empty string). Never raises: what decodes as neither is returned as it is."""
+    if "%" in component:
+        return "" if component == "%" else unquote(component, errors="replace")
+    if component == EMPTY:
+        return ""
+    return _decode_bytes(component, errors="replace")
+
+
+def _decode_bytes(component: str, errors: str) -> str:
+    pieces = _BYTES.split(component)  # text, escaped bytes, text, ...
+    raw = b"".join(
+        bytes.fromhex(p.replace(ESCAPE, "")) if i % 2 else p.encode("utf-8")
+        for i, p in enumerate(pieces)
+    )
+    return raw.decode("utf-8", errors)
+
+
+def _hex(char: str) -> str:
+    return "".join(f"-{b:02X}" for b in char.encode("utf-8"))
 
 
 def entry_name(entry: Any) -> str:
@@ -87,7 +132,7 @@ def _unsupported(entry: Any) -> str:
 
 
 def path_to_key(path: Sequence[Any]) -> str:
-    """Storage key of the column at ``path``; the root leaf's key is ``%``.
+    """Storage key of the column at ``path``; the root leaf's key is ``-``.
 
     Example:
         >>> from jax.tree_util import GetAttrKey, SequenceKey
@@ -95,7 +140,7 @@ def path_to_key(path: Sequence[Any]) -> str:
         'p/0/x'
     """
     if not path:
-        return "%"
+        return EMPTY
     return "/".join(escape(entry_name(e)) for e in path)
 
 

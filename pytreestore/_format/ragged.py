@@ -16,10 +16,10 @@ it concatenated along that element axis: a list of dataclasses is stored struct 
 Example:
     >>> info = RaggedInfo.from_json({
     ...     "declared": {"ragged": [".p"], "optional": []},
-    ...     "axes": [{"path": ".p", "offsets": "p%offsets", "table": None, "chunk_rows": 64}],
+    ...     "axes": [{"path": ".p", "offsets": "p-offsets", "table": None, "chunk_rows": 64}],
     ...     "optional": []})
     >>> [(c.key, c.dtype.name, c.table) for c in info.index_columns(1024)]
-    [('p%offsets', 'int64', None)]
+    [('p-offsets', 'int64', None)]
 """
 
 from __future__ import annotations
@@ -39,21 +39,25 @@ from pytreestore._format.columns import ColumnSpec
 KEYPATH_TOKEN = re.compile(
     r"\.[^.\[\]]+|\[\*\]|\[\d+\]|\['(?:[^'\\]|\\.)*'\]|\[\"(?:[^\"\\]|\\.)*\"\]|\[[^\]]*\]"
 )
-OFFSETS_SUFFIX = "%offsets"
-PRESENCE_SUFFIX = "%present"
+#: appended to a node's key (``-`` then letters: never an escape's output, so no keypath maps
+#: to it); stores written before the ``-XX`` escapes used ``%offsets`` and ``%present``
+OFFSETS_SUFFIX = "-offsets"
+PRESENCE_SUFFIX = "-present"
+#: the key component of ``[*]``, the elements of a ragged list: ``*`` escaped
+ELEMENTS = _keys.escape("*")
 
 
 def path_key(path: str) -> str:
     """The storage key of the node or leaf at ``path`` in a ragged store: one component per
-    keypath token, ``[*]`` (the elements of a ragged list) written ``%2A``.
+    keypath token, ``[*]`` (the elements of a ragged list) written ``-2A``.
 
     Example:
         >>> path_key(".p[*].x"), path_key("['a/b'][0]"), path_key("")
-        ('p/%2A/x', 'a%2Fb/0', '%')
+        ('p/-2A/x', 'a-2Fb/0', '-')
     """
     tokens = KEYPATH_TOKEN.findall(path)
     if not tokens:
-        return "%"
+        return _keys.EMPTY
     return "/".join(_component(t) for t in tokens)
 
 
@@ -62,7 +66,7 @@ def _component(token: str) -> str:
         return _keys.escape(token[1:])
     inner = token[1:-1]
     if inner == "*":
-        return "%2A"
+        return ELEMENTS
     if inner[:1] in "'\"":
         try:
             return _keys.escape(str(ast.literal_eval(inner)))
@@ -202,6 +206,7 @@ def _started(start: int, default: Any) -> dict[str, Any]:
 
 
 __all__ = [
+    "ELEMENTS",
     "KEYPATH_TOKEN",
     "OFFSETS_SUFFIX",
     "PRESENCE_SUFFIX",

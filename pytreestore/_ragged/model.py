@@ -12,7 +12,7 @@ Example:
     >>> schema = build_schema({"p": [np.float32(0)]}, ["['p']"], None, chunk_records=None,
     ...                       codec=None)
     >>> [(c.path, c.key, c.table) for c in schema.storage_columns]
-    [("['p'][*]", 'p/%2A', "['p']"), ("['p']", 'p%offsets', None)]
+    [("['p'][*]", 'p/-2A', "['p']"), ("['p']", 'p-offsets', None)]
 """
 
 from __future__ import annotations
