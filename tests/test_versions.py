@@ -17,6 +17,7 @@ from pytreestore import errors
 from pytreestore._format.names import COMMIT_KEY, version_key
 from tests.data.make_golden import GOLDEN
 
+pytest_plugins = ("tests.fixtures",)
 BACKENDS = ["tensorstore", "zarr"]
 
 
@@ -369,3 +370,39 @@ def test_two_writers_cannot_both_make_a_version(path, backend):
         t.join()
     assert sorted(type(r).__name__ for r in results) == ["Commit", "CommitConflictError"]
     assert pytreestore.open(path, backend=backend).version == seen.generation + 1
+
+
+# ---- object storage ----------------------------------------------------------------------------
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("engine", BACKENDS)
+def test_versions_on_s3_are_put_if_absent(engine, s3_server):
+    from pytreestore._commit import versions as _versions
+    from pytreestore._commit.record import Commit
+    from pytreestore._location import Location
+    from pytreestore.backends import get_backend
+
+    path = f"s3://{s3_server.make_bucket()}/s"
+    opts = {"storage_options": s3_server.options}
+    with pytreestore.create(path, rec(0), backend=engine, **opts) as store:
+        store.extend(rec(i) for i in range(5))
+        store.flush()
+        store.tag("five")
+        store.truncate(2)
+    location = Location.parse(path, s3_server.options)
+    backend = get_backend(engine)(location)
+    head = Commit.read(backend, path)
+    rival = head.next(9)
+    assert _versions.publish(backend, rival)  # the next version's key is free: it is written
+    assert not _versions.publish(backend, head.next(7))  # taken: a second writer cannot
+    backend.delete_keys([version_key(rival.generation)])
+    with pytest.raises(errors.TagExistsError):
+        pytreestore.open(path, "a", backend=engine, **opts).tag("five")
+    old = pytreestore.open(path, backend=engine, version="five", **opts)
+    assert xs(old) == [float(i) for i in range(5)]
+    assert [v.operation for v in pytreestore.open(path, backend=engine, **opts).versions()] == [
+        "create",
+        "append",
+        "truncate",
+    ]
