@@ -2,8 +2,9 @@
 
 ``pytreestore info PATH`` draws the column tree with dtypes, shapes, chunks and sizes;
 ``head PATH -n N`` prints the first records; ``verify PATH`` checks every column against the
-commit; ``copy SRC DST`` rechunks, recompresses or moves a store. Every command takes
-``--help``; ``info``, ``head``, ``verify`` and ``copy`` take ``--json`` for scripts.
+commit; ``versions PATH`` lists the store's versions; ``copy SRC DST`` rechunks, recompresses
+or moves a store. Every command takes ``--help``; ``info``, ``head``, ``verify``, ``versions``
+and ``copy`` take ``--json`` for scripts.
 
 Exit status: 0 on success, 1 when ``verify`` finds problems, 2 for a usage error or a store
 that cannot be opened or written.
@@ -326,6 +327,28 @@ def _report_verify(
 
 
 # ---- copy -------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("path")
+@click.option("--json", "as_json", is_flag=True, help="Print the versions as JSON.")
+def versions(path: str, as_json: bool) -> None:
+    """List the versions a store keeps: number, records, time, operation, tags."""
+    with _opened(path) as store:
+        try:
+            listed = store.versions()
+        except PyTreeStoreError as err:
+            _fail(str(err))
+    if as_json:
+        _print_json(
+            [{**dataclasses.asdict(v), "time": v.time and v.time.isoformat()} for v in listed]
+        )
+        return
+    for v in listed:
+        when = v.time.strftime("%Y-%m-%d %H:%M:%S") if v.time else "-"
+        gone = "" if v.readable else "  (gone: written over after a truncate)"
+        tags = f"  [{', '.join(v.tags)}]" if v.tags else ""
+        click.echo(f"{v.version:>6}  {v.records:>12,}  {when}  {v.operation or '-':<8}{tags}{gone}")
 
 
 @main.command()

@@ -406,3 +406,25 @@ def test_versions_on_s3_are_put_if_absent(engine, s3_server):
         "append",
         "truncate",
     ]
+
+
+def test_the_versions_command(path, backend):
+    from click.testing import CliRunner
+
+    from pytreestore.cli import main
+
+    with make(path, backend, 3) as store:
+        store.tag("three")
+        store.truncate(1)
+        store.append(rec(1))
+    text = CliRunner().invoke(main, ["versions", path])
+    assert text.exit_code == 0, text.output
+    lines = text.output.splitlines()
+    assert len(lines) == 5 and "[three]" in lines[1] and "(gone" in lines[1]
+    assert lines[2].split()[1] == "1" and "truncate" in lines[2]
+    listed = json.loads(CliRunner().invoke(main, ["versions", "--json", path]).output)
+    assert [v["operation"] for v in listed] == ["create", "append", "truncate", "release", "append"]
+    assert listed[1]["tags"] == ["three"] and listed[1]["readable"] is False
+    Path(path, version_key(2)).write_text("{")
+    broken = CliRunner().invoke(main, ["versions", path])
+    assert broken.exit_code == 2 and "not a valid commit record" in broken.output
