@@ -20,10 +20,10 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from pytreestore._commit import evolve as _evolve
 from pytreestore._commit import vacuum as _vacuum
 from pytreestore._commit import versions as _versions
 from pytreestore._commit.record import Commit
-from pytreestore._commit import evolve as _evolve
 from pytreestore._commit.truncate import lower_starts, rows_at, tables_of
 from pytreestore._commit.vacuum import Vacuumed
 from pytreestore._commit.versions import Version
