@@ -13,6 +13,8 @@ Example:
 """
 
 from pytreestore import errors as errors
+from pytreestore._commit.vacuum import VacuumReport as VacuumReport
+from pytreestore._commit.versions import Version as Version
 from pytreestore._format.schema import FORMAT_VERSION as FORMAT_VERSION
 from pytreestore._format.schema import ColumnSpec as ColumnSpec
 from pytreestore._format.schema import TreeSchema as TreeSchema
@@ -38,7 +40,9 @@ __all__ = [
     "Segments",
     "TreeSchema",
     "TreeStore",
+    "VacuumReport",
     "VerifyReport",
+    "Version",
     "__version__",
     "copy",
     "create",

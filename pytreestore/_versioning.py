@@ -25,7 +25,7 @@ from pytreestore._commit import vacuum as _vacuum
 from pytreestore._commit import versions as _versions
 from pytreestore._commit.record import Commit
 from pytreestore._commit.truncate import lower_starts, rows_at, tables_of
-from pytreestore._commit.vacuum import Vacuumed
+from pytreestore._commit.vacuum import VacuumReport
 from pytreestore._commit.versions import Version
 from pytreestore._ragged.writer import new_writer
 from pytreestore.errors import StoreIndexError
@@ -137,7 +137,7 @@ class Versioning:
             writer.committer.advance(records, tables_of(rows), operation="truncate")
             self._renew_writer(writer, schema or writer.schema)
 
-    def vacuum(self) -> Vacuumed:
+    def vacuum(self) -> VacuumReport:
         """Removes what no version the log keeps needs: chunks past every kept version's
         records, arrays of columns no kept version has (dropped by ``evolve``, or left by an
         interrupted one), schemas no kept version names, and the records of versions written

@@ -14,7 +14,7 @@ import pytest
 import pytreestore
 from pytreestore import errors
 from pytreestore._commit import protocol
-from pytreestore._commit.protocol import Commit, Committer
+from pytreestore._commit.committer import Commit, Committer
 from pytreestore._format.names import COMMIT_KEY, INCOMPLETE_KEY, ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location

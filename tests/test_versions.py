@@ -345,7 +345,7 @@ def test_a_version_record_a_crashed_writer_left_is_dropped(path, backend):
 
 
 def test_two_writers_cannot_both_make_a_version(path, backend):
-    from pytreestore._commit.protocol import Committer
+    from pytreestore._commit.committer import Committer
     from pytreestore._commit.record import Commit
     from pytreestore._location import Location
     from pytreestore.backends import get_backend

@@ -18,7 +18,7 @@ Example:
     >>> s = pytreestore.create("memory://doc-vacuum-module", {"x": np.int8(0)}, chunk_records=1)
     >>> s.extend({"x": np.int8(i)} for i in range(3)); s.truncate(1); s.append({"x": np.int8(5)})
     >>> s.vacuum()
-    Vacuumed(versions=1, schemas=0, arrays=0, chunks=1)
+    VacuumReport(versions=1, schemas=0, arrays=0, chunks=1)
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from pytreestore.errors import StorageError
 
 
 @dataclasses.dataclass(frozen=True)
-class Vacuumed:
+class VacuumReport:
     """What :meth:`TreeStore.vacuum` removed.
 
     Attributes:
@@ -53,7 +53,7 @@ class Vacuumed:
     chunks: int = 0
 
 
-def vacuum(engine: Backend, head: Commit, keep: int | None, where: str) -> Vacuumed:
+def vacuum(engine: Backend, head: Commit, keep: int | None, where: str) -> VacuumReport:
     """Vacuums the store behind ``engine`` whose latest commit is ``head`` (the caller holds
     the writer lock and has nothing buffered)."""
     root = _validate.root_schema(engine.read_bytes(ROOT_KEY), where)
@@ -85,7 +85,7 @@ def vacuum(engine: Backend, head: Commit, keep: int | None, where: str) -> Vacuu
     engine.delete_keys(chunks + [k for k in keys if _array_of(k, arrays)])
     _shrink(engine, reach)
     engine.delete_keys([f"{META_DIR}/schemas/{s.rpartition(':')[2]}.json" for s in spare])
-    return Vacuumed(len(drop), len(spare), len(arrays), len(chunks))
+    return VacuumReport(len(drop), len(spare), len(arrays), len(chunks))
 
 
 def _records(engine: Backend, head: Commit, where: str) -> list[Commit]:
@@ -164,4 +164,4 @@ def _shrink(engine: Backend, reach: dict[str, tuple]) -> None:
         engine.resize(group, rows)
 
 
-__all__ = ["Vacuumed", "vacuum"]
+__all__ = ["VacuumReport", "vacuum"]

@@ -7,7 +7,7 @@ object in one atomic put, and committed rows in it are rewritten with their own 
 
 Every write follows the commit protocol (:mod:`pytreestore._commit.protocol`, step 6): resize
 the columns, write their chunks, then commit through a
-:class:`~pytreestore._commit.protocol.Committer`, conditionally where the backend can.
+:class:`~pytreestore._commit.committer.Committer`, conditionally where the backend can.
 
 Example:
     >>> import numpy as np
@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from jax.tree_util import tree_flatten
 
-from pytreestore._commit.protocol import Committer
+from pytreestore._commit.committer import Committer
 from pytreestore._commit.record import Commit
 from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema

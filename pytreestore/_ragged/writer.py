@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 from jax.tree_util import tree_flatten, tree_structure
 
-from pytreestore._commit.protocol import Committer, column_layouts, group_json, group_keys
+from pytreestore._commit.committer import Committer
+from pytreestore._commit.protocol import column_layouts, group_json, group_keys
 from pytreestore._commit.record import Commit
 from pytreestore._commit.tables import table_schemas
 from pytreestore._commit.versions import KEEP_VERSIONS, save_schema

@@ -1,0 +1,157 @@
+"""Steps 5 and 6 of the commit protocol (:mod:`pytreestore._commit.protocol`): the token and
+the conditional commit, each commit a new version record and then the commit record.
+
+Example:
+    >>> from pytreestore._location import Location
+    >>> from pytreestore.backends import TensorStoreBackend
+    >>> c = Committer(TensorStoreBackend(Location.parse("memory://doc-committer-module")), Commit(0, 0))
+    >>> c.advance(2).records
+    2
+"""
+
+from __future__ import annotations
+
+from pytreestore._commit import versions
+from pytreestore._commit.record import Commit
+from pytreestore._format.names import COMMIT_KEY
+from pytreestore.backends import Backend, ConditionalWrites
+from pytreestore.errors import CommitConflictError, StorageError
+
+# ---- 5 and 6. the token and the conditional commit -----------------------------------------
+
+
+def commit_token(backend: Backend, commit: Commit, where: str) -> bytes | None:
+    """The storage generation of the commit record ``commit`` was read from.
+
+    None for backends without conditional writes (the writer then commits unconditionally).
+    Raises :class:`CommitConflictError` if the record changed since ``commit`` was read.
+    """
+    if not isinstance(backend, ConditionalWrites):
+        return None
+    raw, token = backend.read_bytes_versioned(COMMIT_KEY)
+    if raw is None and (commit.records, commit.generation) == (0, 0):
+        return token  # the generation of a missing key: the first commit creates it
+    found = Commit.from_bytes(raw, where)
+    if (found.records, found.generation) != (commit.records, commit.generation):
+        raise CommitConflictError(
+            f"another writer committed to {where} since this writer read its commit record "
+            f"({found.records} records now, {commit.records} then). Nothing was committed by "
+            "this writer; open the store again to append after the other writer's records"
+        )
+    return token
+
+
+class Committer:
+    """Writes a writer's commits: each one a new version record, then the commit record,
+    conditional on the token of the last.
+
+    Attributes:
+        schema: the id of the schema commits are made with (the writer's; see
+            :func:`pytreestore._format.validate.id_of`).
+        keep: versions the log keeps besides tagged ones (None: all);
+            :func:`pytreestore._commit.versions.trim`.
+
+    Example:
+        >>> from pytreestore._location import Location
+        >>> from pytreestore.backends import TensorStoreBackend
+        >>> c = Committer(TensorStoreBackend(Location.parse("memory://doc-committer")), Commit(0, 0))
+        >>> c.advance(3).generation
+        1
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        commit: Commit,
+        schema: str | None = None,
+        keep: int | None = versions.KEEP_VERSIONS,
+    ) -> None:
+        self._backend = backend
+        self.commit = commit
+        self.schema = schema
+        self.keep = keep
+        self._token = commit_token(backend, commit, "this store")
+        self._uncertain: Commit | None = None  # a commit whose write failed midway
+
+    def advance(
+        self, records: int, tables: dict[str, int] | None = None, *, operation: str = "append"
+    ) -> Commit:
+        """Commits ``records`` records (the last commit's successor) and returns the commit;
+        in a ragged store, with ``tables``, the committed rows of every axis's table.
+
+        The version record is written first, only if absent, then the commit record.
+
+        Raises:
+            CommitConflictError: another writer committed since; nothing was committed.
+            StorageError: the write failed (it may have landed: a retry finds out).
+        """
+        commit = self.commit.next(records, tables, schema=self.schema, operation=operation)
+        if self._uncertain is not None and self._uncertain == commit:
+            commit = self._uncertain  # a retry: the same record, byte for byte
+        self._publish(commit)
+        if self._token is None:
+            self._backend.write_bytes(COMMIT_KEY, commit.to_bytes())
+        else:
+            self._token = self._write_if_unchanged(commit)
+        self.commit = commit
+        versions.trim(self._backend, commit, self.keep)
+        return commit
+
+    def release(self) -> None:
+        """Before a write below the rows older versions hold after a truncate: commits a
+        version that gives them up (those versions are gone from then on)."""
+        if self.commit.high is not None:
+            self.advance(self.commit.records, operation="release")
+
+    @property
+    def holding(self) -> bool:
+        """Whether rows past the commit still belong to older versions (after a truncate)."""
+        return self.commit.high is not None
+
+    def _publish(self, commit: Commit) -> None:
+        try:
+            written = versions.publish(self._backend, commit)
+        except StorageError:
+            self._uncertain = commit  # the write may have landed before the error
+            raise
+        if not written:
+            raise CommitConflictError(
+                f"another writer committed to this store while this one was writing: it made "
+                f"version {commit.generation} (its version record exists). Nothing was committed by this "
+                "writer; its uncommitted records are lost. Reopen the store to append after "
+                "the other writer's records."
+            )
+
+    def check(self) -> None:
+        """Raises :class:`CommitConflictError` if another writer has committed since."""
+        if self._token is not None:
+            commit_token(self._backend, self.commit, "this store")
+
+    def _write_if_unchanged(self, commit: Commit) -> bytes:
+        """Writes the commit record only if nobody else wrote it since this writer did."""
+        assert self._token is not None
+        backend = self._backend
+        assert isinstance(backend, ConditionalWrites)  # a token comes only from such a backend
+        try:
+            token = backend.write_bytes_if(COMMIT_KEY, commit.to_bytes(), self._token)
+        except StorageError:
+            self._uncertain = commit  # the write may have landed before the error
+            raise
+        if token is not None:
+            self._uncertain = None
+            return token
+        raw, token = backend.read_bytes_versioned(COMMIT_KEY)
+        if self._uncertain == commit and raw is not None and Commit.from_bytes(raw, "") == commit:
+            self._uncertain = None  # our own earlier attempt landed
+            return token
+        found = Commit.from_bytes(raw, "this store")
+        raise CommitConflictError(
+            f"another writer committed to this store while this one was writing: the commit "
+            f"record holds {found.records} records (commit {found.generation}), this writer "
+            f"expected commit {self.commit.generation} and was about to commit "
+            f"{commit.records} records. Nothing was committed by this writer; its uncommitted "
+            "records are lost. Reopen the store to append after the other writer's records."
+        )
+
+
+__all__ = ["Commit", "Committer", "commit_token"]
