@@ -14,7 +14,7 @@ import pytest
 import pytreestore
 from pytreestore import errors
 from pytreestore._commit import protocol
-from pytreestore._commit.committer import Commit, Committer
+from pytreestore._commit.committer import Commit, Committer, commit_token
 from pytreestore._format.names import COMMIT_KEY, INCOMPLETE_KEY, ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
@@ -187,14 +187,14 @@ def test_the_token_advances_with_every_commit(tmp_path, backend):
     pytreestore.create(path, LIKE, backend=backend).close()
     _, engine = engine_at(path, backend)
     committer = Committer(engine, Commit.read(engine, path))
-    tokens = [protocol.commit_token(engine, committer.commit, path)]
+    tokens = [commit_token(engine, committer.commit, path)]
     for records in (4, 8, 9):
         committer.advance(records)
-        tokens.append(protocol.commit_token(engine, committer.commit, path))
+        tokens.append(commit_token(engine, committer.commit, path))
     assert len(set(tokens)) == 4
     assert Commit.read(engine, path).generation == 3
     with pytest.raises(errors.CommitConflictError, match=r"\(9 records now, 4 then\)"):
-        protocol.commit_token(engine, Commit(4, 1), path)
+        commit_token(engine, Commit(4, 1), path)
 
 
 def test_a_matching_record_written_by_another_is_still_a_conflict(tmp_path):
