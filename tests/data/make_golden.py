@@ -65,6 +65,9 @@ class Recipe:
     #: format 3: ``create(ragged=, optional=)``; None for a fixed store
     ragged: list[str] | None = None
     optional: list[str] | None = None
+    #: format 3: (record count, tag, kept): after that many records, ``store.tag(tag)`` and
+    #: ``store.truncate(kept)``; the records from ``kept`` on are then appended again
+    truncate: tuple[int, str, int] | None = None
 
     def records(self) -> list[Any]:
         return [self.record(i) for i in range(self.n)]
@@ -164,6 +167,9 @@ RECIPES: dict[str, Recipe] = {
     "evolved": Recipe(
         evolved_record, 5, chunk_records=2, codec=None, evolve=(3, EVOLVED), before=evolved_before
     ),
+    "versions": Recipe(
+        evolved_record, 6, chunk_records=2, codec=None, truncate=(5, "five", 3), sessions=(2, 5)
+    ),
     "ragged": Recipe(
         ragged_record,
         5,
@@ -204,11 +210,28 @@ def write(name: str, path: Path) -> None:
                 store.append(record)
             if recipe.evolve is not None and stop == at:
                 store.evolve(**recipe.evolve[1])
+            if recipe.truncate is not None and stop == recipe.truncate[0]:
+                _, tag, kept = recipe.truncate
+                store.tag(tag)
+                store.truncate(kept)
+                store.extend(records[kept:stop])
     for extra in NOT_FORMAT:
         (path / extra).unlink(missing_ok=True)
-    commit = path / ".pytreestore" / "commit.json"  # its store id is random: fix it
-    obj = json.loads(commit.read_bytes())
-    commit.write_bytes(json.dumps(dict(obj, store=GOLDEN_STORE_ID)).encode())
+    _fix_random(path)
+
+
+#: the time written into every golden commit, version and tag record
+GOLDEN_TIME = "2026-01-01T00:00:00.000000Z"
+
+
+def _fix_random(path: Path) -> None:
+    """Makes what ``create`` draws (the store id) and the commit times the golden ones."""
+    meta = path / ".pytreestore"
+    for record in [meta / "commit.json", *sorted((meta / "versions").glob("*.json"))]:
+        obj = json.loads(record.read_bytes())
+        record.write_bytes(json.dumps(dict(obj, store=GOLDEN_STORE_ID, time=GOLDEN_TIME)).encode())
+    for tag in sorted((meta / "tags").glob("*.json")):
+        tag.write_bytes(json.dumps(dict(json.loads(tag.read_bytes()), time=GOLDEN_TIME)).encode())
 
 
 def files(path: Path) -> list[str]:
