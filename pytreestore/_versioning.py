@@ -124,7 +124,7 @@ class Versioning:
             >>> len(s), len(pytreestore.open("memory://doc-truncate", version=1))
             (1, 4)
         """
-        with self._writing(append=True) as writer:  # type: ignore[attr-defined]
+        with self._writing() as writer:  # type: ignore[attr-defined]
             writer.flush()
             head = writer.commit
             _check_records(records, head.records, self.path)  # type: ignore[attr-defined]

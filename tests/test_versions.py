@@ -428,3 +428,11 @@ def test_the_versions_command(path, backend):
     Path(path, version_key(2)).write_text("{")
     broken = CliRunner().invoke(main, ["versions", path])
     assert broken.exit_code == 2 and "not a valid commit record" in broken.output
+
+
+def test_a_generic_view_truncates_and_tags(path, backend):
+    make(path, backend, 5).close()
+    with pytreestore.open(path, "a", backend=backend, generic=True) as store:
+        store.truncate(2)
+        store.tag("two")
+    assert xs(pytreestore.open(path, backend=backend, version="two")) == [0.0, 1.0]
