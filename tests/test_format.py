@@ -68,6 +68,19 @@ def walk_files(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
 
+#: a commit record's time: ISO 8601 in UTC to the microsecond
+_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+
+
+def commit_core(record: dict[str, Any], schema: str | None = None) -> dict[str, Any]:
+    """A commit record less its time (checked to be one) and, when given, its schema digest."""
+    record = dict(record)
+    assert _TIME.fullmatch(record.pop("time")), record
+    if schema is not None:
+        assert record.pop("schema") == schema
+    return record
+
+
 def read_json(path: Path) -> Any:
     return json.loads(path.read_text())
 
@@ -223,6 +236,9 @@ def test_golden_small_store(tmp_path):
     assert walk_files(root) == [
         ".pytreestore/commit.json",
         ".pytreestore/lock",
+        ".pytreestore/schemas/979f370866bc96c6c641ab7a8f517f6a49d3802e.json",
+        ".pytreestore/versions/00000000000000000000.json",
+        ".pytreestore/versions/00000000000000000001.json",
         "a/0/c/0/0",
         "a/0/zarr.json",
         "a/zarr.json",
@@ -236,7 +252,15 @@ def test_golden_small_store(tmp_path):
     ]  # chunks holding only fill values are stored too
     commit = read_json(root / ".pytreestore" / "commit.json")
     assert re.fullmatch("[0-9a-f]{32}", commit.pop("store"))
-    assert commit == {"format_version": 3, "records": 3, "generation": 1}
+    digest = "blake2b-160:979f370866bc96c6c641ab7a8f517f6a49d3802e"
+    assert commit_core(commit, digest) == {
+        "format_version": 3,
+        "records": 3,
+        "generation": 1,
+        "operation": "append",
+    }
+    version = read_json(root / ".pytreestore" / "versions" / "00000000000000000001.json")
+    assert version == read_json(root / ".pytreestore" / "commit.json")  # the latest version
 
 
 # ---- groups and arrays ---------------------------------------------------------------------------
@@ -366,33 +390,42 @@ def test_commit_record_after_flushes(tmp_path):
     first = read_json(commit)
     ident = first.pop("store")  # the store's identity: random, kept by every commit
     assert re.fullmatch("[0-9a-f]{32}", ident)
-    assert first == {"format_version": 3, "records": 0, "generation": 0}
+    schema = first["schema"]
+    assert re.fullmatch("blake2b-160:[0-9a-f]{40}", schema)
+    assert commit_core(first, schema) == {
+        "format_version": 3,
+        "records": 0,
+        "generation": 0,
+        "operation": "create",
+    }
+
+    def committed(records: int, generation: int) -> None:
+        assert commit_core(read_json(commit), schema) == {
+            "format_version": 3,
+            "records": records,
+            "generation": generation,
+            "store": ident,
+            "operation": "append",
+        }
+
     for i in range(3):
         store.append({"x": np.int32(i)})
     assert read_json(commit)["records"] == 0  # buffered, not committed
     store.flush()
-    assert read_json(commit) == {"format_version": 3, "records": 3, "generation": 1, "store": ident}
+    committed(3, 1)
     store.flush()  # nothing pending: no new commit
-    assert read_json(commit) == {"format_version": 3, "records": 3, "generation": 1, "store": ident}
+    committed(3, 1)
     store.append({"x": np.int32(3)})
     store.append({"x": np.int32(4)})  # the full chunk [0, 4) is written and committed
-    assert read_json(commit) == {"format_version": 3, "records": 4, "generation": 2, "store": ident}
+    committed(4, 2)
     store.extend({"x": np.int32(i)} for i in range(5, 14))  # commits whole chunks only
-    assert read_json(commit) == {
-        "format_version": 3,
-        "records": 12,
-        "generation": 3,
-        "store": ident,
-    }
+    committed(12, 3)
     store.close()
-    assert read_json(commit) == {
-        "format_version": 3,
-        "records": 14,
-        "generation": 4,
-        "store": ident,
-    }
+    committed(14, 4)
     assert read_json(root / "x" / "zarr.json")["shape"] == [14]
     assert (root / ".pytreestore" / "lock").is_file()
+    versions = sorted(p.name for p in (root / ".pytreestore" / "versions").iterdir())
+    assert versions == [f"{g:020d}.json" for g in range(5)]  # one immutable record a commit
 
 
 def test_readers_trust_the_commit_not_the_array_shape(tmp_path):

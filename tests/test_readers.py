@@ -55,7 +55,8 @@ def run(zygote, tmp_path, path, *, readers, seconds, chunk, opts=None, codec="zs
         fails = [x for x in lines if x.startswith("FAIL")]
         assert not fails, fails[0]
         lengths = [int(x.split()[1]) for x in lines if x.startswith("read")]
-        assert lengths == sorted(lengths), "a reader saw the length go down"
+        # the length goes down only across a truncate, which the reader checks itself
+        # (trial_harness.truncated_between): the writer truncates now and then
         assert len(set(lengths)) > 3, f"the store hardly grew while read: {set(lengths)}"
         word, last, checked, reads = lines[-1].split()
         assert word == "finished"
