@@ -59,19 +59,9 @@ def test_golden_store_reads_back_exactly(name, backend, tmp_path):
         assert a.tobytes() == b.tobytes()  # NaN payloads and -0.0 too
 
 
-#: format-3 stores written before keys used ``-XX`` escapes (with ``%XX``): they keep opening
-PERCENT_KEYS = "format-3-percent-keys"
-#: the ragged reader looks arrays up by keys it recomputes from keypaths, not the stored keys
-#: (tests/test_keys.py::test_old_percent_key_ragged_store_reads_back)
-_RAGGED_RECOMPUTES_KEYS = pytest.mark.xfail(
-    strict=True, raises=KeyError, reason="bug: the ragged reader recomputes array keys"
-)
+#: every older golden store, format-3 stores written with ``%XX`` keys (before ``-XX``) too
 OLDER = [
-    pytest.param(
-        d.name,
-        name,
-        marks=[_RAGGED_RECOMPUTES_KEYS] if (d.name, name) == (PERCENT_KEYS, "ragged") else [],
-    )
+    (d.name, name)
     for d in sorted(make_golden.GOLDEN.iterdir())
     if d != make_golden.CURRENT
     for name in sorted(p.name for p in d.iterdir())

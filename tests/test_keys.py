@@ -31,6 +31,7 @@ from pytreestore._format.keys import (
     unescape,
 )
 from pytreestore.testing import assert_trees_equal
+from tests.data import make_golden
 
 # Components must be non-empty zarr v3 node names that stay portable: only these characters
 # (no "%": zarrita.js and other URL-based readers percent-decode keys), never "." or "..", no
@@ -389,18 +390,74 @@ def test_evolve_of_an_old_percent_key_store(tmp_path):
     assert reader.load(as_numpy=True)["new key"].tolist() == [1.5] * len(reader)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=KeyError,
-    reason=(
-        "bug in pytreestore/_ragged (build.py, gather.py, load.py): the ragged reader looks its "
-        "gathered arrays up by keys recomputed from keypaths (path_key, offsets_key, "
-        "presence_key), not by the keys stored in the schema, so a ragged store whose keys "
-        "were written by another key scheme (the %XX one) fails with KeyError 'hits-offsets'"
-    ),
-)
-def test_old_percent_key_ragged_store_reads_back(tmp_path):
+def _percent_ragged(tmp_path: Path) -> Path:
+    """A copy of the golden ragged store written with ``%XX`` keys (``hits%offsets``)."""
     shutil.copytree(PERCENT_GOLDEN / "ragged", tmp_path / "s")
-    store = pytreestore.open(tmp_path / "s")
-    assert "hits%offsets" in {c.key for c in store.schema.storage_columns}
-    store.load(0, as_numpy=True)
+    return tmp_path / "s"
+
+
+def _assert_reads_back(store: pytreestore.TreeStore, records: list[Any]) -> None:
+    recipe = make_golden.RECIPES["ragged"]
+    assert len(store) == len(records)
+    want = pytreestore.stack(records, ragged=recipe.ragged, optional=recipe.optional, as_numpy=True)
+    assert_trees_equal(store.load(as_numpy=True), want)
+    for i, record in enumerate(records):
+        assert_trees_equal(store[i], record)
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_old_percent_key_ragged_store_reads_back(backend, tmp_path):
+    # the reader uses each array's stored key; it derives none from keypaths
+    store = pytreestore.open(_percent_ragged(tmp_path), backend=backend)
+    keys = {c.key for c in store.schema.storage_columns}
+    assert {"hits%offsets", "hits/%2A/samples%offsets", "calib%present", "hits/%2A/pos"} <= keys
+    _assert_reads_back(store, make_golden.RECIPES["ragged"].records())
+    assert store.lengths()[".hits"].tolist() == [2, 0, 3, 1, 0]
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_append_to_an_old_percent_key_ragged_store(backend, tmp_path):
+    path = _percent_ragged(tmp_path)
+    records = make_golden.RECIPES["ragged"].records()
+    keys = {c.key for c in pytreestore.open(path).schema.storage_columns}
+    with pytreestore.open(path, "a", backend=backend) as store:
+        store.extend(records[:3])
+        store.append(records[3])
+    reader = pytreestore.open(path, backend=backend)
+    assert {c.key for c in reader.schema.storage_columns} == keys
+    _assert_reads_back(reader, records + records[:4])
+    report = reader.verify()
+    assert report.ok, str(report)
+    assert report.records == 9
+
+
+def _write_with_other_keys(monkeypatch, path: Path, like: Any, records: list[Any], **kw: Any):
+    """A ragged store whose keys follow another scheme (``old_`` before each derived key),
+    as a store written before a change of the key scheme has."""
+    derived = _ragged.path_key
+    with monkeypatch.context() as m:
+        m.setattr(_ragged, "path_key", lambda p: "old_" + derived(p))
+        with pytreestore.create(path, like, **kw) as store:
+            store.extend(records)
+
+
+def test_learning_a_structure_keeps_another_schemes_keys(monkeypatch, tmp_path):
+    # a list empty so far and an optional subtree None so far: their arrays are created on
+    # the first record that shows them, with derived keys; the stored ones stay as they are
+    first = [{"p": [], "o": None, "x": np.float32(i)} for i in range(3)]
+    _write_with_other_keys(
+        monkeypatch, tmp_path / "s", first[0], first, ragged=["['p']"], optional=["['o']"]
+    )
+    before = {c.key for c in pytreestore.open(tmp_path / "s").schema.storage_columns}
+    assert before == {"old_x", "old_p-offsets", "old_o-present"}
+    more = [
+        {"p": [np.int8(i), np.int8(-i)], "o": {"y": np.int16(i)}, "x": np.float32(10 + i)}
+        for i in range(2)
+    ]
+    with pytreestore.open(tmp_path / "s", "a") as store:
+        store.extend(more)
+    reader = pytreestore.open(tmp_path / "s")
+    assert {c.key for c in reader.schema.storage_columns} == before | {"p/-2A", "o/y"}
+    for i, record in enumerate(first + more):
+        assert_trees_equal(reader[i], record)
+    assert reader.verify().ok

@@ -45,6 +45,19 @@ OFFSETS_SUFFIX = "-offsets"
 PRESENCE_SUFFIX = "-present"
 #: the key component of ``[*]``, the elements of a ragged list: ``*`` escaped
 ELEMENTS = _keys.escape("*")
+#: the roles of a ragged store's arrays (a :class:`ColumnSpec`'s ``role``, None for a leaf)
+LEAF, OFFSETS, PRESENCE = "leaf", "offsets", "presence"
+#: what one array of a ragged store is, whatever its storage key: its role and the keypath of
+#: its leaf, ragged axis or optional subtree
+Slot = tuple[str, str]
+
+
+def slot(column: ColumnSpec) -> Slot:
+    """The :data:`Slot` of ``column``. Readers and writers find an array by its slot and use
+    the key the schema stores for it: a key is derived from a keypath (:func:`path_key`) only
+    when an array is created, and stores written by another key scheme (the ``%XX`` escapes
+    before ``-XX``) keep theirs."""
+    return (column.role or LEAF, column.path)
 
 
 def path_key(path: str) -> str:
@@ -171,7 +184,7 @@ class RaggedInfo:
                 (),
                 (self.chunk_rows(a.table, chunk_records),),
                 table=a.table,
-                role="offsets",
+                role=OFFSETS,
                 **_started(a.start, 0),
             )
             for a in self.axes
@@ -184,7 +197,7 @@ class RaggedInfo:
                 (),
                 (self.chunk_rows(p.table, chunk_records),),
                 table=p.table,
-                role="presence",
+                role=PRESENCE,
                 **_started(p.start, False),
             )
             for p in self.presence
@@ -208,12 +221,17 @@ def _started(start: int, default: Any) -> dict[str, Any]:
 __all__ = [
     "ELEMENTS",
     "KEYPATH_TOKEN",
+    "LEAF",
+    "OFFSETS",
     "OFFSETS_SUFFIX",
+    "PRESENCE",
     "PRESENCE_SUFFIX",
     "AxisInfo",
     "PresenceInfo",
     "RaggedInfo",
+    "Slot",
     "offsets_key",
     "path_key",
     "presence_key",
+    "slot",
 ]

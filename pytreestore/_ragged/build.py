@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from pytreestore._format.ragged import offsets_key, path_key, presence_key
+from pytreestore._format.ragged import LEAF, OFFSETS, PRESENCE
 from pytreestore._ragged.gather import Rows
 from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec
 from pytreestore._tree.pad import padded_length
@@ -84,7 +84,7 @@ class Padded:
         if isinstance(spec, Optional):
             if spec.inner is None:
                 return None, None
-            present = self.rows[table].values[presence_key(spec.path)]
+            present = self.rows[table].values[(PRESENCE, spec.path)]
             valid = present if place.valid is None else place.valid & present
             return self.node(spec.inner, dataclasses.replace(place, valid=valid), table)
         assert isinstance(spec, Fixed), spec
@@ -97,7 +97,7 @@ class Padded:
         if spec.axis is not None:
             table = spec.axis.path
             place = self.place(table, place)
-        values = self.rows[table].values[path_key(spec.path)]
+        values = self.rows[table].values[(LEAF, spec.path)]
         if table is None:
             return values, self.mask(place)  # the record table: already in place
         out = np.zeros((*place.shape, *spec.shape), values.dtype)
@@ -143,15 +143,13 @@ class Padded:
 def exact(spec: Spec | None, rows: dict[str | None, Rows], table: str | None, count: int) -> list:
     """The objects of ``spec`` for each of ``count`` gathered rows of ``table``."""
     if isinstance(spec, Leaf):
-        key = path_key(spec.path)
-        if key not in rows[table if spec.axis is None else spec.axis.path].values:
+        here = table if spec.axis is None else spec.axis.path
+        values = rows[here].values.get((LEAF, spec.path))
+        if values is None:
             return [None] * count  # a column not chosen
         if spec.axis is None:
-            values = rows[table].values[key]
             return [values[i, ...] for i in range(count)]
-        return _split(
-            rows, spec.axis.path, table, rows[spec.axis.path].values[path_key(spec.path)], count
-        )
+        return _split(rows, spec.axis.path, table, values, count)
     if isinstance(spec, Kept):
         return [spec.value] * count
     if isinstance(spec, RaggedList):
@@ -159,7 +157,7 @@ def exact(spec: Spec | None, rows: dict[str | None, Rows], table: str | None, co
         items = exact(spec.element, rows, axis, rows[axis].count) if spec.element else []
         return _split(rows, axis, table, items, count)
     if isinstance(spec, Optional):
-        present = rows[table].values[presence_key(spec.path)]
+        present = rows[table].values[(PRESENCE, spec.path)]
         inner = exact(spec.inner, rows, table, count) if spec.inner else [None] * count
         return [v if p else None for v, p in zip(inner, present)]
     assert isinstance(spec, Fixed), spec
@@ -176,7 +174,7 @@ def _split(
     rows: dict[str | None, Rows], axis: str, table: str | None, items: Any, count: int
 ) -> list:
     """``items`` (one per row of ``axis``'s table) cut into one run per row of ``table``."""
-    starts, ends = rows[table].values[offsets_key(axis)]
+    starts, ends = rows[table].values[(OFFSETS, axis)]
     bounds = np.cumsum(ends - starts)
     cuts = np.concatenate([[0], bounds]).tolist()
     if isinstance(items, np.ndarray):

@@ -6,6 +6,11 @@ row's range of elements; the axis's table is then read at those rows, in one rea
 Each gathered element knows its parent row (an index into the parent table's gathered rows)
 and its position in its list.
 
+The arrays are read at the keys the schema stores (a store written by another key scheme, such
+as the ``%XX`` escapes before format 3's ``-XX``, keeps its keys) and kept by what they are,
+their :data:`~pytreestore._format.ragged.Slot`: a leaf, offsets or presence array and its
+keypath. Nothing here derives a key from a keypath.
+
 Example:
     >>> import numpy as np, pytreestore
     >>> s = pytreestore.create("memory://doc-gather", {"p": [np.int32(0)]}, ragged=["['p']"])
@@ -24,7 +29,7 @@ import numpy as np
 
 from pytreestore._commit.record import Commit
 from pytreestore._format.columns import ColumnSpec
-from pytreestore._format.ragged import offsets_key
+from pytreestore._format.ragged import OFFSETS, PRESENCE, Slot, slot
 from pytreestore._format.schema import TreeSchema
 from pytreestore.errors import CorruptStoreError
 
@@ -41,13 +46,13 @@ class Rows:
         parent: for an axis's table, each row's parent row (index into the parent table's
             gathered rows); None for the record table.
         position: each row's position within its parent's list (None for the record table).
-        values: the arrays read, by column key (leaves, offsets' ends, presence).
+        values: the arrays read, by slot (leaves, offsets' starts and ends, presence).
     """
 
     count: int
     parent: np.ndarray | None = None
     position: np.ndarray | None = None
-    values: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    values: dict[Slot, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def gather(
@@ -78,17 +83,20 @@ def gather(
             parent = next(a for a in info.axes if a.path == axis).table
             out[axis], rows_of[axis] = _elements(axis, out[parent], commit)
         here = rows_of[axis]
-        keys = [c.key for c in wanted if c.table == axis]
-        keys += [c.key for c in index_cols if c.table == axis and c.role == "presence"]
-        _read_into(out[axis], keys, here, commit.rows(axis), read)
-        offsets = [c for c in index_cols if c.table == axis and c.role == "offsets"]
+        columns = [c for c in wanted if c.table == axis]
+        columns += [c for c in index_cols if c.table == axis and c.role == PRESENCE]
+        _read_into(out[axis], columns, here, commit.rows(axis), read)
+        offsets = [c for c in index_cols if c.table == axis and c.role == OFFSETS]
         _read_offsets(out[axis], offsets, here, commit, read, axis)
     return out
 
 
-def _read_into(rows: Rows, keys: list[str], index: np.ndarray, count: int, read: ReadFn) -> None:
-    if keys:
-        rows.values.update(zip(keys, read(keys, _compact(index), count)))
+def _read_into(
+    rows: Rows, columns: list[ColumnSpec], index: np.ndarray, count: int, read: ReadFn
+) -> None:
+    if columns:
+        got = read([c.key for c in columns], _compact(index), count)
+        rows.values.update(zip(map(slot, columns), got))
 
 
 def _read_offsets(
@@ -104,7 +112,7 @@ def _read_offsets(
         return
     if not len(index):  # no rows: nothing to read
         for c in columns:
-            rows.values[c.key] = np.zeros((2, 0), np.int64)
+            rows.values[slot(c)] = np.zeros((2, 0), np.int64)
         return
     keys = [c.key for c in columns]
     before = np.maximum(index - 1, 0)
@@ -115,7 +123,7 @@ def _read_offsets(
         starts = np.where(index > 0, array[:n], 0).astype(np.int64)
         ends = array[n:].astype(np.int64)
         _check_offsets(c, starts, ends, commit.rows(c.path))
-        rows.values[c.key] = np.stack([starts, ends])
+        rows.values[slot(c)] = np.stack([starts, ends])
 
 
 def _check_offsets(column: ColumnSpec, starts: np.ndarray, ends: np.ndarray, rows: int) -> None:
@@ -130,7 +138,7 @@ def _check_offsets(column: ColumnSpec, starts: np.ndarray, ends: np.ndarray, row
 
 def _elements(axis: str, parent: Rows, commit: Commit) -> tuple[Rows, np.ndarray]:
     """The element rows of ``axis`` below the gathered ``parent`` rows."""
-    starts, ends = parent.values[offsets_key(axis)]
+    starts, ends = parent.values[(OFFSETS, axis)]
     lengths = ends - starts
     total = int(lengths.sum())
     owner = np.repeat(np.arange(parent.count), lengths)

@@ -20,7 +20,7 @@ import numpy as np
 from jax.tree_util import keystr, tree_flatten_with_path
 
 from pytreestore._commit.record import Commit
-from pytreestore._format.ragged import path_key, presence_key
+from pytreestore._format.ragged import LEAF, PRESENCE
 from pytreestore._format.schema import TreeSchema
 from pytreestore._ragged.build import Padded, exact
 from pytreestore._ragged.gather import Rows, gather, lengths, record_of
@@ -206,7 +206,7 @@ def check_learnt(schema: TreeSchema, gathered: dict[str | None, Rows], where: st
         rows = gathered.get(path)
         learnt = rows is not None and rows.count > 0
         for table_rows in gathered.values():
-            present = table_rows.values.get(presence_key(path))
+            present = table_rows.values.get((PRESENCE, path))
             learnt = learnt or (present is not None and bool(np.any(present)))
         if learnt:
             raise SchemaMismatchError(
@@ -302,7 +302,7 @@ class Flat:
     def node(self, spec: Spec | None, table: str | None) -> Any:
         if isinstance(spec, Leaf):
             table = table if spec.axis is None else spec.axis.path
-            values = self.rows[table].values.get(path_key(spec.path))
+            values = self.rows[table].values.get((LEAF, spec.path))
             if values is None or table is None:
                 return values
             return self._pad(values, 0, table)
@@ -311,7 +311,7 @@ class Flat:
         if isinstance(spec, RaggedList):
             return None if spec.element is None else self.node(spec.element, spec.axis.path)
         if isinstance(spec, Optional):
-            present = self.rows[table].values[presence_key(spec.path)]
+            present = self.rows[table].values[(PRESENCE, spec.path)]
             self.segments[PRESENT + spec.path] = (
                 present if table is None else self._pad(present, False, table)
             )

@@ -148,8 +148,10 @@ def grow_schema(schema: TreeSchema, record: Any, rows: Callable[[str | None], in
         SchemaMismatchError: ``record`` departs from the schema elsewhere.
         RaggedDeclarationError: the structure it shows cannot be stored.
 
-    New arrays in a table that has rows already (``rows(table)``, committed) start there:
-    the rows before read zeros, offsets 0 and absent, unstored.
+    The arrays ``schema`` has keep their stored keys (a store written by another key scheme
+    keeps its keys); new arrays get keys from their keypaths. New arrays in a table that has
+    rows already (``rows(table)``, committed) start there: the rows before read zeros,
+    offsets 0 and absent, unstored.
     """
     model: Model = schema.layout
     info = schema.ragged
@@ -170,35 +172,43 @@ def grow_schema(schema: TreeSchema, record: Any, rows: Callable[[str | None], in
 
 
 def _started(old: TreeSchema, new: TreeSchema, rows: Callable[[str | None], int]) -> TreeSchema:
-    """``new`` whose arrays not in ``old`` start at their table's rows."""
-    before = {c.key: c for c in old.storage_columns}
+    """``new`` with the arrays of ``old`` as stored (their keys and starts, matched by
+    :func:`~pytreestore._format.ragged.slot`), and the arrays not in ``old`` starting at their
+    table's rows."""
+    before = {_info.slot(c): c for c in old.storage_columns}
 
     def column(c: ColumnSpec) -> ColumnSpec:
-        if c.key in before:
-            return dataclasses.replace(c, start=before[c.key].start, default=before[c.key].default)
+        was = before.get(_info.slot(c))
+        if was is not None:
+            return dataclasses.replace(c, key=was.key, start=was.start, default=was.default)
         n = rows(c.table)
         return dataclasses.replace(c, start=n, default=fill_value(c.dtype)) if n else c
 
     info = new.ragged
     assert info is not None
     axes = tuple(
-        dataclasses.replace(
-            a, start=before[a.offsets].start if a.offsets in before else rows(a.table)
-        )
-        for a in info.axes
+        _kept(a, "offsets", before.get((_info.OFFSETS, a.path)), rows(a.table)) for a in info.axes
     )
     presence = tuple(
-        dataclasses.replace(
-            p, start=before[p.presence].start if p.presence in before else rows(p.table)
-        )
+        _kept(p, "presence", before.get((_info.PRESENCE, p.path)), rows(p.table))
         for p in info.presence
     )
-    return dataclasses.replace(
+    out = dataclasses.replace(
         new,
         columns=tuple(column(c) for c in new.columns),
         ragged=dataclasses.replace(info, axes=axes, presence=presence),
         format_version=old.format_version,
     )
+    check_unique_keys(out.storage_columns)  # a new key may meet a key of another scheme
+    return out
+
+
+def _kept(item: Any, field: str, was: ColumnSpec | None, rows: int) -> Any:
+    """An axis's or optional subtree's entry with the stored key (its ``field``) and start
+    of its array ``was``; a new array (None) starts at its table's ``rows``."""
+    if was is None:
+        return dataclasses.replace(item, start=rows)
+    return dataclasses.replace(item, start=was.start, **{field: was.key})
 
 
 def _schema(
