@@ -31,8 +31,8 @@ test-long: $(STAMP)
 	$(PY) -m pytest -q -m slow -rP
 
 lint: $(STAMP)
-	$(PY) -m ruff check pytreestore tests examples benchmarks
-	$(PY) -m ruff format --check pytreestore tests examples benchmarks
+	$(PY) -m ruff check pytreestore pytreestore_zarr_*.py tests examples benchmarks
+	$(PY) -m ruff format --check pytreestore pytreestore_zarr_*.py tests examples benchmarks
 	$(PY) -m pyright
 
 bench: $(BENCH_STAMP)

@@ -10,11 +10,14 @@ import pytest
 
 import pytreestore
 
-MODULES = sorted(
-    m.name
-    for m in pkgutil.walk_packages(pytreestore.__path__, "pytreestore.")
-    if not m.name.endswith("__main__")
-)
+MODULES = [
+    *sorted(
+        m.name
+        for m in pkgutil.walk_packages(pytreestore.__path__, "pytreestore.")
+        if not m.name.endswith("__main__")
+    ),
+    "pytreestore_zarr_dtypes",  # shipped beside the package (docs/interop.md)
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

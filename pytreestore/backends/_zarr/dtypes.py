@@ -1,113 +1,19 @@
 """zarr-python data types for the ml_dtypes floats: bfloat16 and the float8 family.
 
-zarr-python 3.1 knows none of them, so without these it can neither read nor write a
-bfloat16 or float8 column. Each is a :class:`zarr.core.dtype.ZDType` named as TensorStore
-names it in ``zarr.json`` (``"bfloat16"``, ``"float8_e4m3fn"``, ...), with the zarr v3 float
-rules for fill values: a JSON number, ``"NaN"``, ``"Infinity"``, ``"-Infinity"``, or ``"0x"``
-and the value's bytes in hex, big-endian.
-
-:func:`register` adds them to zarr-python's data type registry. pytreestore's zarr backend
-calls it; call it yourself to read such columns with plain ``zarr.open_group`` or xarray.
+They live in the top-level module :mod:`pytreestore_zarr_dtypes` of the same distribution,
+which zarr-python loads from an entry point without importing pytreestore (docs/interop.md);
+this module is their name inside the package. pytreestore's zarr backend calls
+:func:`register`; an installed pytreestore also registers them in every zarr-python process.
 
 Example:
-    >>> import numpy as np, ml_dtypes, zarr
+    >>> from zarr.core.dtype import data_type_registry
     >>> register()
-    >>> a = zarr.create_array({}, shape=(2,), dtype=np.dtype(ml_dtypes.bfloat16))
-    >>> a[:] = np.array([1.5, -2], ml_dtypes.bfloat16)
-    >>> a.metadata.data_type.to_json(zarr_format=3), a[:].tolist()
-    ('bfloat16', [1.5, -2.0])
+    >>> data_type_registry.get("bfloat16") is DTYPES["bfloat16"], NAMES[0]
+    (True, 'bfloat16')
 """
 
 from __future__ import annotations
 
-import dataclasses
-import threading
-from typing import Any, ClassVar
-
-import ml_dtypes
-import numpy as np
-from zarr.core.dtype import data_type_registry
-from zarr.core.dtype.common import DataTypeValidationError
-from zarr.core.dtype.npy.float import BaseFloat
-
-from pytreestore._format import dtypes as _dtypes
-
-NAMES = _dtypes.ML_FLOATS
-_SPECIAL = {"NaN": np.nan, "Infinity": np.inf, "-Infinity": -np.inf}
-_LOCK = threading.Lock()
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MLFloat(BaseFloat[Any, Any]):
-    """A zarr data type wrapping one ml_dtypes float; one subclass per type in :data:`NAMES`."""
-
-    native: ClassVar[np.dtype]
-    _zarr_v2_names: ClassVar[tuple[str, ...]] = ()  # zarr v2 has no name for these
-
-    @property
-    def item_size(self) -> int:
-        return self.native.itemsize
-
-    @classmethod
-    def from_native_dtype(cls, dtype: Any) -> MLFloat:
-        if np.dtype(dtype) == cls.native and type(dtype) is cls.dtype_cls:
-            return cls()
-        raise DataTypeValidationError(f"Invalid data type: {dtype}. Expected {cls.native}")
-
-    def to_native_dtype(self) -> Any:
-        return self.native
-
-    def _cast_scalar_unchecked(self, data: Any) -> Any:
-        return self.native.type(data)
-
-    def from_json_scalar(self, data: Any, *, zarr_format: Any) -> Any:
-        if isinstance(data, str) and data in _SPECIAL:
-            return self.native.type(_SPECIAL[data])
-        if isinstance(data, str) and data.startswith("0x"):
-            return self._from_hex(data)
-        if isinstance(data, int | float) and not isinstance(data, bool):
-            return self.native.type(data)
-        raise TypeError(f"invalid {self._zarr_v3_name} fill value {data!r}")
-
-    def to_json_scalar(self, data: Any, *, zarr_format: Any) -> float | str:
-        value = self.cast_scalar(data)
-        if np.isnan(value):
-            return "NaN"
-        if np.isinf(value):
-            return "Infinity" if value > 0 else "-Infinity"
-        return float(value)
-
-    def _from_hex(self, data: str) -> Any:
-        raw = bytes.fromhex(data[2:])
-        if len(raw) != self.native.itemsize:
-            raise ValueError(
-                f"invalid {self._zarr_v3_name} fill value {data!r}: expected "
-                f"{2 * self.native.itemsize} hex digits"
-            )
-        return np.frombuffer(raw[::-1], dtype=self.native)[0]
-
-
-def _make(name: str) -> type[MLFloat]:
-    native = np.dtype(getattr(ml_dtypes, name))
-    attrs = {"dtype_cls": type(native), "_zarr_v3_name": name, "native": native}
-    cls = type(f"ZarrDType_{name}", (MLFloat,), attrs)
-    cls.__module__ = __name__
-    cls.__doc__ = f"The zarr data type ``{name}`` ({native.itemsize} bytes, ml_dtypes.{name})."
-    return dataclasses.dataclass(frozen=True, kw_only=True)(cls)
-
-
-DTYPES: dict[str, type[MLFloat]] = {name: _make(name) for name in NAMES}
-
-
-def register() -> None:
-    """Registers every data type of :data:`NAMES` with zarr-python (idempotent).
-
-    A name zarr-python already knows (a later zarr-python, another package) is left alone.
-    """
-    with _LOCK:
-        for name, cls in DTYPES.items():
-            if name not in data_type_registry.contents:
-                data_type_registry.register(name, cls)
-
+from pytreestore_zarr_dtypes import DTYPES, NAMES, MLFloat, register
 
 __all__ = ["DTYPES", "NAMES", "MLFloat", "register"]
