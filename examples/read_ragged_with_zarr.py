@@ -69,8 +69,7 @@ def read_record(path: Path, i: int) -> dict[str, np.ndarray]:
         commit = json.load(f)
     records = commit["records"]  # only committed records and rows may be trusted
     with warnings.catch_warnings():
-        # .pytreestore/ holds the commit record and the writer lock; it is not a zarr node
-        warnings.filterwarnings("ignore", message="Object at .pytreestore", module="zarr")
+        warnings.simplefilter("error")  # the root's consolidated metadata: no warning
         root = zarr.open_group(path, mode="r")
     schema: Any = root.attrs["pytreestore"]  # JSON: the tree, columns and ragged axes
     (axis,) = schema["ragged"]["axes"]  # one ragged axis here: .p

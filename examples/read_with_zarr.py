@@ -173,12 +173,13 @@ def check(path: Path, columns: dict[str, np.ndarray], last: dict[str, Any]) -> N
 def show_xarray(path: Path, records: int) -> None:
     import xarray as xr
 
-    # Each node of the tree is a zarr group; its leaves share the "record" dimension. Groups
-    # below the root hold only zarr nodes (the root also holds pytreestore's own folder).
+    # Each node of the tree is a zarr group; its leaves share the "record" dimension. The
+    # root's consolidated metadata lists every node with its committed records.
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # there is nothing to warn about below the root
-        ds = xr.open_zarr(path, group="particles/0/body", consolidated=False, zarr_format=3)
-    ds = ds.isel(record=slice(0, records)).load()
+        warnings.simplefilter("error")  # default arguments: nothing to warn about
+        ds = xr.open_zarr(path, group="particles/0/body")
+    assert ds.sizes["record"] == records
+    ds = ds.load()
     print("xarray, group particles/0/body:")
     print(f"   dims {dict(ds.sizes)}, variables {sorted(ds.data_vars)}")
     speed = np.sqrt((ds["velocity"] ** 2).sum("velocity_0"))

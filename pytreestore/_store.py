@@ -20,7 +20,6 @@ from pytreestore._commit.lock import WriterLock
 from pytreestore._commit.record import Commit
 from pytreestore._commit.repair import check_not_replaced
 from pytreestore._commit.writer import Writer, forked_writer
-from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
 from pytreestore._inspect import progress as _progress
 from pytreestore._inspect import repr as _repr
@@ -225,11 +224,12 @@ class TreeStore(Pipelines, Reads, Versioning):
                 "classes instead"
             )
         with self._writing() as writer:
+            _evolve.check(self._backend, self.path, **changes)  # bad input commits nothing
             writer.flush()
             records = writer.commit.records
             schema = _evolve.apply(self._backend, self._schema, records, self.path, **changes)
             committer = writer.committer
-            committer.schema = _validate.id_of(schema)
+            committer.use(schema)
             committer.advance(records, operation="evolve")  # the new schema is a version
             self._schema = schema
             self._writer = Writer(self._backend, schema, committer.commit, committer)

@@ -132,7 +132,7 @@ class Versioning:
             schema = lower_starts(writer.schema, rows)
             if schema is not None:  # a new schema: the version log keeps it
                 schema = _evolve.replace_schema(self._backend, schema, self.path)  # type: ignore[attr-defined]
-                writer.committer.schema = schema.digest
+                writer.committer.use(schema, schema.digest)
                 self._schema = schema
             writer.committer.advance(records, tables_of(rows), operation="truncate")
             self._renew_writer(writer, schema or writer.schema)

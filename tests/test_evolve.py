@@ -325,6 +325,7 @@ def test_bad_input_leaves_the_store_unchanged(tmp_path, changes, error, text):
     with pytest.raises(error, match=re.escape(text)):
         store.evolve(**changes)
     assert (tmp_path / "s" / "zarr.json").read_bytes() == before
+    assert json.loads((tmp_path / "s" / ".pytreestore/commit.json").read_bytes())["records"] == 4
     store.append({"x": np.float32(9)})
     assert store.load(as_numpy=True)["x"].tolist() == [0, 1, 2, 3, 4, 9]
 
@@ -344,6 +345,7 @@ def test_a_generic_view_evolves_but_does_not_append(tmp_path):
 
 def test_crash_before_the_root_write_keeps_the_old_schema(tmp_path, backend, monkeypatch):
     store = small(tmp_path / "s", backend)
+    store.flush()  # the commit rewrites the root too (its consolidated metadata)
     engine = store._backend
     real = engine.write_bytes
 

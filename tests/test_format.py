@@ -117,7 +117,7 @@ def written(root: Path, count: int, *, codec: str | None = "zstd", ml: bool = Tr
 def test_root_zarr_json(tmp_path):
     root = written(tmp_path / "s", 10)
     meta = read_json(root / "zarr.json")
-    assert set(meta) == {"zarr_format", "node_type", "attributes"}
+    assert set(meta) == {"zarr_format", "node_type", "attributes", "consolidated_metadata"}
     assert meta["zarr_format"] == 3 and meta["node_type"] == "group"
     assert set(meta["attributes"]) == {"pytreestore"}
     info = meta["attributes"]["pytreestore"]
@@ -206,6 +206,12 @@ GOLDEN_ROOT = {
         }
     },
 }
+GOLDEN_GROUP = {
+    "zarr_format": 3,
+    "node_type": "group",
+    "attributes": {},
+    "consolidated_metadata": {"kind": "inline", "must_understand": False, "metadata": {}},
+}
 GOLDEN_ARRAY = {
     "zarr_format": 3,
     "node_type": "array",
@@ -223,6 +229,41 @@ GOLDEN_ARRAY = {
 }
 
 
+
+
+def golden_scalar(dtype, fill):
+    return {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": [3],
+        "data_type": dtype,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [8]}},
+        "chunk_key_encoding": {"name": "default"},
+        "fill_value": fill,
+        "codecs": [
+            {"name": "bytes"},
+            {"name": "zstd", "configuration": {"level": 3, "checksum": False}},
+            {"name": "crc32c"},
+        ],
+        "dimension_names": ["record"],
+    }
+
+
+# format 3: every group and array below the root, as zarr v3 consolidated metadata
+GOLDEN_CONSOLIDATED = {
+    "kind": "inline",
+    "must_understand": False,
+    "metadata": {
+        "a": GOLDEN_GROUP,
+        "a/0": GOLDEN_ARRAY,
+        "b": GOLDEN_GROUP,
+        "b/0": golden_scalar("int8", 0),
+        "c": GOLDEN_GROUP,
+        "c/x-2Fy": golden_scalar("bool", False),
+    },
+}
+
+
 def test_golden_small_store(tmp_path):
     import collections
 
@@ -231,8 +272,12 @@ def test_golden_small_store(tmp_path):
     with pytreestore.create(tmp_path / "s", like, chunk_records=8) as store:
         store.extend([like] * 3)
     root = tmp_path / "s"
-    assert read_json(root / "zarr.json") == GOLDEN_ROOT
+    assert read_json(root / "zarr.json") == {**GOLDEN_ROOT, "consolidated_metadata": GOLDEN_CONSOLIDATED}
     assert read_json(root / "a" / "0" / "zarr.json") == GOLDEN_ARRAY
+    for key, doc in GOLDEN_CONSOLIDATED["metadata"].items():  # what each node's zarr.json holds
+        on_disk = read_json(root / key / "zarr.json")
+        group = {k: v for k, v in GOLDEN_GROUP.items() if k != "consolidated_metadata"}
+        assert on_disk == (doc if doc["node_type"] == "array" else group), key
     assert walk_files(root) == [
         ".pytreestore/commit.json",
         ".pytreestore/lock",
@@ -482,9 +527,14 @@ def test_zarr_python_lists_the_hierarchy(tmp_path):
     expected = flat_columns(store)
     group = zarr.open_group(root, mode="r")
     assert group.attrs["pytreestore"] == _validate.stamped(store.schema.to_json())
-    # zarr-python warns about the one non-zarr folder of the hierarchy, .pytreestore/
-    with pytest.warns(ZarrUserWarning, match=re.escape("Object at .pytreestore is not recognized")):
+    # format 3: the root's consolidated metadata lists the hierarchy, so zarr-python never
+    # meets .pytreestore/ (which is no zarr node) and warns about nothing
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         members = dict(group.members(max_depth=None))
+    with pytest.warns(ZarrUserWarning, match=re.escape("Object at .pytreestore is not recognized")):
+        listed = zarr.open_group(root, mode="r", use_consolidated=False)
+        assert set(dict(listed.members(max_depth=None))) == set(members)
     arrays = {k for k, v in members.items() if isinstance(v, zarr.Array)}
     groups = {k for k, v in members.items() if isinstance(v, zarr.Group)}
     assert arrays == set(expected)

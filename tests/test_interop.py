@@ -45,10 +45,11 @@ def store_path(request, tmp_path_factory) -> str:
 
 
 @pytest.fixture(autouse=True)
-def quiet_pytreestore_folder() -> Iterator[None]:
-    """zarr-python warns about the .pytreestore folder (commit record, lock): not a zarr node."""
+def no_warning() -> Iterator[None]:
+    """Format 3: default arguments read the root's consolidated metadata, and warn about
+    nothing (before, .pytreestore/ and the missing consolidated metadata both warned)."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Object at .pytreestore", module="zarr")
+        warnings.simplefilter("error")
         yield
 
 
@@ -90,7 +91,7 @@ def test_open_group_dimension_names(store_path):
 
 
 def test_open_datatree_one_node_per_level(store_path):
-    tree = xr.open_datatree(store_path, engine="zarr", consolidated=False)
+    tree = xr.open_datatree(store_path, engine="zarr")
     nodes = sorted(node.path for node in tree.subtree)
     assert nodes == ["/", "/agent", "/layers", "/layers/0", "/layers/1", "/meta"]
     assert sorted(tree["/agent"].data_vars) == ["mass", "position", "velocity"]
@@ -103,7 +104,7 @@ def test_open_datatree_one_node_per_level(store_path):
 
 
 def test_open_datatree_values(store_path):
-    tree = xr.open_datatree(store_path, engine="zarr", consolidated=False)
+    tree = xr.open_datatree(store_path, engine="zarr")
     want = pytreestore.open(store_path).load(as_numpy=True)
     np.testing.assert_array_equal(tree["/agent/position"].values, want["agent"].position)
     np.testing.assert_array_equal(tree["/agent/velocity"].values, want["agent"].velocity)

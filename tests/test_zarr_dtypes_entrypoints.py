@@ -33,7 +33,7 @@ from pytreestore._format import dtypes as _dtypes
 from pytreestore.backends._zarr import dtypes as _zarr_dtypes
 
 N = 8  # records: with 32 values a record, the float8 columns hold all 256 bit patterns
-# zarr-python warns about the .pytreestore folder (commit record, lock): not a zarr node
+# zarr-python listing a store (use_consolidated=False) warns about .pytreestore/: no zarr node
 PYTREESTORE_FOLDER = "Object at .pytreestore"
 
 
@@ -96,9 +96,10 @@ READ_WITH_ZARR = f"""
 import json, pathlib, sys, warnings
 import zarr
 
-warnings.filterwarnings("ignore", message={PYTREESTORE_FOLDER!r})
 path, expected = sys.argv[1], json.loads(pathlib.Path(sys.argv[2]).read_text())
 consolidated = None if sys.argv[3] == "default" else False
+if consolidated is False:  # listing the folders, zarr-python meets .pytreestore/
+    warnings.filterwarnings("ignore", message={PYTREESTORE_FOLDER!r})
 
 
 def walk(group, prefix=""):
@@ -153,15 +154,18 @@ def test_the_distribution_declares_the_entry_points():
 )
 def test_zarr_python_reads_every_array_with_no_import(tmp_path, backend, codec):
     manifest = write_store(tmp_path / "s", backend=backend, codec=codec)
-    got = run_isolated(READ_WITH_ZARR, tmp_path / "s", manifest, "off", cwd=tmp_path)
-    assert int(got) == len(json.loads(manifest.read_text())) == len(_dtypes.ML_FLOATS) + 5
+    for consolidated in ("default", "off"):  # the root's consolidated metadata, the listing
+        got = run_isolated(READ_WITH_ZARR, tmp_path / "s", manifest, consolidated, cwd=tmp_path)
+        assert int(got) == len(json.loads(manifest.read_text())) == len(_dtypes.ML_FLOATS) + 5
 
 
 def test_consolidated_metadata_is_parsed_after_the_types_are_registered(written, tmp_path):
-    """A root with consolidated metadata parses every array's metadata as the group opens."""
+    """The root's consolidated metadata (format 3) parses every array's metadata as the group
+    opens: zarr-python's own consolidation of the store reads the same, with no import."""
     path, manifest = written
     copy = tmp_path / "consolidated"
     shutil.copytree(path, copy)
+    (copy / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group"}')
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=PYTREESTORE_FOLDER)
         warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
@@ -175,10 +179,9 @@ def test_xarray_reads_the_ml_columns_with_no_import(written, tmp_path):
 import json, pathlib, sys, warnings
 import xarray as xr
 
-warnings.filterwarnings("ignore", message={PYTREESTORE_FOLDER!r})
 path, expected = sys.argv[1], json.loads(pathlib.Path(sys.argv[2]).read_text())
-tree = xr.open_datatree(path, engine="zarr", consolidated=False)
-ml = xr.open_zarr(path, group="ml", consolidated=False)
+tree = xr.open_datatree(path, engine="zarr")  # default arguments: no warning
+ml = xr.open_zarr(path, group="ml")
 for key, want in expected.items():
     values = tree["/" + key].values
     assert [str(values.dtype), list(values.shape), values.tobytes().hex()] == want, key

@@ -11,9 +11,11 @@ Example:
 
 from __future__ import annotations
 
-from pytreestore._commit import versions
+from pytreestore._commit import consolidated, versions
 from pytreestore._commit.record import Commit
+from pytreestore._format import validate as _validate
 from pytreestore._format.names import COMMIT_KEY
+from pytreestore._format.schema import TreeSchema
 from pytreestore.backends import Backend, ConditionalWrites
 from pytreestore.errors import CommitConflictError, StorageError
 
@@ -50,6 +52,9 @@ class Committer:
             :func:`pytreestore._format.validate.id_of`).
         keep: versions the log keeps besides tagged ones (None: all);
             :func:`pytreestore._commit.versions.trim`.
+        tree: the schema itself, whose consolidated metadata each commit writes into the
+            root ``zarr.json`` after the commit record (:mod:`pytreestore._commit.consolidated`);
+            None: none is written.
 
     Example:
         >>> from pytreestore._location import Location
@@ -65,11 +70,13 @@ class Committer:
         commit: Commit,
         schema: str | None = None,
         keep: int | None = versions.KEEP_VERSIONS,
+        tree: TreeSchema | None = None,
     ) -> None:
         self._backend = backend
         self.commit = commit
         self.schema = schema
         self.keep = keep
+        self.tree = tree
         self._token = commit_token(backend, commit, "this store")
         self._uncertain: Commit | None = None  # a commit whose write failed midway
 
@@ -79,7 +86,8 @@ class Committer:
         """Commits ``records`` records (the last commit's successor) and returns the commit;
         in a ragged store, with ``tables``, the committed rows of every axis's table.
 
-        The version record is written first, only if absent, then the commit record.
+        The version record is written first, only if absent, then the commit record, then
+        (with :attr:`tree`) the root ``zarr.json``'s consolidated metadata.
 
         Raises:
             CommitConflictError: another writer committed since; nothing was committed.
@@ -94,8 +102,16 @@ class Committer:
         else:
             self._token = self._write_if_unchanged(commit)
         self.commit = commit
+        if self.tree is not None:  # the commit stands even if this write fails
+            consolidated.write(self._backend, self.tree, commit)
         versions.trim(self._backend, commit, self.keep)
         return commit
+
+    def use(self, tree: TreeSchema, schema: str | None = None) -> None:
+        """Commits from now on with schema ``tree``, whose id is ``schema`` (by default
+        :func:`pytreestore._format.validate.id_of`)."""
+        self.schema = schema or _validate.id_of(tree)
+        self.tree = tree
 
     def release(self) -> None:
         """Before a write below the rows older versions hold after a truncate: commits a

@@ -25,7 +25,6 @@ import ast
 import copy
 import dataclasses
 import functools
-import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -108,6 +107,13 @@ def plan(
     return out, [c for c in kept if c.key in new_keys]
 
 
+def check(backend: Backend, where: str, **changes: Any) -> None:
+    """Raises what :func:`apply` of ``changes`` would raise on bad input, writing nothing:
+    a writer runs it before it flushes, so refused changes commit nothing."""
+    info = _validate.root_schema(backend.read_bytes(ROOT_KEY), where)
+    plan(info, 0, taken=functools.partial(protocol.taken, backend), **changes)
+
+
 def apply(
     backend: Backend, schema: TreeSchema, records: int, where: str, **changes: Any
 ) -> TreeSchema:
@@ -119,7 +125,6 @@ def apply(
     :mod:`pytreestore._commit.protocol`, step 7).
     """
     raw = backend.read_bytes(ROOT_KEY)
-    document = json.loads(raw or b"{}")
     info = _validate.root_schema(raw, where)
     taken = functools.partial(protocol.taken, backend)
     new_info, added = plan(info, records, taken=taken, **changes)
@@ -130,9 +135,8 @@ def apply(
         backend.create_columns(protocol.layouts(columns))
         backend.resize([c.key for c in added], records)
         backend.write_many_bytes({k: protocol.group_json({}) for k in protocol.group_keys(columns)})
-    document["attributes"]["pytreestore"] = stamped
     save_schema(backend, stamped)
-    backend.write_bytes(ROOT_KEY, json.dumps(document, indent=1).encode())
+    backend.write_bytes(ROOT_KEY, protocol.with_info(raw, stamped))
     backend.open_columns(new.columns)
     return new
 
@@ -141,12 +145,10 @@ def replace_schema(backend: Backend, schema: TreeSchema, where: str) -> TreeSche
     """Writes ``schema`` (its columns' arrays exist) as the store's, in one atomic put of the
     root ``zarr.json``, kept in the version log first; ``schema`` with its digest."""
     raw = backend.read_bytes(ROOT_KEY)
-    document = json.loads(raw or b"{}")
     _validate.root_schema(raw, where)
     stamped = _validate.stamped(schema.to_json())
     save_schema(backend, stamped)
-    document["attributes"]["pytreestore"] = stamped
-    backend.write_bytes(ROOT_KEY, json.dumps(document, indent=1).encode())
+    backend.write_bytes(ROOT_KEY, protocol.with_info(raw, stamped))
     return dataclasses.replace(schema, digest=stamped["digest"])
 
 
@@ -353,4 +355,4 @@ def _float_json(value: Any) -> Any:
     return x
 
 
-__all__ = ["apply", "plan", "replace_schema"]
+__all__ = ["apply", "check", "plan", "replace_schema"]

@@ -65,20 +65,20 @@ import dataclasses
 import errno
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from pytreestore._commit import versions
+from pytreestore._commit import consolidated, versions
+from pytreestore._commit.layouts import column_layouts, layouts
 from pytreestore._commit.lock import WriterLock
 from pytreestore._commit.record import Commit, now_utc
 from pytreestore._commit.repair import repair
 from pytreestore._commit.tables import table_schemas
-from pytreestore._format import dtypes as _dtypes
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import COMMIT_KEY, INCOMPLETE_KEY, ROOT_KEY, schema_key
-from pytreestore._format.schema import ColumnSpec, TreeSchema
+from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
-from pytreestore.backends import Backend, ColumnLayout, PartialWriteCleanup
+from pytreestore.backends import Backend, PartialWriteCleanup
 from pytreestore.errors import (
     CorruptStoreError,
     PyTreeStoreError,
@@ -167,34 +167,14 @@ def initial_commit(engine: Backend, schema: TreeSchema) -> Commit:
     commit = Commit(0, 0, store, tables, info["digest"], now_utc(), "create")
     versions.publish(engine, commit)
     engine.write_bytes(COMMIT_KEY, commit.to_bytes())
-    engine.write_bytes(ROOT_KEY, group_json({"pytreestore": info}))
+    root = json.loads(group_json({"pytreestore": info}))
+    engine.write_bytes(ROOT_KEY, consolidated.with_consolidated(root, schema, commit))
     return commit
 
 
 def finish_store(engine: Backend) -> None:
     """Removes the incomplete marker: the store is whole."""
     engine.delete_keys([INCOMPLETE_KEY])
-
-
-def layouts(schema: TreeSchema) -> list[ColumnLayout]:
-    """The on-disk layout of every column of ``schema``."""
-    return column_layouts(schema.storage_columns, schema.codec)
-
-
-def column_layouts(columns: Sequence[ColumnSpec], codec: str | None) -> list[ColumnLayout]:
-    """The on-disk layout of ``columns``, compressed with ``codec``."""
-    return [
-        ColumnLayout(
-            key=c.key,
-            dtype=c.dtype,
-            shape=c.shape,
-            chunks=c.chunks,
-            codec=codec,
-            dimension_names=tuple(c.dimension_names),
-            fill_value=_dtypes.fill_value(c.dtype) if c.default is None else c.default,
-        )
-        for c in columns
-    ]
 
 
 def group_keys(schema: TreeSchema) -> list[str]:
@@ -211,6 +191,14 @@ def group_json(attributes: dict[str, Any]) -> bytes:
     return json.dumps(
         {"zarr_format": 3, "node_type": "group", "attributes": attributes}, indent=1
     ).encode()
+
+
+def with_info(raw: bytes | None, info: dict[str, Any]) -> bytes:
+    """The root ``zarr.json`` ``raw`` with the schema ``info`` in place of the one it holds;
+    every other member (the consolidated metadata) is kept."""
+    document = json.loads(raw or b"{}")
+    document.setdefault("attributes", {})["pytreestore"] = info
+    return json.dumps(document, indent=1).encode()
 
 
 def taken(engine: Backend, key: str) -> bool:
@@ -292,12 +280,13 @@ def prepare_append(engine: Backend, location: Location, schema: TreeSchema, comm
         if isinstance(engine, PartialWriteCleanup):
             keys = [c.key for c in schema.storage_columns]
             engine.remove_partial_writes(keys, commit.records // schema.chunk_records)
-        return
-    if schema.ragged is None:
+    elif schema.ragged is None:
         repair(engine, location, schema, commit.records)
-        return
-    for table, sub in table_schemas(schema).items():
-        repair(engine, location, sub, commit.rows(table))
+    else:
+        for table, sub in table_schemas(schema).items():
+            repair(engine, location, sub, commit.rows(table))
+    # a writer cut off after its commit record, or a store of an older pytreestore
+    consolidated.write(engine, schema, commit)
 
 
 def detach(engine: Backend, lock: WriterLock | None) -> None:

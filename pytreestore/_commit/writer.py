@@ -111,7 +111,9 @@ class Writer:
         self.casters: list[LeafCaster] = casters(schema.columns)
         self.buffers = _buffers(schema)
         self.filler = RowFiller(self.casters, self.buffers)
-        self._committer = committer or Committer(backend, commit, _validate.id_of(schema))
+        self._committer = committer or Committer(
+            backend, commit, _validate.id_of(schema), tree=schema
+        )
         self.start = commit.records - commit.records % self.chunk
         self._snap: tuple[int, int] | None = None  # the position of the last snapshot
         self._saved: list[np.ndarray] | None = None  # its buffered rows, once overwritten

@@ -32,7 +32,7 @@ import numpy as np
 from jax.tree_util import tree_flatten, tree_structure
 
 from pytreestore._commit.committer import Committer
-from pytreestore._commit.protocol import column_layouts, group_json, group_keys
+from pytreestore._commit.protocol import column_layouts, group_json, group_keys, with_info
 from pytreestore._commit.record import Commit
 from pytreestore._commit.tables import table_schemas
 from pytreestore._commit.versions import KEEP_VERSIONS, save_schema
@@ -92,7 +92,9 @@ class RaggedWriter:
         committer: Committer | None = None,
     ) -> None:
         self._backend = backend
-        self._committer = committer or Committer(backend, commit, _validate.id_of(schema))
+        self._committer = committer or Committer(
+            backend, commit, _validate.id_of(schema), tree=schema
+        )
         self._open_tables(schema, commit)
 
     def _open_tables(self, schema: TreeSchema, commit: Commit) -> None:
@@ -219,8 +221,8 @@ class RaggedWriter:
         self._backend.write_many_bytes(groups)
         info = _validate.stamped(grown.to_json())
         save_schema(self._backend, info)
-        self._backend.write_bytes(ROOT_KEY, group_json({"pytreestore": info}))
-        self._committer.schema = info["digest"]
+        self._backend.write_bytes(ROOT_KEY, with_info(self._backend.read_bytes(ROOT_KEY), info))
+        self._committer.use(grown, info["digest"])
         self._backend.open_columns(grown.storage_columns)
         self._open_tables(grown, commit)
 
@@ -438,7 +440,7 @@ def new_writer(
 ) -> Writer | RaggedWriter:
     """The writer of a store of ``schema``: a :class:`RaggedWriter` for a ragged store; its
     version log keeps the last ``keep`` versions (None: all) besides tagged ones."""
-    committer = Committer(backend, commit, _validate.id_of(schema), keep)
+    committer = Committer(backend, commit, _validate.id_of(schema), keep, tree=schema)
     if schema.ragged is not None:
         return RaggedWriter(backend, schema, commit, committer)
     return Writer(backend, schema, commit, committer)

@@ -1,0 +1,86 @@
+"""zarr v3 consolidated metadata in the root ``zarr.json``, kept in step with every commit.
+
+zarr-python and xarray open a group by its consolidated metadata when it has some: they then
+list nothing (so they never meet ``.pytreestore/``, which is no zarr node) and warn about
+nothing. The root ``zarr.json`` therefore carries ``consolidated_metadata``: every group below
+the root and every array, each array with the record axis cut to the rows its table has
+**committed**. A reader that goes by it (zarr-python and xarray with default arguments) sees
+committed records only, even while a writer has grown the arrays past the commit.
+
+It is written after the commit record (:meth:`pytreestore._commit.committer.Committer.advance`)
+and when a writer opens the store (:func:`pytreestore._commit.protocol.prepare_append`), so
+it lags a commit at most, and only until the next writer opens the store. pytreestore's own
+readers never use it: they trust the commit record and each array's ``zarr.json``.
+
+The array documents are built from the schema (:func:`pytreestore.backends._metadata.array_document`,
+which both backends write byte for byte), so a commit reads no array metadata.
+
+Example:
+    >>> import json, numpy as np, pytreestore
+    >>> from pytreestore._format.names import ROOT_KEY
+    >>> s = pytreestore.create("memory://doc-consolidated", {"a": {"x": np.int8(0)}})
+    >>> s.extend({"a": {"x": np.int8(i)}} for i in range(3)); s.flush()
+    >>> meta = json.loads(s._backend.read_bytes(ROOT_KEY))["consolidated_metadata"]["metadata"]
+    >>> sorted(meta), meta["a/x"]["shape"]
+    (['a', 'a/x'], [3])
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pytreestore._commit.layouts import layouts
+from pytreestore._commit.record import Commit
+from pytreestore._format.names import ROOT_KEY
+from pytreestore._format.schema import TreeSchema
+from pytreestore.backends import Backend
+from pytreestore.backends._metadata import array_document
+
+#: the member of the root document zarr-python reads consolidated metadata from
+MEMBER = "consolidated_metadata"
+
+
+def _empty() -> dict[str, Any]:
+    return {"kind": "inline", "must_understand": False, "metadata": {}}
+
+
+def _group() -> dict[str, Any]:
+    """A group below the root as zarr-python's ``consolidate_metadata`` records it."""
+    return {"zarr_format": 3, "node_type": "group", "attributes": {}, MEMBER: _empty()}
+
+
+def consolidated(schema: TreeSchema, commit: Commit) -> dict[str, Any]:
+    """The ``consolidated_metadata`` of a store of ``schema`` at ``commit``: every group and
+    array below the root, each array holding the rows of its table that ``commit`` holds."""
+    columns = schema.storage_columns
+    members: dict[str, Any] = {}
+    for column in columns:
+        parts = column.key.split("/")
+        for i in range(1, len(parts)):
+            members.setdefault("/".join(parts[:i]), _group())
+    for column, layout in zip(columns, layouts(schema)):
+        members[column.key] = array_document(layout, commit.rows(column.table))
+    return {**_empty(), "metadata": dict(sorted(members.items()))}
+
+
+def with_consolidated(document: dict[str, Any], schema: TreeSchema, commit: Commit) -> bytes:
+    """``document`` (a root ``zarr.json``, left unchanged) with the consolidated metadata of
+    ``schema`` at ``commit``, as the bytes to write; it comes last, after the attributes."""
+    out = {k: v for k, v in document.items() if k != MEMBER}
+    out[MEMBER] = consolidated(schema, commit)
+    return json.dumps(out, indent=1).encode()
+
+
+def write(backend: Backend, schema: TreeSchema, commit: Commit) -> None:
+    """Rewrites the root ``zarr.json`` with the consolidated metadata of ``commit`` (one
+    atomic put, none when it holds them already; its attributes, the schema, stay)."""
+    raw = backend.read_bytes(ROOT_KEY)
+    if raw is None:
+        return  # not a store (yet): nothing to consolidate into
+    data = with_consolidated(json.loads(raw), schema, commit)
+    if data != raw:  # a writer opening a store already in step writes nothing
+        backend.write_bytes(ROOT_KEY, data)
+
+
+__all__ = ["MEMBER", "consolidated", "with_consolidated", "write"]
