@@ -5,11 +5,12 @@
   absent) against a plain put of the same bytes through the same backend, each to a new key, on
   a local store. The issue's bound: a version costs at most one small object more than a commit
   did before. Ratio: slowdown, ours over the plain put.
-* **commit**: ``store.append(record); store.flush()`` of one 20-leaf record (float32 scalars and
-  float32[16] arrays; each commit resizes 20 arrays, writes 20 chunks, then the commit),
-  against the same with the version record left out (``publish`` replaced by a no-op: the
-  commit as it was before versions), both stores side by side. Ratio: slowdown, ours over the
-  commit without a version.
+* **commit**: ``store.append(record); store.flush()`` of one record of 20 and of 200 leaves
+  (float32 scalars and float32[16] arrays; each commit resizes every array, writes a chunk of
+  each, then the commit), against the same with the version record and the root's
+  consolidated metadata left out (``publish`` and ``consolidated.write`` replaced by no-ops:
+  the commit as it was before issue 16), both stores side by side. Ratio: slowdown, ours over
+  the commit as before.
 
 Both cases run on the TensorStore and the zarr backends, each store with its defaults.
 """
@@ -26,7 +27,7 @@ import numpy as np
 from _common import Case, Result, Timed, at_most, measure_side_by_side
 
 import pytreestore
-from pytreestore._commit import versions
+from pytreestore._commit import consolidated, versions
 from pytreestore._commit.record import Commit
 from pytreestore._location import Location
 from pytreestore.backends import get_backend
@@ -35,9 +36,9 @@ TITLE = "Versions: what a version costs a commit"
 LEAVES = 20
 
 
-def _record(i: int) -> dict[str, Any]:
+def _record(i: int, leaves: int = LEAVES) -> dict[str, Any]:
     return {
-        f"f{k:02d}": np.float32(i) if k % 2 else np.full(16, i, np.float32) for k in range(LEAVES)
+        f"f{k:03d}": np.float32(i) if k % 2 else np.full(16, i, np.float32) for k in range(leaves)
     }
 
 
@@ -88,20 +89,25 @@ def _rest(commit: Commit) -> tuple[Any, ...]:
     )
 
 
-def _commit_rows(tmp: Path, backend: str, repeats: int) -> list[Result]:
+def _commit_rows(tmp: Path, backend: str, repeats: int, leaves: int = LEAVES) -> list[Result]:
     stores = {
-        name: pytreestore.create(tmp / f"{name}-{backend}", _record(0), backend=backend)
+        name: pytreestore.create(
+            tmp / f"{name}-{backend}-{leaves}", _record(0, leaves), backend=backend
+        )
         for name in ("ours", "without")
     }
     state = {"i": 0}
 
     def commit(store: pytreestore.TreeStore) -> None:
         state["i"] += 1
-        store.append(_record(state["i"]))
+        store.append(_record(state["i"], leaves))
         store.flush()
 
     def without(_: Any) -> None:
-        with mock.patch.object(versions, "publish", lambda engine, c: True):
+        with (
+            mock.patch.object(versions, "publish", lambda engine, c: True),
+            mock.patch.object(consolidated, "write", lambda *a: None),
+        ):
             commit(stores["without"])
 
     ours, base = measure_side_by_side(
@@ -111,19 +117,25 @@ def _commit_rows(tmp: Path, backend: str, repeats: int) -> list[Result]:
     counts = {name: len(s) for name, s in stores.items()}
     for s in stores.values():
         s.close()
-    listed = pytreestore.open(tmp / f"ours-{backend}").versions()
+    path = tmp / f"ours-{backend}-{leaves}"
+    listed = pytreestore.open(path).versions()
     assert len(listed) == counts["ours"] + 1, "a version per commit"
+    root = (path / "zarr.json").read_bytes()
+    assert b'"consolidated_metadata"' in root
     return [
         Result(
-            f"commit of one record ({backend})",
+            f"commit of one record, {leaves} leaves ({backend})",
             repeats,
             ours,
             base,
             at_most(1.5),
             False,
-            "append + flush (version record, then commit record)",
-            "the same without the version record",
-            notes=(f"{LEAVES} leaves: 20 resizes and 20 chunk writes per commit",),
+            "append + flush (version record, commit record, root)",
+            "the same without the version record and the root rewrite",
+            notes=(
+                f"{leaves} resizes and {leaves} chunk writes per commit; "
+                f"the root zarr.json is {len(root) // 1024} KiB",
+            ),
         )
     ]
 
@@ -132,8 +144,11 @@ def _case(backend: str, what: str, quick: bool) -> list[Result]:
     repeats = 15 if quick else 60
     tmp = Path(tempfile.mkdtemp(prefix="pytreestore-bench-versions-"))
     try:
-        rows = _publish_rows if what == "publish" else _commit_rows
-        return rows(tmp, backend, repeats)
+        if what == "publish":
+            return _publish_rows(tmp, backend, repeats)
+        return _commit_rows(tmp, backend, repeats) + _commit_rows(
+            tmp, backend, max(5, repeats // 4), leaves=200
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

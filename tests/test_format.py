@@ -229,8 +229,6 @@ GOLDEN_ARRAY = {
 }
 
 
-
-
 def golden_scalar(dtype, fill):
     return {
         "zarr_format": 3,
@@ -272,7 +270,10 @@ def test_golden_small_store(tmp_path):
     with pytreestore.create(tmp_path / "s", like, chunk_records=8) as store:
         store.extend([like] * 3)
     root = tmp_path / "s"
-    assert read_json(root / "zarr.json") == {**GOLDEN_ROOT, "consolidated_metadata": GOLDEN_CONSOLIDATED}
+    assert read_json(root / "zarr.json") == {
+        **GOLDEN_ROOT,
+        "consolidated_metadata": GOLDEN_CONSOLIDATED,
+    }
     assert read_json(root / "a" / "0" / "zarr.json") == GOLDEN_ARRAY
     for key, doc in GOLDEN_CONSOLIDATED["metadata"].items():  # what each node's zarr.json holds
         on_disk = read_json(root / key / "zarr.json")
