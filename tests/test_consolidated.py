@@ -27,6 +27,7 @@ import zarr
 import pytreestore
 from pytreestore._commit import consolidated
 from pytreestore._format import dtypes as _dtypes
+from pytreestore.errors import StorageError
 from pytreestore.testing.conformance import dtype_values
 from tests.awkward import awkward_records, ragged_records
 
@@ -285,4 +286,34 @@ def test_a_writer_opening_a_store_in_step_writes_no_root(tmp_path, backend):
     pytreestore.open(path, "a", backend=backend).close()
     after = (path / "zarr.json").stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    check_in_step(path)
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_a_failed_root_write_warns_and_keeps_the_commit(tmp_path, backend, monkeypatch):
+    """A full disk at the root write: the records are committed, so flush must not raise (a
+    caller would append them again); it warns, and the next writer mends the root."""
+    path = tmp_path / "s"
+    store = pytreestore.create(path, {"x": np.int32(0)}, chunk_records=2, backend=backend)
+    store.extend({"x": np.int32(i)} for i in range(3))
+    store.flush()
+    engine = store._backend
+    real = engine.write_bytes
+
+    def full(key, data):
+        if key == "zarr.json":
+            raise StorageError("writing zarr.json: [Errno 28] No space left on device")
+        return real(key, data)
+
+    monkeypatch.setattr(engine, "write_bytes", full)
+    with pytest.warns(RuntimeWarning, match="records are committed, but the root zarr.json") as w:
+        store.extend({"x": np.int32(i)} for i in range(3, 5))
+        store.flush()
+    monkeypatch.undo()
+    assert [str(x.message).split(" records")[0] for x in w] == ["4", "5"]  # two commits
+    assert len(store) == 5
+    assert pytreestore.open(path).load(as_numpy=True)["x"].tolist() == list(range(5))
+    assert root_metadata(path)["metadata"]["x"]["shape"] == [3]  # the commit before
+    store.close()
+    pytreestore.open(path, "a", backend=backend).close()
     check_in_step(path)

@@ -11,6 +11,8 @@ Example:
 
 from __future__ import annotations
 
+import warnings
+
 from pytreestore._commit import consolidated, versions
 from pytreestore._commit.record import Commit
 from pytreestore._format import validate as _validate
@@ -102,10 +104,26 @@ class Committer:
         else:
             self._token = self._write_if_unchanged(commit)
         self.commit = commit
-        if self.tree is not None:  # the commit stands even if this write fails
-            consolidated.write(self._backend, self.tree, commit)
+        if self.tree is not None:
+            self._consolidate(commit)
         versions.trim(self._backend, commit, self.keep)
         return commit
+
+    def _consolidate(self, commit: Commit) -> None:
+        """Writes the root's consolidated metadata of ``commit``, which stands whether or not
+        this succeeds: a failed write (a full disk) warns, and never makes the caller retry
+        records already committed; the next writer to open the store rewrites it."""
+        assert self.tree is not None
+        try:
+            consolidated.write(self._backend, self.tree, commit)
+        except StorageError as err:
+            warnings.warn(
+                f"{commit.records} records are committed, but the root zarr.json's consolidated "
+                f"metadata was not updated ({err}); zarr-python and xarray see the commit before "
+                "until the next writer opens the store",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def use(self, tree: TreeSchema, schema: str | None = None) -> None:
         """Commits from now on with schema ``tree``, whose id is ``schema`` (by default
