@@ -30,6 +30,7 @@ from pytreestore._format import dtypes as _dtypes
 from pytreestore.errors import StorageError
 from pytreestore.testing.conformance import dtype_values
 from tests.awkward import awkward_records, ragged_records
+from tests.faults import fail_root_writes
 
 pytest.importorskip("xarray")
 
@@ -70,12 +71,25 @@ print(len(arrays))
 """
 
 
-def with_ml(record: dict[str, Any], i: int) -> dict[str, Any]:
-    """``record`` (every other dtype) with the complex types and every ml_dtypes float, under
-    awkward keys too."""
-    names = ("complex64", "complex128", *_dtypes.ML_FLOATS)
+def with_ml(record: dict[str, Any], i: int, float8: bool = True) -> dict[str, Any]:
+    """``record`` (every other dtype) with the complex types and the ml_dtypes floats (the
+    float8 ones only with ``float8``), under awkward keys too."""
+    ml = _dtypes.ML_FLOATS if float8 else tuple(n for n in _dtypes.ML_FLOATS if "float8" not in n)
+    names = ("complex64", "complex128", *ml)
     more = {f"{n} %": dtype_values(_dtypes.SUPPORTED[n], 4, seed=i).reshape(2, 2) for n in names}
     return {**record, "ml/é": more}
+
+
+def awkward_store(
+    path: Path, backend: str, codec: str | None = "zstd", float8: bool = True
+) -> Path:
+    """A store at ``path`` of the awkward records, with :func:`with_ml`'s columns."""
+    records = [with_ml(r, i, float8) for i, r in enumerate(awkward_records())]
+    with pytreestore.create(
+        path, records[0], backend=backend, codec=codec, chunk_records=2
+    ) as store:
+        store.extend(records)
+    return path
 
 
 def expected(path: Path) -> dict[str, list[Any]]:
@@ -134,12 +148,7 @@ def check_in_step(path: Path) -> None:
 
 @pytest.mark.parametrize(("backend", "codec"), STORES)
 def test_defaults_read_every_column_with_no_warning(tmp_path, backend, codec):
-    records = [with_ml(r, i) for i, r in enumerate(awkward_records())]
-    path = tmp_path / "s"
-    with pytreestore.create(
-        path, records[0], backend=backend, codec=codec, chunk_records=2
-    ) as store:
-        store.extend(records)
+    path = awkward_store(tmp_path / "s", backend, codec)
     check_in_step(path)
     columns = pytreestore.open(path).schema.columns
     assert {c.dtype.name for c in columns} == set(_dtypes.SUPPORTED)
@@ -153,14 +162,7 @@ def test_zarrs_reads_every_column_with_no_warning(tmp_path, backend, codec):
     metadata: data_type=float8_e3m4, fill_value=0.0``), so they are left out here
     (docs/interop.md)."""
     pytest.importorskip("zarrs", reason="zarrs (the test extra) is not installed")
-    records = [with_ml(r, i) for i, r in enumerate(awkward_records())]
-    for r in records:
-        r["ml/é"] = {k: v for k, v in r["ml/é"].items() if not k.startswith("float8")}
-    path = tmp_path / "s"
-    with pytreestore.create(
-        path, records[0], backend=backend, codec=codec, chunk_records=2
-    ) as store:
-        store.extend(records)
+    path = awkward_store(tmp_path / "s", backend, codec, float8=False)
     assert read_isolated(path, tmp_path, "zarrs") == 19 + 1
 
 
@@ -179,10 +181,7 @@ def test_defaults_read_a_ragged_store(tmp_path, backend):
 @pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
 def test_it_equals_zarr_pythons_own(tmp_path, backend):
     """On a quiescent store, what zarr.consolidate_metadata writes is what we wrote."""
-    records = [with_ml(r, i) for i, r in enumerate(awkward_records())]
-    path = tmp_path / "s"
-    with pytreestore.create(path, records[0], backend=backend, chunk_records=2) as store:
-        store.extend(records)
+    path = awkward_store(tmp_path / "s", backend)
     copy = tmp_path / "copy"
     shutil.copytree(path, copy)
     (copy / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group"}))
@@ -297,15 +296,8 @@ def test_a_failed_root_write_warns_and_keeps_the_commit(tmp_path, backend, monke
     store = pytreestore.create(path, {"x": np.int32(0)}, chunk_records=2, backend=backend)
     store.extend({"x": np.int32(i)} for i in range(3))
     store.flush()
-    engine = store._backend
-    real = engine.write_bytes
-
-    def full(key, data):
-        if key == "zarr.json":
-            raise StorageError("writing zarr.json: [Errno 28] No space left on device")
-        return real(key, data)
-
-    monkeypatch.setattr(engine, "write_bytes", full)
+    full = StorageError("writing zarr.json: [Errno 28] No space left on device")
+    fail_root_writes(monkeypatch, store._backend, full)
     with pytest.warns(RuntimeWarning, match="records are committed, but the root zarr.json") as w:
         store.extend({"x": np.int32(i)} for i in range(3, 5))
         store.flush()

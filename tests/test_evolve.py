@@ -15,6 +15,7 @@ from pytreestore import errors
 from pytreestore._format import validate as _validate
 from tests.class_change import Case, run_cases
 from tests.data import make_golden
+from tests.faults import fail_root_writes
 
 FLAX_AB = """
 @struct.dataclass
@@ -346,15 +347,7 @@ def test_a_generic_view_evolves_but_does_not_append(tmp_path):
 def test_crash_before_the_root_write_keeps_the_old_schema(tmp_path, backend, monkeypatch):
     store = small(tmp_path / "s", backend)
     store.flush()  # the commit rewrites the root too (its consolidated metadata)
-    engine = store._backend
-    real = engine.write_bytes
-
-    def crash(key, data):
-        if key == "zarr.json":
-            raise KeyboardInterrupt("crash")
-        return real(key, data)
-
-    monkeypatch.setattr(engine, "write_bytes", crash)
+    fail_root_writes(monkeypatch, store._backend, KeyboardInterrupt("crash"))
     with pytest.raises(KeyboardInterrupt):
         store.evolve(add={"['y']": np.int32(4)})
     monkeypatch.undo()

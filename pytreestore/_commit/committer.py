@@ -104,16 +104,16 @@ class Committer:
         else:
             self._token = self._write_if_unchanged(commit)
         self.commit = commit
-        if self.tree is not None:
-            self._consolidate(commit)
+        self._consolidate(commit)
         versions.trim(self._backend, commit, self.keep)
         return commit
 
     def _consolidate(self, commit: Commit) -> None:
-        """Writes the root's consolidated metadata of ``commit``, which stands whether or not
-        this succeeds: a failed write (a full disk) warns, and never makes the caller retry
-        records already committed; the next writer to open the store rewrites it."""
-        assert self.tree is not None
+        """Writes the root's consolidated metadata of ``commit`` (with :attr:`tree`), which
+        stands whether or not this succeeds: a failed write (a full disk) warns, and never
+        makes the caller retry records already committed; the next writer rewrites it."""
+        if self.tree is None:
+            return
         try:
             consolidated.write(self._backend, self.tree, commit)
         except StorageError as err:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pytreestore._commit.layouts import layouts
+from pytreestore._commit.layouts import group_document, group_paths, layouts
 from pytreestore._commit.record import Commit
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
@@ -47,19 +47,14 @@ def _empty() -> dict[str, Any]:
 
 def _group() -> dict[str, Any]:
     """A group below the root as zarr-python's ``consolidate_metadata`` records it."""
-    return {"zarr_format": 3, "node_type": "group", "attributes": {}, MEMBER: _empty()}
+    return {**group_document({}), MEMBER: _empty()}
 
 
 def consolidated(schema: TreeSchema, commit: Commit) -> dict[str, Any]:
     """The ``consolidated_metadata`` of a store of ``schema`` at ``commit``: every group and
     array below the root, each array holding the rows of its table that ``commit`` holds."""
-    columns = schema.storage_columns
-    members: dict[str, Any] = {}
-    for column in columns:
-        parts = column.key.split("/")
-        for i in range(1, len(parts)):
-            members.setdefault("/".join(parts[:i]), _group())
-    for column, layout in zip(columns, layouts(schema)):
+    members: dict[str, Any] = {path: _group() for path in group_paths(schema)}
+    for column, layout in zip(schema.storage_columns, layouts(schema)):
         members[column.key] = array_document(layout, commit.rows(column.table))
     return {**_empty(), "metadata": dict(sorted(members.items()))}
 

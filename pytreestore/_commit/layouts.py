@@ -1,16 +1,18 @@
-"""The on-disk layout of a schema's columns: what each array's ``zarr.json`` holds.
+"""The on-disk layout of a schema: what each array's ``zarr.json`` holds, and the groups
+between the root and the arrays.
 
 Example:
     >>> import numpy as np
     >>> from pytreestore._format.schema import TreeSchema
-    >>> schema = TreeSchema.from_example({"x": np.zeros(3, np.float32)}, chunk_records=64)
-    >>> [(l.key, l.shape, l.chunks) for l in layouts(schema)]
-    [('x', (3,), (64, 3))]
+    >>> schema = TreeSchema.from_example({"a": {"x": np.zeros(3, np.float32)}}, chunk_records=64)
+    >>> [(l.key, l.shape, l.chunks) for l in layouts(schema)], group_paths(schema)
+    ([('a/x', (3,), (64, 3))], ['a'])
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format.schema import ColumnSpec, TreeSchema
@@ -38,4 +40,19 @@ def column_layouts(columns: Sequence[ColumnSpec], codec: str | None) -> list[Col
     ]
 
 
-__all__ = ["column_layouts", "layouts"]
+def group_paths(schema: TreeSchema) -> list[str]:
+    """The paths of the groups between the root and ``schema``'s arrays, sorted: every
+    proper prefix of a storage key."""
+    groups: set[str] = set()
+    for c in schema.storage_columns:
+        parts = c.key.split("/")
+        groups.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    return sorted(groups)
+
+
+def group_document(attributes: dict[str, Any]) -> dict[str, Any]:
+    """A zarr v3 group's ``zarr.json`` document with ``attributes``."""
+    return {"zarr_format": 3, "node_type": "group", "attributes": attributes}
+
+
+__all__ = ["column_layouts", "group_document", "group_paths", "layouts"]

@@ -69,7 +69,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pytreestore._commit import consolidated, versions
-from pytreestore._commit.layouts import column_layouts, layouts
+from pytreestore._commit.layouts import column_layouts, group_document, group_paths, layouts
 from pytreestore._commit.lock import WriterLock
 from pytreestore._commit.record import Commit, now_utc
 from pytreestore._commit.repair import repair
@@ -167,7 +167,7 @@ def initial_commit(engine: Backend, schema: TreeSchema) -> Commit:
     commit = Commit(0, 0, store, tables, info["digest"], now_utc(), "create")
     versions.publish(engine, commit)
     engine.write_bytes(COMMIT_KEY, commit.to_bytes())
-    root = json.loads(group_json({"pytreestore": info}))
+    root = group_document({"pytreestore": info})
     engine.write_bytes(ROOT_KEY, consolidated.with_consolidated(root, schema, commit))
     return commit
 
@@ -179,18 +179,12 @@ def finish_store(engine: Backend) -> None:
 
 def group_keys(schema: TreeSchema) -> list[str]:
     """The ``zarr.json`` keys of the groups between the root and ``schema``'s columns."""
-    groups: set[str] = set()
-    for c in schema.storage_columns:
-        parts = c.key.split("/")
-        groups.update("/".join(parts[:i]) + "/" + ROOT_KEY for i in range(1, len(parts)))
-    return sorted(groups)
+    return [f"{path}/{ROOT_KEY}" for path in group_paths(schema)]
 
 
 def group_json(attributes: dict[str, Any]) -> bytes:
     """A zarr v3 group's ``zarr.json`` with ``attributes``."""
-    return json.dumps(
-        {"zarr_format": 3, "node_type": "group", "attributes": attributes}, indent=1
-    ).encode()
+    return json.dumps(group_document(attributes), indent=1).encode()
 
 
 def with_info(raw: bytes | None, info: dict[str, Any]) -> bytes:
