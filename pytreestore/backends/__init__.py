@@ -25,6 +25,7 @@ from pytreestore.backends._base import (
     KeyListing,
     PartialWriteCleanup,
     TensorStoreKvStore,
+    Transactions,
 )
 from pytreestore.backends._registry import (
     BackendFactory,
@@ -47,6 +48,7 @@ __all__ = [
     "PartialWriteCleanup",
     "TensorStoreBackend",
     "TensorStoreKvStore",
+    "Transactions",
     "ZarrBackend",
     "get_backend",
     "register_backend",

@@ -57,6 +57,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 from collections.abc import Sequence
@@ -263,6 +264,29 @@ class PartialWriteCleanup(Protocol):
     def remove_partial_writes(self, keys: Sequence[str], tail_chunk: int, /) -> list[str]:
         """Deletes what a killed writer left in columns ``keys`` from chunk row ``tail_chunk``
         on (and in the store's own files); the paths removed. Only the lock holder calls it."""
+        ...
+
+
+@runtime_checkable
+class Transactions(Protocol):
+    """Atomic commits over many keys and arrays: a commit's resizes, chunk writes, version
+    record, commit record and root land together or not at all (TensorStore's OCDBT kvstore).
+
+    The store wraps each commit in :func:`pytreestore._commit.atomic.atomic`, which enters
+    :meth:`transaction` when a backend has this capability and does nothing otherwise.
+    """
+
+    def transaction(self) -> contextlib.AbstractContextManager[None]:
+        """A block whose writes through this backend (``write_bytes``, ``write_many_bytes``,
+        ``write_bytes_if``, ``delete_keys``, ``resize``, ``write``) commit as one atomic step
+        when it exits normally, and none of them when it raises. Reads inside the block see
+        its own writes. Re-entrant: a block inside another joins the outer one.
+
+        A conditional write (``write_bytes_if``) inside the block whose token is stale makes
+        the whole block commit nothing: it returns None (or the block raises
+        :class:`~pytreestore.errors.CommitConflictError`), so two writers can never both
+        commit.
+        """
         ...
 
 
