@@ -24,6 +24,7 @@ __all__ = [
     "CorruptStoreError",
     "ForkedWriterError",
     "FormatVersionError",
+    "MultiHostError",
     "NotAStoreError",
     "PyTreeStoreError",
     "RaggedDeclarationError",
@@ -165,6 +166,13 @@ class UnpicklableStoreError(PyTreeStoreError, TypeError):
 
 class ForkedWriterError(PyTreeStoreError, RuntimeError):
     """A store open for appending was used in a process forked from the one that opened it."""
+
+
+class MultiHostError(PyTreeStoreError, RuntimeError):
+    """A multi-host write (``multihost=True``, :meth:`TreeStore.extend_batch` on every
+    process) could not go ahead: the processes passed different batches, a process failed
+    in a way no other error class names, or a method that writes on one process only was
+    called. Nothing was committed."""
 
 
 class ChunkSizeError(PyTreeStoreError, ValueError):
