@@ -23,7 +23,7 @@ Example:
     >>> plan.runs, plan.of(0)
     (((0, 6, 0),), [(0, 6)])
     >>> np.asarray(host_rows(x, 2, 4))
-    array([2., 3.])
+    array([2., 3.], dtype=float32)
 """
 
 from __future__ import annotations
