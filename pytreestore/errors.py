@@ -26,6 +26,7 @@ __all__ = [
     "FormatVersionError",
     "MultiHostError",
     "NotAStoreError",
+    "OptionalDependencyError",
     "PyTreeStoreError",
     "RaggedDeclarationError",
     "RaggedLengthError",
@@ -173,6 +174,11 @@ class MultiHostError(PyTreeStoreError, RuntimeError):
     process) could not go ahead: the processes passed different batches, a process failed
     in a way no other error class names, or a method that writes on one process only was
     called. Nothing was committed."""
+
+
+class OptionalDependencyError(PyTreeStoreError, ImportError):
+    """A feature needs an optional dependency that is not installed; the message names the
+    extra to install (``pip install 'pytreestore[ray]'``)."""
 
 
 class ChunkSizeError(PyTreeStoreError, ValueError):

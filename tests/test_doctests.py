@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import importlib.util
 import pkgutil
 
 import pytest
@@ -22,6 +23,8 @@ MODULES = [
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
+    if name == "pytreestore.ray" and importlib.util.find_spec("ray") is None:
+        pytest.skip("pytreestore.ray needs the ray extra (pip install 'pytreestore[ray]')")
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0, f"{result.failed} docstring example(s) failed in {name}"

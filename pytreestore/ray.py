@@ -1,0 +1,246 @@
+"""Writing a store from Ray Data: ``ds.write_datasink(TreeStoreDatasink(path))``.
+
+A two-phase commit on an existing store. The driver opens the store for appending when the
+write starts (:meth:`TreeStoreDatasink.on_write_start`), holding its writer lock for the whole
+write; each write task turns its blocks into batches of the store's schema and writes each as
+a fragment (:func:`pytreestore.write_fragment`, uncommitted, no lock); the driver commits
+every task's fragments in task order, in one atomic commit, once all tasks are done
+(:meth:`~TreeStoreDatasink.on_write_complete`). A write that fails commits nothing: readers
+never see any of its rows, and ``store.vacuum()`` removes the fragments its tasks wrote.
+
+**Rows to leaves.** Each leaf of the store's records is one Ray column, named by the leaf's
+keypath in JAX's simple form (``jax.tree_util.keystr(path, simple=True, separator=".")``):
+``{"x": ..., "meta": {"lr": ...}}`` reads columns ``x`` and ``meta.lr``, a dataclass
+``Params(w, b)`` reads ``w`` and ``b``, a list ``[a, b]`` reads ``0`` and ``1``, and a store
+of bare arrays reads ``item`` (the column ``ray.data.from_items`` makes of non-dict items).
+``columns=`` renames any of them: ``{"['meta']['lr']": "learning_rate"}``, keypaths as in
+``store.schema.paths``. A column holds one leaf per row: a scalar, or a fixed-shape array
+(Ray's tensor columns), cast to the column's dtype by the store's rule (a value that does not
+fit is refused). Every leaf needs its column and every column its leaf; select or rename
+columns first (``ds.select_columns``, ``ds.rename_columns``).
+
+**Order.** Records land in the order of the write tasks (Ray's ``task_idx``), each task's
+blocks in order. Ray Data keeps the dataset's order only with
+``ray.data.DataContext.get_current().execution_options.preserve_order = True``.
+
+**Where.** Every worker writes under the store's path: a local path on one machine, or a
+path every node reaches (a shared filesystem, ``s3://``, ``gs://``); not ``memory://``.
+
+Example:
+    >>> import numpy as np, pytreestore, ray
+    >>> from pytreestore.ray import TreeStoreDatasink
+    >>> sink = TreeStoreDatasink("/tmp/doc-ray-store")
+    >>> sink.get_name()
+    'TreeStore'
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pytreestore
+from pytreestore._format.schema import TreeSchema
+from pytreestore._location import Location
+from pytreestore.errors import (
+    OptionalDependencyError,
+    SchemaMismatchError,
+    UnknownColumnError,
+)
+
+try:
+    from ray.data import Datasink
+    from ray.data.block import BlockAccessor
+except ImportError as err:  # the ray extra is not installed
+    raise OptionalDependencyError(
+        "pytreestore.ray needs Ray Data, which is not installed; install it with "
+        "pip install 'pytreestore[ray]' (or pip install 'ray[data]')"
+    ) from err
+
+TaskResult = dict[str, Any]  # {"task": task_idx, "fragments": [Fragment JSON, ...]}
+
+
+def column_names(schema: TreeSchema, columns: Mapping[str, str] | None = None) -> list[str]:
+    """The Ray column of each of the store's columns, in column order (module docstring).
+
+    Raises:
+        UnknownColumnError: ``columns`` names a keypath the store has no column at.
+        SchemaMismatchError: two leaves would read the same Ray column.
+    """
+    import jax
+
+    placeholders = schema.unflatten([_Slot(i) for i in range(len(schema.columns))])
+    names = [""] * len(schema.columns)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(placeholders)[0]:
+        if isinstance(leaf, _Slot):
+            names[leaf.index] = jax.tree_util.keystr(path, simple=True, separator=".") or "item"
+    paths = schema.paths
+    for keypath, name in (columns or {}).items():
+        if keypath not in paths:
+            raise UnknownColumnError(
+                f"columns= names {keypath!r}, which is no column of the store; its columns are "
+                f"{', '.join(paths)}"
+            )
+        if not isinstance(name, str):
+            raise TypeError(f"columns= maps keypaths to Ray column names (str), got {name!r}")
+        names[paths.index(keypath)] = name
+    seen: dict[str, str] = {}
+    for path, name in zip(paths, names):
+        if name in seen:
+            raise SchemaMismatchError(
+                f"the leaves at {seen[name]} and {path} would both read the Ray column "
+                f"{name!r}; give one of them its own column with columns={{{path!r}: 'name'}}"
+            )
+        seen[name] = path
+    return names
+
+
+class _Slot:
+    """A placeholder leaf: which column it stands for."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def check_columns(names: list[str], got: Iterable[str], path: str) -> None:
+    """Refuses a block (or a dataset schema) whose columns are not exactly ``names``.
+
+    Raises:
+        SchemaMismatchError: columns are missing or left over; the message lists them.
+    """
+    got = list(got)
+    missing = [n for n in names if n not in got]
+    extra = [n for n in got if n not in names]
+    if not missing and not extra:
+        return
+    problems = []
+    if missing:
+        problems.append(f"missing the columns {missing}")
+    if extra:
+        problems.append(f"with columns no leaf reads: {extra} (drop them: ds.drop_columns)")
+    raise SchemaMismatchError(
+        f"the dataset does not match store {path}: {'; '.join(problems)}. The store's leaves "
+        f"read the Ray columns {names} (rename with ds.rename_columns, or map keypaths to "
+        "columns with TreeStoreDatasink(..., columns={keypath: column}))"
+    )
+
+
+class TreeStoreDatasink(Datasink[TaskResult]):
+    """A Ray Data datasink appending a dataset's rows to an existing store.
+
+    ``ds.write_datasink(TreeStoreDatasink(path))`` appends every row of ``ds`` as a record,
+    all or none (see the module docstring for how columns map to leaves, and the order).
+
+    Args:
+        path: the store's location; it must exist (``pytreestore.create(path, example)``),
+            on storage every Ray worker reaches.
+        like: an example record whose classes to use (as in :func:`pytreestore.open`), for
+            classes the workers cannot import by name.
+        columns: keypath -> Ray column name, for leaves whose column is not named by the
+            default rule.
+        backend: the store's storage engine, as in :func:`pytreestore.open`.
+        storage_options: for ``s3://`` and ``gs://`` stores, as in :func:`pytreestore.open`.
+
+    Raises:
+        BadLocationError: ``path`` is a ``memory://`` store, which workers cannot reach.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        like: Any = None,
+        columns: Mapping[str, str] | None = None,
+        backend: str = "tensorstore",
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        location = Location.parse(path, storage_options)
+        if location.kind == "memory":
+            raise pytreestore.errors.BadLocationError(
+                f"{path} is an in-memory store, which Ray's workers (other processes) cannot "
+                "write to; give the datasink a local path or an s3:// or gs:// URL"
+            )
+        self.path = os.fspath(path)
+        self._like = like
+        self._columns = dict(columns) if columns else None
+        self._options: dict[str, Any] = {"backend": backend, "storage_options": storage_options}
+        self._store: pytreestore.TreeStore | None = None  # the driver's writer, while writing
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a write task receives: everything but the driver's open store."""
+        return {**self.__dict__, "_store": None}
+
+    def _open(self, mode: str) -> pytreestore.TreeStore:
+        return pytreestore.open(self.path, mode, like=self._like, **self._options)  # type: ignore[arg-type]
+
+    def on_write_start(self, schema: Any = None) -> None:
+        """On the driver, before any task: opens the store for appending (its writer lock is
+        held until the write completes or fails) and checks the dataset's columns.
+
+        Raises:
+            SchemaMismatchError: the dataset's columns are not the store's leaves' columns,
+                or the store holds ragged records (not supported here yet).
+        """
+        store = self._open("a")
+        try:
+            if store.schema.ragged is not None:
+                raise SchemaMismatchError(
+                    f"store {self.path} holds ragged or optional records, which "
+                    "TreeStoreDatasink cannot write yet; write them with store.extend"
+                )
+            names = column_names(store.schema, self._columns)
+            if schema is not None and getattr(schema, "names", None) is not None:
+                check_columns(names, schema.names, self.path)
+        except BaseException:
+            store.close()
+            raise
+        self._store = store
+
+    def write(self, blocks: Iterable[Any], ctx: Any) -> TaskResult:
+        """In a write task: each non-empty block becomes one fragment of the store.
+
+        Returns:
+            ``{"task": ctx.task_idx, "fragments": [JSON of each Fragment]}``.
+        """
+        schema = self._open("r").schema
+        names = column_names(schema, self._columns)
+        fragments = []
+        for block in blocks:
+            rows = BlockAccessor.for_block(block)
+            if rows.num_rows() == 0:
+                continue
+            data = rows.to_batch_format("numpy")
+            check_columns(names, data, self.path)
+            batch = schema.unflatten([data[name] for name in names])
+            fragment = pytreestore.write_fragment(self.path, batch, like=self._like, **self._options)
+            fragments.append(fragment.to_json())
+        return {"task": int(ctx.task_idx), "fragments": fragments}
+
+    def on_write_complete(self, write_result: Any) -> None:
+        """On the driver, once every task succeeded: commits all fragments in task order,
+        in one atomic commit, and closes the store."""
+        store = self._store
+        if store is None:
+            raise pytreestore.errors.ClosedStoreError(
+                f"TreeStoreDatasink for {self.path} completed a write it never started "
+                "(on_write_start was not called); use it through ds.write_datasink(...)"
+            )
+        results = sorted(write_result.write_returns, key=lambda r: r["task"])
+        fragments = [pytreestore.Fragment.from_json(t) for r in results for t in r["fragments"]]
+        try:
+            if fragments:
+                store.commit_fragments(fragments)
+        finally:
+            self._store = None
+            store.close()
+
+    def on_write_failed(self, error: Exception) -> None:
+        """On the driver, after a task failed (or the commit did): closes the store with
+        nothing committed; its tasks' fragments are left for ``vacuum()``."""
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
+
+
+__all__ = ["TreeStoreDatasink", "check_columns", "column_names"]

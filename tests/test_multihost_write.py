@@ -1,0 +1,126 @@
+"""Multi-host writes: two processes under ``jax.distributed`` on 127.0.0.1, 4 CPU devices each.
+
+Both processes create a store with ``multihost=True`` and call ``extend_batch`` with the same
+global batches (tests/multihost_child.py), sharded over a mesh spanning both processes: split,
+partially replicated, replicated, split on a leaf axis too, and each leaf its own way. The
+stores must equal a single-process write of the same batches (values, order, classes) on both
+backends, and both processes must see the same length after every batch. Failures on one
+process (a batch of the wrong structure, a storage error, batches that differ) and a batch no
+process holds whole must raise on both processes, commit nothing, and leave the store usable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pytreestore
+from tests import multihost_child as child
+from tests.trees import Params
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """Runs the two processes once for the module; their reports, by process."""
+    root = tmp_path_factory.mktemp("multihost")
+    port = str(free_port())
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.multihost_child", str(i), port, str(root)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
+        for i in range(2)
+    ]
+    outputs = []
+    try:
+        for proc in procs:  # a hang in either process fails here, not the whole run
+            out, err = proc.communicate(timeout=240)
+            assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{out}\n{err[-6000:]}"
+            outputs.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return root, sorted(outputs, key=lambda o: o["process"])
+
+
+def reference(tmp_path: Path, backend: str, batches: list[tuple[int, int]]) -> Any:
+    """The same records written by one process, as numpy."""
+    with pytreestore.create(tmp_path / f"ref-{backend}", child.LIKE, backend=backend) as store:
+        for first, count in batches:
+            store.extend_batch(child.batch_values(first, count))
+    return pytreestore.open(tmp_path / f"ref-{backend}", backend=backend).load(as_numpy=True)
+
+
+def assert_same(got: Any, want: Any) -> None:
+    assert type(got) is type(want) is Params
+    for name in ("x", "y"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_global_batches_equal_a_single_process_write(runs, tmp_path, backend):
+    root, reports = runs
+    counts = [count for count, _, _ in child.BATCHES]
+    firsts = np.cumsum([0, *counts[:-1]]).tolist()
+    want = reference(tmp_path, backend, list(zip(firsts, counts)))
+    got = pytreestore.open(root / backend, backend=backend).load(as_numpy=True)
+    assert_same(got, want)
+    lengths = np.cumsum(counts).tolist()
+    assert [r["lengths"][backend] for r in reports] == [lengths, lengths]
+    assert [r["modes"][backend] for r in reports] == ["a", "a"]
+
+
+def test_each_failure_raises_on_both_processes_and_commits_nothing(runs):
+    _, reports = runs
+    expected = {
+        "structure": "SchemaMismatchError",  # process 1's batch is a dict
+        "split": "ShardingError",  # rows split across the processes on a leaf axis
+        "different": "MultiHostError",  # the processes passed batches of 8 and 6 records
+        "append": "MultiHostError",  # one process's append on a multi-host store
+        "storage": "StorageError",  # process 1's fragment write failed
+    }
+    for report in reports:
+        failures = report["failures"]
+        for name, kind in expected.items():
+            assert failures[name]["type"] == kind, (report["process"], name, failures[name])
+            assert failures[name]["length"] == 0, (report["process"], name)
+        assert failures["after"] == {"type": None, "length": 8}
+    zero, one = (r["failures"] for r in reports)
+    assert "process 1 of 2" in zero["structure"]["message"]
+    assert "nothing was committed" in zero["storage"]["message"]
+    assert "injected: the disk of process 1 is full" in zero["storage"]["message"]
+    assert any("every process" in note for note in one["storage"]["notes"])
+    assert "8 records" in zero["different"]["message"]
+    assert "6 records" in zero["different"]["message"]
+    assert "extend_batch" in zero["append"]["message"]
+
+
+def test_the_store_after_failures_holds_only_the_good_batch(runs, tmp_path):
+    root, _ = runs
+    got = pytreestore.open(root / "failures").load(as_numpy=True)
+    assert_same(got, reference(tmp_path, "tensorstore", [(0, 8)]))
