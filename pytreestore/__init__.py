@@ -13,6 +13,7 @@ Example:
 """
 
 from pytreestore import errors as errors
+from pytreestore._commit.fragment import Fragment as Fragment
 from pytreestore._commit.vacuum import VacuumReport as VacuumReport
 from pytreestore._commit.versions import Version as Version
 from pytreestore._format.schema import FORMAT_VERSION as FORMAT_VERSION
@@ -20,6 +21,7 @@ from pytreestore._format.schema import ColumnSpec as ColumnSpec
 from pytreestore._format.schema import TreeSchema as TreeSchema
 from pytreestore._inspect.verify import VerifyReport as VerifyReport
 from pytreestore._open.copy import copy as copy
+from pytreestore._open.fragments import write_fragment as write_fragment
 from pytreestore._open.open import create as create
 from pytreestore._open.open import evolve as evolve
 from pytreestore._open.open import open as open
@@ -36,6 +38,7 @@ __all__ = [
     "FORMAT_VERSION",
     "BatchIterator",
     "ColumnSpec",
+    "Fragment",
     "GrainSource",
     "Segments",
     "TreeSchema",
@@ -51,4 +54,5 @@ __all__ = [
     "open",
     "stack",
     "unstack",
+    "write_fragment",
 ]

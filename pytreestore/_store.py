@@ -21,6 +21,7 @@ from pytreestore._commit.record import Commit
 from pytreestore._commit.repair import check_not_replaced
 from pytreestore._commit.writer import Writer, forked_writer
 from pytreestore._format.schema import TreeSchema
+from pytreestore._fragmenting import Fragmenting
 from pytreestore._inspect import progress as _progress
 from pytreestore._inspect import repr as _repr
 from pytreestore._inspect.verify import VerifyReport, verify_store
@@ -48,7 +49,7 @@ from pytreestore.errors import (
 )
 
 
-class TreeStore(Pipelines, Reads, Versioning):
+class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
     """A persistent, columnar store of pytree records.
 
     Create one with :func:`pytreestore.create` or open one with :func:`pytreestore.open`.

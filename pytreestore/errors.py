@@ -24,6 +24,7 @@ __all__ = [
     "CorruptStoreError",
     "ForkedWriterError",
     "FormatVersionError",
+    "FragmentError",
     "MultiHostError",
     "NotAStoreError",
     "OptionalDependencyError",
@@ -198,6 +199,12 @@ class VersionNotFoundError(PyTreeStoreError, LookupError):
 
 class TagExistsError(PyTreeStoreError, ValueError):
     """:meth:`TreeStore.tag` was given a name that already tags a version (tags never move)."""
+
+
+class FragmentError(PyTreeStoreError, ValueError):
+    """A fragment (:func:`pytreestore.write_fragment`) that cannot be committed: of another
+    store or schema, committed already, its files gone, or its JSON malformed; or data that
+    cannot become one (a ragged store). Nothing was written or committed."""
 
 
 class UnknownBackendError(PyTreeStoreError, ValueError):

@@ -83,10 +83,16 @@ class Committer:
         self._uncertain: Commit | None = None  # a commit whose write failed midway
 
     def advance(
-        self, records: int, tables: dict[str, int] | None = None, *, operation: str = "append"
+        self,
+        records: int,
+        tables: dict[str, int] | None = None,
+        *,
+        operation: str = "append",
+        fragments: tuple[str, ...] = (),
     ) -> Commit:
         """Commits ``records`` records (the last commit's successor) and returns the commit;
-        in a ragged store, with ``tables``, the committed rows of every axis's table.
+        in a ragged store, with ``tables``, the committed rows of every axis's table; with
+        ``fragments``, the ids of the fragments the commit appends (kept in its record).
 
         The version record is written first, only if absent, then the commit record, then
         (with :attr:`tree`) the root ``zarr.json``'s consolidated metadata.
@@ -95,7 +101,9 @@ class Committer:
             CommitConflictError: another writer committed since; nothing was committed.
             StorageError: the write failed (it may have landed: a retry finds out).
         """
-        commit = self.commit.next(records, tables, schema=self.schema, operation=operation)
+        commit = self.commit.next(
+            records, tables, schema=self.schema, operation=operation, fragments=fragments
+        )
         if self._uncertain is not None and self._uncertain == commit:
             commit = self._uncertain  # a retry: the same record, byte for byte
         self._publish(commit)

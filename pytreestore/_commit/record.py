@@ -41,6 +41,7 @@ from pytreestore.backends import Backend
 from pytreestore.errors import CorruptStoreError
 
 _STORE_ID = re.compile("[0-9a-f]{32}")
+_FRAGMENT_ID = re.compile("[0-9a-f]{32}")
 #: what a commit did: ``release`` frees the rows older versions held past a truncate, before
 #: the first append after it writes over them
 OPERATIONS = ("create", "append", "evolve", "truncate", "release")
@@ -72,6 +73,8 @@ class Commit:
     cuts: tuple[tuple[int, int], ...] = ()
     #: format 3: the releases, ``(version, first record written over)``, oldest first
     rewrites: tuple[tuple[int, int], ...] = ()
+    #: format 3 (issue 17): the ids of the fragments this commit appended, in order
+    fragments: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
     def to_json(self) -> dict[str, Any]:
         obj: dict[str, Any] = {
@@ -91,6 +94,8 @@ class Commit:
             obj["cuts"] = [list(c) for c in self.cuts]
         if self.rewrites:
             obj["rewrites"] = [list(r) for r in self.rewrites]
+        if self.fragments:
+            obj["fragments"] = list(self.fragments)
         return obj
 
     def to_bytes(self) -> bytes:
@@ -103,9 +108,11 @@ class Commit:
         *,
         schema: str | None = None,
         operation: str = "append",
+        fragments: tuple[str, ...] = (),
     ) -> Commit:
         """The commit after this one, holding ``records`` records (and, in a ragged store,
-        ``tables`` rows of each axis's table; by default as before).
+        ``tables`` rows of each axis's table; by default as before); ``fragments``: the ids
+        of the fragments it appends.
 
         ``operation="truncate"`` keeps what older versions reach as ``high``;
         ``"release"`` gives it up (older versions holding more than ``records`` are then gone).
@@ -132,6 +139,7 @@ class Commit:
             high,
             cuts,
             rewrites,
+            fragments,
         )
 
     def gone(self, seen: Commit) -> tuple[int, int] | None:
@@ -187,7 +195,16 @@ class Commit:
                 f"lowercase hex digits, got {json.dumps(store)}. The store was damaged outside "
                 "pytreestore; restore the file from a backup (nothing was read or written)."
             )
-        return cls(records, generation, store, _tables(obj, where), *_history(obj, where))
+        commit = cls(records, generation, store, _tables(obj, where), *_history(obj, where))
+        fragments = obj.get("fragments", [])
+        if not (
+            isinstance(fragments, list) and all(_FRAGMENT_ID.fullmatch(str(f)) for f in fragments)
+        ):
+            raise CorruptStoreError(
+                f"{where}/{COMMIT_KEY} is not a valid commit record: its 'fragments' must be a "
+                f"list of fragment ids (32 hex digits), got {json.dumps(fragments)}"
+            )
+        return dataclasses.replace(commit, fragments=tuple(fragments)) if fragments else commit
 
 
 def _tables(obj: dict[str, Any], where: str) -> tuple[tuple[str, int], ...] | None:

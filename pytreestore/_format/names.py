@@ -31,6 +31,8 @@ VERSIONS_DIR = f"{META_DIR}/versions"
 TAGS_DIR = f"{META_DIR}/tags"
 #: format 3: every schema a version was committed with, as ``<digest hex>.json``
 SCHEMAS_DIR = f"{META_DIR}/schemas"
+#: issue 17: uncommitted fragments, one folder ``<fragment id>/`` each (readers never look here)
+FRAGMENTS_DIR = f"{META_DIR}/fragments"
 #: the token of a missing key in conditional writes (TensorStore's generation of one): pass it
 #: to ``write_bytes_if`` to create only
 NO_VALUE = b"\x02"
@@ -66,3 +68,8 @@ def schema_key(schema_id: str) -> str:
 def array_json(column: str) -> str:
     """The storage key of the metadata document of ``column``'s array."""
     return f"{column}/{ROOT_KEY}"
+
+
+def fragment_folder(fragment: str) -> str:
+    """The folder (a key prefix, no trailing ``/``) of the fragment whose id is ``fragment``."""
+    return f"{FRAGMENTS_DIR}/{fragment}"

@@ -255,7 +255,7 @@ def open(
     _check_version_options(mode, version, keep_versions)
     location = Location.parse(path, storage_options)
     engine: Backend = get_backend(backend)(location)
-    schema = _read_schema(engine, location, like=like, generic=generic)
+    schema = read_schema(engine, location, like=like, generic=generic)
     engine.open_columns(schema.storage_columns)
     commit, lock = protocol.attach(
         engine, location, schema, append=mode == "a", break_lock=break_lock
@@ -343,7 +343,8 @@ def _check_open_options(
         )
 
 
-def _read_schema(engine: Backend, location: Location, *, like: Any, generic: bool) -> TreeSchema:
+def read_schema(engine: Backend, location: Location, *, like: Any, generic: bool) -> TreeSchema:
+    """The schema in the root ``zarr.json`` of the store behind ``engine``."""
     raw = engine.read_bytes(ROOT_KEY)
     if raw is None:
         if engine.is_empty():
@@ -384,4 +385,4 @@ def evolve(
         store.evolve(add=add, drop=drop, rename=rename, rename_class=rename_class)
 
 
-__all__ = ["create", "create_from_schema", "evolve", "open", "open_any"]
+__all__ = ["create", "create_from_schema", "evolve", "open", "open_any", "read_schema"]

@@ -291,6 +291,27 @@ class Transactions(Protocol):
 
 
 @runtime_checkable
+class ChunkCopies(Protocol):
+    """Placing stored objects at other keys as they are, encoded, without decoding them: how
+    a fragment's chunks become the store's (:mod:`pytreestore._commit.fragments`).
+
+    Locally a hard link (no byte is copied), elsewhere a copy of the raw bytes. The source
+    stays as it was. Inside a :class:`Transactions` block the writes join the transaction.
+    """
+
+    def copy_chunks(self, pairs: Sequence[tuple[str, str]], /) -> None:
+        """Places the object at each ``(source, destination)`` pair's source key at its
+        destination key (replacing what is there), all before returning, durably.
+
+        Raises:
+            CorruptChunkError: a source key holds nothing (its ``key`` names it); the
+                destinations placed before are left (they lie past the commit).
+            StorageError: storage failed.
+        """
+        ...
+
+
+@runtime_checkable
 class TensorStoreKvStore(Protocol):
     """The engine's TensorStore key-value store (sizes of in-memory stores in ``repr``)."""
 

@@ -39,6 +39,7 @@ from pytreestore._location import Location
 from pytreestore.backends._base import (
     BatchedReads,
     CheckedReads,
+    ChunkCopies,
     ColumnLayout,
     ColumnShape,
     ConditionalWrites,
@@ -46,7 +47,9 @@ from pytreestore.backends._base import (
     PartialWriteCleanup,
     TensorStoreKvStore,
     delete_folder,
+    missing_chunk,
 )
+from pytreestore.backends._links import link_files
 from pytreestore.backends._metadata import array_metadata
 from pytreestore.backends._tensorstore import direct as _direct
 from pytreestore.backends._tensorstore import futures as _futures
@@ -73,6 +76,7 @@ class TensorStoreBackend(
     BatchedReads,
     PartialWriteCleanup,
     TensorStoreKvStore,
+    ChunkCopies,
 ):
     """Columns as TensorStore ``zarr3`` arrays on the ``file``, ``memory``, ``s3`` or ``gcs``
     kvstore.
@@ -435,6 +439,24 @@ class TensorStoreBackend(
         except OSError as err:
             raise _futures.storage_error(f"reading column {key}", err) from err
         return None
+
+    def copy_chunks(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Places each source key's object at its destination key: a hard link on the file
+        kvstore, elsewhere the raw bytes read and written again, all at once (no decoding)."""
+        if self._location.kind == "file":
+            link_files(self._location.root, pairs)
+            return
+        reads = [self.kvstore.read(source) for source, _ in pairs]
+        found = _futures.wait(
+            reads, [s for s, _ in pairs], f"reading {self._location}", timeout=self._timeout
+        )
+        for (source, _), result in zip(pairs, found):
+            if result.state != "value":
+                raise missing_chunk(source, None, f"no object at {source}")
+        writes = [self.kvstore.write(d, r.value) for (_, d), r in zip(pairs, found)]
+        _futures.wait(
+            writes, [d for _, d in pairs], f"writing to {self._location}", timeout=self._timeout
+        )
 
     def close(self) -> None:
         self._handles.clear()

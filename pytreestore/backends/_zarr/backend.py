@@ -70,13 +70,16 @@ from pytreestore._format.names import META_DIR, NO_VALUE, array_json
 from pytreestore._location import Location
 from pytreestore.backends._base import (
     BatchedReads,
+    ChunkCopies,
     ColumnLayout,
     ColumnShape,
     ConditionalWrites,
     KeyListing,
     damaged_chunk,
     delete_folder,
+    missing_chunk,
 )
+from pytreestore.backends._links import link_files
 from pytreestore.backends._metadata import array_document, encode_document
 from pytreestore.backends._unstored import Unstored
 from pytreestore.backends._zarr import dtypes as _zarr_dtypes
@@ -96,13 +99,13 @@ _CONFIG = {"write_empty_chunks": True, "order": "C"}  # a chunk of zeros is stil
 _COMMIT_LOCK = threading.Lock()  # the commit lock of memory:// stores
 
 
-class ZarrBackend(ConditionalWrites, KeyListing, BatchedReads):
+class ZarrBackend(ConditionalWrites, KeyListing, BatchedReads, ChunkCopies):
     """Columns as zarr-python 3 arrays on a local directory or a ``memory://`` store; its
     subclass :class:`~pytreestore.backends._zarr.s3.ZarrS3Backend` stores on S3
     (``backend="zarr"`` picks the class by location: :func:`zarr_backend`).
 
     Capabilities: ConditionalWrites (a ``flock`` locally, a process lock in memory; ETags on
-    S3), KeyListing, BatchedReads.
+    S3), KeyListing, BatchedReads, ChunkCopies (hard links locally, raw bytes elsewhere).
     """
 
     def __init__(self, location: Location) -> None:
@@ -194,6 +197,18 @@ class ZarrBackend(ConditionalWrites, KeyListing, BatchedReads):
             yield
         finally:
             os.close(fd)  # closing the only descriptor releases the flock
+
+    def copy_chunks(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Places each source key's object at its destination key: a hard link on local
+        disk, elsewhere the raw bytes read and written again, all at once (no decoding)."""
+        if self._location.kind == "file":
+            link_files(self._location.root, pairs)
+            return
+        found = self._call(gather(self._get(s) for s, _ in pairs), f"reading {self._location}")
+        for (source, _), raw in zip(pairs, found):
+            if raw is None:
+                raise missing_chunk(source, None, f"no object at {source}")
+        self.write_many_bytes({d: raw for (_, d), raw in zip(pairs, found) if raw is not None})
 
     async def _get(self, key: str) -> bytes | None:
         buffer = await self._store.get(key, prototype=_PROTOTYPE)

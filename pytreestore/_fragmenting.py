@@ -1,0 +1,99 @@
+"""``store.commit_fragments``: appending fragments written by other processes in one commit.
+
+Any process writes records under a store with :func:`pytreestore.write_fragment`, without
+the writer lock; the store's one writer appends them with :meth:`Fragmenting.commit_fragments`
+(:mod:`pytreestore._commit.fragments` has the steps). See docs/scaling.md.
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> s = pytreestore.create("memory://doc-fragmenting", {"x": np.int8(0)})
+    >>> f = pytreestore.write_fragment("memory://doc-fragmenting", [{"x": 5}, {"x": 6}])
+    >>> s.commit_fragments([f]); len(s), s.versions()[-1].operation
+    (2, 'append')
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from pytreestore._commit import fragments as _fragments
+from pytreestore._commit.atomic import atomic
+from pytreestore._commit.fragment import Fragment
+from pytreestore.errors import FragmentError, PyTreeStoreError
+
+if TYPE_CHECKING:
+    from pytreestore._location import Location
+    from pytreestore.backends import Backend
+
+
+class Fragmenting:
+    """The fragment methods of :class:`~pytreestore.TreeStore` (a mixin)."""
+
+    _backend: Backend
+    _location: Location
+
+    def commit_fragments(self, fragments: Iterable[Fragment]) -> None:
+        """Appends fragments (:func:`pytreestore.write_fragment`) in the given order, as one
+        commit: one version, whose record lists the fragments' ids.
+
+        Buffered records are committed first, so the order is: this writer's records, then
+        the fragments'. A fragment that starts at a chunk boundary of the store (every
+        fragment, when each holds a multiple of ``chunk_records`` records and the store did
+        before them) has its chunks placed without copying data where the backend can (hard
+        links on local disk; raw chunk bytes elsewhere); any other is read and written
+        again. The fragments' folders are deleted once the commit is made. An empty list
+        commits nothing.
+
+        Raises:
+            ReadOnlyError: the store is open with mode "r".
+            FragmentError: a fragment of another store or of another schema, one committed
+                already (or listed twice), one whose files are gone, or a ragged store.
+                Checked before anything is written: nothing is committed.
+            CommitConflictError: another writer committed meanwhile (one that took the lock
+                over with ``break_lock=True``); nothing of this call was committed, and the
+                fragments are intact: reopen the store and call this again.
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-commit-fragments", {"x": np.int8(0)})
+            >>> s.append({"x": np.int8(1)})
+            >>> f = pytreestore.write_fragment("memory://doc-commit-fragments", {"x": np.arange(2)})
+            >>> s.commit_fragments([f]); s.load(as_numpy=True)["x"].tolist()
+            [1, 0, 1]
+        """
+        items = list(fragments)
+        with self._writing() as writer:  # type: ignore[attr-defined]
+            head = writer.commit
+            where = self.path  # type: ignore[attr-defined]
+            found = _fragments.check(self._backend, items, head, writer.schema, where)
+            if not found:
+                return
+            writer.flush()
+            committer = writer.committer
+            committer.check()  # another writer committed: nothing is placed
+            committer.release()  # rows past a truncate: its older versions give them up
+            start = committer.commit.records
+            total = start + sum(f.records for f in found)
+            keys = [c.key for c in writer.schema.columns]
+            try:
+                with atomic(self._backend):
+                    self._backend.resize(keys, total)
+                    _fragments.place(self._backend, writer.schema, found, start)
+                    committer.advance(total, fragments=tuple(f.id for f in found))
+            except FragmentError:
+                with contextlib.suppress(PyTreeStoreError):  # rows past the commit: harmless
+                    self._backend.resize(keys, start)
+                raise
+            self._renew_writer(writer, writer.schema)  # type: ignore[attr-defined]
+            _remove_quietly(self._backend, self._location, [f.id for f in found])
+
+
+def _remove_quietly(backend: Any, location: Any, ids: list[str]) -> None:
+    """Deletes committed fragments' folders; one left (storage failed) is vacuum's."""
+    with contextlib.suppress(PyTreeStoreError):
+        _fragments.remove(backend, location, ids)
+
+
+__all__ = ["Fragmenting"]

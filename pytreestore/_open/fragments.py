@@ -1,0 +1,79 @@
+"""``pytreestore.write_fragment``: records written under a store by any process, for its
+writer to commit with ``store.commit_fragments`` (:mod:`pytreestore._commit.fragments`).
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> pytreestore.create("memory://doc-write-fragment", {"x": np.float32(0)}).close()
+    >>> f = write_fragment("memory://doc-write-fragment", [{"x": 1.5}, {"x": 2.5}])
+    >>> f.records, len(pytreestore.open("memory://doc-write-fragment"))
+    (2, 0)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from pytreestore._commit import fragments as _fragments
+from pytreestore._commit.fragment import Fragment
+from pytreestore._commit.record import Commit
+from pytreestore._location import Location
+from pytreestore._open.open import read_schema
+from pytreestore.backends import Backend, get_backend
+
+
+def write_fragment(
+    path: str | os.PathLike[str],
+    records_or_batch: Any,
+    *,
+    backend: str = "tensorstore",
+    storage_options: Mapping[str, Any] | None = None,
+    like: Any = None,
+) -> Fragment:
+    """Writes records under the store at ``path`` without committing them; any process may,
+    without the writer lock, while the store's writer appends.
+
+    Readers never see a fragment; the store's writer appends it with
+    :meth:`~pytreestore.TreeStore.commit_fragments`, in one commit with others. The returned
+    :class:`Fragment` is small (no data), pickles, and travels as text with
+    :meth:`Fragment.to_json` / :meth:`Fragment.from_json`.
+
+    Args:
+        path: the store (a local directory, ``memory://NAME``, ``s3://...``).
+        records_or_batch: an iterable of records, or one batch: the schema's structure with
+            leaves carrying a leading record axis (told apart by the schema's treedef).
+        backend: the storage engine, as in :func:`pytreestore.open`.
+        storage_options: for ``s3://`` and ``gs://`` stores, as in :func:`pytreestore.open`.
+        like: an example record whose classes to use, as in :func:`pytreestore.open`.
+
+    Returns:
+        The fragment's description. A fragment of a multiple of ``chunk_records`` records
+        (``store.schema.chunk_records``) commits without copying data after a store and
+        fragments of such lengths.
+
+    Raises:
+        SchemaMismatchError: a record or the batch does not match the store's schema (the
+            same checks and casts as :meth:`~pytreestore.TreeStore.extend`); nothing is written.
+        FragmentError: the store is ragged or optional (fragments need fixed columns).
+        StoreNotFoundError: no store at ``path``.
+
+    Example:
+        >>> import numpy as np, pytreestore
+        >>> pytreestore.create("memory://doc-write-fragment-fn", {"x": np.int8(0)}).close()
+        >>> f = pytreestore.write_fragment("memory://doc-write-fragment-fn", {"x": np.arange(4)})
+        >>> pytreestore.Fragment.from_json(f.to_json()).records
+        4
+    """
+    location = Location.parse(path, storage_options)
+    engine: Backend = get_backend(backend)(location)
+    try:
+        schema = read_schema(engine, location, like=like, generic=False)
+        _fragments.check_fixed(schema, str(location))
+        head = Commit.read(engine, str(location))
+        return _fragments.write(engine, schema, head, records_or_batch, str(location))
+    finally:
+        engine.close()
+
+
+__all__ = ["Fragment", "write_fragment"]

@@ -1,0 +1,356 @@
+"""Fragments: records written under a store by any process, appended by its writer in one
+commit (issue 17, part 2): round trips, chunks placed without copying, refusals, other
+processes, readers, vacuum."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import pickle
+import re
+import shutil
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+import zarr
+
+import pytreestore
+from pytreestore import errors
+from pytreestore._format.names import FRAGMENTS_DIR
+
+BACKENDS = ["tensorstore", "zarr"]
+CHUNK = 4
+
+
+class Point(NamedTuple):
+    x: np.ndarray
+    v: np.ndarray
+
+
+def rec(i: int) -> dict:
+    return {
+        "x": np.float32(i),
+        "v": np.arange(3, dtype=np.int32) + i,
+        "p": Point(np.int64(i * 10), np.full((2, 2), i, np.float16)),
+    }
+
+
+def batch(start: int, n: int) -> dict:
+    return pytreestore.stack([rec(i) for i in range(start, start + n)])
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def path(tmp_path) -> str:
+    return str(tmp_path / "s")
+
+
+def make(path: str, backend: str, n: int = 0, **options) -> pytreestore.TreeStore:
+    store = pytreestore.create(path, rec(0), backend=backend, chunk_records=CHUNK, **options)
+    store.extend(rec(i) for i in range(n))
+    store.flush()
+    return store
+
+
+def fragments_left(path: str) -> list[str]:
+    folder = Path(path) / FRAGMENTS_DIR
+    return sorted(os.listdir(folder)) if folder.is_dir() else []
+
+
+def same_records(a: pytreestore.TreeStore, b: pytreestore.TreeStore) -> None:
+    left, right = a.load(as_numpy=True), b.load(as_numpy=True)
+    assert type(left["p"]) is Point and type(right["p"]) is Point
+    for path_a, x in zip(a.schema.paths, _leaves(left)):
+        y = _leaves(right)[a.schema.paths.index(path_a)]
+        assert x.dtype == y.dtype, path_a
+        np.testing.assert_array_equal(x, y, err_msg=path_a)
+
+
+def _leaves(tree) -> list[np.ndarray]:
+    import jax
+
+    return jax.tree_util.tree_leaves(tree)
+
+
+# ---- round trips ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sizes", [(4, 8, 4), (3, 5, 2), (4, 3, 1, 4), (0, 4), (9,)])
+def test_fragments_append_in_order_like_extend(path, tmp_path, backend, sizes):
+    store = make(path, backend, 4)
+    frags, start = [], 4
+    for n in sizes:
+        records = [rec(i) for i in range(start, start + n)]
+        data = records if n % 2 else batch(start, n) if n else records
+        frags.append(pytreestore.write_fragment(path, data, backend=backend))
+        start += n
+    store.commit_fragments(frags)
+    assert store.committed == start and len(store) == start
+    expected = make(str(tmp_path / "expected"), backend, start)
+    same_records(store, expected)
+    store.close()
+    reader = pytreestore.open(path, backend=backend)
+    same_records(reader, expected)
+    assert reader.verify().ok
+    assert fragments_left(path) == []
+
+
+def test_fragments_follow_the_writers_buffered_records(path, tmp_path, backend):
+    store = make(path, backend, 2)
+    store.append(rec(2))  # buffered, not committed
+    f = pytreestore.write_fragment(path, batch(3, 5), backend=backend)
+    store.commit_fragments([f])
+    store.extend(rec(i) for i in range(8, 11))
+    store.close()
+    expected = make(str(tmp_path / "e"), backend, 11)
+    same_records(pytreestore.open(path, backend=backend), expected)
+
+
+def test_one_commit_one_version_listing_the_fragments(path, backend):
+    store = make(path, backend, 4)
+    before = store.version
+    frags = [pytreestore.write_fragment(path, batch(i, 4), backend=backend) for i in (4, 8, 12)]
+    store.commit_fragments(frags)
+    assert store.version == before + 1
+    record = json.loads((Path(path) / ".pytreestore" / "commit.json").read_text())
+    assert record["fragments"] == [f.id for f in frags] and record["records"] == 16
+    assert store.versions()[-1].operation == "append"
+
+
+def test_an_empty_list_commits_nothing(path, backend):
+    store = make(path, backend, 2)
+    version = store.version
+    store.commit_fragments([])
+    assert store.version == version and len(store) == 2
+
+
+def test_an_empty_fragment_commits_no_record(path, backend):
+    store = make(path, backend, 2)
+    f = pytreestore.write_fragment(path, [], backend=backend)
+    assert f.records == 0
+    store.commit_fragments([f])
+    assert len(store) == 2 and fragments_left(path) == []
+
+
+# ---- placing without copying ---------------------------------------------------------------
+
+
+def _inodes(path: str, fragment: pytreestore.Fragment) -> dict[str, int]:
+    root = Path(path) / fragment.folder
+    return {
+        str(p.relative_to(root)): p.stat().st_ino
+        for p in root.rglob("*")
+        if p.is_file() and "/c/" in str(p.relative_to(root)).replace("\\", "/")
+    }
+
+
+def test_aligned_fragments_are_linked_not_copied(path, backend):
+    store = make(path, backend, 4)
+    frags = [pytreestore.write_fragment(path, batch(i, 4), backend=backend) for i in (4, 8)]
+    inodes = [_inodes(path, f) for f in frags]
+    assert all(inodes)
+    store.commit_fragments(frags)
+    for row, found in zip((1, 2), inodes):
+        for key, inode in found.items():
+            column, _, chunk = key.partition("/c/")
+            first, *rest = chunk.split("/")
+            placed = Path(path) / column / "c" / str(int(first) + row) / "/".join(rest)
+            assert placed.stat().st_ino == inode, key  # the same file: no byte copied
+
+
+def test_misaligned_fragments_are_rewritten_correctly(path, tmp_path, backend):
+    store = make(path, backend, 3)  # the store ends mid-chunk
+    frags = [pytreestore.write_fragment(path, batch(i, n), backend=backend) for i, n in ((3, 4),)]
+    inodes = _inodes(path, frags[0])
+    store.commit_fragments(frags)
+    placed = {p.stat().st_ino for p in Path(path).rglob("*") if p.is_file()}
+    assert not placed & set(inodes.values())  # read and written again: new files
+    same_records(store, make(str(tmp_path / "e"), backend, 7))
+
+
+def test_memory_stores_take_fragments(backend):
+    path = f"memory://fragments-{backend}"
+    store = pytreestore.create(path, rec(0), backend=backend, chunk_records=CHUNK, overwrite=True)
+    store.extend(rec(i) for i in range(4))
+    frags = [
+        pytreestore.write_fragment(path, batch(i, n), backend=backend)
+        for i, n in ((4, 4), (8, 3), (11, 2))
+    ]
+    store.commit_fragments(frags)
+    assert store.load(as_numpy=True)["x"].tolist() == list(range(13))
+    assert store._backend.list_keys(FRAGMENTS_DIR + "/") == []
+
+
+# ---- refusals ------------------------------------------------------------------------------
+
+
+def test_a_fragment_of_another_store_is_refused(path, tmp_path, backend):
+    store = make(path, backend, 1)
+    other = str(tmp_path / "other")
+    make(other, backend).close()
+    f = pytreestore.write_fragment(other, [rec(0)], backend=backend)
+    with pytest.raises(errors.FragmentError, match="belongs to another store"):
+        store.commit_fragments([f])
+    assert len(store) == 1 and store.version == 1
+
+
+def test_a_fragment_of_another_schema_is_refused(path, backend):
+    store = make(path, backend, 1)
+    f = pytreestore.write_fragment(path, [rec(0)], backend=backend)
+    store.evolve(add={".p.y": np.int8(0)} if False else {"['w']": np.int8(0)})
+    with pytest.raises(errors.FragmentError, match="was written with another schema"):
+        store.commit_fragments([f])
+    assert len(store) == 1
+
+
+def test_a_fragment_committed_twice_is_refused(path, backend):
+    store = make(path, backend, 4)
+    f = pytreestore.write_fragment(path, batch(4, 4), backend=backend)
+    store.commit_fragments([f])
+    version = store.version
+    with pytest.raises(
+        errors.FragmentError, match=re.escape(f"was committed already, in version {version}")
+    ):
+        store.commit_fragments([f])
+    store.close()
+    again = pytreestore.open(path, "a", backend=backend)
+    with pytest.raises(errors.FragmentError, match="committed already"):
+        again.commit_fragments([pytreestore.Fragment.from_json(f.to_json())])
+    assert len(again) == 8
+
+
+def test_a_committed_fragment_whose_folder_was_left_is_still_refused(path, backend):
+    """A crash after the commit record, before the folder was deleted."""
+    store = make(path, backend, 4)
+    f = pytreestore.write_fragment(path, batch(4, 4), backend=backend)
+    saved = Path(path).parent / "saved"
+    shutil.copytree(Path(path) / f.folder, saved)
+    store.commit_fragments([f])
+    shutil.copytree(saved, Path(path) / f.folder)
+    with pytest.raises(errors.FragmentError, match="committed already"):
+        store.commit_fragments([f])
+
+
+def test_a_fragment_listed_twice_is_refused(path, backend):
+    store = make(path, backend)
+    f = pytreestore.write_fragment(path, batch(0, 4), backend=backend)
+    with pytest.raises(errors.FragmentError, match="is listed twice"):
+        store.commit_fragments([f, f])
+    assert len(store) == 0 and fragments_left(path) == [f.id]
+
+
+def test_a_fragment_whose_files_were_deleted_is_refused(path, backend):
+    store = make(path, backend, 4)
+    gone = pytreestore.write_fragment(path, batch(4, 4), backend=backend)
+    shutil.rmtree(Path(path) / gone.folder)
+    with pytest.raises(errors.FragmentError, match="has no files under the store"):
+        store.commit_fragments([gone])
+    part = pytreestore.write_fragment(path, batch(4, 4), backend=backend)
+    chunk = next(
+        p for p in (Path(path) / part.folder).rglob("*") if p.is_file() and p.parent.name == "c"
+    )
+    chunk.unlink()
+    with pytest.raises(errors.FragmentError, match=f"fragment {part.id} is incomplete"):
+        store.commit_fragments([part])
+    assert len(store) == 4 and store.version == 1
+    store.close()
+    reader = pytreestore.open(path, backend=backend)
+    assert len(reader) == 4 and reader.verify().ok
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("nope", "not a fragment's JSON"),
+        ("[1]", "expected an object, got list"),
+        ('{"id": "x"}', "'id' must match"),
+        (None, "unknown member 'extra'"),
+        (None, "'records' must be an integer >= 0, got -1"),
+    ],
+)
+def test_malformed_fragment_json_is_refused(path, text, why):
+    make(path, "tensorstore").close()
+    good = json.loads(pytreestore.write_fragment(path, [rec(0)]).to_json())
+    if text is None:
+        good.update({"extra": 1} if "extra" in why else {"records": -1})
+        text = json.dumps(good)
+    with pytest.raises(errors.FragmentError, match=re.escape(why)):
+        pytreestore.Fragment.from_json(text)
+
+
+def test_not_a_fragment_is_refused(path, backend):
+    store = make(path, backend)
+    with pytest.raises(errors.FragmentError, match="item 0 is a dict"):
+        store.commit_fragments([{"id": "x"}])
+
+
+def test_bad_records_write_nothing(path, backend):
+    make(path, backend).close()
+    bad = [rec(0), {**rec(1), "x": "text"}]
+    with pytest.raises(errors.SchemaMismatchError, match="refused record 1"):
+        pytreestore.write_fragment(path, bad, backend=backend)
+    with pytest.raises(errors.SchemaMismatchError, match="does not match the store schema"):
+        pytreestore.write_fragment(path, [{"y": 1}], backend=backend)
+    wrong = {**batch(0, 3), "x": np.zeros(2, np.float32)}
+    with pytest.raises(errors.SchemaMismatchError):
+        pytreestore.write_fragment(path, wrong, backend=backend)
+    assert fragments_left(path) == []
+
+
+def test_a_ragged_store_refuses_fragments(path, backend):
+    pytreestore.create(path, {"p": [np.int8(0)]}, ragged=["['p']"], backend=backend).close()
+    with pytest.raises(errors.FragmentError, match="fragments need a store of one fixed structure"):
+        pytreestore.write_fragment(path, [{"p": [np.int8(1)]}], backend=backend)
+    assert fragments_left(path) == []
+
+
+def test_a_reader_cannot_commit_fragments(path, backend):
+    make(path, backend).close()
+    f = pytreestore.write_fragment(path, [rec(0)], backend=backend)
+    with pytest.raises(errors.ReadOnlyError):
+        pytreestore.open(path, backend=backend).commit_fragments([f])
+
+
+# ---- travelling and other processes --------------------------------------------------------
+
+
+def test_fragments_pickle_and_travel_as_json(path):
+    make(path, "tensorstore").close()
+    f = pytreestore.write_fragment(path, batch(0, 2))
+    assert pickle.loads(pickle.dumps(f)) == f
+    assert pytreestore.Fragment.from_json(f.to_json()) == f
+    assert len(f.to_json()) < 400 and f.records == 2
+
+
+def _write_in_child(args: tuple[str, str, int, int]) -> str:
+    path, backend, start, n = args
+    return pytreestore.write_fragment(path, batch(start, n), backend=backend).to_json()
+
+
+def test_fragments_written_by_other_processes(path, tmp_path, backend):
+    store = make(path, backend, 4)
+    spawn = multiprocessing.get_context("spawn")
+    with spawn.Pool(2) as pool:
+        texts = pool.map(_write_in_child, [(path, backend, 4, 8), (path, backend, 12, 5)])
+    store.commit_fragments([pytreestore.Fragment.from_json(t) for t in texts])
+    same_records(store, make(str(tmp_path / "e"), backend, 17))
+
+
+def test_readers_never_see_uncommitted_fragments(path, backend):
+    store = make(path, backend, 4)
+    f = pytreestore.write_fragment(path, batch(4, 4), backend=backend)
+    reader = pytreestore.open(path, backend=backend)
+    assert len(reader) == 4 and reader.refresh() == 4
+    group = zarr.open_group(path, mode="r")
+    assert sorted(name for name, _ in group.members()) == ["p", "v", "x"]
+    assert group["x"].shape == (4,)
+    store.commit_fragments([f])
+    assert reader.refresh() == 8
+    assert zarr.open_group(path, mode="r")["x"].shape == (8,)
