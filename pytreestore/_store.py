@@ -96,6 +96,7 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
         self._ahead = ReadAhead()  # the block that store[i] in a loop reads from
         self._cache = _chunk_cache(location, spec.cache_bytes)
         self._cache_id = uuid.uuid4().hex  # this object's chunks in the cache (see _read/cache)
+        self._multihost: Any = None  # a MultiHost (_commit/multihost.py): open(multihost=True)
 
     # ---- description ---------------------------------------------------------------------------
 
@@ -170,12 +171,17 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
 
         A ragged store takes the padded form with its mask, ``extend_batch(batch, mask=mask)``
         (the pair :meth:`load` returns): each list's length is its run of True in the mask.
+        With ``multihost=True`` (docs/scaling.md) every process passes the same global batch
+        and returns once process 0 has committed every process's rows.
 
         Raises:
             SchemaMismatchError: structure, per-record shape or dtype differ, or the leaves
                 disagree on the number of records (or a mask gives no length). Nothing is
                 appended.
         """
+        if self._multihost is not None:  # this process's part of one global batch
+            self._multihost.extend_batch(self, self._backend, batch, mask)
+            return
         with self._writing(append=True) as writer:
             if isinstance(writer, RaggedWriter):
                 writer.extend_batch(batch, mask)
@@ -237,6 +243,8 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
 
     def flush(self) -> None:
         """Writes every buffered record and commits; afterwards all appended records are durable."""
+        if self._writer is None and self._multihost is not None:
+            return  # a multi-host store's processes other than 0 buffer nothing
         with self._writing() as writer:
             writer.flush()
 
@@ -322,6 +330,9 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
             )
         self._check_open()
         return (reopen, (self._spec,))
+
+    def use_multihost(self, multihost: Any) -> None:  # open(multihost=True); not a user API
+        self._multihost, self._mode = multihost, "a"
 
     @property
     def spec(self) -> StoreSpec:
@@ -438,6 +449,8 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
             raise forked_writer(self.path, self._pid)
 
     def _appendable(self) -> Writer | RaggedWriter:
+        if self._multihost is not None:
+            raise self._multihost.refused(append=True)
         writer = self._writable()
         if self._schema.treedef is None:
             raise ReadOnlyError(
@@ -449,6 +462,8 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
     def _writable(self) -> Writer | RaggedWriter:
         """The writer, unguarded: for a caller that alone holds this store (copy's target)."""
         self._check_open()
+        if self._writer is None and self._multihost is not None:
+            raise self._multihost.refused()
         if self._writer is None:
             raise ReadOnlyError(
                 f"store {self.path} is open read-only; open it with "

@@ -213,7 +213,9 @@ class TreeStoreDatasink(Datasink[TaskResult]):
             data = rows.to_batch_format("numpy")
             check_columns(names, data, self.path)
             batch = schema.unflatten([data[name] for name in names])
-            fragment = pytreestore.write_fragment(self.path, batch, like=self._like, **self._options)
+            fragment = pytreestore.write_fragment(
+                self.path, batch, like=self._like, **self._options
+            )
             fragments.append(fragment.to_json())
         return {"task": int(ctx.task_idx), "fragments": fragments}
 

@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -41,12 +42,19 @@ import numpy as np
 from jax.tree_util import tree_flatten
 
 from pytreestore import errors
+from pytreestore._commit import fragments as _fragments
+from pytreestore._commit.fragment import Fragment
 from pytreestore._format.schema import TreeSchema
+from pytreestore._location import Location
 from pytreestore._tree.global_rows import host_rows, row_plan
 from pytreestore._tree.stack import batch_length
-from pytreestore.errors import MultiHostError, PyTreeStoreError, SchemaMismatchError
-
-Fragment = Any  # pytreestore.Fragment: to_json() / from_json()
+from pytreestore.backends import Backend
+from pytreestore.errors import (
+    BadLocationError,
+    MultiHostError,
+    PyTreeStoreError,
+    SchemaMismatchError,
+)
 
 
 def pack(message: dict[str, Any]) -> bytes:
@@ -84,7 +92,7 @@ def describe(batch_leaves: Sequence[Any], treedef: Any) -> dict[str, Any]:
 
 
 class MultiHost:
-    """One store's multi-host writes, on one process.
+    """One store's multi-host writes, on one process (attached by :func:`open_everywhere`).
 
     Attributes:
         path: the store's location, for messages.
@@ -92,52 +100,59 @@ class MultiHost:
         processes: the number of processes (``jax.process_count()``).
     """
 
-    def __init__(
-        self,
-        path: str,
-        write: Callable[[Any], Fragment],
-        fragment: Callable[[str], Fragment],
-    ) -> None:
-        """``write(batch)`` writes one batch of the store's classes as a fragment;
-        ``fragment(text)`` rebuilds one from its JSON (``Fragment.from_json``)."""
+    def __init__(self, path: str, location: Location) -> None:
         self.path = path
         self.process = jax.process_index()
         self.processes = jax.process_count()
-        self._write = write
-        self._fragment = fragment
+        self._location = location
 
-    def refused(self, method: str) -> MultiHostError:
-        """The error for ``append``/``extend`` on a store open with ``multihost=True``."""
+    def refused(self, *, append: bool = False) -> MultiHostError:
+        """The error for a method a multi-host store does not take on this process:
+        ``append``/``extend`` (``append=True``) on any process, writes other than
+        ``extend_batch`` on processes other than 0."""
+        what = (
+            "append() and extend() would write on one process only"
+            if append
+            else "only process 0 holds the writer lock, so this method is process 0's"
+        )
         return MultiHostError(
-            f"store {self.path} is open with multihost=True (this is process {self.process} of "
-            f"{self.processes}): it takes global batches through extend_batch(batch), called "
-            f"on every process; {method}() would write on one process only. Stack the "
-            "records into a batch (pytreestore.stack) and call extend_batch on every "
-            "process, or open the store without multihost=True on one process"
+            f"store {self.path} is open with multihost=True and this is process "
+            f"{self.process} of {self.processes}: {what}. Append global batches with "
+            "store.extend_batch(batch), called on every process (pytreestore.stack makes a "
+            "batch of records); for anything else open the store without multihost=True "
+            "on one process"
         )
 
-    def extend_batch(
-        self, schema: TreeSchema, batch: Any, commit: Callable[[list[Fragment]], int]
-    ) -> int:
-        """Steps 1 to 4 of the module's protocol; ``commit`` (process 0 only) commits the
-        fragments in order and returns the store's records.
+    def extend_batch(self, store: Any, backend: Backend, batch: Any, mask: Any) -> None:
+        """Steps 1 to 4 of the module's protocol, for ``store`` (this process's TreeStore,
+        ``backend`` its backend); returns once the batch is committed, on every process.
 
-        Returns:
-            The store's committed records after the call (the same on every process).
+        Raises:
+            PyTreeStoreError: on every process, if any process failed; the one that failed
+                raises its own error, the others the same class naming that process.
         """
         local: BaseException | None = None
         try:
-            status = {"ok": True, **self._write_rows(schema, batch)}
+            if mask is not None:
+                raise SchemaMismatchError(
+                    f"store {self.path} holds records of one structure: extend_batch takes no "
+                    "mask= (that is for stores created with ragged= or optional=)"
+                )
+            len(store)  # a closed store raises here, on its own process
+            head = store.commit_now()
+            status = {"ok": True, **self._write_rows(backend, store.schema, head, batch)}
         except Exception as err:  # reported to every process, raised below
             local = err
             status = {"ok": False, "error": _error_json(err)}
         statuses = [unpack(raw) for raw in allgather(pack(status))]
         outcome: dict[str, Any] = {}
         if self.process == 0:
-            outcome = self._commit(statuses, commit)
+            outcome = self._commit(store, backend, statuses)
         outcome = unpack(allgather(pack(outcome))[0])
         if outcome["ok"]:
-            return int(outcome["records"])
+            if self.process != 0:
+                store.refresh()
+            return
         if local is not None:
             local.add_note(
                 f"nothing was committed to {self.path}: every process of the multi-host "
@@ -146,7 +161,9 @@ class MultiHost:
             raise local
         raise _rebuild(outcome["error"])
 
-    def _write_rows(self, schema: TreeSchema, batch: Any) -> dict[str, Any]:
+    def _write_rows(
+        self, backend: Backend, schema: TreeSchema, head: Any, batch: Any
+    ) -> dict[str, Any]:
         leaves, treedef = tree_flatten(batch)
         if treedef != schema.treedef:
             raise SchemaMismatchError(schema.mismatch_message(batch, what="batch"))
@@ -154,31 +171,93 @@ class MultiHost:
         columns = schema.column_leaves(leaves)
         count = batch_length(columns, schema.paths)
         plan = row_plan(columns, schema.paths, count)
-        runs = []
-        for start, stop in plan.of(self.process):
-            rows = schema.unflatten([host_rows(leaf, start, stop) for leaf in columns])
-            runs.append([start, stop, self._write(rows).to_json()])
+        runs: list[list[Any]] = []
+        try:
+            for start, stop in plan.of(self.process):
+                rows = schema.unflatten([host_rows(leaf, start, stop) for leaf in columns])
+                fragment = _fragments.write(backend, schema, head, rows, self.path)
+                runs.append([start, stop, fragment.to_json()])
+        except BaseException:
+            self._remove(backend, [text for _, _, text in runs])
+            raise
         return {"count": count, "describe": description, "runs": runs}
 
-    def _commit(self, statuses: list[dict[str, Any]], commit: Callable[[list[Any]], int]) -> dict:
+    def _commit(self, store: Any, backend: Backend, statuses: list[dict[str, Any]]) -> dict:
+        written = [text for s in statuses if s["ok"] for _, _, text in s["runs"]]
         try:
             failed = [(i, s) for i, s in enumerate(statuses) if not s["ok"]]
             if failed:
-                i, status = failed[0]
-                error = dict(status["error"])
-                error["message"] = (
-                    f"process {i} of {self.processes} could not write its rows of the global "
-                    f"batch, so nothing was committed to {self.path} (every process raises): "
-                    f"{error['message']}"
-                )
-                return {"ok": False, "error": error}
+                self._remove(backend, written)
+                return {"ok": False, "error": self._failed(*failed[0], "write its rows of")}
             _check_same_batch(statuses)
             runs = sorted(run for s in statuses for run in s["runs"])
             _check_tiling(runs, statuses[0]["count"])
-            records = commit([self._fragment(text) for _, _, text in runs])
-            return {"ok": True, "records": records}
+            store.commit_fragments([Fragment.from_json(text) for _, _, text in runs])
+            return {"ok": True}
         except Exception as err:
+            self._remove(backend, written)
             return {"ok": False, "error": _error_json(err)}
+
+    def _failed(self, process: int, status: dict[str, Any], doing: str) -> dict[str, str]:
+        error = dict(status["error"])
+        error["message"] = (
+            f"process {process} of {self.processes} could not {doing} the global batch, so "
+            f"nothing was committed to {self.path} (every process raises): {error['message']}"
+        )
+        return error
+
+    def _remove(self, backend: Backend, texts: Sequence[str]) -> None:
+        """Deletes fragments no commit will take (those left are vacuum's)."""
+        if texts:
+            with contextlib.suppress(PyTreeStoreError):
+                ids = [Fragment.from_json(text).id for text in texts]
+                _fragments.remove(backend, self._location, ids)
+
+
+def open_everywhere(
+    first: Callable[[], Any], other: Callable[[], Any], path: str, location: Location
+) -> Any:
+    """A multi-host store on every process: process 0 runs ``first()`` (create, or open for
+    appending: it takes the writer lock), then, after a barrier, every other process runs
+    ``other()`` (open read-only: no lock); each attaches a :class:`MultiHost`.
+
+    Raises:
+        BadLocationError: a ``memory://`` store with several processes.
+        PyTreeStoreError: on every process, if any process failed to create or open it
+            (process 0 closes its store then).
+    """
+    if jax.process_count() > 1 and location.kind == "memory":
+        raise BadLocationError(
+            f"{path} is an in-memory store, which the other processes of the multi-host job "
+            "cannot reach; put the store on storage every process reaches (a shared "
+            "filesystem, s3://, gs://)"
+        )
+    host = MultiHost(path, location)
+    store, local = None, None
+    for turn in ("first", "other"):
+        status: dict[str, Any] = {"ok": True}
+        if (turn == "first") == (host.process == 0):
+            try:
+                store = first() if turn == "first" else other()
+                _fragments.check_fixed(store.schema, path)
+            except Exception as err:
+                local, status = err, {"ok": False, "error": _error_json(err)}
+        statuses = [unpack(raw) for raw in allgather(pack(status))]
+        failed = [(i, s) for i, s in enumerate(statuses) if not s["ok"]]
+        if failed:
+            if store is not None:
+                store.close()
+            if local is not None:
+                raise local
+            error = dict(failed[0][1]["error"])
+            error["message"] = (
+                f"process {failed[0][0]} of {host.processes} could not "
+                f"{'create or open' if turn == 'first' else 'open'} store {path}, so it is "
+                f"open on no process: {error['message']}"
+            )
+            raise _rebuild(error)
+    store.use_multihost(host)
+    return store
 
 
 def _check_same_batch(statuses: list[dict[str, Any]]) -> None:
@@ -227,4 +306,4 @@ def _rebuild(error: dict[str, str]) -> PyTreeStoreError:
     return MultiHostError(f"{error['type']}: {error['message']}")
 
 
-__all__ = ["MultiHost", "allgather", "describe", "pack", "unpack"]
+__all__ = ["MultiHost", "allgather", "describe", "open_everywhere", "pack", "unpack"]

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from jax.tree_util import tree_flatten
 
+from pytreestore._commit import multihost as _multihost
 from pytreestore._commit import protocol, versions
 from pytreestore._commit.versions import KEEP_VERSIONS
 from pytreestore._commit.writer import check_buffer
@@ -34,6 +35,7 @@ from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
 from pytreestore.backends import Backend, get_backend
 from pytreestore.errors import (
+    FragmentError,
     NotAStoreError,
     SchemaMismatchError,
     StoreNotFoundError,
@@ -58,6 +60,7 @@ def create(
     ragged: bool | Sequence[str] | None = None,
     optional: Sequence[str] | None = None,
     keep_versions: int | None = KEEP_VERSIONS,
+    multihost: bool = False,
 ) -> TreeStore:
     """Creates an empty store for records shaped like ``like`` and opens it for appending.
 
@@ -87,6 +90,11 @@ def create(
             comes from the first record that has one).
         keep_versions: the versions the log keeps besides tagged ones (the last this many;
             None: all); every commit is a version (:meth:`~TreeStore.versions`).
+        multihost: under ``jax.distributed``, called on every process with the same
+            arguments: process 0 creates the store and holds its writer lock, the others
+            attach to it without one, and :meth:`~TreeStore.extend_batch` then takes global
+            batches, called on every process (docs/scaling.md, "Multi-host JAX"). The store
+            must live where every process reaches it; not with ``ragged=`` or ``optional=``.
 
     Raises:
         UnsupportedTreeError: ``like`` holds a node or leaf a store cannot represent.
@@ -101,6 +109,27 @@ def create(
     check_cast(cast)
     _check_version_options("a", None, keep_versions)
     location = Location.parse(path, storage_options)
+    if multihost:
+        if ragged is not None or optional is not None:
+            raise FragmentError(
+                "multihost=True writes fragments, which need one fixed structure: create the "
+                "store without ragged= or optional=, or append from one process"
+            )
+        options = {"backend": backend, "storage_options": storage_options, "cast": cast}
+        return _multihost.open_everywhere(
+            lambda: create(
+                path,
+                like,
+                chunk_records=chunk_records,
+                codec=codec,
+                overwrite=overwrite,
+                keep_versions=keep_versions,
+                **options,
+            ),
+            lambda: open(path, like=like, **options),
+            str(location),
+            location,
+        )
     if ragged is None and optional is None:
         schema = _new_schema(like, chunk_records=chunk_records, codec=codec)
     else:
@@ -200,6 +229,7 @@ def open(
     cast: bool = False,
     version: int | str | None = None,
     keep_versions: int | None = KEEP_VERSIONS,
+    multihost: bool = False,
 ) -> TreeStore:
     """Opens an existing store, at its latest version or (``version=``) at an older one.
 
@@ -231,6 +261,10 @@ def open(
             version's records and schema, whatever is committed later.
         keep_versions: mode "a": the versions the log keeps besides tagged ones (the last
             this many; None: all). Older version records are deleted as commits go by.
+        multihost: mode "a", under ``jax.distributed``, called on every process: process 0
+            opens the store for appending (the writer lock), the others attach without it,
+            and :meth:`~TreeStore.extend_batch` takes global batches, called on every process
+            (see :func:`create`).
 
     Raises:
         StoreNotFoundError: nothing is at ``path``.
@@ -254,6 +288,20 @@ def open(
     _check_open_options(mode, backend, break_lock=break_lock, cache_bytes=cache_bytes, cast=cast)
     _check_version_options(mode, version, keep_versions)
     location = Location.parse(path, storage_options)
+    if multihost:
+        if mode != "a":
+            raise ValueError(
+                "multihost=True opens a store for appending from every process; open it with "
+                "mode='a' (readers need no multihost=True)"
+            )
+        options = {"like": like, "generic": generic, "backend": backend, "cast": cast}
+        options.update(storage_options=storage_options, cache_bytes=cache_bytes)
+        return _multihost.open_everywhere(
+            lambda: open(path, "a", break_lock=break_lock, keep_versions=keep_versions, **options),
+            lambda: open(path, **options),
+            str(location),
+            location,
+        )
     engine: Backend = get_backend(backend)(location)
     schema = read_schema(engine, location, like=like, generic=generic)
     engine.open_columns(schema.storage_columns)
