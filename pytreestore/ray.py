@@ -176,11 +176,14 @@ class TreeStoreDatasink(Datasink[TaskResult]):
 
     def on_write_start(self, schema: Any = None) -> None:
         """On the driver, before any task: opens the store for appending (its writer lock is
-        held until the write completes or fails) and checks the dataset's columns.
+        held until the write completes or fails) and checks ``columns=``. (Each task checks
+        its blocks' columns: the schema Ray passes here is that of the input of the write's
+        fused operators, not of the rows the tasks write.)
 
         Raises:
-            SchemaMismatchError: the dataset's columns are not the store's leaves' columns,
-                or the store holds ragged records (not supported here yet).
+            SchemaMismatchError: the store holds ragged records (not supported here yet), or
+                two leaves would read one column.
+            UnknownColumnError: ``columns=`` names no column of the store.
         """
         store = self._open("a")
         try:
@@ -189,9 +192,7 @@ class TreeStoreDatasink(Datasink[TaskResult]):
                     f"store {self.path} holds ragged or optional records, which "
                     "TreeStoreDatasink cannot write yet; write them with store.extend"
                 )
-            names = column_names(store.schema, self._columns)
-            if schema is not None and getattr(schema, "names", None) is not None:
-                check_columns(names, schema.names, self.path)
+            column_names(store.schema, self._columns)  # a bad columns= fails before any task
         except BaseException:
             store.close()
             raise
@@ -200,10 +201,16 @@ class TreeStoreDatasink(Datasink[TaskResult]):
     def write(self, blocks: Iterable[Any], ctx: Any) -> TaskResult:
         """In a write task: each non-empty block becomes one fragment of the store.
 
+        Raises:
+            SchemaMismatchError: a block's columns are not the store's leaves' columns, or a
+                value does not fit its column; that block writes nothing, and the whole
+                write commits nothing.
+
         Returns:
             ``{"task": ctx.task_idx, "fragments": [JSON of each Fragment]}``.
         """
-        schema = self._open("r").schema
+        with self._open("r") as reader:
+            schema = reader.schema
         names = column_names(schema, self._columns)
         fragments = []
         for block in blocks:

@@ -88,6 +88,13 @@ def main() -> None:
         out["modes"][backend] = store.mode
         store.close()
 
+    # typed PRNG keys, split over both processes
+    keyed = pytreestore.create(f"{root}/keys", {"k": jax.random.key(0)}, multihost=True)
+    split = jax.jit(lambda: jax.random.split(jax.random.key(7), 8), out_shardings=shardings["data"])
+    keyed.extend_batch({"k": split()})
+    out["keys"] = len(keyed)
+    keyed.close()
+
     # failures, on a store of their own: each must raise on both processes, commit nothing
     store = pytreestore.create(f"{root}/failures", LIKE, multihost=True)
     failures: dict[str, Any] = {}

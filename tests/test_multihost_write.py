@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 import pytest
 
@@ -124,3 +125,11 @@ def test_the_store_after_failures_holds_only_the_good_batch(runs, tmp_path):
     root, _ = runs
     got = pytreestore.open(root / "failures").load(as_numpy=True)
     assert_same(got, reference(tmp_path, "tensorstore", [(0, 8)]))
+
+
+def test_prng_key_leaves_split_over_processes(runs):
+    root, reports = runs
+    assert [r["keys"] for r in reports] == [8, 8]
+    got = pytreestore.open(root / "keys").load()["k"]
+    want = jax.random.split(jax.random.key(7), 8)
+    np.testing.assert_array_equal(jax.random.key_data(got), jax.random.key_data(want))

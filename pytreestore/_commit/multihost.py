@@ -256,6 +256,7 @@ def open_everywhere(
                 f"open on no process: {error['message']}"
             )
             raise _rebuild(error)
+    assert store is not None  # every process made one, or all raised above
     store.use_multihost(host)
     return store
 

@@ -31,11 +31,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
 
+from pytreestore._format.prng import is_key
 from pytreestore.errors import ShardingError
 
 Box = tuple[tuple[int, int], ...]  # (start, stop) per axis
@@ -149,7 +150,7 @@ def host_rows(leaf: Any, start: int, stop: int) -> Any:
     """
     if not is_global(leaf):
         return leaf[start:stop]
-    keys = jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    keys = is_key(leaf)
     out: np.ndarray | None = None
     done: set[Box] = set()
     for shard in leaf.addressable_shards:
@@ -166,7 +167,9 @@ def host_rows(leaf: Any, start: int, stop: int) -> Any:
         out[(slice(a - start, b - start), *inner)] = data[a - r0 : b - r0]
     if out is None:  # the plan gave this process rows it has no shard of: a bug
         raise AssertionError(f"this process holds no shard of rows [{start}, {stop})")
-    return jax.random.wrap_key_data(out, impl=jax.random.key_impl(leaf)) if keys else out
+    if not keys:
+        return out
+    return jax.random.wrap_key_data(cast(Any, out), impl=jax.random.key_impl(leaf))
 
 
 __all__ = ["RowPlan", "host_rows", "is_global", "row_plan"]

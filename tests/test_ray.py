@@ -1,0 +1,216 @@
+"""The Ray Data datasink (pytreestore.ray): a local Ray instance on 127.0.0.1 with 2 workers.
+
+A dataset written with ``ds.write_datasink(TreeStoreDatasink(path))`` must equal the same rows
+appended directly (values, order, classes) on both backends; a failing task, or a commit
+that fails, must commit nothing and release the writer lock; a dataset whose columns are not
+the store's leaves is refused before any task runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+
+import pytreestore
+from pytreestore.errors import BadLocationError, SchemaMismatchError, UnknownColumnError
+from tests.trees import Params
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install '.[ray]')")
+pytest.importorskip("ray.data", reason="Ray Data is not installed (pip install 'ray[data]')")
+from pytreestore.ray import TreeStoreDatasink, column_names  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+N = 40
+# Ray Data's own DataContext warns of its deprecated options as it is made
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.*")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray() -> Any:
+    """Ray on this machine, every address 127.0.0.1, two worker CPUs; shut down after."""
+    from ray._private import ray_constants
+
+    saved = {k: os.environ.get(k) for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "PYTHONPATH")}
+    # Ray binds its servers to the node's address, which is 127.0.0.1 only when it believes
+    # it is on a one-machine platform: the variable for the processes it starts, the
+    # constant for this one (read when ray was imported)
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), saved["PYTHONPATH"]]))
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    context = ray.data.DataContext.get_current()
+    context.execution_options.preserve_order = True
+    context.enable_progress_bars = False
+    assert ray.nodes()[0]["NodeManagerAddress"] == "127.0.0.1"
+    yield
+    ray.shutdown()
+    ray_constants.ENABLE_RAY_CLUSTER = True
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+LIKE = {
+    "obs": np.zeros((2, 3), np.float32),
+    "meta": {"step": np.int32(0)},
+    "p": Params(x=np.float32(0), y=np.int64(0)),
+}
+
+
+def rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The Ray columns of records ``batch["id"]``."""
+    i = batch["id"]
+    return {
+        "obs": (i[:, None, None] * 6 + np.arange(6).reshape(2, 3)).astype(np.float32) / 8,
+        "meta.step": i * 3,
+        "p.x": i.astype(np.float32) - 0.5,
+        "p.y": i * 2**33,
+    }
+
+
+def direct(path: Path, backend: str, ids: np.ndarray) -> Any:
+    """The same records, appended by one process: the reference."""
+    cols = rows({"id": ids})
+    batch = {
+        "obs": cols["obs"],
+        "meta": {"step": cols["meta.step"].astype(np.int32)},
+        "p": Params(x=cols["p.x"], y=cols["p.y"]),
+    }
+    with pytreestore.create(path, LIKE, backend=backend, chunk_records=8) as store:
+        store.extend_batch(batch)
+    return pytreestore.open(path, backend=backend).load(as_numpy=True)
+
+
+def dataset(count: int = N, blocks: int = 4, fn: Any = rows) -> Any:
+    return ray.data.range(count, override_num_blocks=blocks).map_batches(fn)
+
+
+def assert_same(got: Any, want: Any) -> None:
+    assert type(got["p"]) is type(want["p"]) is Params
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_a_dataset_written_equals_a_direct_write(tmp_path, backend):
+    path = tmp_path / "ray"
+    pytreestore.create(path, LIKE, backend=backend, chunk_records=8).close()
+    dataset().write_datasink(TreeStoreDatasink(path, backend=backend))
+    store = pytreestore.open(path, backend=backend)
+    assert len(store) == N
+    assert_same(store.load(as_numpy=True), direct(tmp_path / "ref", backend, np.arange(N)))
+    assert [v.operation for v in store.versions()][-1] == "append"
+    assert len(store.versions()) == 2  # the create and one commit of every task's fragments
+    assert not list((path / ".pytreestore" / "fragments").glob("*/fragment.json"))
+
+
+def test_a_second_write_appends_after_the_first(tmp_path):
+    path = tmp_path / "ray"
+    pytreestore.create(path, LIKE, chunk_records=8).close()
+    sink = TreeStoreDatasink(path)
+    dataset(16, 2).write_datasink(sink)
+    later = ray.data.from_items([{"id": i} for i in range(16, 30)], override_num_blocks=3)
+    later.map_batches(rows).write_datasink(sink)
+    got = pytreestore.open(path).load(as_numpy=True)
+    want = direct(tmp_path / "ref", "tensorstore", np.arange(30))
+    assert_same(got, want)
+
+
+def test_columns_rename_leaves(tmp_path):
+    path = tmp_path / "ray"
+    pytreestore.create(path, LIKE).close()
+
+    def renamed(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = rows(batch)
+        out["step"] = out.pop("meta.step")
+        return out
+
+    sink = TreeStoreDatasink(path, columns={"['meta']['step']": "step"})
+    dataset(fn=renamed).write_datasink(sink)
+    got = pytreestore.open(path).load(as_numpy=True)
+    np.testing.assert_array_equal(got["meta"]["step"], np.arange(N, dtype=np.int32) * 3)
+
+
+def test_a_failing_task_commits_nothing(tmp_path):
+    path = tmp_path / "ray"
+    pytreestore.create(path, LIKE, chunk_records=8).close()
+    dataset(8, 1).write_datasink(TreeStoreDatasink(path))
+
+    def late_rows_overflow(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = rows(batch)
+        if batch["id"][0] >= 20:  # the last two tasks: values an int32 column cannot hold
+            out["meta.step"] = out["meta.step"] + 2**40
+        return out
+
+    with pytest.raises(SchemaMismatchError, match=re.escape("['meta']['step']")):
+        dataset(fn=late_rows_overflow).write_datasink(TreeStoreDatasink(path))
+    store = pytreestore.open(path, "a")  # the driver gave the writer lock back
+    assert len(store) == 8
+    # the tasks that succeeded wrote fragments nobody committed (vacuum's to remove)
+    assert len(list((path / ".pytreestore" / "fragments").glob("*/fragment.json"))) <= 2
+    store.close()
+    assert_same(
+        pytreestore.open(path).load(as_numpy=True),
+        direct(tmp_path / "ref", "tensorstore", np.arange(8)),
+    )
+
+
+def test_a_failing_commit_commits_nothing(tmp_path, monkeypatch):
+    path = tmp_path / "ray"
+    pytreestore.create(path, LIKE).close()
+
+    def refuse(self: Any, fragments: Any) -> None:
+        raise pytreestore.errors.StorageError("injected: the disk is full")
+
+    monkeypatch.setattr(pytreestore.TreeStore, "commit_fragments", refuse)
+    with pytest.raises(pytreestore.errors.StorageError, match="injected"):
+        dataset().write_datasink(TreeStoreDatasink(path))
+    monkeypatch.undo()
+    with pytreestore.open(path, "a") as store:  # the lock was given back
+        assert len(store) == 0
+
+
+def test_wrong_columns_are_refused_with_nothing_written(tmp_path):
+    path = tmp_path / "ray"
+    pytreestore.create(path, LIKE).close()
+    extra = dataset().add_column("label", lambda b: b["p.y"])
+    with pytest.raises(SchemaMismatchError, match=re.escape("columns no leaf reads: ['label']")):
+        extra.write_datasink(TreeStoreDatasink(path))
+    missing = dataset().drop_columns(["p.x"])
+    with pytest.raises(SchemaMismatchError, match=re.escape("missing the columns ['p.x']")):
+        missing.write_datasink(TreeStoreDatasink(path))
+    assert not list((path / ".pytreestore").glob("fragments/*"))
+    assert len(pytreestore.open(path)) == 0
+
+
+def test_column_names_follow_the_simple_keypath(tmp_path):
+    store = pytreestore.create(tmp_path / "s", LIKE)
+    assert column_names(store.schema) == ["meta.step", "obs", "p.x", "p.y"]
+    bare = pytreestore.create(tmp_path / "bare", np.zeros(3, np.float32))
+    assert column_names(bare.schema) == ["item"]
+    with pytest.raises(UnknownColumnError, match=re.escape("['nope']")):
+        column_names(store.schema, {"['nope']": "x"})
+    with pytest.raises(SchemaMismatchError, match="would both read the Ray column 'obs'"):
+        column_names(store.schema, {"['meta']['step']": "obs"})
+    store.close()
+    bare.close()
+
+
+def test_memory_stores_are_refused():
+    with pytest.raises(BadLocationError, match="in-memory"):
+        TreeStoreDatasink("memory://ray-sink")
