@@ -27,11 +27,12 @@ blocks in order. Ray Data keeps the dataset's order only with
 path every node reaches (a shared filesystem, ``s3://``, ``gs://``); not ``memory://``.
 
 Example:
-    >>> import numpy as np, pytreestore, ray
-    >>> from pytreestore.ray import TreeStoreDatasink
-    >>> sink = TreeStoreDatasink("/tmp/doc-ray-store")
-    >>> sink.get_name()
-    'TreeStore'
+    >>> import numpy as np, pytreestore
+    >>> store = pytreestore.create("/tmp/doc-ray-store", {"x": np.float32(0), "m": {"lr": 0.0}}, overwrite=True)
+    >>> column_names(store.schema)
+    ['m.lr', 'x']
+    >>> sink = TreeStoreDatasink("/tmp/doc-ray-store")  # ds.write_datasink(sink) appends ds
+    >>> store.close()
 """
 
 from __future__ import annotations
@@ -161,7 +162,8 @@ class TreeStoreDatasink(Datasink[TaskResult]):
                 f"{path} is an in-memory store, which Ray's workers (other processes) cannot "
                 "write to; give the datasink a local path or an s3:// or gs:// URL"
             )
-        self.path = os.fspath(path)
+        # the workers run elsewhere (another working directory): a local path, made absolute
+        self.path = os.path.abspath(path) if location.kind == "file" else os.fspath(path)
         self._like = like
         self._columns = dict(columns) if columns else None
         self._options: dict[str, Any] = {"backend": backend, "storage_options": storage_options}

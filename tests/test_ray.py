@@ -214,3 +214,14 @@ def test_column_names_follow_the_simple_keypath(tmp_path):
 def test_memory_stores_are_refused():
     with pytest.raises(BadLocationError, match="in-memory"):
         TreeStoreDatasink("memory://ray-sink")
+
+
+def test_the_scaling_page_example_runs(tmp_path, monkeypatch):
+    """docs/scaling.md's Ray block (not run by tests/test_docs.py, which starts no Ray)."""
+    from tests.test_docs import blocks
+
+    page = ROOT / "docs" / "scaling.md"
+    (block,) = [b for b in blocks(page) if "TreeStoreDatasink(" in b.code]
+    monkeypatch.chdir(tmp_path)  # the block's relative path: a path the workers never saw
+    exec(compile(block.code, block.where, "exec"), {"__name__": "docs_scaling_ray"})
+    assert len(pytreestore.open(tmp_path / "ray.store")) == 100
