@@ -88,6 +88,21 @@ def main() -> None:
         out["modes"][backend] = store.mode
         store.close()
 
+    # a create or open that fails on process 0 raises on both, and leaves nothing open
+    opening: dict[str, Any] = {}
+    for name, call in (
+        ("exists", lambda: pytreestore.create(f"{root}/zarr", LIKE, multihost=True)),
+        ("missing", lambda: pytreestore.open(f"{root}/none", "a", multihost=True)),
+    ):
+        try:
+            call()
+            opening[name] = None
+        except Exception as err:
+            opening[name] = _report(err)
+    out["opening"] = opening
+    with pytreestore.open(f"{root}/zarr", "a", backend="zarr", multihost=True) as again:
+        out["reopened"] = len(again)  # the lock was free: the failed create took nothing
+
     # typed PRNG keys, split over both processes
     keyed = pytreestore.create(f"{root}/keys", {"k": jax.random.key(0)}, multihost=True)
     split = jax.jit(lambda: jax.random.split(jax.random.key(7), 8), out_shardings=shardings["data"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import numpy as np
 import pytest
 
 import pytreestore
+from pytreestore import errors
 from tests import multihost_child as child
 from tests.trees import Params
 
@@ -133,3 +135,62 @@ def test_prng_key_leaves_split_over_processes(runs):
     got = pytreestore.open(root / "keys").load()["k"]
     want = jax.random.split(jax.random.key(7), 8)
     np.testing.assert_array_equal(jax.random.key_data(got), jax.random.key_data(want))
+
+
+def test_a_failed_create_or_open_raises_on_both_processes(runs):
+    _, reports = runs
+    for report in reports:
+        opening = report["opening"]
+        assert opening["exists"]["type"] == "StoreExistsError"
+        assert opening["missing"]["type"] == "StoreNotFoundError"
+        assert report["reopened"] == sum(count for count, _, _ in child.BATCHES)
+    assert "process 0 of 2 could not create or open" in reports[1]["opening"]["exists"]["message"]
+
+
+# ---- one process: multihost=True where process 0 is all there is -------------------------
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_one_process_writes_global_batches_like_extend_batch(tmp_path, backend):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    path = tmp_path / "one"
+    with pytreestore.create(path, child.LIKE, backend=backend, multihost=True) as store:
+        assert store.mode == "a"
+        for first in (0, 8):
+            batch = jax.device_put(child.batch_values(first, 8), NamedSharding(mesh, P("data")))
+            store.extend_batch(batch)
+        assert len(store) == 16
+        store.flush()  # nothing is ever buffered
+    assert_same(
+        pytreestore.open(path, backend=backend).load(as_numpy=True),
+        reference(tmp_path, backend, [(0, 8), (8, 8)]),
+    )
+    with pytreestore.open(path, "a", backend=backend, multihost=True) as store:
+        store.extend_batch(child.batch_values(16, 3))
+        assert len(store) == 19
+
+
+def test_one_process_refusals(tmp_path):
+    path = tmp_path / "one"
+    store = pytreestore.create(path, child.LIKE, multihost=True)
+    message = "open with multihost=True and this is process 0 of 1"
+    with pytest.raises(errors.MultiHostError, match=re.escape(message)):
+        store.append(child.batch_values(0, 1))
+    with pytest.raises(errors.MultiHostError, match=re.escape("extend_batch(batch)")):
+        store.extend([child.batch_values(0, 1)])
+    with pytest.raises(errors.SchemaMismatchError, match="extend_batch takes no mask="):
+        store.extend_batch(child.batch_values(0, 2), mask=child.batch_values(0, 2))
+    with pytest.raises(errors.SchemaMismatchError, match="does not match the store schema"):
+        store.extend_batch({"x": np.zeros((2, 4), np.float32), "y": np.zeros(2, np.int32)})
+    assert len(store) == 0
+    store.close()
+    with pytest.raises(errors.ClosedStoreError):
+        store.extend_batch(child.batch_values(0, 2))
+    with pytest.raises(ValueError, match=re.escape("mode='a'")):
+        pytreestore.open(path, multihost=True)
+    with pytest.raises(errors.FragmentError, match="one fixed structure"):
+        pytreestore.create(tmp_path / "ragged", {"p": [np.int32(0)]}, ragged=True, multihost=True)
+    assert not (tmp_path / "ragged").exists()
