@@ -225,3 +225,18 @@ def test_the_scaling_page_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the block's relative path: a path the workers never saw
     exec(compile(block.code, block.where, "exec"), {"__name__": "docs_scaling_ray"})
     assert len(pytreestore.open(tmp_path / "ray.store")) == 100
+
+
+def test_a_locked_or_ragged_store_is_refused_before_any_task(tmp_path):
+    path = tmp_path / "ray"
+    writer = pytreestore.create(path, LIKE)
+    with pytest.raises(pytreestore.errors.StoreLockedError):
+        dataset().write_datasink(TreeStoreDatasink(path))
+    writer.close()
+    ragged = tmp_path / "ragged"
+    pytreestore.create(ragged, {"p": [np.int32(0)]}, ragged=True).close()
+    with pytest.raises(SchemaMismatchError, match="ragged or optional records"):
+        dataset().write_datasink(TreeStoreDatasink(ragged))
+    assert len(pytreestore.open(path)) == 0
+    with pytreestore.open(ragged, "a"):  # the datasink gave the lock back
+        pass
