@@ -15,8 +15,9 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pytreestore._commit import fragments as _fragments
 from pytreestore._commit.atomic import atomic
@@ -33,6 +34,7 @@ class Fragmenting:
 
     _backend: Backend
     _location: Location
+    _purging: threading.Thread | None = None  # deleting retired fragments' folders
 
     def commit_fragments(self, fragments: Iterable[Fragment]) -> None:
         """Appends fragments (:func:`pytreestore.write_fragment`) in the given order, as one
@@ -66,8 +68,7 @@ class Fragmenting:
         items = list(fragments)
         with self._writing() as writer:  # type: ignore[attr-defined]
             head = writer.commit
-            where = self.path  # type: ignore[attr-defined]
-            found = _fragments.check(self._backend, items, head, writer.schema, where)
+            found = _fragments.check(self._backend, self._location, items, head, writer.schema)
             if not found:
                 return
             writer.flush()
@@ -87,13 +88,28 @@ class Fragmenting:
                     self._backend.resize(keys, start)
                 raise
             self._renew_writer(writer, writer.schema)  # type: ignore[attr-defined]
-            _remove_quietly(self._backend, self._location, [f.id for f in found])
+            self._retire([f.id for f in found])
 
+    def _retire(self, ids: list[str]) -> None:
+        """Takes committed fragments' folders away (one left, if storage failed, is
+        vacuum's): locally renamed at once, then deleted on a thread of their own."""
+        if self._purging is not None:
+            self._purging.join()
+        try:
+            later = _fragments.retire(self._backend, self._location, ids)
+        except (PyTreeStoreError, OSError):
+            return
+        if later:
+            self._purging = threading.Thread(
+                target=_fragments.purge, args=(self._location,), daemon=True
+            )
+            self._purging.start()
 
-def _remove_quietly(backend: Any, location: Any, ids: list[str]) -> None:
-    """Deletes committed fragments' folders; one left (storage failed) is vacuum's."""
-    with contextlib.suppress(PyTreeStoreError):
-        _fragments.remove(backend, location, ids)
+    def _purged(self) -> None:
+        """Waits for the deletion of retired fragments (tests, vacuum)."""
+        if self._purging is not None:
+            self._purging.join()
+            self._purging = None
 
 
 __all__ = ["Fragmenting"]

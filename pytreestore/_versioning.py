@@ -17,12 +17,15 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from pytreestore._commit import abandoned as _abandoned
 from pytreestore._commit import evolve as _evolve
 from pytreestore._commit import vacuum as _vacuum
 from pytreestore._commit import versions as _versions
+from pytreestore._commit.abandoned import FRAGMENTS_OLDER_THAN
 from pytreestore._commit.record import Commit
 from pytreestore._commit.truncate import lower_starts, rows_at, tables_of
 from pytreestore._commit.vacuum import VacuumReport
@@ -44,6 +47,7 @@ class Versioning:
     _cache_id: str
     _ahead: Any
     _spec: Any
+    _location: Any
 
     @property
     def version(self) -> int:
@@ -137,11 +141,16 @@ class Versioning:
             writer.committer.advance(records, tables_of(rows), operation="truncate")
             self._renew_writer(writer, schema or writer.schema)
 
-    def vacuum(self) -> VacuumReport:
+    def vacuum(self, *, fragments_older_than: float = FRAGMENTS_OLDER_THAN) -> VacuumReport:
         """Removes what no version the log keeps needs: chunks past every kept version's
         records, arrays of columns no kept version has (dropped by ``evolve``, or left by an
         interrupted one), schemas no kept version names, and the records of versions written
         over or past ``keep_versions``. Buffered records are committed first.
+
+        It also removes fragments (:func:`pytreestore.write_fragment`) that were committed
+        but left behind by a crash, and those nobody committed within
+        ``fragments_older_than`` seconds (default one day) of being begun: younger ones,
+        still being written or waiting for their commit, are left alone.
 
         Readers open at a version the log no longer keeps may then fail to read.
 
@@ -155,10 +164,20 @@ class Versioning:
             >>> s.append({"x": np.int8(7)}); s.vacuum().chunks
             1
         """
+        _check_age(fragments_older_than)
         with self._writing() as writer:  # type: ignore[attr-defined]
             writer.flush()
-            keep = writer.committer.keep
-            return _vacuum.vacuum(self._backend, writer.commit, keep, self.path)  # type: ignore[attr-defined]
+            keep, head, where = writer.committer.keep, writer.commit, self.path  # type: ignore[attr-defined]
+            self._purged()  # type: ignore[attr-defined]
+            swept = _abandoned.sweep(
+                self._backend,
+                self._location,
+                head,
+                fragments_older_than,
+                where,  # type: ignore[attr-defined]
+            )
+            report = _vacuum.vacuum(self._backend, head, keep, where)
+            return dataclasses.replace(report, fragments=swept)
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -180,6 +199,13 @@ class Versioning:
         if self._cache is not None:
             self._cache.drop(self._cache_id)
         self._cache_id = uuid.uuid4().hex
+
+
+def _check_age(seconds: Any) -> None:
+    if type(seconds) not in (int, float) or not seconds >= 0:
+        raise ValueError(
+            f"fragments_older_than is an age in seconds (a number >= 0), got {seconds!r}"
+        )
 
 
 def _check_records(records: Any, committed: int, where: str) -> None:

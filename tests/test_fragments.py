@@ -170,7 +170,8 @@ def test_misaligned_fragments_are_rewritten_correctly(path, tmp_path, backend):
     frags = [pytreestore.write_fragment(path, batch(i, n), backend=backend) for i, n in ((3, 4),)]
     inodes = _inodes(path, frags[0])
     store.commit_fragments(frags)
-    placed = {p.stat().st_ino for p in Path(path).rglob("*") if p.is_file()}
+    columns = [Path(path) / c.key for c in store.schema.columns]
+    placed = {p.stat().st_ino for c in columns for p in c.rglob("*") if p.is_file()}
     assert not placed & set(inodes.values())  # read and written again: new files
     same_records(store, make(str(tmp_path / "e"), backend, 7))
 
@@ -354,3 +355,58 @@ def test_readers_never_see_uncommitted_fragments(path, backend):
     store.commit_fragments([f])
     assert reader.refresh() == 8
     assert zarr.open_group(path, mode="r")["x"].shape == (8,)
+
+
+# ---- vacuum --------------------------------------------------------------------------------
+
+
+def _age_fragment(path: str, fragment_id: str, seconds: float) -> None:
+    """Makes a fragment look begun ``seconds`` ago (its markers hold the time)."""
+    import datetime
+
+    folder = Path(path) / FRAGMENTS_DIR / fragment_id
+    then = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=seconds)
+    stamp = then.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    (folder / "begun.json").write_text(json.dumps({"time": stamp}))
+
+
+def test_vacuum_removes_abandoned_fragments_only(path, backend):
+    store = make(path, backend, 4)
+    young = pytreestore.write_fragment(path, batch(4, 4), backend=backend)
+    old = pytreestore.write_fragment(path, batch(4, 4), backend=backend)
+    _age_fragment(path, old.id, 2 * 24 * 3600)
+    half = Path(path) / FRAGMENTS_DIR / ("e" * 32)  # a deletion cut short: no marker
+    (half / "x" / "c").mkdir(parents=True)
+    (half / "x" / "c" / "0").write_bytes(b"junk")
+    os.utime(half, (0, 0))
+    report = store.vacuum()
+    assert report.fragments == 2
+    assert fragments_left(path) == [young.id]
+    store.commit_fragments([young])  # a young fragment is still whole
+    with pytest.raises(errors.FragmentError, match="has no files"):
+        store.commit_fragments([old])
+    assert store.load(as_numpy=True)["x"].tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
+
+
+def test_vacuum_threshold_is_a_keyword(path, backend):
+    store = make(path, backend)
+    pytreestore.write_fragment(path, batch(0, 2), backend=backend)
+    assert store.vacuum(fragments_older_than=3600).fragments == 0
+    assert store.vacuum(fragments_older_than=0).fragments == 1
+    assert fragments_left(path) == []
+    with pytest.raises(ValueError, match="fragments_older_than is an age in seconds"):
+        store.vacuum(fragments_older_than=-1)
+
+
+def test_vacuum_removes_a_committed_fragment_left_behind(path, backend):
+    store = make(path, backend, 4)
+    f = pytreestore.write_fragment(path, batch(4, 4), backend=backend)
+    saved = Path(path).parent / "saved"
+    shutil.copytree(Path(path) / f.folder, saved)
+    store.commit_fragments([f])
+    shutil.copytree(saved, Path(path) / f.folder)  # as a crash after the commit leaves it
+    assert store.vacuum().fragments >= 1
+    retired = Path(path) / ".pytreestore" / "retired"
+    assert fragments_left(path) == []
+    assert not retired.exists() or not any(retired.iterdir())
+    assert len(store) == 8 and store.verify().ok

@@ -38,6 +38,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -48,7 +49,7 @@ from pytreestore._commit.fragment import Fragment, begun_key, manifest_key
 from pytreestore._commit.layouts import layouts
 from pytreestore._commit.record import Commit, now_utc
 from pytreestore._format import validate as _validate
-from pytreestore._format.names import fragment_folder
+from pytreestore._format.names import RETIRED_DIR, fragment_folder
 from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._location import Location
 from pytreestore._tree.convert import RecordError, RowFiller, casters
@@ -60,6 +61,7 @@ from pytreestore.errors import (
     FragmentError,
     PyTreeStoreError,
     SchemaMismatchError,
+    StorageError,
 )
 
 # ---- writing -------------------------------------------------------------------------------
@@ -160,7 +162,11 @@ def fragment_layouts(schema: TreeSchema, fragment: Fragment) -> list[ColumnLayou
 
 
 def check(
-    engine: Backend, fragments: Sequence[Any], head: Commit, schema: TreeSchema, where: str
+    engine: Backend,
+    location: Location | None,
+    fragments: Sequence[Any],
+    head: Commit,
+    schema: TreeSchema,
 ) -> list[Fragment]:
     """The fragments, each checked for a commit after ``head``; reads, writes nothing.
 
@@ -168,6 +174,7 @@ def check(
         FragmentError: one is not a Fragment, is listed twice, belongs to another store or
             schema, was committed already, or its files are gone.
     """
+    where = str(location)
     check_fixed(schema, where)
     found: list[Fragment] = []
     schema_id, seen = _validate.id_of(schema), set()
@@ -194,7 +201,7 @@ def check(
         seen.add(f.id)
         found.append(f)
     _check_not_committed(engine, found, head, where)
-    _check_written(engine, found)
+    _check_written(engine, location, found)
     return found
 
 
@@ -218,9 +225,18 @@ def _check_not_committed(
                 )
 
 
-def _check_written(engine: Backend, fragments: Sequence[Fragment]) -> None:
-    for i, f in enumerate(fragments):
-        raw = engine.read_bytes(manifest_key(f.id))
+def _check_written(
+    engine: Backend, location: Location | None, fragments: Sequence[Fragment]
+) -> None:
+    keys = [manifest_key(f.id) for f in fragments]
+    if location is not None and location.kind == "file":  # plain reads: no engine call
+        found = [_read_file(os.path.join(location.root, k)) for k in keys]
+    elif len(keys) > 8:  # each read waits on storage: many at once
+        with ThreadPoolExecutor(16) as pool:
+            found = list(pool.map(engine.read_bytes, keys))
+    else:
+        found = [engine.read_bytes(k) for k in keys]
+    for i, (f, raw) in enumerate(zip(fragments, found)):
         if raw is None:
             raise _refused(
                 f,
@@ -234,6 +250,16 @@ def _check_written(engine: Backend, fragments: Sequence[Fragment]) -> None:
             same = False
         if not same:
             raise _refused(f, i, f"differs from the description in {manifest_key(f.id)}")
+
+
+def _read_file(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise StorageError(f"cannot read {path}: {err}") from err
 
 
 def place(
@@ -317,6 +343,34 @@ def _copy(engine: Backend, pairs: Sequence[tuple[str, str]]) -> None:
 # ---- removing ------------------------------------------------------------------------------
 
 
+def retire(engine: Backend, location: Location, ids: Sequence[str]) -> bool:
+    """Takes committed fragments out of ``fragments/``: locally one rename of each folder
+    into ``.pytreestore/retired/`` (True: :func:`purge` deletes them later), elsewhere a
+    deletion of their keys now (False)."""
+    if location.kind != "file":
+        remove(engine, location, ids)
+        return False
+    retired = os.path.join(location.root, RETIRED_DIR)
+    os.makedirs(retired, exist_ok=True)
+    for fid in ids:
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(os.path.join(location.root, fragment_folder(fid)), os.path.join(retired, fid))
+    return True
+
+
+def purge(location: Location) -> int:
+    """Deletes the retired fragments' folders of a local store; how many."""
+    retired = os.path.join(location.root, RETIRED_DIR)
+    try:
+        names = os.listdir(retired)
+    except FileNotFoundError:
+        return 0
+    with ThreadPoolExecutor(8) as pool:
+        for _ in pool.map(lambda n: shutil.rmtree(os.path.join(retired, n), True), names):
+            pass
+    return len(names)
+
+
 def remove(engine: Backend, location: Location | None, ids: Iterable[str]) -> None:
     """Deletes the folders of the fragments ``ids`` (locally with one tree removal each)."""
     folders = [fragment_folder(i) for i in ids]
@@ -332,4 +386,14 @@ def remove(engine: Backend, location: Location | None, ids: Iterable[str]) -> No
     engine.delete_keys(sorted(keys, key=lambda k: not k.endswith("/fragment.json")))
 
 
-__all__ = ["check", "check_fixed", "chunk_pairs", "column_blocks", "place", "remove", "write"]
+__all__ = [
+    "check",
+    "check_fixed",
+    "chunk_pairs",
+    "column_blocks",
+    "place",
+    "purge",
+    "remove",
+    "retire",
+    "write",
+]

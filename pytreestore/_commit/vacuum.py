@@ -18,7 +18,7 @@ Example:
     >>> s = pytreestore.create("memory://doc-vacuum-module", {"x": np.int8(0)}, chunk_records=1)
     >>> s.extend({"x": np.int8(i)} for i in range(3)); s.truncate(1); s.append({"x": np.int8(5)})
     >>> s.vacuum()
-    VacuumReport(versions=1, schemas=0, arrays=0, chunks=1)
+    VacuumReport(versions=1, schemas=0, arrays=0, chunks=1, fragments=0)
 """
 
 from __future__ import annotations
@@ -45,12 +45,15 @@ class VacuumReport:
         schemas: schemas no kept version names.
         arrays: arrays of columns no kept version has (each with its chunks).
         chunks: chunks past every kept version's rows.
+        fragments: fragment folders (issue 17): committed ones left behind, and abandoned
+            ones (see :mod:`pytreestore._commit.abandoned`).
     """
 
     versions: int = 0
     schemas: int = 0
     arrays: int = 0
     chunks: int = 0
+    fragments: int = 0
 
 
 def vacuum(engine: Backend, head: Commit, keep: int | None, where: str) -> VacuumReport:

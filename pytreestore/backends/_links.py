@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from pytreestore._format.names import CHUNK_KEY_PATTERN
 from pytreestore.backends._base import missing_chunk
 from pytreestore.errors import PyTreeStoreError, StorageError
+
+_THREADS = 16  # folders fsynced at once
 
 
 def link_files(root: str, pairs: Sequence[tuple[str, str]]) -> None:
@@ -36,15 +40,27 @@ def link_files(root: str, pairs: Sequence[tuple[str, str]]) -> None:
         StorageError: the file system refused a link.
     """
     folders: set[str] = set()
+
     try:
-        for source, destination in pairs:
+        for source, destination in pairs:  # links in one folder queue on its lock: in turn
             _link(os.path.join(root, source), os.path.join(root, destination), source, folders)
-        for folder in sorted(folders):
-            _fsync_folder(folder)
+        _each(_fsync_folder, sorted(folders))
     except PyTreeStoreError:
         raise  # a missing source (also an OSError)
     except OSError as err:
         raise StorageError(f"cannot link chunks in {root}: {err}") from err
+
+
+def _each(fn: Callable[[Any], None], items: Sequence[Any]) -> None:
+    """``fn`` of every item, on threads when there are many (fsyncs wait on the disk, and
+    a journal commits concurrent ones together)."""
+    if len(items) <= 4:
+        for item in items:
+            fn(item)
+        return
+    with ThreadPoolExecutor(_THREADS) as pool:
+        for _ in pool.map(fn, items):
+            pass
 
 
 def _link(src: str, dst: str, source: str, folders: set[str]) -> None:

@@ -1,0 +1,156 @@
+"""Crash trials of fragments: a process killed with SIGKILL while writing a fragment, between
+its fragments and the commit, and at each step of ``commit_fragments`` leaves a store that
+opens with every committed record, where each fragment is committed whole or not at all, and
+every fragment not committed can still be committed.
+
+The writer is a subprocess running :func:`child`; it kills itself (SIGKILL, no cleanup) at
+the named point, reached through the real code with a wrapper around one internal step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pytreestore
+from pytreestore import errors
+from pytreestore._format.names import FRAGMENTS_DIR
+from tests.test_fragments import CHUNK, batch, rec
+
+TESTS = Path(__file__).resolve().parent
+POINTS = ["writing", "before_commit", "placing", "before_record", "after_record"]
+SIZES = (4, 5)  # fragment A, fragment B
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _kill_at(point: str) -> None:
+    """Makes the child kill itself at ``point`` of its next fragment step."""
+    from pytreestore import _fragmenting
+    from pytreestore._commit import committer, fragments
+
+    if point == "writing":  # the arrays are written, the fragment's description is not
+        fragments.manifest_key = lambda fid: _die()  # type: ignore[assignment]
+    elif point == "placing":  # half of the chunks placed (misaligned: before the rewrites)
+        copy = fragments._copy
+
+        def half_copy(engine: Any, pairs: Any) -> None:
+            copy(engine, pairs[: len(pairs) // 2])
+            _die()
+
+        fragments._copy = half_copy  # type: ignore[assignment]
+    elif point == "before_record":
+        committer.Committer.advance = lambda *a, **k: _die()  # type: ignore[assignment]
+    elif point == "after_record":
+        _fragmenting.Fragmenting._retire = lambda self, ids: _die()  # type: ignore[assignment]
+
+
+def child(path: str, backend: str, point: str, out: str) -> None:
+    """Writes fragments A and B (their JSON to ``out``), then commits them; dies at ``point``."""
+    store = pytreestore.open(path, "a", backend=backend)
+    start = len(store)
+    texts = []
+    for k, n in enumerate(SIZES):
+        if point == "writing" and k == 1:
+            _kill_at(point)
+        fragment = pytreestore.write_fragment(path, batch(start, n), backend=backend)
+        texts.append(fragment.to_json())
+        Path(out).write_text(json.dumps(texts))
+        start += n
+    if point == "before_commit":
+        _die()
+    _kill_at(point)
+    store.commit_fragments([pytreestore.Fragment.from_json(t) for t in texts])
+    if point == "random":
+        print("COMMITTED", flush=True)
+    store.close()
+
+
+def _run(path: Path, backend: str, point: str, *, kill_after: float | None = None) -> int:
+    out = path.parent / "fragments.json"
+    code = (
+        f"import sys; sys.path.insert(0, {str(TESTS.parent)!r}); "
+        "from tests import test_fragments_crash as t; "
+        f"t.child({str(path)!r}, {backend!r}, {point!r}, {str(out)!r})"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    if kill_after is not None:
+        time.sleep(kill_after)
+        proc.kill()
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode in (-signal.SIGKILL, 0), stderr
+    return proc.returncode
+
+
+def _fragments(path: Path) -> list[pytreestore.Fragment]:
+    out = path.parent / "fragments.json"
+    texts = json.loads(out.read_text()) if out.exists() else []
+    return [pytreestore.Fragment.from_json(t) for t in texts]
+
+
+def _x(store: pytreestore.TreeStore) -> list[float]:
+    return store.load(as_numpy=True)["x"].tolist() if len(store) else []
+
+
+def _check_recovered(path: Path, backend: str, start: int) -> None:
+    """Opens the killed writer's store: a committed prefix in whole fragments; then commits
+    every fragment left whole and checks the store holds every record once, in order."""
+    store = pytreestore.open(path, "a", backend=backend)
+    found = _fragments(path)
+    total = start + sum(f.records for f in found)
+    committed = len(store)
+    assert committed in (start, start + sum(SIZES)), committed  # all of them or none
+    assert _x(store) == [float(i) for i in range(committed)]
+    assert store.verify().ok
+    if committed == start:
+        store.commit_fragments(found)
+        assert _x(store) == [float(i) for i in range(total)]
+    else:
+        with pytest.raises(errors.FragmentError, match="committed already"):
+            store.commit_fragments(found)
+    store.vacuum(fragments_older_than=0)
+    assert not (path / FRAGMENTS_DIR).exists() or not os.listdir(path / FRAGMENTS_DIR)
+    store.extend(rec(i) for i in range(len(store), len(store) + 3))
+    store.close()
+    reader = pytreestore.open(path, backend=backend)
+    assert _x(reader) == [float(i) for i in range(len(reader))]
+    np.testing.assert_array_equal(reader.load(as_numpy=True)["p"].v, batch(0, len(reader))["p"].v)
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+@pytest.mark.parametrize("start", [4, 3], ids=["aligned", "misaligned"])
+@pytest.mark.parametrize("point", POINTS)
+def test_a_writer_killed_at_each_point_loses_nothing(tmp_path, backend, start, point):
+    path = tmp_path / "s"
+    with pytreestore.create(path, rec(0), backend=backend, chunk_records=CHUNK) as store:
+        store.extend(rec(i) for i in range(start))
+    assert _run(path, backend, point) == -signal.SIGKILL
+    written = _fragments(path)
+    assert len(written) == (1 if point == "writing" else 2)
+    _check_recovered(path, backend, start)
+
+
+@pytest.mark.parametrize("trial", range(4))
+def test_a_writer_killed_at_a_random_moment_loses_nothing(tmp_path, trial):
+    rng = random.Random(trial)
+    backend = ["tensorstore", "zarr"][trial % 2]
+    start = rng.choice([3, 4, 8])
+    path = tmp_path / "s"
+    with pytreestore.create(path, rec(0), backend=backend, chunk_records=CHUNK) as store:
+        store.extend(rec(i) for i in range(start))
+    _run(path, backend, "random", kill_after=rng.uniform(0.5, 3.0))
+    _check_recovered(path, backend, start)
