@@ -161,8 +161,10 @@ def test_a_failing_task_commits_nothing(tmp_path):
         dataset(fn=late_rows_overflow).write_datasink(TreeStoreDatasink(path))
     store = pytreestore.open(path, "a")  # the driver gave the writer lock back
     assert len(store) == 8
-    # the tasks that succeeded wrote fragments nobody committed (vacuum's to remove)
+    # the tasks that succeeded wrote fragments nobody committed: vacuum's to remove
     assert len(list((path / ".pytreestore" / "fragments").glob("*/fragment.json"))) <= 2
+    store.vacuum(fragments_older_than=0)
+    assert not list((path / ".pytreestore" / "fragments").glob("*/*.json"))
     store.close()
     assert_same(
         pytreestore.open(path).load(as_numpy=True),
