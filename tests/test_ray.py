@@ -27,8 +27,13 @@ from pytreestore.ray import TreeStoreDatasink, column_names  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 N = 40
-# Ray Data's own DataContext warns of its deprecated options as it is made
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.*")
+pytestmark = [
+    # Ray Data's own DataContext warns of its deprecated options as it is made
+    pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.*"),
+    # ray.init forks helper processes, which exec at once; JAX warns of any fork once it
+    # has started (earlier tests in the same run start it)
+    pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning"),
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -41,7 +46,7 @@ def local_ray() -> Any:
     # it is on a one-machine platform: the variable for the processes it starts, the
     # constant for this one (read when ray was imported)
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    cluster, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, False
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), saved["PYTHONPATH"]]))
     ray.init(
         num_cpus=2,
@@ -56,7 +61,7 @@ def local_ray() -> Any:
     assert ray.nodes()[0]["NodeManagerAddress"] == "127.0.0.1"
     yield
     ray.shutdown()
-    ray_constants.ENABLE_RAY_CLUSTER = True
+    ray_constants.ENABLE_RAY_CLUSTER = cluster
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)
