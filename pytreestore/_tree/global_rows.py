@@ -149,7 +149,9 @@ def host_rows(leaf: Any, start: int, stop: int) -> Any:
     every other leaf as numpy (a leaf that is no global array: sliced as it is).
     """
     if not is_global(leaf):
-        return leaf[start:stop]
+        if start == 0 and stop == len(leaf):
+            return leaf  # all of it: no copy (and no slicing op on a device)
+        return leaf[start:stop] if is_key(leaf) else np.asarray(leaf)[start:stop]
     keys = is_key(leaf)
     out: np.ndarray | None = None
     done: set[Box] = set()
