@@ -52,6 +52,7 @@ from pytreestore.backends import (
 )
 from pytreestore.testing import assert_trees_equal
 from pytreestore.testing import strategies as pts
+from pytreestore.testing.chunk_copies import ChunkCopyCases
 
 __all__ = ["BackendSuite", "dtype_values"]
 
@@ -87,7 +88,7 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
-class BackendSuite:
+class BackendSuite(ChunkCopyCases):
     """Conformance cases for one backend; subclass and set :attr:`backend`.
 
     Override :meth:`location` to run the cases somewhere other than a fresh local directory
