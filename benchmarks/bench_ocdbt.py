@@ -73,9 +73,12 @@ def _case_wide(sizes: Sizes) -> list[Result]:
     counts: dict[str, int] = {}
     with _scratch() as root:
 
+        def fresh(backend: str) -> Path:  # untimed: the last run's store removed
+            shutil.rmtree(root / backend, ignore_errors=True)
+            return root / backend
+
         def run(backend: str) -> Any:
             path = root / backend
-            shutil.rmtree(path, ignore_errors=True)
             with pytreestore.create(str(path), like, backend=backend) as store:
                 store.extend_batch(batch)
             with pytreestore.open(str(path)) as store:
@@ -84,9 +87,19 @@ def _case_wide(sizes: Sizes) -> list[Result]:
             return got
 
         ours, theirs = measure_side_by_side(
-            Timed(lambda _: run("ocdbt"), sizes.repeats, 1, None, lambda _, o: _check(batch, o)),
             Timed(
-                lambda _: run("tensorstore"), sizes.repeats, 1, None, lambda _, o: _check(batch, o)
+                lambda _: run("ocdbt"),
+                sizes.repeats,
+                1,
+                lambda: fresh("ocdbt"),
+                lambda _, o: _check(batch, o),
+            ),
+            Timed(
+                lambda _: run("tensorstore"),
+                sizes.repeats,
+                1,
+                lambda: fresh("tensorstore"),
+                lambda _, o: _check(batch, o),
             ),
         )
     return [
@@ -117,25 +130,27 @@ def _case_orbax(sizes: Sizes) -> list[Result]:
     checkpointer = ocp.StandardCheckpointer()
     with _scratch() as root:
 
-        def ours(_: object) -> Any:
-            path = root / "ours"
-            shutil.rmtree(path, ignore_errors=True)
+        def fresh(name: str) -> Path:  # untimed: the last run's output removed
+            shutil.rmtree(root / name, ignore_errors=True)
+            return root / name
+
+        def ours(path: Path) -> Any:
             with pytreestore.create(str(path), like, backend="ocdbt") as store:
                 store.extend_batch(tree)
             with pytreestore.open(str(path)) as store:
                 return store.load(as_numpy=True)
 
-        def orbax(_: object) -> Any:
-            path = root / "ckpt"
-            shutil.rmtree(path, ignore_errors=True)
+        def orbax(path: Path) -> Any:
             checkpointer.save(str(path), tree)
             checkpointer.wait_until_finished()
             return jax.tree.map(np.asarray, checkpointer.restore(str(path), target))
 
         try:
             mine, theirs = measure_side_by_side(
-                Timed(ours, sizes.repeats, 1, None, lambda _, o: _check(batch, o)),
-                Timed(orbax, sizes.repeats, 1, None, lambda _, o: _check(batch, o)),
+                Timed(ours, sizes.repeats, 1, lambda: fresh("ours"), lambda _, o: _check(batch, o)),
+                Timed(
+                    orbax, sizes.repeats, 1, lambda: fresh("ckpt"), lambda _, o: _check(batch, o)
+                ),
             )
         finally:
             checkpointer.close()

@@ -234,6 +234,7 @@ def test_two_writers_never_both_commit(tmp_path: Path) -> None:
     second.flush()
     with pytest.raises(errors.CommitConflictError, match="another writer"):
         first.flush()
+    assert first.committed == 1  # its commit was undone with the transaction
     second.close()
     assert _numbers(pytreestore.open(path)) == [0, 2]
 
@@ -288,3 +289,25 @@ def test_on_s3(s3_server, bucket) -> None:
     assert got.tobytes() == np.stack([_leaf("bfloat16", i) for i in range(5)]).tobytes()
     with pytest.raises(errors.NotAStoreError, match="in an OCDBT database"):
         pytreestore.open(url, backend="zarr", storage_options=opts)
+
+
+def test_many_transactional_resizes_in_one_context(tmp_path: Path) -> None:
+    """One backend, one ts.Context, commit after commit: each resizes every column in its own
+    transaction (a handle left bound to a committed transaction would fail the next one with
+    "Transaction not open"; the backend binds its handles to each block anew)."""
+    path = str(tmp_path / "s")
+    like = {"a": np.int32(0), "b": np.zeros(2, np.float32)}
+    with pytreestore.create(path, like, backend="ocdbt", chunk_records=3) as store:
+        for i in range(20):
+            store.append({"a": np.int32(i), "b": np.full(2, i, np.float32)})
+            store.flush()
+    assert [v.records for v in pytreestore.open(path).versions()] == list(range(21))
+    got = pytreestore.open(path).load(as_numpy=True)
+    np.testing.assert_array_equal(got["a"], range(20))
+    np.testing.assert_array_equal(got["b"][:, 1], range(20))
+    for version in (5, 13):
+        assert _numbers_of(pytreestore.open(path, version=version)) == list(range(version))
+
+
+def _numbers_of(store: pytreestore.TreeStore) -> list[int]:
+    return [int(v) for v in store.load(as_numpy=True)["a"]]
