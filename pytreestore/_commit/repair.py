@@ -176,7 +176,7 @@ def check_not_replaced(engine: Any, location: Location, seen: Commit) -> Commit:
     return now
 
 
-def _commit_bytes(engine: Any, location: Location) -> bytes | None:
+def _commit_bytes(engine: Backend, location: Location) -> bytes | None:
     """The commit record's bytes; on local disk read with a plain ``open`` (no engine call), which
     is cheap after every read and safe in a process forked from the reader's (but in a store
     whose keys live inside one database, the OCDBT backend's, a transactional one)."""
