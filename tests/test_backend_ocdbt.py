@@ -311,3 +311,23 @@ def test_many_transactional_resizes_in_one_context(tmp_path: Path) -> None:
 
 def _numbers_of(store: pytreestore.TreeStore) -> list[int]:
     return [int(v) for v in store.load(as_numpy=True)["a"]]
+
+
+def test_cli_copy_and_evolve_by_path(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from pytreestore.cli import main
+
+    source, plain, again = (str(tmp_path / n) for n in ("ocdbt", "plain", "again"))
+    with pytreestore.create(source, {"n": np.int32(0)}, backend="ocdbt") as s:
+        s.extend({"n": np.int32(i)} for i in range(7))
+    runner = CliRunner()
+    for src, dst, backend in ((source, plain, "tensorstore"), (plain, again, "ocdbt")):
+        result = runner.invoke(main, ["copy", src, dst, "--backend", backend])
+        assert result.exit_code == 0, result.output
+        assert "copied 7 records" in result.output
+    assert not (Path(plain) / "manifest.ocdbt").exists()
+    assert (Path(again) / "manifest.ocdbt").exists()
+    assert _numbers(pytreestore.open(plain)) == _numbers(pytreestore.open(again)) == list(range(7))
+    pytreestore.evolve(again, add={"['m']": np.float32(2)})  # finds the OCDBT store itself
+    assert pytreestore.open(again).load(as_numpy=True)["m"].tolist() == [2.0] * 7

@@ -375,7 +375,7 @@ def evolve(
     drop: Sequence[str] | None = None,
     rename: Mapping[str, str] | None = None,
     rename_class: Mapping[str, str] | None = None,
-    backend: str = "tensorstore",
+    backend: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
 ) -> None:
     """Changes the schema of the store at ``path``, without importing its classes.
