@@ -371,7 +371,8 @@ def versions(path: str, as_json: bool) -> None:
     "--backend",
     default="tensorstore",
     show_default=True,
-    help="Storage engine that writes the copy.",
+    help="Storage engine that writes the copy: tensorstore, zarr or ocdbt (an OCDBT "
+    "database, which zarr-python cannot read; copy it back with --backend tensorstore).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace a store already at DST.")
 @_progress_option

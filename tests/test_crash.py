@@ -62,7 +62,8 @@ def writer_main(path: str, spec_file: str) -> None:
     """Runs in the subprocess: opens the store, waits for a line on stdin, runs the plan."""
     spec = json.loads(Path(spec_file).read_text())
     if spec["create"]:
-        store = pytreestore.create(path, record(0), chunk_records=CHUNK)
+        backend = spec.get("backend", "tensorstore")
+        store = pytreestore.create(path, record(0), chunk_records=CHUNK, backend=backend)
     else:
         store = pytreestore.open(path, mode="a")
     n = len(store)
@@ -106,11 +107,19 @@ def make_plan(rng: random.Random, ops: int = 250) -> list[tuple[str, int]]:
 class Writer:
     """A started writer subprocess and the plan it follows."""
 
-    def __init__(self, path: Path, *, create: bool, start: int, plan: list[tuple[str, int]]):
+    def __init__(
+        self,
+        path: Path,
+        *,
+        create: bool,
+        start: int,
+        plan: list[tuple[str, int]],
+        backend: str = "tensorstore",
+    ):
         self.path, self.start, self.plan = path, start, plan
         self.stderr = ""
         spec = path.parent / "spec.json"
-        spec.write_text(json.dumps({"create": create, "plan": plan}))
+        spec.write_text(json.dumps({"create": create, "plan": plan, "backend": backend}))
         code = (
             f"import sys; sys.path.insert(0, {str(TESTS)!r}); import test_crash; "
             f"test_crash.writer_main({str(path)!r}, {str(spec)!r})"
@@ -268,6 +277,41 @@ def test_sigkilled_writer_leaves_a_committed_prefix(
             pytest.xfail(f"{STALE_LOCK_BUG} (stale {stale}): {err}")
         raise
     assert column_lengths(writer.path) == [n + 6] * len(COLUMNS), "zarr column lengths"
+
+
+OCDBT_TRIALS = 4
+
+
+@pytest.mark.parametrize("trial", range(OCDBT_TRIALS))
+def test_sigkilled_ocdbt_writer_leaves_every_earlier_commit_intact(
+    trial: int, tmp_path: Path
+) -> None:
+    """On OCDBT a commit is one transaction: a writer killed at any moment leaves one of its
+    commits whole (the last it reported, a whole chunk an extend committed, or the next
+    flush), every earlier record intact, and the store appends on afterwards."""
+    rng = random.Random(5000 + trial)
+    path = tmp_path / "store"
+    start = 0
+    if trial % 2:  # a store that ends inside a chunk
+        start = rng.randrange(1, 4 * CHUNK)
+        with pytreestore.create(path, record(0), chunk_records=CHUNK, backend="ocdbt") as s:
+            s.extend(records(0, start))
+    writer = Writer(
+        path, create=start == 0, start=start, plan=make_plan(rng, ops=60), backend="ocdbt"
+    )
+    assert writer.ready() == writer.start
+    reported, lines = kill_at_random(writer, rng)
+    context = f"ocdbt trial {trial}: writer printed {lines[-3:]} (exit {writer.proc.returncode})"
+    assert writer.proc.returncode in (0, -signal.SIGKILL), f"{context}\n{writer.stderr}"
+    with pytreestore.open(str(path)) as store:
+        n = len(store)
+        assert n in allowed_counts(reported, writer.flush_points()), f"{context}; holds {n}"
+        check_prefix(store, n)
+    with pytreestore.open(str(path), mode="a") as store:
+        store.extend(records(n, n + 5))
+    with pytreestore.open(str(path)) as store:
+        check_prefix(store, n + 5)
+        assert store.verify().ok
 
 
 COLUMNS = ("i", "v", "p/0", "p/1")

@@ -10,12 +10,14 @@ from __future__ import annotations
 import pytest
 
 import pytreestore
+from pytreestore._location import Location
+from pytreestore.backends import default_backend
 from tests.trial_harness import differences, expected, read_log, wait_for
 
 pytest_plugins = ("tests.fixtures",)
 
 
-def run(zygote, tmp_path, path, *, readers, seconds, chunk, opts=None, codec="zstd"):
+def run(zygote, tmp_path, path, *, readers, seconds, chunk, opts=None, codec="zstd", backend=None):
     writer_log = tmp_path / "writer.log"
     writer = zygote.start(
         kind="writer",
@@ -29,6 +31,7 @@ def run(zygote, tmp_path, path, *, readers, seconds, chunk, opts=None, codec="zs
         pause=0.01,
         log=str(writer_log),
         storage_options=opts,
+        backend=backend or "tensorstore",
     )
     wait_for(writer_log, "ready")
     logs = [tmp_path / f"reader{r}.log" for r in range(readers)]
@@ -74,6 +77,14 @@ def test_readers_during_local_writes(zygote, tmp_path, codec):
     path = str(tmp_path / "store")
     summaries = run(zygote, tmp_path, path, readers=2, seconds=2, chunk=16, codec=codec)
     print(f"\nlocal readers, {codec} (final length, records checked, reads): {summaries}")
+
+
+def test_readers_during_ocdbt_writes(zygote, tmp_path):
+    """Readers in other processes see each new OCDBT commit (its manifest read again)."""
+    path = str(tmp_path / "store")
+    summaries = run(zygote, tmp_path, path, readers=2, seconds=2, chunk=16, backend="ocdbt")
+    assert default_backend(Location.parse(path)) == "ocdbt"
+    print(f"\nOCDBT readers (final length, records checked, reads): {summaries}")
 
 
 @pytest.mark.s3

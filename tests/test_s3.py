@@ -267,6 +267,13 @@ class TestTensorStoreOnS3(BackendSuite):
     def test_bfloat16_through_zarr_python(self) -> None: ...
 
 
+class TestOcdbtOnS3(TestTensorStoreOnS3):
+    """Every conformance case on the OCDBT backend, its database on a bucket prefix."""
+
+    backend = "ocdbt"
+    zarr_readable = False
+
+
 # ---- issue 12: corruption on S3 is reported, not hidden ---------------------------------------
 
 

@@ -96,6 +96,7 @@ def run_trial(
         max_batch=rng.choice([4, 40, 300]),
         log=str(log),
         storage_options=chain["opts"].get("storage_options"),
+        backend=chain.get("backend", "tensorstore"),
     )
     how = rng.random()
     if t > 0 and how < 0.1:
@@ -145,12 +146,14 @@ def run_chain(
     tally: Tally,
     max_delay: float,
     codec: str | None = "zstd",
+    backend: str = "tensorstore",
 ) -> None:
     tmp.mkdir(parents=True, exist_ok=True)
     chunks = S3_CHUNKS if path.startswith("s3://") else CHUNKS
     chain = {"trial": 0, "committed": 0, "chunk": rng.choice(chunks), "opts": opts}
     chain["codec"] = codec
     chain["max_delay"] = max_delay
+    chain["backend"] = backend
     for _ in range(trials):
         run_trial(zyg, path, tmp, rng, chain, tally)
     # appending continues correctly after the last crash
@@ -162,13 +165,15 @@ def run_chain(
     tally.records_checked += n + 38
 
 
-def run_trials(zyg, tmp_path, seed, chains, per_chain, location, opts, max_delay) -> Tally:
+def run_trials(
+    zyg, tmp_path, seed, chains, per_chain, location, opts, max_delay, backend="tensorstore"
+) -> Tally:
     tally = Tally()
     rng = random.Random(seed)
     for c in range(chains):
         codec = "zstd" if c % 2 == 0 else None  # uncompressed local chunks: the direct path
         where = tmp_path / f"chain{c}"
-        run_chain(zyg, location(c), where, rng, per_chain, opts, tally, max_delay, codec)
+        run_chain(zyg, location(c), where, rng, per_chain, opts, tally, max_delay, codec, backend)
     return tally
 
 
@@ -188,6 +193,18 @@ def test_crash_trials_local(zygote, tmp_path):
     )
     print(f"\nlocal crash trials (seed {seed}): {tally}")
     assert tally.trials == 16
+
+
+def test_crash_trials_ocdbt(zygote, tmp_path):
+    """Writers killed at random on OCDBT, appends, truncates, tags and versions among them:
+    every commit is one transaction, so the store holds a whole commit and its versions read
+    their OCDBT snapshots."""
+    seed = _seed()
+    tally = run_trials(
+        zygote, tmp_path, seed, 2, 4, lambda c: str(tmp_path / f"store{c}"), {}, 0.25, "ocdbt"
+    )
+    print(f"\nOCDBT crash trials (seed {seed}): {tally}")
+    assert tally.trials == 8
 
 
 @pytest.mark.s3

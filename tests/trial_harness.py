@@ -280,6 +280,7 @@ def run_writer(job: dict[str, Any], log: Log) -> None:
             record(0),
             chunk_records=job["chunk"],
             codec=job.get("codec", "zstd"),
+            backend=job.get("backend", "tensorstore"),
             **opts,
         )
     else:

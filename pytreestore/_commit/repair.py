@@ -27,7 +27,7 @@ from pytreestore._commit.record import COMMIT_KEY, Commit
 from pytreestore._format.names import chunk_key, chunk_prefix
 from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._location import Location
-from pytreestore.backends import Backend, KeyListing, PartialWriteCleanup
+from pytreestore.backends import Backend, KeyListing, PartialWriteCleanup, Transactions
 from pytreestore.errors import (
     CorruptChunkError,
     CorruptStoreError,
@@ -176,15 +176,16 @@ def check_not_replaced(engine: Any, location: Location, seen: Commit) -> Commit:
     return now
 
 
-def _commit_bytes(engine: Any, location: Location) -> bytes | None:
+def _commit_bytes(engine: Backend, location: Location) -> bytes | None:
     """The commit record's bytes; on local disk read with a plain ``open`` (no engine call), which
-    is cheap after every read and safe in a process forked from the reader's."""
-    if location.kind != "file":
-        return engine.read_bytes(COMMIT_KEY)
-    try:
-        with open(os.path.join(location.root, COMMIT_KEY), "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        raise StorageError(f"cannot read {location}/{COMMIT_KEY}: {err}") from err
+    is cheap after every read and safe in a process forked from the reader's (but in a store
+    whose keys live inside one database, the OCDBT backend's, a transactional one)."""
+    if location.kind == "file" and not isinstance(engine, Transactions):
+        try:
+            with open(os.path.join(location.root, COMMIT_KEY), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            raise StorageError(f"cannot read {location}/{COMMIT_KEY}: {err}") from err
+    return engine.read_bytes(COMMIT_KEY)
