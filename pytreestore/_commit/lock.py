@@ -60,7 +60,12 @@ class WriterLock:
 
     @classmethod
     def acquire(
-        cls, location: Location, backend: Any = None, *, break_lock: bool = False
+        cls,
+        location: Location,
+        backend: Any = None,
+        *,
+        break_lock: bool = False,
+        shared: bool = False,
     ) -> WriterLock:
         """Takes the lock or raises :class:`StoreLockedError` at once.
 
@@ -69,7 +74,14 @@ class WriterLock:
             backend: the store's backend; needed for S3 and GCS, whose lock is an object.
             break_lock: S3 and GCS only: take the lock over even from a holder that may be
                 alive. Only for a writer known to be gone (a crashed host).
+            shared: local disk only: a shared ``flock``, held by every writer sharing the
+                store through an OCDBT coordinator (:mod:`pytreestore._commit.shared`): they
+                keep each other in, and an exclusive writer out (and are kept out by one).
         """
+        if shared:
+            if location.kind != "file":
+                raise ValueError(f"a shared writer lock is for local stores, not {location}")
+            return cls(location, _acquire_flock(location, shared=True))
         if location.kind == "memory":
             with _HELD_LOCK:
                 if location.root in _HELD:
@@ -113,15 +125,17 @@ class WriterLock:
         self._location = Location("released", "")
 
 
-def _acquire_flock(location: Location) -> int:
+def _acquire_flock(location: Location, *, shared: bool = False) -> int:
     path = Path(location.root) / LOCK_KEY
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise _locked(location) from None
+    if shared:
+        return fd  # the file names the exclusive holder only
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd

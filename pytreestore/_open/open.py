@@ -27,6 +27,7 @@ from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
+from pytreestore._open.shared import check_shared_options, open_shared
 from pytreestore._ragged.model import GenericViewError, attach_layout, build_schema
 from pytreestore._ragged.writer import new_writer
 from pytreestore._read.request import check_cast
@@ -200,6 +201,7 @@ def open(
     cast: bool = False,
     version: int | str | None = None,
     keep_versions: int | None = KEEP_VERSIONS,
+    coordinator: str | None = None,
 ) -> TreeStore:
     """Opens an existing store, at its latest version or (``version=``) at an older one.
 
@@ -231,6 +233,11 @@ def open(
             version's records and schema, whatever is committed later.
         keep_versions: mode "a": the versions the log keeps besides tagged ones (the last
             this many; None: all). Older version records are deleted as commits go by.
+        coordinator: mode "a" on a local OCDBT store (``backend="ocdbt"``): the address
+            ``"HOST:PORT"`` of an OCDBT coordinator (:func:`pytreestore.backends.ocdbt_coordinator`
+            starts one). Any number of processes may then write to the store at once, each
+            commit placed after the records committed before it (docs/scaling.md). Without
+            it a second writer gets :class:`StoreLockedError`.
 
     Raises:
         StoreNotFoundError: nothing is at ``path``.
@@ -254,6 +261,12 @@ def open(
     _check_open_options(mode, backend, break_lock=break_lock, cache_bytes=cache_bytes, cast=cast)
     _check_version_options(mode, version, keep_versions)
     location = Location.parse(path, storage_options)
+    if coordinator is not None:
+        address = check_shared_options(
+            mode, backend, coordinator, generic=generic, version=version, break_lock=break_lock
+        )
+        options = {"like": like, "cache_bytes": cache_bytes, "cast": cast, "keep": keep_versions}
+        return open_shared(location, address, opener=open, creator=create, **options)
     engine: Backend = get_backend(backend)(location)
     schema = _read_schema(engine, location, like=like, generic=generic)
     engine.open_columns(schema.storage_columns)

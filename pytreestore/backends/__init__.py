@@ -34,6 +34,7 @@ from pytreestore.backends._registry import (
     registered_backends,
 )
 from pytreestore.backends._tensorstore.backend import TensorStoreBackend
+from pytreestore.backends._tensorstore.coordinated import ocdbt_coordinator
 from pytreestore.backends._zarr.backend import ZarrBackend
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "Transactions",
     "ZarrBackend",
     "get_backend",
+    "ocdbt_coordinator",
     "register_backend",
     "registered_backends",
 ]
