@@ -1,4 +1,4 @@
-"""Both backends run the shipped conformance suite (pytreestore.testing.conformance)."""
+"""Every shipped backend runs the conformance suite (pytreestore.testing.conformance)."""
 
 from __future__ import annotations
 
@@ -11,3 +11,8 @@ class TestTensorStore(BackendSuite):
 
 class TestZarr(BackendSuite):
     backend = "zarr"
+
+
+class TestOcdbt(BackendSuite):
+    backend = "ocdbt"
+    zarr_readable = False

@@ -1,6 +1,10 @@
 """One commit, one atomic step, where the backend can: the resizes, the chunks, the version
 record, the commit record and the root of a commit inside one backend transaction.
 
+Blocks nest: an inner block joins the outer one, and only the outermost commits. What a block
+changed in memory before it committed (a committer's last commit and token) is given back
+with :func:`on_abort` when the outermost block commits nothing.
+
 Example:
     >>> from pytreestore._location import Location
     >>> from pytreestore.backends import TensorStoreBackend
@@ -14,14 +18,48 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections.abc import Callable, Iterator
 
 from pytreestore.backends import Backend, Transactions
 
+_OPEN = threading.local()  # this thread's outermost blocks: id(backend) -> their undos
 
-def atomic(backend: Backend) -> contextlib.AbstractContextManager[None]:
+
+def _blocks() -> dict[int, list[Callable[[], None]]]:
+    if not hasattr(_OPEN, "blocks"):
+        _OPEN.blocks = {}
+    return _OPEN.blocks
+
+
+@contextlib.contextmanager
+def atomic(backend: Backend) -> Iterator[None]:
     """The backend's transaction (:class:`~pytreestore.backends.Transactions`) when it has
     one, else a block that does nothing: writes land one by one, as the commit protocol's
     order makes safe (:mod:`pytreestore._commit.protocol`)."""
-    if isinstance(backend, Transactions):
-        return backend.transaction()
-    return contextlib.nullcontext()
+    if not isinstance(backend, Transactions):
+        yield
+        return
+    blocks = _blocks()
+    if id(backend) in blocks:  # joins the outer block
+        with backend.transaction():
+            yield
+        return
+    undos = blocks[id(backend)] = []
+    try:
+        with backend.transaction():
+            yield
+    except BaseException:
+        for undo in reversed(undos):
+            undo()
+        raise
+    finally:
+        del blocks[id(backend)]
+
+
+def on_abort(backend: Backend, undo: Callable[[], None]) -> None:
+    """Calls ``undo`` if the atomic block open on ``backend`` in this thread commits nothing
+    (it raised, or its commit failed); nothing when no block is open."""
+    undos = _blocks().get(id(backend))
+    if undos is not None:
+        undos.append(undo)

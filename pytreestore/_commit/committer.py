@@ -11,9 +11,11 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 from pytreestore._commit import consolidated, versions
+from pytreestore._commit.atomic import atomic, on_abort
 from pytreestore._commit.record import Commit
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import COMMIT_KEY
@@ -98,15 +100,22 @@ class Committer:
         commit = self.commit.next(records, tables, schema=self.schema, operation=operation)
         if self._uncertain is not None and self._uncertain == commit:
             commit = self._uncertain  # a retry: the same record, byte for byte
-        self._publish(commit)
-        if self._token is None:
-            self._backend.write_bytes(COMMIT_KEY, commit.to_bytes())
-        else:
-            self._token = self._write_if_unchanged(commit)
-        self.commit = commit
-        self._consolidate(commit)
-        versions.trim(self._backend, commit, self.keep)
+        with atomic(self._backend):  # on OCDBT: one generation with the writer's chunks
+            on_abort(self._backend, functools.partial(self._undo, self.commit, self._token, commit))
+            self._publish(commit)
+            if self._token is None:
+                self._backend.write_bytes(COMMIT_KEY, commit.to_bytes())
+            else:
+                self._token = self._write_if_unchanged(commit)
+            self.commit = commit
+            self._consolidate(commit)
+            versions.trim(self._backend, commit, self.keep)
         return commit
+
+    def _undo(self, commit: Commit, token: bytes | None, attempted: Commit) -> None:
+        """Back to ``commit`` after the transaction holding ``attempted`` committed nothing;
+        a retry writes ``attempted`` again, byte for byte."""
+        self.commit, self._token, self._uncertain = commit, token, attempted
 
     def _consolidate(self, commit: Commit) -> None:
         """Writes the root's consolidated metadata of ``commit`` (with :attr:`tree`), which

@@ -27,7 +27,7 @@ from pytreestore._commit.record import COMMIT_KEY, Commit
 from pytreestore._format.names import chunk_key, chunk_prefix
 from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._location import Location
-from pytreestore.backends import Backend, KeyListing, PartialWriteCleanup
+from pytreestore.backends import Backend, KeyListing, PartialWriteCleanup, Transactions
 from pytreestore.errors import (
     CorruptChunkError,
     CorruptStoreError,
@@ -178,8 +178,9 @@ def check_not_replaced(engine: Any, location: Location, seen: Commit) -> Commit:
 
 def _commit_bytes(engine: Any, location: Location) -> bytes | None:
     """The commit record's bytes; on local disk read with a plain ``open`` (no engine call), which
-    is cheap after every read and safe in a process forked from the reader's."""
-    if location.kind != "file":
+    is cheap after every read and safe in a process forked from the reader's (but in a store
+    whose keys live inside one database, the OCDBT backend's, a transactional one)."""
+    if location.kind != "file" or isinstance(engine, Transactions):
         return engine.read_bytes(COMMIT_KEY)
     try:
         with open(os.path.join(location.root, COMMIT_KEY), "rb") as f:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from jax.tree_util import tree_flatten
 
+from pytreestore._commit.atomic import atomic
 from pytreestore._commit.committer import Committer
 from pytreestore._commit.record import Commit
 from pytreestore._format import validate as _validate
@@ -232,7 +233,12 @@ class Writer:
             self._commit(self.start)
 
     def write_batch(self, blocks: Sequence[np.ndarray]) -> None:
-        """Appends already-checked column blocks with a common leading length."""
+        """Appends already-checked column blocks with a common leading length (on a backend
+        with transactions, as one atomic step: the caller rolls back if it fails)."""
+        with atomic(self._backend):
+            self._write_batch(blocks)
+
+    def _write_batch(self, blocks: Sequence[np.ndarray]) -> None:
         count = len(blocks[0]) if blocks else 0
         done = 0
         while done < count:
@@ -262,10 +268,11 @@ class Writer:
         if self.pending == 0:
             return
         end = len(self)
-        self._committer.release()
-        self._backend.resize(self._keys, end)
-        self._backend.write(self._keys, self.start, [b[: self.fill] for b in self.buffers])
-        self._commit(end)
+        with atomic(self._backend):
+            self._committer.release()
+            self._backend.resize(self._keys, end)
+            self._backend.write(self._keys, self.start, [b[: self.fill] for b in self.buffers])
+            self._commit(end)
         if self.fill == self.chunk:
             self.start, self.fill = end, 0
 
@@ -302,11 +309,12 @@ class Writer:
             # a rollback needs no read (which fails when storage is what failed)
             self._saved = [b[: snap[1]].copy() for b in self.buffers]
         end = self.start + self.chunk
-        self._committer.release()
-        self._backend.resize(self._keys, end)
-        self._backend.write(self._keys, self.start, self.buffers)
-        if commit:
-            self._commit(end)
+        with atomic(self._backend):
+            self._committer.release()
+            self._backend.resize(self._keys, end)
+            self._backend.write(self._keys, self.start, self.buffers)
+            if commit:
+                self._commit(end)
         self.start, self.fill = end, 0
 
     def _commit(self, records: int) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from jax.tree_util import tree_flatten
 
-from pytreestore._commit import protocol, versions
+from pytreestore._commit import protocol, snapshots, versions
 from pytreestore._commit.versions import KEEP_VERSIONS
 from pytreestore._commit.writer import check_buffer
 from pytreestore._format import validate as _validate
@@ -33,7 +33,7 @@ from pytreestore._ragged.writer import new_writer
 from pytreestore._read.request import check_cast
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
-from pytreestore.backends import Backend, get_backend
+from pytreestore.backends import Backend, Transactions, default_backend, get_backend, is_ocdbt
 from pytreestore.errors import (
     NotAStoreError,
     SchemaMismatchError,
@@ -194,7 +194,7 @@ def open(
     *,
     like: Any = None,
     generic: bool = False,
-    backend: str = "tensorstore",
+    backend: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
     break_lock: bool = False,
     cache_bytes: int | None = None,
@@ -212,8 +212,10 @@ def open(
             schema names (for classes defined in ``__main__`` or since moved).
         generic: return dicts, lists and tuples instead of the stored classes, without
             importing them (with mode "a": the store can :meth:`~TreeStore.evolve`, not append).
-        backend: the storage engine: ``"tensorstore"`` (default), ``"zarr"``, or a name
-            registered with :func:`pytreestore.backends.register_backend`.
+        backend: the storage engine: ``"tensorstore"``, ``"ocdbt"``, ``"zarr"``, or a name
+            registered with :func:`pytreestore.backends.register_backend`. By default
+            ``"ocdbt"`` for a store in an OCDBT database (its ``manifest.ocdbt`` at the
+            root), else ``"tensorstore"``.
         storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
             retries (see :class:`pytreestore._location.S3Options` and ``docs/reliability.md``).
         break_lock: S3 and GCS, ``mode="a"`` only: take the writer lock over even from a
@@ -267,6 +269,7 @@ def open(
         )
         options = {"like": like, "cache_bytes": cache_bytes, "cast": cast, "keep": keep_versions}
         return open_shared(location, address, opener=open, creator=create, **options)
+    backend = backend or default_backend(location)
     engine: Backend = get_backend(backend)(location)
     schema = _read_schema(engine, location, like=like, generic=generic)
     engine.open_columns(schema.storage_columns)
@@ -276,6 +279,7 @@ def open(
     try:
         if version is not None:
             commit = versions.resolve(engine, commit, version, str(location))
+            engine = snapshots.pinned(engine, commit)
             schema = _version_schema(engine, location, schema, commit, like=like, generic=generic)
         options = {"like": like, "generic": generic, "cache_bytes": cache_bytes, "cast": cast}
         pinned = None if version is None else commit.generation
@@ -340,7 +344,7 @@ def open_any(path: str | os.PathLike[str], **options: Any) -> TreeStore:
 
 
 def _check_open_options(
-    mode: str, backend: str, *, break_lock: bool, cache_bytes: Any, cast: Any
+    mode: str, backend: str | None, *, break_lock: bool, cache_bytes: Any, cast: Any
 ) -> None:
     if mode not in ("r", "a"):
         raise ValueError(f"mode must be 'r' (read) or 'a' (append), got {mode!r}")
@@ -359,6 +363,14 @@ def _check_open_options(
 def _read_schema(engine: Backend, location: Location, *, like: Any, generic: bool) -> TreeSchema:
     raw = engine.read_bytes(ROOT_KEY)
     if raw is None:
+        if not isinstance(engine, Transactions) and is_ocdbt(location):
+            raise NotAStoreError(
+                f"{location} is a store in an OCDBT database, which this backend "
+                f"({type(engine).__name__}) cannot read: open it with backend='ocdbt' (or "
+                "without backend=). zarr-python cannot read OCDBT; for a plain zarr copy run "
+                f"pytreestore.copy({str(location)!r}, DEST, backend='tensorstore') (or "
+                "`pytreestore copy SRC DEST --backend tensorstore`)"
+            )
         if engine.is_empty():
             raise StoreNotFoundError(f"no store at {location}")
         raise NotAStoreError(f"{location} is not a pytreestore store: {ROOT_KEY} is missing")

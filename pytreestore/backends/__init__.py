@@ -24,17 +24,20 @@ from pytreestore.backends._base import (
     ConditionalWrites,
     KeyListing,
     PartialWriteCleanup,
+    Snapshots,
     TensorStoreKvStore,
     Transactions,
 )
 from pytreestore.backends._registry import (
     BackendFactory,
+    default_backend,
     get_backend,
     register_backend,
     registered_backends,
 )
 from pytreestore.backends._tensorstore.backend import TensorStoreBackend
 from pytreestore.backends._tensorstore.coordinated import ocdbt_coordinator
+from pytreestore.backends._tensorstore.ocdbt import OcdbtBackend, is_ocdbt
 from pytreestore.backends._zarr.backend import ZarrBackend
 
 __all__ = [
@@ -46,12 +49,16 @@ __all__ = [
     "ColumnShape",
     "ConditionalWrites",
     "KeyListing",
+    "OcdbtBackend",
     "PartialWriteCleanup",
+    "Snapshots",
     "TensorStoreBackend",
     "TensorStoreKvStore",
     "Transactions",
     "ZarrBackend",
+    "default_backend",
     "get_backend",
+    "is_ocdbt",
     "ocdbt_coordinator",
     "register_backend",
     "registered_backends",

@@ -291,6 +291,22 @@ class Transactions(Protocol):
 
 
 @runtime_checkable
+class Snapshots(Protocol):
+    """Every storage generation kept and readable (TensorStore's OCDBT kvstore): a store
+    version opened with ``open(path, version=N)`` reads the generation that committed it, so
+    its rows are pinned by the storage itself (:mod:`pytreestore._commit.snapshots`)."""
+
+    def latest_generation(self) -> int:
+        """The newest storage generation's number (generations count up from 1; 0: none)."""
+        ...
+
+    def at_generation(self, generation: int, /) -> Backend:
+        """A read-only backend of the store as generation ``generation`` left it, with this
+        backend's columns declared."""
+        ...
+
+
+@runtime_checkable
 class TensorStoreKvStore(Protocol):
     """The engine's TensorStore key-value store (sizes of in-memory stores in ``repr``)."""
 

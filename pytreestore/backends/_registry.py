@@ -17,6 +17,7 @@ from typing import Any
 from pytreestore._location import Location
 from pytreestore.backends._base import Backend
 from pytreestore.backends._tensorstore.backend import TensorStoreBackend
+from pytreestore.backends._tensorstore.ocdbt import OcdbtBackend, is_ocdbt
 from pytreestore.backends._zarr.backend import ZarrBackend
 from pytreestore.backends._zarr.s3 import ZarrS3Backend
 from pytreestore.errors import UnknownBackendError
@@ -37,7 +38,11 @@ def zarr_backend(location: Location, **options: Any) -> ZarrBackend:
 #: ``factory(location, **options)`` makes a backend; a backend class is one
 BackendFactory = Callable[..., Backend]
 
-_REGISTRY: dict[str, BackendFactory] = {"tensorstore": TensorStoreBackend, "zarr": zarr_backend}
+_REGISTRY: dict[str, BackendFactory] = {
+    "tensorstore": TensorStoreBackend,
+    "zarr": zarr_backend,
+    "ocdbt": OcdbtBackend,
+}
 
 
 def register_backend(name: str, factory: BackendFactory, *, replace: bool = False) -> None:
@@ -83,6 +88,13 @@ def registered_backends() -> list[str]:
     return list(_REGISTRY)
 
 
+def default_backend(location: Location) -> str:
+    """The backend ``open`` uses without ``backend=``: ``"ocdbt"`` where an OCDBT database
+    lies at ``location`` (its ``manifest.ocdbt``: one stat on local disk, one read elsewhere),
+    else ``"tensorstore"``."""
+    return "ocdbt" if is_ocdbt(location) else "tensorstore"
+
+
 def get_backend(name: str) -> BackendFactory:
     """The factory registered under ``name``.
 
@@ -100,6 +112,7 @@ def get_backend(name: str) -> BackendFactory:
 
 __all__ = [
     "BackendFactory",
+    "default_backend",
     "get_backend",
     "register_backend",
     "registered_backends",

@@ -23,13 +23,12 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import tensorstore as ts
 
 from pytreestore._location import Location
-from pytreestore.backends._tensorstore.backend import TensorStoreBackend
-from pytreestore.backends._tensorstore.direct import DirectColumn
+from pytreestore.backends._tensorstore.ocdbt import OcdbtBackend
 from pytreestore.errors import BadLocationError, StorageError
 
 #: how long a writer's coordinator leases on B+tree ranges last (TensorStore's default: 10 s)
@@ -84,8 +83,13 @@ def check_address(address: object) -> str:
     return address  # type: ignore[return-value]
 
 
-class CoordinatedOcdbtBackend(TensorStoreBackend):
+class CoordinatedOcdbtBackend(OcdbtBackend):
     """The OCDBT backend of a writer that commits through the coordinator at ``address``.
+
+    Its :meth:`transaction` is not atomic: through a coordinator OCDBT has no transaction
+    over two keys, so a block's writes land one by one, in the commit protocol's order (as
+    on a backend without :class:`~pytreestore.backends.Transactions`), and the commit claim
+    keeps the commits of writers apart.
 
     Args:
         location: a local store (the OCDBT database's folder).
@@ -110,24 +114,15 @@ class CoordinatedOcdbtBackend(TensorStoreBackend):
                 f"writers share a store through an OCDBT coordinator on local disk only, not "
                 f"{location}; open it with mode='a' and no coordinator for one writer"
             )
-        super().__init__(location)
         self.address = check_address(address)
+        coordinator = {"address": self.address, "lease_duration": f"{lease:g}s"}
+        super().__init__(location, ocdbt_options={"coordinator": coordinator})
         self._timeout = timeout
-        self._context = ts.Context()
-        self._kv_spec = {
-            "driver": "ocdbt",
-            "base": {"driver": "file", "path": location.root + "/"},
-            "path": "",
-            "coordinator": {"address": self.address, "lease_duration": f"{lease:g}s"},
-        }
 
-    def _plan(self, key: str, handle: ts.TensorStore) -> DirectColumn | None:
-        return None  # chunks are keys inside the database, never plain files
-
-    def remove_partial_writes(self, keys: Sequence[str], tail_chunk: int) -> list[str]:
-        """Nothing: only an exclusive writer cleans up (writers sharing a store never do)."""
-        del keys, tail_chunk
-        return []
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """A block whose writes land one by one (see the class): nothing to commit at its end."""
+        yield
 
 
 __all__ = [
