@@ -114,7 +114,9 @@ class SharedWriter(Writer):
         where: str,
         keep: int | None = versions.KEEP_VERSIONS,
         wait: float = WAIT_SECONDS,
+        via: str = "",
     ) -> None:
+        """``where`` names the store in errors, ``via`` the coordinator's address."""
         if not isinstance(backend, ConditionalWrites):
             raise TypeError("writers share a store only on a backend with conditional writes")
         self._backend = backend
@@ -123,7 +125,7 @@ class SharedWriter(Writer):
         self._keys = [c.key for c in schema.columns]
         self.chunk = schema.chunk_records
         self.casters = casters(schema.columns)
-        self._where, self._keep, self._wait = where, keep, wait
+        self._where, self._keep, self._wait, self._via = where, keep, wait, via
         self._schema_id = _validate.id_of(schema)
         self._seen = commit  # the last commit this writer read or made
         self._count = 0  # records buffered
@@ -218,9 +220,15 @@ class SharedWriter(Writer):
 
     def _commit_all(self) -> None:
         for _ in range(RETRIES):
-            with CommitClaim.take(self._shared, self._where, wait=self._wait):
-                if self._commit_once():
-                    return
+            try:
+                with CommitClaim.take(self._shared, self._where, wait=self._wait):
+                    if self._commit_once():
+                        return
+            except StorageError as err:
+                raise StorageError(
+                    f"committing {self._count} records to {self._where} through the OCDBT "
+                    f"coordinator at {self._via} failed (is it running?): {err}"
+                ) from err
         raise CommitConflictError(
             f"{RETRIES} commits to {self._where} in a row found the commit record changed "
             "under this writer's commit claim (a claim taken over from a writer presumed "

@@ -98,7 +98,7 @@ def open_shared(
     try:
         options = {"like": like, "generic": False, "cache_bytes": cache_bytes, "cast": cast}
         spec = StoreSpec.of(location, "ocdbt", opener=opener, creator=creator, **options)
-        writer = SharedWriter(engine, schema, commit, where=str(location), keep=keep)
+        writer = SharedWriter(engine, schema, commit, where=str(location), keep=keep, via=address)
         return TreeStore(
             location=location,
             backend=engine,
