@@ -293,6 +293,27 @@ def test_coordinator_killed_mid_commit(store_path: Path) -> None:
     assert tags(pytreestore.open(store_path))[-1] == (7, 0)
 
 
+def test_a_writer_goes_on_once_its_coordinator_is_back(store_path: Path) -> None:
+    with ocdbt_coordinator() as address:
+        store = pytreestore.open(store_path, "a", backend="ocdbt", coordinator=address)
+        store.append(record(0, 0))
+        store.flush()
+    port = int(address.rpartition(":")[2])
+    store.append(record(0, 1))
+    with pytest.raises(errors.StorageError, match=re.escape(f"coordinator at {address} failed")):
+        store.flush()
+    assert (store.committed, len(store)) == (1, 2)  # the record stays buffered
+    started = time.monotonic()
+    with ocdbt_coordinator(port=port):
+        store.append(record(0, 2))
+        while not store.closed:  # gRPC connects again within seconds; until then, errors
+            assert time.monotonic() - started < 30
+            with contextlib.suppress(errors.StorageError):
+                store.close()  # the claim its failed commit left is its own: never waited on
+            time.sleep(0.2)
+    check_records(tags(pytreestore.open(store_path)), {0: 3})
+
+
 def test_commit_that_failed_after_landing_is_not_written_twice(
     store_path: Path, coordinator: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -392,3 +413,17 @@ def test_memory_stores_and_other_writers_methods_are_refused(
         with pytest.raises(errors.ReadOnlyError, match=re.escape("need its only writer")):
             store.truncate(0)
     check_records(tags(pytreestore.open(store_path)), {0: 1})
+
+
+def test_the_claim_object_follows_the_shipped_json_schema(store_path: Path) -> None:
+    import jsonschema
+
+    schema = json.loads((Path(pytreestore.__file__).parent / "schema.json").read_text())
+    claim_schema = {**schema["$defs"]["claim"], "$defs": schema["$defs"]}
+    store = pytreestore.open(store_path)
+    engine = store._backend
+    with CommitClaim.take(engine, str(store_path), wait=1.0):
+        raw = engine.read_bytes(CLAIM_KEY)
+    assert raw is not None
+    jsonschema.validate(json.loads(raw), claim_schema)
+    assert engine.read_bytes(CLAIM_KEY) is None

@@ -27,7 +27,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import time
@@ -51,17 +50,29 @@ class CommitClaim:
     def __init__(self, backend: ConditionalWrites, token: bytes) -> None:
         self._backend = backend
         self._token: bytes | None = token
+        #: the token of this claim if giving it back failed (storage down): pass it to the
+        #: next :meth:`take` as ``leftover``, which deletes it first
+        self.left: bytes | None = None
 
     @classmethod
     def take(
-        cls, backend: ConditionalWrites, where: str, *, wait: float = WAIT_SECONDS
+        cls,
+        backend: ConditionalWrites,
+        where: str,
+        *,
+        wait: float = WAIT_SECONDS,
+        leftover: bytes | None = None,
     ) -> CommitClaim:
-        """Takes the claim, waiting up to ``wait`` seconds while a live writer holds it.
+        """Takes the claim, waiting up to ``wait`` seconds while a live writer holds it;
+        ``leftover`` (a claim of the caller's that could not be given back, :attr:`left`)
+        is deleted first, if it is still there.
 
         Raises:
             CommitConflictError: another live writer held the claim for all of ``wait``.
             StorageError: storage (or the coordinator) could not be reached.
         """
+        if leftover is not None:
+            backend.write_bytes_if(CLAIM_KEY, None, leftover)
         deadline = time.monotonic() + wait
         pause = 0.0005
         while True:
@@ -83,14 +94,17 @@ class CommitClaim:
     def release(self) -> None:
         """Deletes the claim if it is still this writer's; a second call does nothing.
 
-        A storage failure here leaves the claim behind, which its expiry (or this process's
-        death) frees; the commit it guarded stands or fails on its own.
+        A storage failure here leaves the claim behind (its token kept as :attr:`left`),
+        which the holder's next :meth:`take`, its expiry or this process's death frees; the
+        commit it guarded stands or fails on its own.
         """
         token, self._token = self._token, None
         if token is None:
             return
-        with contextlib.suppress(StorageError):
+        try:
             self._backend.write_bytes_if(CLAIM_KEY, None, token)
+        except StorageError:
+            self.left = token
 
     def __enter__(self) -> CommitClaim:
         return self

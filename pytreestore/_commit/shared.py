@@ -131,6 +131,7 @@ class SharedWriter(Writer):
         self._count = 0  # records buffered
         self._grow(self.chunk)
         self._uncertain: tuple[Commit, int] | None = None  # a commit that failed midway
+        self._left: bytes | None = None  # this writer's claim that could not be given back
 
     # ---- what TreeStore asks --------------------------------------------------------------
 
@@ -221,9 +222,16 @@ class SharedWriter(Writer):
     def _commit_all(self) -> None:
         for _ in range(RETRIES):
             try:
-                with CommitClaim.take(self._shared, self._where, wait=self._wait):
+                claim = CommitClaim.take(
+                    self._shared, self._where, wait=self._wait, leftover=self._left
+                )
+                self._left = None
+                try:
                     if self._commit_once():
                         return
+                finally:
+                    claim.release()
+                    self._left = claim.left
             except StorageError as err:
                 raise StorageError(
                     f"committing {self._count} records to {self._where} through the OCDBT "
