@@ -293,6 +293,24 @@ def test_coordinator_killed_mid_commit(store_path: Path) -> None:
     assert tags(pytreestore.open(store_path))[-1] == (7, 0)
 
 
+def test_a_writer_killed_mid_commit_holds_nobody_up(store_path: Path, coordinator: str) -> None:
+    victim, survivor = run_writers(store_path, coordinator, [[], [4] * 40])
+    deadline = time.monotonic() + 60
+    while victim.committed() < 9:  # killed somewhere in its commits, claim held or not
+        assert time.monotonic() < deadline, victim.lines
+        time.sleep(0.005)
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.finish(timeout=60)
+    assert survivor.finish()[-1] == "DONE", survivor.lines[-3:]
+    store = pytreestore.open(store_path)
+    found = tags(store)
+    mine = [i for w, i in found if w == 0]
+    assert mine == list(range(len(mine))) and len(mine) >= victim.committed()
+    check_records([t for t in found if t[0] == 1], {1: 160})
+    check_commits(store_path, found)
+    assert store.verify().ok
+
+
 def test_a_writer_goes_on_once_its_coordinator_is_back(store_path: Path) -> None:
     with ocdbt_coordinator() as address:
         store = pytreestore.open(store_path, "a", backend="ocdbt", coordinator=address)
