@@ -30,8 +30,8 @@ import pytreestore
 from pytreestore import errors
 from pytreestore._commit.claim import CommitClaim
 from pytreestore._commit.lock import holder_info
-from pytreestore._format.names import CLAIM_KEY, COMMIT_KEY
-from pytreestore.backends import ocdbt_coordinator
+from pytreestore._format.names import CLAIM_KEY, COMMIT_KEY, NO_VALUE
+from pytreestore.backends import ConditionalWrites, ocdbt_coordinator
 
 TESTS = Path(__file__).parent
 CHUNK = 8
@@ -185,6 +185,13 @@ def check_commits(path: Path, found: list[tuple[int, int]]) -> None:
         assert len({w for w, _ in found[low:high]}) <= 1, (low, high, found[low:high])
 
 
+def engine_of(store: pytreestore.TreeStore) -> ConditionalWrites:
+    """The store's backend, which writes conditionally (the claim is written through it)."""
+    engine = store._backend
+    assert isinstance(engine, ConditionalWrites)
+    return engine
+
+
 @pytest.fixture
 def store_path(tmp_path: Path) -> Path:
     path = tmp_path / "shared"
@@ -336,7 +343,7 @@ def test_commit_that_failed_after_landing_is_not_written_twice(
     store_path: Path, coordinator: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = pytreestore.open(store_path, "a", backend="ocdbt", coordinator=coordinator)
-    engine = store._backend
+    engine = engine_of(store)
     real = engine.write_bytes_if
     failures = iter([True])
 
@@ -360,7 +367,7 @@ def test_claim_of_a_dead_writer_is_taken_over(store_path: Path, coordinator: str
     dead.wait()
     claim = {**holder_info(), "pid": dead.pid, "expires": time.time() + 3600}
     store = pytreestore.open(store_path, "a", backend="ocdbt", coordinator=coordinator)
-    store._backend.write_bytes(CLAIM_KEY, json.dumps(claim).encode())
+    assert engine_of(store).write_bytes_if(CLAIM_KEY, json.dumps(claim).encode(), NO_VALUE)
     store.append(record(0, 0))
     store.close()
     check_records(tags(pytreestore.open(store_path)), {0: 1})
@@ -368,7 +375,7 @@ def test_claim_of_a_dead_writer_is_taken_over(store_path: Path, coordinator: str
 
 def test_claim_of_a_live_writer_waits_then_conflicts(store_path: Path, coordinator: str) -> None:
     store = pytreestore.open(store_path, "a", backend="ocdbt", coordinator=coordinator)
-    engine = store._backend
+    engine = engine_of(store)
     with (
         CommitClaim.take(engine, "here", wait=1.0),
         pytest.raises(errors.CommitConflictError, match=r"held by pid \d+ on host"),
@@ -439,9 +446,9 @@ def test_the_claim_object_follows_the_shipped_json_schema(store_path: Path) -> N
     schema = json.loads((Path(pytreestore.__file__).parent / "schema.json").read_text())
     claim_schema = {**schema["$defs"]["claim"], "$defs": schema["$defs"]}
     store = pytreestore.open(store_path)
-    engine = store._backend
+    engine = engine_of(store)
     with CommitClaim.take(engine, str(store_path), wait=1.0):
-        raw = engine.read_bytes(CLAIM_KEY)
+        raw = engine.read_bytes_versioned(CLAIM_KEY)[0]
     assert raw is not None
     jsonschema.validate(json.loads(raw), claim_schema)
-    assert engine.read_bytes(CLAIM_KEY) is None
+    assert engine.read_bytes_versioned(CLAIM_KEY)[0] is None
