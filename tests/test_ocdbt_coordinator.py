@@ -339,6 +339,30 @@ def test_a_writer_goes_on_once_its_coordinator_is_back(store_path: Path) -> None
     check_records(tags(pytreestore.open(store_path)), {0: 3})
 
 
+def test_only_a_writer_alone_repairs(store_path: Path, coordinator: str) -> None:
+    with pytreestore.open(store_path, "a") as first:
+        first.extend(record(0, i) for i in range(3))
+    keys = [c.key for c in pytreestore.open(store_path).schema.columns]
+
+    def grow_past_the_commit() -> pytreestore.TreeStore:  # what a killed writer leaves
+        reader = pytreestore.open(store_path)
+        reader._backend.resize(keys, 20)
+        return reader
+
+    def lengths(store: pytreestore.TreeStore) -> set[int]:
+        return {shape[0] for shape in store._backend.column_shapes(keys)}
+
+    reader = grow_past_the_commit()
+    with pytreestore.open(store_path, "a", backend="ocdbt", coordinator=coordinator) as alone:
+        assert lengths(reader) == {3}  # repaired while alone
+        grow_past_the_commit()
+        with pytreestore.open(store_path, "a", backend="ocdbt", coordinator=coordinator):
+            assert lengths(reader) == {20}  # beside another writer: left alone
+        alone.append(record(0, 3))
+    check_records(tags(pytreestore.open(store_path)), {0: 4})
+    assert pytreestore.open(store_path).verify().ok
+
+
 def test_commit_that_failed_after_landing_is_not_written_twice(
     store_path: Path, coordinator: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

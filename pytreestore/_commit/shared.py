@@ -24,7 +24,8 @@ still fails (a claim taken over from a writer presumed dead) is retried from ste
 buffered. A storage failure (the coordinator gone) raises
 :class:`~pytreestore.errors.StorageError` with the records kept; the next commit first finds
 out whether the failed one landed (its version record, byte for byte) so nothing is written
-twice. Repair on open is off: rows past the commit may be another writer's commit in flight.
+twice. Only a writer that opens the store alone repairs it (as an exclusive writer does,
+then shares its lock); with others open, rows past the commit may be a commit in flight.
 
 Example:
     >>> import tempfile, pytreestore
@@ -50,7 +51,7 @@ from pytreestore._commit import versions
 from pytreestore._commit.claim import WAIT_SECONDS, CommitClaim
 from pytreestore._commit.committer import Committer
 from pytreestore._commit.lock import WriterLock
-from pytreestore._commit.protocol import check_starts, check_tables, detach
+from pytreestore._commit.protocol import check_starts, check_tables, detach, prepare_append
 from pytreestore._commit.record import Commit
 from pytreestore._commit.writer import Writer
 from pytreestore._format import validate as _validate
@@ -63,6 +64,7 @@ from pytreestore.errors import (
     CommitConflictError,
     ReadOnlyError,
     StorageError,
+    StoreLockedError,
     StoreReplacedError,
     UnsupportedTreeError,
 )
@@ -74,14 +76,22 @@ RETRIES = 5
 def attach_shared(
     engine: Backend, location: Location, schema: TreeSchema
 ) -> tuple[Commit, WriterLock]:
-    """The commit record of a store opened by a shared writer, and its shared lock (taken
-    first); nothing is repaired. Every failure closes ``engine`` and gives the lock back.
+    """The commit record of a store opened by a shared writer, and its shared lock.
+
+    A writer that finds no other writer (it gets the lock exclusively) repairs the store as
+    an exclusive writer does (:func:`pytreestore._commit.protocol.prepare_append`), then
+    shares the lock; one that finds other shared writers repairs nothing (rows past the
+    commit may be a commit in flight). Every failure closes ``engine`` and gives the lock
+    back.
 
     Raises:
         StoreLockedError: an exclusive writer holds the store.
         UnsupportedTreeError: the store holds ragged records (not shared yet).
     """
-    lock = WriterLock.acquire(location, shared=True)
+    try:
+        lock, alone = WriterLock.acquire(location, sharing=True), True
+    except StoreLockedError:
+        lock, alone = WriterLock.acquire(location, shared=True), False
     try:
         commit = Commit.read(engine, str(location))
         check_tables(schema, commit, location)
@@ -91,6 +101,9 @@ def attach_shared(
                 f"store {location} holds ragged or optional records, which writers cannot "
                 "share through a coordinator yet; open it with mode='a' and no coordinator"
             )
+        if alone:
+            prepare_append(engine, location, schema, commit)
+            lock.share()
     except BaseException:
         detach(engine, lock)
         raise
@@ -241,7 +254,7 @@ class SharedWriter(Writer):
             f"{RETRIES} commits to {self._where} in a row found the commit record changed "
             "under this writer's commit claim (a claim taken over from a writer presumed "
             f"dead). Nothing was committed by this writer; its {self._count} records are "
-            "still buffered: call flush() again"
+            "still buffered: flush() tries again (a close() that fails so gives them up)"
         )
 
     def _commit_once(self) -> bool:
