@@ -449,6 +449,18 @@ def test_bad_options_are_refused(store_path: Path, options: dict[str, Any], mess
     assert pytreestore.open(store_path).committed == 0
 
 
+def test_a_store_of_another_backend_or_none_is_refused(tmp_path: Path, coordinator: str) -> None:
+    plain = tmp_path / "plain"
+    pytreestore.create(plain, {"x": 0}, backend="tensorstore").close()
+    with pytest.raises(errors.NotAStoreError, match=re.escape("holds no OCDBT store")):
+        pytreestore.open(plain, "a", backend="ocdbt", coordinator=coordinator)
+    with pytest.raises(errors.StoreNotFoundError, match="no store at"):
+        pytreestore.open(tmp_path / "nothing", "a", backend="ocdbt", coordinator=coordinator)
+    assert not (tmp_path / "nothing").exists()
+    with pytreestore.open(plain, "a") as store:  # nothing was left locked or written
+        store.append({"x": 1})
+
+
 def test_memory_stores_and_other_writers_methods_are_refused(
     store_path: Path, coordinator: str
 ) -> None:
