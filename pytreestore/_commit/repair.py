@@ -180,12 +180,12 @@ def _commit_bytes(engine: Any, location: Location) -> bytes | None:
     """The commit record's bytes; on local disk read with a plain ``open`` (no engine call), which
     is cheap after every read and safe in a process forked from the reader's (but in a store
     whose keys live inside one database, the OCDBT backend's, a transactional one)."""
-    if location.kind != "file" or isinstance(engine, Transactions):
-        return engine.read_bytes(COMMIT_KEY)
-    try:
-        with open(os.path.join(location.root, COMMIT_KEY), "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        raise StorageError(f"cannot read {location}/{COMMIT_KEY}: {err}") from err
+    if location.kind == "file" and not isinstance(engine, Transactions):
+        try:
+            with open(os.path.join(location.root, COMMIT_KEY), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            raise StorageError(f"cannot read {location}/{COMMIT_KEY}: {err}") from err
+    return engine.read_bytes(COMMIT_KEY)
