@@ -155,6 +155,11 @@ class Committer:
             self.advance(self.commit.records, operation="release")
 
     @property
+    def uncertain(self) -> Commit | None:
+        """The commit whose write failed midway (it may have landed), or None."""
+        return self._uncertain
+
+    @property
     def holding(self) -> bool:
         """Whether rows past the commit still belong to older versions (after a truncate)."""
         return self.commit.high is not None

@@ -60,7 +60,13 @@ class WriterLock:
 
     @classmethod
     def acquire(
-        cls, location: Location, backend: Any = None, *, break_lock: bool = False
+        cls,
+        location: Location,
+        backend: Any = None,
+        *,
+        break_lock: bool = False,
+        shared: bool = False,
+        sharing: bool = False,
     ) -> WriterLock:
         """Takes the lock or raises :class:`StoreLockedError` at once.
 
@@ -69,7 +75,20 @@ class WriterLock:
             backend: the store's backend; needed for S3 and GCS, whose lock is an object.
             break_lock: S3 and GCS only: take the lock over even from a holder that may be
                 alive. Only for a writer known to be gone (a crashed host).
+            shared: local disk only: a shared ``flock``, held by every writer sharing the
+                store through an OCDBT coordinator (:mod:`pytreestore._commit.shared`): they
+                keep each other in, and an exclusive writer out (and are kept out by one).
+                While the exclusive holder is a sharing writer repairing the store (``sharing``
+                below), it is waited for (up to :data:`SHARE_WAIT` seconds).
+            sharing: local disk only: exclusive, for a sharing writer that opens the store
+                alone, repairs it and then calls :meth:`share`; the lock file says so.
         """
+        if shared or sharing:
+            if location.kind != "file":
+                raise ValueError(f"a shared writer lock is for local stores, not {location}")
+            if sharing:
+                return cls(location, _acquire_flock(location, note="sharing "))
+            return cls(location, _acquire_shared(location))
         if location.kind == "memory":
             with _HELD_LOCK:
                 if location.root in _HELD:
@@ -87,6 +106,25 @@ class WriterLock:
     def owned(self) -> bool:
         """Whether this process took the lock (False in a process forked from the taker)."""
         return self._pid == os.getpid()
+
+    def share(self) -> None:
+        """Turns a held local ``flock`` into a shared one (the first writer sharing a store
+        repairs it while it is still alone, then lets the others in).
+
+        Raises:
+            StoreLockedError: an exclusive writer took the lock in between (the kernel drops
+                the old lock before it grants the new one); this lock is then released.
+        """
+        if self._fd is None:
+            raise ValueError(
+                f"only a local writer lock can be shared, not that of {self._location}"
+            )
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            location = self._location
+            self.release()
+            raise _locked(location) from None
 
     def release(self) -> None:
         """Gives the lock back; a second call does nothing.
@@ -113,18 +151,39 @@ class WriterLock:
         self._location = Location("released", "")
 
 
-def _acquire_flock(location: Location) -> int:
+#: how long a sharing writer waits for another sharing writer that opened the store alone
+#: and is repairing it (an exclusive writer's lock is refused at once)
+SHARE_WAIT = 30.0
+
+
+def _acquire_flock(location: Location, *, shared: bool = False, note: str = "") -> int:
     path = Path(location.root) / LOCK_KEY
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise _locked(location) from None
+    if shared:
+        return fd  # the file names the exclusive holder only
     os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    os.write(fd, f"{note}{os.getpid()}\n".encode())
     return fd
+
+
+def _acquire_shared(location: Location) -> int:
+    """A shared ``flock``, waiting while a sharing writer holds it exclusively to repair."""
+    deadline = time.monotonic() + SHARE_WAIT
+    while True:
+        try:
+            return _acquire_flock(location, shared=True)
+        except StoreLockedError:
+            holder = _read(str(Path(location.root) / LOCK_KEY))
+            # empty: an exclusive holder between its flock and its note; look again
+            if (holder and not holder.startswith("sharing ")) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
 
 
 # ---- object stores ---------------------------------------------------------------------------

@@ -20,6 +20,8 @@ below leaves the previous commit in force until one atomic put replaces it.
    per store: ``flock`` on ``.pytreestore/lock`` locally, a set of names in the process for
    ``memory://``, a conditionally written lock object naming its holder on S3 and GCS (a
    provably dead holder is replaced; ``break_lock=True`` takes over from a live one).
+   Writers sharing a local OCDBT store through a coordinator hold a shared ``flock`` instead
+   and commit one at a time under the commit claim (:mod:`pytreestore._commit.shared`).
 4. **Opening for append** (:func:`attach`). Lock first, then read the commit record, check
    that no column starts past it (:func:`check_starts`), and repair what a crashed writer
    left past the commit (:mod:`pytreestore._commit.repair`: partial ``<key>.__lock`` files of

@@ -23,6 +23,9 @@ META_DIR = ".pytreestore"
 COMMIT_KEY = f"{META_DIR}/commit.json"
 #: the writer lock (a ``flock``-ed file locally, a conditionally written object elsewhere)
 LOCK_KEY = f"{META_DIR}/lock"
+#: format 3: the commit claim of writers sharing a store through an OCDBT coordinator, held
+#: for one commit each (:mod:`pytreestore._commit.claim`)
+CLAIM_KEY = f"{META_DIR}/claim"
 #: present while a store is being created or copied into; overwrite=True replaces such a store
 INCOMPLETE_KEY = f"{META_DIR}/incomplete"
 #: format 3: every commit's record, kept as ``<generation, 20 digits>.json`` (the versions)

@@ -28,6 +28,7 @@ from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
+from pytreestore._open.shared import check_shared_options, open_shared
 from pytreestore._ragged.model import GenericViewError, attach_layout, build_schema
 from pytreestore._ragged.writer import new_writer
 from pytreestore._read.request import check_cast
@@ -230,6 +231,7 @@ def open(
     version: int | str | None = None,
     keep_versions: int | None = KEEP_VERSIONS,
     multihost: bool = False,
+    coordinator: str | None = None,
 ) -> TreeStore:
     """Opens an existing store, at its latest version or (``version=``) at an older one.
 
@@ -267,6 +269,11 @@ def open(
             opens the store for appending (the writer lock), the others attach without it,
             and :meth:`~TreeStore.extend_batch` takes global batches, called on every process
             (see :func:`create`).
+        coordinator: mode "a" on a local OCDBT store (``backend="ocdbt"``): the address
+            ``"HOST:PORT"`` of an OCDBT coordinator (:func:`pytreestore.backends.ocdbt_coordinator`
+            starts one). Any number of processes may then write to the store at once, each
+            commit placed after the records committed before it (docs/scaling.md). Without
+            it a second writer gets :class:`StoreLockedError`.
 
     Raises:
         StoreNotFoundError: nothing is at ``path``.
@@ -290,6 +297,11 @@ def open(
     _check_open_options(mode, backend, break_lock=break_lock, cache_bytes=cache_bytes, cast=cast)
     _check_version_options(mode, version, keep_versions)
     location = Location.parse(path, storage_options)
+    if multihost and coordinator is not None:
+        raise ValueError(
+            "multihost=True and coordinator= are two ways of writing from many processes; "
+            "pass one of them (docs/scaling.md)"
+        )
     if multihost:
         if mode != "a":
             raise ValueError(
@@ -304,6 +316,12 @@ def open(
             str(location),
             location,
         )
+    if coordinator is not None:
+        address = check_shared_options(
+            mode, backend, coordinator, generic=generic, version=version, break_lock=break_lock
+        )
+        options = {"like": like, "cache_bytes": cache_bytes, "cast": cast, "keep": keep_versions}
+        return open_shared(location, address, opener=open, creator=create, **options)
     backend = backend or default_backend(location)
     engine: Backend = get_backend(backend)(location)
     schema = read_schema(engine, location, like=like, generic=generic)

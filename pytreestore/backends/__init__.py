@@ -37,6 +37,7 @@ from pytreestore.backends._registry import (
     registered_backends,
 )
 from pytreestore.backends._tensorstore.backend import TensorStoreBackend
+from pytreestore.backends._tensorstore.coordinated import ocdbt_coordinator
 from pytreestore.backends._tensorstore.ocdbt import OcdbtBackend, is_ocdbt
 from pytreestore.backends._zarr.backend import ZarrBackend
 
@@ -60,6 +61,7 @@ __all__ = [
     "default_backend",
     "get_backend",
     "is_ocdbt",
+    "ocdbt_coordinator",
     "register_backend",
     "registered_backends",
 ]

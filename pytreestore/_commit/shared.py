@@ -1,0 +1,321 @@
+"""Writers sharing one store: ``pytreestore.open(path, mode="a", backend="ocdbt",
+coordinator=ADDRESS)`` in any number of processes at once.
+
+A shared writer takes no exclusive lock (a shared ``flock`` instead: an exclusive writer is
+kept out, and keeps shared ones out) and owns no tail: it buffers its records in memory and
+commits them as one block, every commit in turn under the commit claim
+(:mod:`pytreestore._commit.claim`):
+
+1. take the claim (waiting while another writer commits);
+2. read the commit record again: ``n`` records are committed now, by anyone;
+3. drop a version record a writer killed mid-commit left past it, and give up rows older
+   versions hold past a truncate (:meth:`Committer.release`);
+4. rebase: the rows go after the ``n`` committed ones; the tail chunk they share is read and
+   written again with the committed rows plus the new ones, then every column is resized to
+   ``n + k`` and the rest written;
+5. commit ``n + k`` through a :class:`~pytreestore._commit.committer.Committer` (the version
+   record only if absent, the commit record conditional on the generation read in step 2,
+   the root's consolidated metadata), and give the claim back.
+
+A writer's records therefore land in the order it appended them, each commit's rows together,
+after every record committed before it; none is lost or duplicated. A conditional write that
+still fails (a claim taken over from a writer presumed dead) is retried from step 1, up to
+:data:`RETRIES` times, then :class:`~pytreestore.errors.CommitConflictError`; the records stay
+buffered. A storage failure (the coordinator gone) raises
+:class:`~pytreestore.errors.StorageError` with the records kept; the next commit first finds
+out whether the failed one landed (its version record, byte for byte) so nothing is written
+twice. Only a writer that opens the store alone repairs it (as an exclusive writer does,
+then shares its lock); with others open, rows past the commit may be a commit in flight.
+
+Example:
+    >>> import tempfile, pytreestore
+    >>> from pytreestore.backends import ocdbt_coordinator
+    >>> path = tempfile.mkdtemp() + "/shared-doc"
+    >>> pytreestore.create(path, {"x": 0}, backend="ocdbt").close()
+    >>> with ocdbt_coordinator() as address:
+    ...     a = pytreestore.open(path, "a", backend="ocdbt", coordinator=address)
+    ...     b = pytreestore.open(path, "a", backend="ocdbt", coordinator=address)
+    ...     a.append({"x": 1}); b.append({"x": 2}); b.flush(); a.close(); b.close()
+    >>> [int(r["x"]) for r in pytreestore.open(path, backend="ocdbt")]
+    [2, 1]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from pytreestore._commit import versions
+from pytreestore._commit.claim import WAIT_SECONDS, CommitClaim
+from pytreestore._commit.committer import Committer
+from pytreestore._commit.lock import WriterLock
+from pytreestore._commit.protocol import check_starts, check_tables, detach, prepare_append
+from pytreestore._commit.record import Commit
+from pytreestore._commit.writer import Writer
+from pytreestore._format import validate as _validate
+from pytreestore._format.names import version_key
+from pytreestore._format.schema import TreeSchema
+from pytreestore._location import Location
+from pytreestore._tree.convert import RecordError, RowFiller, casters
+from pytreestore.backends import Backend, ConditionalWrites
+from pytreestore.errors import (
+    CommitConflictError,
+    ReadOnlyError,
+    StorageError,
+    StoreLockedError,
+    StoreReplacedError,
+    UnsupportedTreeError,
+)
+
+#: how many times a commit is tried again after a conditional write found the record changed
+RETRIES = 5
+
+
+def attach_shared(
+    engine: Backend, location: Location, schema: TreeSchema
+) -> tuple[Commit, WriterLock]:
+    """The commit record of a store opened by a shared writer, and its shared lock.
+
+    A writer that finds no other writer (it gets the lock exclusively) repairs the store as
+    an exclusive writer does (:func:`pytreestore._commit.protocol.prepare_append`), then
+    shares the lock; one that finds other shared writers repairs nothing (rows past the
+    commit may be a commit in flight). Every failure closes ``engine`` and gives the lock
+    back.
+
+    Raises:
+        StoreLockedError: an exclusive writer holds the store.
+        UnsupportedTreeError: the store holds ragged records (not shared yet).
+    """
+    try:
+        lock, alone = WriterLock.acquire(location, sharing=True), True
+    except StoreLockedError:
+        lock, alone = WriterLock.acquire(location, shared=True), False
+    try:
+        commit = Commit.read(engine, str(location))
+        check_tables(schema, commit, location)
+        check_starts(schema, commit.records, location, commit.rows)
+        if schema.ragged is not None:
+            raise UnsupportedTreeError(
+                f"store {location} holds ragged or optional records, which writers cannot "
+                "share through a coordinator yet; open it with mode='a' and no coordinator"
+            )
+        if alone:
+            prepare_append(engine, location, schema, commit)
+            lock.share()
+    except BaseException:
+        detach(engine, lock)
+        raise
+    return commit, lock
+
+
+class SharedWriter(Writer):
+    """A writer that shares its store with others: records buffered, committed in turn.
+
+    ``append``, ``extend`` and ``extend_batch`` buffer; a call that leaves a chunk's worth of
+    records (``chunk_records``) or more buffered commits them all, and so does :meth:`flush`.
+    Each call's records are committed together (they are buffered whole, in memory).
+    """
+
+    def __init__(  # the base's tail and chunk buffers belong to a writer owning the tail
+        self,
+        backend: Backend,
+        schema: TreeSchema,
+        commit: Commit,
+        *,
+        where: str,
+        keep: int | None = versions.KEEP_VERSIONS,
+        wait: float = WAIT_SECONDS,
+        via: str = "",
+    ) -> None:
+        """``where`` names the store in errors, ``via`` the coordinator's address."""
+        if not isinstance(backend, ConditionalWrites):
+            raise TypeError("writers share a store only on a backend with conditional writes")
+        self._backend = backend
+        self._shared = backend
+        self.schema = schema
+        self._keys = [c.key for c in schema.columns]
+        self.chunk = schema.chunk_records
+        self.casters = casters(schema.columns)
+        self._where, self._keep, self._wait, self._via = where, keep, wait, via
+        self._schema_id = _validate.id_of(schema)
+        self._seen = commit  # the last commit this writer read or made
+        self._count = 0  # records buffered
+        self._grow(self.chunk)
+        self._uncertain: tuple[Commit, int] | None = None  # a commit that failed midway
+        self._left: bytes | None = None  # this writer's claim that could not be given back
+
+    # ---- what TreeStore asks --------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._seen.records + self._count
+
+    @property
+    def commit(self) -> Commit:
+        """The last commit this writer read or made (others may have committed since)."""
+        return self._seen
+
+    @property
+    def pending(self) -> int:
+        return self._count
+
+    @property
+    def committer(self) -> Any:
+        """Refused: evolve, truncate and vacuum need the store's only writer."""
+        raise ReadOnlyError(
+            f"store {self._where} is shared by writers committing through an OCDBT coordinator: "
+            "evolve(), truncate() and vacuum() need its only writer. Close every shared writer "
+            "and open it with mode='a' and no coordinator"
+        )
+
+    def extend(self, records: Iterable[Any]) -> None:
+        super().extend(records)  # buffers all or none
+        self._commit_full()
+
+    def extend_batch(self, batch: Any) -> None:
+        super().extend_batch(batch)
+        self._commit_full()
+
+    def append(self, leaves: Sequence[Any]) -> None:
+        self._grow(self._count + 1)
+        self.filler.fill(leaves, self._count)
+        self._count += 1
+        self._commit_full()
+
+    def flush(self) -> None:
+        """Commits every buffered record (one commit)."""
+        if self._count:
+            self._commit_all()
+
+    # ---- buffering (the base class's extend calls these) ----------------------------------
+
+    def snapshot(self) -> tuple[int, int]:
+        return (self._count, 0)
+
+    def rollback(self, position: tuple[int, int]) -> None:
+        self._count = position[0]
+
+    def append_many(self, leaves_iter: Iterator[Sequence[Any]]) -> None:
+        done = 0
+        while rows := [row for _, row in zip(range(self.chunk), leaves_iter)]:
+            self._grow(self._count + len(rows))
+            try:
+                self.filler.fill_block(rows, self._count)
+            except RecordError as err:
+                raise RecordError(done + err.index, err.error) from err.error
+            self._count += len(rows)
+            done += len(rows)
+
+    def write_batch(self, blocks: Sequence[np.ndarray]) -> None:
+        count = len(blocks[0]) if blocks else 0
+        self._grow(self._count + count)
+        for buf, block in zip(self.buffers, blocks):
+            buf[self._count : self._count + count] = block
+        self._count += count
+
+    def _grow(self, rows: int) -> None:
+        """Makes the buffers hold at least ``rows`` records, keeping those buffered."""
+        have = len(self.buffers[0]) if getattr(self, "buffers", None) else 0
+        if rows <= have:
+            return
+        size = max(rows, 2 * have, self.chunk)
+        old = getattr(self, "buffers", [])
+        self.buffers = [np.empty((size, *c.shape), c.dtype) for c in self.schema.columns]
+        for new, buf in zip(self.buffers, old):
+            new[: self._count] = buf[: self._count]
+        self.filler = RowFiller(self.casters, self.buffers)
+
+    # ---- committing -----------------------------------------------------------------------
+
+    def _commit_full(self) -> None:
+        if self._count >= self.chunk:
+            self._commit_all()
+
+    def _commit_all(self) -> None:
+        for _ in range(RETRIES):
+            try:
+                claim = CommitClaim.take(
+                    self._shared, self._where, wait=self._wait, leftover=self._left
+                )
+                self._left = None
+                try:
+                    if self._commit_once():
+                        return
+                finally:
+                    claim.release()
+                    self._left = claim.left
+            except StorageError as err:
+                raise StorageError(
+                    f"committing {self._count} records to {self._where} through the OCDBT "
+                    f"coordinator at {self._via} failed (is it running?): {err}"
+                ) from err
+        raise CommitConflictError(
+            f"{RETRIES} commits to {self._where} in a row found the commit record changed "
+            "under this writer's commit claim (a claim taken over from a writer presumed "
+            f"dead). Nothing was committed by this writer; its {self._count} records are "
+            "still buffered: flush() tries again (a close() that fails so gives them up)"
+        )
+
+    def _commit_once(self) -> bool:
+        """One try under the claim; False when the commit record changed under it."""
+        head = self._head()
+        if self._uncertain is not None and self._landed(head):
+            return True
+        versions.discard_orphan(self._backend, head)
+        committer = Committer(self._backend, head, self._schema_id, self._keep, tree=self.schema)
+        committer.release()  # rows older versions hold past a truncate are written over
+        n, k = head.records, self._count
+        start = n - n % self.chunk
+        blocks = [b[:k] for b in self.buffers]
+        if start < n:
+            tail = self._backend.read(self._keys, slice(start, n), n)
+            blocks = [np.concatenate([t, b]) for t, b in zip(tail, blocks)]
+        self._backend.column_shapes(self._keys)  # fresh handles: others resized the arrays
+        self._backend.resize(self._keys, n + k)
+        self._backend.write(self._keys, start, blocks)
+        try:
+            committer.advance(n + k)
+        except CommitConflictError:
+            return False
+        except StorageError:
+            if committer.commit.records != n + k:  # not committed, or perhaps: find out next
+                uncertain = committer.uncertain
+                self._uncertain = None if uncertain is None else (uncertain, k)
+                raise
+            # committed: what failed came after the commit record (the version log's trim)
+        self._seen, self._count = committer.commit, 0
+        return True
+
+    def _head(self) -> Commit:
+        """The commit record now, checked to be this store's."""
+        head = Commit.read(self._backend, self._where)
+        seen = self.commit
+        other = None not in (head.store, seen.store) and head.store != seen.store
+        if other or head.generation < seen.generation:
+            raise StoreReplacedError(
+                f"the store {self._where} was replaced since this writer opened it (it holds "
+                f"commit {head.generation} of store {head.store}, this writer saw commit "
+                f"{seen.generation} of store {seen.store}); its {self._count} buffered records "
+                "were not written. Open the new store to append to it"
+            )
+        return head
+
+    def _landed(self, head: Commit) -> bool:
+        """Whether the commit that failed midway landed (then its records are committed and
+        leave the buffer); found by its version record, byte for byte."""
+        assert self._uncertain is not None
+        attempt, k = self._uncertain
+        self._uncertain = None
+        if head.generation < attempt.generation:
+            return False  # not committed (a version record it left is an orphan)
+        if self._backend.read_bytes(version_key(attempt.generation)) != attempt.to_bytes():
+            return False
+        for buf in self.buffers:
+            buf[: self._count - k] = buf[k : self._count]
+        self._count -= k
+        self._seen = head
+        return self._count == 0 or self._commit_once()
+
+
+__all__ = ["RETRIES", "SharedWriter", "attach_shared"]

@@ -1,0 +1,116 @@
+"""Opening a store for a writer that shares it through an OCDBT coordinator:
+``pytreestore.open(path, mode="a", backend="ocdbt", coordinator="HOST:PORT")``.
+
+The arguments are checked before anything is touched; the writer is a
+:class:`~pytreestore._commit.shared.SharedWriter` over a
+:class:`~pytreestore.backends._tensorstore.coordinated.CoordinatedOcdbtBackend`.
+
+Example:
+    >>> check_shared_options("r", "ocdbt", "127.0.0.1:1", generic=False, version=None, break_lock=False)
+    Traceback (most recent call last):
+    ...
+    ValueError: coordinator= is for writers (mode='a'); a reader of an OCDBT store needs no coordinator: open it without coordinator=
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pytreestore._commit.protocol import detach
+from pytreestore._commit.shared import SharedWriter, attach_shared
+from pytreestore._commit.versions import KEEP_VERSIONS
+from pytreestore._format import validate as _validate
+from pytreestore._format.names import ROOT_KEY
+from pytreestore._location import Location
+from pytreestore._spec import StoreSpec
+from pytreestore._store import TreeStore
+from pytreestore.backends._tensorstore.coordinated import CoordinatedOcdbtBackend, check_address
+from pytreestore.errors import NotAStoreError, StoreNotFoundError
+
+
+def check_shared_options(
+    mode: str,
+    backend: str | None,
+    coordinator: object,
+    *,
+    generic: bool,
+    version: object,
+    break_lock: bool,
+) -> str:
+    """The coordinator's address, after refusing what a shared writer cannot be.
+
+    Raises:
+        ValueError: not mode ``"a"``, another backend than ``"ocdbt"``, a version, a generic
+            view, ``break_lock``, or an address that is not ``"HOST:PORT"``.
+    """
+    if mode != "a":
+        raise ValueError(
+            "coordinator= is for writers (mode='a'); a reader of an OCDBT store needs no "
+            "coordinator: open it without coordinator="
+        )
+    if backend not in (None, "ocdbt"):
+        raise ValueError(
+            f"coordinator= shares a store of the OCDBT backend; pass backend='ocdbt', not "
+            f"{backend!r} (a store of another backend has one writer at a time)"
+        )
+    for name, given in (("version", version), ("generic", generic), ("break_lock", break_lock)):
+        if given:
+            raise ValueError(
+                f"{name}= cannot be used with coordinator=: a shared writer appends to the "
+                "latest version, with the stored classes, and takes no exclusive lock"
+            )
+    return check_address(coordinator)
+
+
+def open_shared(
+    location: Location,
+    address: str,
+    *,
+    like: Any,
+    cache_bytes: int | None,
+    cast: bool,
+    keep: int | None = KEEP_VERSIONS,
+    opener: Callable[..., TreeStore],
+    creator: Callable[..., TreeStore],
+) -> TreeStore:
+    """A :class:`TreeStore` whose writer shares the store through the coordinator at
+    ``address`` (see :mod:`pytreestore._commit.shared`).
+
+    Raises:
+        StoreNotFoundError: nothing is at ``location``.
+        StoreLockedError: a writer without a coordinator holds the store.
+        StorageError: the coordinator cannot be reached (at the first commit).
+    """
+    engine = CoordinatedOcdbtBackend(location, address)
+    raw = engine.read_bytes(ROOT_KEY)
+    if raw is None:
+        engine.close()
+        if engine.is_empty():
+            raise StoreNotFoundError(f"no store at {location}")
+        raise NotAStoreError(
+            f"{location} holds no OCDBT store ({ROOT_KEY} is missing in its database); "
+            "create one with pytreestore.create(path, like, backend='ocdbt') first"
+        )
+    schema = _validate.load_schema(raw, str(location), like=like, generic=False)
+    engine.open_columns(schema.storage_columns)
+    commit, lock = attach_shared(engine, location, schema)
+    try:
+        options = {"like": like, "generic": False, "cache_bytes": cache_bytes, "cast": cast}
+        spec = StoreSpec.of(location, "ocdbt", opener=opener, creator=creator, **options)
+        writer = SharedWriter(engine, schema, commit, where=str(location), keep=keep, via=address)
+        return TreeStore(
+            location=location,
+            backend=engine,
+            schema=schema,
+            commit=commit,
+            lock=lock,
+            spec=spec,
+            writer=writer,
+        )
+    except BaseException:
+        detach(engine, lock)
+        raise
+
+
+__all__ = ["check_shared_options", "open_shared"]

@@ -1,0 +1,490 @@
+"""Writers sharing one OCDBT store through an OCDBT coordinator on 127.0.0.1
+(``pytreestore.open(path, "a", backend="ocdbt", coordinator=address)``, issue 17 part 2).
+
+Writers are subprocesses running :func:`writer_main` from this module; every record is tagged
+``(writer, i)`` and carries values derived from the tag, so that the store at the end can be
+checked record by record: every record present exactly once, each writer's records in its
+own order, each commit's rows from one writer, and the data intact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pytreestore
+from pytreestore import errors
+from pytreestore._commit.claim import CommitClaim
+from pytreestore._commit.lock import holder_info
+from pytreestore._format.names import CLAIM_KEY, COMMIT_KEY, NO_VALUE
+from pytreestore.backends import ConditionalWrites, ocdbt_coordinator
+
+TESTS = Path(__file__).parent
+CHUNK = 8
+
+
+def record(writer: int, i: int) -> dict[str, Any]:
+    return {
+        "w": np.int32(writer),
+        "i": np.int32(i),
+        "v": np.array([writer, i, writer * 1000 + i], np.float32),
+    }
+
+
+# ---- subprocesses ----------------------------------------------------------------------------
+
+
+def writer_main(path: str, address: str, writer: int, plan: str) -> None:
+    """In a subprocess: opens the store shared, waits for a line on stdin, then commits the
+    batches of ``plan`` (a JSON list of sizes; [] forever, in batches of 3), printing
+    ``COMMITTED <records of this writer>`` after each; ``ERROR <type> <message>`` on a
+    pytreestore error."""
+    store = pytreestore.open(path, "a", backend="ocdbt", coordinator=address)
+    print("READY", flush=True)
+    sys.stdin.readline()
+    sizes = json.loads(plan)
+    done, step = 0, 0
+    try:
+        while not sizes or step < len(sizes):
+            size = sizes[step] if sizes else 3
+            store.extend(record(writer, done + j) for j in range(size))
+            store.flush()
+            done, step = done + size, step + 1
+            print(f"COMMITTED {done}", flush=True)
+        store.close()
+    except errors.PyTreeStoreError as err:
+        print(f"ERROR {type(err).__name__} {err}".replace("\n", " "), flush=True)
+        os._exit(3)
+    print("DONE", flush=True)
+
+
+def coordinator_main() -> None:
+    """In a subprocess: runs a coordinator, prints its address, serves until killed."""
+    with ocdbt_coordinator() as address:
+        print(address, flush=True)
+        while True:
+            time.sleep(1)
+
+
+def _python(code: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(TESTS)!r}); {code}"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # a traceback shows in the lines the test asserts on
+        text=True,
+    )
+
+
+class WriterProcess:
+    def __init__(self, path: Path, address: str, writer: int, plan: list[int]) -> None:
+        self.writer = writer
+        self.proc = _python(
+            "import test_ocdbt_coordinator as t; "
+            f"t.writer_main({str(path)!r}, {address!r}, {writer}, {json.dumps(plan)!r})"
+        )
+        self.lines: list[str] = []
+
+    def ready(self) -> None:
+        line = self.line()
+        assert line == "READY", f"writer {self.writer} did not start: {line!r} {self.stderr()}"
+        self._drain = threading.Thread(target=self._read_all, daemon=True)
+
+    def _read_all(self) -> None:
+        assert self.proc.stdout is not None
+        for got in self.proc.stdout:
+            self.lines.append(got.strip())
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        self._drain.start()  # every line from now on, read as it comes
+
+    def line(self) -> str:
+        """The next line before :meth:`go`."""
+        assert self.proc.stdout is not None
+        got = self.proc.stdout.readline().strip()
+        self.lines.append(got)
+        return got
+
+    def finish(self, timeout: float = 120) -> list[str]:
+        """Every line, once the writer has exited (within ``timeout`` seconds)."""
+        self.proc.wait(timeout=timeout)
+        self._drain.join(timeout=60)
+        self.close()
+        return self.lines
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=60)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+    def stderr(self) -> str:
+        self.proc.kill()
+        return self.proc.communicate(timeout=60)[0]
+
+    def committed(self) -> int:
+        """The records this writer reported committed."""
+        counts = [int(x.split()[1]) for x in self.lines if x.startswith("COMMITTED")]
+        return max(counts, default=0)
+
+
+def run_writers(path: Path, address: str, plans: list[list[int]]) -> list[WriterProcess]:
+    writers = [WriterProcess(path, address, w, plan) for w, plan in enumerate(plans)]
+    for w in writers:
+        w.ready()
+    for w in writers:
+        w.go()
+    return writers
+
+
+# ---- checks ----------------------------------------------------------------------------------
+
+
+def tags(store: pytreestore.TreeStore) -> list[tuple[int, int]]:
+    """Every record's ``(writer, i)``, after checking its values against its tag."""
+    if len(store) == 0:
+        return []
+    rows = store.load(slice(None), as_numpy=True)
+    w, i, v = (np.asarray(rows[k]) for k in ("w", "i", "v"))
+    np.testing.assert_array_equal(v, np.stack([w, i, w * 1000 + i], axis=1).astype(np.float32))
+    return list(zip(w.tolist(), i.tolist()))
+
+
+def check_records(found: list[tuple[int, int]], counts: dict[int, int]) -> None:
+    """Each writer's records 0..count-1 are there once each, in its order, and nothing else."""
+    for writer, count in counts.items():
+        mine = [i for w, i in found if w == writer]
+        assert mine == list(range(count)), f"writer {writer}: {mine}"
+    assert len(found) == sum(counts.values())
+
+
+def check_commits(path: Path, found: list[tuple[int, int]]) -> None:
+    """Every version's new rows come from one writer (no commit interleaves two)."""
+    store = pytreestore.open(path)
+    records = [v.records for v in store.versions() if v.readable]
+    for low, high in itertools.pairwise(records):
+        assert len({w for w, _ in found[low:high]}) <= 1, (low, high, found[low:high])
+
+
+def engine_of(store: pytreestore.TreeStore) -> ConditionalWrites:
+    """The store's backend, which writes conditionally (the claim is written through it)."""
+    engine = store._backend
+    assert isinstance(engine, ConditionalWrites)
+    return engine
+
+
+@pytest.fixture
+def store_path(tmp_path: Path) -> Path:
+    path = tmp_path / "shared"
+    pytreestore.create(path, record(0, 0), backend="ocdbt", chunk_records=CHUNK).close()
+    return path
+
+
+@pytest.fixture
+def coordinator() -> Iterator[str]:
+    with ocdbt_coordinator() as address:
+        yield address
+
+
+# ---- many writers ----------------------------------------------------------------------------
+
+
+def test_three_writers_every_record_once_in_order(store_path: Path, coordinator: str) -> None:
+    plans = [[1, 7, 3, 9, 2, 5, 13, 1, 4, 6], [5] * 10, [8, 1, 2, 3, 4, 5, 6, 7, 8, 9]]
+    writers = run_writers(store_path, coordinator, plans)
+    for w in writers:
+        lines = w.finish()
+        assert lines[-1] == "DONE", lines
+    store = pytreestore.open(store_path)
+    found = tags(store)
+    check_records(found, {w: sum(plan) for w, plan in enumerate(plans)})
+    check_commits(store_path, found)
+    assert store.verify().ok
+    assert pytreestore.open(store_path, "a").committed == len(found)  # an exclusive writer again
+
+
+def test_reader_sees_only_whole_commits(store_path: Path, coordinator: str) -> None:
+    batch = 5
+    writers = run_writers(store_path, coordinator, [[batch] * 40, [batch] * 40])
+    seen = []
+    while any(w.proc.poll() is None for w in writers) or not seen:
+        found = tags(pytreestore.open(store_path))
+        for writer in (0, 1):
+            mine = [i for w, i in found if w == writer]
+            assert mine == list(range(len(mine))) and len(mine) % batch == 0, (writer, mine)
+        seen.append(len(found))
+    for w in writers:
+        assert w.finish()[-1] == "DONE"
+    assert seen == sorted(seen) and seen[-1] <= 400
+    assert len({n for n in seen if 0 < n < 400}) >= 2  # reads while both were writing
+    check_records(tags(pytreestore.open(store_path)), {0: 200, 1: 200})
+
+
+def test_one_writer_alone_and_its_reads(store_path: Path, coordinator: str) -> None:
+    with pytreestore.open(store_path, "a", backend="ocdbt", coordinator=coordinator) as store:
+        store.extend(record(0, i) for i in range(3))  # below a chunk: buffered
+        assert (store.committed, len(store)) == (0, 3)
+        store.extend_batch(
+            {
+                "w": np.zeros(10, np.int32),
+                "i": np.arange(3, 13, dtype=np.int32),
+                "v": np.stack([np.zeros(10), np.arange(3, 13), np.arange(3, 13)], 1).astype(
+                    np.float32
+                ),
+            }
+        )
+        assert store.committed == 13  # a chunk's worth buffered: committed
+        assert int(store[12]["i"]) == 12
+    check_records(tags(pytreestore.open(store_path)), {0: 13})
+
+
+# ---- faults ----------------------------------------------------------------------------------
+
+
+def test_coordinator_killed_mid_commit(store_path: Path) -> None:
+    server = _python("import test_ocdbt_coordinator as t; t.coordinator_main()")
+    assert server.stdout is not None
+    address = server.stdout.readline().strip()
+    writers = run_writers(store_path, address, [[], []])
+    try:
+        deadline = time.monotonic() + 60
+        while min(w.committed() for w in writers) < 6:  # both writers are committing
+            assert time.monotonic() < deadline, [w.lines for w in writers]
+            assert not any(x.startswith("ERROR") for w in writers for x in w.lines)
+            time.sleep(0.01)
+        server.send_signal(signal.SIGKILL)
+        server.communicate(timeout=60)
+        started = time.monotonic()
+        for w in writers:
+            lines = w.finish(timeout=90)  # leases run out, then every write fails: no hang
+            assert lines[-1].startswith("ERROR StorageError "), lines[-3:]
+            assert f"through the OCDBT coordinator at {address} failed" in lines[-1], lines[-1]
+            assert "UNAVAILABLE" in lines[-1] or "DEADLINE_EXCEEDED" in lines[-1], lines[-1]
+        assert time.monotonic() - started < 90
+    finally:
+        server.kill()
+        server.communicate(timeout=60)
+        for w in writers:
+            w.close()
+    store = pytreestore.open(store_path)
+    found = tags(store)
+    for w in writers:  # every record reported committed is there, once, in order
+        mine = [i for tag, i in found if tag == w.writer]
+        assert mine == list(range(len(mine))) and len(mine) >= w.committed()
+    assert store.verify().ok
+    # a new coordinator: the claim the killed commit left (its holder exited) is taken over
+    with (
+        ocdbt_coordinator() as again,
+        pytreestore.open(store_path, "a", backend="ocdbt", coordinator=again) as shared,
+    ):
+        shared.append(record(7, 0))
+    assert tags(pytreestore.open(store_path))[-1] == (7, 0)
+
+
+def test_a_writer_killed_mid_commit_holds_nobody_up(store_path: Path, coordinator: str) -> None:
+    victim, survivor = run_writers(store_path, coordinator, [[], [4] * 40])
+    deadline = time.monotonic() + 60
+    while victim.committed() < 9:  # killed somewhere in its commits, claim held or not
+        assert time.monotonic() < deadline, victim.lines
+        time.sleep(0.005)
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.finish(timeout=60)
+    assert survivor.finish()[-1] == "DONE", survivor.lines[-3:]
+    store = pytreestore.open(store_path)
+    found = tags(store)
+    mine = [i for w, i in found if w == 0]
+    assert mine == list(range(len(mine))) and len(mine) >= victim.committed()
+    check_records([t for t in found if t[0] == 1], {1: 160})
+    check_commits(store_path, found)
+    assert store.verify().ok
+
+
+def test_a_writer_goes_on_once_its_coordinator_is_back(store_path: Path) -> None:
+    with ocdbt_coordinator() as address:
+        store = pytreestore.open(store_path, "a", backend="ocdbt", coordinator=address)
+        store.append(record(0, 0))
+        store.flush()
+    port = int(address.rpartition(":")[2])
+    store.append(record(0, 1))
+    with pytest.raises(errors.StorageError, match=re.escape(f"coordinator at {address} failed")):
+        store.flush()
+    assert (store.committed, len(store)) == (1, 2)  # the record stays buffered
+    started = time.monotonic()
+    with ocdbt_coordinator(port=port):
+        store.append(record(0, 2))
+        while not store.closed:  # gRPC connects again within seconds; until then, errors
+            assert time.monotonic() - started < 30
+            with contextlib.suppress(errors.StorageError):
+                store.close()  # the claim its failed commit left is its own: never waited on
+            time.sleep(0.2)
+    check_records(tags(pytreestore.open(store_path)), {0: 3})
+
+
+def test_only_a_writer_alone_repairs(store_path: Path, coordinator: str) -> None:
+    with pytreestore.open(store_path, "a") as first:
+        first.extend(record(0, i) for i in range(3))
+    keys = [c.key for c in pytreestore.open(store_path).schema.columns]
+
+    def grow_past_the_commit() -> pytreestore.TreeStore:  # what a killed writer leaves
+        reader = pytreestore.open(store_path)
+        reader._backend.resize(keys, 20)
+        return reader
+
+    def lengths(store: pytreestore.TreeStore) -> set[int]:
+        return {shape[0] for shape in store._backend.column_shapes(keys)}
+
+    reader = grow_past_the_commit()
+    with pytreestore.open(store_path, "a", backend="ocdbt", coordinator=coordinator) as alone:
+        assert lengths(reader) == {3}  # repaired while alone
+        grow_past_the_commit()
+        with pytreestore.open(store_path, "a", backend="ocdbt", coordinator=coordinator):
+            assert lengths(reader) == {20}  # beside another writer: left alone
+        alone.append(record(0, 3))
+    check_records(tags(pytreestore.open(store_path)), {0: 4})
+    assert pytreestore.open(store_path).verify().ok
+
+
+def test_commit_that_failed_after_landing_is_not_written_twice(
+    store_path: Path, coordinator: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = pytreestore.open(store_path, "a", backend="ocdbt", coordinator=coordinator)
+    engine = engine_of(store)
+    real = engine.write_bytes_if
+    failures = iter([True])
+
+    def lands_then_fails(key: str, data: bytes | None, token: bytes) -> bytes | None:
+        got = real(key, data, token)
+        if key == COMMIT_KEY and next(failures, False):
+            raise errors.StorageError("the coordinator went away after the write")
+        return got
+
+    monkeypatch.setattr(engine, "write_bytes_if", lands_then_fails)
+    store.extend(record(0, i) for i in range(3))
+    with pytest.raises(errors.StorageError, match="went away"):
+        store.flush()
+    store.extend(record(0, i) for i in range(3, 5))
+    store.close()
+    check_records(tags(pytreestore.open(store_path)), {0: 5})
+
+
+def test_claim_of_a_dead_writer_is_taken_over(store_path: Path, coordinator: str) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    claim = {**holder_info(), "pid": dead.pid, "expires": time.time() + 3600}
+    store = pytreestore.open(store_path, "a", backend="ocdbt", coordinator=coordinator)
+    assert engine_of(store).write_bytes_if(CLAIM_KEY, json.dumps(claim).encode(), NO_VALUE)
+    store.append(record(0, 0))
+    store.close()
+    check_records(tags(pytreestore.open(store_path)), {0: 1})
+
+
+def test_claim_of_a_live_writer_waits_then_conflicts(store_path: Path, coordinator: str) -> None:
+    store = pytreestore.open(store_path, "a", backend="ocdbt", coordinator=coordinator)
+    engine = engine_of(store)
+    with (
+        CommitClaim.take(engine, "here", wait=1.0),
+        pytest.raises(errors.CommitConflictError, match=r"held by pid \d+ on host"),
+    ):
+        CommitClaim.take(engine, str(store_path), wait=0.2)
+    with CommitClaim.take(engine, "here", wait=1.0):  # given back: free again
+        pass
+    store.close()
+
+
+# ---- without a coordinator, and bad input ------------------------------------------------------
+
+LOCKED = "is open for writing elsewhere"
+
+
+def test_without_coordinator_the_second_writer_gets_the_lock_error(
+    store_path: Path, coordinator: str
+) -> None:
+    with pytreestore.open(store_path, "a") as first:
+        with pytest.raises(errors.StoreLockedError, match=re.escape(LOCKED)):
+            pytreestore.open(store_path, "a")
+        with pytest.raises(errors.StoreLockedError, match=re.escape(LOCKED)):
+            pytreestore.open(store_path, "a", backend="ocdbt", coordinator=coordinator)
+        first.append(record(0, 0))
+    with (
+        pytreestore.open(store_path, "a", backend="ocdbt", coordinator=coordinator),
+        pytest.raises(errors.StoreLockedError, match=re.escape(LOCKED)),
+    ):
+        pytreestore.open(store_path, "a")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"mode": "r"}, "coordinator= is for writers (mode='a')"),
+        ({"backend": "tensorstore"}, "pass backend='ocdbt', not 'tensorstore'"),
+        ({"version": 1}, "version= opens a store as it was, read-only"),
+        ({"generic": True}, "generic= cannot be used with coordinator="),
+        ({"coordinator": "localhost"}, "coordinator must be the address of an OCDBT coordinator"),
+        ({"coordinator": 5000}, "'HOST:PORT' (for example '127.0.0.1:5000'"),
+    ],
+)
+def test_bad_options_are_refused(store_path: Path, options: dict[str, Any], message: str) -> None:
+    given = {"mode": "a", "coordinator": "127.0.0.1:1", **options}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        pytreestore.open(store_path, **given)
+    assert pytreestore.open(store_path).committed == 0
+
+
+def test_a_store_of_another_backend_or_none_is_refused(tmp_path: Path, coordinator: str) -> None:
+    plain = tmp_path / "plain"
+    pytreestore.create(plain, {"x": 0}, backend="tensorstore").close()
+    with pytest.raises(errors.NotAStoreError, match=re.escape("holds no OCDBT store")):
+        pytreestore.open(plain, "a", backend="ocdbt", coordinator=coordinator)
+    with pytest.raises(errors.StoreNotFoundError, match="no store at"):
+        pytreestore.open(tmp_path / "nothing", "a", backend="ocdbt", coordinator=coordinator)
+    assert not (tmp_path / "nothing").exists()
+    with pytreestore.open(plain, "a") as store:  # nothing was left locked or written
+        store.append({"x": 1})
+
+
+def test_memory_stores_and_other_writers_methods_are_refused(
+    store_path: Path, coordinator: str
+) -> None:
+    pytreestore.create("memory://shared-no", {"x": 0}, backend="ocdbt").close()
+    with pytest.raises(errors.BadLocationError, match="on local disk only"):
+        pytreestore.open("memory://shared-no", "a", backend="ocdbt", coordinator=coordinator)
+    with pytreestore.open(store_path, "a", backend="ocdbt", coordinator=coordinator) as store:
+        store.append(record(0, 0))
+        with pytest.raises(errors.ReadOnlyError, match=re.escape("need its only writer")):
+            store.evolve(add={"['z']": 0})
+        with pytest.raises(errors.ReadOnlyError, match=re.escape("need its only writer")):
+            store.truncate(0)
+    check_records(tags(pytreestore.open(store_path)), {0: 1})
+
+
+def test_the_claim_object_follows_the_shipped_json_schema(store_path: Path) -> None:
+    import jsonschema
+
+    schema = json.loads((Path(pytreestore.__file__).parent / "schema.json").read_text())
+    claim_schema = {**schema["$defs"]["claim"], "$defs": schema["$defs"]}
+    store = pytreestore.open(store_path)
+    engine = engine_of(store)
+    with CommitClaim.take(engine, str(store_path), wait=1.0):
+        raw = engine.read_bytes_versioned(CLAIM_KEY)[0]
+    assert raw is not None
+    jsonschema.validate(json.loads(raw), claim_schema)
+    assert engine.read_bytes_versioned(CLAIM_KEY)[0] is None
