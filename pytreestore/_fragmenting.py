@@ -96,13 +96,11 @@ class Fragmenting:
         if self._purging is not None:
             self._purging.join()
         try:
-            later = _fragments.retire(self._backend, self._location, ids)
+            later = _fragments.retire(self._backend, ids)
         except (PyTreeStoreError, OSError):
             return
-        if later:
-            self._purging = threading.Thread(
-                target=_fragments.purge, args=(self._location,), daemon=True
-            )
+        if later is not None:
+            self._purging = threading.Thread(target=_fragments.purge, args=(later,), daemon=True)
             self._purging.start()
 
     def _purged(self) -> None:

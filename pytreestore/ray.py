@@ -153,7 +153,7 @@ class TreeStoreDatasink(Datasink[TaskResult]):
         *,
         like: Any = None,
         columns: Mapping[str, str] | None = None,
-        backend: str = "tensorstore",
+        backend: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         location = Location.parse(path, storage_options)

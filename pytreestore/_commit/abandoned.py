@@ -61,8 +61,9 @@ def sweep(engine: Backend, location: Location, head: Commit, older_than: float, 
         if fid in committed or _age(engine, location, fid, names, now) > older_than
     ]
     if gone:
-        _fragments.remove(engine, location, gone)
-    retired = _fragments.purge(location) if location.kind == "file" else 0
+        _fragments.remove(engine, gone)
+    root = _fragments.local_root(engine)
+    retired = _fragments.purge(root) if root is not None else 0
     return len(gone) + retired
 
 
@@ -84,9 +85,10 @@ def _age(engine: Backend, location: Location, fid: str, names: Iterable[str], no
             begun = _time_of(raw)
             if begun is not None:
                 return now - begun
-    if location.kind == "file":
+    root = _fragments.local_root(engine)
+    if root is not None:
         try:
-            return now - os.stat(os.path.join(location.root, FRAGMENTS_DIR, fid)).st_mtime
+            return now - os.stat(os.path.join(root, FRAGMENTS_DIR, fid)).st_mtime
         except FileNotFoundError:
             return 0.0
     return float("inf")

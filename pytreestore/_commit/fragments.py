@@ -54,7 +54,7 @@ from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._location import Location
 from pytreestore._tree.convert import RecordError, RowFiller, casters
 from pytreestore._tree.stack import batch_length
-from pytreestore.backends import Backend, ChunkCopies, ColumnLayout, KeyListing
+from pytreestore.backends import Backend, ChunkCopies, ColumnLayout, KeyListing, LocalFiles
 from pytreestore.backends._base import missing_chunk
 from pytreestore.errors import (
     CorruptChunkError,
@@ -229,8 +229,9 @@ def _check_written(
     engine: Backend, location: Location | None, fragments: Sequence[Fragment]
 ) -> None:
     keys = [manifest_key(f.id) for f in fragments]
-    if location is not None and location.kind == "file":  # plain reads: no engine call
-        found = [_read_file(os.path.join(location.root, k)) for k in keys]
+    root = local_root(engine)
+    if root is not None:  # plain reads: no engine call
+        found = [_read_file(os.path.join(root, k)) for k in keys]
     elif len(keys) > 8:  # each read waits on storage: many at once
         with ThreadPoolExecutor(16) as pool:
             found = list(pool.map(engine.read_bytes, keys))
@@ -343,24 +344,31 @@ def _copy(engine: Backend, pairs: Sequence[tuple[str, str]]) -> None:
 # ---- removing ------------------------------------------------------------------------------
 
 
-def retire(engine: Backend, location: Location, ids: Sequence[str]) -> bool:
-    """Takes committed fragments out of ``fragments/``: locally one rename of each folder
-    into ``.pytreestore/retired/`` (True: :func:`purge` deletes them later), elsewhere a
-    deletion of their keys now (False)."""
-    if location.kind != "file":
-        remove(engine, location, ids)
-        return False
-    retired = os.path.join(location.root, RETIRED_DIR)
+def local_root(engine: Backend) -> str | None:
+    """The folder whose files are ``engine``'s keys (so fragments are read, renamed and
+    deleted as files), or None: every call goes through the engine (S3, OCDBT, memory)."""
+    return engine.files_root if isinstance(engine, LocalFiles) else None
+
+
+def retire(engine: Backend, ids: Sequence[str]) -> str | None:
+    """Takes committed fragments out of ``fragments/``: on local files one rename of each
+    folder into ``.pytreestore/retired/`` (returns the store's folder: :func:`purge` deletes
+    them later), elsewhere a deletion of their keys now (returns None)."""
+    root = local_root(engine)
+    if root is None:
+        remove(engine, ids)
+        return None
+    retired = os.path.join(root, RETIRED_DIR)
     os.makedirs(retired, exist_ok=True)
     for fid in ids:
         with contextlib.suppress(FileNotFoundError):
-            os.rename(os.path.join(location.root, fragment_folder(fid)), os.path.join(retired, fid))
-    return True
+            os.rename(os.path.join(root, fragment_folder(fid)), os.path.join(retired, fid))
+    return root
 
 
-def purge(location: Location) -> int:
-    """Deletes the retired fragments' folders of a local store; how many."""
-    retired = os.path.join(location.root, RETIRED_DIR)
+def purge(root: str) -> int:
+    """Deletes the retired fragments' folders of the local store at ``root``; how many."""
+    retired = os.path.join(root, RETIRED_DIR)
     try:
         names = os.listdir(retired)
     except FileNotFoundError:
@@ -371,12 +379,14 @@ def purge(location: Location) -> int:
     return len(names)
 
 
-def remove(engine: Backend, location: Location | None, ids: Iterable[str]) -> None:
+def remove(engine: Backend, ids: Iterable[str]) -> None:
     """Deletes the folders of the fragments ``ids`` (locally with one tree removal each)."""
+    ids = list(ids)
     folders = [fragment_folder(i) for i in ids]
-    if location is not None and location.kind == "file":
+    root = local_root(engine)
+    if root is not None:
         for folder in folders:
-            shutil.rmtree(os.path.join(location.root, folder), ignore_errors=True)
+            shutil.rmtree(os.path.join(root, folder), ignore_errors=True)
         return
     if not isinstance(engine, KeyListing):
         engine.delete_keys([manifest_key(i) for i in ids] + [begun_key(i) for i in ids])

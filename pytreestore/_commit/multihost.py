@@ -211,7 +211,7 @@ class MultiHost:
         if texts:
             with contextlib.suppress(PyTreeStoreError):
                 ids = [Fragment.from_json(text).id for text in texts]
-                _fragments.remove(backend, self._location, ids)
+                _fragments.remove(backend, ids)
 
 
 def open_everywhere(

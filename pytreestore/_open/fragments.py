@@ -20,14 +20,14 @@ from pytreestore._commit.fragment import Fragment
 from pytreestore._commit.record import Commit
 from pytreestore._location import Location
 from pytreestore._open.open import read_schema
-from pytreestore.backends import Backend, get_backend
+from pytreestore.backends import Backend, default_backend, get_backend
 
 
 def write_fragment(
     path: str | os.PathLike[str],
     records_or_batch: Any,
     *,
-    backend: str = "tensorstore",
+    backend: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
     like: Any = None,
 ) -> Fragment:
@@ -43,7 +43,8 @@ def write_fragment(
         path: the store (a local directory, ``memory://NAME``, ``s3://...``).
         records_or_batch: an iterable of records, or one batch: the schema's structure with
             leaves carrying a leading record axis (told apart by the schema's treedef).
-        backend: the storage engine, as in :func:`pytreestore.open`.
+        backend: the storage engine, as in :func:`pytreestore.open` (by default the one
+            the store was made with: ``"ocdbt"`` for an OCDBT database, else TensorStore).
         storage_options: for ``s3://`` and ``gs://`` stores, as in :func:`pytreestore.open`.
         like: an example record whose classes to use, as in :func:`pytreestore.open`.
 
@@ -66,7 +67,7 @@ def write_fragment(
         4
     """
     location = Location.parse(path, storage_options)
-    engine: Backend = get_backend(backend)(location)
+    engine: Backend = get_backend(backend or default_backend(location))(location)
     try:
         schema = read_schema(engine, location, like=like, generic=False)
         _fragments.check_fixed(schema, str(location))

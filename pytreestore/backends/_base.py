@@ -312,6 +312,17 @@ class ChunkCopies(Protocol):
 
 
 @runtime_checkable
+class LocalFiles(Protocol):
+    """Keys that are plain files: key ``k`` is the file ``<files_root>/k`` (the file kvstore,
+    zarr-python's local store; not an OCDBT database, whose keys live inside its files)."""
+
+    @property
+    def files_root(self) -> str | None:
+        """The local folder holding the keys as files, or None where they are not files."""
+        ...
+
+
+@runtime_checkable
 class Snapshots(Protocol):
     """Every storage generation kept and readable (TensorStore's OCDBT kvstore): a store
     version opened with ``open(path, version=N)`` reads the generation that committed it, so

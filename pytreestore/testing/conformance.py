@@ -96,11 +96,9 @@ class BackendSuite(ChunkCopyCases):
     """
 
     backend: ClassVar[str]
-    #: whether zarr-python reads this backend's stores (False for OCDBT databases)
-    zarr_readable: ClassVar[bool] = True
+    zarr_readable: ClassVar[bool] = True  # whether zarr-python reads it (not OCDBT)
 
     # ---- helpers -----------------------------------------------------------------------------
-
     @contextlib.contextmanager
     def location(self) -> Iterator[str]:
         """A fresh, empty store location, removed afterwards."""

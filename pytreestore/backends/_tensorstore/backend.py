@@ -44,6 +44,7 @@ from pytreestore.backends._base import (
     ColumnShape,
     ConditionalWrites,
     KeyListing,
+    LocalFiles,
     PartialWriteCleanup,
     TensorStoreKvStore,
     delete_folder,
@@ -77,6 +78,7 @@ class TensorStoreBackend(
     PartialWriteCleanup,
     TensorStoreKvStore,
     ChunkCopies,
+    LocalFiles,
 ):
     """Columns as TensorStore ``zarr3`` arrays on the ``file``, ``memory``, ``s3`` or ``gcs``
     kvstore.
@@ -98,6 +100,11 @@ class TensorStoreBackend(
         self._direct: dict[str, _direct.DirectColumn | None] = {}
 
     # ---- keys and bytes ----------------------------------------------------------------------
+
+    @property
+    def files_root(self) -> str | None:
+        """The store's folder on the file kvstore (its keys are files there), else None."""
+        return self._location.root if self._location.kind == "file" else None
 
     @property
     def kvstore(self) -> ts.KvStore:
@@ -443,8 +450,8 @@ class TensorStoreBackend(
     def copy_chunks(self, pairs: Sequence[tuple[str, str]]) -> None:
         """Places each source key's object at its destination key: a hard link on the file
         kvstore, elsewhere the raw bytes read and written again, all at once (no decoding)."""
-        if self._location.kind == "file":
-            link_files(self._location.root, pairs)
+        if self.files_root is not None:
+            link_files(self.files_root, pairs)
             return
         reads = [self.kvstore.read(source) for source, _ in pairs]
         found = _futures.wait(

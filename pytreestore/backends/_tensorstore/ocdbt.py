@@ -84,6 +84,11 @@ class OcdbtBackend(TensorStoreBackend, Transactions, Snapshots):
         version: read-only: the OCDBT generation to read (see :meth:`at_version`).
     """
 
+    @property
+    def files_root(self) -> None:
+        """None: the keys live inside the OCDBT database's files, not as files."""
+        return None
+
     def __init__(
         self,
         location: Location,

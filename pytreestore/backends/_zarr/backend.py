@@ -75,6 +75,7 @@ from pytreestore.backends._base import (
     ColumnShape,
     ConditionalWrites,
     KeyListing,
+    LocalFiles,
     damaged_chunk,
     delete_folder,
     missing_chunk,
@@ -99,7 +100,7 @@ _CONFIG = {"write_empty_chunks": True, "order": "C"}  # a chunk of zeros is stil
 _COMMIT_LOCK = threading.Lock()  # the commit lock of memory:// stores
 
 
-class ZarrBackend(ConditionalWrites, KeyListing, BatchedReads, ChunkCopies):
+class ZarrBackend(ConditionalWrites, KeyListing, BatchedReads, ChunkCopies, LocalFiles):
     """Columns as zarr-python 3 arrays on a local directory or a ``memory://`` store; its
     subclass :class:`~pytreestore.backends._zarr.s3.ZarrS3Backend` stores on S3
     (``backend="zarr"`` picks the class by location: :func:`zarr_backend`).
@@ -125,6 +126,11 @@ class ZarrBackend(ConditionalWrites, KeyListing, BatchedReads, ChunkCopies):
         return open_local_store(location)
 
     # ---- keys and bytes ----------------------------------------------------------------------
+
+    @property
+    def files_root(self) -> str | None:
+        """The store's folder on local disk (its keys are files there), else None."""
+        return self._location.root if self._location.kind == "file" else None
 
     def read_bytes(self, key: str) -> bytes | None:
         return self._call(self._get(key), f"reading {self._location}/{key}")
@@ -201,8 +207,8 @@ class ZarrBackend(ConditionalWrites, KeyListing, BatchedReads, ChunkCopies):
     def copy_chunks(self, pairs: Sequence[tuple[str, str]]) -> None:
         """Places each source key's object at its destination key: a hard link on local
         disk, elsewhere the raw bytes read and written again, all at once (no decoding)."""
-        if self._location.kind == "file":
-            link_files(self._location.root, pairs)
+        if self.files_root is not None:
+            link_files(self.files_root, pairs)
             return
         found = self._call(gather(self._get(s) for s, _ in pairs), f"reading {self._location}")
         for (source, _), raw in zip(pairs, found):
