@@ -410,3 +410,13 @@ def test_vacuum_removes_a_committed_fragment_left_behind(path, backend):
     assert fragments_left(path) == []
     assert not retired.exists() or not any(retired.iterdir())
     assert len(store) == 8 and store.verify().ok
+
+
+def test_a_fragment_whose_description_changed_is_refused(path, backend):
+    store = make(path, backend, 4)
+    f = pytreestore.write_fragment(path, batch(4, 4), backend=backend)
+    manifest = Path(path) / f.folder / "fragment.json"
+    manifest.write_text(manifest.read_text().replace('"records": 4', '"records": 8'))
+    with pytest.raises(errors.FragmentError, match="differs from the description"):
+        store.commit_fragments([f])
+    assert len(store) == 4

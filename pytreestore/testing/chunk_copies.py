@@ -52,8 +52,10 @@ class ChunkCopyCases:
         with self.location() as path:
             self.capable(path, ChunkCopies)
             store = self.create(path, like, chunk_records=4)
+            where = store.reopen_options()  # the suite's location, with its storage options
+            opts = {k: where[k] for k in ("backend", "storage_options")}
             frags = [
-                pytreestore.write_fragment(path, _batch(s, n), backend=self.backend)
+                pytreestore.write_fragment(path, _batch(s, n), **opts)
                 for s, n in ((0, 4), (4, 8), (12, 3))
             ]
             store.commit_fragments(frags)
