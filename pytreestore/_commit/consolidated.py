@@ -34,6 +34,7 @@ from pytreestore._commit.layouts import group_document, group_paths, layouts
 from pytreestore._commit.record import Commit
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
+from pytreestore._format.validate import root_document
 from pytreestore.backends import Backend
 from pytreestore.backends._metadata import array_document
 
@@ -73,7 +74,7 @@ def write(backend: Backend, schema: TreeSchema, commit: Commit) -> None:
     raw = backend.read_bytes(ROOT_KEY)
     if raw is None:
         return  # not a store (yet): nothing to consolidate into
-    data = with_consolidated(json.loads(raw), schema, commit)
+    data = with_consolidated(root_document(raw), schema, commit)
     if data != raw:  # a writer opening a store already in step writes nothing
         backend.write_bytes(ROOT_KEY, data)
 

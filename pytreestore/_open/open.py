@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -23,7 +24,9 @@ from jax.tree_util import tree_flatten
 from pytreestore._commit import protocol, versions
 from pytreestore._commit.versions import KEEP_VERSIONS
 from pytreestore._commit.writer import check_buffer
+from pytreestore._format import packs as _packs
 from pytreestore._format import validate as _validate
+from pytreestore._format.columns import default_chunk_records
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
@@ -33,6 +36,7 @@ from pytreestore._read.request import check_cast
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
 from pytreestore.backends import Backend, get_backend
+from pytreestore.backends._packed import packed
 from pytreestore.errors import (
     NotAStoreError,
     SchemaMismatchError,
@@ -58,6 +62,7 @@ def create(
     ragged: bool | Sequence[str] | None = None,
     optional: Sequence[str] | None = None,
     keep_versions: int | None = KEEP_VERSIONS,
+    pack: bool | int = False,
 ) -> TreeStore:
     """Creates an empty store for records shaped like ``like`` and opens it for appending.
 
@@ -87,9 +92,18 @@ def create(
             comes from the first record that has one).
         keep_versions: the versions the log keeps besides tagged ones (the last this many;
             None: all); every commit is a version (:meth:`~TreeStore.versions`).
+        pack: store small leaves side by side in shared arrays (docs/scaling.md#wide-trees):
+            True packs every leaf of at most 4096 bytes per record, an int N those of at
+            most N bytes; leaves of one dtype share a pack array ``_pack_<dtype>_<n>`` at
+            the store root. A wide tree of small leaves then writes and opens many times
+            faster and makes few files, but zarr readers see the packs, not one array per
+            leaf (``pytreestore.copy(..., pack=False)`` unpacks). Default False: one array
+            per leaf. Not for ``ragged=`` or ``optional=`` stores.
 
     Raises:
         UnsupportedTreeError: ``like`` holds a node or leaf a store cannot represent.
+        SchemaMismatchError: ``pack`` with ``ragged`` or ``optional``, or a leaf whose
+            storage key a pack array would use.
         StoreExistsError: a store (or other data) is at ``path`` and ``overwrite`` is false.
 
     Example:
@@ -101,8 +115,17 @@ def create(
     check_cast(cast)
     _check_version_options("a", None, keep_versions)
     location = Location.parse(path, storage_options)
+    limit = _packs.check_threshold(pack)
+    if limit is not None and (ragged is not None or optional is not None):
+        raise SchemaMismatchError(
+            "pack= packs the leaves of fixed records into shared arrays; a store created with "
+            "ragged= or optional= keeps one array per leaf (its tables grow by elements, not "
+            "records). Create it without pack="
+        )
     if ragged is None and optional is None:
         schema = _new_schema(like, chunk_records=chunk_records, codec=codec)
+        if limit is not None:
+            schema = _packed_schema(schema, like, limit, chunk_records, codec)
     else:
         _check_codec(codec)
         schema = build_schema(like, ragged, optional, chunk_records=chunk_records, codec=codec)
@@ -120,6 +143,24 @@ def _new_schema(like: Any, *, chunk_records: int | None, codec: str | None) -> T
         )
     _check_codec(codec)
     return schema
+
+
+def _packed_schema(
+    schema: TreeSchema, like: Any, limit: int, chunk_records: int | None, codec: str | None
+) -> TreeSchema:
+    """``schema`` with the packs of its leaves of at most ``limit`` bytes per record; by
+    default with as many records per chunk as the packs' widths call for."""
+    packs = _packs.plan(schema.columns, limit)
+    if packs and chunk_records is None:
+        inside = _packs.packed_keys(packs)
+        widths = [
+            (None, None, c.dtype, c.shape, None) for c in schema.columns if c.key not in inside
+        ]
+        widths += [(None, None, p.dtype, (p.elements,), None) for p in packs]
+        schema = _new_schema(like, chunk_records=default_chunk_records(widths), codec=codec)
+        packs = _packs.plan(schema.columns, limit)
+    _packs.check_keys(schema.columns, packs)
+    return dataclasses.replace(schema, packs=packs)
 
 
 def _check_codec(codec: Any) -> None:
@@ -157,7 +198,7 @@ def create_from_schema(
     are committed), and the store comes back closed.
     """
     check_buffer(schema, str(location))
-    engine: Backend = get_backend(backend)(location)
+    engine = _engine(backend, location, schema)
     commit, lock = protocol.start_store(
         engine, location, schema, overwrite=overwrite, finished=fill is None
     )
@@ -257,6 +298,7 @@ def open(
     engine: Backend = get_backend(backend)(location)
     schema = _read_schema(engine, location, like=like, generic=generic)
     engine.open_columns(schema.storage_columns)
+    engine = packed(engine, schema.packs, (*schema.columns, *schema.dropped))
     commit, lock = protocol.attach(
         engine, location, schema, append=mode == "a", break_lock=break_lock
     )
@@ -281,6 +323,11 @@ def open(
     except BaseException:
         protocol.detach(engine, lock)
         raise
+
+
+def _engine(backend: str, location: Location, schema: TreeSchema) -> Backend:
+    """The backend of a new store of ``schema``: its packed columns live in the packs."""
+    return packed(get_backend(backend)(location), schema.packs, schema.columns)
 
 
 def _check_version_options(mode: str, version: Any, keep: Any) -> None:
