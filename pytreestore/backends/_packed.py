@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pytreestore.backends._base import Backend, BatchedReads
+from pytreestore.errors import CorruptChunkError
 
 
 class Member(NamedTuple):
@@ -46,6 +47,7 @@ class PackedColumns:
         members: every packed column's key -> :class:`Member`.
         packs: every pack's key -> (its dtype, its elements per record, its members' keys in
             offset order).
+        chunk_rows: every pack's key -> its records per chunk.
     """
 
     def __init__(
@@ -53,10 +55,12 @@ class PackedColumns:
         inner: Backend,
         members: dict[str, Member],
         packs: dict[str, tuple[np.dtype, int, tuple[str, ...]]],
+        chunk_rows: dict[str, int],
     ) -> None:
         self._inner = inner
         self._members = members
         self._packs = packs
+        self._chunk_rows = chunk_rows
 
     @property
     def inner(self) -> Backend:
@@ -88,23 +92,39 @@ class PackedColumns:
         out_keys, out_blocks = [], []
         for key in self._storage_keys(keys):
             if key in self._packs:
-                out_blocks.append(self._pack_block(key, given))
+                out_blocks.append(self._pack_block(key, start, given))
             else:
                 out_blocks.append(given[key])
             out_keys.append(key)
         self._inner.write(out_keys, start, out_blocks)
 
-    def _pack_block(self, pack: str, given: dict[str, np.ndarray]) -> np.ndarray:
-        """One block of the pack from its columns' blocks; a column not given (dropped by
-        evolve) gets zeros."""
+    def _pack_block(self, pack: str, start: int, given: dict[str, np.ndarray]) -> np.ndarray:
+        """One block of the pack from its columns' blocks. A column not given (dropped by
+        evolve) keeps what the pack holds there: older versions still read it."""
         dtype, elements, keys = self._packs[pack]
         rows = next(len(given[k]) for k in keys if k in given)
         out = np.zeros((rows, elements), dtype)
+        if not all(k in given for k in keys):
+            self._read_old(pack, start, out)
         for key in keys:
             if key in given:
                 m = self._members[key]
                 out[:, m.offset : m.offset + m.count] = given[key].reshape(rows, m.count)
         return out
+
+    def _read_old(self, pack: str, start: int, out: np.ndarray) -> None:
+        """Copies into ``out`` what the pack holds at rows ``start...``: committed rows live
+        only in the chunk ``start`` falls in (a writer starts at its tail chunk); a chunk
+        never written reads as zeros, a damaged one raises."""
+        chunk = self._chunk_rows[pack]
+        stop = min(start + len(out), (start // chunk + 1) * chunk)
+        try:  # the writer resized the pack first, so these rows exist
+            old = self._inner.read([pack], slice(start, stop), stop)[0]
+        except CorruptChunkError as err:
+            if err.key is None or self._inner.read_bytes(err.key) is not None:
+                raise
+            return
+        out[: stop - start] = old
 
     def read(self, keys: Sequence[str], index: Any, records: int) -> list[np.ndarray]:
         return self.read_many([(k, index) for k in keys], records)
@@ -149,7 +169,8 @@ def packed(inner: Backend, packs: Sequence[Any], columns: Sequence[Any]) -> Back
     table = {p.key: (p.dtype, p.elements, tuple(k for k, _, _ in p.members)) for p in packs}
     if isinstance(inner, PackedColumns):
         inner = inner.inner
-    return PackedColumns(inner, members, table)  # type: ignore[return-value]
+    chunk_rows = {p.key: p.chunks[0] for p in packs}
+    return PackedColumns(inner, members, table, chunk_rows)  # type: ignore[return-value]
 
 
 __all__ = ["Member", "PackedColumns", "packed"]
