@@ -77,7 +77,7 @@ class ColumnSpec:
         out = {
             "path": self.path,
             "key": self.key,
-            "dtype": self.dtype.name,
+            "dtype": _dtypes.name_of(self.dtype),
             "shape": list(self.shape),
             "chunks": list(self.chunks),
         }

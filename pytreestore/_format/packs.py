@@ -125,6 +125,18 @@ def plan(columns: Sequence[ColumnSpec], limit: int) -> tuple[Pack, ...]:
     return tuple(packs)
 
 
+def rechunked(schema: Any, chunk_records: int) -> Any:
+    """``schema`` (a new store's :class:`~pytreestore.TreeSchema`) with ``chunk_records``
+    records per chunk, as its packs' widths call for."""
+    columns = tuple(
+        dataclasses.replace(
+            c, chunks=(chunk_records, *leaf_chunks(c.dtype, c.shape, chunk_records))
+        )
+        for c in schema.columns
+    )
+    return dataclasses.replace(schema, columns=columns, chunk_records=chunk_records)
+
+
 def _rows_of(group: list[ColumnSpec], limit: int) -> list[list[ColumnSpec]]:
     parts: list[list[ColumnSpec]] = [[]]
     size = 0
@@ -207,4 +219,5 @@ __all__ = [
     "packable",
     "packed_keys",
     "plan",
+    "rechunked",
 ]

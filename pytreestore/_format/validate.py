@@ -217,7 +217,15 @@ def stamped(info: dict[str, Any]) -> dict[str, Any]:
 
 #: where a root ``zarr.json`` that pytreestore wrote (``json.dumps(..., indent=1)``) starts
 #: its last member, the consolidated metadata
-_TAIL = b',\n "consolidated_metadata": '
+CONSOLIDATED_AT = b',\n "consolidated_metadata": '
+_TAIL = CONSOLIDATED_AT
+
+
+def root_head(raw: bytes | None) -> bytes | None:
+    """The root ``zarr.json`` ``raw`` before its consolidated metadata (whole or not), or
+    None if it has none where pytreestore writes it."""
+    at = raw.find(_TAIL) if raw else -1
+    return raw[:at] if raw and at >= 0 else None
 
 
 def _head_bytes(raw: bytes | None) -> bytes | None:
@@ -393,6 +401,7 @@ def parse_array_json(raw: bytes | None, file: str) -> dict[str, Any]:
 
 
 __all__ = [
+    "CONSOLIDATED_AT",
     "array_facts",
     "check_column",
     "digest",
@@ -402,6 +411,7 @@ __all__ = [
     "load_schema",
     "parse_array_json",
     "root_document",
+    "root_head",
     "root_schema",
     "schema_errors",
     "schema_id",

@@ -125,7 +125,7 @@ def create(
     if ragged is None and optional is None:
         schema = _new_schema(like, chunk_records=chunk_records, codec=codec)
         if limit is not None:
-            schema = _packed_schema(schema, like, limit, chunk_records, codec)
+            schema = _packed_schema(schema, limit, chunk_records)
     else:
         _check_codec(codec)
         schema = build_schema(like, ragged, optional, chunk_records=chunk_records, codec=codec)
@@ -145,9 +145,7 @@ def _new_schema(like: Any, *, chunk_records: int | None, codec: str | None) -> T
     return schema
 
 
-def _packed_schema(
-    schema: TreeSchema, like: Any, limit: int, chunk_records: int | None, codec: str | None
-) -> TreeSchema:
+def _packed_schema(schema: TreeSchema, limit: int, chunk_records: int | None) -> TreeSchema:
     """``schema`` with the packs of its leaves of at most ``limit`` bytes per record; by
     default with as many records per chunk as the packs' widths call for."""
     packs = _packs.plan(schema.columns, limit)
@@ -157,7 +155,7 @@ def _packed_schema(
             (None, None, c.dtype, c.shape, None) for c in schema.columns if c.key not in inside
         ]
         widths += [(None, None, p.dtype, (p.elements,), None) for p in packs]
-        schema = _new_schema(like, chunk_records=default_chunk_records(widths), codec=codec)
+        schema = _packs.rechunked(schema, default_chunk_records(widths))
         packs = _packs.plan(schema.columns, limit)
     _packs.check_keys(schema.columns, packs)
     return dataclasses.replace(schema, packs=packs)
