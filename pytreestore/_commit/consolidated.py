@@ -34,6 +34,7 @@ from pytreestore._commit.layouts import group_document, group_paths, layouts
 from pytreestore._commit.record import Commit
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
+from pytreestore._format.validate import CONSOLIDATED_AT, root_document, root_head
 from pytreestore.backends import Backend
 from pytreestore.backends._metadata import array_document
 
@@ -67,15 +68,27 @@ def with_consolidated(document: dict[str, Any], schema: TreeSchema, commit: Comm
     return json.dumps(out, indent=1).encode()
 
 
+def spliced(head: bytes, metadata: dict[str, Any]) -> bytes:
+    """The root ``head`` (:func:`pytreestore._format.validate.root_head`) followed by the
+    consolidated ``metadata``, as ``json.dumps(document, indent=1)`` writes its last member
+    (a value nested one level deep: each of its line breaks indented once more)."""
+    text = json.dumps(metadata, indent=1).replace("\n", "\n ")
+    return head + CONSOLIDATED_AT + text.encode() + b"\n}"
+
+
 def write(backend: Backend, schema: TreeSchema, commit: Commit) -> None:
     """Rewrites the root ``zarr.json`` with the consolidated metadata of ``commit`` (one
     atomic put, none when it holds them already; its attributes, the schema, stay)."""
     raw = backend.read_bytes(ROOT_KEY)
     if raw is None:
         return  # not a store (yet): nothing to consolidate into
-    data = with_consolidated(json.loads(raw), schema, commit)
+    head = root_head(raw)
+    if head is None:  # a root of an older pytreestore, or written by another program
+        data = with_consolidated(root_document(raw), schema, commit)
+    else:  # the bytes json.dumps(indent=1) would write, the schema not encoded again
+        data = spliced(head, consolidated(schema, commit))
     if data != raw:  # a writer opening a store already in step writes nothing
         backend.write_bytes(ROOT_KEY, data)
 
 
-__all__ = ["MEMBER", "consolidated", "with_consolidated", "write"]
+__all__ = ["MEMBER", "consolidated", "spliced", "with_consolidated", "write"]

@@ -91,6 +91,7 @@ def plan(
         _rename(tree, old, new)
     used = {c.key for c in columns} | {c.key for c in dropped}
     used |= {c["key"] for c in info.get("dropped", ())}
+    used |= {p["key"] for p in info.get("packs", ())}  # an added column never takes a pack's key
     for path, default in (add or {}).items():
         columns.append(_add(tree, path, default, len(columns), records, info, used, taken))
     order = [(i, p) for i, p in _leaf_order(tree, ())]

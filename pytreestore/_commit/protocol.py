@@ -192,7 +192,7 @@ def group_json(attributes: dict[str, Any]) -> bytes:
 def with_info(raw: bytes | None, info: dict[str, Any]) -> bytes:
     """The root ``zarr.json`` ``raw`` with the schema ``info`` in place of the one it holds;
     every other member (the consolidated metadata) is kept."""
-    document = json.loads(raw or b"{}")
+    document = _validate.root_document(raw)
     document.setdefault("attributes", {})["pytreestore"] = info
     return json.dumps(document, indent=1).encode()
 

@@ -77,7 +77,7 @@ class ColumnSpec:
         out = {
             "path": self.path,
             "key": self.key,
-            "dtype": self.dtype.name,
+            "dtype": _dtypes.name_of(self.dtype),
             "shape": list(self.shape),
             "chunks": list(self.chunks),
         }
@@ -91,6 +91,17 @@ class ColumnSpec:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> ColumnSpec:
+        if obj.keys() <= _PLAIN_KEYS:  # most columns: built without the dataclass __init__,
+            spec = object.__new__(cls)  # whose frozen assignments cost more than the parse
+            spec.__dict__.update(
+                _PLAIN_DEFAULTS,
+                path=obj["path"],
+                key=obj["key"],
+                dtype=_dtypes.from_name(obj["dtype"]),
+                shape=tuple(obj["shape"]),
+                chunks=tuple(obj["chunks"]),
+            )
+            return spec
         return cls(
             path=obj["path"],
             key=obj["key"],
@@ -102,6 +113,15 @@ class ColumnSpec:
             key_impl=obj.get("key_impl"),
             table=obj.get("table"),
         )
+
+
+#: the members of a column's JSON that need no more than a lookup each
+_PLAIN_KEYS = frozenset(("path", "key", "dtype", "shape", "chunks"))
+_PLAIN_DEFAULTS = {
+    f.name: f.default
+    for f in dataclasses.fields(ColumnSpec)
+    if f.name not in _PLAIN_KEYS and f.default is not dataclasses.MISSING
+}
 
 
 _FLOAT_WORDS = ("NaN", "Infinity", "-Infinity")

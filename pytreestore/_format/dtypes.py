@@ -61,6 +61,13 @@ def from_name(name: str) -> np.dtype:
 
 
 _SUPPORTED_SET = frozenset(SUPPORTED.values())
+_NAMES = {dtype: name for name, dtype in SUPPORTED.items()}
+
+
+def name_of(dtype: np.dtype) -> str:
+    """``dtype.name``, looked up (numpy computes it anew each time, slowly)."""
+    name = _NAMES.get(dtype)
+    return dtype.name if name is None else name
 
 
 def is_supported(dtype: np.dtype) -> bool:

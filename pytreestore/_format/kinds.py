@@ -258,18 +258,21 @@ def check_tree(tree: dict[str, Any], columns: int) -> None:
         CorruptStoreError: naming the node.
     """
     leaves = 0
-    todo: list[tuple[dict[str, Any], str]] = [(tree, "the root")]
+    todo: list[tuple[dict[str, Any], tuple[int, ...]]] = [(tree, ())]
     while todo:
         node, where = todo.pop()
         found = KINDS.get(node["node"])
-        children, names = node.get("children", []), found.names if found else None
+        children, names = node.get("children", ()), found.names if found else None
         if names is not None and len(node.get(names, ())) != len(children):
+            place = "".join(f", child {i}" for i in where)
             raise CorruptStoreError(
-                f"the store's schema is damaged: the {node['node']} node at {where} has "
-                f"{len(children)} children but {len(node.get(names, ()))} {names}"
+                f"the store's schema is damaged: the {node['node']} node at the root{place} "
+                f"has {len(children)} children but {len(node.get(names, ()))} {names}"
             )
-        leaves += node["node"] == "leaf"
-        todo += [(c, f"{where}, child {i}") for i, c in enumerate(children)]
+        if children:
+            todo += [(c, (*where, i)) for i, c in enumerate(children)]
+        else:
+            leaves += node["node"] == "leaf"
     if leaves != columns:
         raise CorruptStoreError(
             f"the store's schema is damaged: its tree has {leaves} leaves but it lists "

@@ -36,6 +36,7 @@ from pytreestore._format import prng as _prng
 from pytreestore._format.bind import bind
 from pytreestore._format.columns import ColumnSpec as ColumnSpec
 from pytreestore._format.columns import check_unique_keys, default_chunk_records, leaf_chunks
+from pytreestore._format.packs import Pack, check_packs, packed_keys
 from pytreestore._format.ragged import RaggedInfo
 from pytreestore.errors import (
     CorruptStoreError,
@@ -70,6 +71,9 @@ class TreeSchema:
             may vary and the offsets and presence arrays that say how; None for a fixed store.
             ``tree`` and ``columns`` then describe a representative record: one element per
             ragged list, every optional subtree present (see docs/format.md).
+        packs: with ``create(pack=...)`` (format 3), the shared arrays that hold small leaves
+            side by side (see :mod:`pytreestore._format.packs`); () when every column has
+            its own array.
         layout: for a ragged store, the layout of records (today's classes) that
             :mod:`pytreestore._ragged` builds on create and open; not stored.
     """
@@ -83,6 +87,7 @@ class TreeSchema:
     dropped: tuple[ColumnSpec, ...] = ()
     format_version: int = FORMAT_VERSION
     ragged: RaggedInfo | None = None
+    packs: tuple[Pack, ...] = ()
     layout: Any = dataclasses.field(default=None, compare=False, repr=False)
     #: the digest of the stored schema document this schema was read from (its id in the
     #: version log); None for a schema not read from a store
@@ -122,6 +127,8 @@ class TreeSchema:
             out["dropped"] = [c.to_json() for c in self.dropped]
         if self.ragged is not None:
             out["ragged"] = self.ragged.to_json()
+        if self.packs:
+            out["packs"] = [p.to_json() for p in self.packs]
         return out
 
     @classmethod
@@ -135,9 +142,12 @@ class TreeSchema:
             tree, chunk, codec = obj["tree"], int(obj["chunk_records"]), obj["codec"]
             version = int(obj.get("format_version", FORMAT_VERSION))
             ragged = RaggedInfo.from_json(obj["ragged"]) if "ragged" in obj else None
+            packs = tuple(Pack.from_json(p) for p in obj.get("packs", ()))
         except (KeyError, TypeError, ValueError) as err:
             raise CorruptStoreError(f"the store's schema is malformed: {err!r}") from err
         _kinds.check_tree(tree, len(columns))
+        if packs:
+            check_packs(packs, (*columns, *dropped))
         if ragged is None and any(c.table is not None for c in columns):
             raise CorruptStoreError(
                 "the store's schema is malformed: its columns live in the tables of ragged "
@@ -153,7 +163,7 @@ class TreeSchema:
         else:
             shapes, paths = [c.shape for c in columns], [c.path for c in columns]
             treedef, binding = bind(tree, shapes, paths)
-        return cls(tree, columns, chunk, codec, treedef, binding, dropped, version, ragged)
+        return cls(tree, columns, chunk, codec, treedef, binding, dropped, version, ragged, packs)
 
     @property
     def pending(self) -> tuple[str, ...]:
@@ -163,8 +173,14 @@ class TreeSchema:
 
     @property
     def storage_columns(self) -> tuple[ColumnSpec, ...]:
-        """Every array of the store: the columns, then a ragged store's offsets and presence
-        arrays."""
+        """Every array of the store: the columns (less packed ones, then the packs), then a
+        ragged store's offsets and presence arrays."""
+        if self.packs:  # a pack whose columns evolve dropped stays on disk, as they would
+            packed, live = packed_keys(self.packs), {c.key for c in self.columns}
+            return (
+                *(c for c in self.columns if c.key not in packed),
+                *(p.spec() for p in self.packs if any(k in live for k, _, _ in p.members)),
+            )
         if self.ragged is None:
             return self.columns
         return (*self.columns, *self.ragged.index_columns(self.chunk_records))

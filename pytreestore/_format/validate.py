@@ -100,8 +100,15 @@ def root_schema(raw: bytes | None, where: str) -> dict[str, Any]:
         FormatVersionError: a ``format_version`` newer than this pytreestore reads.
         CorruptStoreError: the document breaks the format's JSON Schema.
     """
+    return _root_info(raw, where, _head_bytes(raw))
+
+
+def _root_info(
+    raw: bytes | None, where: str, head_bytes: bytes | None, seen: bytes | None = None
+) -> dict[str, Any]:
     file = f"{where}/{ROOT_KEY}"
-    document = _parse(raw, file)
+    head = _head(head_bytes)
+    document = _parse(raw, file) if head is None else head[0]
     attrs = document.get("attributes") if isinstance(document, dict) else None
     info = attrs.get("pytreestore") if isinstance(attrs, dict) else None
     if not isinstance(info, dict):
@@ -110,7 +117,8 @@ def root_schema(raw: bytes | None, where: str) -> dict[str, Any]:
             "'pytreestore' attribute"
         )
     _check_version(info.get("format_version"), where, file)
-    seen = _digest_bytes(raw)
+    if seen is None or head is None:
+        seen = _digest_bytes(raw if head is None else head[1])
     if seen not in _VALIDATED:
         envelope = (document.get("zarr_format"), document.get("node_type")) == (3, "group")
         if not envelope or info.get(DIGEST_KEY) != digest(info):
@@ -127,12 +135,13 @@ def load_schema(raw: bytes, where: str, *, like: Any = None, generic: bool = Fal
     the schema parsed the first time, as long as every class its treedef holds is still the
     class its ``module:qualname`` names (a reloaded module's classes are picked up afresh).
     """
-    key = (_digest_bytes(raw), generic)
+    head = _head_bytes(raw)
+    key = (_digest_bytes(raw if head is None else head), generic)
     if like is None and (hit := _SCHEMAS.get(key)) is not None:
         schema, classes = hit
         if all(_same_class(name, cls) for name, cls in classes):
             return schema
-    info = root_schema(raw, where)
+    info = _root_info(raw, where, head, key[0])
     schema = TreeSchema.from_json(info, like=like, generic=generic)
     schema = dataclasses.replace(schema, digest=schema_id(info))
     if like is None:
@@ -204,6 +213,67 @@ def stamped(info: dict[str, Any]) -> dict[str, Any]:
             )
         _remember(seen)
     return {**info, DIGEST_KEY: stamp}
+
+
+#: where a root ``zarr.json`` that pytreestore wrote (``json.dumps(..., indent=1)``) starts
+#: its last member, the consolidated metadata
+CONSOLIDATED_AT = b',\n "consolidated_metadata": '
+_TAIL = CONSOLIDATED_AT
+
+
+def root_head(raw: bytes | None) -> bytes | None:
+    """The root ``zarr.json`` ``raw`` before its consolidated metadata (whole or not), or
+    None if it has none where pytreestore writes it."""
+    at = raw.find(_TAIL) if raw else -1
+    return raw[:at] if raw and at >= 0 else None
+
+
+def _head_bytes(raw: bytes | None) -> bytes | None:
+    """The root ``zarr.json`` ``raw`` up to its consolidated metadata (which pytreestore's
+    readers never use), or None if it has none where pytreestore writes it, or its tail does
+    not look whole (its braces unbalanced): then the whole document is parsed."""
+    if not raw:
+        return None
+    at = raw.find(_TAIL)
+    if at < 0:
+        return None
+    if not raw.rstrip().endswith(b"}") or _unbalanced(raw, at):
+        return None
+    return raw[:at]
+
+
+def _unbalanced(raw: bytes, at: int) -> bool:
+    return raw.count(b"{", at) - raw.count(b"}", at) != -1
+
+
+def _head(head: bytes | None) -> tuple[dict[str, Any], bytes] | None:
+    """The root document less its consolidated metadata (``head``, from :func:`_head_bytes`),
+    parsed, and the bytes it came from; None where the whole document must be parsed.
+
+    The consolidated metadata of a root ``zarr.json`` of 1,000 columns is about 1 MB, five
+    times the schema, and only zarr readers use it: an open parses the schema alone, and
+    :func:`pytreestore._inspect.verify.verify_store` checks the consolidated metadata.
+    """
+    if head is None:
+        return None
+    try:
+        document = json.loads(head + b"}")
+    except ValueError:
+        return None
+    return (document, head) if isinstance(document, dict) else None
+
+
+def root_document(raw: bytes | None) -> dict[str, Any]:
+    """A root ``zarr.json`` that passed :func:`root_schema`, parsed to rewrite it: whole, or
+    without its consolidated metadata if only that is damaged (the writer rewrites it)."""
+    try:
+        document = json.loads(raw or b"{}")
+    except ValueError:
+        head = _head(_head_bytes(raw))
+        if head is None:
+            raise
+        document = head[0]
+    return document
 
 
 def _parse(raw: bytes | None, file: str) -> Any:
@@ -331,6 +401,7 @@ def parse_array_json(raw: bytes | None, file: str) -> dict[str, Any]:
 
 
 __all__ = [
+    "CONSOLIDATED_AT",
     "array_facts",
     "check_column",
     "digest",
@@ -339,6 +410,8 @@ __all__ = [
     "json_schema",
     "load_schema",
     "parse_array_json",
+    "root_document",
+    "root_head",
     "root_schema",
     "schema_errors",
     "schema_id",

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytreestore._commit.record import COMMIT_KEY, Commit
-from pytreestore._format.names import chunk_key, chunk_prefix
+from pytreestore._format.names import ROOT_KEY, chunk_key, chunk_prefix
 from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._inspect import progress as _progress
 from pytreestore._read.reader import ReadContext
@@ -147,6 +147,7 @@ def verify(
     """
     problems: list[Problem] = []
     commit = _check_commit(backend, records, location, problems)
+    _check_root(backend, problems)
     plain: list[str] = []
     past: list[str] = []
     chunks = 0
@@ -194,6 +195,25 @@ def _check_commit(backend: Any, records: int, location: str, problems: list[Prob
     except CorruptStoreError as err:
         problems.append(Problem(None, COMMIT_KEY, None, str(err)))
         return Commit(records, 0)
+
+
+def _check_root(backend: Any, problems: list[Problem]) -> None:
+    """The root ``zarr.json`` whole: an open parses only its schema, not the consolidated
+    metadata after it that zarr readers use."""
+    raw = backend.read_bytes(ROOT_KEY)
+    try:
+        json.loads(raw or b"")
+    except ValueError as err:
+        problems.append(
+            Problem(
+                None,
+                ROOT_KEY,
+                None,
+                f"the root zarr.json is not valid JSON ({err}): its consolidated metadata, "
+                "which zarr readers use, is damaged; the next writer to open the store "
+                "(pytreestore.open(path, 'a')) rewrites it",
+            )
+        )
 
 
 def _check_metadata(

@@ -28,7 +28,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytreestore._commit.writer import Writer
-from pytreestore._format.columns import leaf_chunks
+from pytreestore._format import packs as _packs
+from pytreestore._format.columns import ColumnSpec, leaf_chunks
+from pytreestore._format.packs import Pack
 from pytreestore._format.schema import TreeSchema
 from pytreestore._inspect import progress as _progress
 from pytreestore._location import Location
@@ -36,7 +38,7 @@ from pytreestore._open.open import create_from_schema, open_any
 from pytreestore._read.reader import load_leaves
 from pytreestore._read.request import LoadRequest
 from pytreestore._store import TreeStore
-from pytreestore.errors import BadLocationError
+from pytreestore.errors import BadLocationError, SchemaMismatchError
 
 KEEP = "keep"
 _CODECS = ("zstd", "blosc", "gzip", None)
@@ -54,6 +56,7 @@ def copy(
     progress: bool = False,
     src_storage_options: Mapping[str, Any] | None = None,
     dst_storage_options: Mapping[str, Any] | None = None,
+    pack: bool | int | str = KEEP,
 ) -> int:
     """Copies every record of store ``src`` into a new store at ``dst``.
 
@@ -69,6 +72,9 @@ def copy(
         src_storage_options: ``storage_options`` to open an ``s3://`` or ``gs://`` source
             with (see :func:`pytreestore.open`).
         dst_storage_options: ``storage_options`` to create an ``s3://`` or ``gs://`` copy with.
+        pack: ``"keep"`` (the default) packs the copy's leaves as the source's are packed;
+            False gives every leaf its own array (what plain zarr readers expect); True or
+            an int packs small leaves as :func:`pytreestore.create`'s ``pack=`` does.
 
     Returns:
         The number of records copied.
@@ -84,7 +90,7 @@ def copy(
         source = open_any(src, storage_options=src_storage_options)
     location = Location.parse(dst, dst_storage_options)
     try:
-        return _copy(source, location, chunk_records, codec, backend, overwrite, progress)
+        return _copy(source, location, chunk_records, codec, backend, overwrite, progress, pack)
     finally:
         if source is not src:
             source.close()
@@ -98,6 +104,7 @@ def _copy(
     backend: str,
     overwrite: bool,
     progress: bool,
+    pack: bool | int | str = KEEP,
 ) -> int:
     context = source.read_context()
     if location.overlaps(context.location):
@@ -109,6 +116,7 @@ def _copy(
     schema = rechunked(
         source.schema, chunk_records, source.schema.codec if codec == KEEP else codec
     )
+    schema = repacked(schema, source.schema.packs, pack)
     total = len(source)
     row_bytes = sum(c.record_nbytes for c in schema.columns)
     step = _step(schema.chunk_records, source.schema.chunk_records, row_bytes)
@@ -177,10 +185,46 @@ def rechunked(schema: TreeSchema, chunk_records: int | None, codec: str | None) 
     )
 
 
+def repacked(schema: TreeSchema, packs: tuple[Pack, ...], pack: bool | int | str) -> TreeSchema:
+    """``schema`` (a copy's) packed as ``pack`` says: ``"keep"`` as ``packs`` (the source's),
+    less the columns the copy lacks; False: unpacked; True or an int: packed afresh."""
+    if pack == KEEP:
+        kept = keep_packs(packs, schema.columns, schema.chunk_records)
+    else:
+        limit = _packs.check_threshold(pack)
+        if limit is not None and schema.ragged is not None:
+            raise SchemaMismatchError(
+                "pack= packs the leaves of fixed records; the source holds ragged or "
+                "optional records, whose copy keeps one array per leaf. Copy it without pack="
+            )
+        kept = () if limit is None else _packs.plan(schema.columns, limit)
+    _packs.check_keys(schema.columns, kept)
+    return dataclasses.replace(schema, packs=kept)
+
+
+def keep_packs(
+    packs: tuple[Pack, ...], columns: tuple[ColumnSpec, ...], chunk_records: int
+) -> tuple[Pack, ...]:
+    """``packs`` holding only ``columns`` (offsets closed up; a pack of fewer than two
+    columns is given up), chunked by ``chunk_records`` records."""
+    live = {c.key for c in columns}
+    out = []
+    for p in packs:
+        members, at = [], 0
+        for key, _, count in p.members:
+            if key in live:
+                members.append((key, at, count))
+                at += count
+        if len(members) >= 2:
+            chunks = (chunk_records, *leaf_chunks(p.dtype, (at,), chunk_records))
+            out.append(Pack(p.key, p.dtype, chunks, tuple(members)))
+    return tuple(out)
+
+
 def _step(dst_chunk: int, src_chunk: int, row_bytes: int) -> int:
     """Records per step: whole destination chunks, at least one source chunk, about 64 MiB."""
     want = max(src_chunk, _SLICE_BYTES // max(row_bytes, 1), 1)
     return -(-want // dst_chunk) * dst_chunk
 
 
-__all__ = ["KEEP", "copy", "rechunked"]
+__all__ = ["KEEP", "copy", "keep_packs", "rechunked", "repacked"]

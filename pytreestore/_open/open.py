@@ -18,16 +18,16 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-from jax.tree_util import tree_flatten
-
 from pytreestore._commit import multihost as _multihost
 from pytreestore._commit import protocol, snapshots, versions
 from pytreestore._commit.versions import KEEP_VERSIONS
 from pytreestore._commit.writer import check_buffer
+from pytreestore._format import packs as _packs
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
+from pytreestore._open.schemas import check_codec, new_schema, packed_schema
 from pytreestore._open.shared import check_shared_options, open_shared
 from pytreestore._ragged.model import GenericViewError, attach_layout, build_schema
 from pytreestore._ragged.writer import new_writer
@@ -35,15 +35,13 @@ from pytreestore._read.request import check_cast
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
 from pytreestore.backends import Backend, Transactions, default_backend, get_backend, is_ocdbt
+from pytreestore.backends._packed import packed
 from pytreestore.errors import (
     FragmentError,
     NotAStoreError,
     SchemaMismatchError,
     StoreNotFoundError,
-    UnsupportedTreeError,
 )
-
-_CODECS = ("zstd", "blosc", "gzip", None)
 
 # ---- create --------------------------------------------------------------------------------
 
@@ -62,6 +60,7 @@ def create(
     optional: Sequence[str] | None = None,
     keep_versions: int | None = KEEP_VERSIONS,
     multihost: bool = False,
+    pack: bool | int = False,
 ) -> TreeStore:
     """Creates an empty store for records shaped like ``like`` and opens it for appending.
 
@@ -96,9 +95,18 @@ def create(
             attach to it without one, and :meth:`~TreeStore.extend_batch` then takes global
             batches, called on every process (docs/scaling.md, "Multi-host JAX"). The store
             must live where every process reaches it; not with ``ragged=`` or ``optional=``.
+        pack: store small leaves side by side in shared arrays (docs/scaling.md#wide-trees):
+            True packs every leaf of at most 4096 bytes per record, an int N those of at
+            most N bytes; leaves of one dtype share a pack array ``_pack_<dtype>_<n>`` at
+            the store root. A wide tree of small leaves then writes and opens many times
+            faster and makes few files, but zarr readers see the packs, not one array per
+            leaf (``pytreestore.copy(..., pack=False)`` unpacks). Default False: one array
+            per leaf. Not for ``ragged=`` or ``optional=`` stores.
 
     Raises:
         UnsupportedTreeError: ``like`` holds a node or leaf a store cannot represent.
+        SchemaMismatchError: ``pack`` with ``ragged`` or ``optional``, or a leaf whose
+            storage key a pack array would use.
         StoreExistsError: a store (or other data) is at ``path`` and ``overwrite`` is false.
 
     Example:
@@ -110,6 +118,13 @@ def create(
     check_cast(cast)
     _check_version_options("a", None, keep_versions)
     location = Location.parse(path, storage_options)
+    limit = _packs.check_threshold(pack)
+    if limit is not None and (ragged is not None or optional is not None):
+        raise SchemaMismatchError(
+            "pack= packs the leaves of fixed records into shared arrays; a store created with "
+            "ragged= or optional= keeps one array per leaf (its tables grow by elements, not "
+            "records). Create it without pack="
+        )
     if multihost:
         if ragged is not None or optional is not None:
             raise FragmentError(
@@ -125,6 +140,7 @@ def create(
                 codec=codec,
                 overwrite=overwrite,
                 keep_versions=keep_versions,
+                pack=pack,
                 **options,
             ),
             lambda: open(path, like=like, **options),
@@ -132,40 +148,15 @@ def create(
             location,
         )
     if ragged is None and optional is None:
-        schema = _new_schema(like, chunk_records=chunk_records, codec=codec)
+        schema = new_schema(like, chunk_records=chunk_records, codec=codec)
+        if limit is not None:
+            schema = packed_schema(schema, limit, chunk_records)
     else:
-        _check_codec(codec)
+        check_codec(codec)
         schema = build_schema(like, ragged, optional, chunk_records=chunk_records, codec=codec)
     return create_from_schema(
         location, schema, backend=backend, overwrite=overwrite, cast=cast, keep=keep_versions
     )
-
-
-def _new_schema(like: Any, *, chunk_records: int | None, codec: str | None) -> TreeSchema:
-    schema = _schema_of(like, chunk_records=chunk_records, codec=codec)
-    if not schema.columns:
-        raise SchemaMismatchError(
-            "the example record has no leaves, so a store would have no columns; "
-            "give like= at least one array or scalar"
-        )
-    _check_codec(codec)
-    return schema
-
-
-def _check_codec(codec: Any) -> None:
-    if codec not in _CODECS:
-        raise ValueError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
-
-
-def _schema_of(like: Any, **options: Any) -> TreeSchema:
-    try:
-        tree_flatten(like)
-    except ValueError as err:  # JAX cannot flatten it (dict keys of mixed types, ...)
-        raise UnsupportedTreeError(
-            f"the example record cannot be flattened by JAX: {err} A dict's keys must be "
-            "sortable against each other (all str, or all int); use one key type per dict."
-        ) from err
-    return TreeSchema.from_example(like, **options)
 
 
 def create_from_schema(
@@ -187,7 +178,7 @@ def create_from_schema(
     are committed), and the store comes back closed.
     """
     check_buffer(schema, str(location))
-    engine: Backend = get_backend(backend)(location)
+    engine = _engine(backend, location, schema)
     commit, lock = protocol.start_store(
         engine, location, schema, overwrite=overwrite, finished=fill is None
     )
@@ -326,6 +317,7 @@ def open(
     engine: Backend = get_backend(backend)(location)
     schema = read_schema(engine, location, like=like, generic=generic)
     engine.open_columns(schema.storage_columns)
+    engine = packed(engine, schema.packs, (*schema.columns, *schema.dropped))
     commit, lock = protocol.attach(
         engine, location, schema, append=mode == "a", break_lock=break_lock
     )
@@ -351,6 +343,11 @@ def open(
     except BaseException:
         protocol.detach(engine, lock)
         raise
+
+
+def _engine(backend: str, location: Location, schema: TreeSchema) -> Backend:
+    """The backend of a new store of ``schema``: its packed columns live in the packs."""
+    return packed(get_backend(backend)(location), schema.packs, schema.columns)
 
 
 def _check_version_options(mode: str, version: Any, keep: Any) -> None:

@@ -1,0 +1,69 @@
+"""The schema of a new store, from an example record: its columns, codec and packs.
+
+Example:
+    >>> new_schema({"x": 0.0, "y": [1, 2]}, chunk_records=8, codec="zstd").paths
+    ["['x']", "['y'][0]", "['y'][1]"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jax.tree_util import tree_flatten
+
+from pytreestore._format import packs as _packs
+from pytreestore._format.columns import default_chunk_records
+from pytreestore._format.schema import TreeSchema
+from pytreestore.errors import SchemaMismatchError, UnsupportedTreeError
+
+CODECS = ("zstd", "blosc", "gzip", None)
+
+
+def new_schema(like: Any, *, chunk_records: int | None, codec: str | None) -> TreeSchema:
+    """The schema of a new store of records like ``like`` (refused: no leaves, a bad codec)."""
+    schema = schema_of(like, chunk_records=chunk_records, codec=codec)
+    if not schema.columns:
+        raise SchemaMismatchError(
+            "the example record has no leaves, so a store would have no columns; "
+            "give like= at least one array or scalar"
+        )
+    check_codec(codec)
+    return schema
+
+
+def packed_schema(schema: TreeSchema, limit: int, chunk_records: int | None) -> TreeSchema:
+    """``schema`` with the packs of its leaves of at most ``limit`` bytes per record; by
+    default with as many records per chunk as the packs' widths call for."""
+    packs = _packs.plan(schema.columns, limit)
+    if packs and chunk_records is None:
+        inside = _packs.packed_keys(packs)
+        widths = [
+            (None, None, c.dtype, c.shape, None) for c in schema.columns if c.key not in inside
+        ]
+        widths += [(None, None, p.dtype, (p.elements,), None) for p in packs]
+        schema = _packs.rechunked(schema, default_chunk_records(widths))
+        packs = _packs.plan(schema.columns, limit)
+    _packs.check_keys(schema.columns, packs)
+    return dataclasses.replace(schema, packs=packs)
+
+
+def check_codec(codec: Any) -> None:
+    """Refuses a codec the format does not name."""
+    if codec not in CODECS:
+        raise ValueError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
+
+
+def schema_of(like: Any, **options: Any) -> TreeSchema:
+    """``TreeSchema.from_example``, with JAX's flattening errors said in our words."""
+    try:
+        tree_flatten(like)
+    except ValueError as err:  # JAX cannot flatten it (dict keys of mixed types, ...)
+        raise UnsupportedTreeError(
+            f"the example record cannot be flattened by JAX: {err} A dict's keys must be "
+            "sortable against each other (all str, or all int); use one key type per dict."
+        ) from err
+    return TreeSchema.from_example(like, **options)
+
+
+__all__ = ["CODECS", "check_codec", "new_schema", "packed_schema", "schema_of"]

@@ -1,0 +1,176 @@
+"""Packed columns over any backend: the logical columns of a store created with ``pack=``,
+read and written as slices of the shared pack arrays that hold them.
+
+:class:`PackedColumns` wraps a store's backend and keeps its contract. Calls that name a
+packed column (the writer's ``resize`` and ``write``, every ``read``) are turned into calls on
+the packs: a write of all of a pack's columns becomes one write of the pack (each block
+reshaped to ``(rows, elements)`` and set side by side), a read of any of them one read of the
+pack's rows, split and reshaped. Every other key, the packs' own included, goes to the wrapped
+backend unchanged, and so does every optional capability it has.
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> like = {"a": np.zeros(2, np.float32), "b": np.float32(0)}
+    >>> s = pytreestore.create("memory://doc-packed", like, pack=True)
+    >>> s.extend({"a": np.full(2, i, np.float32), "b": np.float32(-i)} for i in range(3))
+    >>> s.flush(); [c.key for c in s.schema.storage_columns]
+    ['_pack_float32_0']
+    >>> s._backend.read(["b"], slice(0, 3), 3)[0].tolist()
+    [0.0, -1.0, -2.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from pytreestore.backends._base import Backend, BatchedReads
+from pytreestore.errors import CorruptChunkError
+
+
+class Member(NamedTuple):
+    """Where one packed column lives: its pack, element range and per-record shape."""
+
+    pack: str
+    offset: int
+    count: int
+    shape: tuple[int, ...]
+
+
+class PackedColumns:
+    """A backend whose packed columns are slices of pack arrays (see the module).
+
+    Args:
+        inner: the store's backend, which holds the pack arrays.
+        members: every packed column's key -> :class:`Member`.
+        packs: every pack's key -> (its dtype, its elements per record, its members' keys in
+            offset order).
+        chunk_rows: every pack's key -> its records per chunk.
+    """
+
+    def __init__(
+        self,
+        inner: Backend,
+        members: dict[str, Member],
+        packs: dict[str, tuple[np.dtype, int, tuple[str, ...]]],
+        chunk_rows: dict[str, int],
+    ) -> None:
+        self._inner = inner
+        self._members = members
+        self._packs = packs
+        self._chunk_rows = chunk_rows
+
+    @property
+    def inner(self) -> Backend:
+        """The wrapped backend."""
+        return self._inner
+
+    def __getattr__(self, name: str) -> Any:  # every other method and capability: the inner's
+        return getattr(self._inner, name)
+
+    # ---- the contract's column calls -------------------------------------------------------
+
+    def _storage_keys(self, keys: Sequence[str]) -> list[str]:
+        """``keys`` with each packed column replaced by its pack, once."""
+        out = (self._members[k].pack if k in self._members else k for k in keys)
+        return list(dict.fromkeys(out))
+
+    def resize(self, keys: Sequence[str], records: int) -> None:
+        self._inner.resize(self._storage_keys(keys), records)
+
+    def column_shapes(self, keys: Sequence[str]) -> list[tuple[int, ...]]:
+        shapes = dict(zip(stored := self._storage_keys(keys), self._inner.column_shapes(stored)))
+        return [
+            (shapes[m.pack][0], *m.shape) if (m := self._members.get(k)) else shapes[k]
+            for k in keys
+        ]
+
+    def write(self, keys: Sequence[str], start: int, blocks: Sequence[np.ndarray]) -> None:
+        given = dict(zip(keys, blocks))
+        out_keys, out_blocks = [], []
+        for key in self._storage_keys(keys):
+            if key in self._packs:
+                out_blocks.append(self._pack_block(key, start, given))
+            else:
+                out_blocks.append(given[key])
+            out_keys.append(key)
+        self._inner.write(out_keys, start, out_blocks)
+
+    def _pack_block(self, pack: str, start: int, given: dict[str, np.ndarray]) -> np.ndarray:
+        """One block of the pack from its columns' blocks. A column not given (dropped by
+        evolve) keeps what the pack holds there: older versions still read it."""
+        dtype, elements, keys = self._packs[pack]
+        rows = next(len(given[k]) for k in keys if k in given)
+        out = np.zeros((rows, elements), dtype)
+        if not all(k in given for k in keys):
+            self._read_old(pack, start, out)
+        for key in keys:
+            if key in given:
+                m = self._members[key]
+                out[:, m.offset : m.offset + m.count] = given[key].reshape(rows, m.count)
+        return out
+
+    def _read_old(self, pack: str, start: int, out: np.ndarray) -> None:
+        """Copies into ``out`` what the pack holds at rows ``start...``: committed rows live
+        only in the chunk ``start`` falls in (a writer starts at its tail chunk); a chunk
+        never written reads as zeros, a damaged one raises."""
+        chunk = self._chunk_rows[pack]
+        stop = min(start + len(out), (start // chunk + 1) * chunk)
+        try:  # the writer resized the pack first, so these rows exist
+            old = self._inner.read([pack], slice(start, stop), stop)[0]
+        except CorruptChunkError as err:
+            if err.key is None or self._inner.read_bytes(err.key) is not None:
+                raise
+            return
+        out[: stop - start] = old
+
+    def read(self, keys: Sequence[str], index: Any, records: int) -> list[np.ndarray]:
+        return self.read_many([(k, index) for k in keys], records)
+
+    def read_many(self, requests: Sequence[tuple[str, Any]], records: int) -> list[np.ndarray]:
+        """Each ``(key, index)``; the requests of one pack at one index read it once."""
+        stored: dict[tuple[str, int], tuple[str, Any]] = {}
+        for key, index in requests:
+            k = self._members[key].pack if key in self._members else key
+            stored.setdefault((k, id(index)), (k, index))
+        order = list(stored)
+        arrays = self._read_stored([stored[s] for s in order], records)
+        got = dict(zip(order, arrays))
+        out = []
+        for key, index in requests:
+            m = self._members.get(key)
+            if m is None:
+                out.append(got[(key, id(index))])
+                continue
+            rows = got[(m.pack, id(index))]
+            part = rows[..., m.offset : m.offset + m.count]
+            out.append(np.ascontiguousarray(part).reshape(*rows.shape[:-1], *m.shape))
+        return out
+
+    def _read_stored(self, requests: list[tuple[str, Any]], records: int) -> list[np.ndarray]:
+        if isinstance(self._inner, BatchedReads):
+            return self._inner.read_many(requests, records)
+        return [self._inner.read([k], index, records)[0] for k, index in requests]
+
+
+def packed(inner: Backend, packs: Sequence[Any], columns: Sequence[Any]) -> Backend:
+    """``inner`` wrapped for ``packs`` (:class:`pytreestore._format.packs.Pack`) of a schema
+    whose columns (and dropped ones) are ``columns``; ``inner`` itself without packs."""
+    if not packs:
+        return inner
+    shapes = {c.key: tuple(c.shape) for c in columns}
+    members = {
+        key: Member(p.key, offset, count, shapes[key])
+        for p in packs
+        for key, offset, count in p.members
+    }
+    table = {p.key: (p.dtype, p.elements, tuple(k for k, _, _ in p.members)) for p in packs}
+    if isinstance(inner, PackedColumns):
+        inner = inner.inner
+    chunk_rows = {p.key: p.chunks[0] for p in packs}
+    return PackedColumns(inner, members, table, chunk_rows)  # type: ignore[return-value]
+
+
+__all__ = ["Member", "PackedColumns", "packed"]
