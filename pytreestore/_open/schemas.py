@@ -2,7 +2,7 @@
 
 Example:
     >>> new_schema({"x": 0.0, "y": [1, 2]}, chunk_records=8, codec="zstd").paths
-    ["['x']", "['y'][0]", "['y'][1]"]
+    ("['x']", "['y'][0]", "['y'][1]")
 """
 
 from __future__ import annotations
