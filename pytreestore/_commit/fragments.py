@@ -99,7 +99,7 @@ def write(engine: Backend, schema: TreeSchema, head: Commit, data: Any, where: s
     except BaseException:
         # one left is vacuum's: it has no fragment.json, so it is never committed
         with contextlib.suppress(PyTreeStoreError):
-            remove(engine, None, [fragment.id])
+            remove(engine, [fragment.id])
         raise
     return fragment
 
