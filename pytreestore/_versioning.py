@@ -154,6 +154,11 @@ class Versioning:
 
         Readers open at a version the log no longer keeps may then fail to read.
 
+        On OCDBT (``backend="ocdbt"``) the removed keys leave the latest version only: OCDBT
+        keeps every generation and TensorStore cannot drop old ones, so no disk space comes
+        back (the report's ``reclaimed`` is False). ``pytreestore.copy(path, new_path,
+        backend="ocdbt")`` writes a new store holding the latest version alone.
+
         Raises:
             ReadOnlyError: the store is open with mode "r".
 

@@ -2,8 +2,8 @@
 
 ``pytreestore info PATH`` draws the column tree with dtypes, shapes, chunks and sizes;
 ``head PATH -n N`` prints the first records; ``verify PATH`` checks every column against the
-commit; ``versions PATH`` lists the store's versions; ``copy SRC DST`` rechunks, recompresses
-or moves a store. Every command takes ``--help``; ``info``, ``head``, ``verify``, ``versions``
+commit; ``versions PATH`` lists the store's versions; ``copy SRC DST`` rechunks, recompresses,
+repacks or moves a store. Every command takes ``--help``; ``info``, ``head``, ``verify``, ``versions``
 and ``copy`` take ``--json`` for scripts.
 
 Exit status: 0 on success, 1 when ``verify`` finds problems, 2 for a usage error or a store
@@ -31,6 +31,7 @@ import click
 import numpy as np
 
 import pytreestore
+from pytreestore._format.packs import PACK_LEAF_BYTES
 from pytreestore._inspect import progress as _progress
 from pytreestore._inspect import repr as _repr
 from pytreestore._inspect.records import format_record, record_items, static_fields, summary_lines
@@ -43,6 +44,7 @@ from pytreestore.errors import CorruptStoreError, NotAStoreError, PyTreeStoreErr
 EXIT_PROBLEMS = 1
 EXIT_ERROR = 2
 _CODECS = ("zstd", "blosc", "gzip", "none", KEEP)
+_PACK_WORDS: dict[str, bool | str] = {"keep": KEEP, "off": False, "on": True}  # --pack N too
 
 _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 _progress_option = click.option(
@@ -351,6 +353,29 @@ def versions(path: str, as_json: bool) -> None:
         click.echo(f"{v.version:>6}  {v.records:>12,}  {when}  {v.operation or '-':<8}{tags}{gone}")
 
 
+class _PackParam(click.ParamType):
+    """``--pack keep|off|on|N``: ``pytreestore.copy``'s ``pack="keep"|False|True|N``."""
+
+    name = "pack"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> bool | int | str:
+        if not isinstance(value, str):
+            return value  # already converted
+        word = value.strip().lower()
+        if word in _PACK_WORDS:
+            return _PACK_WORDS[word]
+        if word.isdigit() and int(word) > 0:
+            return int(word)
+        self.fail(
+            f"{value!r}: expected 'keep' (pack as the source is packed), 'off' (one array per "
+            f"leaf), 'on' (pack leaves of at most {PACK_LEAF_BYTES} bytes per record) or a "
+            "positive number of bytes per record (pack leaves of at most that many bytes), "
+            "for example --pack 256",
+            param,
+            ctx,
+        )
+
+
 @main.command()
 @click.argument("src")
 @click.argument("dst")
@@ -374,6 +399,16 @@ def versions(path: str, as_json: bool) -> None:
     help="Storage engine that writes the copy: tensorstore, zarr or ocdbt (an OCDBT "
     "database, which zarr-python cannot read; copy it back with --backend tensorstore).",
 )
+@click.option(
+    "--pack",
+    type=_PackParam(),
+    metavar="[keep|off|on|N]",
+    default=KEEP,
+    show_default=True,
+    help="Packing of small leaves into shared arrays: 'keep' the source's, 'off' (one array "
+    f"per leaf, what plain zarr readers expect), 'on' (leaves of at most {PACK_LEAF_BYTES} "
+    "bytes per record), or N (leaves of at most N bytes per record).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace a store already at DST.")
 @_progress_option
 @_json_option
@@ -383,13 +418,14 @@ def copy(
     chunk_records: int | None,
     codec: str,
     backend: str,
+    pack: bool | int | str,
     overwrite: bool,
     progress: bool | None,
     as_json: bool,
 ) -> None:
-    """Copy store SRC to a new store DST: rechunk, recompress, or move it elsewhere.
+    """Copy store SRC to a new store DST: rechunk, recompress, repack, or move it elsewhere.
 
-    The copy has the same schema and records; only its chunking, codec or place differ.
+    The copy has the same schema and records; only its chunking, codec, packing or place differ.
     """
     chosen = None if codec == "none" else codec
     try:
@@ -401,6 +437,7 @@ def copy(
             backend=backend,
             overwrite=overwrite,
             progress=_show_progress(progress),
+            pack=pack,
         )
     except (PyTreeStoreError, ValueError) as err:
         _fail(str(err).replace("pass overwrite=True", "pass --overwrite"))

@@ -23,6 +23,7 @@ from pytreestore._format.names import COMMIT_KEY, NO_VALUE, version_key
 from pytreestore._location import Location
 from pytreestore.backends import (
     OcdbtBackend,
+    OcdbtDatabase,
     Snapshots,
     Transactions,
     default_backend,
@@ -144,7 +145,7 @@ def test_a_version_reads_its_ocdbt_snapshot(tmp_path: Path) -> None:
     old = pytreestore.open(path, version=1)
     assert _numbers(old) == [0, 1, 2, 3]
     pinned = old._backend
-    assert isinstance(pinned, OcdbtBackend) and pinned.version is not None
+    assert isinstance(pinned, OcdbtDatabase) and pinned.version is not None
     with pytest.raises(errors.PyTreeStoreError, match="read-only"):
         pinned.write_bytes("x", b"1")
 
@@ -331,3 +332,44 @@ def test_cli_copy_and_evolve_by_path(tmp_path: Path) -> None:
     assert _numbers(pytreestore.open(plain)) == _numbers(pytreestore.open(again)) == list(range(7))
     pytreestore.evolve(again, add={"['m']": np.float32(2)})  # finds the OCDBT store itself
     assert pytreestore.open(again).load(as_numpy=True)["m"].tolist() == [2.0] * 7
+
+
+def _bytes_on_disk(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "ocdbt"])
+def test_what_vacuum_frees_and_what_a_copy_frees(tmp_path: Path, backend: str) -> None:
+    """vacuum() frees space on the file backend; on OCDBT it removes the same keys from the
+    latest generation only (their bytes stay, readable at older generations: TensorStore
+    has no garbage collection of old generations) and says so; a copy to a new OCDBT store
+    holds the latest version alone, many times smaller after many commits."""
+    path = tmp_path / "s"
+    like = {f"l{i}": np.zeros(16, np.float32) for i in range(10)}
+    with pytreestore.create(path, like, backend=backend, chunk_records=4, keep_versions=5) as s:
+        for i in range(60):
+            s.append({k: np.full(16, i, np.float32) for k in like})
+            s.flush()
+        s.truncate(10)
+        for i in range(100, 105):  # written over the truncated rows: older versions gone
+            s.append({k: np.full(16, i, np.float32) for k in like})
+            s.flush()
+        before, generation = _bytes_on_disk(path), None
+        if backend == "ocdbt":
+            generation = _generations(path)
+        report = s.vacuum()
+    assert report.versions > 0 and report.chunks > 0
+    assert report.reclaimed is (backend == "tensorstore")
+    if generation is None:
+        assert _bytes_on_disk(path) < before
+        return
+    assert _bytes_on_disk(path) >= before  # nothing left the files
+    removed = "l0/c/5/0"  # rows 20-23: past the 15 records every kept version holds
+    old = OcdbtBackend(Location.parse(str(path))).at_generation(generation)
+    assert old.read_bytes(removed) is not None  # still there, one generation back
+    assert OcdbtBackend(Location.parse(str(path))).read_bytes(removed) is None
+    assert pytreestore.copy(path, tmp_path / "copy", backend="ocdbt") == 15
+    assert 10 * _bytes_on_disk(tmp_path / "copy") < _bytes_on_disk(path)
+    got = pytreestore.open(tmp_path / "copy").load(as_numpy=True)
+    assert_trees_equal(got, pytreestore.open(path).load(as_numpy=True))
+    assert got["l3"][:, 0].tolist() == [*range(10), *range(100, 105)]

@@ -306,6 +306,50 @@ def test_copy_rechunks_and_recompresses(tmp_path: Path, seed: Path) -> None:
     assert pytreestore.open(dst).schema.codec == "gzip"
 
 
+def test_copy_packs_and_unpacks(tmp_path: Path, seed: Path) -> None:
+    """--pack keep|off|on|N, as pytreestore.copy's pack="keep"|False|True|N."""
+    want = pytreestore.open(seed)[:]
+    packed = tmp_path / "packed"
+    assert invoke("copy", seed, packed, "--pack", "on").exit_code == 0
+    schema = pytreestore.open(packed).schema
+    assert [len(p.members) for p in schema.packs] == [4]
+    assert [c.key for c in schema.storage_columns] == [schema.packs[0].key]
+    kept, off = tmp_path / "kept", tmp_path / "off"
+    assert invoke("copy", packed, kept).exit_code == 0  # keep, the default
+    assert pytreestore.open(kept).schema.packs == schema.packs
+    result = invoke("copy", packed, off, "--pack", "OFF", "--json")
+    assert json.loads(result.stdout)["records"] == 3
+    assert pytreestore.open(off).schema.packs == ()
+    for path in (packed, kept, off):
+        pytreestore.testing.assert_trees_equal(pytreestore.open(path)[:], want)
+    size = schema.columns[0].record_nbytes  # every leaf of the seed has this many bytes
+    for limit, packs in ((size, 1), (size - 1, 0)):
+        dst = tmp_path / f"limit{limit}"
+        assert invoke("copy", seed, dst, "--pack", str(limit)).exit_code == 0
+        assert len(pytreestore.open(dst).schema.packs) == packs
+
+
+@pytest.mark.parametrize("value", ["maybe", "0", "-3", "1.5", "", "true"])
+def test_copy_refuses_a_bad_pack(tmp_path: Path, seed: Path, value: str) -> None:
+    result = invoke("copy", seed, tmp_path / "c", "--pack", value)
+    assert result.exit_code == 2
+    assert "Invalid value for '--pack'" in result.stderr
+    assert f"{value!r}: expected 'keep' (pack as the source is packed), 'off'" in result.stderr
+    assert not (tmp_path / "c").exists()  # refused before anything was written
+
+
+def test_copy_refuses_packing_ragged_records(tmp_path: Path) -> None:
+    source = tmp_path / "ragged"
+    lists = [{"p": [np.float32(j) for j in range(k)]} for k in (2, 0, 3)]
+    with pytreestore.create(source, lists[0], ragged=True) as store:
+        store.extend(lists)
+    result = invoke("copy", source, tmp_path / "c", "--pack", "on")
+    assert result.exit_code == 2
+    assert "pack= packs the leaves of fixed records" in result.stderr
+    assert not (tmp_path / "c").exists()
+    assert invoke("copy", source, tmp_path / "c").exit_code == 0  # keep: nothing to pack
+
+
 def test_verify_a_store_too_damaged_to_open(tmp_path: Path, seed: Path) -> None:
     broken = tmp_path / "broken"
     pytreestore.copy(seed, broken)

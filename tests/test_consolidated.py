@@ -27,6 +27,8 @@ import zarr
 import pytreestore
 from pytreestore._commit import consolidated
 from pytreestore._format import dtypes as _dtypes
+from pytreestore._location import Location
+from pytreestore.backends import OcdbtBackend
 from pytreestore.errors import StorageError
 from pytreestore.testing.conformance import dtype_values
 from tests.awkward import awkward_records, ragged_records
@@ -309,3 +311,32 @@ def test_a_failed_root_write_warns_and_keeps_the_commit(tmp_path, backend, monke
     store.close()
     pytreestore.open(path, "a", backend=backend).close()
     check_in_step(path)
+
+
+def test_a_failed_root_write_fails_the_ocdbt_commit(tmp_path, monkeypatch):
+    """On OCDBT the root is inside the commit's transaction: a failed root write fails the
+    whole commit (nothing of it lands, no warning), the records stay buffered, and the
+    retry commits them once."""
+    path = tmp_path / "s"
+    store = pytreestore.create(path, {"x": np.int32(0)}, chunk_records=2, backend="ocdbt")
+    store.extend({"x": np.int32(i)} for i in range(3))
+    store.flush()
+    engine = OcdbtBackend(Location.parse(str(path)))
+    generation, root = engine.latest_generation(), engine.read_bytes("zarr.json")
+    full = StorageError("writing zarr.json: [Errno 28] No space left on device")
+    fail_root_writes(monkeypatch, store._backend, full)
+    store.append({"x": np.int32(3)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no RuntimeWarning: nothing was committed
+        with pytest.raises(StorageError, match="No space left on device"):
+            store.flush()
+    assert (engine.latest_generation(), engine.read_bytes("zarr.json")) == (generation, root)
+    assert len(pytreestore.open(path)) == 3 and len(store) == 4  # still buffered
+    monkeypatch.undo()
+    store.flush()  # the retry
+    store.close()
+    reader = pytreestore.open(path)
+    assert reader.load(as_numpy=True)["x"].tolist() == [0, 1, 2, 3]
+    assert [v.records for v in reader.versions()] == [0, 2, 3, 4]
+    meta = json.loads(engine.read_bytes("zarr.json") or b"")
+    assert meta["consolidated_metadata"]["metadata"]["x"]["shape"] == [4]

@@ -14,6 +14,7 @@ import tensorstore as ts
 
 import pytreestore
 from pytreestore import errors
+from pytreestore.backends import PartialReads
 from pytreestore.backends._tensorstore import direct as _direct
 
 LIKE = {"m": np.zeros((3, 2), np.float32), "i": np.int64(0), "b": np.zeros(5, np.bool_)}
@@ -112,6 +113,26 @@ def test_reads_equal_tensorstore_reads(tmp_path: Path, index) -> None:
     expected = {k: v[index] for k, v in rows(23).items()}
     for key in expected:
         np.testing.assert_array_equal(got[key], expected[key])
+
+
+@pytest.mark.parametrize("part", [slice(0, 1), slice(1, 3), slice(2, 3), slice(0, 3)])
+@pytest.mark.parametrize("index", [slice(1, 22), slice(2, 19, 3), np.array([22, 0, 5, 5])])
+def test_parts_of_the_second_axis_equal_tensorstore_reads(tmp_path: Path, index, part) -> None:
+    """A part of ``m``'s second axis, read directly (each chunk checked whole): exactly
+    what TensorStore reads, and a damaged chunk is still named."""
+    store = make(tmp_path / "s", n=23)
+    engine = store._backend
+    assert isinstance(engine, PartialReads)
+    got = engine.read_parts([("m", index, part), ("i", index, None)], 23)
+    np.testing.assert_array_equal(got[0], engine_read(tmp_path / "s", "m", (index, part)))
+    np.testing.assert_array_equal(got[1], rows(23)["i"][index])
+    assert got[0].flags.c_contiguous and got[0].dtype == np.float32
+    chunk = tmp_path / "s" / "m" / "c" / "1" / "0" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[5] ^= 1  # a bit rots: the checksum no longer matches
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(errors.CorruptChunkError, match=r"chunk \(1, 0, 0\)"):
+        engine.read_parts([("m", slice(0, 23), part)], 23)
 
 
 def test_a_short_chunk_file_is_named(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import zarr
 import pytreestore
 from pytreestore import errors
 from pytreestore._format import validate as _validate
+from pytreestore.backends import TensorStoreBackend, register_backend
 from pytreestore.testing import assert_trees_equal
 
 BACKENDS = ["tensorstore", "zarr"]
@@ -307,3 +309,48 @@ def test_default_chunks_follow_the_pack_width(tmp_path):
     (pack,) = store.schema.packs
     assert pack.elements == 32000
     assert store.schema.chunk_records * 32000 * 4 <= 4 << 20  # about 4 MiB chunks of the pack
+
+
+class PartCounting(TensorStoreBackend):
+    """TensorStore, keeping the parts of the arrays its reads are asked for."""
+
+    parts: ClassVar[list[tuple[str, slice | None]]] = []
+
+    def read_parts(self, requests, records):
+        PartCounting.parts.extend((key, part) for key, _, part in requests)
+        return super().read_parts(requests, records)
+
+
+register_backend("test-part-counting", PartCounting, replace=True)
+
+#: columns selected -> the parts of the packs read (float32: a 0-6, b 6-7; int32: c 0-1,
+#: e/f 1-2; d and e/g have arrays of their own)
+SPANS = [
+    ("['b']", {("_pack_float32_0", (6, 7))}),
+    (["['a']", "['e']['f']"], {("_pack_float32_0", (0, 6)), ("_pack_int32_0", (1, 2))}),
+    (["['c']", "['d']"], {("_pack_int32_0", (0, 1))}),
+    ("['e']", {("_pack_int32_0", (1, 2))}),
+    (None, {("_pack_float32_0", None), ("_pack_int32_0", None)}),  # every leaf: whole rows
+]
+
+
+@pytest.mark.parametrize("codec", ["zstd", None])  # None: TensorStore's direct reads locally
+@pytest.mark.parametrize("backend", [*BACKENDS, "ocdbt", "test-part-counting"])
+@pytest.mark.parametrize(("columns", "spans"), SPANS, ids=[str(c) for c, _ in SPANS])
+def test_a_read_of_some_packed_leaves_reads_only_their_span(
+    tmp_path, backend, columns, spans, codec
+):
+    """A packed leaf is read as its own elements of the pack (PartialReads): one leaf of a
+    wide pack costs memory for its rows, not for the pack's whole rows. Every selection and
+    index form reads what the unpacked store reads, on every backend."""
+    path = make(tmp_path / "s", backend=backend, codec=codec)
+    pytreestore.copy(path, tmp_path / "plain", pack=False)
+    store = pytreestore.open(path, backend=backend, cache_bytes=0)
+    plain = pytreestore.open(tmp_path / "plain", cache_bytes=0)
+    PartCounting.parts.clear()
+    for index in (slice(None), slice(2, 9, 3), [10, 0, 4, 4], 5, -1):
+        got = store.load(index, columns=columns, as_numpy=True)
+        assert_trees_equal(got, plain.load(index, columns=columns, as_numpy=True))
+    if backend == "test-part-counting":
+        read = {(k, p and (p.start, p.stop)) for k, p in PartCounting.parts}
+        assert {(k, p) for k, p in read if k.startswith("_pack_")} == spans

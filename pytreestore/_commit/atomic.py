@@ -1,6 +1,11 @@
 """One commit, one atomic step, where the backend can: the resizes, the chunks, the version
 record, the commit record and the root of a commit inside one backend transaction.
 
+A backend without :class:`~pytreestore.backends.Transactions` (the file kvstore, zarr-python,
+a writer sharing an OCDBT store through its coordinator) gets a block that does nothing: its
+writes land one by one, in the commit protocol's order, which keeps every crash safe
+(:mod:`pytreestore._commit.protocol`). :func:`transactional` tells the two apart.
+
 Blocks nest: an inner block joins the outer one, and only the outermost commits. What a block
 changed in memory before it committed (a committer's last commit and token) is given back
 with :func:`on_abort` when the outermost block commits nothing.
@@ -55,6 +60,12 @@ def atomic(backend: Backend) -> Iterator[None]:
         raise
     finally:
         del blocks[id(backend)]
+
+
+def transactional(backend: Backend) -> bool:
+    """Whether this thread is inside an atomic block of ``backend`` that is a real
+    transaction (its writes land at the block's end, or none of them)."""
+    return id(backend) in _blocks()
 
 
 def on_abort(backend: Backend, undo: Callable[[], None]) -> None:

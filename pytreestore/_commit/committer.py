@@ -15,7 +15,7 @@ import functools
 import warnings
 
 from pytreestore._commit import consolidated, versions
-from pytreestore._commit.atomic import atomic, on_abort
+from pytreestore._commit.atomic import atomic, on_abort, transactional
 from pytreestore._commit.record import Commit
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import COMMIT_KEY
@@ -126,14 +126,21 @@ class Committer:
         self.commit, self._token, self._uncertain = commit, token, attempted
 
     def _consolidate(self, commit: Commit) -> None:
-        """Writes the root's consolidated metadata of ``commit`` (with :attr:`tree`), which
-        stands whether or not this succeeds: a failed write (a full disk) warns, and never
-        makes the caller retry records already committed; the next writer rewrites it."""
+        """Writes the root's consolidated metadata of ``commit`` (with :attr:`tree`).
+
+        Where the commit is one transaction (:func:`~pytreestore._commit.atomic.transactional`:
+        the OCDBT backend) the root is part of it: a failed write fails the whole commit,
+        nothing of it lands, and the records stay buffered for a retry. Elsewhere the commit
+        record is written already and the commit stands: a failed write (a full disk) warns,
+        and never makes the caller retry records already committed; the next writer rewrites
+        the root."""
         if self.tree is None:
             return
         try:
             consolidated.write(self._backend, self.tree, commit)
         except StorageError as err:
+            if transactional(self._backend):
+                raise
             warnings.warn(
                 f"{commit.records} records are committed, but the root zarr.json's consolidated "
                 f"metadata was not updated ({err}); zarr-python and xarray see the commit before "

@@ -27,7 +27,7 @@ from pytreestore._commit.record import COMMIT_KEY, Commit
 from pytreestore._format.names import chunk_key, chunk_prefix
 from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._location import Location
-from pytreestore.backends import Backend, KeyListing, PartialWriteCleanup, Transactions
+from pytreestore.backends import Backend, KeyListing, LocalFiles, PartialWriteCleanup
 from pytreestore.errors import (
     CorruptChunkError,
     CorruptStoreError,
@@ -177,12 +177,14 @@ def check_not_replaced(engine: Any, location: Location, seen: Commit) -> Commit:
 
 
 def _commit_bytes(engine: Backend, location: Location) -> bytes | None:
-    """The commit record's bytes; on local disk read with a plain ``open`` (no engine call), which
-    is cheap after every read and safe in a process forked from the reader's (but in a store
-    whose keys live inside one database, the OCDBT backend's, a transactional one)."""
-    if location.kind == "file" and not isinstance(engine, Transactions):
+    """The commit record's bytes; where the engine's keys are plain files
+    (:class:`~pytreestore.backends.LocalFiles`) read with a plain ``open`` (no engine call),
+    which is cheap after every read and safe in a process forked from the reader's; elsewhere
+    (object stores, an OCDBT database, whose keys live inside its files) through the engine."""
+    root = engine.files_root if isinstance(engine, LocalFiles) else None
+    if root is not None:
         try:
-            with open(os.path.join(location.root, COMMIT_KEY), "rb") as f:
+            with open(os.path.join(root, COMMIT_KEY), "rb") as f:
                 return f.read()
         except FileNotFoundError:
             return None

@@ -3,10 +3,13 @@
 the generation that committed version N, so that version's rows are pinned by the storage,
 not only by its version record.
 
-A commit on such a backend is one generation (:mod:`pytreestore._commit.atomic`), and the
-commit record only ever names higher versions in later generations, so the generation of
-version N is the first whose commit record names N: found by bisecting the generations,
-reading one commit record per step (about 14 for 10,000 generations).
+A commit is one generation where the backend has transactions (:mod:`pytreestore._commit.atomic`),
+and several otherwise (a writer sharing the store through an OCDBT coordinator: its resizes,
+chunks, version record, commit record and root each land on their own, in that order). Either
+way the commit record only ever names higher versions in later generations, and is written
+after the rows it counts, so the generation of version N is the first whose commit record
+names N, and it holds all of N's rows: found by bisecting the generations, reading one commit
+record per step (about 14 for 10,000 generations).
 
 Example:
     >>> import pytreestore

@@ -13,12 +13,19 @@ the tagged ones. Vacuum, with the writer lock held:
 
 It lists the whole store once: it is maintenance, run when a user asks, never by a commit.
 
+On a backend that keeps every storage generation (:class:`~pytreestore.backends.Snapshots`:
+OCDBT) deleting a key frees nothing: the key is gone from the next generation only, and its
+bytes stay in the database's files, readable at the generations before. TensorStore (0.1.86)
+has no way to drop old generations or compact a database, so the report says
+``reclaimed=False`` there, and the space comes back only by copying the store to a new one
+(``pytreestore.copy``, which writes the latest version alone).
+
 Example:
     >>> import numpy as np, pytreestore
     >>> s = pytreestore.create("memory://doc-vacuum-module", {"x": np.int8(0)}, chunk_records=1)
     >>> s.extend({"x": np.int8(i)} for i in range(3)); s.truncate(1); s.append({"x": np.int8(5)})
     >>> s.vacuum()
-    VacuumReport(versions=1, schemas=0, arrays=0, chunks=1, fragments=0)
+    VacuumReport(versions=1, schemas=0, arrays=0, chunks=1, fragments=0, reclaimed=True)
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from pytreestore._commit.record import Commit
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import CHUNK_KEY_PATTERN, META_DIR, ROOT_KEY, version_key
 from pytreestore._format.schema import ColumnSpec, TreeSchema
-from pytreestore.backends import Backend, KeyListing
+from pytreestore.backends import Backend, KeyListing, Snapshots
 from pytreestore.errors import StorageError
 
 
@@ -47,6 +54,10 @@ class VacuumReport:
         chunks: chunks past every kept version's rows.
         fragments: fragment folders (issue 17): committed ones left behind, and abandoned
             ones (see :mod:`pytreestore._commit.abandoned`).
+        reclaimed: whether removing them freed their space. False on a backend that keeps
+            every generation (OCDBT): they are gone from the latest version, but their bytes
+            stay on disk, readable at older generations; ``pytreestore.copy`` to a new store
+            frees them (docs/scaling.md).
     """
 
     versions: int = 0
@@ -54,6 +65,7 @@ class VacuumReport:
     arrays: int = 0
     chunks: int = 0
     fragments: int = 0
+    reclaimed: bool = True
 
 
 def vacuum(engine: Backend, head: Commit, keep: int | None, where: str) -> VacuumReport:
@@ -88,7 +100,8 @@ def vacuum(engine: Backend, head: Commit, keep: int | None, where: str) -> Vacuu
     engine.delete_keys(chunks + [k for k in keys if _array_of(k, arrays)])
     _shrink(engine, reach)
     engine.delete_keys([f"{META_DIR}/schemas/{s.rpartition(':')[2]}.json" for s in spare])
-    return VacuumReport(len(drop), len(spare), len(arrays), len(chunks))
+    reclaimed = not isinstance(engine, Snapshots)
+    return VacuumReport(len(drop), len(spare), len(arrays), len(chunks), reclaimed=reclaimed)
 
 
 def _records(engine: Backend, head: Commit, where: str) -> list[Commit]:

@@ -34,7 +34,7 @@ from pytreestore._ragged.writer import new_writer
 from pytreestore._read.request import check_cast
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
-from pytreestore.backends import Backend, Transactions, default_backend, get_backend, is_ocdbt
+from pytreestore.backends import Backend, OcdbtDatabase, default_backend, get_backend, is_ocdbt
 from pytreestore.backends._packed import packed
 from pytreestore.errors import (
     FragmentError,
@@ -414,7 +414,7 @@ def read_schema(engine: Backend, location: Location, *, like: Any, generic: bool
     """The schema in the root ``zarr.json`` of the store behind ``engine``."""
     raw = engine.read_bytes(ROOT_KEY)
     if raw is None:
-        if not isinstance(engine, Transactions) and is_ocdbt(location):
+        if not isinstance(engine, OcdbtDatabase) and is_ocdbt(location):
             raise NotAStoreError(
                 f"{location} is a store in an OCDBT database, which this backend "
                 f"({type(engine).__name__}) cannot read: open it with backend='ocdbt' (or "

@@ -25,6 +25,7 @@ from pytreestore.backends._base import (
     ConditionalWrites,
     KeyListing,
     LocalFiles,
+    PartialReads,
     PartialWriteCleanup,
     Snapshots,
     TensorStoreKvStore,
@@ -39,7 +40,8 @@ from pytreestore.backends._registry import (
 )
 from pytreestore.backends._tensorstore.backend import TensorStoreBackend
 from pytreestore.backends._tensorstore.coordinated import ocdbt_coordinator
-from pytreestore.backends._tensorstore.ocdbt import OcdbtBackend, is_ocdbt
+from pytreestore.backends._tensorstore.database import OcdbtDatabase, is_ocdbt
+from pytreestore.backends._tensorstore.ocdbt import OcdbtBackend
 from pytreestore.backends._zarr.backend import ZarrBackend
 
 __all__ = [
@@ -54,6 +56,8 @@ __all__ = [
     "KeyListing",
     "LocalFiles",
     "OcdbtBackend",
+    "OcdbtDatabase",
+    "PartialReads",
     "PartialWriteCleanup",
     "Snapshots",
     "TensorStoreBackend",

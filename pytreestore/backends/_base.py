@@ -258,6 +258,22 @@ class BatchedReads(Protocol):
 
 
 @runtime_checkable
+class PartialReads(Protocol):
+    """Reading a range of a column's second axis only (a packed leaf's elements of its pack,
+    :mod:`pytreestore.backends._packed`): the output holds only that range, so reading one
+    leaf of a wide pack costs memory for the leaf, not for the pack's whole rows."""
+
+    def read_parts(
+        self, requests: Sequence[tuple[str, Any, slice | None]], records: int, /
+    ) -> list[np.ndarray]:
+        """``array[index, part]`` of column ``key`` for every ``(key, index, part)``: ``index``
+        over the records as in :meth:`BatchedReads.read_many`, ``part`` a slice (step 1) of
+        the first axis after the record axis, or None for all of every other axis; issued
+        all at once, damage reported as :meth:`Backend.read` reports it."""
+        ...
+
+
+@runtime_checkable
 class PartialWriteCleanup(Protocol):
     """Removing an engine's own leftovers of a killed writer (TensorStore's ``*.__lock``)."""
 
@@ -270,22 +286,33 @@ class PartialWriteCleanup(Protocol):
 @runtime_checkable
 class Transactions(Protocol):
     """Atomic commits over many keys and arrays: a commit's resizes, chunk writes, version
-    record, commit record and root land together or not at all (TensorStore's OCDBT kvstore).
+    record, commit record and root land together or not at all (TensorStore's OCDBT kvstore
+    with one writer; not through an OCDBT coordinator, where TensorStore refuses a
+    transaction over two keys, so that backend does not declare it).
 
-    The store wraps each commit in :func:`pytreestore._commit.atomic.atomic`, which enters
-    :meth:`transaction` when a backend has this capability and does nothing otherwise.
+    A backend declares this only if its blocks really are atomic: the store then relies on
+    it (one commit, one step; a failed root write fails the commit). The store wraps each
+    commit in :func:`pytreestore._commit.atomic.atomic`, which enters :meth:`transaction`
+    when a backend has this capability and does nothing otherwise (the writes then land one
+    by one, in the commit protocol's order). The conformance suite checks the promise
+    (:mod:`pytreestore.testing.capabilities`).
     """
 
     def transaction(self) -> contextlib.AbstractContextManager[None]:
         """A block whose writes through this backend (``write_bytes``, ``write_many_bytes``,
         ``write_bytes_if``, ``delete_keys``, ``resize``, ``write``) commit as one atomic step
-        when it exits normally, and none of them when it raises. Reads inside the block see
-        its own writes. Re-entrant: a block inside another joins the outer one.
+        when it exits normally, and none of them when it raises: until it exits, another
+        backend on the same store (another process) sees none of them; after, all. Reads
+        inside the block see its own bytes, deletions and resizes; the chunk data it wrote
+        is read once it has committed (TensorStore 0.1.86 reports a chunk written in an
+        open transaction as missing when read there, so the store never reads one back in
+        the block that wrote it). Re-entrant: a block inside another joins the outer one.
 
-        A conditional write (``write_bytes_if``) inside the block whose token is stale makes
-        the whole block commit nothing: it returns None (or the block raises
-        :class:`~pytreestore.errors.CommitConflictError`), so two writers can never both
-        commit.
+        A conditional write (``write_bytes_if``) inside the block whose token is stale
+        returns None at once (the caller gives the block up by raising), or, when the token
+        goes stale only before the block commits, makes the block's exit raise
+        :class:`~pytreestore.errors.CommitConflictError` with nothing of the block landed;
+        so two writers can never both commit.
         """
         ...
 
@@ -324,9 +351,12 @@ class LocalFiles(Protocol):
 
 @runtime_checkable
 class Snapshots(Protocol):
-    """Every storage generation kept and readable (TensorStore's OCDBT kvstore): a store
-    version opened with ``open(path, version=N)`` reads the generation that committed it, so
-    its rows are pinned by the storage itself (:mod:`pytreestore._commit.snapshots`)."""
+    """Every storage generation kept and readable (TensorStore's OCDBT kvstore, both OCDBT
+    backends): a store version opened with ``open(path, version=N)`` reads the generation
+    whose commit record first names it, so its rows are pinned by the storage itself
+    (:mod:`pytreestore._commit.snapshots`). Generations count up, and a commit record only
+    ever names higher versions in later generations. Nothing written is ever reclaimed by
+    deleting keys: a deleted key is gone from later generations only."""
 
     def latest_generation(self) -> int:
         """The newest storage generation's number (generations count up from 1; 0: none)."""
@@ -334,7 +364,8 @@ class Snapshots(Protocol):
 
     def at_generation(self, generation: int, /) -> Backend:
         """A read-only backend of the store as generation ``generation`` left it, with this
-        backend's columns declared."""
+        backend's columns declared; its writes raise
+        :class:`~pytreestore.errors.ReadOnlyError`."""
         ...
 
 

@@ -5,8 +5,10 @@ read and written as slices of the shared pack arrays that hold them.
 packed column (the writer's ``resize`` and ``write``, every ``read``) are turned into calls on
 the packs: a write of all of a pack's columns becomes one write of the pack (each block
 reshaped to ``(rows, elements)`` and set side by side), a read of any of them one read of the
-pack's rows, split and reshaped. Every other key, the packs' own included, goes to the wrapped
-backend unchanged, and so does every optional capability it has.
+pack's rows (only the span of elements of the columns asked for, where the backend has
+:class:`~pytreestore.backends.PartialReads`), split and reshaped. Every other key, the packs'
+own included, goes to the wrapped backend unchanged, and so does every optional capability it
+has but :class:`~pytreestore.backends.PartialReads`, which it uses itself.
 
 Example:
     >>> import numpy as np, pytreestore
@@ -26,7 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pytreestore.backends._base import Backend, BatchedReads
+from pytreestore.backends._base import Backend, BatchedReads, PartialReads
 from pytreestore.errors import CorruptChunkError
 
 
@@ -68,6 +70,8 @@ class PackedColumns:
         return self._inner
 
     def __getattr__(self, name: str) -> Any:  # every other method and capability: the inner's
+        if name == "read_parts":  # of the packs' keys only, not of the packed columns' keys
+            raise AttributeError(name)
         return getattr(self._inner, name)
 
     # ---- the contract's column calls -------------------------------------------------------
@@ -130,29 +134,56 @@ class PackedColumns:
         return self.read_many([(k, index) for k in keys], records)
 
     def read_many(self, requests: Sequence[tuple[str, Any]], records: int) -> list[np.ndarray]:
-        """Each ``(key, index)``; the requests of one pack at one index read it once."""
-        stored: dict[tuple[str, int], tuple[str, Any]] = {}
+        """Each ``(key, index)``; the requests of one pack at one index read it once, and
+        where the backend reads parts (:class:`PartialReads`) only the span of elements of
+        the columns asked for: one leaf of a wide pack costs the leaf's rows in memory, not
+        the pack's."""
+        spans: dict[tuple[str, int], tuple[Any, int, int]] = {}
         for key, index in requests:
-            k = self._members[key].pack if key in self._members else key
-            stored.setdefault((k, id(index)), (k, index))
-        order = list(stored)
-        arrays = self._read_stored([stored[s] for s in order], records)
+            m = self._members.get(key)
+            k, low, high = (m.pack, m.offset, m.offset + m.count) if m else (key, 0, 0)
+            _, was_low, was_high = spans.get((k, id(index)), (index, low, high))
+            spans[(k, id(index))] = (index, min(low, was_low), max(high, was_high))
+        order = list(spans)
+        arrays = self._read_stored([(k, *spans[(k, i)]) for k, i in order], records)
         got = dict(zip(order, arrays))
         out = []
         for key, index in requests:
             m = self._members.get(key)
             if m is None:
-                out.append(got[(key, id(index))])
+                out.append(got[(key, id(index))][0])
                 continue
-            rows = got[(m.pack, id(index))]
-            part = rows[..., m.offset : m.offset + m.count]
+            rows, low = got[(m.pack, id(index))]
+            part = rows[..., m.offset - low : m.offset - low + m.count]
             out.append(np.ascontiguousarray(part).reshape(*rows.shape[:-1], *m.shape))
         return out
 
-    def _read_stored(self, requests: list[tuple[str, Any]], records: int) -> list[np.ndarray]:
-        if isinstance(self._inner, BatchedReads):
-            return self._inner.read_many(requests, records)
-        return [self._inner.read([k], index, records)[0] for k, index in requests]
+    def _read_stored(
+        self, requests: list[tuple[str, Any, int, int]], records: int
+    ) -> list[tuple[np.ndarray, int]]:
+        """Each ``(key, index, low, high)``: a pack's elements ``[low, high)`` where the
+        backend reads parts, else whole rows; with the first element read."""
+        inner = self._inner
+        if isinstance(inner, PartialReads):
+            parts = [(k, index, self._part(k, low, high)) for k, index, low, high in requests]
+            arrays = inner.read_parts(parts, records)
+            return [
+                (a, 0 if p is None else low)
+                for a, (_, _, p), (_, _, low, _) in zip(arrays, parts, requests)
+            ]
+        whole = [(k, index) for k, index, _, _ in requests]
+        if isinstance(inner, BatchedReads):
+            arrays = inner.read_many(whole, records)
+        else:
+            arrays = [inner.read([k], index, records)[0] for k, index in whole]
+        return [(a, 0) for a in arrays]
+
+    def _part(self, key: str, low: int, high: int) -> slice | None:
+        """The elements ``[low, high)`` of pack ``key``; None for a column that is not a pack,
+        or for all of a pack's elements."""
+        if key not in self._packs or (low, high) == (0, self._packs[key][1]):
+            return None
+        return slice(low, high)
 
 
 def packed(inner: Backend, packs: Sequence[Any], columns: Sequence[Any]) -> Backend:

@@ -17,7 +17,8 @@ from typing import Any
 from pytreestore._location import Location
 from pytreestore.backends._base import Backend
 from pytreestore.backends._tensorstore.backend import TensorStoreBackend
-from pytreestore.backends._tensorstore.ocdbt import OcdbtBackend, is_ocdbt
+from pytreestore.backends._tensorstore.database import is_ocdbt
+from pytreestore.backends._tensorstore.ocdbt import OcdbtBackend
 from pytreestore.backends._zarr.backend import ZarrBackend
 from pytreestore.backends._zarr.s3 import ZarrS3Backend
 from pytreestore.errors import UnknownBackendError

@@ -13,7 +13,8 @@ The cases go through the public API (``pytreestore.create`` / ``open`` with
 :class:`~pytreestore.backends.Backend` protocol itself where the guarantee lives there
 (atomic keys, metadata-only resize). They cover round trips of random trees (hypothesis),
 every index form, appends in pieces, reopening and appending, crash leftovers, refused records,
-concurrent readers, every dtype bit for bit, in-memory stores, and damaged metadata.
+concurrent readers, every dtype bit for bit, in-memory stores, and damaged metadata; each
+optional capability's promise where it is declared (:mod:`pytreestore.testing.capabilities`).
 
 This module imports pytest and hypothesis; ``import pytreestore.testing`` does not.
 """
@@ -39,19 +40,12 @@ from hypothesis import strategies as st
 import pytreestore
 from pytreestore import errors
 from pytreestore._format import dtypes as _dtypes
-from pytreestore._format.names import LOCK_KEY, NO_VALUE, ROOT_KEY
+from pytreestore._format.names import ROOT_KEY
 from pytreestore._location import Location
-from pytreestore.backends import (
-    Backend,
-    BatchedReads,
-    CheckedReads,
-    ColumnLayout,
-    ConditionalWrites,
-    KeyListing,
-    get_backend,
-)
+from pytreestore.backends import Backend, ColumnLayout, get_backend
 from pytreestore.testing import assert_trees_equal
 from pytreestore.testing import strategies as pts
+from pytreestore.testing.capabilities import CapabilityCases
 from pytreestore.testing.chunk_copies import ChunkCopyCases
 
 __all__ = ["BackendSuite", "dtype_values"]
@@ -88,7 +82,7 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
-class BackendSuite(ChunkCopyCases):
+class BackendSuite(ChunkCopyCases, CapabilityCases):
     """Conformance cases for one backend; subclass and set :attr:`backend`.
 
     Override :meth:`location` to run the cases somewhere other than a fresh local directory
@@ -429,71 +423,3 @@ class BackendSuite(ChunkCopyCases):
                 store.extend_batch({"b": values})
             array = zarr.open_array(f"{path}/b", mode="r")
             assert _same_bits(np.asarray(array[:]), values)
-
-    # ---- optional capabilities: each runs only where the backend declares it ----------------
-
-    def test_conditional_writes_compare_and_swap(self) -> None:
-        with self.location() as path:
-            backend = self.capable(path, ConditionalWrites)
-            assert backend.read_bytes_versioned("k") == (None, NO_VALUE)
-            first = backend.write_bytes_if("k", b"one", NO_VALUE)
-            assert first is not None and backend.read_bytes("k") == b"one"
-            assert backend.write_bytes_if("k", b"again", NO_VALUE) is None  # create only
-            second = backend.write_bytes_if("k", b"two", first)
-            assert second is not None and second != first
-            assert backend.write_bytes_if("k", b"stale", first) is None
-            assert backend.read_bytes_versioned("k") == (b"two", second)
-            assert backend.write_bytes_if("k", None, second) is not None  # a conditional delete
-            assert backend.read_bytes_versioned("k") == (None, NO_VALUE)
-
-    def test_second_writer_gets_commit_conflict(self) -> None:
-        """Two writers that both saw commit n: the second commit fails, nothing is lost."""
-        with self.location() as path:
-            self.capable(path, ConditionalWrites)
-            with self.create(path, _SCALAR, chunk_records=2) as store:
-                store.append(_scalar_record(0))
-            first = self.open(path, "a")
-            # the lock broken behind the first writer's back: its file or object deleted
-            self.raw_backend(path).delete_keys([LOCK_KEY])
-            second = self.open(path, "a")
-            second.extend(_scalar_record(i) for i in (1, 2))
-            second.flush()
-            first.append(_scalar_record(9))
-            with pytest.raises(errors.CommitConflictError, match="another writer"):
-                first.flush()
-            second.close()
-            np.testing.assert_array_equal(self.open(path).load(as_numpy=True)["n"], [0, 1, 2])
-
-    def test_list_keys_by_prefix(self) -> None:
-        with self.location() as path:
-            backend = self.capable(path, KeyListing)
-            backend.write_many_bytes({"a/b": b"1", "a/bc": b"2", "a/c/0": b"3", "b": b"4"})
-            assert backend.list_keys("a/") == ["a/b", "a/bc", "a/c/0"]
-            assert backend.list_keys("a/c/") == ["a/c/0"]
-            assert backend.list_keys("z/") == []
-
-    def test_batched_reads_equal_single_reads(self) -> None:
-        lays = [ColumnLayout(k, np.dtype("int32"), (), (4,), "zstd", ("record",), 0) for k in "xy"]
-        with self.location() as path:
-            backend = self.capable(path, BatchedReads)
-            backend.create_columns(lays)
-            backend.resize(["x", "y"], 10)
-            backend.write(
-                ["x", "y"], 0, [np.arange(10, dtype=np.int32), -np.arange(10, dtype=np.int32)]
-            )
-            got = backend.read_many([("x", slice(2, 7)), ("y", np.array([9, 0]))], 10)
-            np.testing.assert_array_equal(got[0], [2, 3, 4, 5, 6])
-            np.testing.assert_array_equal(got[1], [-9, 0])
-
-    def test_checked_reads_name_each_damaged_chunk(self) -> None:
-        lay = ColumnLayout("x", np.dtype("int32"), (), (4,), "zstd", ("record",), 0)
-        with self.location() as path:
-            backend = self.capable(path, CheckedReads)
-            backend.create_columns([lay])
-            backend.resize(["x"], 8)
-            backend.write(["x"], 0, [np.arange(8, dtype=np.int32)])
-            assert backend.read_checked([("x", slice(0, 4)), ("x", slice(4, 8))], 8) == [None] * 2
-            backend.write_bytes("x/c/1", b"not zstd")
-            ok, bad = backend.read_checked([("x", slice(0, 4)), ("x", slice(4, 8))], 8)
-            assert ok is None and isinstance(bad, errors.CorruptChunkError)
-            assert "x/c/1" in str(bad)

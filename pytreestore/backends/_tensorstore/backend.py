@@ -45,6 +45,7 @@ from pytreestore.backends._base import (
     ConditionalWrites,
     KeyListing,
     LocalFiles,
+    PartialReads,
     PartialWriteCleanup,
     TensorStoreKvStore,
     delete_folder,
@@ -59,6 +60,7 @@ from pytreestore.backends._unstored import Unstored
 from pytreestore.errors import CorruptChunkError, CorruptStoreError, PyTreeStoreError
 
 _MEMORY: dict[str, Any] = {}
+_Part = tuple[str, Any, "slice | None"]  # (key, index, part of the second axis or None: all)
 _MEMORY_LOCK = threading.Lock()
 
 
@@ -79,6 +81,7 @@ class TensorStoreBackend(
     TensorStoreKvStore,
     ChunkCopies,
     LocalFiles,
+    PartialReads,
 ):
     """Columns as TensorStore ``zarr3`` arrays on the ``file``, ``memory``, ``s3`` or ``gcs``
     kvstore.
@@ -226,12 +229,17 @@ class TensorStoreBackend(
         """Handles for ``keys`` whose domain covers ``records``, (re)opened concurrently and
         checked against the declared layouts."""
         stale = [k for k in keys if k not in self._handles or self._handles[k].shape[0] < records]
-        futures = [ts.open(self._spec(k), context=self._context) for k in stale]
+        txn = self._active()  # metadata read inside it sees the transaction's own resizes
+        futures = [ts.open(self._spec(k), context=self._context, transaction=txn) for k in stale]
         handles = _futures.wait(futures, stale, "opening column", meta=True, timeout=self._timeout)
         for key, handle in zip(stale, handles):
             self._check(key, handle, records)
         self._handles.update(zip(stale, handles))
         return [self._handles[k] for k in keys]
+
+    def _active(self) -> ts.Transaction | None:
+        """The transaction this thread's writes join: none here (a subclass may have one)."""
+        return None
 
     def _check(self, key: str, handle: ts.TensorStore, records: int) -> None:
         if key in self._layouts:
@@ -296,26 +304,38 @@ class TensorStoreBackend(
         return self._unstored.read_many(requests, records, self._read_stored)
 
     def _read_stored(self, requests: Sequence[tuple[str, Any]], records: int) -> list[np.ndarray]:
-        """Reads ``index`` of column ``key`` for every ``(key, index)`` pair, all at once.
+        return self._read_parts([(key, index, None) for key, index in requests], records)
 
-        Uncompressed local chunks are read straight into the outputs (:mod:`._direct`) while
-        TensorStore reads the rest in one batch.
-        """
-        keys = list(dict.fromkeys(key for key, _ in requests))
+    def read_parts(self, requests: Sequence[_Part], records: int) -> list[np.ndarray]:
+        """``index`` of ``key``, only ``part`` of its second axis (None: all), per request,
+        all at once (:class:`~pytreestore.backends.PartialReads`): each chunk touched is
+        decoded, and only the part copied out."""
+        if any(self._unstored.first_stored(k) for k, _, _ in requests):  # rare: evolve's
+            rows = self.read_many([(k, index) for k, index, _ in requests], records)
+            return [r if part is None else r[:, part] for r, (_, _, part) in zip(rows, requests)]
+        return self._read_parts(requests, records)
+
+    def _read_parts(self, requests: Sequence[_Part], records: int) -> list[np.ndarray]:
+        """Reads ``(key, index, part)`` requests, all at once: uncompressed local chunks
+        straight into the outputs (:mod:`._direct`) while TensorStore reads the rest in one
+        batch."""
+        keys = list(dict.fromkeys(key for key, _, _ in requests))
         handles = dict(zip(keys, self._open(keys, records)))
         plans = {k: self._plan(k, handles[k]) for k in keys}
         out: list[Any] = [None] * len(requests)
-        mine = [(i, plan, index) for i, (k, index) in enumerate(requests) if (plan := plans[k])]
+        mine = [
+            (i, plan, index, p) for i, (k, index, p) in enumerate(requests) if (plan := plans[k])
+        ]
         engine = self._start_reads(
-            handles, requests, [i for i, (k, _) in enumerate(requests) if plans[k] is None]
+            handles, requests, [i for i, (k, _, _) in enumerate(requests) if plans[k] is None]
         )
         if mine:
             try:
-                got = _direct.read([(plan, index) for _, plan, index in mine])
-                for (i, _, _), array in zip(mine, got):
+                got = _direct.read([(plan, index, part) for _, plan, index, part in mine])
+                for (i, _, _, _), array in zip(mine, got):
                     out[i] = array
             except _direct.MissingChunk:  # TensorStore knows the fill value
-                engine += self._start_reads(handles, requests, [i for i, _, _ in mine])
+                engine += self._start_reads(handles, requests, [m[0] for m in mine])
             except PyTreeStoreError:
                 raise
             except OSError as err:
@@ -330,11 +350,14 @@ class TensorStoreBackend(
 
     @staticmethod
     def _start_reads(
-        handles: dict[str, ts.TensorStore], requests: Sequence[tuple[str, Any]], which: list[int]
+        handles: dict[str, ts.TensorStore], requests: Sequence[_Part], which: list[int]
     ) -> list[tuple[int, Any]]:
         """Issues the reads of ``requests[i]`` for every ``i`` in ``which``, in one batch."""
         with ts.Batch() as batch:
-            return [(i, handles[requests[i][0]][requests[i][1]].read(batch=batch)) for i in which]
+            return [
+                (i, _part(handles[requests[i][0]], *requests[i][1:]).read(batch=batch))
+                for i in which
+            ]
 
     def _plan(self, key: str, handle: ts.TensorStore) -> _direct.DirectColumn | None:
         """How ``key``'s chunks can be read and written as plain files, or None (not on local
@@ -438,7 +461,7 @@ class TensorStoreBackend(
         """The error of reading ``index`` of ``key`` as plain files (None: it read back, or a
         chunk is missing, which the engine's read then reports)."""
         try:
-            _direct.read([(plan, index)])
+            _direct.read([(plan, index, None)])
         except _direct.MissingChunk:
             return None
         except CorruptChunkError as err:
@@ -469,3 +492,8 @@ class TensorStoreBackend(
         self._handles.clear()
         self._kv = None
         self._cleanup()
+
+
+def _part(handle: ts.TensorStore, index: Any, part: slice | None) -> ts.TensorStore:
+    """``handle[index]``, restricted to ``part`` of its second axis when one is given."""
+    return handle[index] if part is None else handle[index, part]

@@ -9,8 +9,9 @@ What the coordinator gives and what it does not (TensorStore 0.1.86, read from
 included, is atomic across every process of the coordinator, and B+tree leases keep
 concurrent writers from rewriting each other's nodes; but with a coordinator OCDBT refuses an
 atomic transaction over two keys ("Cannot read/write ... as single atomic transaction"). So
-this backend has no transactions: the writers take turns through the commit claim
-(:mod:`pytreestore._commit.claim`). A coordinator that is gone fails every write that needs
+this backend does not declare :class:`~pytreestore.backends.Transactions`: its writes land one
+by one, in the commit protocol's order (:mod:`pytreestore._commit.protocol`), and the writers
+take turns through the commit claim (:mod:`pytreestore._commit.claim`). A coordinator that is gone fails every write that needs
 a lease at once with ``UNAVAILABLE`` (a :class:`~pytreestore.errors.StorageError` here); one
 that hangs is caught by the backend's ``timeout``.
 
@@ -28,7 +29,7 @@ from collections.abc import Iterator
 import tensorstore as ts
 
 from pytreestore._location import Location
-from pytreestore.backends._tensorstore.ocdbt import OcdbtBackend
+from pytreestore.backends._tensorstore.database import OcdbtDatabase
 from pytreestore.errors import BadLocationError, StorageError
 
 #: how long a writer's coordinator leases on B+tree ranges last (TensorStore's default: 10 s)
@@ -83,13 +84,14 @@ def check_address(address: object) -> str:
     return address  # type: ignore[return-value]
 
 
-class CoordinatedOcdbtBackend(OcdbtBackend):
+class CoordinatedOcdbtBackend(OcdbtDatabase):
     """The OCDBT backend of a writer that commits through the coordinator at ``address``.
 
-    Its :meth:`transaction` is not atomic: through a coordinator OCDBT has no transaction
-    over two keys, so a block's writes land one by one, in the commit protocol's order (as
-    on a backend without :class:`~pytreestore.backends.Transactions`), and the commit claim
-    keeps the commits of writers apart.
+    It has no transactions (:class:`~pytreestore.backends.Transactions`): through a
+    coordinator OCDBT refuses a transaction over two keys, so every write lands on its own,
+    in the commit protocol's order, as on the file kvstore, and the commit claim keeps the
+    commits of writers apart. Its generations are kept and readable as on every OCDBT
+    database (:class:`~pytreestore.backends.Snapshots`).
 
     Args:
         location: a local store (the OCDBT database's folder).
@@ -118,11 +120,6 @@ class CoordinatedOcdbtBackend(OcdbtBackend):
         coordinator = {"address": self.address, "lease_duration": f"{lease:g}s"}
         super().__init__(location, ocdbt_options={"coordinator": coordinator})
         self._timeout = timeout
-
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[None]:
-        """A block whose writes land one by one (see the class): nothing to commit at its end."""
-        yield
 
 
 __all__ = [

@@ -33,8 +33,10 @@ Example:
     >>> column = plan(Path(tempfile.mkdtemp()), meta)
     >>> write([column], 0, [np.arange(16, dtype=np.int32).reshape(8, 2)])
     8
-    >>> read([(column, slice(3, 6))])[0].tolist()
+    >>> read([(column, slice(3, 6), None)])[0].tolist()
     [[6, 7], [8, 9], [10, 11]]
+    >>> read([(column, slice(3, 6), slice(1, 2))])[0].tolist()
+    [[7], [9], [11]]
 """
 
 from __future__ import annotations
@@ -132,8 +134,10 @@ def plan(folder: Path, metadata: dict[str, Any], key: str = "") -> DirectColumn 
 # ---- reads -----------------------------------------------------------------------------------
 
 
-def read(requests: Sequence[tuple[DirectColumn, Any]]) -> list[np.ndarray]:
-    """Reads ``index`` (a slice with a positive step, or an int array) of each column.
+def read(requests: Sequence[tuple[DirectColumn, Any, slice | None]]) -> list[np.ndarray]:
+    """Reads ``index`` (a slice with a positive step, or an int array) of each column; with a
+    ``part`` (a slice of the second axis), only that part: each chunk is then read whole into
+    a scratch buffer, checked, and the part copied out, so the output holds the part alone.
 
     Raises:
         MissingChunk: a chunk file is absent (read the request through the engine instead).
@@ -142,8 +146,8 @@ def read(requests: Sequence[tuple[DirectColumn, Any]]) -> list[np.ndarray]:
     outs: list[np.ndarray] = []
     tasks: list[Callable[[], None]] = []
     plans: dict[tuple[int, int], tuple[Any, int, list[tuple[int, np.ndarray, np.ndarray]]]] = {}
-    for column, index in requests:
-        if isinstance(index, slice) and (index.step or 1) == 1:
+    for column, index, part in requests:
+        if part is None and isinstance(index, slice) and (index.step or 1) == 1:
             start, stop = index.start or 0, index.stop
             out = np.empty((stop - start, *column.shape), column.dtype)
             tasks.extend(_slice_tasks(column, start, stop, out))
@@ -153,11 +157,17 @@ def read(requests: Sequence[tuple[DirectColumn, Any]]) -> list[np.ndarray]:
                 rows = _rows(index)
                 plans[key] = (index, len(rows), _by_chunk(rows, column.chunk))  # keeps id(index)
             _, count, plan = plans[key]
-            out = np.empty((count, *column.shape), column.dtype)
-            tasks.extend(_gather_tasks(column, plan, out))
+            shape = column.shape if part is None else _part_shape(column.shape, part)
+            out = np.empty((count, *shape), column.dtype)
+            tasks.extend(_gather_task(column, *where, out, part) for where in plan)
         outs.append(out)
     _run_all(tasks)
     return outs
+
+
+def _part_shape(shape: tuple[int, ...], part: slice) -> tuple[int, ...]:
+    low, high, _ = part.indices(shape[0])
+    return (max(high - low, 0), *shape[1:])
 
 
 def _rows(index: Any) -> np.ndarray:
@@ -173,12 +183,6 @@ def _by_chunk(rows: np.ndarray, size: int) -> list[tuple[int, np.ndarray, np.nda
     ks, starts = np.unique(chunk_of[order], return_index=True)
     groups = np.split(order, starts[1:]) if len(rows) else []
     return [(k, g, rows[g] - k * size) for k, g in zip(ks.tolist(), groups)]
-
-
-def _gather_tasks(
-    column: DirectColumn, plan: list[tuple[int, np.ndarray, np.ndarray]], out: np.ndarray
-) -> list[Callable[[], None]]:
-    return [_gather_task(column, k, positions, local, out) for k, positions, local in plan]
 
 
 def _slice_tasks(
@@ -199,11 +203,16 @@ def _slice_tasks(
 
 
 def _gather_task(
-    column: DirectColumn, k: int, positions: np.ndarray, rows: np.ndarray, out: np.ndarray
+    column: DirectColumn,
+    k: int,
+    positions: np.ndarray,
+    rows: np.ndarray,
+    out: np.ndarray,
+    part: slice | None = None,
 ) -> Callable[[], None]:
     def task() -> None:
         chunk = _whole_chunk(column, k).view(column.dtype).reshape(-1, *column.shape)
-        out[positions] = chunk[rows]
+        out[positions] = chunk[rows] if part is None else chunk[rows, part]
 
     return task
 
