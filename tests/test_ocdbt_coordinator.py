@@ -31,7 +31,7 @@ from pytreestore import errors
 from pytreestore._commit.claim import CommitClaim
 from pytreestore._commit.lock import holder_info
 from pytreestore._format.names import CLAIM_KEY, COMMIT_KEY, NO_VALUE
-from pytreestore.backends import ConditionalWrites, ocdbt_coordinator
+from pytreestore.backends import ConditionalWrites, Transactions, ocdbt_coordinator
 
 TESTS = Path(__file__).parent
 CHUNK = 8
@@ -258,6 +258,26 @@ def test_one_writer_alone_and_its_reads(store_path: Path, coordinator: str) -> N
 
 
 # ---- faults ----------------------------------------------------------------------------------
+
+
+def test_a_failed_root_write_warns_and_keeps_the_shared_commit(
+    store_path: Path, coordinator: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shared writer has no transaction (its backend does not declare Transactions): as on
+    the file backends, the commit record is written when the root write fails, so the commit
+    stands and warns, and is never retried into duplicates."""
+    from tests.faults import fail_root_writes  # not at the top: writer subprocesses import this
+
+    store = pytreestore.open(store_path, "a", backend="ocdbt", coordinator=coordinator)
+    assert not isinstance(store._backend, Transactions)
+    full = errors.StorageError("writing zarr.json: [Errno 28] No space left on device")
+    fail_root_writes(monkeypatch, store._backend, full)
+    store.extend(record(0, i) for i in range(3))
+    with pytest.warns(RuntimeWarning, match="3 records are committed, but the root zarr.json"):
+        store.flush()
+    monkeypatch.undo()
+    store.close()
+    check_records(tags(pytreestore.open(store_path)), {0: 3})
 
 
 def test_coordinator_killed_mid_commit(store_path: Path) -> None:

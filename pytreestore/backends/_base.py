@@ -304,9 +304,10 @@ class Transactions(Protocol):
         when it exits normally, and none of them when it raises: until it exits, another
         backend on the same store (another process) sees none of them; after, all. Reads
         inside the block see its own bytes, deletions and resizes; the chunk data it wrote
-        is read once it has committed (TensorStore 0.1.86 reports a chunk written in an
-        open transaction as missing when read there, so the store never reads one back in
-        the block that wrote it). Re-entrant: a block inside another joins the outer one.
+        is read once it has committed (TensorStore 0.1.86, with ``fill_missing_data_reads``
+        false so that a lost chunk is an error, reports a chunk written in an open
+        transaction as missing when read there; the store never reads one back in the block
+        that wrote it). Re-entrant: a block inside another joins the outer one.
 
         A conditional write (``write_bytes_if``) inside the block whose token is stale
         returns None at once (the caller gives the block up by raising), or, when the token
