@@ -136,7 +136,9 @@ def test_an_empty_fragment_commits_no_record(path, backend):
     f = pytreestore.write_fragment(path, [], backend=backend)
     assert f.records == 0
     store.commit_fragments([f])
-    assert len(store) == 2 and fragments_left(path) == []
+    assert len(store) == 2
+    store.close()  # waits for the committed fragment's folder to be deleted
+    assert fragments_left(path) == []
 
 
 # ---- placing without copying ---------------------------------------------------------------
@@ -234,7 +236,9 @@ def test_a_committed_fragment_whose_folder_was_left_is_still_refused(path, backe
     saved = Path(path).parent / "saved"
     shutil.copytree(Path(path) / f.folder, saved)
     store.commit_fragments([f])
+    store.close()  # waits for the folder's deletion
     shutil.copytree(saved, Path(path) / f.folder)
+    store = pytreestore.open(path, "a", backend=backend)
     with pytest.raises(errors.FragmentError, match="committed already"):
         store.commit_fragments([f])
 
@@ -404,11 +408,11 @@ def test_vacuum_removes_a_committed_fragment_left_behind(path, backend):
     saved = Path(path).parent / "saved"
     shutil.copytree(Path(path) / f.folder, saved)
     store.commit_fragments([f])
+    store.close()  # waits for the folder's deletion
     shutil.copytree(saved, Path(path) / f.folder)  # as a crash after the commit leaves it
-    assert store.vacuum().fragments >= 1
-    retired = Path(path) / ".pytreestore" / "retired"
+    store = pytreestore.open(path, "a", backend=backend)
+    assert store.vacuum().fragments == 1
     assert fragments_left(path) == []
-    assert not retired.exists() or not any(retired.iterdir())
     assert len(store) == 8 and store.verify().ok
 
 

@@ -43,8 +43,10 @@ from pytreestore.backends._base import (
     ColumnLayout,
     ColumnShape,
     ConditionalWrites,
+    FolderDeletes,
     KeyListing,
     LocalFiles,
+    ManyReads,
     PartialWriteCleanup,
     TensorStoreKvStore,
     delete_folder,
@@ -79,6 +81,8 @@ class TensorStoreBackend(
     TensorStoreKvStore,
     ChunkCopies,
     LocalFiles,
+    ManyReads,
+    FolderDeletes,
 ):
     """Columns as TensorStore ``zarr3`` arrays on the ``file``, ``memory``, ``s3`` or ``gcs``
     kvstore.
@@ -120,6 +124,20 @@ class TensorStoreBackend(
 
     def write_bytes(self, key: str, data: bytes) -> None:
         self.write_many_bytes({key: data})
+
+    def read_many_bytes(self, keys: Sequence[str]) -> list[bytes | None]:
+        """The value at each key (None where absent), every read issued at once."""
+        reads = [self.kvstore.read(k) for k in keys]
+        found = _futures.wait(reads, list(keys), f"reading {self._location}", timeout=self._timeout)
+        return [bytes(r.value) if r.state == "value" else None for r in found]
+
+    def delete_folders(self, folders: Sequence[str]) -> None:
+        """Deletes every key below each folder: one ``delete_range`` each, all at once."""
+        ranges = [ts.KvStore.KeyRange(f + "/", f + "0") for f in folders]  # "0" follows "/"
+        futures = [self.kvstore.delete_range(r) for r in ranges]
+        _futures.wait(
+            futures, list(folders), f"deleting from {self._location}", timeout=self._timeout
+        )
 
     def write_many_bytes(self, items: dict[str, bytes]) -> None:
         futures = [self.kvstore.write(k, v) for k, v in items.items()]
