@@ -316,6 +316,17 @@ def test_a_ragged_store_refuses_fragments(path, backend):
     assert fragments_left(path) == []
 
 
+def test_a_packed_store_refuses_fragments_clearly(path, backend):
+    """Once a StorageError ("retry once storage is reachable") from inside the write."""
+    like = {"a": np.float32(0), "b": np.zeros(3, np.float32)}
+    pytreestore.create(path, like, backend=backend, pack=True).close()
+    assert pytreestore.open(path, backend=backend).schema.packs
+    records = [{"a": np.float32(i), "b": np.full(3, i, np.float32)} for i in range(2)]
+    with pytest.raises(errors.FragmentError, match="fragments need one array per leaf"):
+        pytreestore.write_fragment(path, records, backend=backend)
+    assert fragments_left(path) == []
+
+
 def test_a_reader_cannot_commit_fragments(path, backend):
     make(path, backend).close()
     f = pytreestore.write_fragment(path, [rec(0)], backend=backend)

@@ -10,6 +10,7 @@ import os
 import re
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -155,6 +156,8 @@ def test_a_destination_already_there_gets_the_files_linked(tmp_path):
     assert (root / "x/c/6/0").stat().st_ino == (root / "f/x/c/1/0").stat().st_ino
     intent = json.loads((root / PLACING_KEY).read_text())
     assert intent == {"base": 3, "moves": [["f/x/c/0", "x/c/5"]]}
+    schema = json.loads((Path(pytreestore.__file__).parent / "schema.json").read_text())
+    jsonschema.validate(intent, {**schema["$defs"]["placing"], "$defs": schema["$defs"]})
     placing.undo(str(root), intent["moves"])
     assert (root / "f/x/c/0/0").read_bytes() == b"row0" and not (root / "x/c/5").exists()
 

@@ -116,12 +116,19 @@ def write(engine: Backend, schema: TreeSchema, head: Commit, data: Any, where: s
 
 
 def check_fixed(schema: TreeSchema, where: str) -> None:
-    """Raises FragmentError for a ragged (or optional) store: fragments need fixed columns."""
+    """Raises FragmentError for a ragged (or optional) store, or one that packs leaves:
+    fragments need fixed columns, one array each."""
     if schema.ragged is not None:
         raise FragmentError(
             f"store {where} holds ragged or optional records; fragments need a store of one "
             "fixed structure (created without ragged= or optional=). Append to it from one "
             "writer instead. Nothing was written."
+        )
+    if schema.packs:
+        raise FragmentError(
+            f"store {where} packs small leaves into shared arrays (created with pack=); "
+            "fragments need one array per leaf. Append to it from one writer, or copy it to "
+            "a store created without pack= (pytreestore.copy). Nothing was written."
         )
 
 
