@@ -60,7 +60,9 @@ class Fragmenting:
                 Checked before anything is written: nothing is committed.
             CommitConflictError: another writer committed meanwhile (one that took the lock
                 over with ``break_lock=True``); nothing of this call was committed, and the
-                fragments are intact: reopen the store and call this again.
+                fragments are intact (but on local disk one whose chunk rows were renamed
+                into the store before the other commit landed, which must be written
+                again): reopen the store and call this again.
 
         Example:
             >>> import numpy as np, pytreestore
