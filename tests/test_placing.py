@@ -86,28 +86,37 @@ def test_a_failed_commit_moves_the_rows_back(path, tmp_path, backend, monkeypatc
     same_records(store, make(str(tmp_path / "e"), backend, 12))
 
 
-def test_a_missing_chunk_row_refuses_the_commit_and_moves_nothing(path, backend):
+@pytest.mark.parametrize("damage", ["row folder gone", "chunk gone", "row is a file"])
+def test_a_damaged_chunk_row_refuses_the_commit_and_moves_nothing(path, backend, damage):
     store = make(path, backend, 4)
     whole = pytreestore.write_fragment(path, batch(4, 4), backend=backend)
     broken = pytreestore.write_fragment(path, batch(8, 4), backend=backend)
     before = _rows(path, whole)
-    for row in (Path(path) / broken.folder / "v" / "c").iterdir():
-        for chunk in row.iterdir():
+    row = Path(path) / broken.folder / "p" / "v" / "c" / "0"
+    for chunk in row.rglob("*"):
+        if chunk.is_file():
             chunk.unlink()
+    if damage != "chunk gone":
+        for folder in sorted(row.rglob("*"), reverse=True):
+            folder.rmdir()
         row.rmdir()
+    if damage == "row is a file":
+        row.write_bytes(b"not a folder")
     with pytest.raises(errors.FragmentError, match=f"fragment {broken.id} is incomplete"):
         store.commit_fragments([whole, broken])
     assert _rows(path, whole) == before and len(store) == 4
     assert not (Path(path) / PLACING_KEY).exists()
     store.commit_fragments([whole])
     assert store.load(as_numpy=True)["x"].tolist() == list(range(8))
+    store.close()
+    assert pytreestore.open(path, backend=backend).verify().ok
 
 
 def _place_by_hand(path: str, store: pytreestore.TreeStore, fragment, base: int) -> None:
     """What a commit of ``fragment`` does before its commit record, as a crash leaves it."""
     start = len(store) // CHUNK
     moves = [(f"{fragment.folder}/{key}/c/0", f"{key}/c/{start}") for key in ("v", "p/v")]
-    placing.place_local(path, base, moves, [])
+    placing.place_local(path, base, moves, [], [("0",), ("0/0",)])
 
 
 def test_settle_moves_back_only_while_the_store_is_at_its_base(path, backend):
@@ -149,17 +158,19 @@ def test_a_destination_already_there_gets_the_files_linked(tmp_path):
     (root / "f/x/c/0/0").write_bytes(b"row0")
     (root / "f/x/c/1/0").write_bytes(b"row1")
     (root / "x/c/6/9").write_bytes(b"left past a commit")
-    placing.place_local(str(root), 3, [("f/x/c/0", "x/c/5"), ("f/x/c/1", "x/c/6")], [])
+    moves = [("f/x/c/0", "x/c/5"), ("f/x/c/1", "x/c/6")]
+    placing.place_local(str(root), 3, moves, [], [("0",), ("0",)])
     assert not (root / "f/x/c/0").exists()  # moved onto an empty folder
     assert (root / "x/c/5/0").read_bytes() == b"row0"
     assert (root / "f/x/c/1/0").read_bytes() == b"row1"  # linked: the fragment keeps it
     assert (root / "x/c/6/0").stat().st_ino == (root / "f/x/c/1/0").stat().st_ino
     intent = json.loads((root / PLACING_KEY).read_text())
-    assert intent == {"base": 3, "moves": [["f/x/c/0", "x/c/5"]]}
+    assert intent == {"base": 3, "moves": [list(m) for m in moves]}
     schema = json.loads((Path(pytreestore.__file__).parent / "schema.json").read_text())
     jsonschema.validate(intent, {**schema["$defs"]["placing"], "$defs": schema["$defs"]})
     placing.undo(str(root), intent["moves"])
     assert (root / "f/x/c/0/0").read_bytes() == b"row0" and not (root / "x/c/5").exists()
+    assert (root / "x/c/6/0").read_bytes() == b"row1"  # a linked folder is left as it is
 
 
 def test_many_folders_are_synced_in_one_call(tmp_path):

@@ -340,16 +340,21 @@ def _place_aligned(
         _copy(engine, [p for f, first in aligned for p in chunk_pairs(columns, f, first)])
         return
     moves: list[tuple[str, str]] = []
+    chunks: list[tuple[str, ...]] = []  # the chunk files below each moved folder
     files: list[tuple[str, str]] = []
+    grids = {c.key: tuple("/".join(map(str, g)) for g in _grid(c)) for c in columns if c.shape}
     for f, first in aligned:
         for c in columns:
             if 0 in c.shape:
                 continue
             rows = range(-(-f.records // c.chunks[0]))
-            out = moves if c.shape else files  # array leaves: one folder per chunk row
             head, tail = f"{f.folder}/{c.key}/c/", f"{c.key}/c/"
-            out.extend((f"{head}{r}", f"{tail}{r + first}") for r in rows)
-    placing.place_local(root, base, moves, files)
+            if c.shape:  # array leaves: one folder per chunk row
+                moves.extend((f"{head}{r}", f"{tail}{r + first}") for r in rows)
+                chunks.extend(grids[c.key] for _ in rows)
+            else:
+                files.extend((f"{head}{r}", f"{tail}{r + first}") for r in rows)
+    placing.place_local(root, base, moves, files, chunks)
 
 
 def chunk_pairs(

@@ -7,17 +7,20 @@ stores each chunk row as a folder ``KEY/c/I/`` holding the row's chunks ``J/...`
 new folder per chunk row costs far more than a link (a directory's inode and block), so the
 fragment's row folders are **renamed** into the store instead, under an intent record:
 
-1. ``.pytreestore/placing.json`` (:data:`~pytreestore._format.names.PLACING_KEY`) is written
-   durably first: the version the commit follows (``base``) and every ``[source,
-   destination]`` folder pair (only destinations that do not exist: one that does gets the
-   fragment's files linked into it instead).
-2. The folders are renamed and the files linked; every folder that got an entry is synced.
+1. Every folder to move is checked to hold its chunk files (a damaged fragment is refused
+   before anything moves); then ``.pytreestore/placing.json``
+   (:data:`~pytreestore._format.names.PLACING_KEY`) is written durably: the version the
+   commit follows (``base``) and every ``[source, destination]`` folder pair.
+2. The folders are renamed (one whose destination is a folder that is not empty, left past
+   the commit by an earlier failure, has its files linked into it instead and stays) and the
+   files linked; every folder that got an entry is synced.
 3. The commit record is written; then the intent is deleted.
 
 A crash (or a failure) before the commit record leaves the intent: :func:`settle`, run before
 the next writer repairs the store (``open(mode="a")``) and before each ``commit_fragments``,
 renames every moved folder back into its fragment when the store is still at ``base`` (a
-destination that exists while its source does not was moved there by step 2), so the
+source was there when the intent was written, so one that is gone while its destination
+exists was moved there by step 2), so the
 fragments are whole again and can be committed. Past ``base`` (the commit was made, or
 another commit came after a failed one) nothing is moved back. Either way the intent is then
 deleted. Readers never look at rows past the commit, so they never see a placement.
@@ -27,7 +30,7 @@ Example:
     >>> root = pathlib.Path(tempfile.mkdtemp())
     >>> (root / "f/x/c/0").mkdir(parents=True); (root / "f/x/c/0/0").write_bytes(b"chunk")
     5
-    >>> place_local(str(root), 4, [("f/x/c/0", "x/c/2")], [])
+    >>> place_local(str(root), 4, [("f/x/c/0", "x/c/2")], [], [("0",)])
     >>> sorted(os.listdir(root / "x/c/2")), json.loads((root / PLACING_KEY).read_text())["base"]
     (['0'], 4)
     >>> undo(str(root), [("f/x/c/0", "x/c/2")]); (root / "f/x/c/0/0").read_bytes()
@@ -57,23 +60,34 @@ def local_root(engine: Backend) -> str | None:
     return engine.files_root if isinstance(engine, LocalFiles) else None
 
 
-def place_local(root: str, base: int, moves: Sequence[Pair], pairs: Sequence[Pair]) -> None:
+def place_local(
+    root: str,
+    base: int,
+    moves: Sequence[Pair],
+    pairs: Sequence[Pair],
+    chunks: Sequence[Sequence[str]],
+) -> None:
     """Renames the ``moves`` (fragment chunk-row folder, store chunk-row folder) and links the
     ``pairs`` (fragment chunk file, store chunk file) below ``root``, durably, for a commit
     after version ``base``; the intent record stays until :func:`done` or :func:`settle`.
 
+    ``chunks[i]`` names the chunk files the folder of ``moves[i]`` must hold (keys below
+    it); each is checked before anything is moved. A move whose destination
+    is a folder that is not empty gets its chunk files linked into it instead.
+
     Raises:
-        CorruptChunkError: a fragment's chunk file or chunk-row folder is missing (every
-            folder moved so far is moved back).
+        CorruptChunkError: a fragment's chunk file or chunk-row folder is missing (nothing
+            was moved, or every folder moved is moved back).
         StorageError: the file system refused (moved folders are moved back where it can).
     """
     try:
-        moves, linked = _split(root, moves)
+        _check_sources(root, moves, chunks)
         if moves:
             _write_intent(root, base, moves)
         folders: set[str] = set()
         try:
-            links.move_folders(root, moves, folders)
+            busy = links.move_folders(root, moves, folders)
+            linked = [(f"{moves[i][0]}/{n}", f"{moves[i][1]}/{n}") for i in busy for n in chunks[i]]
             links.link_all(root, [*pairs, *linked], folders)
             links.sync_folders(folders)
         except BaseException:
@@ -88,33 +102,17 @@ def place_local(root: str, base: int, moves: Sequence[Pair], pairs: Sequence[Pai
         raise StorageError(f"cannot place fragment chunks in {root}: {err}") from err
 
 
-def _split(root: str, moves: Sequence[Pair]) -> tuple[list[Pair], list[Pair]]:
-    """The moves whose destination is free (an empty folder there is removed), and the file
-    pairs that link the other moves' files into their existing destinations."""
-    free: list[Pair] = []
-    linked: list[Pair] = []
+def _check_sources(root: str, moves: Sequence[Pair], chunks: Sequence[Sequence[str]]) -> None:
+    """Raises CorruptChunkError unless every folder to move holds its chunk files: so every
+    folder the intent lists was there, and one missing after a crash was moved."""
     base = root.rstrip("/") + "/"
-    for source, destination in moves:
-        dst = base + destination
-        if os.path.lexists(dst):
+    for (source, _), names in zip(moves, chunks, strict=True):
+        for name in names:
+            key = f"{source}/{name}"
             try:
-                os.rmdir(dst)  # an empty folder a repair left
-            except OSError:
-                linked.extend(_files(base, source, destination))
-                continue
-        free.append((source, destination))
-    return free, linked
-
-
-def _files(base: str, source: str, destination: str) -> list[Pair]:
-    """(file, its key below ``destination``) for every file below the folder ``source``."""
-    if not os.path.isdir(base + source):
-        raise links.missing_source(source)
-    found = []
-    for folder, _, names in os.walk(base + source):
-        rel = folder[len(base + source) :]
-        found.extend((f"{source}{rel}/{n}", f"{destination}{rel}/{n}") for n in names)
-    return found
+                os.stat(base + key)
+            except (FileNotFoundError, NotADirectoryError):
+                raise links.missing_source(key) from None
 
 
 def _write_intent(root: str, base: int, moves: Sequence[Pair]) -> None:

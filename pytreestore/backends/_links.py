@@ -19,6 +19,7 @@ Example:
     >>> (root / "x/c/3/0").read_bytes(), (root / "x/c/3/0").stat().st_nlink
     (b'chunk', 2)
     >>> folders = set(); move_folders(str(root), [("f/x/c/0", "x/c/4")], folders)
+    []
     >>> sync_folders(folders); (root / "x/c/4/0").read_bytes()
     b'chunk'
 """
@@ -71,26 +72,31 @@ def link_all(root: str, pairs: Iterable[tuple[str, str]], folders: set[str]) -> 
     _by_folder(_link_each, root, pairs, folders)
 
 
-def move_folders(root: str, moves: Iterable[tuple[str, str]], folders: set[str]) -> None:
-    """Renames each ``(source, destination)`` folder below ``root`` (the destination must not
-    exist), not yet durably; notes the folders that got an entry in ``folders``.
+def move_folders(root: str, moves: Sequence[tuple[str, str]], folders: set[str]) -> list[int]:
+    """Renames each ``(source, destination)`` folder below ``root``, not yet durably (an empty
+    destination folder is replaced); notes the folders that got an entry in ``folders``.
+    Returns the indices of the moves left undone because their destination is a folder that
+    is not empty (their sources stay where they are).
 
     Raises:
         CorruptChunkError: a source folder is missing.
         OSError: the file system refused a rename.
     """
-    _by_folder(_move_each, root, moves, folders)
+    busy: list[int] = []  # appended from threads: list.append is atomic
+    indexed = [(s, d, i) for i, (s, d) in enumerate(moves)]
+    _by_folder(lambda r, group, found: _move_each(r, group, found, busy), root, indexed, folders)
+    return sorted(busy)
 
 
 def _by_folder(
-    fn: Callable[[str, Sequence[tuple[str, str]], set[str]], None],
+    fn: Callable[[str, Sequence[Any], set[str]], None],
     root: str,
-    pairs: Iterable[tuple[str, str]],
+    pairs: Iterable[Any],
     folders: set[str],
 ) -> None:
     """``fn`` of the pairs of each destination folder, folders side by side on threads
     (entries made in one folder queue on its lock; different folders do not)."""
-    groups: dict[str, list[tuple[str, str]]] = {}
+    groups: dict[str, list[Any]] = {}
     for pair in pairs:
         groups.setdefault(pair[1].rpartition("/")[0], []).append(pair)
     threads = min(len(groups), os.cpu_count() or 1, _THREADS)
@@ -99,7 +105,7 @@ def _by_folder(
             fn(root, group, folders)
         return
 
-    def run(group: Sequence[tuple[str, str]]) -> set[str]:
+    def run(group: Sequence[Any]) -> set[str]:
         found: set[str] = set()
         fn(root, group, found)
         return found
@@ -127,9 +133,11 @@ def _link_each(root: str, pairs: Sequence[tuple[str, str]], folders: set[str]) -
         folders.add(dst.rpartition("/")[0])
 
 
-def _move_each(root: str, moves: Sequence[tuple[str, str]], folders: set[str]) -> None:
+def _move_each(
+    root: str, moves: Sequence[tuple[str, str, int]], folders: set[str], busy: list[int]
+) -> None:
     base = root.rstrip("/") + "/"
-    for source, destination in moves:
+    for source, destination, index in moves:
         src, dst = base + source, base + destination
         try:
             os.rename(src, dst)
@@ -138,6 +146,11 @@ def _move_each(root: str, moves: Sequence[tuple[str, str]], folders: set[str]) -
                 raise missing_source(source) from None
             make_folders(os.path.dirname(dst), folders)
             os.rename(src, dst)
+        except OSError as err:
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            busy.append(index)
+            continue
         folders.add(dst.rpartition("/")[0])
 
 
@@ -230,15 +243,9 @@ def _each(fn: Callable[[Any], None], items: Sequence[Any]) -> None:
             pass
 
 
-def is_not_empty(err: OSError) -> bool:
-    """Whether ``err`` says a folder was not empty (a rename or rmdir onto one)."""
-    return err.errno in (errno.ENOTEMPTY, errno.EEXIST)
-
-
 __all__ = [
     "FEW_FOLDERS",
     "fsync_folder",
-    "is_not_empty",
     "link_all",
     "link_files",
     "make_folders",
