@@ -141,10 +141,23 @@ def test_settle_moves_back_only_while_the_store_is_at_its_base(path, backend):
     assert len(last) == 8 and last.verify().ok
 
 
-def test_a_damaged_intent_record_is_refused(path, backend):
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('{"base": "one", "moves": []}', "base is not an integer"),
+        ('{"base": 1}', "'moves'"),
+        ('{"base": 1, "moves": [["../../etc", "v/c/0"]]}', "leaves a fragment's"),
+        ('{"base": 1, "moves": [[".pytreestore/fragments/a/v/c/0", "/tmp/x"]]}', "leaves"),
+        ('{"base": 1, "moves": [[".pytreestore/fragments/a/v/c/0", ".pytreestore/x"]]}', "leaves"),
+        ("[1", "Expecting"),
+    ],
+)
+def test_a_damaged_intent_record_is_refused(path, backend, text, why):
     make(path, backend, 4).close()
-    (Path(path) / PLACING_KEY).write_text('{"base": "one"}')
+    (Path(path) / PLACING_KEY).write_text(text)
     with pytest.raises(errors.CorruptStoreError, match=re.escape("delete it to open the store")):
+        pytreestore.open(path, "a", backend=backend)
+    with pytest.raises(errors.CorruptStoreError, match=re.escape(why)):
         pytreestore.open(path, "a", backend=backend)
     assert len(pytreestore.open(path, backend=backend)) == 4  # readers never look at it
     (Path(path) / PLACING_KEY).unlink()

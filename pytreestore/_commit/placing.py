@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytreestore._commit.record import Commit
-from pytreestore._format.names import PLACING_KEY
+from pytreestore._format.names import FRAGMENTS_DIR, META_DIR, PLACING_KEY
 from pytreestore.backends import Backend, LocalFiles
 from pytreestore.backends import _links as links
 from pytreestore.errors import CorruptStoreError, PyTreeStoreError, StorageError
@@ -192,6 +192,9 @@ def _parse(raw: bytes, path: str) -> tuple[int, list[Pair]]:
         base, moves = obj["base"], [(str(s), str(d)) for s, d in obj["moves"]]
         if type(base) is not int:
             raise TypeError("base is not an integer")
+        bad = next((m for m in moves if not _inside(*m)), None)
+        if bad is not None:
+            raise ValueError(f"the move {list(bad)} leaves a fragment's or a column's folder")
     except (ValueError, TypeError, KeyError) as err:
         raise CorruptStoreError(
             f"{path} is damaged ({err}): expected the JSON object a commit of fragments "
@@ -200,6 +203,14 @@ def _parse(raw: bytes, path: str) -> tuple[int, list[Pair]]:
             "lists may then be incomplete: write them again)"
         ) from err
     return base, moves
+
+
+def _inside(source: str, destination: str) -> bool:
+    """Whether a move goes from a fragment's folder to a column's, both below the root."""
+    parts = [*source.split("/"), *destination.split("/")]
+    if any(p in ("", ".", "..") for p in parts):
+        return False
+    return source.startswith(FRAGMENTS_DIR + "/") and not destination.startswith(META_DIR)
 
 
 __all__ = ["Pair", "done", "local_root", "place_local", "settle", "undo"]
