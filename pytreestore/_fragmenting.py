@@ -20,8 +20,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from pytreestore._commit import fragments as _fragments
+from pytreestore._commit import placing
 from pytreestore._commit.atomic import atomic
 from pytreestore._commit.fragment import Fragment
+from pytreestore.backends import Transactions
 from pytreestore.errors import FragmentError, PyTreeStoreError
 
 if TYPE_CHECKING:
@@ -34,7 +36,7 @@ class Fragmenting:
 
     _backend: Backend
     _location: Location
-    _purging: threading.Thread | None = None  # deleting retired fragments' folders
+    _purging: threading.Thread | None = None  # deleting committed fragments' folders
 
     def commit_fragments(self, fragments: Iterable[Fragment]) -> None:
         """Appends fragments (:func:`pytreestore.write_fragment`) in the given order, as one
@@ -43,10 +45,13 @@ class Fragmenting:
         Buffered records are committed first, so the order is: this writer's records, then
         the fragments'. A fragment that starts at a chunk boundary of the store (every
         fragment, when each holds a multiple of ``chunk_records`` records and the store did
-        before them) has its chunks placed without copying data where the backend can (hard
-        links on local disk; raw chunk bytes elsewhere); any other is read and written
-        again. The fragments' folders are deleted once the commit is made. An empty list
-        commits nothing.
+        before them) has its chunks placed without copying data where the backend can (on
+        local disk its chunk files hard-linked and its chunk-row folders renamed into the
+        store; in an OCDBT database its keys copied; elsewhere the raw chunk bytes); any
+        other is read and written again. When this returns, the commit is durable. The
+        fragments' folders are deleted once the commit is made: on OCDBT in the commit's own
+        transaction, locally on a background thread (:meth:`close` waits for it). An empty
+        list commits nothing.
 
         Raises:
             ReadOnlyError: the store is open with mode "r".
@@ -55,7 +60,9 @@ class Fragmenting:
                 Checked before anything is written: nothing is committed.
             CommitConflictError: another writer committed meanwhile (one that took the lock
                 over with ``break_lock=True``); nothing of this call was committed, and the
-                fragments are intact: reopen the store and call this again.
+                fragments are intact (but on local disk one whose chunk rows were renamed
+                into the store before the other commit landed, which must be written
+                again): reopen the store and call this again.
 
         Example:
             >>> import numpy as np, pytreestore
@@ -67,44 +74,60 @@ class Fragmenting:
         """
         items = list(fragments)
         with self._writing() as writer:  # type: ignore[attr-defined]
-            head = writer.commit
-            found = _fragments.check(self._backend, self._location, items, head, writer.schema)
+            placing.settle(self._backend, str(self._location))  # one a crash left unfinished
+            found = _fragments.check(
+                self._backend, self._location, items, writer.commit, writer.schema
+            )
             if not found:
                 return
             writer.flush()
             committer = writer.committer
             committer.check()  # another writer committed: nothing is placed
             committer.release()  # rows past a truncate: its older versions give them up
-            start = committer.commit.records
+            start, base = committer.commit.records, committer.commit.generation
             total = start + sum(f.records for f in found)
             keys = [c.key for c in writer.schema.columns]
+            ids = tuple(f.id for f in found)
+            inside = isinstance(self._backend, Transactions)
             try:
                 with atomic(self._backend):
                     self._backend.resize(keys, total)
-                    _fragments.place(self._backend, writer.schema, found, start)
-                    committer.advance(total, fragments=tuple(f.id for f in found))
-            except FragmentError:
-                with contextlib.suppress(PyTreeStoreError):  # rows past the commit: harmless
-                    self._backend.resize(keys, start)
+                    _fragments.place(self._backend, writer.schema, found, start, base)
+                    committer.advance(total, fragments=ids)
+                    if inside:  # the fragments go in the commit's own transaction
+                        _fragments.remove(self._backend, ids)
+            except BaseException as err:
+                self._unplace(keys, start, err)
                 raise
             self._renew_writer(writer, writer.schema)  # type: ignore[attr-defined]
-            self._retire([f.id for f in found])
+            if not inside:
+                self._retire(list(ids))
+
+    def _unplace(self, keys: list[str], start: int, err: BaseException) -> None:
+        """After a commit of fragments failed: chunk-row folders moved into the store go back
+        into their fragments (unless the commit landed after all), and a fragment found
+        incomplete shrinks the columns back. Rows left past the commit are harmless."""
+        with contextlib.suppress(PyTreeStoreError):  # else the next settle() does it
+            placing.settle(self._backend, str(self._location))
+        if isinstance(err, FragmentError):
+            with contextlib.suppress(PyTreeStoreError):
+                self._backend.resize(keys, start)
 
     def _retire(self, ids: list[str]) -> None:
-        """Takes committed fragments' folders away (one left, if storage failed, is
-        vacuum's): locally renamed at once, then deleted on a thread of their own."""
-        if self._purging is not None:
-            self._purging.join()
-        try:
-            later = _fragments.retire(self._backend, ids)
-        except (PyTreeStoreError, OSError):
+        """Deletes committed fragments' folders (one left, if storage failed, is vacuum's):
+        locally on a thread of their own (:meth:`close` waits for it), elsewhere now."""
+        root = _fragments.local_root(self._backend)
+        if root is None:
+            with contextlib.suppress(PyTreeStoreError):
+                _fragments.remove(self._backend, ids)
             return
-        if later is not None:
-            self._purging = threading.Thread(target=_fragments.purge, args=(later,), daemon=True)
-            self._purging.start()
+        placing.done(root)  # the placement's intent record: the commit is made
+        self._purged()
+        self._purging = threading.Thread(target=_fragments.purge, args=(root, ids), daemon=True)
+        self._purging.start()
 
     def _purged(self) -> None:
-        """Waits for the deletion of retired fragments (tests, vacuum)."""
+        """Waits for the deletion of committed fragments' folders (close, vacuum)."""
         if self._purging is not None:
             self._purging.join()
             self._purging = None

@@ -276,6 +276,7 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
             self._shut()
 
     def _shut(self) -> None:
+        self._purged()  # committed fragments' folders, deleted on a thread
         with self._reads_done:
             self._closed = True  # no read starts from now on
             self._reads_done.wait_for(lambda: self._reads == 0)

@@ -24,11 +24,11 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._format.names import FRAGMENTS_DIR
+from pytreestore._format.names import FRAGMENTS_DIR, PLACING_KEY
 from tests.test_fragments import CHUNK, batch, rec
 
 TESTS = Path(__file__).resolve().parent
-POINTS = ["writing", "before_commit", "placing", "before_record", "after_record"]
+POINTS = ["writing", "before_commit", "placing", "linking", "before_record", "after_record"]
 SIZES = (4, 5)  # fragment A, fragment B
 
 
@@ -40,21 +40,37 @@ def _kill_at(point: str) -> None:
     """Makes the child kill itself at ``point`` of its next fragment step."""
     from pytreestore import _fragmenting
     from pytreestore._commit import committer, fragments
+    from pytreestore.backends import _links
 
     if point == "writing":  # the arrays are written, the fragment's description is not
         fragments.manifest_key = lambda fid: _die()  # type: ignore[assignment]
-    elif point == "placing":  # half of the chunks placed (misaligned: before the rewrites)
-        copy = fragments._copy
+    elif point in ("placing", "linking"):
+        # placing: half of the chunk-row folders moved; linking: all of them moved and half
+        # of the chunk files linked; misaligned: before the rewrites
+        name = "move_folders" if point == "placing" else "link_all"
+        setattr(_links, name, _half_then_die(getattr(_links, name)))
+        aligned = fragments._place_aligned
 
-        def half_copy(engine: Any, pairs: Any) -> None:
-            copy(engine, pairs[: len(pairs) // 2])
+        def then_die(*args: Any) -> None:
+            aligned(*args)
             _die()
 
-        fragments._copy = half_copy  # type: ignore[assignment]
+        fragments._place_aligned = then_die  # type: ignore[assignment]
     elif point == "before_record":
         committer.Committer.advance = lambda *a, **k: _die()  # type: ignore[assignment]
     elif point == "after_record":
         _fragmenting.Fragmenting._retire = lambda self, ids: _die()  # type: ignore[assignment]
+
+
+def _half_then_die(fn: Any) -> Any:
+    def half(root: str, items: Any, folders: set[str]) -> None:
+        items = list(items)
+        if not items:
+            return
+        fn(root, items[: len(items) // 2], folders)
+        _die()
+
+    return half
 
 
 def child(path: str, backend: str, point: str, out: str) -> None:
@@ -78,12 +94,31 @@ def child(path: str, backend: str, point: str, out: str) -> None:
     store.close()
 
 
+def reopen_child(path: str, backend: str) -> None:
+    """Opens the store for appending and dies halfway through moving a killed commit's
+    chunk rows back into their fragments."""
+    from pytreestore._commit import placing
+
+    undo = placing.undo
+
+    def half_undo(root: str, moves: Any) -> None:
+        undo(root, moves[len(moves) // 2 :])  # undo goes from the last move back
+        _die()
+
+    placing.undo = half_undo  # type: ignore[assignment]
+    pytreestore.open(path, "a", backend=backend)
+
+
 def _run(path: Path, backend: str, point: str, *, kill_after: float | None = None) -> int:
     out = path.parent / "fragments.json"
+    call = (
+        f"t.reopen_child({str(path)!r}, {backend!r})"
+        if point == "reopening"
+        else f"t.child({str(path)!r}, {backend!r}, {point!r}, {str(out)!r})"
+    )
     code = (
         f"import sys; sys.path.insert(0, {str(TESTS.parent)!r}); "
-        "from tests import test_fragments_crash as t; "
-        f"t.child({str(path)!r}, {backend!r}, {point!r}, {str(out)!r})"
+        f"from tests import test_fragments_crash as t; {call}"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -142,6 +177,19 @@ def test_a_writer_killed_at_each_point_loses_nothing(tmp_path, backend, start, p
     written = _fragments(path)
     assert len(written) == (1 if point == "writing" else 2)
     _check_recovered(path, backend, start)
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_a_writer_killed_while_moving_rows_back_loses_nothing(tmp_path, backend):
+    path = tmp_path / "s"
+    with pytreestore.create(path, rec(0), backend=backend, chunk_records=CHUNK) as store:
+        store.extend(rec(i) for i in range(4))
+    assert _run(path, backend, "placing") == -signal.SIGKILL
+    assert (path / PLACING_KEY).exists()  # a commit cut off with chunk rows moved
+    assert _run(path, backend, "reopening") == -signal.SIGKILL
+    assert (path / PLACING_KEY).exists()  # the next writer moves the rest back
+    _check_recovered(path, backend, 4)
+    assert not (path / PLACING_KEY).exists()
 
 
 @pytest.mark.parametrize("trial", range(4))

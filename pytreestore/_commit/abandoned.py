@@ -11,9 +11,9 @@ A fragment folder under ``.pytreestore/fragments/`` is removed by vacuum when:
   itself is older than ``older_than``, since a writer creates the folder just before its
   ``begun.json``).
 
-Committed fragments moved to ``.pytreestore/retired/`` are deleted too. Ages are measured
-with this machine's clock against the time the writer's clock wrote, so ``older_than`` must
-exceed the clock skew between hosts, and the longest a fragment may wait for its commit.
+Ages are measured with this machine's clock against the time the writer's clock wrote, so
+``older_than`` must exceed the clock skew between hosts, and the longest a fragment may wait
+for its commit.
 
 Example:
     >>> import numpy as np, pytreestore
@@ -62,9 +62,7 @@ def sweep(engine: Backend, location: Location, head: Commit, older_than: float, 
     ]
     if gone:
         _fragments.remove(engine, gone)
-    root = _fragments.local_root(engine)
-    retired = _fragments.purge(root) if root is not None else 0
-    return len(gone) + retired
+    return len(gone)
 
 
 def _committed(engine: Backend, head: Commit, where: str) -> set[str]:

@@ -40,6 +40,7 @@ _FIELDS: dict[str, Any] = {
     "generation": int,
     "time": _TIME,
 }
+_SORTED = sorted(_FIELDS)
 #: the name of the fragment's own description in its folder, written last
 MANIFEST = "fragment.json"
 #: the name of the marker written first in a fragment's folder (when it was begun)
@@ -72,8 +73,9 @@ class Fragment:
         return fragment_folder(self.id)
 
     def to_json(self) -> str:
-        """The fragment as JSON text, for :meth:`from_json` in another process."""
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        """The fragment as JSON text, for :meth:`from_json` in another process: canonical
+        (members sorted, one spacing), so equal fragments give equal text."""
+        return json.dumps({name: getattr(self, name) for name in _SORTED})
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Fragment:

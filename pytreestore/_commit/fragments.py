@@ -13,12 +13,15 @@ one :func:`~pytreestore._commit.atomic.atomic` block, the columns grow, each fra
 are placed past the committed records, and one commit through the writer's
 :class:`~pytreestore._commit.committer.Committer` appends them all (its record lists the
 fragments' ids). A fragment that starts at a chunk boundary of the store has its encoded
-chunks placed at the store's chunk keys as they are (:class:`~pytreestore.backends.ChunkCopies`:
-hard links locally, raw bytes elsewhere; no chunk is decoded); one that does not (the
-records before it are not a multiple of ``chunk_records``) is read and written again. Only
-after the commit are the fragments' folders deleted: a crash before it leaves them whole
-(links never move the fragment's own files), and chunks past the commit, which repair on the
-next open for appending removes.
+chunks placed at the store's chunk keys as they are, no chunk decoded: on local disk its
+chunk files hard-linked and its chunk-row folders renamed into the store under an intent
+record (:mod:`pytreestore._commit.placing`), on OCDBT its keys copied inside the database
+(:class:`~pytreestore.backends.ChunkCopies`), elsewhere its raw bytes copied. One that does
+not (the records before it are not a multiple of ``chunk_records``) is read and written
+again. Only after the commit are the fragments' folders deleted (on OCDBT in the commit's
+own transaction; locally on a thread of their own): a crash before it leaves chunks past the
+commit, which repair on the next open for appending removes, after moving renamed chunk rows
+back into their fragments, so every fragment is whole again.
 
 Example:
     >>> import numpy as np, pytreestore
@@ -44,17 +47,25 @@ from typing import Any
 import numpy as np
 from jax.tree_util import tree_flatten
 
-from pytreestore._commit import versions
-from pytreestore._commit.fragment import Fragment, begun_key, manifest_key
+from pytreestore._commit import placing, versions
+from pytreestore._commit.fragment import MANIFEST, Fragment, begun_key, manifest_key
 from pytreestore._commit.layouts import layouts
+from pytreestore._commit.placing import local_root
 from pytreestore._commit.record import Commit, now_utc
 from pytreestore._format import validate as _validate
-from pytreestore._format.names import RETIRED_DIR, fragment_folder
+from pytreestore._format.names import fragment_folder
 from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._location import Location
 from pytreestore._tree.convert import RecordError, RowFiller, casters
 from pytreestore._tree.stack import batch_length
-from pytreestore.backends import Backend, ChunkCopies, ColumnLayout, KeyListing, LocalFiles
+from pytreestore.backends import (
+    Backend,
+    ChunkCopies,
+    ColumnLayout,
+    FolderDeletes,
+    KeyListing,
+    ManyReads,
+)
 from pytreestore.backends._base import missing_chunk
 from pytreestore.errors import (
     CorruptChunkError,
@@ -105,12 +116,19 @@ def write(engine: Backend, schema: TreeSchema, head: Commit, data: Any, where: s
 
 
 def check_fixed(schema: TreeSchema, where: str) -> None:
-    """Raises FragmentError for a ragged (or optional) store: fragments need fixed columns."""
+    """Raises FragmentError for a ragged (or optional) store, or one that packs leaves:
+    fragments need fixed columns, one array each."""
     if schema.ragged is not None:
         raise FragmentError(
             f"store {where} holds ragged or optional records; fragments need a store of one "
             "fixed structure (created without ragged= or optional=). Append to it from one "
             "writer instead. Nothing was written."
+        )
+    if schema.packs:
+        raise FragmentError(
+            f"store {where} packs small leaves into shared arrays (created with pack=); "
+            "fragments need one array per leaf. Append to it from one writer, or copy it to "
+            "a store created without pack= (pytreestore.copy). Nothing was written."
         )
 
 
@@ -232,7 +250,9 @@ def _check_written(
     root = local_root(engine)
     if root is not None:  # plain reads: no engine call
         found = [_read_file(os.path.join(root, k)) for k in keys]
-    elif len(keys) > 8:  # each read waits on storage: many at once
+    elif isinstance(engine, ManyReads):  # each read waits on storage: all at once
+        found = engine.read_many_bytes(keys)
+    elif len(keys) > 8:
         with ThreadPoolExecutor(16) as pool:
             found = list(pool.map(engine.read_bytes, keys))
     else:
@@ -251,36 +271,45 @@ def _check_written(
 
 def _read_file(path: str) -> bytes | None:
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
     except OSError as err:
         raise StorageError(f"cannot read {path}: {err}") from err
+    try:
+        parts = [os.read(fd, 4096)]
+        while parts[-1]:
+            parts.append(os.read(fd, 1 << 16))
+        return b"".join(parts)
+    except OSError as err:
+        raise StorageError(f"cannot read {path}: {err}") from err
+    finally:
+        os.close(fd)
 
 
 def place(
-    engine: Backend, schema: TreeSchema, fragments: Sequence[Fragment], start: int
+    engine: Backend, schema: TreeSchema, fragments: Sequence[Fragment], start: int, base: int
 ) -> tuple[int, int]:
     """Writes the fragments' rows into the store's columns from record ``start`` on (the
-    columns already hold them); (records placed without decoding, records rewritten).
+    columns already hold them), for a commit after version ``base``; (records placed without
+    decoding, records rewritten).
 
     Raises:
         FragmentError: a fragment's chunk is missing (nothing is committed; the rows placed
-            lie past the commit).
+            lie past the commit, and chunk-row folders moved are moved back).
     """
     keys = [c.key for c in schema.columns]
     chunk, at = schema.chunk_records, start
-    pairs: list[tuple[str, str]] = []
+    aligned: list[tuple[Fragment, int]] = []
     rewrites: list[tuple[Fragment, int]] = []
     for f in fragments:
         if f.records and at % chunk == 0:
-            pairs.extend(chunk_pairs(schema.columns, f, at // chunk))
+            aligned.append((f, at // chunk))
         elif f.records:
             rewrites.append((f, at))
         at += f.records
     try:
-        _copy(engine, pairs)
+        _place_aligned(engine, schema.columns, aligned, base)
         for f, offset in rewrites:
             lays = fragment_layouts(schema, f)
             engine.open_columns(lays)
@@ -293,8 +322,39 @@ def place(
             f"fragment {name} is incomplete: {err}. Its files were changed or partly deleted "
             "after it was written; write it again. Nothing was committed."
         ) from err
-    moved = sum(f.records for f in fragments) - sum(f.records for f, _ in rewrites)
+    moved = sum(f.records for f, _ in aligned)
     return moved, sum(f.records for f, _ in rewrites)
+
+
+def _place_aligned(
+    engine: Backend,
+    columns: Sequence[ColumnSpec],
+    aligned: Sequence[tuple[Fragment, int]],
+    base: int,
+) -> None:
+    """Places the chunks of each (fragment, its first chunk row in the store) unchanged."""
+    if not aligned:
+        return
+    root = local_root(engine)
+    if root is None:
+        _copy(engine, [p for f, first in aligned for p in chunk_pairs(columns, f, first)])
+        return
+    moves: list[tuple[str, str]] = []
+    chunks: list[tuple[str, ...]] = []  # the chunk files below each moved folder
+    files: list[tuple[str, str]] = []
+    grids = {c.key: tuple("/".join(map(str, g)) for g in _grid(c)) for c in columns if c.shape}
+    for f, first in aligned:
+        for c in columns:
+            if 0 in c.shape:
+                continue
+            rows = range(-(-f.records // c.chunks[0]))
+            head, tail = f"{f.folder}/{c.key}/c/", f"{c.key}/c/"
+            if c.shape:  # array leaves: one folder per chunk row
+                moves.extend((f"{head}{r}", f"{tail}{r + first}") for r in rows)
+                chunks.extend(grids[c.key] for _ in rows)
+            else:
+                files.extend((f"{head}{r}", f"{tail}{r + first}") for r in rows)
+    placing.place_local(root, base, moves, files, chunks)
 
 
 def chunk_pairs(
@@ -340,49 +400,36 @@ def _copy(engine: Backend, pairs: Sequence[tuple[str, str]]) -> None:
 # ---- removing ------------------------------------------------------------------------------
 
 
-def local_root(engine: Backend) -> str | None:
-    """The folder whose files are ``engine``'s keys (so fragments are read, renamed and
-    deleted as files), or None: every call goes through the engine (S3, OCDBT, memory)."""
-    return engine.files_root if isinstance(engine, LocalFiles) else None
+def purge(root: str, ids: Sequence[str]) -> int:
+    """Deletes the folders of the committed fragments ``ids`` of the local store at
+    ``root`` (a thread's work after the commit); how many were there."""
+    folders = [os.path.join(root, fragment_folder(i)) for i in ids]
+    with ThreadPoolExecutor(4) as pool:
+        return sum(pool.map(_delete_folder, folders))
 
 
-def retire(engine: Backend, ids: Sequence[str]) -> str | None:
-    """Takes committed fragments out of ``fragments/``: on local files one rename of each
-    folder into ``.pytreestore/retired/`` (returns the store's folder: :func:`purge` deletes
-    them later), elsewhere a deletion of their keys now (returns None)."""
-    root = local_root(engine)
-    if root is None:
-        remove(engine, ids)
-        return None
-    retired = os.path.join(root, RETIRED_DIR)
-    os.makedirs(retired, exist_ok=True)
-    for fid in ids:
-        with contextlib.suppress(FileNotFoundError):
-            os.rename(os.path.join(root, fragment_folder(fid)), os.path.join(retired, fid))
-    return root
-
-
-def purge(root: str) -> int:
-    """Deletes the retired fragments' folders of the local store at ``root``; how many."""
-    retired = os.path.join(root, RETIRED_DIR)
-    try:
-        names = os.listdir(retired)
-    except FileNotFoundError:
-        return 0
-    with ThreadPoolExecutor(8) as pool:
-        for _ in pool.map(lambda n: shutil.rmtree(os.path.join(retired, n), True), names):
-            pass
-    return len(names)
+def _delete_folder(folder: str) -> bool:
+    """Deletes ``folder``: its description first, so that a deletion cut short leaves a
+    folder that is never committed (vacuum removes it); whether it was there."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(folder, MANIFEST))
+    if not os.path.isdir(folder):
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
 
 
 def remove(engine: Backend, ids: Iterable[str]) -> None:
-    """Deletes the folders of the fragments ``ids`` (locally with one tree removal each)."""
+    """Deletes the folders of the fragments ``ids`` (locally with one tree removal each;
+    inside a :class:`~pytreestore.backends.Transactions` block, as part of it)."""
     ids = list(ids)
     folders = [fragment_folder(i) for i in ids]
     root = local_root(engine)
     if root is not None:
-        for folder in folders:
-            shutil.rmtree(os.path.join(root, folder), ignore_errors=True)
+        purge(root, ids)
+        return
+    if isinstance(engine, FolderDeletes):
+        engine.delete_folders(folders)
         return
     if not isinstance(engine, KeyListing):
         engine.delete_keys([manifest_key(i) for i in ids] + [begun_key(i) for i in ids])
@@ -397,9 +444,9 @@ __all__ = [
     "check_fixed",
     "chunk_pairs",
     "column_blocks",
+    "local_root",
     "place",
     "purge",
     "remove",
-    "retire",
     "write",
 ]

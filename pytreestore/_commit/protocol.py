@@ -23,8 +23,9 @@ below leaves the previous commit in force until one atomic put replaces it.
    Writers sharing a local OCDBT store through a coordinator hold a shared ``flock`` instead
    and commit one at a time under the commit claim (:mod:`pytreestore._commit.shared`).
 4. **Opening for append** (:func:`attach`). Lock first, then read the commit record, check
-   that no column starts past it (:func:`check_starts`), and repair what a crashed writer
-   left past the commit (:mod:`pytreestore._commit.repair`: partial ``<key>.__lock`` files of
+   that no column starts past it (:func:`check_starts`), move the chunk rows of an
+   unfinished commit of fragments back into them (:mod:`pytreestore._commit.placing`), and
+   repair what a crashed writer left past the commit (:mod:`pytreestore._commit.repair`: partial ``<key>.__lock`` files of
    TensorStore's file kvstore, removed by ``remove_partial_writes`` in
    ``pytreestore/backends/_tensorstore/backend.py``; columns grown past the commit; chunks
    holding no committed record). Opening to read takes no lock and repairs nothing.
@@ -70,7 +71,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from pytreestore._commit import consolidated, versions
+from pytreestore._commit import consolidated, placing, versions
 from pytreestore._commit.layouts import column_layouts, group_document, group_paths, layouts
 from pytreestore._commit.lock import WriterLock
 from pytreestore._commit.record import Commit, now_utc
@@ -260,11 +261,14 @@ def attach(
 
 
 def prepare_append(engine: Backend, location: Location, schema: TreeSchema, commit: Commit) -> None:
-    """Readies a store for its writer: repairs what a crashed writer left past the commit
-    (nothing while a truncate holds rows for older versions: no write touched them), drops a
-    version record it left, and keeps the schema in the version log."""
+    """Readies a store for its writer: moves back into their fragments the chunk rows of a
+    commit of fragments that never came (:mod:`pytreestore._commit.placing`), repairs what a
+    crashed writer left past the commit (nothing while a truncate holds rows for older
+    versions: no write touched them), drops a version record it left, and keeps the schema
+    in the version log."""
     if isinstance(engine, PartialWriteCleanup):  # a write cut short must not be reused
         engine.remove_partial_writes([], 0)
+    placing.settle(engine, str(location))  # fragments' chunk rows back, before repair
     versions.discard_orphan(engine, commit)
     schema_id = _validate.id_of(schema)
     if engine.read_bytes(schema_key(schema_id)) is None:  # a store of an older pytreestore

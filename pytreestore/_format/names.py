@@ -36,8 +36,9 @@ TAGS_DIR = f"{META_DIR}/tags"
 SCHEMAS_DIR = f"{META_DIR}/schemas"
 #: issue 17: uncommitted fragments, one folder ``<fragment id>/`` each (readers never look here)
 FRAGMENTS_DIR = f"{META_DIR}/fragments"
-#: issue 17: fragments committed and moved out of ``fragments/``, deleted after the commit
-RETIRED_DIR = f"{META_DIR}/retired"
+#: issue 17: a local commit of fragments under way: the chunk-row folders it moves from the
+#: fragments into the store, undone after a crash before its commit record
+PLACING_KEY = f"{META_DIR}/placing.json"
 #: the token of a missing key in conditional writes (TensorStore's generation of one): pass it
 #: to ``write_bytes_if`` to create only
 NO_VALUE = b"\x02"

@@ -323,8 +323,9 @@ class ChunkCopies(Protocol):
     """Placing stored objects at other keys as they are, encoded, without decoding them: how
     a fragment's chunks become the store's (:mod:`pytreestore._commit.fragments`).
 
-    Locally a hard link (no byte is copied), elsewhere a copy of the raw bytes. The source
-    stays as it was. Inside a :class:`Transactions` block the writes join the transaction.
+    Locally a hard link (no byte is copied); in an OCDBT database a copy of the key's entry
+    (its value is not rewritten); elsewhere a copy of the raw bytes. The source stays as it
+    was. Inside a :class:`Transactions` block the writes join the transaction.
     """
 
     def copy_chunks(self, pairs: Sequence[tuple[str, str]], /) -> None:
@@ -334,6 +335,34 @@ class ChunkCopies(Protocol):
         Raises:
             CorruptChunkError: a source key holds nothing (its ``key`` names it); the
                 destinations placed before are left (they lie past the commit).
+            StorageError: storage failed.
+        """
+        ...
+
+
+@runtime_checkable
+class ManyReads(Protocol):
+    """Reading many small objects at once (fragments' descriptions before their commit)."""
+
+    def read_many_bytes(self, keys: Sequence[str], /) -> list[bytes | None]:
+        """The value at each key (None where absent), all read at once.
+
+        Raises:
+            StorageError: storage failed.
+        """
+        ...
+
+
+@runtime_checkable
+class FolderDeletes(Protocol):
+    """Deleting every key below some folders at once, without listing them first (committed
+    and abandoned fragments): TensorStore's ``delete_range``."""
+
+    def delete_folders(self, folders: Sequence[str], /) -> None:
+        """Deletes every key below each folder (a key prefix, given without its trailing
+        ``/``), all at once. Inside a :class:`Transactions` block the deletions join it.
+
+        Raises:
             StorageError: storage failed.
         """
         ...

@@ -1,5 +1,6 @@
-"""The conformance cases of :class:`~pytreestore.backends.ChunkCopies` and of fragments,
-mixed into :class:`~pytreestore.testing.conformance.BackendSuite`: each runs only where the
+"""The conformance cases of :class:`~pytreestore.backends.ChunkCopies`,
+:class:`~pytreestore.backends.ManyReads`, :class:`~pytreestore.backends.FolderDeletes` and of
+fragments, mixed into :class:`~pytreestore.testing.conformance.BackendSuite`: each runs only where the
 backend declares the capability (issue 17).
 
 This module imports pytest; ``import pytreestore.testing`` does not.
@@ -15,7 +16,7 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore.backends import ChunkCopies, ColumnLayout
+from pytreestore.backends import ChunkCopies, ColumnLayout, FolderDeletes, ManyReads
 
 
 class ChunkCopyCases:
@@ -46,6 +47,21 @@ class ChunkCopyCases:
             np.testing.assert_array_equal(backend.read(["f/x"], slice(0, 6), 6)[0], values)
             with pytest.raises(errors.CorruptChunkError, match="f/x/c/9/0"):
                 backend.copy_chunks([("f/x/c/9/0", "x/c/9/0")])
+
+    def test_many_reads_read_every_key_at_once(self) -> None:
+        with self.location() as path:
+            backend = self.capable(path, ManyReads)
+            backend.write_many_bytes({"a/1": b"one", "a/2": b"two"})
+            assert backend.read_many_bytes(["a/2", "a/3", "a/1"]) == [b"two", None, b"one"]
+            assert backend.read_many_bytes([]) == []
+
+    def test_folder_deletes_remove_every_key_below(self) -> None:
+        with self.location() as path:
+            backend = self.capable(path, FolderDeletes)
+            keys = ["f/1/x", "f/1/c/0/0", "f/10/x", "f/2/x", "f/1x"]
+            backend.write_many_bytes({k: b"v" for k in keys})
+            backend.delete_folders(["f/1", "f/3"])  # an absent folder is no error
+            assert [backend.read_bytes(k) for k in keys] == [None, None, b"v", b"v", b"v"]
 
     def test_fragments_commit_through_chunk_copies(self) -> None:
         like = {"a": np.float32(0), "b": np.zeros(3, np.int16)}

@@ -43,8 +43,10 @@ from pytreestore.backends._base import (
     ColumnLayout,
     ColumnShape,
     ConditionalWrites,
+    FolderDeletes,
     KeyListing,
     LocalFiles,
+    ManyReads,
     PartialReads,
     PartialWriteCleanup,
     TensorStoreKvStore,
@@ -53,11 +55,12 @@ from pytreestore.backends._base import (
 )
 from pytreestore.backends._links import link_files
 from pytreestore.backends._metadata import array_metadata
+from pytreestore.backends._tensorstore import checked as _checked
 from pytreestore.backends._tensorstore import direct as _direct
 from pytreestore.backends._tensorstore import futures as _futures
 from pytreestore.backends._tensorstore.kvstore import kvstore_spec
 from pytreestore.backends._unstored import Unstored
-from pytreestore.errors import CorruptChunkError, CorruptStoreError, PyTreeStoreError
+from pytreestore.errors import PyTreeStoreError
 
 _MEMORY: dict[str, Any] = {}
 _Part = tuple[str, Any, "slice | None"]  # (key, index, part of the second axis or None: all)
@@ -82,6 +85,8 @@ class TensorStoreBackend(
     ChunkCopies,
     LocalFiles,
     PartialReads,
+    ManyReads,
+    FolderDeletes,
 ):
     """Columns as TensorStore ``zarr3`` arrays on the ``file``, ``memory``, ``s3`` or ``gcs``
     kvstore.
@@ -123,6 +128,20 @@ class TensorStoreBackend(
 
     def write_bytes(self, key: str, data: bytes) -> None:
         self.write_many_bytes({key: data})
+
+    def read_many_bytes(self, keys: Sequence[str]) -> list[bytes | None]:
+        """The value at each key (None where absent), every read issued at once."""
+        reads = [self.kvstore.read(k) for k in keys]
+        found = _futures.wait(reads, list(keys), f"reading {self._location}", timeout=self._timeout)
+        return [bytes(r.value) if r.state == "value" else None for r in found]
+
+    def delete_folders(self, folders: Sequence[str]) -> None:
+        """Deletes every key below each folder: one ``delete_range`` each, all at once."""
+        ranges = [ts.KvStore.KeyRange(f + "/", f + "0") for f in folders]  # "0" follows "/"
+        futures = [self.kvstore.delete_range(r) for r in ranges]
+        _futures.wait(
+            futures, list(folders), f"deleting from {self._location}", timeout=self._timeout
+        )
 
     def write_many_bytes(self, items: dict[str, bytes]) -> None:
         futures = [self.kvstore.write(k, v) for k, v in items.items()]
@@ -417,58 +436,9 @@ class TensorStoreBackend(
     def read_checked(
         self, reads: Sequence[tuple[str, Any]], records: int
     ) -> list[PyTreeStoreError | None]:
-        """Reads every ``(key, index)`` at once; each read's error, or None where it worked.
-
-        Damaged chunks and metadata give errors in the list; storage failures raise.
-        """
-        opened: dict[str, ts.TensorStore | PyTreeStoreError] = {}
-        for key in dict.fromkeys(k for k, _ in reads):
-            try:
-                opened[key] = self._open([key], records)[0]
-            except CorruptStoreError as err:
-                opened[key] = err
-        direct = {  # plain files are checked as load reads them: sizes too
-            i: self._read_direct(plan, key, index)
-            for i, (key, index) in enumerate(reads)
-            if isinstance(h := opened[key], ts.TensorStore) and (plan := self._plan(key, h))
-        }
-        with ts.Batch() as batch:
-            futures = [
-                h[index].read(batch=batch) if isinstance(h := opened[key], ts.TensorStore) else h
-                for key, index in reads
-            ]
-        out: list[PyTreeStoreError | None] = []
-        for i, ((key, _), fut) in enumerate(zip(reads, futures)):
-            if i in direct and direct[i] is not None:
-                out.append(direct[i])
-                continue
-            if isinstance(fut, PyTreeStoreError):
-                out.append(fut)
-                continue
-            try:
-                _futures.result(fut, self._timeout)
-                out.append(None)
-            except ValueError as err:
-                if not _futures.is_damage(err):
-                    raise _futures.storage_error(f"reading column {key}", err) from err
-                damaged = _futures.chunk_error(key, err)
-                damaged.__cause__ = err
-                out.append(damaged)
-        return out
-
-    @staticmethod
-    def _read_direct(plan: _direct.DirectColumn, key: str, index: Any) -> CorruptChunkError | None:
-        """The error of reading ``index`` of ``key`` as plain files (None: it read back, or a
-        chunk is missing, which the engine's read then reports)."""
-        try:
-            _direct.read([(plan, index, None)])
-        except _direct.MissingChunk:
-            return None
-        except CorruptChunkError as err:
-            return err
-        except OSError as err:
-            raise _futures.storage_error(f"reading column {key}", err) from err
-        return None
+        """Reads every ``(key, index)`` at once; each read's error, or None where it worked
+        (:func:`pytreestore.backends._tensorstore.checked.read_checked`)."""
+        return _checked.read_checked(self, reads, records)
 
     def copy_chunks(self, pairs: Sequence[tuple[str, str]]) -> None:
         """Places each source key's object at its destination key: a hard link on the file

@@ -46,6 +46,7 @@ import tensorstore as ts
 from pytreestore._format.names import LOCK_KEY, META_DIR
 from pytreestore._location import Location
 from pytreestore.backends._base import Snapshots, delete_folder
+from pytreestore.backends._links import missing_source
 from pytreestore.backends._tensorstore import futures as _futures
 from pytreestore.backends._tensorstore.backend import TensorStoreBackend, _memory_context
 from pytreestore.backends._tensorstore.direct import DirectColumn
@@ -145,6 +146,39 @@ class OcdbtDatabase(TensorStoreBackend, Snapshots):
     def resize(self, keys: Sequence[str], records: int) -> None:
         self._refuse_pinned("resize")
         super().resize(keys, records)
+
+    def delete_folders(self, folders: Sequence[str]) -> None:
+        self._refuse_pinned("delete")
+        super().delete_folders(folders)
+
+    def copy_chunks(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Places each source key's value at its destination key inside the database: the
+        key's entry is copied (TensorStore's ``experimental_copy_range_to``), its value is
+        neither read nor rewritten. Inside a transaction (:class:`OcdbtBackend`), part of it.
+
+        Raises:
+            CorruptChunkError: a source key holds nothing.
+            StorageError: storage failed.
+        """
+        self._refuse_pinned("write")
+        if not pairs:
+            return
+        committed = super().kvstore  # the sources as committed (a transaction's writes aside)
+        sources = sorted(s for s, _ in pairs)
+        span = ts.KvStore.KeyRange(sources[0], sources[-1] + "\x00")
+        try:
+            stored = {
+                bytes(k).decode() for k in _futures.result(committed.list(span), self._timeout)
+            }
+        except ValueError as err:
+            raise _futures.storage_error(f"listing {self._location}", err) from err
+        missing = next((s for s in sources if s not in stored), None)
+        if missing is not None:
+            raise missing_source(missing, "object")
+        target, exact = self.kvstore, ts.KvStore.KeyRange("", "\x00")  # the key itself only
+        copies = [(committed / s).experimental_copy_range_to(target / d, exact) for s, d in pairs]
+        where = f"copying chunks in {self._location}"
+        _futures.wait(copies, [d for _, d in pairs], where, timeout=self._timeout)
 
     def _refuse_pinned(self, what: str) -> None:
         if self.version is not None:

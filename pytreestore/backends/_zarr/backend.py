@@ -76,6 +76,7 @@ from pytreestore.backends._base import (
     ConditionalWrites,
     KeyListing,
     LocalFiles,
+    ManyReads,
     PartialReads,
     damaged_chunk,
     delete_folder,
@@ -102,7 +103,7 @@ _COMMIT_LOCK = threading.Lock()  # the commit lock of memory:// stores
 
 
 class ZarrBackend(
-    ConditionalWrites, KeyListing, BatchedReads, ChunkCopies, LocalFiles, PartialReads
+    ConditionalWrites, KeyListing, BatchedReads, ChunkCopies, LocalFiles, PartialReads, ManyReads
 ):
     """Columns as zarr-python 3 arrays on a local directory or a ``memory://`` store; its
     subclass :class:`~pytreestore.backends._zarr.s3.ZarrS3Backend` stores on S3
@@ -110,7 +111,7 @@ class ZarrBackend(
 
     Capabilities: ConditionalWrites (a ``flock`` locally, a process lock in memory; ETags on
     S3), KeyListing, BatchedReads, ChunkCopies (hard links locally, raw bytes elsewhere),
-    PartialReads.
+    PartialReads, ManyReads.
     """
 
     def __init__(self, location: Location) -> None:
@@ -141,6 +142,10 @@ class ZarrBackend(
 
     def write_bytes(self, key: str, data: bytes) -> None:
         self.write_many_bytes({key: data})
+
+    def read_many_bytes(self, keys: Sequence[str]) -> list[bytes | None]:
+        """The value at each key (None where absent), all read at once."""
+        return self._call(gather(self._get(k) for k in keys), f"reading {self._location}")
 
     def write_many_bytes(self, items: dict[str, bytes]) -> None:
         sets = (self._store.set(k, _PROTOTYPE.buffer.from_bytes(v)) for k, v in items.items())
