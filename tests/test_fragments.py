@@ -305,13 +305,6 @@ def test_bad_records_write_nothing(path, backend):
     assert fragments_left(path) == []
 
 
-def test_a_ragged_store_refuses_fragments(path, backend):
-    pytreestore.create(path, {"p": [np.int8(0)]}, ragged=["['p']"], backend=backend).close()
-    with pytest.raises(errors.FragmentError, match="fragments need a store of one fixed structure"):
-        pytreestore.write_fragment(path, [{"p": [np.int8(1)]}], backend=backend)
-    assert fragments_left(path) == []
-
-
 def test_a_reader_cannot_commit_fragments(path, backend):
     make(path, backend).close()
     f = pytreestore.write_fragment(path, [rec(0)], backend=backend)

@@ -69,13 +69,14 @@ from pytreestore.errors import (
 
 def write(engine: Backend, schema: TreeSchema, head: Commit, data: Any, where: str) -> Fragment:
     """Writes ``data`` (records, or a batch of the schema's structure) as a fragment of the
-    store behind ``engine``, whose latest commit is ``head``; its description.
+    store behind ``engine``, a store of one fixed structure (a ragged store's fragments:
+    :mod:`pytreestore._ragged.fragments`), whose latest commit is ``head``; its description.
 
     Raises:
-        FragmentError: the store is ragged, or has no store id (written before format 2).
+        FragmentError: the store has no store id (written before format 2).
         SchemaMismatchError: a record or the batch does not match the schema; nothing written.
     """
-    check_fixed(schema, where)
+    assert schema.ragged is None, "a ragged store's fragments are _ragged.fragments'"
     if head.store is None:
         raise FragmentError(
             f"store {where} was written by a pytreestore before format 2 and has no store id, "
@@ -102,16 +103,6 @@ def write(engine: Backend, schema: TreeSchema, head: Commit, data: Any, where: s
             remove(engine, [fragment.id])
         raise
     return fragment
-
-
-def check_fixed(schema: TreeSchema, where: str) -> None:
-    """Raises FragmentError for a ragged (or optional) store: fragments need fixed columns."""
-    if schema.ragged is not None:
-        raise FragmentError(
-            f"store {where} holds ragged or optional records; fragments need a store of one "
-            "fixed structure (created without ragged= or optional=). Append to it from one "
-            "writer instead. Nothing was written."
-        )
 
 
 def column_blocks(schema: TreeSchema, data: Any) -> list[np.ndarray]:
@@ -167,15 +158,18 @@ def check(
     fragments: Sequence[Any],
     head: Commit,
     schema: TreeSchema,
+    *,
+    same_schema: bool = True,
 ) -> list[Fragment]:
     """The fragments, each checked for a commit after ``head``; reads, writes nothing.
+    ``same_schema=False`` leaves the schema to the caller (a ragged store's fragments may
+    hold structures it learns: :mod:`pytreestore._ragged.placing`).
 
     Raises:
         FragmentError: one is not a Fragment, is listed twice, belongs to another store or
             schema, was committed already, or its files are gone.
     """
     where = str(location)
-    check_fixed(schema, where)
     found: list[Fragment] = []
     schema_id, seen = _validate.id_of(schema), set()
     for i, f in enumerate(fragments):
@@ -191,7 +185,7 @@ def check(
             raise _refused(
                 f, i, f"belongs to another store (store id {f.store}; {where} is {head.store})"
             )
-        if f.schema != schema_id:
+        if same_schema and f.schema != schema_id:
             raise _refused(
                 f,
                 i,
@@ -394,7 +388,6 @@ def remove(engine: Backend, ids: Iterable[str]) -> None:
 
 __all__ = [
     "check",
-    "check_fixed",
     "chunk_pairs",
     "column_blocks",
     "place",

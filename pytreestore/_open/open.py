@@ -30,6 +30,7 @@ from pytreestore._location import Location
 from pytreestore._open.schemas import check_codec, new_schema, packed_schema
 from pytreestore._open.shared import check_shared_options, open_shared
 from pytreestore._ragged.model import GenericViewError, attach_layout, build_schema
+from pytreestore._ragged.multihost import write_rows
 from pytreestore._ragged.writer import new_writer
 from pytreestore._read.request import check_cast
 from pytreestore._spec import StoreSpec
@@ -37,7 +38,6 @@ from pytreestore._store import TreeStore
 from pytreestore.backends import Backend, Transactions, default_backend, get_backend, is_ocdbt
 from pytreestore.backends._packed import packed
 from pytreestore.errors import (
-    FragmentError,
     NotAStoreError,
     SchemaMismatchError,
     StoreNotFoundError,
@@ -94,7 +94,8 @@ def create(
             arguments: process 0 creates the store and holds its writer lock, the others
             attach to it without one, and :meth:`~TreeStore.extend_batch` then takes global
             batches, called on every process (docs/scaling.md, "Multi-host JAX"). The store
-            must live where every process reaches it; not with ``ragged=`` or ``optional=``.
+            must live where every process reaches it. With ``ragged=`` or ``optional=``,
+            ``extend_batch(batch, mask=mask)`` takes the global padded batch and its mask.
         pack: store small leaves side by side in shared arrays (docs/scaling.md#wide-trees):
             True packs every leaf of at most 4096 bytes per record, an int N those of at
             most N bytes; leaves of one dtype share a pack array ``_pack_<dtype>_<n>`` at
@@ -126,11 +127,6 @@ def create(
             "records). Create it without pack="
         )
     if multihost:
-        if ragged is not None or optional is not None:
-            raise FragmentError(
-                "multihost=True writes fragments, which need one fixed structure: create the "
-                "store without ragged= or optional=, or append from one process"
-            )
         options = {"backend": backend, "storage_options": storage_options, "cast": cast}
         return _multihost.open_everywhere(
             lambda: create(
@@ -141,11 +137,14 @@ def create(
                 overwrite=overwrite,
                 keep_versions=keep_versions,
                 pack=pack,
+                ragged=ragged,
+                optional=optional,
                 **options,
             ),
             lambda: open(path, like=like, **options),
             str(location),
             location,
+            write_rows,
         )
     if ragged is None and optional is None:
         schema = new_schema(like, chunk_records=chunk_records, codec=codec)
@@ -306,6 +305,7 @@ def open(
             lambda: open(path, **options),
             str(location),
             location,
+            write_rows,
         )
     if coordinator is not None:
         address = check_shared_options(
