@@ -51,6 +51,8 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
+
 import pytreestore
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
@@ -167,7 +169,27 @@ def _records(schema: TreeSchema, rows: Any, names: list[str], path: str) -> Any:
     table = rows.to_arrow()
     check_columns(names, table.column_names, path, schema.pending)
     values = {p: table.column(n).to_pylist() for p, n in zip(schema.paths, names)}
-    return _columns.records_from_columns(schema, values)
+    dtypes = {p: _element_dtype(table.column(n).type) for p, n in zip(schema.paths, names)}
+    return _columns.records_from_columns(schema, values, dtypes)
+
+
+def _element_dtype(arrow_type: Any) -> Any:
+    """The numpy dtype of the numbers in an Arrow column of (nested lists of) numbers, which
+    ``to_pylist`` makes Python numbers; None for any other column (tensors come back as
+    arrays of their own dtype)."""
+    import pyarrow as pa
+
+    while (
+        pa.types.is_list(arrow_type)
+        or pa.types.is_large_list(arrow_type)
+        or pa.types.is_fixed_size_list(arrow_type)
+    ):
+        arrow_type = arrow_type.value_type
+    if pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type):
+        return np.dtype(arrow_type.to_pandas_dtype())
+    if pa.types.is_boolean(arrow_type):
+        return np.dtype(bool)
+    return None
 
 
 class TreeStoreDatasink(Datasink[TaskResult]):

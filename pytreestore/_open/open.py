@@ -23,13 +23,12 @@ from pytreestore._commit import protocol, snapshots, versions
 from pytreestore._commit.versions import KEEP_VERSIONS
 from pytreestore._commit.writer import check_buffer
 from pytreestore._format import packs as _packs
-from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
 from pytreestore._open.schemas import check_codec, new_schema, packed_schema
 from pytreestore._open.shared import check_shared_options, open_shared
-from pytreestore._ragged.model import GenericViewError, attach_layout, build_schema
+from pytreestore._ragged.model import GenericViewError, build_schema, load_schema
 from pytreestore._ragged.multihost import write_rows
 from pytreestore._ragged.writer import new_writer
 from pytreestore._read.request import check_cast
@@ -377,8 +376,7 @@ def _version_schema(
         return latest
     info = versions.schema_info(engine, commit.schema, str(location))
     raw = protocol.group_json({"pytreestore": info})
-    schema = _validate.load_schema(raw, str(location), like=like, generic=generic)
-    schema = schema if schema.ragged is None else attach_layout(schema, str(location))
+    schema = load_schema(raw, str(location), like=like, generic=generic)
     engine.open_columns(schema.storage_columns)
     protocol.check_starts(schema, commit.records, location, commit.rows)
     return schema
@@ -425,8 +423,7 @@ def read_schema(engine: Backend, location: Location, *, like: Any, generic: bool
         if engine.is_empty():
             raise StoreNotFoundError(f"no store at {location}")
         raise NotAStoreError(f"{location} is not a pytreestore store: {ROOT_KEY} is missing")
-    schema = _validate.load_schema(raw, str(location), like=like, generic=generic)
-    return schema if schema.ragged is None else attach_layout(schema, str(location))
+    return load_schema(raw, str(location), like=like, generic=generic)
 
 
 # ---- evolve by path ------------------------------------------------------------------------

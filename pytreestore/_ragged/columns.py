@@ -30,6 +30,8 @@ import ast
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from pytreestore._format.ragged import KEYPATH_TOKEN
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec
@@ -64,9 +66,16 @@ def column_names(schema: TreeSchema) -> list[str]:
     return [column_name(c.path) for c in schema.columns]
 
 
-def records_from_columns(schema: TreeSchema, columns: Mapping[str, Sequence[Any]]) -> list[Any]:
+def records_from_columns(
+    schema: TreeSchema,
+    columns: Mapping[str, Sequence[Any]],
+    dtypes: Mapping[str, np.dtype | None] | None = None,
+) -> list[Any]:
     """The records whose leaves' columns (by leaf keypath, ``schema.paths``) are
-    ``columns``, each a sequence of one value per record.
+    ``columns``, each a sequence of one value per record. A leaf's value given as a (nested)
+    list becomes an array, of the column's element dtype in ``dtypes`` when given (the
+    dtype the values had before they became Python numbers); then the store's casting rule
+    applies to it as to any appended value.
 
     Raises:
         SchemaMismatchError: columns of unequal lengths; leaves of one ragged list whose
@@ -76,7 +85,7 @@ def records_from_columns(schema: TreeSchema, columns: Mapping[str, Sequence[Any]
     lengths = {len(v) for v in columns.values()}
     if len(lengths) > 1:
         raise SchemaMismatchError(f"the columns hold different numbers of rows: {sorted(lengths)}")
-    below = _Below(schema.layout.spec)
+    below = _Below(schema.layout.spec, dtypes or {})
     rows = lengths.pop() if lengths else 0
     return [
         below.build(schema.layout.spec, {p: v[i] for p, v in columns.items()}, i)
@@ -87,8 +96,9 @@ def records_from_columns(schema: TreeSchema, columns: Mapping[str, Sequence[Any]
 class _Below:
     """The leaf keypaths below each node of a layout, and records built along it."""
 
-    def __init__(self, spec: Spec) -> None:
+    def __init__(self, spec: Spec, dtypes: Mapping[str, np.dtype | None]) -> None:
         self._paths: dict[int, list[str]] = {}
+        self._dtypes = dtypes
         self._collect(spec)
 
     def _collect(self, spec: Spec | None) -> list[str]:
@@ -109,7 +119,7 @@ class _Below:
     def build(self, spec: Spec, values: dict[str, Any], row: int) -> Any:
         """The value of ``spec`` from its leaves' ``values`` in record ``row``."""
         if isinstance(spec, Leaf):
-            return values[spec.path]
+            return self._leaf(spec, values[spec.path])
         if isinstance(spec, Kept):
             return spec.value
         if isinstance(spec, RaggedList):
@@ -118,6 +128,19 @@ class _Below:
             return self._optional(spec, values, row)
         assert isinstance(spec, Fixed), spec
         return spec.treedef.unflatten([self.build(c, values, row) for c in spec.children])
+
+    def _leaf(self, spec: Leaf, value: Any) -> Any:
+        """A leaf's value as an array when it came as a list (or as a Python number of a
+        column whose dtype is known); other values as they are."""
+        dtype = self._dtypes.get(spec.path)
+        if not isinstance(value, list) and (dtype is None or not isinstance(value, int | float)):
+            return value
+        if spec.axis is not None and isinstance(value, list) and not value:
+            return np.zeros((0, *spec.shape), dtype or spec.dtype)  # no element: any dtype
+        try:
+            return np.asarray(value, dtype=dtype)
+        except (TypeError, ValueError):
+            return value  # refused by the writer, which names the keypath
 
     def _list(self, spec: RaggedList, values: dict[str, Any], row: int) -> list[Any]:
         paths = self._paths[id(spec)]

@@ -49,7 +49,7 @@ from pytreestore._commit.record import Commit, now_utc
 from pytreestore._format import validate as _validate
 from pytreestore._format.columns import ColumnSpec
 from pytreestore._format.schema import TreeSchema
-from pytreestore._ragged.model import attach_layout, grow_schema
+from pytreestore._ragged.model import grow_schema, load_schema
 from pytreestore._ragged.writer import RaggedWriter, _explain
 from pytreestore._tree.convert import RowFiller, casters
 from pytreestore.backends import Backend, ColumnLayout
@@ -266,8 +266,7 @@ def read_schema(engine: Backend, fragment: Fragment, where: str, *, like: Any) -
         info = json.loads(raw or b"null")
         if not isinstance(info, dict) or info.get("digest") != fragment.schema:
             raise ValueError(f"{SCHEMA} is not the schema {fragment.schema} it names")
-        schema = _validate.load_schema(group_json({"pytreestore": info}), where, like=like)
-        return attach_layout(schema, where)
+        return load_schema(group_json({"pytreestore": info}), where, like=like, generic=False)
     except (ValueError, PyTreeStoreError) as err:
         missing = raw is None
         raise FragmentError(
