@@ -415,3 +415,18 @@ def test_vacuum_removes_abandoned_ragged_fragments(path, backend):
     with pytest.raises(errors.FragmentError, match="has no files"):
         store.commit_fragments([young])
     assert_same_store(store, 3)
+
+
+def test_like_may_be_a_record_as_create_took_it(path):
+    """Regression: open(like=) of a ragged store refused the record create took (a list of
+    two elements, a ragged leading axis of three rows); write_fragment and the multi-host
+    and Ray paths open with it."""
+    like = {**ragged_like(False), "elems": records(9, 10)[0]["elems"][:2]}
+    make(path, "tensorstore", 3).close()
+    f = pytreestore.write_fragment(path, records(3, 8), like=like)
+    store = pytreestore.open(path, "a", like=like)
+    store.commit_fragments([f])
+    assert_trees_equal(store.load(4, as_numpy=True), ragged_record(4))
+    store.close()
+    with pytest.raises(errors.SchemaMismatchError, match="like= does not"):
+        pytreestore.open(path, like={"i": np.int64(0)})
