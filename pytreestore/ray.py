@@ -196,7 +196,8 @@ class TreeStoreDatasink(Datasink[TaskResult]):
     """A Ray Data datasink appending a dataset's rows to an existing store.
 
     ``ds.write_datasink(TreeStoreDatasink(path))`` appends every row of ``ds`` as a record,
-    all or none (see the module docstring for how columns map to leaves, and the order).
+    all or none (see the module docstring for how columns map to leaves, in a ragged or
+    optional store too, and the order).
 
     Args:
         path: the store's location; it must exist (``pytreestore.create(path, example)``),

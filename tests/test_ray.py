@@ -223,15 +223,19 @@ def test_memory_stores_are_refused():
         TreeStoreDatasink("memory://ray-sink")
 
 
-def test_the_scaling_page_example_runs(tmp_path, monkeypatch):
-    """docs/scaling.md's Ray block (not run by tests/test_docs.py, which starts no Ray)."""
+def test_the_scaling_page_examples_run(tmp_path, monkeypatch):
+    """docs/scaling.md's Ray blocks (not run by tests/test_docs.py, which starts no Ray):
+    a fixed store's, then a ragged and optional store's."""
     from tests.test_docs import blocks
 
     page = ROOT / "docs" / "scaling.md"
-    (block,) = [b for b in blocks(page) if "TreeStoreDatasink(" in b.code]
-    monkeypatch.chdir(tmp_path)  # the block's relative path: a path the workers never saw
-    exec(compile(block.code, block.where, "exec"), {"__name__": "docs_scaling_ray"})
+    found = [b for b in blocks(page) if "TreeStoreDatasink(" in b.code]
+    assert len(found) == 2
+    monkeypatch.chdir(tmp_path)  # the blocks' relative paths: paths the workers never saw
+    for block in found:
+        exec(compile(block.code, block.where, "exec"), {"__name__": "docs_scaling_ray"})
     assert len(pytreestore.open(tmp_path / "ray.store")) == 100
+    assert len(pytreestore.open(tmp_path / "hits.store")) == 100
 
 
 def test_a_locked_store_is_refused_before_any_task(tmp_path):
