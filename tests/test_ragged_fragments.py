@@ -430,3 +430,26 @@ def test_like_may_be_a_record_as_create_took_it(path):
     store.close()
     with pytest.raises(errors.SchemaMismatchError, match="like= does not"):
         pytreestore.open(path, like={"i": np.int64(0)})
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])  # files edited by hand
+def test_an_incomplete_fragment_after_learning_commits_no_record(path, backend):
+    """The structures are learnt before the rows are placed; a fragment found incomplete
+    then commits nothing, and the learnt schema stands, as after an append that learnt
+    them and a crash before its flush."""
+    store = make(path, backend, 3, pending=True)
+    f = _write(path, backend, 3, 10, "records")
+    (Path(path) / f.folder / "i" / "c" / "1").unlink()  # records 7-9's chunk of ['i']
+    with pytest.raises(errors.FragmentError, match=f"fragment {f.id} is incomplete"):
+        store.commit_fragments([f])
+    assert store.schema.pending == ()
+    assert_same_store(store, 3)
+    store.extend(records(3, 10))
+    store.close()
+    assert_same_store(pytreestore.open(path, "a", backend=backend), 10)
+
+
+def test_a_string_is_not_records(path):
+    make(path, "tensorstore").close()
+    with pytest.raises(errors.SchemaMismatchError, match="got a str"):
+        pytreestore.write_fragment(path, "records")

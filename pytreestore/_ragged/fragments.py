@@ -219,7 +219,7 @@ def write(
 
 
 def _records(data: Any, where: str) -> list[Any]:
-    if isinstance(data, Mapping | np.ndarray) or not isinstance(data, Iterable):
+    if isinstance(data, Mapping | np.ndarray | str | bytes) or not isinstance(data, Iterable):
         raise SchemaMismatchError(
             f"write_fragment() to {where}, a store of ragged or optional records, takes an "
             "iterable of records, or a padded batch with its mask: write_fragment(path, "

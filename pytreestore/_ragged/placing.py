@@ -68,6 +68,7 @@ from pytreestore.backends import Backend, ChunkCopies
 from pytreestore.backends._base import missing_chunk
 from pytreestore.errors import (
     CorruptChunkError,
+    CorruptStoreError,
     FragmentError,
     PyTreeStoreError,
     SchemaMismatchError,
@@ -212,7 +213,7 @@ def _place(engine: Backend, tables: dict[str | None, TreeSchema], part: _Part) -
         for t, sub in tables.items():
             if part.fragment.rows(t):
                 _place_table(engine, sub, t, part)
-    except CorruptChunkError as err:
+    except (CorruptChunkError, CorruptStoreError) as err:  # a chunk or an array's rows gone
         raise FragmentError(
             f"fragment {part.fragment.id} is incomplete: {err}. Its files were changed or "
             "partly deleted after it was written; write it again. Nothing was committed."
