@@ -453,3 +453,17 @@ def test_a_string_is_not_records(path):
     make(path, "tensorstore").close()
     with pytest.raises(errors.SchemaMismatchError, match="got a str"):
         pytreestore.write_fragment(path, "records")
+
+
+def test_many_fragments_of_every_alignment(path):
+    """More fragments than are placed at once (32), of sizes that start them on and off
+    chunk boundaries, records and padded batches: the store of one writer's appends."""
+    store = make(path, "tensorstore", 2)
+    frags, at = [], 2
+    for k in range(40):
+        n = (1, 4, 3, 0, 8)[k % 5]
+        form = "batch" if k % 3 == 1 else "records"
+        frags.append(_write(path, "tensorstore", at, at + n, form))
+        at += n
+    store.commit_fragments(frags)
+    assert_same_store(store, at)

@@ -1,6 +1,6 @@
 """Crash trials of a ragged store's fragments: a process killed with SIGKILL while writing a
 fragment, between its fragments and the commit, after the commit learnt the structures the
-fragments show, while placing their rows, and around the commit record, leaves a store that
+fragments show, while placing their rows (after one write), and around the commit record, leaves a store that
 opens with every committed record, where each fragment is committed whole or not at all,
 and every fragment not committed can still be committed; ``vacuum()`` removes what is left.
 
@@ -58,16 +58,15 @@ def _kill_at(point: str) -> None:
             _die()
 
         writer.RaggedWriter.use_schema = learn_then_die  # type: ignore[method-assign]
-    elif point == "placing":  # fragment A's rows placed, B's not
-        place, calls = placing._place, []
+    elif point == "placing":  # chunks placed, one table's rows written, the others not
+        write = placing._write_rows
 
-        def place_one(engine: Any, tables: Any, part: Any) -> None:
-            if calls:
+        def write_one(engine: Any, keys: Any, start: int, parts: Any) -> None:
+            write(engine, keys, start, parts)
+            if keys and parts:
                 _die()
-            calls.append(part)
-            place(engine, tables, part)
 
-        placing._place = place_one  # type: ignore[assignment]
+        placing._write_rows = write_one  # type: ignore[assignment]
     elif point == "before_record":
         committer.Committer.advance = lambda *a, **k: _die()  # type: ignore[assignment]
     elif point == "after_record":

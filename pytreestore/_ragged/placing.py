@@ -27,7 +27,8 @@ checks of :func:`pytreestore._commit.fragments.check` (store, committed already,
    (:class:`~pytreestore.backends.ChunkCopies`: hard links locally; raw bytes elsewhere);
    any other is read and written again. An array the fragment lacks (a structure it never
    saw) gets what an absent subtree or an empty list gets: zeros, False, offsets that add
-   no element.
+   no element. Fragments go 32 at a time: their arrays are read on threads, and the rows of
+   consecutive fragments of one table are written in one call.
 4. **Committed**: one commit record with the records and every table's rows, listing the
    fragments' ids.
 
@@ -46,7 +47,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -73,6 +75,11 @@ from pytreestore.errors import (
     PyTreeStoreError,
     SchemaMismatchError,
 )
+
+#: fragments placed at once: their rewritten rows are held in memory together
+_WINDOW = 32
+#: fragments' arrays read at once
+_THREADS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,8 +119,7 @@ def commit(
             for t, sub in tables.items():
                 if totals[t] != head.rows(t):
                     engine.resize([c.key for c in sub.columns], totals[t])
-            for part in parts:
-                _place(engine, tables, part)
+            _place_all(engine, tables, parts)
             rows = {t: n for t, n in totals.items() if t is not None}
             committer.advance(totals[None], rows, fragments=tuple(f.id for f in fragments))
     except FragmentError:
@@ -156,9 +162,9 @@ def learnt(
         FragmentError: a fragment's structure departs from the store's, or one of its
             arrays differs from the store's array at that keypath.
     """
-    now = schema
+    now, merged_in = schema, {_validate.id_of(schema)}  # schemas whose structures it has
     for i, (fragment, mine) in enumerate(zip(fragments, own)):
-        if _validate.id_of(mine) == _validate.id_of(now):
+        if _validate.id_of(mine) in merged_in:  # many fragments share one schema
             continue
         try:
             merged = grow_schema(now, representative(mine.layout.spec), rows)
@@ -170,6 +176,7 @@ def learnt(
         _check_arrays(mine, merged, fragment, i)
         if merged.to_json() != now.to_json():
             now = merged
+        merged_in.add(_validate.id_of(mine))
     return now
 
 
@@ -203,50 +210,116 @@ def _plan(
     return parts, at
 
 
-def _place(engine: Backend, tables: dict[str | None, TreeSchema], part: _Part) -> None:
-    """Writes ``part``'s rows of every table at its bases.
+@dataclasses.dataclass
+class _TablePlan:
+    """How one fragment's rows of one table are placed: chunks linked or copied (``pairs``),
+    arrays read and written again (``read``: store column, fragment column), arrays made
+    (``made``: store column, rows), from store row ``base`` on, ``rows`` of them."""
+
+    part: _Part
+    table: str | None
+    base: int
+    rows: int
+    pairs: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    read: list[tuple[ColumnSpec, ColumnSpec]] = dataclasses.field(default_factory=list)
+    made: list[tuple[ColumnSpec, np.ndarray]] = dataclasses.field(default_factory=list)
+
+
+def _place_all(engine: Backend, tables: dict[str | None, TreeSchema], parts: list[_Part]) -> None:
+    """Writes every part's rows of every table at its bases, :data:`_WINDOW` fragments at a
+    time (their rewritten rows are held in memory together).
 
     Raises:
-        FragmentError: one of its arrays is missing a chunk.
+        FragmentError: one of a fragment's arrays is missing a chunk or rows.
     """
-    try:
-        for t, sub in tables.items():
-            if part.fragment.rows(t):
-                _place_table(engine, sub, t, part)
-    except (CorruptChunkError, CorruptStoreError) as err:  # a chunk or an array's rows gone
-        raise FragmentError(
-            f"fragment {part.fragment.id} is incomplete: {err}. Its files were changed or "
-            "partly deleted after it was written; write it again. Nothing was committed."
-        ) from err
+    for i in range(0, len(parts), _WINDOW):
+        _place(engine, tables, parts[i : i + _WINDOW])
 
 
-def _place_table(engine: Backend, table: TreeSchema, name: str | None, part: _Part) -> None:
-    fragment, n, base = part.fragment, part.fragment.rows(name), part.base[name]
+def _place(engine: Backend, tables: dict[str | None, TreeSchema], parts: list[_Part]) -> None:
+    plans = [
+        _plan_table(sub, t, part)
+        for part in parts
+        for t, sub in tables.items()
+        if part.fragment.rows(t)
+    ]
+    with _owned(parts):
+        _copy(engine, [pair for plan in plans for pair in plan.pairs])
+    reading = [plan for plan in plans if plan.read]
+    lays = [lay for plan in reading for lay in _read_layouts(plan)]
+    if lays:
+        engine.open_columns(lays)
+    with ThreadPoolExecutor(_THREADS) as pool:  # reads of the fragments' own arrays only
+        blocks = dict(zip(map(id, reading), pool.map(lambda plan: _read(engine, plan), reading)))
+    for table in tables:
+        _write_table(engine, [p for p in plans if p.table == table], blocks)
+
+
+def _plan_table(table: TreeSchema, name: str | None, part: _Part) -> _TablePlan:
+    plan = _TablePlan(part, name, part.base[name], part.fragment.rows(name))
     mine = {slot(c): c for c in part.schema.storage_columns}
-    pairs: list[tuple[str, str]] = []
-    read: list[tuple[ColumnSpec, ColumnSpec]] = []
-    made: list[tuple[ColumnSpec, np.ndarray]] = []
+    aligned = plan.base % table.chunk_records == 0
     for c in table.columns:
         own = mine.get(slot(c))
         if own is None:  # what a record without the structure holds there
             offset = part.base[c.path] if c.role == OFFSETS else 0
-            made.append((c, np.full((n, *c.shape), offset, c.dtype)))
-        elif c.role != OFFSETS and base % table.chunk_records == 0 and _same(own, c, part, table):
-            pairs.extend(_pairs(fragment, own, c, n, base // table.chunk_records))
+            plan.made.append((c, np.full((plan.rows, *c.shape), offset, c.dtype)))
+        elif c.role != OFFSETS and aligned and _same(own, c, part, table):
+            first = plan.base // table.chunk_records
+            plan.pairs.extend(_pairs(part.fragment, own, c, plan.rows, first))
         else:
-            read.append((c, own))
-    _copy(engine, pairs)
-    blocks: list[np.ndarray] = []
-    if read:
-        lays = array_layouts([own for _, own in read], part.schema, fragment)
-        engine.open_columns(lays)
-        blocks = engine.read([lay.key for lay in lays], slice(0, n), n)
-        blocks = [
-            b + part.base[c.path] if c.role == OFFSETS else b for (c, _), b in zip(read, blocks)
-        ]
-    columns = [c for c, _ in read] + [c for c, _ in made]
-    if columns:
-        engine.write([c.key for c in columns], base, blocks + [b for _, b in made])
+            plan.read.append((c, own))
+    return plan
+
+
+def _read_layouts(plan: _TablePlan) -> list[Any]:
+    return array_layouts([own for _, own in plan.read], plan.part.schema, plan.part.fragment)
+
+
+def _read(engine: Backend, plan: _TablePlan) -> list[np.ndarray]:
+    """The fragment's rows of ``plan``'s read arrays, offsets rebased."""
+    with _owned([plan.part]):
+        keys = [lay.key for lay in _read_layouts(plan)]
+        got = engine.read(keys, slice(0, plan.rows), plan.rows)
+    base = plan.part.base
+    return [b + base[c.path] if c.role == OFFSETS else b for (c, _), b in zip(plan.read, got)]
+
+
+def _write_table(engine: Backend, plans: list[_TablePlan], blocks: dict[int, Any]) -> None:
+    """Each plan's read and made rows, consecutive plans of the same arrays in one write."""
+    keys: list[str] = []
+    start, parts = 0, []
+    for plan in plans:
+        columns = [c.key for c, _ in plan.read] + [c.key for c, _ in plan.made]
+        rows = blocks.get(id(plan), []) + [b for _, b in plan.made]
+        if columns != keys or start + sum(len(p[0]) for p in parts) != plan.base:
+            _write_rows(engine, keys, start, parts)
+            keys, start, parts = columns, plan.base, []
+        if columns:
+            parts.append(rows)
+    _write_rows(engine, keys, start, parts)
+
+
+def _write_rows(engine: Backend, keys: list[str], start: int, parts: list[Any]) -> None:
+    if keys and parts:
+        engine.write(keys, start, [np.concatenate(cols) for cols in zip(*parts)])
+
+
+@contextlib.contextmanager
+def _owned(parts: Sequence[_Part]) -> Iterator[None]:
+    """Reports a chunk or rows missing from a fragment's arrays as that fragment's
+    FragmentError (nothing is committed)."""
+    try:
+        yield
+    except (CorruptChunkError, CorruptStoreError) as err:  # a chunk or an array's rows gone
+        where = str(getattr(err, "key", None) or getattr(err, "path", None) or err)
+        owner = next((p.fragment for p in parts if p.fragment.folder in where), None)
+        owner = owner or (parts[0].fragment if len(parts) == 1 else None)
+        name = f"fragment {owner.id}" if owner is not None else "a fragment"
+        raise FragmentError(
+            f"{name} is incomplete: {err}. Its files were changed or partly deleted after it "
+            "was written; write it again. Nothing was committed."
+        ) from err
 
 
 def _same(own: ColumnSpec, column: ColumnSpec, part: _Part, table: TreeSchema) -> bool:
