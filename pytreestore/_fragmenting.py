@@ -23,11 +23,14 @@ from pytreestore._commit import fragments as _fragments
 from pytreestore._commit import placing
 from pytreestore._commit.atomic import atomic
 from pytreestore._commit.fragment import Fragment
+from pytreestore._ragged import placing as _ragged
+from pytreestore._ragged.writer import RaggedWriter
 from pytreestore.backends import Transactions
 from pytreestore.errors import FragmentError, PyTreeStoreError
 
 if TYPE_CHECKING:
     from pytreestore._location import Location
+    from pytreestore._spec import StoreSpec
     from pytreestore.backends import Backend
 
 
@@ -36,6 +39,7 @@ class Fragmenting:
 
     _backend: Backend
     _location: Location
+    _spec: StoreSpec
     _purging: threading.Thread | None = None  # deleting committed fragments' folders
 
     def commit_fragments(self, fragments: Iterable[Fragment]) -> None:
@@ -53,11 +57,19 @@ class Fragmenting:
         transaction, locally on a background thread (:meth:`close` waits for it). An empty
         list commits nothing.
 
+        A ragged or optional store's fragments hold every table's rows: each table's are
+        placed after its committed rows (offsets rebased; element chunks placed without
+        copying where a table's rows start at a chunk boundary), and structures that the
+        fragments' records show and the store had pending (``store.schema.pending``) are
+        learnt first, as an append of such a record would learn them (docs/ragged.md).
+
         Raises:
             ReadOnlyError: the store is open with mode "r".
             FragmentError: a fragment of another store or of another schema, one committed
-                already (or listed twice), one whose files are gone, or a ragged store.
-                Checked before anything is written: nothing is committed.
+                already (or listed twice), one whose files are gone; in a ragged store, one
+                whose structure departs from the store's (a leaf of another dtype than the
+                store learnt meanwhile). Checked before anything is written: nothing is
+                committed.
             CommitConflictError: another writer committed meanwhile (one that took the lock
                 over with ``break_lock=True``); nothing of this call was committed, and the
                 fragments are intact (but on local disk one whose chunk rows were renamed
@@ -75,10 +87,16 @@ class Fragmenting:
         items = list(fragments)
         with self._writing() as writer:  # type: ignore[attr-defined]
             placing.settle(self._backend, str(self._location))  # one a crash left unfinished
+            head, ragged = writer.commit, isinstance(writer, RaggedWriter)
             found = _fragments.check(
-                self._backend, self._location, items, writer.commit, writer.schema
+                self._backend, self._location, items, head, writer.schema, same_schema=not ragged
             )
             if not found:
+                return
+            if ragged:  # every table's rows, structures learnt: _ragged/placing.py
+                _ragged.commit(self._backend, writer, found, str(self._location), self._spec.like)
+                self._renew_writer(writer, writer.schema)  # type: ignore[attr-defined]
+                self._retire([f.id for f in found])
                 return
             writer.flush()
             committer = writer.committer

@@ -172,7 +172,8 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
         A ragged store takes the padded form with its mask, ``extend_batch(batch, mask=mask)``
         (the pair :meth:`load` returns): each list's length is its run of True in the mask.
         With ``multihost=True`` (docs/scaling.md) every process passes the same global batch
-        and returns once process 0 has committed every process's rows.
+        (a ragged store: the global padded batch and its mask) and returns once process 0
+        has committed every process's rows.
 
         Raises:
             SchemaMismatchError: structure, per-record shape or dtype differ, or the leaves

@@ -19,6 +19,16 @@ of bare arrays reads ``item`` (the column ``ray.data.from_items`` makes of non-d
 fit is refused). Every leaf needs its column and every column its leaf; select or rename
 columns first (``ds.select_columns``, ``ds.rename_columns``).
 
+**Ragged and optional stores.** Still one column per leaf, named the same way with the
+``[*]`` of ragged lists left out (``.p[*].x`` reads ``p.x``). A row holds the leaf's value in
+its record: below a ragged list, the list of the leaf's values in the list's elements (a
+Python list, or an array whose leading axis is the list's: Ray's variable-shaped tensor
+columns), nested once more per ragged list above; ``None`` (a null) in every column of an
+optional subtree that is absent. Each row is read exactly from the block's Arrow form (a
+null stays None, where Ray's numpy form would make it NaN) and appended as a record, with
+the checks of ``store.extend``. A structure the store has not learnt yet
+(``store.schema.pending``) has no column: append one record showing it first.
+
 **Order.** Records land in the order of the write tasks (Ray's ``task_idx``), each task's
 blocks in order. Ray Data keeps the dataset's order only with
 ``ray.data.DataContext.get_current().execution_options.preserve_order = True``.
@@ -41,9 +51,12 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
+
 import pytreestore
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
+from pytreestore._ragged import columns as _columns
 from pytreestore.errors import (
     OptionalDependencyError,
     SchemaMismatchError,
@@ -69,13 +82,7 @@ def column_names(schema: TreeSchema, columns: Mapping[str, str] | None = None) -
         UnknownColumnError: ``columns`` names a keypath the store has no column at.
         SchemaMismatchError: two leaves would read the same Ray column.
     """
-    import jax
-
-    placeholders = schema.unflatten([_Slot(i) for i in range(len(schema.columns))])
-    names = [""] * len(schema.columns)
-    for path, leaf in jax.tree_util.tree_flatten_with_path(placeholders)[0]:
-        if isinstance(leaf, _Slot):
-            names[leaf.index] = jax.tree_util.keystr(path, simple=True, separator=".") or "item"
+    names = _default_names(schema)
     paths = schema.paths
     for keypath, name in (columns or {}).items():
         if keypath not in paths:
@@ -97,6 +104,20 @@ def column_names(schema: TreeSchema, columns: Mapping[str, str] | None = None) -
     return names
 
 
+def _default_names(schema: TreeSchema) -> list[str]:
+    """Each leaf's column by the default rule (module docstring)."""
+    if schema.ragged is not None:
+        return _columns.column_names(schema)
+    import jax
+
+    placeholders = schema.unflatten([_Slot(i) for i in range(len(schema.columns))])
+    names = [""] * len(schema.columns)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(placeholders)[0]:
+        if isinstance(leaf, _Slot):
+            names[leaf.index] = jax.tree_util.keystr(path, simple=True, separator=".") or "item"
+    return names
+
+
 class _Slot:
     """A placeholder leaf: which column it stands for."""
 
@@ -104,8 +125,11 @@ class _Slot:
         self.index = index
 
 
-def check_columns(names: list[str], got: Iterable[str], path: str) -> None:
-    """Refuses a block (or a dataset schema) whose columns are not exactly ``names``.
+def check_columns(
+    names: list[str], got: Iterable[str], path: str, pending: Iterable[str] = ()
+) -> None:
+    """Refuses a block (or a dataset schema) whose columns are not exactly ``names``
+    (``pending``: a ragged store's structures still unknown, named in the message).
 
     Raises:
         SchemaMismatchError: columns are missing or left over; the message lists them.
@@ -120,6 +144,13 @@ def check_columns(names: list[str], got: Iterable[str], path: str) -> None:
         problems.append(f"missing the columns {missing}")
     if extra:
         problems.append(f"with columns no leaf reads: {extra} (drop them: ds.drop_columns)")
+    pending = list(pending)
+    if extra and pending:
+        problems.append(
+            f"the store has not learnt the structures at {pending} yet (no record showed an "
+            "element or a subtree there), so no column reads them: append one record that "
+            "shows them first (store.append)"
+        )
     raise SchemaMismatchError(
         f"the dataset does not match store {path}: {'; '.join(problems)}. The store's leaves "
         f"read the Ray columns {names} (rename with ds.rename_columns, or map keypaths to "
@@ -127,11 +158,46 @@ def check_columns(names: list[str], got: Iterable[str], path: str) -> None:
     )
 
 
+def _records(schema: TreeSchema, rows: Any, names: list[str], path: str) -> Any:
+    """A block's rows as a batch of the store's structure (a fixed store), or as records (a
+    ragged store: each row's values read exactly from the block's Arrow form, where a null
+    stays None; Ray's numpy form would make it NaN)."""
+    if schema.ragged is None:
+        data = rows.to_batch_format("numpy")
+        check_columns(names, data, path)
+        return schema.unflatten([data[name] for name in names])
+    table = rows.to_arrow()
+    check_columns(names, table.column_names, path, schema.pending)
+    values = {p: table.column(n).to_pylist() for p, n in zip(schema.paths, names)}
+    dtypes = {p: _element_dtype(table.column(n).type) for p, n in zip(schema.paths, names)}
+    return _columns.records_from_columns(schema, values, dtypes)
+
+
+def _element_dtype(arrow_type: Any) -> Any:
+    """The numpy dtype of the numbers in an Arrow column of (nested lists of) numbers, which
+    ``to_pylist`` makes Python numbers; None for any other column (tensors come back as
+    arrays of their own dtype)."""
+    import pyarrow as pa
+
+    while (
+        pa.types.is_list(arrow_type)
+        or pa.types.is_large_list(arrow_type)
+        or pa.types.is_fixed_size_list(arrow_type)
+    ):
+        arrow_type = arrow_type.value_type
+    if pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type):
+        return np.dtype(arrow_type.to_pandas_dtype())
+    if pa.types.is_boolean(arrow_type):
+        return np.dtype(bool)
+    return None
+
+
 class TreeStoreDatasink(Datasink[TaskResult]):
     """A Ray Data datasink appending a dataset's rows to an existing store.
 
     ``ds.write_datasink(TreeStoreDatasink(path))`` appends every row of ``ds`` as a record,
-    all or none (see the module docstring for how columns map to leaves, and the order).
+    all or none (see the module docstring for how columns map to leaves, in a ragged or
+    optional store too, and the order).
 
     Args:
         path: the store's location; it must exist (``pytreestore.create(path, example)``),
@@ -183,17 +249,11 @@ class TreeStoreDatasink(Datasink[TaskResult]):
         fused operators, not of the rows the tasks write.)
 
         Raises:
-            SchemaMismatchError: the store holds ragged records (not supported here yet), or
-                two leaves would read one column.
+            SchemaMismatchError: two leaves would read one column.
             UnknownColumnError: ``columns=`` names no column of the store.
         """
         store = self._open("a")
         try:
-            if store.schema.ragged is not None:
-                raise SchemaMismatchError(
-                    f"store {self.path} holds ragged or optional records, which "
-                    "TreeStoreDatasink cannot write yet; write them with store.extend"
-                )
             column_names(store.schema, self._columns)  # a bad columns= fails before any task
         except BaseException:
             store.close()
@@ -219,12 +279,8 @@ class TreeStoreDatasink(Datasink[TaskResult]):
             rows = BlockAccessor.for_block(block)
             if rows.num_rows() == 0:
                 continue
-            data = rows.to_batch_format("numpy")
-            check_columns(names, data, self.path)
-            batch = schema.unflatten([data[name] for name in names])
-            fragment = pytreestore.write_fragment(
-                self.path, batch, like=self._like, **self._options
-            )
+            data = _records(schema, rows, names, self.path)
+            fragment = pytreestore.write_fragment(self.path, data, like=self._like, **self._options)
             fragments.append(fragment.to_json())
         return {"task": int(ctx.task_idx), "fragments": fragments}
 

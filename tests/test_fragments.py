@@ -309,13 +309,6 @@ def test_bad_records_write_nothing(path, backend):
     assert fragments_left(path) == []
 
 
-def test_a_ragged_store_refuses_fragments(path, backend):
-    pytreestore.create(path, {"p": [np.int8(0)]}, ragged=["['p']"], backend=backend).close()
-    with pytest.raises(errors.FragmentError, match="fragments need a store of one fixed structure"):
-        pytreestore.write_fragment(path, [{"p": [np.int8(1)]}], backend=backend)
-    assert fragments_left(path) == []
-
-
 def test_a_packed_store_refuses_fragments_clearly(path, backend):
     """Once a StorageError ("retry once storage is reachable") from inside the write."""
     like = {"a": np.float32(0), "b": np.zeros(3, np.float32)}

@@ -59,3 +59,29 @@ def test_racing_commits_of_fragments_one_wins(s3_server, bucket, backend):
     again.commit_fragments([mine])
     assert again.load(as_numpy=True)["x"].tolist() == [4, 5, 6, 7, 0, 1, 2, 3]
     again.close()
+
+
+def test_ragged_fragments_on_s3_learn_and_race(s3_server, bucket, backend):
+    """A ragged store's fragments as raw bytes on S3; a writer whose lock was taken over
+    loses its commit (CommitConflictError) before it learns anything, and its fragments
+    commit after a reopen."""
+    from pytreestore.testing import assert_trees_equal
+    from tests.trial_harness import RAGGED_DECL, ragged_like, ragged_record
+
+    url, opts = f"s3://{bucket}/ragged", s3_server.options
+    where = {"backend": backend, "storage_options": opts}
+    first = pytreestore.create(url, ragged_like(True), chunk_records=CHUNK, **where, **RAGGED_DECL)
+    mine = pytreestore.write_fragment(url, [ragged_record(i) for i in range(4)], **where)
+    theirs = pytreestore.write_fragment(url, [ragged_record(i) for i in range(4, 10)], **where)
+    second = pytreestore.open(url, "a", break_lock=True, **where)
+    second.commit_fragments([theirs])  # learns every structure
+    second.close()
+    with pytest.raises(errors.CommitConflictError, match="another writer committed"):
+        first.commit_fragments([mine])
+    again = pytreestore.open(url, "a", **where)
+    again.commit_fragments([mine])
+    want = [*range(4, 10), *range(4)]
+    for i, k in enumerate(want):
+        assert_trees_equal(again.load(i, as_numpy=True), ragged_record(k))
+    assert again.verify().ok and again.schema.pending == ()
+    again.close()

@@ -223,27 +223,111 @@ def test_memory_stores_are_refused():
         TreeStoreDatasink("memory://ray-sink")
 
 
-def test_the_scaling_page_example_runs(tmp_path, monkeypatch):
-    """docs/scaling.md's Ray block (not run by tests/test_docs.py, which starts no Ray)."""
+def test_the_scaling_page_examples_run(tmp_path, monkeypatch):
+    """docs/scaling.md's Ray blocks (not run by tests/test_docs.py, which starts no Ray):
+    a fixed store's, then a ragged and optional store's."""
     from tests.test_docs import blocks
 
     page = ROOT / "docs" / "scaling.md"
-    (block,) = [b for b in blocks(page) if "TreeStoreDatasink(" in b.code]
-    monkeypatch.chdir(tmp_path)  # the block's relative path: a path the workers never saw
-    exec(compile(block.code, block.where, "exec"), {"__name__": "docs_scaling_ray"})
+    found = [b for b in blocks(page) if "TreeStoreDatasink(" in b.code]
+    assert len(found) == 2
+    monkeypatch.chdir(tmp_path)  # the blocks' relative paths: paths the workers never saw
+    for block in found:
+        exec(compile(block.code, block.where, "exec"), {"__name__": "docs_scaling_ray"})
     assert len(pytreestore.open(tmp_path / "ray.store")) == 100
+    assert len(pytreestore.open(tmp_path / "hits.store")) == 100
 
 
-def test_a_locked_or_ragged_store_is_refused_before_any_task(tmp_path):
+def test_a_locked_store_is_refused_before_any_task(tmp_path):
     path = tmp_path / "ray"
     writer = pytreestore.create(path, LIKE)
     with pytest.raises(pytreestore.errors.StoreLockedError):
         dataset().write_datasink(TreeStoreDatasink(path))
     writer.close()
-    ragged = tmp_path / "ragged"
-    pytreestore.create(ragged, {"p": [np.int32(0)]}, ragged=True).close()
-    with pytest.raises(SchemaMismatchError, match="ragged or optional records"):
-        dataset().write_datasink(TreeStoreDatasink(ragged))
     assert len(pytreestore.open(path)) == 0
-    with pytreestore.open(ragged, "a"):  # the datasink gave the lock back
-        pass
+
+
+# ---- ragged and optional stores ------------------------------------------------------------
+
+
+def ragged_rows(batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Columns of :func:`tests.trial_harness.ragged_record` ``batch["id"]``: one per leaf,
+    a list per ragged list (a list of lists for the nested one), None where ``opt`` is."""
+    from tests.trial_harness import ragged_record
+
+    recs = [ragged_record(int(i)) for i in batch["id"]]
+    return {
+        "i": batch["id"],
+        "elems.x": [[e.x for e in r["elems"]] for r in recs],
+        "elems.tags": [[list(e.tags) for e in r["elems"]] for r in recs],
+        "elems.trail": [[e.trail for e in r["elems"]] for r in recs],
+        "opt.w": [None if r["opt"] is None else r["opt"]["w"] for r in recs],
+        "opt.cells": [None if r["opt"] is None else r["opt"]["cells"] for r in recs],
+    }
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_a_ragged_dataset_equals_appending_its_records(tmp_path, backend):
+    from pytreestore.testing import assert_trees_equal
+    from tests.trial_harness import RAGGED_DECL, ragged_like, ragged_record
+
+    path = tmp_path / "ragged"
+    like = ragged_like(True)  # every structure pending: learnt at the commit
+    pytreestore.create(path, like, backend=backend, chunk_records=8, **RAGGED_DECL).close()
+    with pytreestore.open(path, "a", backend=backend) as store:
+        store.append(ragged_record(0))  # nothing learnt: the Ray columns of a pending
+        store.append(ragged_record(8))  # structure do not exist, so learn them first
+    assert column_names(pytreestore.open(path).schema) == [
+        "elems.x",
+        "elems.tags",
+        "elems.trail",
+        "i",
+        "opt.cells",
+        "opt.w",
+    ]
+    dataset(N, 4, ragged_rows).write_datasink(TreeStoreDatasink(path, backend=backend))
+    store = pytreestore.open(path, backend=backend)
+    assert len(store) == N + 2
+    want = [ragged_record(0), ragged_record(8), *(ragged_record(i) for i in range(N))]
+    for i, record in enumerate(want):
+        assert_trees_equal(store.load(i, as_numpy=True), record, err_msg=f"record {i}")
+    assert store.verify().ok
+
+
+def test_ragged_rows_that_do_not_fit_commit_nothing(tmp_path):
+    from tests.trial_harness import RAGGED_DECL, ragged_like
+
+    path = tmp_path / "ragged"
+    pytreestore.create(path, ragged_like(False), **RAGGED_DECL).close()
+
+    def uneven(batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        out = ragged_rows(batch)
+        if batch["id"][0] >= 20:  # a list of x values one longer than the record's list
+            out["elems.x"] = [[*xs, np.float32(0)] for xs in out["elems.x"]]
+        return out
+
+    with pytest.raises(SchemaMismatchError, match="hold lists of different lengths"):
+        dataset(N, 4, uneven).write_datasink(TreeStoreDatasink(path))
+
+    def half_absent(batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        out = ragged_rows(batch)
+        out["opt.w"] = [None] * len(out["opt.w"])  # None where opt.cells is not
+        return out
+
+    with pytest.raises(SchemaMismatchError, match=re.escape("optional subtree at ['opt']")):
+        dataset(N, 4, half_absent).write_datasink(TreeStoreDatasink(path))
+    assert len(pytreestore.open(path)) == 0
+
+
+def test_a_pending_structure_has_no_column(tmp_path):
+    path = tmp_path / "pending"
+    pytreestore.create(path, {"p": [], "n": np.int32(0)}, ragged=["['p']"]).close()
+
+    def listed(batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        return {"n": batch["id"].astype(np.int32), "p": [[1.5] * int(i % 3) for i in batch["id"]]}
+
+    with pytest.raises(SchemaMismatchError, match=re.escape("has not learnt the structures at")):
+        dataset(8, 2, listed).write_datasink(TreeStoreDatasink(path))
+    empty = ray.data.range(4).map_batches(lambda b: {"n": b["id"].astype(np.int32)})
+    empty.write_datasink(TreeStoreDatasink(path))  # no element anywhere: fine
+    assert [r["p"] for r in pytreestore.open(path)] == [[], [], [], []]

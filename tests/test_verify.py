@@ -304,3 +304,25 @@ def test_the_verify_command_exits_non_zero_on_each_problem(tmp_path):
         json.dumps({"format_version": 1, "records": True, "generation": 1})
     )
     assert [verify_exit(p) for p in (trailing, missing, typed)] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr", "ocdbt"])
+def test_a_learnt_array_before_its_first_stored_row_is_not_missing(tmp_path, backend):
+    """Regression: a ragged store that learnt a structure mid-chunk (its new arrays start at
+    record 3 of a 4-record chunk) and has committed no record showing it yet has no chunk of
+    them; verify called that a lost chunk."""
+    from tests.trial_harness import RAGGED_DECL, ragged_like, ragged_record
+
+    path = tmp_path / "s"
+    store = pytreestore.create(
+        path, ragged_like(True), backend=backend, chunk_records=4, **RAGGED_DECL
+    )
+    store.extend(ragged_record(i) for i in range(3))
+    store.flush()
+    store.append(ragged_record(9))  # learns every structure; the record is buffered
+    reader = pytreestore.open(path, backend=backend)
+    assert len(reader) == 3 and not reader.schema.pending
+    report = reader.verify()
+    assert report.ok, report.problems
+    store.close()
+    assert pytreestore.open(path, backend=backend).verify().ok

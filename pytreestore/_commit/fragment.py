@@ -4,8 +4,9 @@ small description of them that travels to the process that commits.
 :func:`pytreestore.write_fragment` writes the records as arrays laid out like the store's
 columns under ``.pytreestore/fragments/<id>/`` and returns a :class:`Fragment`;
 ``store.commit_fragments([...])`` appends them (:mod:`pytreestore._commit.fragments`). A
-fragment holds no data: its ids, its record count and where its arrays lie. It pickles, and
-:meth:`Fragment.to_json` / :meth:`Fragment.from_json` carry it between processes as text.
+fragment holds no data: its ids, its record count (and, in a ragged store, the rows of each
+ragged axis's table) and where its arrays lie. It pickles, and :meth:`Fragment.to_json` /
+:meth:`Fragment.from_json` carry it between processes as text.
 
 Example:
     >>> f = Fragment(
@@ -16,6 +17,9 @@ Example:
     '.pytreestore/fragments/00000000000000000000000000000000'
     >>> Fragment.from_json(f.to_json()) == f
     True
+    >>> g = dataclasses.replace(f, tables=(("['p']", 7),))
+    >>> json.loads(g.to_json())["tables"], Fragment.from_json(g.to_json()) == g
+    ({"['p']": 7}, True)
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ _FIELDS: dict[str, Any] = {
     "generation": int,
     "time": _TIME,
 }
-_SORTED = sorted(_FIELDS)
+#: every member a fragment's JSON may hold: ``tables`` only for a ragged store's fragment
+_MEMBERS = (*_FIELDS, "tables")
 #: the name of the fragment's own description in its folder, written last
 MANIFEST = "fragment.json"
 #: the name of the marker written first in a fragment's folder (when it was begun)
@@ -58,6 +63,9 @@ class Fragment:
         records: how many records it holds.
         generation: the store's version when it was written.
         time: when it was written, ISO 8601 in UTC.
+        tables: in a ragged or optional store, the rows of each ragged axis's table the
+            fragment holds, as ``(axis keypath, rows)`` sorted by keypath (None: a store of
+            one fixed structure, whose fragments hold records only).
     """
 
     id: str
@@ -66,6 +74,13 @@ class Fragment:
     records: int
     generation: int
     time: str
+    tables: tuple[tuple[str, int], ...] | None = None
+
+    def rows(self, table: str | None) -> int:
+        """The rows the fragment holds in ``table`` (None: the record table)."""
+        if table is None:
+            return self.records
+        return dict(self.tables or ()).get(table, 0)
 
     @property
     def folder(self) -> str:
@@ -75,7 +90,10 @@ class Fragment:
     def to_json(self) -> str:
         """The fragment as JSON text, for :meth:`from_json` in another process: canonical
         (members sorted, one spacing), so equal fragments give equal text."""
-        return json.dumps({name: getattr(self, name) for name in _SORTED})
+        obj: dict[str, Any] = {name: getattr(self, name) for name in _FIELDS}
+        if self.tables is not None:
+            obj["tables"] = dict(self.tables)
+        return json.dumps(obj, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Fragment:
@@ -96,14 +114,25 @@ class Fragment:
                 "the text Fragment.to_json() returned"
             )
         problems = [_problem(name, want, obj.get(name)) for name, want in _FIELDS.items()]
-        problems += [f"unknown member {name!r}" for name in obj if name not in _FIELDS]
+        problems += [f"unknown member {name!r}" for name in obj if name not in _MEMBERS]
+        problems.append(_tables_problem(obj.get("tables")))
         found = [p for p in problems if p]
         if found:
             raise FragmentError(
                 f"not a fragment's JSON: {'; '.join(found)}. Pass the text Fragment.to_json() "
                 "returned, unchanged"
             )
-        return cls(**{name: obj[name] for name in _FIELDS})
+        tables = obj.get("tables")
+        rows = None if tables is None else tuple(sorted(tables.items()))
+        return cls(**{name: obj[name] for name in _FIELDS}, tables=rows)
+
+
+def _tables_problem(value: Any) -> str | None:
+    if value is None or (
+        isinstance(value, dict) and all(type(v) is int and 0 <= v < 2**63 for v in value.values())
+    ):
+        return None
+    return f"'tables' must map keypaths to integers >= 0, got {json.dumps(value)}"
 
 
 def _problem(name: str, want: Any, value: Any) -> str | None:

@@ -80,13 +80,16 @@ from pytreestore.errors import (
 
 def write(engine: Backend, schema: TreeSchema, head: Commit, data: Any, where: str) -> Fragment:
     """Writes ``data`` (records, or a batch of the schema's structure) as a fragment of the
-    store behind ``engine``, whose latest commit is ``head``; its description.
+    store behind ``engine``, a store of one fixed structure (a ragged store's fragments:
+    :mod:`pytreestore._ragged.fragments`), whose latest commit is ``head``; its description.
 
     Raises:
-        FragmentError: the store is ragged, or has no store id (written before format 2).
+        FragmentError: the store packs leaves (``pack=``), or has no store id (written
+            before format 2).
         SchemaMismatchError: a record or the batch does not match the schema; nothing written.
     """
-    check_fixed(schema, where)
+    assert schema.ragged is None, "a ragged store's fragments are _ragged.fragments'"
+    check_unpacked(schema, where)
     if head.store is None:
         raise FragmentError(
             f"store {where} was written by a pytreestore before format 2 and has no store id, "
@@ -115,15 +118,8 @@ def write(engine: Backend, schema: TreeSchema, head: Commit, data: Any, where: s
     return fragment
 
 
-def check_fixed(schema: TreeSchema, where: str) -> None:
-    """Raises FragmentError for a ragged (or optional) store, or one that packs leaves:
-    fragments need fixed columns, one array each."""
-    if schema.ragged is not None:
-        raise FragmentError(
-            f"store {where} holds ragged or optional records; fragments need a store of one "
-            "fixed structure (created without ragged= or optional=). Append to it from one "
-            "writer instead. Nothing was written."
-        )
+def check_unpacked(schema: TreeSchema, where: str) -> None:
+    """Raises FragmentError for a store that packs leaves: fragments need one array each."""
     if schema.packs:
         raise FragmentError(
             f"store {where} packs small leaves into shared arrays (created with pack=); "
@@ -185,15 +181,18 @@ def check(
     fragments: Sequence[Any],
     head: Commit,
     schema: TreeSchema,
+    *,
+    same_schema: bool = True,
 ) -> list[Fragment]:
     """The fragments, each checked for a commit after ``head``; reads, writes nothing.
+    ``same_schema=False`` leaves the schema to the caller (a ragged store's fragments may
+    hold structures it learns: :mod:`pytreestore._ragged.placing`).
 
     Raises:
         FragmentError: one is not a Fragment, is listed twice, belongs to another store or
             schema, was committed already, or its files are gone.
     """
     where = str(location)
-    check_fixed(schema, where)
     found: list[Fragment] = []
     schema_id, seen = _validate.id_of(schema), set()
     for i, f in enumerate(fragments):
@@ -209,7 +208,7 @@ def check(
             raise _refused(
                 f, i, f"belongs to another store (store id {f.store}; {where} is {head.store})"
             )
-        if f.schema != schema_id:
+        if same_schema and f.schema != schema_id:
             raise _refused(
                 f,
                 i,
@@ -441,7 +440,7 @@ def remove(engine: Backend, ids: Iterable[str]) -> None:
 
 __all__ = [
     "check",
-    "check_fixed",
+    "check_unpacked",
     "chunk_pairs",
     "column_blocks",
     "local_root",

@@ -8,7 +8,9 @@ of :meth:`~pytreestore.TreeStore.extend_batch` with a global batch, on every pro
    shapes, dtypes), compute the row plan from the leaves' shardings
    (:func:`pytreestore._tree.global_rows.row_plan`, the same on every process), and write
    this process's runs as fragments (``write_fragment``; no lock, nothing committed). A
-   failure here is caught, not raised yet.
+   ragged or optional store's padded batch and its mask are cut the same way, and each run
+   written as a ragged fragment by the ``ragged_rows`` the opener hands over
+   (:mod:`pytreestore._ragged.multihost`). A failure here is caught, not raised yet.
 2. **Exchange** (the first barrier): every process's status, fragments as JSON or its error,
    and a description of its batch (record count, treedef, leaf shapes and dtypes), gathered
    on every process with ``jax.experimental.multihost_utils.process_allgather``. It returns
@@ -44,6 +46,7 @@ from jax.tree_util import tree_flatten
 from pytreestore import errors
 from pytreestore._commit import fragments as _fragments
 from pytreestore._commit.fragment import Fragment
+from pytreestore._commit.record import Commit
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
 from pytreestore._tree.global_rows import host_rows, row_plan
@@ -85,6 +88,11 @@ def allgather(payload: bytes) -> list[bytes]:
     return [bytes(gathered[i][: int(n)]) for i, n in enumerate(np.asarray(lengths).ravel())]
 
 
+#: a ragged store's local step: (engine, schema, head, batch, mask, process, where) -> the
+#: process's status members ``count``, ``describe``, ``runs`` (pytreestore._ragged.multihost)
+RaggedRows = Callable[[Backend, TreeSchema, Commit, Any, Any, int, str], dict[str, Any]]
+
+
 def describe(batch_leaves: Sequence[Any], treedef: Any) -> dict[str, Any]:
     """What every process must agree on: the treedef, each leaf's global shape and dtype."""
     leaves = [[list(np.shape(x)), str(getattr(x, "dtype", type(x).__name__))] for x in batch_leaves]
@@ -98,13 +106,18 @@ class MultiHost:
         path: the store's location, for messages.
         process: this process's index (``jax.process_index()``).
         processes: the number of processes (``jax.process_count()``).
+        ragged_rows: the local step of a ragged or optional store (None: such a store is
+            refused).
     """
 
-    def __init__(self, path: str, location: Location) -> None:
+    def __init__(
+        self, path: str, location: Location, ragged_rows: RaggedRows | None = None
+    ) -> None:
         self.path = path
         self.process = jax.process_index()
         self.processes = jax.process_count()
         self._location = location
+        self.ragged_rows = ragged_rows
 
     def refused(self, *, append: bool = False) -> MultiHostError:
         """The error for a method a multi-host store does not take on this process:
@@ -133,14 +146,18 @@ class MultiHost:
         """
         local: BaseException | None = None
         try:
-            if mask is not None:
+            len(store)  # a closed store raises here, on its own process
+            head, schema = store.commit_now(), store.schema
+            if schema.ragged is not None and self.ragged_rows is not None:
+                rows = self.ragged_rows(backend, schema, head, batch, mask, self.process, self.path)
+            elif mask is not None:
                 raise SchemaMismatchError(
                     f"store {self.path} holds records of one structure: extend_batch takes no "
                     "mask= (that is for stores created with ragged= or optional=)"
                 )
-            len(store)  # a closed store raises here, on its own process
-            head = store.commit_now()
-            status = {"ok": True, **self._write_rows(backend, store.schema, head, batch)}
+            else:
+                rows = self._write_rows(backend, schema, head, batch)
+            status = {"ok": True, **rows}
         except Exception as err:  # reported to every process, raised below
             local = err
             status = {"ok": False, "error": _error_json(err)}
@@ -215,14 +232,20 @@ class MultiHost:
 
 
 def open_everywhere(
-    first: Callable[[], Any], other: Callable[[], Any], path: str, location: Location
+    first: Callable[[], Any],
+    other: Callable[[], Any],
+    path: str,
+    location: Location,
+    ragged_rows: RaggedRows | None = None,
 ) -> Any:
     """A multi-host store on every process: process 0 runs ``first()`` (create, or open for
     appending: it takes the writer lock), then, after a barrier, every other process runs
-    ``other()`` (open read-only: no lock); each attaches a :class:`MultiHost`.
+    ``other()`` (open read-only: no lock); each attaches a :class:`MultiHost` (with
+    ``ragged_rows``, the local step of a ragged or optional store).
 
     Raises:
         BadLocationError: a ``memory://`` store with several processes.
+        FragmentError: a ragged or optional store, and no ``ragged_rows``.
         PyTreeStoreError: on every process, if any process failed to create or open it
             (process 0 closes its store then).
     """
@@ -232,14 +255,19 @@ def open_everywhere(
             "cannot reach; put the store on storage every process reaches (a shared "
             "filesystem, s3://, gs://)"
         )
-    host = MultiHost(path, location)
+    host = MultiHost(path, location, ragged_rows)
     store, local = None, None
     for turn in ("first", "other"):
         status: dict[str, Any] = {"ok": True}
         if (turn == "first") == (host.process == 0):
             try:
                 store = first() if turn == "first" else other()
-                _fragments.check_fixed(store.schema, path)
+                if store.schema.ragged is not None and ragged_rows is None:
+                    raise errors.FragmentError(
+                        f"store {path} holds ragged or optional records, whose global batches "
+                        "this opener cannot write; open it with pytreestore.open(..., "
+                        "multihost=True)"
+                    )
             except Exception as err:
                 local, status = err, {"ok": False, "error": _error_json(err)}
         statuses = [unpack(raw) for raw in allgather(pack(status))]
@@ -307,4 +335,12 @@ def _rebuild(error: dict[str, str]) -> PyTreeStoreError:
     return MultiHostError(f"{error['type']}: {error['message']}")
 
 
-__all__ = ["MultiHost", "allgather", "describe", "open_everywhere", "pack", "unpack"]
+__all__ = [
+    "MultiHost",
+    "RaggedRows",
+    "allgather",
+    "describe",
+    "open_everywhere",
+    "pack",
+    "unpack",
+]

@@ -162,7 +162,8 @@ def verify(
                 plain.append(column.path or "the root")
             _check_present(backend, column, rows, problems, past)
             first = column.start // column.chunks[0]  # chunks wholly before start: unstored
-            requests.extend((column, i) for i in range(first, -(-rows // column.chunks[0])))
+            last = -(-rows // column.chunks[0]) if rows > column.start else first
+            requests.extend((column, i) for i in range(first, last))
         problems.extend(_unseen(_read_all(backend, requests, rows, progress), problems))
         chunks += len(requests)
     order = {c.path: i for i, c in enumerate(schema.storage_columns)}
@@ -272,7 +273,8 @@ def _check_present(
         if row.isdigit() and int(row) >= first:
             past.append(key)
     for index, key in _chunk_keys(column, records):
-        before_start = (index[0] + 1) * column.chunks[0] <= column.start  # read as the default
+        # rows of the chunk that are committed, all before start: read as the default
+        before_start = min((index[0] + 1) * column.chunks[0], records) <= column.start
         if key not in present and not before_start:
             problems.append(
                 Problem(

@@ -20,13 +20,16 @@ from pytreestore._commit.fragment import Fragment
 from pytreestore._commit.record import Commit
 from pytreestore._location import Location
 from pytreestore._open.open import read_schema
+from pytreestore._ragged import fragments as _ragged
 from pytreestore.backends import Backend, default_backend, get_backend
+from pytreestore.errors import SchemaMismatchError
 
 
 def write_fragment(
     path: str | os.PathLike[str],
     records_or_batch: Any,
     *,
+    mask: Any = None,
     backend: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
     like: Any = None,
@@ -42,7 +45,11 @@ def write_fragment(
     Args:
         path: the store (a local directory, ``memory://NAME``, ``s3://...``).
         records_or_batch: an iterable of records, or one batch: the schema's structure with
-            leaves carrying a leading record axis (told apart by the schema's treedef).
+            leaves carrying a leading record axis (told apart by the schema's treedef). In
+            a ragged or optional store, records, or the padded batch whose ``mask`` is given.
+        mask: a ragged or optional store's padded batch's mask, as in
+            :meth:`~pytreestore.TreeStore.extend_batch` (``write_fragment(path, batch,
+            mask=mask)`` with the pair ``store.load()`` returns); None for records.
         backend: the storage engine, as in :func:`pytreestore.open` (by default the one
             the store was made with: ``"ocdbt"`` for an OCDBT database, else TensorStore).
         storage_options: for ``s3://`` and ``gs://`` stores, as in :func:`pytreestore.open`.
@@ -55,9 +62,15 @@ def write_fragment(
 
     Raises:
         SchemaMismatchError: a record or the batch does not match the store's schema (the
-            same checks and casts as :meth:`~pytreestore.TreeStore.extend`); nothing is written.
-        FragmentError: the store is ragged or optional (fragments need fixed columns).
+            same checks and casts as :meth:`~pytreestore.TreeStore.extend` and
+            ``extend_batch``); ``mask`` given for a store of one fixed structure. Nothing is
+            written.
         StoreNotFoundError: no store at ``path``.
+
+    A ragged or optional store's fragment holds the rows of every table (element arrays,
+    offsets, presence). Records showing a structure the store has not learnt yet (an
+    element of a list empty so far, a subtree None so far) are taken: the commit teaches
+    the store that structure (docs/ragged.md).
 
     Example:
         >>> import numpy as np, pytreestore
@@ -70,9 +83,17 @@ def write_fragment(
     engine: Backend = get_backend(backend or default_backend(location))(location)
     try:
         schema = read_schema(engine, location, like=like, generic=False)
-        _fragments.check_fixed(schema, str(location))
         head = Commit.read(engine, str(location))
-        return _fragments.write(engine, schema, head, records_or_batch, str(location))
+        where = str(location)
+        if schema.ragged is not None:
+            return _ragged.write(engine, schema, head, records_or_batch, mask, where)
+        if mask is not None:
+            raise SchemaMismatchError(
+                f"store {where} holds records of one structure: write_fragment takes no "
+                "mask= (that is for stores created with ragged= or optional=). Nothing was "
+                "written."
+            )
+        return _fragments.write(engine, schema, head, records_or_batch, where)
     finally:
         engine.close()
 

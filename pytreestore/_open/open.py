@@ -23,13 +23,13 @@ from pytreestore._commit import protocol, snapshots, versions
 from pytreestore._commit.versions import KEEP_VERSIONS
 from pytreestore._commit.writer import check_buffer
 from pytreestore._format import packs as _packs
-from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
 from pytreestore._open.schemas import check_codec, new_schema, packed_schema
 from pytreestore._open.shared import check_shared_options, open_shared
-from pytreestore._ragged.model import GenericViewError, attach_layout, build_schema
+from pytreestore._ragged.model import GenericViewError, build_schema, load_schema
+from pytreestore._ragged.multihost import write_rows
 from pytreestore._ragged.writer import new_writer
 from pytreestore._read.request import check_cast
 from pytreestore._spec import StoreSpec
@@ -37,7 +37,6 @@ from pytreestore._store import TreeStore
 from pytreestore.backends import Backend, OcdbtDatabase, default_backend, get_backend, is_ocdbt
 from pytreestore.backends._packed import packed
 from pytreestore.errors import (
-    FragmentError,
     NotAStoreError,
     SchemaMismatchError,
     StoreNotFoundError,
@@ -94,7 +93,8 @@ def create(
             arguments: process 0 creates the store and holds its writer lock, the others
             attach to it without one, and :meth:`~TreeStore.extend_batch` then takes global
             batches, called on every process (docs/scaling.md, "Multi-host JAX"). The store
-            must live where every process reaches it; not with ``ragged=`` or ``optional=``.
+            must live where every process reaches it. With ``ragged=`` or ``optional=``,
+            ``extend_batch(batch, mask=mask)`` takes the global padded batch and its mask.
         pack: store small leaves side by side in shared arrays (docs/scaling.md#wide-trees):
             True packs every leaf of at most 4096 bytes per record, an int N those of at
             most N bytes; leaves of one dtype share a pack array ``_pack_<dtype>_<n>`` at
@@ -126,11 +126,6 @@ def create(
             "records). Create it without pack="
         )
     if multihost:
-        if ragged is not None or optional is not None:
-            raise FragmentError(
-                "multihost=True writes fragments, which need one fixed structure: create the "
-                "store without ragged= or optional=, or append from one process"
-            )
         options = {"backend": backend, "storage_options": storage_options, "cast": cast}
         return _multihost.open_everywhere(
             lambda: create(
@@ -141,11 +136,14 @@ def create(
                 overwrite=overwrite,
                 keep_versions=keep_versions,
                 pack=pack,
+                ragged=ragged,
+                optional=optional,
                 **options,
             ),
             lambda: open(path, like=like, **options),
             str(location),
             location,
+            write_rows,
         )
     if ragged is None and optional is None:
         schema = new_schema(like, chunk_records=chunk_records, codec=codec)
@@ -306,6 +304,7 @@ def open(
             lambda: open(path, **options),
             str(location),
             location,
+            write_rows,
         )
     if coordinator is not None:
         address = check_shared_options(
@@ -377,8 +376,7 @@ def _version_schema(
         return latest
     info = versions.schema_info(engine, commit.schema, str(location))
     raw = protocol.group_json({"pytreestore": info})
-    schema = _validate.load_schema(raw, str(location), like=like, generic=generic)
-    schema = schema if schema.ragged is None else attach_layout(schema, str(location))
+    schema = load_schema(raw, str(location), like=like, generic=generic)
     engine.open_columns(schema.storage_columns)
     protocol.check_starts(schema, commit.records, location, commit.rows)
     return schema
@@ -425,8 +423,7 @@ def read_schema(engine: Backend, location: Location, *, like: Any, generic: bool
         if engine.is_empty():
             raise StoreNotFoundError(f"no store at {location}")
         raise NotAStoreError(f"{location} is not a pytreestore store: {ROOT_KEY} is missing")
-    schema = _validate.load_schema(raw, str(location), like=like, generic=generic)
-    return schema if schema.ragged is None else attach_layout(schema, str(location))
+    return load_schema(raw, str(location), like=like, generic=generic)
 
 
 # ---- evolve by path ------------------------------------------------------------------------

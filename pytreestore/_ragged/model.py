@@ -345,10 +345,60 @@ def attach_layout(schema: TreeSchema, where: str) -> TreeSchema:
 def reread_schema(backend: Any, where: str, *, like: Any, generic: bool) -> TreeSchema:
     """A ragged store's schema read again (``refresh`` of a reader whose schema had pending
     structures), with its layout; the backend told of its arrays."""
-    schema = _validate.load_schema(backend.read_bytes(ROOT_KEY), where, like=like, generic=generic)
-    schema = attach_layout(schema, where)
+    schema = load_schema(backend.read_bytes(ROOT_KEY), where, like=like, generic=generic)
     backend.open_columns(schema.storage_columns)
     return schema
+
+
+def load_schema(raw: bytes, where: str, *, like: Any, generic: bool) -> TreeSchema:
+    """The schema in root metadata ``raw`` (:func:`pytreestore._format.validate.load_schema`),
+    with its layout if it is a ragged store's. ``like`` may also be a record as ``create``
+    took it (lists of any length, ragged leading axes): it is cut to the record the stored
+    tree describes, one element per list and no ragged axis (:func:`described`).
+
+    Raises:
+        SchemaMismatchError: ``like`` matches the stored structure in neither form.
+    """
+    try:
+        schema = _validate.load_schema(raw, where, like=like, generic=generic)
+    except SchemaMismatchError as err:
+        cut = described_like(_validate.root_schema(raw, where), like)
+        if cut is None:
+            raise
+        try:
+            schema = _validate.load_schema(raw, where, like=cut, generic=generic)
+        except SchemaMismatchError:
+            raise err from None
+    return schema if schema.ragged is None else attach_layout(schema, where)
+
+
+def described_like(info: dict[str, Any], like: Any) -> Any:
+    """``like``, a record of the ragged store whose stored schema is ``info``, as the stored
+    tree describes records (:func:`described`); None for another store, or a ``like`` the
+    declarations cannot walk."""
+    if like is None or "ragged" not in info:
+        return None
+    try:
+        ragged = _info.RaggedInfo.from_json(info["ragged"])
+        decl = Declarations.parse(ragged.declared_ragged, ragged.optional)
+        return described(Walker(decl).build(like, (), None))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def described(spec: Spec | None) -> Any:
+    """The record a ragged schema's tree describes: :func:`representative`, but leaves
+    without their ragged leading axis (the shapes of their columns)."""
+    if isinstance(spec, Leaf):
+        return np.zeros(spec.shape, spec.dtype)
+    if isinstance(spec, Kept):
+        return spec.value
+    if isinstance(spec, RaggedList):
+        return [] if spec.element is None else [described(spec.element)]
+    if isinstance(spec, Optional):
+        return None if spec.inner is None else described(spec.inner)
+    assert isinstance(spec, Fixed), spec
+    return spec.treedef.unflatten([described(c) for c in spec.children])
 
 
 def _leading(column: ColumnSpec) -> bool:
@@ -388,7 +438,10 @@ __all__ = [
     "Model",
     "attach_layout",
     "build_schema",
+    "described",
+    "described_like",
     "grow_schema",
+    "load_schema",
     "representative",
     "reread_schema",
 ]

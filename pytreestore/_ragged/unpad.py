@@ -42,7 +42,7 @@ def unpad_records(spec: Spec, batch: Any, mask: Any) -> list[Any]:
 
 
 def _rows(spec: Spec, batch: Any) -> int:
-    for leaf in _leaves(spec, batch):
+    for leaf in [*_leaves(spec, batch), *jax.tree.leaves(batch)]:  # pending parts last
         shape = np.shape(leaf)
         if shape:
             return int(shape[0])
@@ -85,6 +85,7 @@ def _split(spec: Spec | None, value: Any, mask: Any, rows: int) -> list[Any]:
         return _split_list(spec, value, mask, rows)
     if isinstance(spec, Optional):
         if spec.inner is None:
+            _check_nothing_real(spec.path, mask, "a subtree")
             return [None] * rows
         present = _witness(spec.inner, mask, spec.path, rows, optional=True)
         inner = _split(spec.inner, _take(value, present), _take(mask, present), int(present.sum()))
@@ -104,12 +105,29 @@ def _split(spec: Spec | None, value: Any, mask: Any, rows: int) -> list[Any]:
 
 def _split_list(spec: RaggedList, value: Any, mask: Any, rows: int) -> list[Any]:
     if spec.element is None:
+        _check_nothing_real(spec.path, mask, "elements")
         return [[] for _ in range(rows)]
     real = _witness(spec.element, mask, spec.path, rows, optional=False)
     lengths = _lengths(real, spec.path, rows)
     items = _split(spec.element, _take(value, real), _take(mask, real), int(lengths.sum()))
     cuts = np.concatenate([[0], np.cumsum(lengths)]).tolist()
     return [items[cuts[i] : cuts[i + 1]] for i in range(rows)]
+
+
+def _check_nothing_real(path: str, mask: Any, what: str) -> None:
+    """Refuses real values where the store's structure is still pending (its element or
+    subtree unknown): they would be dropped.
+
+    Raises:
+        SchemaMismatchError: the mask there has a True entry.
+    """
+    if any(np.asarray(m).any() for m in jax.tree.leaves(mask)):
+        raise SchemaMismatchError(
+            f"extend_batch(batch, mask=): the mask at {path or 'the root'} shows {what}, whose "
+            "structure the store has not learnt yet (store.schema.pending: no record had "
+            f"{what} there so far). Append one record that has {what} there first "
+            "(store.append(record)); then extend_batch. Nothing was appended."
+        )
 
 
 def _take(tree: Any, where: np.ndarray) -> Any:

@@ -84,27 +84,33 @@ class _TableCommitter:
 class RaggedWriter:
     """Appends records of a ragged store's layout to its tables; commits them together."""
 
+    #: how a refused record of :meth:`extend` is reported (``{i}``: its position)
+    refusal = "extend() refused record {i} (none of this call's records were appended)"
+
     def __init__(
         self,
         backend: Backend,
         schema: TreeSchema,
         commit: Commit,
-        committer: Committer | None = None,
+        committer: Any = None,
     ) -> None:
+        """``committer`` replaces the writer's own :class:`Committer` (fragments, which
+        commit nothing: :mod:`pytreestore._ragged.fragments`)."""
         self._backend = backend
         self._committer = committer or Committer(
             backend, commit, _validate.id_of(schema), tree=schema
         )
         self._open_tables(schema, commit)
 
+    def _table(self, table: str | None, schema: TreeSchema, commit: Commit) -> Any:
+        """The writer of one table (``schema``: its columns) at ``commit``."""
+        rows = Commit(commit.rows(table), 0)
+        return Writer(self._backend, schema, rows, _TableCommitter(self, table))
+
     def _open_tables(self, schema: TreeSchema, commit: Commit) -> None:
-        backend = self._backend
         self.schema = schema
         self.model: Model = schema.layout
-        self.tables = {
-            t: Writer(backend, sub, Commit(commit.rows(t), 0), _TableCommitter(self, t))
-            for t, sub in table_schemas(schema).items()
-        }
+        self.tables = {t: self._table(t, sub, commit) for t, sub in table_schemas(schema).items()}
         self._slots = {
             t: {(c.role or "leaf", c.path): i for i, c in enumerate(w.schema.columns)}
             for t, w in self.tables.items()
@@ -173,10 +179,7 @@ class RaggedWriter:
                 cause = (
                     _explain(self.model, record, "record") if isinstance(err, _Mismatch) else err
                 )
-                raise SchemaMismatchError(
-                    f"extend() refused record {i} (none of this call's records were "
-                    f"appended): {cause}"
-                ) from None
+                raise SchemaMismatchError(f"{self.refusal.format(i=i)}: {cause}") from None
             raise
         self._commit_whole_chunks()
 
@@ -202,14 +205,20 @@ class RaggedWriter:
 
     def _learn(self, record: Any) -> None:
         """Fixes the structures ``record`` shows where the schema's were pending: commits what
-        is buffered, creates the new arrays (sized to their tables' rows, which read as zeros
-        and empty lists), and replaces the schema in one atomic put."""
+        is buffered, then :meth:`use_schema` of the schema grown by them."""
         self.flush()
-        commit = self.commit
         try:
-            grown = grow_schema(self.schema, record, commit.rows)
+            grown = grow_schema(self.schema, record, self.commit.rows)
         except SchemaMismatchError:
             raise _explain(self.model, record, "record") from None
+        self.use_schema(grown)
+
+    def use_schema(self, grown: TreeSchema) -> None:
+        """Takes ``grown``, this writer's schema with pending structures learnt
+        (:func:`~pytreestore._ragged.model.grow_schema` at the committed rows, nothing
+        buffered): creates the new arrays (sized to their tables' rows, which read as zeros
+        and empty lists), and replaces the schema in one atomic put."""
+        commit = self.commit
         old = {c.key for c in self.schema.storage_columns}
         added = [c for c in grown.storage_columns if c.key not in old]
         self._backend.delete_keys([array_json(c.key) for c in added])  # a cut-off attempt's

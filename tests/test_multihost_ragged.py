@@ -1,0 +1,135 @@
+"""Multi-host writes of ragged and optional stores: two processes under ``jax.distributed`` on
+127.0.0.1, 4 CPU devices each (tests/multihost_ragged_child.py).
+
+Both processes create a ragged store with ``multihost=True`` and call
+``extend_batch(batch, mask=mask)`` with the same padded global batches, values and mask
+sharded over a mesh spanning both processes (split, partially replicated, replicated, the
+mask sharded otherwise than the values). Each process writes its rows as ragged fragments,
+process 0 commits them: the stores must equal one process's ``extend_batch`` of the same
+batches, on both backends, and both processes must see the same length after every batch.
+A batch without a mask, a mask that gives no length on one process's rows, and real values
+at a structure the store has not learnt must raise on both processes and commit nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pytreestore
+from pytreestore.testing import assert_trees_equal
+from tests import multihost_ragged_child as child
+from tests.test_multihost_write import free_port
+from tests.trial_harness import RAGGED_DECL, ragged_like, ragged_record
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """Runs the two processes once for the module; their reports, by process."""
+    root = tmp_path_factory.mktemp("multihost-ragged")
+    port = str(free_port())
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.multihost_ragged_child", str(i), port, str(root)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
+        for i in range(2)
+    ]
+    outputs = []
+    try:
+        for proc in procs:  # a hang in either process fails here, not the whole run
+            out, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{out}\n{err[-6000:]}"
+            outputs.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return root, sorted(outputs, key=lambda o: o["process"])
+
+
+def reference(tmp_path: Path, backend: str) -> pytreestore.TreeStore:
+    """The same padded batches appended by one process."""
+    path = tmp_path / f"ref-{backend}"
+    with pytreestore.create(
+        path, ragged_like(False), backend=backend, chunk_records=4, **RAGGED_DECL
+    ) as store:
+        for first, count, _, _ in child.BATCHES:
+            batch, mask = child.padded(first, count)
+            store.extend_batch(batch, mask=mask)
+    return pytreestore.open(path, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_global_padded_batches_equal_a_single_process_write(runs, tmp_path, backend):
+    root, reports = runs
+    want = reference(tmp_path, backend)
+    got = pytreestore.open(root / backend, backend=backend)
+    total = sum(count for _, count, _, _ in child.BATCHES)
+    assert len(got) == len(want) == total
+    for i in range(total):
+        assert_trees_equal(got.load(i, as_numpy=True), ragged_record(i), err_msg=f"record {i}")
+    assert_trees_equal(got.load(as_numpy=True), want.load(as_numpy=True))
+    segments = {"ragged": "segments", "as_numpy": True}
+    assert_trees_equal(got.load(**segments), want.load(**segments))
+    assert got.verify().ok
+    lengths = np.cumsum([count for _, count, _, _ in child.BATCHES]).tolist()
+    assert [r["lengths"][backend] for r in reports] == [lengths, lengths]
+
+
+def test_each_failure_raises_on_both_processes_and_commits_nothing(runs):
+    root, reports = runs
+    expected = {"nomask": "SchemaMismatchError", "run": "SchemaMismatchError"}
+    for report in reports:
+        failures = report["failures"]
+        for name, kind in expected.items():
+            assert failures[name]["type"] == kind, (report["process"], name, failures[name])
+            assert failures[name]["length"] == 0, (report["process"], name)
+        assert failures["after"] == {"type": None, "length": 8}
+        assert failures["pending"]["type"] == "SchemaMismatchError"
+        assert failures["pending"]["length"] == 0
+        assert "has not learnt yet" in failures["pending"]["message"]
+    zero, one = (r["failures"] for r in reports)
+    assert "mask=mask" in zero["nomask"]["message"]
+    assert "not a run of True then False" in one["run"]["message"]
+    assert "process 1 of 2" in zero["run"]["message"]
+    store = pytreestore.open(root / "failures")
+    for i in range(8):
+        assert_trees_equal(store.load(i, as_numpy=True), ragged_record(i))
+
+
+def test_one_process_ragged_multihost_store(tmp_path):
+    """multihost=True where process 0 is all there is: a ragged store takes global padded
+    batches, and refuses a batch without its mask."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    like = {"p": [np.float32(0)], "n": np.int32(0)}
+    recs = [{"p": [np.float32(j) for j in range(i % 3)], "n": np.int32(i)} for i in range(8)]
+    batch, mask = pytreestore.stack(recs, ragged=["['p']"])
+    place = NamedSharding(mesh, P("data"))
+    path = tmp_path / "one"
+    with pytreestore.create(path, like, ragged=["['p']"], multihost=True) as store:
+        store.extend_batch(jax.device_put(batch, place), mask=jax.device_put(mask, place))
+        with pytest.raises(pytreestore.errors.SchemaMismatchError, match="mask=mask"):
+            store.extend_batch(batch)
+        assert len(store) == 8
+    got = pytreestore.open(path)
+    assert [len(r["p"]) for r in got] == [i % 3 for i in range(8)]

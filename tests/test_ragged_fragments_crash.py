@@ -1,0 +1,181 @@
+"""Crash trials of a ragged store's fragments: a process killed with SIGKILL while writing a
+fragment, between its fragments and the commit, after the commit learnt the structures the
+fragments show, while placing their rows (after one write), and around the commit record, leaves a store that
+opens with every committed record, where each fragment is committed whole or not at all,
+and every fragment not committed can still be committed; ``vacuum()`` removes what is left.
+
+The store starts from a pending ``like`` (:func:`tests.trial_harness.ragged_like`), so the
+commit of fragments A (4 records) and B (5 records) learns the element structure, the
+nested ragged list and the optional subtree. The writer is a subprocess running
+:func:`child`; it kills itself at the named point, reached through the real code with a
+wrapper around one internal step. On every backend fragments run on: tensorstore, zarr, ocdbt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pytreestore
+from pytreestore import errors
+from pytreestore.testing import assert_trees_equal
+from tests.test_ragged_fragments import fragments_left
+from tests.trial_harness import RAGGED_DECL, ragged_like, ragged_record
+
+TESTS = Path(__file__).resolve().parent
+POINTS = ["writing", "before_commit", "learning", "placing", "before_record", "after_record"]
+SIZES = (4, 5)  # fragment A, fragment B
+BACKENDS = ["tensorstore", "zarr", "ocdbt"]
+CHUNK = 4
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _kill_at(point: str) -> None:
+    """Makes the child kill itself at ``point`` of its next fragment step."""
+    from pytreestore import _fragmenting
+    from pytreestore._commit import committer
+    from pytreestore._ragged import fragments, placing, writer
+
+    if point == "writing":  # the arrays and schema are written, the description is not
+        fragments.manifest_key = lambda fid: _die()  # type: ignore[assignment]
+    elif point == "learning":  # the store learnt the fragments' structures, nothing placed
+        learn = writer.RaggedWriter.use_schema
+
+        def learn_then_die(self: Any, grown: Any) -> None:
+            learn(self, grown)
+            _die()
+
+        writer.RaggedWriter.use_schema = learn_then_die  # type: ignore[method-assign]
+    elif point == "placing":  # chunks placed, one table's rows written, the others not
+        write = placing._write_rows
+
+        def write_one(engine: Any, keys: Any, start: int, parts: Any) -> None:
+            write(engine, keys, start, parts)
+            if keys and parts:
+                _die()
+
+        placing._write_rows = write_one  # type: ignore[assignment]
+    elif point == "before_record":
+        committer.Committer.advance = lambda *a, **k: _die()  # type: ignore[assignment]
+    elif point == "after_record":
+        _fragmenting.Fragmenting._retire = lambda self, ids: _die()  # type: ignore[assignment]
+
+
+def child(path: str, backend: str, point: str, out: str) -> None:
+    """Writes fragments A and B (their JSON to ``out``), then commits them; dies at ``point``."""
+    store = pytreestore.open(path, "a", backend=backend)
+    start = len(store)
+    texts = []
+    for k, n in enumerate(SIZES):
+        if point == "writing" and k == 1:
+            _kill_at(point)
+        records = [ragged_record(i) for i in range(start, start + n)]
+        fragment = pytreestore.write_fragment(path, records, backend=backend)
+        texts.append(fragment.to_json())
+        Path(out).write_text(json.dumps(texts))
+        start += n
+    if point == "before_commit":
+        _die()
+    _kill_at(point)
+    store.commit_fragments([pytreestore.Fragment.from_json(t) for t in texts])
+    if point == "random":
+        print("COMMITTED", flush=True)
+    store.close()
+
+
+def _run(path: Path, backend: str, point: str, *, kill_after: float | None = None) -> int:
+    out = path.parent / "fragments.json"
+    code = (
+        f"import sys; sys.path.insert(0, {str(TESTS.parent)!r}); "
+        "from tests import test_ragged_fragments_crash as t; "
+        f"t.child({str(path)!r}, {backend!r}, {point!r}, {str(out)!r})"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    if kill_after is not None:
+        time.sleep(kill_after)
+        proc.kill()
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode in (-signal.SIGKILL, 0), stderr
+    return proc.returncode
+
+
+def _fragments(path: Path) -> list[pytreestore.Fragment]:
+    out = path.parent / "fragments.json"
+    texts = json.loads(out.read_text()) if out.exists() else []
+    return [pytreestore.Fragment.from_json(t) for t in texts]
+
+
+def _check_records(store: pytreestore.TreeStore, n: int) -> None:
+    assert len(store) == n
+    for i in range(n):
+        assert_trees_equal(store.load(i, as_numpy=True), ragged_record(i), err_msg=f"record {i}")
+
+
+def _check_recovered(path: Path, backend: str, start: int) -> None:
+    """Opens the killed writer's store: a committed prefix in whole fragments; then commits
+    every fragment left whole and checks the store holds every record once, in order."""
+    store = pytreestore.open(path, "a", backend=backend)
+    found = _fragments(path)
+    committed = len(store)
+    assert committed in (start, start + sum(SIZES)), committed  # all of them or none
+    _check_records(store, committed)
+    assert store.verify().ok
+    if committed == start:
+        store.commit_fragments(found)
+        _check_records(store, start + sum(f.records for f in found))
+    else:
+        with pytest.raises(errors.FragmentError, match="committed already"):
+            store.commit_fragments(found)
+    store.vacuum(fragments_older_than=0)
+    assert fragments_left(str(path), backend) == []
+    n = len(store)
+    store.extend(ragged_record(i) for i in range(n, n + 3))
+    store.close()
+    reader = pytreestore.open(path, backend=backend)
+    _check_records(reader, n + 3)
+    assert reader.verify().ok
+
+
+def _make(path: Path, backend: str, start: int) -> None:
+    with pytreestore.create(
+        path, ragged_like(True), backend=backend, chunk_records=CHUNK, **RAGGED_DECL
+    ) as store:
+        store.extend(ragged_record(i) for i in range(start))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("start", [4, 3], ids=["aligned", "misaligned"])
+@pytest.mark.parametrize("point", POINTS)
+def test_a_writer_killed_at_each_point_loses_nothing(tmp_path, backend, start, point):
+    path = tmp_path / "s"
+    _make(path, backend, start)
+    assert _run(path, backend, point) == -signal.SIGKILL
+    assert len(_fragments(path)) == (1 if point == "writing" else 2)
+    if point == "learning":  # the schema change stands; no record came with it
+        assert not pytreestore.open(path, backend=backend).schema.pending
+    _check_recovered(path, backend, start)
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_a_writer_killed_at_a_random_moment_loses_nothing(tmp_path, trial):
+    rng = random.Random(trial)
+    backend = BACKENDS[trial % 3]
+    start = rng.choice([3, 4, 8])
+    path = tmp_path / "s"
+    _make(path, backend, start)
+    _run(path, backend, "random", kill_after=rng.uniform(0.5, 3.0))
+    _check_recovered(path, backend, start)
