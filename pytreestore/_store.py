@@ -20,6 +20,7 @@ from pytreestore._commit.lock import WriterLock
 from pytreestore._commit.record import Commit
 from pytreestore._commit.repair import check_not_replaced
 from pytreestore._commit.writer import Writer, forked_writer
+from pytreestore._deferred import Deferred
 from pytreestore._format.schema import TreeSchema
 from pytreestore._fragmenting import Fragmenting
 from pytreestore._inspect import progress as _progress
@@ -31,8 +32,7 @@ from pytreestore._ragged.model import reread_schema
 from pytreestore._ragged.writer import RaggedWriter
 from pytreestore._read import reader as _reader
 from pytreestore._read.ahead import ReadAhead
-from pytreestore._read.cache import ChunkCache
-from pytreestore._read.cache import shared as shared_cache
+from pytreestore._read.cache import for_store
 from pytreestore._read.reader import ReadContext
 from pytreestore._read.request import LoadRequest
 from pytreestore._reads import Reads
@@ -72,17 +72,17 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
         *,
         location: Location,
         backend: Backend,
-        schema: TreeSchema,
+        schema: TreeSchema | Deferred[TreeSchema, Backend],
         commit: Commit,
         lock: WriterLock | None,
         spec: StoreSpec,
         writer: Writer | RaggedWriter | None,
     ) -> None:
         """Made by :func:`pytreestore.create` / :func:`pytreestore.open` (``writer`` in mode
-        ``"a"``), not by hand."""
+        ``"a"``; a reader's ``schema`` may be :class:`Deferred`), not by hand."""
         self._location = location
-        self._backend = backend
-        self._schema = schema
+        self._engine = backend  # closed by close(), whether the schema was parsed or not
+        self._opened = schema if isinstance(schema, Deferred) else Deferred.ready(schema, backend)
         self._mode = "r" if writer is None else "a"
         self._commit = commit
         self._lock = lock
@@ -94,9 +94,21 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
         self._reads_done = threading.Condition()
         self._writer = writer
         self._ahead = ReadAhead()  # the block that store[i] in a loop reads from
-        self._cache = _chunk_cache(location, spec.cache_bytes)
+        self._cache = for_store(location, spec.cache_bytes)
         self._cache_id = uuid.uuid4().hex  # this object's chunks in the cache (see _read/cache)
         self._multihost: Any = None  # a MultiHost (_commit/multihost.py): open(multihost=True)
+
+    @property
+    def _schema(self) -> TreeSchema:
+        return self._opened.get()[0]
+
+    @_schema.setter
+    def _schema(self, schema: TreeSchema) -> None:
+        self._opened = Deferred.ready(schema, self._backend)
+
+    @property
+    def _backend(self) -> Backend:
+        return self._opened.get()[1]
 
     # ---- description ---------------------------------------------------------------------------
 
@@ -134,9 +146,7 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
 
     def _repr_html_(self) -> str | None:
         """The column tree as an HTML table, for notebooks (None once closed: plain repr)."""
-        if self._closed:
-            return None
-        return _repr.render_html(_repr.describe(self), self._schema.tree)
+        return _repr.html_of(self)
 
     # ---- writing -------------------------------------------------------------------------------
 
@@ -286,7 +296,7 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
             self._cache.drop(self._cache_id)
         if self._lock is not None:
             self._lock.release()
-        self._backend.close()
+        (self._backend if self._opened.done else self._engine).close()
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[Backend]:
@@ -381,7 +391,7 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
         """Raises StoreReplacedError if a reader's store was replaced since it opened; on
         object stores (where the check costs a request) only when ``always``."""
         if self._writer is None and (always or not self._location.is_object_store):
-            check_not_replaced(self._backend, self._location, self._commit)
+            check_not_replaced(self._engine, self._location, self._commit)
 
     def read_context(self) -> ReadContext:
         """What pytreestore's own read path needs of this store; not a user API.
@@ -485,14 +495,6 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
             finally:
                 if self._writer is not None:  # a ragged store learns pending structures
                     self._schema = self._writer.schema
-
-
-def _chunk_cache(location: Location, cache_bytes: int | None) -> ChunkCache | None:
-    """The decoded-chunk cache a store reads through: the shared one (``cache_bytes`` None),
-    one of its own, or none (``0``, or a ``memory://`` store, which is in memory already)."""
-    if location.kind == "memory" or cache_bytes == 0:
-        return None
-    return shared_cache() if cache_bytes is None else ChunkCache(cache_bytes)
 
 
 __all__ = ["TreeStore"]

@@ -94,7 +94,7 @@ def test_like_with_another_function_is_refused(tmp_path):
     store.close()
     want = "at .final_activation: expected the constant jax.numpy:tanh, got the constant"
     with pytest.raises(errors.SchemaMismatchError, match=re.escape(want)):
-        pytreestore.open(tmp_path / "tensorstore", like=_mlp(final=jax.nn.sigmoid))
+        pytreestore.open(tmp_path / "tensorstore", like=_mlp(final=jax.nn.sigmoid)).schema
     same = pytreestore.open(tmp_path / "tensorstore", like=_mlp())[0]
     assert same.final_activation is jax.numpy.tanh
 

@@ -674,7 +674,7 @@ def test_malformed_schema(tmp_path):
         "pytreestore/schema.json): at /attributes/pytreestore: 'columns' is a required property"
     )
     with pytest.raises(errors.CorruptStoreError, match=f"^{re.escape(text)}"):
-        pytreestore.open(root)
+        pytreestore.open(root).schema
 
 
 def test_column_shape_disagreeing_with_schema(tmp_path):

@@ -139,7 +139,7 @@ def main_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_classes_of_another_main_do_not_resolve(main_store: Path) -> None:
     with pytest.raises(ClassResolutionError, match=r"__main__:(Sample|Box)") as info:
-        pytreestore.open(main_store)
+        pytreestore.open(main_store).schema
     message = str(info.value)
     assert "like=" in message and "generic=True" in message
     assert isinstance(info.value, ImportError)
@@ -159,7 +159,7 @@ def test_like_of_another_schema_is_refused(main_store: Path) -> None:
     wrong = Box(Sample(np.float32(0), np.zeros(3, np.int32)), np.float32(0))
     expected = "like= does not match the store schema at .sample.y: expected int32[2], got int32[3]"
     with pytest.raises(SchemaMismatchError, match=re.escape(expected)):
-        pytreestore.open(main_store, like=wrong)
+        pytreestore.open(main_store, like=wrong).schema
 
 
 def test_generic_gives_dicts(main_store: Path) -> None:

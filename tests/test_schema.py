@@ -158,14 +158,14 @@ with pytreestore.create({str(tmp_path / "s")!r}, Local(np.float32(0))) as s:
     with pytest.raises(
         errors.ClassResolutionError, match=re.escape("cannot import class __main__:Local")
     ) as info:
-        pytreestore.open(tmp_path / "s")
+        pytreestore.open(tmp_path / "s").schema
     assert "like=" in str(info.value) and "generic=True" in str(info.value)
     assert pytreestore.open(tmp_path / "s", generic=True)[0] == {"a": np.float32(7)}
     like = trees.Params(np.float32(0), np.float32(0))
     with pytest.raises(
         errors.SchemaMismatchError, match="like= does not have the stored structure"
     ):
-        pytreestore.open(tmp_path / "s", like=like)
+        pytreestore.open(tmp_path / "s", like=like).schema
 
 
 def test_like_supplies_classes(tmp_path):
@@ -177,7 +177,7 @@ def test_like_supplies_classes(tmp_path):
         errors.SchemaMismatchError,
         match=re.escape("at ['a'].left: expected int32[], got float32[]"),
     ):
-        pytreestore.open(tmp_path / "s", like={"a": trees.Pair(0.5, 6)})
+        pytreestore.open(tmp_path / "s", like={"a": trees.Pair(0.5, 6)}).schema
 
 
 CALLED: list[str] = []

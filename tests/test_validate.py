@@ -113,7 +113,7 @@ def test_truncated_half_of_real_root(path):
     raw = (path / "zarr.json").read_bytes()
     (path / "zarr.json").write_bytes(raw[: len(raw) // 2])
     with pytest.raises(errors.NotAStoreError, match="is not valid JSON"):
-        pytreestore.open(path)
+        pytreestore.open(path).schema
 
 
 @pytest.mark.parametrize(
@@ -257,7 +257,7 @@ SCHEMA_CASES = [
 def test_schema_violations(path, where, value, message):
     root = edit_root(path, _set(where, value))
     with pytest.raises(errors.CorruptStoreError) as info:
-        pytreestore.open(path)
+        pytreestore.open(path).schema
     text = str(info.value)
     assert text.startswith(
         f"{root} does not follow the pytreestore format 3 (its JSON Schema is pytreestore/schema.json): "
@@ -281,7 +281,7 @@ def test_a_changed_document_is_validated_again(path):
     pytreestore.open(path)  # the good document is now remembered
     edit_root(path, _set(("codec",), "lz4"))
     with pytest.raises(errors.CorruptStoreError, match="'lz4' is not one of"):
-        pytreestore.open(path)
+        pytreestore.open(path).schema
 
 
 def test_every_schema_violation_is_listed():
@@ -325,23 +325,23 @@ def test_matching_digest_skips_full_validation(path, monkeypatch):
     calls = []
     monkeypatch.setattr(_validate, "_validate_root", lambda doc, file: calls.append(file))
     _validate.forget_validated()
-    pytreestore.open(path)
+    pytreestore.open(path).schema
     assert calls == []
     edit_root(path, lambda info: info.pop("digest"))  # an older writer, or another program
-    pytreestore.open(path)
+    pytreestore.open(path).schema
     assert calls == [f"{path}/zarr.json"]
 
 
 def test_stale_digest_means_full_validation(path):
     edit_root(path, lambda info: info.update(chunk_records=-3))
     with pytest.raises(errors.CorruptStoreError, match="-3 is less than the minimum of 1"):
-        pytreestore.open(path)
+        pytreestore.open(path).schema
     edit_root(path, lambda info: info.update(chunk_records=2, digest="md5:0"))
     with pytest.raises(
         errors.CorruptStoreError,
         match=re.escape("at /attributes/pytreestore/digest: 'md5:0' does not match"),
     ):
-        pytreestore.open(path)
+        pytreestore.open(path).schema
 
 
 def test_store_without_digest_opens(path):

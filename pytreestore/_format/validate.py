@@ -34,6 +34,7 @@ import functools
 import hashlib
 import importlib.resources
 import json
+import re
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -228,6 +229,35 @@ def root_head(raw: bytes | None) -> bytes | None:
     return raw[:at] if raw and at >= 0 else None
 
 
+#: how a root ``zarr.json`` that pytreestore wrote starts, up to its format version
+_HEAD = re.compile(
+    rb'\s*\{\s*"zarr_format": 3,\s*"node_type": "group",\s*"attributes": \{\s*'
+    rb'"pytreestore": \{\s*"format_version": (\d{1,9}),'
+)
+
+
+def deferrable(raw: bytes, where: str) -> bool:
+    """Whether a reader may parse root metadata ``raw`` later, on first use: it starts as
+    pytreestore writes it, with a format version this pytreestore reads (found without
+    parsing the rest). Anything else is parsed at once, where every error can be named.
+
+    Raises:
+        FormatVersionError: the format version is newer than this pytreestore reads.
+
+    Example:
+        >>> deferrable(b'{"zarr_format": 3, "node_type": "group", "attributes": '
+        ...            b'{"pytreestore": {"format_version": 3, "tree": {}}}}', "/data/run")
+        True
+        >>> deferrable(b'{"node_type": "group"}', "/data/run")
+        False
+    """
+    match = _HEAD.match(raw)
+    if match is None:
+        return False
+    _check_version(int(match[1]), where, f"{where}/{ROOT_KEY}")
+    return True
+
+
 def _head_bytes(raw: bytes | None) -> bytes | None:
     """The root ``zarr.json`` ``raw`` up to its consolidated metadata (which pytreestore's
     readers never use), or None if it has none where pytreestore writes it, or its tail does
@@ -404,6 +434,7 @@ __all__ = [
     "CONSOLIDATED_AT",
     "array_facts",
     "check_column",
+    "deferrable",
     "digest",
     "forget_validated",
     "id_of",

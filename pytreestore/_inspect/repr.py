@@ -195,11 +195,18 @@ def summary(store: Described) -> str:
     if store.closed:
         return f"TreeStore({store.path!r}, mode={store.mode!r}, closed)"
     records = len(store)
+    try:  # a reader parses its schema on first use: a repr must not raise
+        schema = store.schema
+    except PyTreeStoreError as err:
+        return (
+            f"TreeStore({store.path!r}, mode={store.mode!r}, records={records}, "
+            f"schema unreadable: {type(err).__name__})"
+        )
     rows = _rows(store, records)
-    nbytes = sum(rows(c) * c.record_nbytes for c in store.schema.storage_columns)
+    nbytes = sum(rows(c) * c.record_nbytes for c in schema.storage_columns)
     return (
         f"TreeStore({store.path!r}, mode={store.mode!r}, records={records}, "
-        f"columns={len(store.schema.columns)}, nbytes={format_bytes(nbytes)})"
+        f"columns={len(schema.columns)}, nbytes={format_bytes(nbytes)})"
     )
 
 
@@ -383,6 +390,18 @@ def render_text(info: StoreInfo, tree: dict[str, Any]) -> str:
 _CELL = "padding:0.1em 0.6em;white-space:pre;text-align:"
 
 
+def html_of(store: Described) -> str | None:
+    """``store`` as a notebook shows it, or None (the plain repr) if it is closed or its
+    schema cannot be parsed (the repr says why)."""
+    if store.closed:
+        return None
+    try:
+        schema = store.schema
+    except PyTreeStoreError:
+        return None
+    return render_html(describe(store), schema.tree)
+
+
 def render_html(info: StoreInfo, tree: dict[str, Any]) -> str:
     """The store as a notebook shows it: a caption, then one table row per node of the tree."""
 
@@ -413,6 +432,7 @@ __all__ = [
     "describe",
     "format_bytes",
     "format_ratio",
+    "html_of",
     "render_html",
     "render_text",
     "summary",

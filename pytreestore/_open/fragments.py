@@ -19,7 +19,7 @@ from pytreestore._commit import fragments as _fragments
 from pytreestore._commit.fragment import Fragment
 from pytreestore._commit.record import Commit
 from pytreestore._location import Location
-from pytreestore._open.open import read_schema
+from pytreestore._open.reader import read_schema
 from pytreestore._ragged import fragments as _ragged
 from pytreestore.backends import Backend, default_backend, get_backend
 from pytreestore.errors import SchemaMismatchError

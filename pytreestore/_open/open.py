@@ -23,23 +23,22 @@ from pytreestore._commit import protocol, snapshots, versions
 from pytreestore._commit.versions import KEEP_VERSIONS
 from pytreestore._commit.writer import check_buffer
 from pytreestore._format import packs as _packs
-from pytreestore._format.names import ROOT_KEY
+from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
+from pytreestore._open.reader import deferred_reader, parse_schema, read_root, version_schema
 from pytreestore._open.schemas import check_codec, new_schema, packed_schema
 from pytreestore._open.shared import check_shared_options, open_shared
-from pytreestore._ragged.model import GenericViewError, build_schema, load_schema
+from pytreestore._ragged.model import GenericViewError, build_schema
 from pytreestore._ragged.multihost import write_rows
 from pytreestore._ragged.writer import new_writer
 from pytreestore._read.request import check_cast
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
-from pytreestore.backends import Backend, OcdbtDatabase, default_backend, get_backend, is_ocdbt
+from pytreestore.backends import Backend, default_backend, get_backend
 from pytreestore.backends._packed import packed
 from pytreestore.errors import (
-    NotAStoreError,
     SchemaMismatchError,
-    StoreNotFoundError,
 )
 
 # ---- create --------------------------------------------------------------------------------
@@ -264,15 +263,22 @@ def open(
             commit placed after the records committed before it (docs/scaling.md). Without
             it a second writer gets :class:`StoreLockedError`.
 
+    A reader (``mode="r"``) reads two objects whatever the store's width, the root
+    ``zarr.json`` and the commit record, and parses its schema on first use (the first read,
+    ``store.schema``, ``repr``): errors marked *on first use* below are raised there. A
+    writer, and a reader of an older ``version=``, parse it at once.
+
     Raises:
         StoreNotFoundError: nothing is at ``path``.
         NotAStoreError: ``path`` holds something that is not a store, or its root metadata
-            is not JSON.
+            is not JSON (on first use where the document starts as pytreestore writes it).
         FormatVersionError: the store's format is newer than this pytreestore.
-        CorruptStoreError: the root metadata breaks the format's JSON Schema
-            (``pytreestore/schema.json``), or a column's array disagrees with the schema
-            (raised when the column is first read).
-        ClassResolutionError: a class the schema names cannot be imported.
+        CorruptStoreError: the commit record is damaged; on first use, the root metadata
+            breaks the format's JSON Schema (``pytreestore/schema.json``) or disagrees with
+            the commit record; when a column is first read, its array disagrees with the
+            schema.
+        ClassResolutionError: on first use, a class the schema names cannot be imported.
+        SchemaMismatchError: on first use, ``like`` does not have the stored structure.
         StoreLockedError: ``mode="a"`` and another writer holds the store.
         VersionNotFoundError: ``version`` names no version the store keeps, or one whose
             records were written over after a truncate.
@@ -314,7 +320,12 @@ def open(
         return open_shared(location, address, opener=open, creator=create, **options)
     backend = backend or default_backend(location)
     engine: Backend = get_backend(backend)(location)
-    schema = read_schema(engine, location, like=like, generic=generic)
+    raw = read_root(engine, location)
+    options = {"like": like, "generic": generic, "cache_bytes": cache_bytes, "cast": cast}
+    if mode == "r" and version is None and _validate.deferrable(raw, str(location)):
+        spec = StoreSpec.of(location, backend, opener=open, creator=create, **options)
+        return deferred_reader(engine, location, raw, spec)
+    schema = parse_schema(raw, location, like=like, generic=generic)
     engine.open_columns(schema.storage_columns)
     engine = packed(engine, schema.packs, (*schema.columns, *schema.dropped))
     commit, lock = protocol.attach(
@@ -324,8 +335,7 @@ def open(
         if version is not None:
             commit = versions.resolve(engine, commit, version, str(location))
             engine = snapshots.pinned(engine, commit)
-            schema = _version_schema(engine, location, schema, commit, like=like, generic=generic)
-        options = {"like": like, "generic": generic, "cache_bytes": cache_bytes, "cast": cast}
+            schema = version_schema(engine, location, schema, commit, like=like, generic=generic)
         pinned = None if version is None else commit.generation
         spec = StoreSpec.of(
             location, backend, opener=open, creator=create, version=pinned, **options
@@ -361,32 +371,13 @@ def _check_version_options(mode: str, version: Any, keep: Any) -> None:
         raise ValueError(f"keep_versions must be None (keep all) or an int >= 1, got {keep!r}")
 
 
-def _version_schema(
-    engine: Backend,
-    location: Location,
-    latest: TreeSchema,
-    commit: Any,
-    *,
-    like: Any,
-    generic: bool,
-) -> TreeSchema:
-    """The schema of an older version: the latest one if it is the same, else the one the
-    version log kept."""
-    if commit.schema is None or commit.schema == latest.digest:
-        return latest
-    info = versions.schema_info(engine, commit.schema, str(location))
-    raw = protocol.group_json({"pytreestore": info})
-    schema = load_schema(raw, str(location), like=like, generic=generic)
-    engine.open_columns(schema.storage_columns)
-    protocol.check_starts(schema, commit.records, location, commit.rows)
-    return schema
-
-
 def open_any(path: str | os.PathLike[str], **options: Any) -> TreeStore:
     """A reader of any store without its classes where it can: the generic view, or for a
     ragged store (which has none yet) its classes (the CLI and ``copy`` use it)."""
     try:
-        return open(path, generic=True, **options)
+        store = open(path, generic=True, **options)
+        store.schema  # noqa: B018 (a reader parses its schema on first use)
+        return store
     except GenericViewError:
         return open(path, **options)
 
@@ -406,24 +397,6 @@ def _check_open_options(
             f"cache_bytes must be None (the shared cache) or an int >= 0 (bytes), got "
             f"{cache_bytes!r}"
         )
-
-
-def read_schema(engine: Backend, location: Location, *, like: Any, generic: bool) -> TreeSchema:
-    """The schema in the root ``zarr.json`` of the store behind ``engine``."""
-    raw = engine.read_bytes(ROOT_KEY)
-    if raw is None:
-        if not isinstance(engine, OcdbtDatabase) and is_ocdbt(location):
-            raise NotAStoreError(
-                f"{location} is a store in an OCDBT database, which this backend "
-                f"({type(engine).__name__}) cannot read: open it with backend='ocdbt' (or "
-                "without backend=). zarr-python cannot read OCDBT; for a plain zarr copy run "
-                f"pytreestore.copy({str(location)!r}, DEST, backend='tensorstore') (or "
-                "`pytreestore copy SRC DEST --backend tensorstore`)"
-            )
-        if engine.is_empty():
-            raise StoreNotFoundError(f"no store at {location}")
-        raise NotAStoreError(f"{location} is not a pytreestore store: {ROOT_KEY} is missing")
-    return load_schema(raw, str(location), like=like, generic=generic)
 
 
 # ---- evolve by path ------------------------------------------------------------------------
@@ -457,4 +430,10 @@ def evolve(
         store.evolve(add=add, drop=drop, rename=rename, rename_class=rename_class)
 
 
-__all__ = ["create", "create_from_schema", "evolve", "open", "open_any", "read_schema"]
+__all__ = [
+    "create",
+    "create_from_schema",
+    "evolve",
+    "open",
+    "open_any",
+]

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from pytreestore._format.schema import ColumnSpec
+from pytreestore._location import Location
 from pytreestore._read.index import rows
 from pytreestore.backends import Backend, BatchedReads
 from pytreestore.errors import PyTreeStoreError
@@ -125,6 +126,14 @@ def shared() -> ChunkCache | None:
             limit = _env_bytes("PYTREESTORE_CACHE_BYTES", SHARED_BYTES)
             _SHARED.append(ChunkCache(limit) if limit else None)
         return _SHARED[0]
+
+
+def for_store(location: Location, cache_bytes: int | None) -> ChunkCache | None:
+    """The cache a store reads through: the shared one (``cache_bytes`` None), one of its
+    own, or none (``0``, or a ``memory://`` store, which is in memory already)."""
+    if location.kind == "memory" or cache_bytes == 0:
+        return None
+    return shared() if cache_bytes is None else ChunkCache(cache_bytes)
 
 
 def _env_bytes(name: str, default: int) -> int:
@@ -255,4 +264,4 @@ class _Plan:
         return out
 
 
-__all__ = ["SHARED_BYTES", "ChunkCache", "read", "reader", "shared"]
+__all__ = ["SHARED_BYTES", "ChunkCache", "for_store", "read", "reader", "shared"]
