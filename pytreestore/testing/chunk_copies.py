@@ -16,7 +16,13 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore.backends import ChunkCopies, ColumnLayout, FolderDeletes, ManyReads
+from pytreestore.backends import (
+    ChunkCopies,
+    ColumnLayout,
+    FolderDeletes,
+    ManyReads,
+    Transactions,
+)
 
 
 class ChunkCopyCases:
@@ -48,6 +54,23 @@ class ChunkCopyCases:
             with pytest.raises(errors.CorruptChunkError, match="f/x/c/9/0"):
                 backend.copy_chunks([("f/x/c/9/0", "x/c/9/0")])
 
+    def test_a_copied_chunk_written_again_in_one_transaction(self) -> None:
+        """A fragment's last chunk copied, then the next fragment's rows written into it, in
+        one block (TensorStore's OCDBT once never committed such a transaction)."""
+        lay = ColumnLayout("f/x", np.dtype("int32"), (), (4,), "zstd", ("record",), 0)
+        with self.location() as path:
+            backend = self.capable(path, ChunkCopies)
+            backend.create_columns([lay, ColumnLayout(**{**lay.__dict__, "key": "x"})])
+            backend.resize(["f/x"], 3)
+            backend.write(["f/x"], 0, [np.arange(3, dtype=np.int32)])
+            block = backend.transaction() if isinstance(backend, Transactions) else None
+            with block or contextlib.nullcontext():
+                backend.resize(["x"], 6)
+                backend.copy_chunks([("f/x/c/0", "x/c/0")])
+                backend.write(["x"], 3, [np.arange(10, 13, dtype=np.int32)])
+            got = backend.read(["x"], slice(0, 6), 6)[0]
+            np.testing.assert_array_equal(got, [0, 1, 2, 10, 11, 12])
+
     def test_many_reads_read_every_key_at_once(self) -> None:
         with self.location() as path:
             backend = self.capable(path, ManyReads)
@@ -72,12 +95,12 @@ class ChunkCopyCases:
             opts = {k: where[k] for k in ("backend", "storage_options")}
             frags = [
                 pytreestore.write_fragment(path, _batch(s, n), **opts)
-                for s, n in ((0, 4), (4, 8), (12, 3))
-            ]
+                for s, n in ((0, 4), (4, 8), (12, 3), (15, 2), (17, 3))
+            ]  # the third starts aligned and ends inside a chunk the fourth writes into
             store.commit_fragments(frags)
             got = store.load(as_numpy=True)
-            np.testing.assert_array_equal(got["a"], np.arange(15, dtype=np.float32))
-            np.testing.assert_array_equal(got["b"], _batch(0, 15)["b"])
+            np.testing.assert_array_equal(got["a"], np.arange(20, dtype=np.float32))
+            np.testing.assert_array_equal(got["b"], _batch(0, 20)["b"])
             with pytest.raises(errors.FragmentError, match="committed already"):
                 store.commit_fragments(frags[:1])
             store.close()

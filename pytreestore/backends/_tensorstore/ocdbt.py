@@ -31,10 +31,11 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import tensorstore as ts
 
 from pytreestore._location import Location
-from pytreestore.backends._base import Transactions
+from pytreestore.backends._base import Transactions, missing_chunk
 from pytreestore.backends._tensorstore import futures as _futures
 from pytreestore.backends._tensorstore.database import OcdbtDatabase, is_ocdbt
 from pytreestore.errors import CommitConflictError, PyTreeStoreError
@@ -66,6 +67,7 @@ class OcdbtBackend(OcdbtDatabase, Transactions):
         self._owner: int | None = None
         self._committed: dict[str, ts.TensorStore] = {}
         self._block_handles: dict[str, ts.TensorStore] = {}
+        self._copied: dict[str, str] = {}  # a block's copied chunks: destination -> source
         if "coordinator" in (ocdbt_options or {}):
             raise PyTreeStoreError(
                 "ocdbt_options may not set 'coordinator': through an OCDBT coordinator "
@@ -108,6 +110,7 @@ class OcdbtBackend(OcdbtDatabase, Transactions):
             txn = ts.Transaction(atomic=True)
             self._block_handles = dict(self._committed)
             self._txn, self._owner, self._staged = txn, threading.get_ident(), []
+            self._copied = {}
             try:
                 yield
             except BaseException:
@@ -115,7 +118,7 @@ class OcdbtBackend(OcdbtDatabase, Transactions):
                 raise
             finally:
                 self._txn = self._owner = None
-                block, self._block_handles = self._block_handles, {}
+                block, self._block_handles, self._copied = self._block_handles, {}, {}
             self._commit(txn)
             self._committed = {k: h.with_transaction(None) for k, h in block.items()}
 
@@ -162,6 +165,46 @@ class OcdbtBackend(OcdbtDatabase, Transactions):
         if token is not None:
             self._staged.append((key, token, data))
         return token
+
+    # ---- chunks copied in a block, then written again ----------------------------------------
+
+    def copy_chunks(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Copies keys inside the database (:meth:`OcdbtDatabase.copy_chunks`); inside a
+        :meth:`transaction`, each copy is remembered until the block ends (see :meth:`write`)."""
+        super().copy_chunks(pairs)
+        if self._active() is not None:
+            self._copied.update((d, s) for s, d in pairs)
+
+    def write(self, keys: Sequence[str], start: int, blocks: Sequence[np.ndarray]) -> None:
+        """Writes rows (see the base class). Inside a :meth:`transaction`, a chunk that the
+        block copied with :meth:`copy_chunks` and now writes again is first written as its
+        source's bytes: TensorStore 0.1.86 never commits a transaction that copies a key
+        (``experimental_copy_range_to``) and then reads it to modify it (the commit hangs)."""
+        if self._copied and self._active() is not None and blocks:
+            self._settle_copies(keys, start, len(blocks[0]))
+        super().write(keys, start, blocks)
+
+    def _settle_copies(self, keys: Sequence[str], start: int, rows: int) -> None:
+        touched = []
+        for key in keys:
+            layout = self._layouts.get(key)
+            per = layout.chunks[0] if layout is not None else 1
+            first, last = start // per, (start + max(rows, 1) - 1) // per
+            for dest in [d for d in self._copied if d.startswith(f"{key}/c/")]:
+                row = dest[len(key) + 3 :].split("/", 1)[0]
+                if layout is None or not row.isdigit() or first <= int(row) <= last:
+                    touched.append(dest)
+        if not touched:
+            return
+        sources = [self._copied.pop(d) for d in touched]
+        committed = super(OcdbtDatabase, self).kvstore  # the fragments' keys as committed
+        reads = [committed.read(s) for s in sources]
+        found = _futures.wait(reads, sources, f"reading {self._location}", timeout=self._timeout)
+        for source, result in zip(sources, found):
+            if result.state != "value":
+                raise missing_chunk(source, None, f"no object at {source}")
+        writes = [self.kvstore.write(d, r.value) for d, r in zip(touched, found)]
+        _futures.wait(writes, touched, f"writing to {self._location}", timeout=self._timeout)
 
     # ---- columns: every handle bound to this thread's transaction, or to none ----------------
 
