@@ -63,8 +63,7 @@ class ChunkCopyCases:
             backend.create_columns([lay, ColumnLayout(**{**lay.__dict__, "key": "x"})])
             backend.resize(["f/x"], 3)
             backend.write(["f/x"], 0, [np.arange(3, dtype=np.int32)])
-            block = backend.transaction() if isinstance(backend, Transactions) else None
-            with block or contextlib.nullcontext():
+            with _one_block(backend):
                 backend.resize(["x"], 6)
                 backend.copy_chunks([("f/x/c/0", "x/c/0")])
                 backend.write(["x"], 3, [np.arange(10, 13, dtype=np.int32)])
@@ -104,6 +103,11 @@ class ChunkCopyCases:
             with pytest.raises(errors.FragmentError, match="committed already"):
                 store.commit_fragments(frags[:1])
             store.close()
+
+
+def _one_block(backend: Any) -> contextlib.AbstractContextManager[Any]:
+    """One transaction where the backend has them, else a plain block."""
+    return backend.transaction() if isinstance(backend, Transactions) else contextlib.nullcontext()
 
 
 def _batch(start: int, n: int) -> dict[str, np.ndarray]:
