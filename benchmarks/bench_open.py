@@ -3,13 +3,11 @@ weight and a float32 bias), 64 records each, on local disk.
 
 * **open**: `pytreestore.open(path)` against opening the 10-leaf store, on every backend
   registered among tensorstore, zarr and ocdbt; the goal is at most 3x from 10 to 1,000
-  leaves. Open reads two objects whatever the width (the root `zarr.json` and the commit
-  record); no column's metadata is read until a column is used. *cold* parses the schema in
-  the root metadata (not the consolidated metadata after it, which only zarr readers use)
-  and checks its digest (or validates it against the JSON Schema), as the first open of a
-  store in a process does; *again* is a later open of the same
-  unchanged store, which reuses the schema parsed the first time (found by a digest of the
-  root's bytes, after checking that the classes it names are still the same objects).
+  leaves. A reader's open reads two objects whatever the width (the root `zarr.json` and the
+  commit record) and checks the format version from the root's first bytes; the schema is
+  parsed on first use (pytreestore/_deferred.py), which *open + first load* below times.
+  *cold* forgets the schemas parsed before (as the first open of a store in a process);
+  *again* is a later open of the same unchanged store.
 * **open + first load**: open and `load(as_numpy=True)` of every record, which reads every
   column's `zarr.json` (all at once) and every chunk, against the same reads done directly:
   raw TensorStore (every `ts.open` issued together, then every read) for the TensorStore
