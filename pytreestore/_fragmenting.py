@@ -64,7 +64,8 @@ class Fragmenting:
         learnt first, as an append of such a record would learn them (docs/ragged.md).
 
         Raises:
-            ReadOnlyError: the store is open with mode "r".
+            ReadOnlyError: the store is open with mode "r", or shares its writes through an
+                OCDBT coordinator (``coordinator=``): commit fragments from its only writer.
             FragmentError: a fragment of another store or of another schema, one committed
                 already (or listed twice), one whose files are gone; in a ragged store, one
                 whose structure departs from the store's (a leaf of another dtype than the
@@ -86,6 +87,7 @@ class Fragmenting:
         """
         items = list(fragments)
         with self._writing() as writer:  # type: ignore[attr-defined]
+            committer = writer.committer  # a writer sharing the store refuses: nothing written
             placing.settle(self._backend, str(self._location))  # one a crash left unfinished
             head, ragged = writer.commit, isinstance(writer, RaggedWriter)
             found = _fragments.check(
@@ -99,7 +101,6 @@ class Fragmenting:
                 self._retire([f.id for f in found])
                 return
             writer.flush()
-            committer = writer.committer
             committer.check()  # another writer committed: nothing is placed
             committer.release()  # rows past a truncate: its older versions give them up
             start, base = committer.commit.records, committer.commit.generation
