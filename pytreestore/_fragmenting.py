@@ -67,7 +67,8 @@ class Fragmenting:
             ReadOnlyError: the store is open with mode "r", or shares its writes through an
                 OCDBT coordinator (``coordinator=``): commit fragments from its only writer.
             FragmentError: a fragment of another store or of another schema, one committed
-                already (or listed twice), one whose files are gone; in a ragged store, one
+                already (or listed twice), one written before a version the log no longer
+                keeps (``keep_versions``), one whose files are gone; in a ragged store, one
                 whose structure departs from the store's (a leaf of another dtype than the
                 store learnt meanwhile). Checked before anything is written: nothing is
                 committed.
