@@ -440,8 +440,7 @@ def copy(
             pack=pack,
         )
     except (PyTreeStoreError, ValueError) as err:
-        text = str(err).replace("pass overwrite=True", "pass --overwrite")
-        _fail(text.replace("Copy it without pack=", "Copy it with --pack keep (or off)"))
+        _fail(str(err).replace("pass overwrite=True", "pass --overwrite"))
     if as_json:
         _print_json({"src": src, "dst": dst, "records": records})
     else:
