@@ -19,6 +19,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from pytreestore._format.validate import COLUMN_GONE
 from pytreestore.backends._base import damaged_chunk, missing_chunk
 from pytreestore.errors import (
     CommitConflictError,
@@ -67,7 +68,9 @@ def wait(
             f"column {key} has grown since this writer last resized it: another writer is "
             "appending to this store. Nothing more was written; reopen the store."
         ) from err
-    if meta and (status in _DAMAGED or status == "NOT_FOUND"):
+    if meta and status == "NOT_FOUND":
+        raise CorruptStoreError(f"{doing} {key}: its zarr.json is missing: {COLUMN_GONE}") from err
+    if meta and status in _DAMAGED:
         raise CorruptStoreError(f"{doing} {key}: its zarr.json cannot be used: {err}") from err
     if read and is_damage(err):
         raise chunk_error(key, err) from err
