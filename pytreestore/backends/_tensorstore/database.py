@@ -154,7 +154,11 @@ class OcdbtDatabase(TensorStoreBackend, Snapshots):
     def copy_chunks(self, pairs: Sequence[tuple[str, str]]) -> None:
         """Places each source key's value at its destination key inside the database: the
         key's entry is copied (TensorStore's ``experimental_copy_range_to``), its value is
-        neither read nor rewritten. Inside a transaction (:class:`OcdbtBackend`), part of it.
+        neither read nor rewritten. Inside a transaction (:class:`OcdbtBackend`), part of it,
+        and there the values are read and written as they are (not decoded): a transaction
+        that copies a key with ``experimental_copy_range_to`` and then writes part of that
+        chunk (the next fragment's rows in a partly filled last chunk) never commits
+        (TensorStore 0.1.86 spins in the commit).
 
         Raises:
             CorruptChunkError: a source key holds nothing.
@@ -175,9 +179,16 @@ class OcdbtDatabase(TensorStoreBackend, Snapshots):
         missing = next((s for s in sources if s not in stored), None)
         if missing is not None:
             raise missing_source(missing, "object")
+        where = f"copying chunks in {self._location}"
+        if self._active() is not None:
+            reads = [committed.read(s) for s, _ in pairs]
+            found = _futures.wait(
+                reads, [s for s, _ in pairs], where, read=True, timeout=self._timeout
+            )
+            self.write_many_bytes({d: bytes(r.value) for (_, d), r in zip(pairs, found)})
+            return
         target, exact = self.kvstore, ts.KvStore.KeyRange("", "\x00")  # the key itself only
         copies = [(committed / s).experimental_copy_range_to(target / d, exact) for s, d in pairs]
-        where = f"copying chunks in {self._location}"
         _futures.wait(copies, [d for _, d in pairs], where, timeout=self._timeout)
 
     def _refuse_pinned(self, what: str) -> None:
