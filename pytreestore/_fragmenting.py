@@ -64,9 +64,11 @@ class Fragmenting:
         learnt first, as an append of such a record would learn them (docs/ragged.md).
 
         Raises:
-            ReadOnlyError: the store is open with mode "r".
+            ReadOnlyError: the store is open with mode "r", or shares its writes through an
+                OCDBT coordinator (``coordinator=``): commit fragments from its only writer.
             FragmentError: a fragment of another store or of another schema, one committed
-                already (or listed twice), one whose files are gone; in a ragged store, one
+                already (or listed twice), one written before a version the log no longer
+                keeps (``keep_versions``), one whose files are gone; in a ragged store, one
                 whose structure departs from the store's (a leaf of another dtype than the
                 store learnt meanwhile). Checked before anything is written: nothing is
                 committed.
@@ -86,6 +88,7 @@ class Fragmenting:
         """
         items = list(fragments)
         with self._writing() as writer:  # type: ignore[attr-defined]
+            committer = writer.committer  # a writer sharing the store refuses: nothing written
             placing.settle(self._backend, str(self._location))  # one a crash left unfinished
             head, ragged = writer.commit, isinstance(writer, RaggedWriter)
             found = _fragments.check(
@@ -99,7 +102,6 @@ class Fragmenting:
                 self._retire([f.id for f in found])
                 return
             writer.flush()
-            committer = writer.committer
             committer.check()  # another writer committed: nothing is placed
             committer.release()  # rows past a truncate: its older versions give them up
             start, base = committer.commit.records, committer.commit.generation

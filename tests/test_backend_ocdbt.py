@@ -373,3 +373,26 @@ def test_what_vacuum_frees_and_what_a_copy_frees(tmp_path: Path, backend: str) -
     got = pytreestore.open(tmp_path / "copy").load(as_numpy=True)
     assert_trees_equal(got, pytreestore.open(path).load(as_numpy=True))
     assert got["l3"][:, 0].tolist() == [*range(10), *range(100, 105)]
+
+
+@pytest.mark.parametrize("used", [False, True], ids=["lazy", "used"])
+def test_a_reader_of_a_database_replaced_since_gets_store_replaced(
+    tmp_path: Path, used: bool
+) -> None:
+    """create(overwrite=True) puts a new OCDBT database (another uuid) where a reader's was:
+    TensorStore's "Configuration mismatch on uuid" is StoreReplacedError, not a retryable
+    StorageError or a damaged chunk."""
+    path = tmp_path / "s"
+    like = {"x": np.zeros(3, np.float32)}
+    with pytreestore.create(path, like, backend="ocdbt") as store:
+        store.extend({"x": np.full(3, i, np.float32)} for i in range(6))
+    reader = pytreestore.open(path)
+    if used:
+        assert len(reader.load(as_numpy=True)["x"]) == 6
+    with pytreestore.create(path, like, backend="ocdbt", overwrite=True) as store:
+        store.extend({"x": np.full(3, 100 + i, np.float32)} for i in range(2))
+    with pytest.raises(errors.StoreReplacedError, match="replaced by another") as caught:
+        reader.load(as_numpy=True)
+    assert "Configuration mismatch" not in str(caught.value)
+    assert str(path) in str(caught.value) and "pytreestore.open()" in str(caught.value)
+    assert pytreestore.open(path).load(as_numpy=True)["x"][:, 0].tolist() == [100, 101]

@@ -346,6 +346,7 @@ def test_copy_refuses_packing_ragged_records(tmp_path: Path) -> None:
     result = invoke("copy", source, tmp_path / "c", "--pack", "on")
     assert result.exit_code == 2
     assert "pack= packs the leaves of fixed records" in result.stderr
+    assert "from the CLI, --pack keep or off" in result.stderr
     assert not (tmp_path / "c").exists()
     assert invoke("copy", source, tmp_path / "c").exit_code == 0  # keep: nothing to pack
 

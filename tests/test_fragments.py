@@ -420,6 +420,31 @@ def test_vacuum_removes_a_committed_fragment_left_behind(path, backend):
     assert len(store) == 8 and store.verify().ok
 
 
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr", "ocdbt"])
+def test_a_committed_fragment_is_refused_once_its_version_left_the_log(path, backend, monkeypatch):
+    """A crash between the commit record and the deletion of a (misaligned, so still whole)
+    fragment's folder; then keep_versions drops the version that committed it: committing it
+    again is refused, not appended a second time. So is a fragment older than the log."""
+    from pytreestore import _fragmenting
+
+    store = make(path, backend, 3, keep_versions=1)
+    f = pytreestore.write_fragment(path, batch(3, 4), backend=backend)
+    old = pytreestore.write_fragment(path, batch(3, 2), backend=backend)
+    with monkeypatch.context() as patched:  # the folder stays, as a crash leaves it
+        patched.setattr(_fragmenting.Fragmenting, "_retire", lambda self, ids: None)
+        patched.setattr(_fragmenting.Fragmenting, "_unplace", lambda *args: None)
+        store.commit_fragments([f])
+    for i in range(7, 70):  # version 64 trims the log to the last version
+        store.append(rec(i))
+        store.flush()
+    assert [v.version for v in store.versions()] == list(range(64, 66))
+    for fragment in (f, old):
+        with pytest.raises(errors.FragmentError, match=re.escape("no longer keeps version 2")):
+            store.commit_fragments([fragment])
+    assert store.load(as_numpy=True)["x"].tolist() == list(range(70))
+    assert store.verify().ok
+
+
 def test_a_fragment_whose_description_changed_is_refused(path, backend):
     store = make(path, backend, 4)
     f = pytreestore.write_fragment(path, batch(4, 4), backend=backend)

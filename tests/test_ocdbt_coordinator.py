@@ -496,6 +496,25 @@ def test_memory_stores_and_other_writers_methods_are_refused(
     check_records(tags(pytreestore.open(store_path)), {0: 1})
 
 
+def test_a_shared_writer_refuses_fragments_before_writing(
+    store_path: Path, coordinator: str
+) -> None:
+    """commit_fragments needs the store's only writer: refused by name, before the shared
+    writer's buffered records are committed or the fragment touched."""
+    fragment = pytreestore.write_fragment(store_path, [record(1, 0)])
+    with pytreestore.open(store_path, "a", backend="ocdbt", coordinator=coordinator) as store:
+        store.append(record(0, 0))  # buffered
+        with pytest.raises(
+            errors.ReadOnlyError, match=re.escape("commit_fragments() need its only writer")
+        ):
+            store.commit_fragments([fragment])
+        assert len(pytreestore.open(store_path)) == 0  # the buffered record waits for close
+    check_records(tags(pytreestore.open(store_path)), {0: 1})
+    with pytreestore.open(store_path, "a", backend="ocdbt") as store:
+        store.commit_fragments([fragment])  # the fragment is whole: its only writer takes it
+    check_records(tags(pytreestore.open(store_path)), {0: 1, 1: 1})
+
+
 def test_the_claim_object_follows_the_shipped_json_schema(store_path: Path) -> None:
     import jsonschema
 

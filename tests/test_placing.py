@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from pathlib import Path
 
 import jsonschema
@@ -17,7 +18,7 @@ import pytest
 import pytreestore
 from pytreestore import errors
 from pytreestore._commit import committer, placing, versions
-from pytreestore._format.names import PLACING_KEY
+from pytreestore._format.names import FRAGMENTS_DIR, PLACING_KEY
 from pytreestore.backends import _links
 from tests.test_fragments import BACKENDS, CHUNK, batch, make, same_records
 
@@ -149,6 +150,10 @@ def test_settle_moves_back_only_while_the_store_is_at_its_base(path, backend):
         ('{"base": 1, "moves": [["../../etc", "v/c/0"]]}', "leaves a fragment's"),
         ('{"base": 1, "moves": [[".pytreestore/fragments/a/v/c/0", "/tmp/x"]]}', "leaves"),
         ('{"base": 1, "moves": [[".pytreestore/fragments/a/v/c/0", ".pytreestore/x"]]}', "leaves"),
+        ('{"base": 1, "moves": [[".pytreestore/fragments/a/v/c/0", "v"]]}', "leaves"),
+        ('{"base": 1, "moves": [[".pytreestore/fragments/a/v/c/0", "x/c/0"]]}', "leaves"),
+        ('{"base": 1, "moves": [[".pytreestore/fragments/a/v", "v"]]}', "leaves"),
+        ('{"base": 1, "moves": [[".pytreestore/fragments/a/v/c/x", "v/c/1"]]}', "leaves"),
         ("[1", "Expecting"),
     ],
 )
@@ -162,6 +167,24 @@ def test_a_damaged_intent_record_is_refused(path, backend, text, why):
     assert len(pytreestore.open(path, backend=backend)) == 4  # readers never look at it
     (Path(path) / PLACING_KEY).unlink()
     assert len(pytreestore.open(path, "a", backend=backend)) == 4
+
+
+def test_a_forged_intent_never_moves_committed_columns_away(path, backend):
+    """An intent record edited to move a whole column (whose fragment folder was made to
+    look like a move's source) is refused as damaged, not undone: every record stays."""
+    store = make(path, backend, 4)
+    base = store.version
+    store.close()
+    source = f"{FRAGMENTS_DIR}/a/v/c/0"
+    (Path(path) / source).parent.mkdir(parents=True)
+    (Path(path) / PLACING_KEY).write_text(json.dumps({"base": base, "moves": [[source, "v"]]}))
+    with pytest.raises(errors.CorruptStoreError, match="leaves a fragment's or a column's"):
+        pytreestore.open(path, "a", backend=backend)
+    assert (Path(path) / "v" / "zarr.json").exists()
+    (Path(path) / PLACING_KEY).unlink()
+    with pytreestore.open(path, "a", backend=backend) as again:
+        np.testing.assert_array_equal(again.load(as_numpy=True)["v"], batch(0, 4)["v"])
+        assert again.verify().ok
 
 
 def test_a_destination_already_there_gets_the_files_linked(tmp_path):
@@ -211,6 +234,36 @@ def test_ocdbt_removes_fragments_in_the_commit(path, monkeypatch):
     store.commit_fragments([f])
     assert store._backend.list_keys(prefix) == []
     np.testing.assert_array_equal(store.load(as_numpy=True)["v"], batch(0, 8)["v"])
+
+
+@pytest.mark.parametrize("sizes", [(5, 3), (5, 3, 6), (2, 5, 4)])
+def test_ocdbt_commits_a_fragment_written_into_a_copied_chunk(path, sizes):
+    """An aligned fragment whose last chunk is partly filled (its key copied into the store)
+    followed by one whose rows are rewritten into that chunk, in one OCDBT transaction: the
+    commit completes (it spun forever with TensorStore's key copy) and reads back exactly."""
+    store = make(path, "ocdbt", 4)
+    frags, at = [], 4
+    for n in sizes:
+        frags.append(pytreestore.write_fragment(path, batch(at, n)))
+        at += n
+    done: list[BaseException | None] = []
+
+    def commit() -> None:
+        try:
+            store.commit_fragments(frags)
+            done.append(None)
+        except BaseException as err:  # handed to the test's thread
+            done.append(err)
+
+    worker = threading.Thread(target=commit, daemon=True)
+    worker.start()
+    worker.join(300)  # a guard against the hang, not a timing
+    assert done == [None], done or "commit_fragments did not return"
+    np.testing.assert_array_equal(store.load(as_numpy=True)["v"], batch(0, at)["v"])
+    assert store.load(as_numpy=True)["x"].tolist() == list(range(at))
+    assert store.verify().ok
+    store.close()
+    assert pytreestore.open(path).load(as_numpy=True)["x"].tolist() == list(range(at))
 
 
 def _raise_injected(*args: object) -> None:

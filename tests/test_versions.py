@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -301,6 +302,25 @@ def test_vacuum_removes_only_what_no_kept_version_needs(path, backend):
     assert [v.version for v in pytreestore.open(path, backend=backend).versions()] == [5, 6]
     assert xs(pytreestore.open(path, backend=backend)) == [0.0, 1.0, 7.0]
     assert not [p for p in Path(path, "v").rglob("*") if p.is_file()]
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr", "ocdbt"])
+def test_a_reader_of_a_column_vacuum_removed_is_told_to_open_again(path, backend):
+    """A reader opened before a drop whose array vacuum() then removed: the error says so
+    and what to do, without TensorStore's own text."""
+    make(path, backend, 3, keep_versions=1).close()
+    reader = pytreestore.open(path, backend=backend)
+    with pytreestore.open(path, "a", backend=backend, keep_versions=1) as store:
+        store.evolve(drop=["['v']"])
+        store.append({"x": np.float32(3)})
+        assert store.vacuum().arrays == 1
+    with pytest.raises(
+        errors.CorruptStoreError, match=re.escape("vacuum() removed its array")
+    ) as caught:
+        reader.load(as_numpy=True)
+    assert "open the store again" in str(caught.value)
+    assert "Error opening" not in str(caught.value)
+    assert xs(pytreestore.open(path, backend=backend)) == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_keep_versions_is_checked(path, backend):

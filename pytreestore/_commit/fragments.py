@@ -15,7 +15,7 @@ are placed past the committed records, and one commit through the writer's
 fragments' ids). A fragment that starts at a chunk boundary of the store has its encoded
 chunks placed at the store's chunk keys as they are, no chunk decoded: on local disk its
 chunk files hard-linked and its chunk-row folders renamed into the store under an intent
-record (:mod:`pytreestore._commit.placing`), on OCDBT its keys copied inside the database
+record (:mod:`pytreestore._commit.placing`), on OCDBT its encoded chunks copied inside the database
 (:class:`~pytreestore.backends.ChunkCopies`), elsewhere its raw bytes copied. One that does
 not (the records before it are not a multiple of ``chunk_records``) is read and written
 again. Only after the commit are the fragments' folders deleted (on OCDBT in the commit's
@@ -229,13 +229,25 @@ def _refused(f: Fragment, i: int, why: str) -> FragmentError:
 def _check_not_committed(
     engine: Backend, fragments: Sequence[Fragment], head: Commit, where: str
 ) -> None:
-    """Every version since the oldest fragment was written, against the fragments' ids."""
+    """Every version since the oldest fragment was written, against the fragments' ids. A
+    version the log no longer keeps (``keep_versions``) could have committed a fragment
+    written before it, whose folder a crash left: such a fragment is refused, as unknown."""
     if not fragments:
         return
     ids = {f.id: i for i, f in enumerate(fragments)}
     for number in range(min(f.generation for f in fragments) + 1, head.generation + 1):
         commit = head if number == head.generation else versions.read(engine, number, where)
-        for fid in commit.fragments if commit is not None else ():
+        if commit is None:
+            i, f = next((i, f) for i, f in enumerate(fragments) if f.generation < number)
+            raise _refused(
+                f,
+                i,
+                f"was written at version {f.generation}, and the store's version log no longer "
+                f"keeps version {number} (it keeps the last keep_versions versions), so "
+                "whether that version committed it cannot be checked; write its records "
+                "again (pytreestore.write_fragment) and commit the new fragment",
+            )
+        for fid in commit.fragments:
             if fid in ids:
                 raise _refused(
                     fragments[ids[fid]], ids[fid], f"was committed already, in version {number}"

@@ -206,11 +206,25 @@ def _parse(raw: bytes, path: str) -> tuple[int, list[Pair]]:
 
 
 def _inside(source: str, destination: str) -> bool:
-    """Whether a move goes from a fragment's folder to a column's, both below the root."""
+    """Whether a move is one a commit of fragments makes: a chunk-row folder of a column in
+    a fragment's folder (``FRAGMENTS_DIR/ID/KEY/c/I``) to a chunk-row folder of the same
+    column in the store (``KEY/c/J``), both below the root. Undoing any other (a whole
+    column, another column's rows) would move committed chunks away."""
     parts = [*source.split("/"), *destination.split("/")]
-    if any(p in ("", ".", "..") for p in parts):
+    if any(p in ("", ".", "..") for p in parts) or destination.startswith(META_DIR):
         return False
-    return source.startswith(FRAGMENTS_DIR + "/") and not destination.startswith(META_DIR)
+    head = FRAGMENTS_DIR + "/"
+    fragment_id, _, rest = source.removeprefix(head).partition("/")
+    if not source.startswith(head) or not fragment_id:
+        return False
+    key, _, row = rest.rpartition("/c/")
+    column, _, placed = destination.rpartition("/c/")
+    return bool(key) and key == column and _row(row) and _row(placed)
+
+
+def _row(text: str) -> bool:
+    """Whether ``text`` is a chunk row's index (ASCII digits)."""
+    return text.isascii() and text.isdigit()
 
 
 __all__ = ["Pair", "done", "local_root", "place_local", "settle", "undo"]

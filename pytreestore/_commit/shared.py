@@ -162,11 +162,12 @@ class SharedWriter(Writer):
 
     @property
     def committer(self) -> Any:
-        """Refused: evolve, truncate and vacuum need the store's only writer."""
+        """Refused: evolve, truncate, vacuum and commit_fragments need the store's only
+        writer."""
         raise ReadOnlyError(
             f"store {self._where} is shared by writers committing through an OCDBT coordinator: "
-            "evolve(), truncate() and vacuum() need its only writer. Close every shared writer "
-            "and open it with mode='a' and no coordinator"
+            "evolve(), truncate(), vacuum() and commit_fragments() need its only writer. Close "
+            "every shared writer and open it with mode='a' and no coordinator"
         )
 
     def extend(self, records: Iterable[Any]) -> None:

@@ -412,12 +412,19 @@ def array_facts(document: Any, file: str) -> tuple[Any, list[int], list[int] | N
         ) from err
 
 
+#: why a column's array the schema lists is not there, and what to do
+COLUMN_GONE = (
+    "the column the store's schema lists has no array on disk. If a writer dropped it "
+    "(evolve) and vacuum() removed its array since this store object opened an older "
+    "version, open the store again; else it was deleted outside pytreestore: restore it "
+    "from a copy of the store"
+)
+
+
 def parse_array_json(raw: bytes | None, file: str) -> dict[str, Any]:
     """A column array's ``zarr.json``, parsed; a clear error when missing or damaged."""
     if raw is None:
-        raise CorruptStoreError(
-            f"{file} is missing: the column the store's schema lists has no array on disk"
-        )
+        raise CorruptStoreError(f"{file} is missing: {COLUMN_GONE}")
     try:
         document = json.loads(raw)
     except ValueError as err:
@@ -431,6 +438,7 @@ def parse_array_json(raw: bytes | None, file: str) -> dict[str, Any]:
 
 
 __all__ = [
+    "COLUMN_GONE",
     "CONSOLIDATED_AT",
     "array_facts",
     "check_column",

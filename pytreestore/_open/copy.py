@@ -195,7 +195,8 @@ def repacked(schema: TreeSchema, packs: tuple[Pack, ...], pack: bool | int | str
         if limit is not None and schema.ragged is not None:
             raise SchemaMismatchError(
                 "pack= packs the leaves of fixed records; the source holds ragged or "
-                "optional records, whose copy keeps one array per leaf. Copy it without pack="
+                "optional records, whose copy keeps one array per leaf. Copy it without pack= "
+                "(or pack='keep' or False; from the CLI, --pack keep or off)"
             )
         kept = () if limit is None else _packs.plan(schema.columns, limit)
     _packs.check_keys(schema.columns, kept)

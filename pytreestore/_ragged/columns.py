@@ -148,10 +148,10 @@ class _Below:
             return []
         lengths = {}
         for p in paths:
-            try:
-                lengths[p] = len(values[p])
-            except TypeError:
-                raise _not_a_list(spec.path, p, values[p], row) from None
+            value = values[p]  # a dict (an Arrow struct) or a str has a len() but no elements
+            if not isinstance(value, list | tuple | np.ndarray) or np.ndim(value) == 0:
+                raise _not_a_list(spec.path, p, value, row)
+            lengths[p] = len(value)
         if len(set(lengths.values())) > 1:
             detail = ", ".join(f"{p}: {n}" for p, n in lengths.items())
             raise SchemaMismatchError(

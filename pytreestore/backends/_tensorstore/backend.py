@@ -235,7 +235,10 @@ class TensorStoreBackend(
             for lay in layouts
         ]
         handles = _futures.wait(
-            futures, [lay.key for lay in layouts], "creating column", timeout=self._timeout
+            futures,
+            [lay.key for lay in layouts],
+            f"{self._location}: creating column",
+            timeout=self._timeout,
         )
         self._handles.update(zip((lay.key for lay in layouts), handles))
         self._layouts.update((lay.key, lay) for lay in layouts)
@@ -250,7 +253,9 @@ class TensorStoreBackend(
         stale = [k for k in keys if k not in self._handles or self._handles[k].shape[0] < records]
         txn = self._active()  # metadata read inside it sees the transaction's own resizes
         futures = [ts.open(self._spec(k), context=self._context, transaction=txn) for k in stale]
-        handles = _futures.wait(futures, stale, "opening column", meta=True, timeout=self._timeout)
+        handles = _futures.wait(
+            futures, stale, f"{self._location}: opening column", meta=True, timeout=self._timeout
+        )
         for key, handle in zip(stale, handles):
             self._check(key, handle, records)
         self._handles.update(zip(stale, handles))
@@ -312,7 +317,7 @@ class TensorStoreBackend(
             if not len(blocks[0]):
                 return
         futures = [h[start : start + len(b)].write(b) for h, b in zip(handles, blocks)]
-        _futures.wait(futures, keys, "writing column", timeout=self._timeout)
+        _futures.wait(futures, keys, f"{self._location}: writing column", timeout=self._timeout)
 
     def read(self, keys: Sequence[str], index: Any, records: int) -> list[np.ndarray]:
         return self.read_many([(k, index) for k in keys], records)

@@ -2,7 +2,8 @@
 
 TensorStore reports every failure as a ``ValueError`` whose text starts with a status code:
 a chunk it could not decode is damage (:class:`CorruptChunkError`), a missing metadata
-document or chunk is named as such, and anything else is storage that could not be reached
+document or chunk is named as such, an OCDBT database replaced by another since it was opened
+is :class:`StoreReplacedError`, and anything else is storage that could not be reached
 (:class:`StorageError`, retryable).
 
 Example:
@@ -18,16 +19,23 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from pytreestore._format.validate import COLUMN_GONE
 from pytreestore.backends._base import damaged_chunk, missing_chunk
 from pytreestore.errors import (
     CommitConflictError,
     CorruptChunkError,
     CorruptStoreError,
+    PyTreeStoreError,
     StorageError,
+    StoreReplacedError,
 )
 
 #: status codes of a read that found bytes it could not decode (as opposed to not reaching them)
 _DAMAGED = ("DATA_LOSS", "FAILED_PRECONDITION", "INVALID_ARGUMENT", "OUT_OF_RANGE")
+
+#: what TensorStore says (FAILED_PRECONDITION) when an OCDBT database's manifest now belongs to
+#: another database than the one a handle opened (``create(overwrite=True)`` put a new one there)
+_OTHER_DATABASE = "Configuration mismatch on uuid"
 
 
 def wait(
@@ -53,12 +61,16 @@ def wait(
         return results
     key, err = failure
     status = str(err).split(":", 1)[0]
+    if _OTHER_DATABASE in str(err):
+        raise storage_error(f"{doing} {key}", err) from err
     if "`expand_only` was specified" in str(err):
         raise CommitConflictError(
             f"column {key} has grown since this writer last resized it: another writer is "
             "appending to this store. Nothing more was written; reopen the store."
         ) from err
-    if meta and (status in _DAMAGED or status == "NOT_FOUND"):
+    if meta and status == "NOT_FOUND":
+        raise CorruptStoreError(f"{doing} {key}: its zarr.json is missing: {COLUMN_GONE}") from err
+    if meta and status in _DAMAGED:
         raise CorruptStoreError(f"{doing} {key}: its zarr.json cannot be used: {err}") from err
     if read and is_damage(err):
         raise chunk_error(key, err) from err
@@ -68,6 +80,8 @@ def wait(
 def is_damage(err: ValueError) -> bool:
     """Whether a read failed on bytes it could not decode, or on a chunk that is missing."""
     status = str(err).split(":", 1)[0]
+    if _OTHER_DATABASE in str(err):
+        return False  # not damage: another store (storage_error)
     return status in _DAMAGED or (status == "NOT_FOUND" and "is missing" in str(err))
 
 
@@ -97,8 +111,16 @@ def chunk_error(key: str, err: ValueError) -> CorruptChunkError:
     return damaged_chunk(key, chunk, err)
 
 
-def storage_error(doing: str, err: Exception) -> StorageError:
-    """The error of storage that failed ``doing`` something: retryable."""
+def storage_error(doing: str, err: Exception) -> PyTreeStoreError:
+    """The error of storage that failed ``doing`` something: retryable; or, if the OCDBT
+    database there was replaced by another since it was opened, :class:`StoreReplacedError`."""
+    if _OTHER_DATABASE in str(err):
+        return StoreReplacedError(
+            f"{doing} failed: the OCDBT database there was replaced by another since this store "
+            "was opened (create(overwrite=True), or a copy, put a new database in its place), "
+            "so what it would read or write belongs to another store. Open the store again "
+            "with pytreestore.open()"
+        )
     return StorageError(
         f"{doing} failed: {err}. Records committed before stay committed; once storage is "
         "reachable (or has space) again, retry the call (a failed flush() can be repeated)."
