@@ -50,7 +50,7 @@ from jax.tree_util import tree_flatten
 from pytreestore._commit import placing, versions
 from pytreestore._commit.fragment import MANIFEST, Fragment, begun_key, manifest_key
 from pytreestore._commit.layouts import layouts
-from pytreestore._commit.placing import local_root
+from pytreestore._commit.placing import local_root, place_chunks
 from pytreestore._commit.record import Commit, now_utc
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import fragment_folder
@@ -60,13 +60,11 @@ from pytreestore._tree.convert import RecordError, RowFiller, casters
 from pytreestore._tree.stack import batch_length
 from pytreestore.backends import (
     Backend,
-    ChunkCopies,
     ColumnLayout,
     FolderDeletes,
     KeyListing,
     ManyReads,
 )
-from pytreestore.backends._base import missing_chunk
 from pytreestore.errors import (
     CorruptChunkError,
     FragmentError,
@@ -348,7 +346,7 @@ def _place_aligned(
         return
     root = local_root(engine)
     if root is None:
-        _copy(engine, [p for f, first in aligned for p in chunk_pairs(columns, f, first)])
+        place_chunks(engine, [p for f, first in aligned for p in chunk_pairs(columns, f, first)])
         return
     moves: list[tuple[str, str]] = []
     chunks: list[tuple[str, ...]] = []  # the chunk files below each moved folder
@@ -393,19 +391,6 @@ def _grid(column: ColumnSpec) -> list[tuple[int, ...]]:
     for n, size in zip(column.shape, column.chunks[1:]):
         grid = [(*g, i) for g in grid for i in range(-(-n // size))]
     return grid
-
-
-def _copy(engine: Backend, pairs: Sequence[tuple[str, str]]) -> None:
-    if not pairs:
-        return
-    if isinstance(engine, ChunkCopies):
-        engine.copy_chunks(pairs)
-        return
-    found = {source: engine.read_bytes(source) for source, _ in pairs}
-    missing = [s for s, raw in found.items() if raw is None]
-    if missing:
-        raise missing_chunk(missing[0], None, f"no object at {missing[0]}")
-    engine.write_many_bytes({d: found[s] or b"" for s, d in pairs})
 
 
 # ---- removing ------------------------------------------------------------------------------

@@ -47,8 +47,9 @@ from typing import Any
 
 from pytreestore._commit.record import Commit
 from pytreestore._format.names import FRAGMENTS_DIR, META_DIR, PLACING_KEY
-from pytreestore.backends import Backend, LocalFiles
+from pytreestore.backends import Backend, ChunkCopies, LocalFiles
 from pytreestore.backends import _links as links
+from pytreestore.backends._base import missing_chunk
 from pytreestore.errors import CorruptStoreError, PyTreeStoreError, StorageError
 
 Pair = tuple[str, str]
@@ -227,4 +228,24 @@ def _row(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
-__all__ = ["Pair", "done", "local_root", "place_local", "settle", "undo"]
+def place_chunks(engine: Backend, pairs: Sequence[Pair]) -> None:
+    """Places encoded chunks ``(source, destination)`` as they are: copied by the backend
+    where it can (:class:`~pytreestore.backends.ChunkCopies`: hard links, keys copied inside
+    a database), else read and written as raw bytes.
+
+    Raises:
+        CorruptChunkError: a source holds nothing.
+    """
+    if not pairs:
+        return
+    if isinstance(engine, ChunkCopies):
+        engine.copy_chunks(pairs)
+        return
+    found = {source: engine.read_bytes(source) for source, _ in pairs}
+    missing = [s for s, raw in found.items() if raw is None]
+    if missing:
+        raise missing_chunk(missing[0], None, f"no object at {missing[0]}")
+    engine.write_many_bytes({d: found[s] or b"" for s, d in pairs})
+
+
+__all__ = ["Pair", "done", "local_root", "place_chunks", "place_local", "settle", "undo"]

@@ -56,6 +56,7 @@ import numpy as np
 from pytreestore._commit.atomic import atomic
 from pytreestore._commit.fragment import Fragment
 from pytreestore._commit.layouts import column_layouts
+from pytreestore._commit.placing import place_chunks
 from pytreestore._commit.record import Commit
 from pytreestore._commit.tables import table_schemas
 from pytreestore._format import validate as _validate
@@ -66,8 +67,7 @@ from pytreestore._format.schema import TreeSchema
 from pytreestore._ragged.fragments import array_layouts, read_schema
 from pytreestore._ragged.model import grow_schema, representative
 from pytreestore._ragged.writer import RaggedWriter
-from pytreestore.backends import Backend, ChunkCopies
-from pytreestore.backends._base import missing_chunk
+from pytreestore.backends import Backend
 from pytreestore.errors import (
     CorruptChunkError,
     CorruptStoreError,
@@ -244,7 +244,7 @@ def _place(engine: Backend, tables: dict[str | None, TreeSchema], parts: list[_P
         if part.fragment.rows(t)
     ]
     with _owned(parts):
-        _copy(engine, [pair for plan in plans for pair in plan.pairs])
+        place_chunks(engine, [pair for plan in plans for pair in plan.pairs])
     reading = [plan for plan in plans if plan.read]
     lays = [lay for plan in reading for lay in _read_layouts(plan)]
     if lays:
@@ -345,20 +345,6 @@ def _pairs(
         for r in range(-(-rows // column.chunks[0]))
         for tail in ("".join(f"/{i}" for i in g) for g in grid)
     ]
-
-
-def _copy(engine: Backend, pairs: Sequence[tuple[str, str]]) -> None:
-    """Places encoded chunks: links or copies where the backend can, raw bytes otherwise."""
-    if not pairs:
-        return
-    if isinstance(engine, ChunkCopies):
-        engine.copy_chunks(pairs)
-        return
-    found = {source: engine.read_bytes(source) for source, _ in pairs}
-    missing = [s for s, raw in found.items() if raw is None]
-    if missing:
-        raise missing_chunk(missing[0], None, f"no object at {missing[0]}")
-    engine.write_many_bytes({d: found[s] or b"" for s, d in pairs})
 
 
 __all__ = ["commit", "learnt"]

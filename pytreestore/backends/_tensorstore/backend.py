@@ -431,12 +431,7 @@ class TensorStoreBackend(
                     found.append(Path(entry.path))
                 elif entry.is_dir() and index.isdigit() and int(index) >= tail_chunk:
                     found.extend(Path(entry.path).rglob("*.__lock"))
-        removed = []
-        for path in found:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-                removed.append(str(path))
-        return removed
+        return unlink_all(found)
 
     def read_checked(
         self, reads: Sequence[tuple[str, Any]], records: int
@@ -467,6 +462,16 @@ class TensorStoreBackend(
         self._handles.clear()
         self._kv = None
         self._cleanup()
+
+
+def unlink_all(paths: Sequence[Path]) -> list[str]:
+    """Deletes each of ``paths`` that is there (lock files); the ones deleted."""
+    removed = []
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(str(path))
+    return removed
 
 
 def _part(handle: ts.TensorStore, index: Any, part: slice | None) -> ts.TensorStore:

@@ -48,7 +48,11 @@ from pytreestore._location import Location
 from pytreestore.backends._base import Snapshots, delete_folder
 from pytreestore.backends._links import missing_source
 from pytreestore.backends._tensorstore import futures as _futures
-from pytreestore.backends._tensorstore.backend import TensorStoreBackend, _memory_context
+from pytreestore.backends._tensorstore.backend import (
+    TensorStoreBackend,
+    _memory_context,
+    unlink_all,
+)
 from pytreestore.backends._tensorstore.direct import DirectColumn
 from pytreestore.backends._tensorstore.kvstore import kvstore_spec
 from pytreestore.errors import PyTreeStoreError, ReadOnlyError
@@ -244,12 +248,7 @@ class OcdbtDatabase(TensorStoreBackend, Snapshots):
         root = Path(self._location.root)
         found = [root / f"{MANIFEST}{_LOCK_SUFFIX}"]
         found.extend((root / DATA_DIR).glob(f"*{_LOCK_SUFFIX}"))
-        removed = []
-        for path in found:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-                removed.append(str(path))
-        return removed
+        return unlink_all(found)
 
     # ---- snapshots ---------------------------------------------------------------------------
 
