@@ -15,7 +15,7 @@ are placed past the committed records, and one commit through the writer's
 fragments' ids). A fragment that starts at a chunk boundary of the store has its encoded
 chunks placed at the store's chunk keys as they are, no chunk decoded: on local disk its
 chunk files hard-linked and its chunk-row folders renamed into the store under an intent
-record (:mod:`pytreestore._commit.placing`), on OCDBT its encoded chunks copied inside the database
+record (:mod:`pytreestore._commit.placing`), on OCDBT its keys copied inside the database
 (:class:`~pytreestore.backends.ChunkCopies`), elsewhere its raw bytes copied. One that does
 not (the records before it are not a multiple of ``chunk_records``) is read and written
 again. Only after the commit are the fragments' folders deleted (on OCDBT in the commit's
