@@ -48,3 +48,18 @@ def test_a_column_below_a_ragged_list_needs_a_list(schema, value, kind):
         ),
     ):
         records_from_columns(schema, _columns([1], [value], [None]))
+
+
+def test_a_list_of_lists_of_different_lengths_is_a_list_of_elements(tmp_path):
+    """A leaf below two ragged lists holds, per record, a list of lists of different
+    lengths: it is a list (numpy cannot make it one array), not a refusal or a raw
+    ValueError; an ndarray of zero dimensions is still refused."""
+    like = {"p": [{"q": [np.float32(0)]}]}
+    store = pytreestore.create(tmp_path / "s", like, ragged=["['p']", "['p'][*]['q']"])
+    store.close()
+    column = "['p'][*]['q'][*]"
+    got = records_from_columns(store.schema, {column: [[[1.0], [2.0, 3.0]], [[]]]})
+    assert_trees_equal(got[0], {"p": [{"q": [1.0]}, {"q": [2.0, 3.0]}]})
+    assert_trees_equal(got[1], {"p": [{"q": []}]})
+    with pytest.raises(SchemaMismatchError, match="holds ndarray"):
+        records_from_columns(store.schema, {column: [np.array(1.0)]})

@@ -149,7 +149,7 @@ class _Below:
         lengths = {}
         for p in paths:
             value = values[p]  # a dict (an Arrow struct) or a str has a len() but no elements
-            if not isinstance(value, list | tuple | np.ndarray) or np.ndim(value) == 0:
+            if not isinstance(value, list | tuple | np.ndarray) or getattr(value, "ndim", 1) == 0:
                 raise _not_a_list(spec.path, p, value, row)
             lengths[p] = len(value)
         if len(set(lengths.values())) > 1:

@@ -69,9 +69,11 @@ def wait(
             "appending to this store. Nothing more was written; reopen the store."
         ) from err
     if meta and status == "NOT_FOUND":
-        raise CorruptStoreError(f"{doing} {key}: its zarr.json is missing: {COLUMN_GONE}") from err
+        raise CorruptStoreError(
+            f"{doing} {key}: {key}/zarr.json is missing: {COLUMN_GONE}"
+        ) from err
     if meta and status in _DAMAGED:
-        raise CorruptStoreError(f"{doing} {key}: its zarr.json cannot be used: {err}") from err
+        raise CorruptStoreError(f"{doing} {key}: {key}/zarr.json cannot be used: {err}") from err
     if read and is_damage(err):
         raise chunk_error(key, err) from err
     raise storage_error(f"{doing} {key}", err) from err
