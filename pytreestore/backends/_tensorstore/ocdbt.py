@@ -67,7 +67,8 @@ class OcdbtBackend(OcdbtDatabase, Transactions):
         self._owner: int | None = None
         self._committed: dict[str, ts.TensorStore] = {}
         self._block_handles: dict[str, ts.TensorStore] = {}
-        self._copied: dict[str, str] = {}  # a block's copied chunks: destination -> source
+        # a block's copied chunks, by column key: destination -> source
+        self._copied: dict[str, dict[str, str]] = {}
         if "coordinator" in (ocdbt_options or {}):
             raise PyTreeStoreError(
                 "ocdbt_options may not set 'coordinator': through an OCDBT coordinator "
@@ -173,7 +174,8 @@ class OcdbtBackend(OcdbtDatabase, Transactions):
         :meth:`transaction`, each copy is remembered until the block ends (see :meth:`write`)."""
         super().copy_chunks(pairs)
         if self._active() is not None:
-            self._copied.update((d, s) for s, d in pairs)
+            for source, dest in pairs:  # dest is KEY/c/ROW/..., the chunk's indices digits
+                self._copied.setdefault(dest.rpartition("/c/")[0], {})[dest] = source
 
     def write(self, keys: Sequence[str], start: int, blocks: Sequence[np.ndarray]) -> None:
         """Writes rows (see the base class). Inside a :meth:`transaction`, a chunk that the
@@ -185,18 +187,21 @@ class OcdbtBackend(OcdbtDatabase, Transactions):
         super().write(keys, start, blocks)
 
     def _settle_copies(self, keys: Sequence[str], start: int, rows: int) -> None:
-        touched = []
+        touched, sources = [], []
         for key in keys:
+            copied = self._copied.get(key)
+            if not copied:
+                continue
             layout = self._layouts.get(key)
             per = layout.chunks[0] if layout is not None else 1
             first, last = start // per, (start + max(rows, 1) - 1) // per
-            for dest in [d for d in self._copied if d.startswith(f"{key}/c/")]:
+            for dest in list(copied):
                 row = dest[len(key) + 3 :].split("/", 1)[0]
                 if layout is None or not row.isdigit() or first <= int(row) <= last:
                     touched.append(dest)
+                    sources.append(copied.pop(dest))
         if not touched:
             return
-        sources = [self._copied.pop(d) for d in touched]
         committed = super(OcdbtDatabase, self).kvstore  # the fragments' keys as committed
         reads = [committed.read(s) for s in sources]
         found = _futures.wait(reads, sources, f"reading {self._location}", timeout=self._timeout)
