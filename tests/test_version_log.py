@@ -173,9 +173,7 @@ def test_a_commit_record_with_a_horizon_reads_back_and_is_checked(tmp_path):
 # ---- defect 9: a reader whose version vacuum() removed -----------------------------------------
 
 
-def test_a_reader_whose_version_vacuum_removed_is_told_to_open_again(
-    tmp_path, backend, ragged
-):
+def test_a_reader_whose_version_vacuum_removed_is_told_to_open_again(tmp_path, backend, ragged):
     path = str(tmp_path / "s")
     s = create(path, backend, ragged, chunk_records=4, keep_versions=1)
     s.extend(rec(i, ragged) for i in range(10))
@@ -185,8 +183,7 @@ def test_a_reader_whose_version_vacuum_removed_is_told_to_open_again(
     s.truncate(2)
     assert s.vacuum().chunks > 0
     expected = (
-        f"opened (version {at_ten.version}, 10 records) was removed: the store no longer "
-        "keeps it"
+        f"opened (version {at_ten.version}, 10 records) was removed: the store no longer keeps it"
     )
     with pytest.raises(errors.StoreReplacedError, match=re.escape(expected)) as caught:
         xs(latest, ragged)
