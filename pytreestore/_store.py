@@ -135,11 +135,11 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
     @property
     def committed(self) -> int:
         """Records durable in storage (excludes records still buffered)."""
-        return self._writer.commit.records if self._writer else self._commit.records
+        return self._writer.commit.records if self._writer is not None else self._commit.records
 
     def __len__(self) -> int:
         self._check_open()
-        return len(self._writer) if self._writer else self._commit.records
+        return len(self._writer) if self._writer is not None else self._commit.records
 
     def __repr__(self) -> str:
         return _repr.summary(self)
@@ -387,11 +387,11 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
             spec = self._spec
             self._schema = reread_schema(backend, self.path, like=spec.like, generic=spec.generic)
 
-    def _check_not_replaced(self, *, always: bool = False) -> None:
-        """Raises StoreReplacedError if a reader's store was replaced since it opened; on
-        object stores (where the check costs a request) only when ``always``."""
-        if self._writer is None and (always or not self._location.is_object_store):
-            check_not_replaced(self._engine, self._location, self._commit)
+    def _check_not_replaced(self, *, always: bool = False, failed: bool = False) -> None:
+        """Raises StoreReplacedError if a reader's store was replaced (or, a read ``failed``,
+        its version dropped) since it opened; on object stores only when asked."""
+        if self._writer is None and (always or failed or not self._location.is_object_store):
+            check_not_replaced(self._engine, self._location, self._commit, failed=failed)
 
     def read_context(self) -> ReadContext:
         """What pytreestore's own read path needs of this store; not a user API.

@@ -189,7 +189,8 @@ class ChunkSizeError(PyTreeStoreError, ValueError):
 
 class StoreReplacedError(PyTreeStoreError, FileNotFoundError):
     """The store a reader opened was deleted or replaced (e.g. by ``create(overwrite=True)``)
-    since it was opened: what it would read belongs to another store."""
+    since it was opened, or the version it reads was written over after a ``truncate`` or
+    removed by ``vacuum()``: what it would read is no longer what it opened."""
 
 
 class VersionNotFoundError(PyTreeStoreError, LookupError):

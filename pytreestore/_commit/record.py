@@ -13,6 +13,15 @@ older versions: ``high`` (the records older versions still reach past ``records`
 of older versions past a truncate, as ``(version, first record)``: every version before that
 one holding more records is gone).
 
+``rewrites`` is bounded without forgetting: it keeps only the releases no later one implies
+(a later release from the same or a lower record says more), and past :data:`_HISTORY` of
+those it merges the oldest two into one, ``(the later version, the lower record)``, which
+refuses every version either did and perhaps a few that were still whole. ``horizon`` then
+names the version up to which the first pair stands for several releases, so that a refusal
+by it says so. An older version is therefore never read as valid once its rows were written
+over, however many truncates followed (readers of an older pytreestore, which know the pairs
+but not ``horizon``, refuse it too).
+
 Example:
     >>> c = Commit(0, 0).next(5)
     >>> c.records, c.generation
@@ -45,7 +54,8 @@ _FRAGMENT_ID = re.compile("[0-9a-f]{32}")
 #: what a commit did: ``release`` frees the rows older versions held past a truncate, before
 #: the first append after it writes over them
 OPERATIONS = ("create", "append", "evolve", "truncate", "release")
-#: the most ``cuts`` and ``rewrites`` a commit record keeps (the oldest are dropped)
+#: the most ``cuts`` (the oldest are dropped: readers need only the latest) and ``rewrites``
+#: (the oldest two are merged) a commit record keeps
 _HISTORY = 256
 
 
@@ -71,10 +81,14 @@ class Commit:
     high: int | None = None
     #: format 3: the truncates, ``(version, records)``, oldest first
     cuts: tuple[tuple[int, int], ...] = ()
-    #: format 3: the releases, ``(version, first record written over)``, oldest first
+    #: format 3: the releases, ``(version, first record written over)``, oldest first: only
+    #: those no later one implies, at most :data:`_HISTORY` (see :func:`released`)
     rewrites: tuple[tuple[int, int], ...] = ()
     #: format 3 (issue 17): the ids of the fragments this commit appended, in order
     fragments: tuple[str, ...] = dataclasses.field(default=(), compare=False)
+    #: format 3 (issue 28): the version up to which ``rewrites[0]`` merges several releases
+    #: (None: every pair is one release)
+    horizon: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         obj: dict[str, Any] = {
@@ -96,6 +110,8 @@ class Commit:
             obj["rewrites"] = [list(r) for r in self.rewrites]
         if self.fragments:
             obj["fragments"] = list(self.fragments)
+        if self.horizon is not None:
+            obj["horizon"] = self.horizon
         return obj
 
     def to_bytes(self) -> bytes:
@@ -119,12 +135,13 @@ class Commit:
         """
         rows = self.tables if tables is None else tuple(sorted(tables.items()))
         version = self.generation + 1
-        high, cuts, rewrites = self.high, self.cuts, self.rewrites
+        high, cuts = self.high, self.cuts
+        rewrites, horizon = self.rewrites, self.horizon
         if operation == "truncate":
             high = max(self.high or 0, self.records)
             cuts = (*cuts, (version, records))[-_HISTORY:]
         elif operation == "release" or (high is not None and records > self.records):
-            rewrites = (*rewrites, (version, self.records))[-_HISTORY:]
+            rewrites, horizon = released(rewrites, horizon, (version, self.records))
             high = None
         if high is not None and high <= records:
             high = None
@@ -140,15 +157,34 @@ class Commit:
             cuts,
             rewrites,
             fragments,
+            horizon,
         )
 
     def gone(self, seen: Commit) -> tuple[int, int] | None:
         """The release ``(version, first record)`` by which this commit's store no longer
-        holds every record of version ``seen``, or None while it does."""
-        for version, start in self.rewrites:
-            if version > seen.generation and start < seen.records:
-                return version, start
-        return None
+        holds every record of version ``seen`` (one release rather than merged ones, where
+        both say so), or None while it does."""
+        found = [(v, r) for v, r in self.rewrites if v > seen.generation and r < seen.records]
+        exact = [pair for pair in found if pair[0] != self.horizon]
+        return (exact or found or [None])[0]
+
+    def why_gone(self, seen: Commit) -> str:
+        """Why version ``seen`` is gone (:meth:`gone` found it so), as a clause."""
+        gone = self.gone(seen)
+        assert gone is not None, "why_gone() of a version that is not gone"
+        version, start = gone
+        if version == self.horizon:
+            return (
+                f"reruns after truncates had written new records over rows from {start} on by "
+                f"version {version}, and the store's commit record keeps only its last "
+                f"{_HISTORY} such reruns apart, so every version before {version} holding more "
+                f"than {start} records is refused: some were written over, and which ones is "
+                "no longer known"
+            )
+        return (
+            f"after a truncate, version {version} wrote new records over its records from "
+            f"{start} on"
+        )
 
     def truncated_since(self, seen: Commit) -> bool:
         """Whether a truncate was committed after version ``seen``."""
@@ -196,6 +232,8 @@ class Commit:
                 "pytreestore; restore the file from a backup (nothing was read or written)."
             )
         commit = cls(records, generation, store, _tables(obj, where), *_history(obj, where))
+        if "horizon" in obj:
+            commit = dataclasses.replace(commit, horizon=_count(obj, "horizon", where))
         fragments = obj.get("fragments", [])
         if not (
             isinstance(fragments, list) and all(_FRAGMENT_ID.fullmatch(str(f)) for f in fragments)
@@ -205,6 +243,34 @@ class Commit:
                 f"list of fragment ids (32 hex digits), got {json.dumps(fragments)}"
             )
         return dataclasses.replace(commit, fragments=tuple(fragments)) if fragments else commit
+
+
+def released(
+    rewrites: tuple[tuple[int, int], ...], horizon: int | None, release: tuple[int, int]
+) -> tuple[tuple[tuple[int, int], ...], int | None]:
+    """``rewrites`` and ``horizon`` after ``release``, ``(version, first record)``.
+
+    A pair ``(v, r)`` refuses every version before ``v`` holding more than ``r`` records, so a
+    pair that a later pair of the same or a lower record follows refuses nothing more: it is
+    dropped, and the pairs left rise in both version and record. Past :data:`_HISTORY` pairs
+    the oldest two merge into one, ``(the later version, the lower record)``, which refuses
+    all they did (and the versions between them holding records between theirs, which may
+    be whole); ``horizon`` is its version while it stands first.
+
+    Example:
+        >>> released(((2, 5), (4, 9)), None, (7, 6))
+        (((2, 5), (7, 6)), None)
+    """
+    pairs: list[tuple[int, int]] = []
+    for pair in (*rewrites, release):
+        while pairs and pairs[-1][1] >= pair[1]:
+            pairs.pop()
+        pairs.append(pair)
+    while len(pairs) > _HISTORY:
+        (_, record), (version, _) = pairs[0], pairs[1]
+        pairs[:2] = [(version, record)]
+        horizon = version
+    return tuple(pairs), (horizon if horizon == pairs[0][0] else None)
 
 
 def _tables(obj: dict[str, Any], where: str) -> tuple[tuple[str, int], ...] | None:
@@ -266,4 +332,4 @@ def _count(obj: dict[str, Any], name: str, where: str) -> int:
     return value
 
 
-__all__ = ["COMMIT_KEY", "OPERATIONS", "Commit", "now_utc"]
+__all__ = ["COMMIT_KEY", "OPERATIONS", "Commit", "now_utc", "released"]

@@ -23,6 +23,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from pytreestore._commit import versions
 from pytreestore._commit.record import COMMIT_KEY, Commit
 from pytreestore._format.names import chunk_key, chunk_prefix
 from pytreestore._format.schema import ColumnSpec, TreeSchema
@@ -131,15 +132,20 @@ def _check_tail(engine: Any, location: Location, schema: TreeSchema, records: in
         ) from err
 
 
-def check_not_replaced(engine: Any, location: Location, seen: Commit) -> Commit:
+def check_not_replaced(
+    engine: Any, location: Location, seen: Commit, *, failed: bool = False
+) -> Commit:
     """The commit record now, after checking that it belongs to the store a reader opened.
 
     Commits only ever grow a store: a commit record with fewer records or an older
     generation than ``seen`` (the one the reader last read) means the store was deleted or
     replaced (``create(overwrite=True)``) since, and the reader's records are gone.
+    ``failed``: the reader's read failed, so also check that the store still keeps its
+    version (``vacuum()`` removes the rows and arrays of versions it no longer keeps).
 
     Raises:
-        StoreReplacedError: the store was replaced or deleted.
+        StoreReplacedError: the store was replaced or deleted, the reader's records were
+            written over, or (``failed``) its version is no longer kept.
     """
     raw = _commit_bytes(engine, location)
     try:
@@ -165,15 +171,27 @@ def check_not_replaced(engine: Any, location: Location, seen: Commit) -> Commit:
             f"records at commit {seen.generation} ({why}). What it would read belongs to "
             "another store; open it again with pytreestore.open()."
         )
-    gone = now.gone(seen)
-    if gone is not None:
+    if now.gone(seen) is not None:
         raise StoreReplacedError(
             f"the records this reader of {location} opened (version {seen.generation}, "
-            f"{seen.records} records) were written over: after a truncate, version {gone[0]} "
-            f"wrote new records from record {gone[1]} on. Open the store again to read its "
-            "latest version."
+            f"{seen.records} records) were written over: {now.why_gone(seen)}. Open the "
+            "store again to read its latest version."
+        )
+    if failed and now.generation > seen.generation and _dropped(engine, seen, str(location)):
+        raise StoreReplacedError(
+            f"the version this reader of {location} opened (version {seen.generation}, "
+            f"{seen.records} records) was removed: the store no longer keeps it (its log "
+            "keeps the last keep_versions versions and the tagged ones), and vacuum() "
+            "removed rows or columns only older versions needed. Open the store again to "
+            f"read its latest version ({now.generation}, {now.records} records); tag a "
+            "version (store.tag) to keep it readable."
         )
     return now
+
+
+def _dropped(engine: Backend, seen: Commit, where: str) -> bool:
+    """Whether the store's log no longer holds the record of version ``seen``."""
+    return versions.read(engine, seen.generation, where) is None
 
 
 def _commit_bytes(engine: Backend, location: Location) -> bytes | None:

@@ -150,18 +150,16 @@ def resolve(engine: Backend, head: Commit, wanted: int | str, where: str) -> Com
         return head
     found = read(engine, number, where) if 0 <= number < head.generation else None
     if found is None:
-        kept = [n for n in numbers(engine) if n <= head.generation]
-        span = f"{kept[0]} to {kept[-1]}" if kept else f"only {head.generation}"
         raise VersionNotFoundError(
-            f"{where} has no version {number}{_named(wanted)}: it keeps versions {span} "
-            f"(store.versions() lists them)"
+            f"{where} has no version {number}{_named(wanted)}: it keeps "
+            f"{_kept(engine, head, where)} (store.versions() lists them)"
         )
     gone = head.gone(found)
     if gone is not None:
         raise VersionNotFoundError(
             f"version {number}{_named(wanted)} of {where} ({found.records} records) is gone: "
-            f"after a truncate, version {gone[0]} wrote new records over its records from "
-            f"{gone[1]} on. Its first {gone[1]} records are those of version {gone[0]}."
+            f"{head.why_gone(found)}. Its first {gone[1]} records are those of version "
+            f"{gone[0]}; open that version or a later one."
         )
     if found.store is not None and head.store is not None and found.store != head.store:
         raise CorruptStoreError(
@@ -169,6 +167,37 @@ def resolve(engine: Backend, head: Commit, wanted: int | str, where: str) -> Com
             f"store's is {head.store}); the store's files were mixed with another's"
         )
     return found
+
+
+def _kept(engine: Backend, head: Commit, where: str) -> str:
+    """The versions and tags the store keeps, compactly: ``versions 0, 5 to 9 and 64 to
+    131; tags 'a' (5), 'b' (7)``; of more than 8 runs or tags, the first and last few."""
+    kept = sorted({n for n in numbers(engine) if n <= head.generation} | {head.generation})
+    runs = _runs(kept)
+    if len(runs) > 8:
+        runs = [*runs[:4], f"... {len(runs) - 7} more runs ...", *runs[-3:]]
+    text = f"version{'s' if len(kept) > 1 else ''} {_listed_words(runs)}"
+    named = sorted(tags(engine, where).items(), key=lambda item: (item[1], item[0]))
+    if named:
+        shown = [f"{name!r} ({n})" for name, n in named[:8]]
+        more = f" and {len(named) - 8} more" if len(named) > 8 else ""
+        text += f"; tags {', '.join(shown)}{more}"
+    return text
+
+
+def _runs(kept: Sequence[int]) -> list[str]:
+    """``[0, 5, 6, 7]`` as ``["0", "5 to 7"]``."""
+    runs: list[list[int]] = []
+    for n in kept:
+        if runs and runs[-1][1] == n - 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return [str(a) if a == b else f"{a} to {b}" for a, b in runs]
+
+
+def _listed_words(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def _named(wanted: int | str) -> str:

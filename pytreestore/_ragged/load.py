@@ -28,13 +28,11 @@ from pytreestore._read import cache as _cache
 from pytreestore._read.ahead import RecordsBlock
 from pytreestore._read.device import to_jax
 from pytreestore._read.index import rows
-from pytreestore._read.reader import ReadContext, name_column
+from pytreestore._read.reader import ReadContext, explained
 from pytreestore._read.request import LoadRequest
 from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec
 from pytreestore._tree.pad import check_pad_to
 from pytreestore.errors import (
-    CorruptChunkError,
-    CorruptStoreError,
     RaggedDeclarationError,
     RaggedLengthError,
     SchemaMismatchError,
@@ -223,17 +221,11 @@ def _gather(
     records: np.ndarray,
     leaves: Sequence[Any] | None = None,
 ) -> dict[str | None, Rows]:
-    try:
-        with context.reading() as backend:
-            columns = request.schema.storage_columns
-            read = _cache.reader(context.cache, context.cache_id, backend, columns)
-            chosen = request.specs if leaves is None else leaves
-            out = gather(request.schema, commit, records, read, leaves=chosen)
-    except CorruptStoreError as err:
-        context.check_not_replaced(always=True)  # a replaced store lacks our chunks
-        if isinstance(err, CorruptChunkError):
-            raise name_column(err, request.schema) from err
-        raise
+    with explained(context, request.schema), context.reading() as backend:
+        columns = request.schema.storage_columns
+        read = _cache.reader(context.cache, context.cache_id, backend, columns)
+        chosen = request.specs if leaves is None else leaves
+        out = gather(request.schema, commit, records, read, leaves=chosen)
     context.check_not_replaced()
     if leaves is None:
         check_learnt(request.schema, out, context.path)

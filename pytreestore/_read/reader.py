@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -58,7 +59,8 @@ class ReadContext:
         reading: a context manager lending the backend for one read (``close()`` waits
             for it).
         check_not_replaced: raises ``StoreReplacedError`` if the store was replaced since it
-            was opened; ``always=True`` checks on object stores too (a request there).
+            was opened; ``always=True`` checks on object stores too (a request there), and
+            ``failed=True`` (a read failed) also if the store no longer keeps the version.
         request: builds a :class:`LoadRequest` from the arguments of ``TreeStore.load`` with
             the store's schema and cast policy (raises ``ClosedStoreError`` once closed).
         ahead: the store's read-ahead block, which ``store[i]`` in a loop reads from
@@ -132,6 +134,20 @@ def loader(context: ReadContext, request: LoadRequest) -> Callable[[Any], Any]:
     return load_index
 
 
+@contextlib.contextmanager
+def explained(context: ReadContext, schema: TreeSchema) -> Iterator[None]:
+    """Around a read of ``schema``'s columns: a failure that the store's change since it
+    opened explains (replaced, records written over, version no longer kept) raises
+    ``StoreReplacedError`` saying so; a damaged chunk names its column by tree path."""
+    try:
+        yield
+    except CorruptStoreError as err:
+        context.check_not_replaced(failed=True)  # a replaced store lacks our chunks
+        if isinstance(err, CorruptChunkError):
+            raise name_column(err, schema) from err
+        raise
+
+
 def name_column(err: CorruptChunkError, schema: TreeSchema) -> CorruptChunkError:
     """``err`` (which names a column by storage key) naming the column by its tree path."""
     path = next((c.path for c in schema.storage_columns if c.key == err.path), None)
@@ -167,20 +183,14 @@ def _read(
     specs = request.specs
     if selection.count == 0:
         return [np.empty((0, *c.shape), c.dtype) for c in specs]
-    try:
-        with context.reading() as backend:
-            arrays = None
-            if context.cache is not None and context.cache_id is not None:
-                arrays = _cache.read(
-                    context.cache, context.cache_id, backend, specs, selection.index, records
-                )
-            if arrays is None:
-                arrays = backend.read([c.key for c in specs], selection.index, records)
-    except CorruptStoreError as err:
-        context.check_not_replaced(always=True)  # a replaced store lacks our chunks
-        if isinstance(err, CorruptChunkError):
-            raise name_column(err, request.schema) from err
-        raise
+    with explained(context, request.schema), context.reading() as backend:
+        arrays = None
+        if context.cache is not None and context.cache_id is not None:
+            arrays = _cache.read(
+                context.cache, context.cache_id, backend, specs, selection.index, records
+            )
+        if arrays is None:
+            arrays = backend.read([c.key for c in specs], selection.index, records)
     context.check_not_replaced()  # what was read belongs to the store opened
     return arrays
 
@@ -189,7 +199,7 @@ def _load_split(
     context: ReadContext, request: LoadRequest, selection: Selection, records: int
 ) -> Any:
     assert request.shardings is not None
-    with context.reading() as backend:
+    with explained(context, request.schema), context.reading() as backend:
         arrays, mask = _sharded.load(
             backend,
             request.specs,
