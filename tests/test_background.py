@@ -102,6 +102,34 @@ def test_a_job_never_waits_for_itself():
     assert seen == [True] and own.ended
 
 
+FORK = """
+import os, signal
+from pytreestore._pipelines.prefetch import Prefetcher
+assert list(Prefetcher(lambda i: i, iter(range(3)), 2)) == [0, 1, 2]  # a thread to reuse
+inherited = Prefetcher(lambda i: i, iter(range(1000)), 2)
+assert next(inherited) == 0
+pid = os.fork()
+if pid == 0:
+    signal.alarm(60)  # a hang ends the child with SIGALRM
+    fresh = list(Prefetcher(lambda i: 2 * i, iter(range(3)), 2))
+    rest = list(inherited)  # what was loaded before the fork, then the end
+    inherited.close()
+    os._exit(0 if fresh == [0, 2, 4] and rest == list(range(1, len(rest) + 1)) else 3)
+_, status = os.waitpid(pid, 0)
+inherited.close()
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_starts_its_own_threads():
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(
+        [sys.executable, "-c", FORK], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["child", "0"]  # was a hang: the job went to a dead thread
+
+
 def _run_child(where: str, reader: str, ending: str) -> tuple[str, int, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
     args = [sys.executable, str(HERE / "exit_child.py"), where, reader, ending]

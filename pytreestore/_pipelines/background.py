@@ -13,7 +13,8 @@ stop; it polls the event between steps (each load of a prefetch, say) and return
 reused because glibc gives a new thread its own malloc arena: with a fresh thread per job (one
 per epoch of batches, say), freed batch buffers stayed in old arenas and the process's memory
 grew with every epoch. An idle thread waits in a queue, outside any library call, where the
-interpreter's end harms nothing.
+interpreter's end harms nothing. A child process made by ``os.fork`` has none of its parent's
+threads: it forgets them (and their jobs) and starts its own.
 
 Example:
     >>> import threading
@@ -27,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import atexit
+import os
 import queue
 import sys
 import threading
@@ -37,7 +39,7 @@ Work = Callable[[threading.Event], None]
 _LOCK = threading.Lock()
 _IDLE: list[queue.SimpleQueue[tuple[Work, Job]]] = []  # the inboxes of idle threads
 _RUNNING: set[Job] = set()  # jobs started and not yet ended
-_HOOKED: list[bool] = []  # the exit hook is registered (once, at the first job)
+_HOOKED: list[bool] = []  # the exit and fork hooks are registered (once, at the first job)
 _EXITING = threading.Event()
 
 
@@ -74,6 +76,7 @@ def start(work: Work) -> Job:
     with _LOCK:
         if not _HOOKED:
             atexit.register(stop_all)
+            os.register_at_fork(after_in_child=_forget_threads)
             _HOOKED.append(True)
         _RUNNING.add(job)
         inbox = _IDLE.pop() if _IDLE else None
@@ -96,6 +99,18 @@ def stop_all() -> None:
         job.stop()
     for job in jobs:
         job.join()
+
+
+def _forget_threads() -> None:
+    """In a child made by ``os.fork``: the parent's threads are not here, so its jobs count
+    as ended (an inherited prefetcher yields what it had loaded, then stops)."""
+    global _LOCK
+    _LOCK = threading.Lock()  # another thread may have held it at the fork
+    for job in _RUNNING:
+        job.stopping.set()
+        job._ended.set()
+    _IDLE.clear()
+    _RUNNING.clear()
 
 
 def _serve(inbox: queue.SimpleQueue[tuple[Work, Job]]) -> None:
