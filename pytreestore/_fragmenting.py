@@ -15,7 +15,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import threading
+import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -23,6 +23,7 @@ from pytreestore._commit import fragments as _fragments
 from pytreestore._commit import placing
 from pytreestore._commit.atomic import atomic
 from pytreestore._commit.fragment import Fragment
+from pytreestore._pipelines import background
 from pytreestore._ragged import placing as _ragged
 from pytreestore._ragged.writer import RaggedWriter
 from pytreestore.backends import Transactions
@@ -40,7 +41,7 @@ class Fragmenting:
     _backend: Backend
     _location: Location
     _spec: StoreSpec
-    _purging: threading.Thread | None = None  # deleting committed fragments' folders
+    _purging: background.Job | None = None  # deleting committed fragments' folders
 
     def commit_fragments(self, fragments: Iterable[Fragment]) -> None:
         """Appends fragments (:func:`pytreestore.write_fragment`) in the given order, as one
@@ -135,7 +136,8 @@ class Fragmenting:
 
     def _retire(self, ids: list[str]) -> None:
         """Deletes committed fragments' folders (one left, if storage failed, is vacuum's):
-        locally on a thread of their own (:meth:`close` waits for it), elsewhere now."""
+        locally as a background job (:meth:`close` and the interpreter's exit wait for it),
+        elsewhere now."""
         root = _fragments.local_root(self._backend)
         if root is None:
             with contextlib.suppress(PyTreeStoreError):
@@ -143,14 +145,19 @@ class Fragmenting:
             return
         placing.done(root)  # the placement's intent record: the commit is made
         self._purged()
-        self._purging = threading.Thread(target=_fragments.purge, args=(root, ids), daemon=True)
-        self._purging.start()
+        self._purging = background.start(functools.partial(_purge, root, ids))
 
     def _purged(self) -> None:
         """Waits for the deletion of committed fragments' folders (close, vacuum)."""
         if self._purging is not None:
             self._purging.join()
             self._purging = None
+
+
+def _purge(root: str, ids: list[str], stopping: object) -> None:
+    """The background job of :meth:`Fragmenting._retire`: runs to the end (a few folder
+    deletions), even when asked to stop."""
+    _fragments.purge(root, ids)
 
 
 __all__ = ["Fragmenting"]

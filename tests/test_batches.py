@@ -14,7 +14,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pytreestore
-from pytreestore._pipelines.batches import BatchIterator, Prefetcher
+from pytreestore._pipelines.batches import BatchIterator
+from pytreestore._pipelines.prefetch import Prefetcher
 from pytreestore.errors import ShardingError
 
 

@@ -7,9 +7,13 @@ A fragment folder under ``.pytreestore/fragments/`` is removed by vacuum when:
   seconds ago and no version names it: abandoned by a writer that died or gave up. A
   fragment younger than that is left alone, whether it is still being written or written
   and waiting for its commit; or
-* it has neither file (what a deletion cut short leaves; locally, only once the folder
-  itself is older than ``older_than``, since a writer creates the folder just before its
-  ``begun.json``).
+* it has neither file readable (what a deletion cut short leaves; what a writer killed
+  before its ``begun.json`` landed leaves: locally an empty folder, or one holding only
+  TensorStore's ``begun.json.__lock`` or zarr-python's ``.begun.json.*.partial``, which no
+  key listing shows, so local fragment folders are found on disk too). Locally only once
+  the folder itself is older than ``older_than`` (its modification time), since a writer
+  creates the folder just before its ``begun.json``; elsewhere (S3, OCDBT, memory), where
+  a key is written whole or not at all and there is no folder without keys, at once.
 
 Ages are measured with this machine's clock against the time the writer's clock wrote, so
 ``older_than`` must exceed the clock skew between hosts, and the longest a fragment may wait
@@ -48,11 +52,7 @@ def sweep(engine: Backend, location: Location, head: Commit, older_than: float, 
     writer, whose latest commit is ``head``, calls it); how many folders it removed."""
     if not isinstance(engine, KeyListing):
         return 0
-    prefix = FRAGMENTS_DIR + "/"
-    folders: dict[str, list[str]] = {}
-    for key in engine.list_keys(prefix):
-        fid, _, rest = key[len(prefix) :].partition("/")
-        folders.setdefault(fid, []).append(rest)
+    folders = _folders(engine)
     committed = _committed(engine, head, where) if folders else set()
     now = time.time()
     gone = [
@@ -63,6 +63,33 @@ def sweep(engine: Backend, location: Location, head: Commit, older_than: float, 
     if gone:
         _fragments.remove(engine, gone)
     return len(gone)
+
+
+def _folders(engine: Backend) -> dict[str, list[str]]:
+    """Every fragment folder: its id, and the names of its keys (relative to the folder).
+
+    Locally, the folders on disk too: one a writer killed before its first key landed is
+    empty, or holds only a temporary file no listing shows."""
+    prefix = FRAGMENTS_DIR + "/"
+    folders: dict[str, list[str]] = {}
+    assert isinstance(engine, KeyListing), "sweep looks only where keys can be listed"
+    for key in engine.list_keys(prefix):
+        fid, _, rest = key[len(prefix) :].partition("/")
+        folders.setdefault(fid, []).append(rest)
+    root = _fragments.local_root(engine)
+    if root is not None:
+        for fid in _folders_on_disk(os.path.join(root, FRAGMENTS_DIR)):
+            folders.setdefault(fid, [])
+    return folders
+
+
+def _folders_on_disk(path: str) -> list[str]:
+    """The names of the folders in ``path`` (none if it is not there)."""
+    try:
+        with os.scandir(path) as entries:
+            return [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def _committed(engine: Backend, head: Commit, where: str) -> set[str]:

@@ -400,8 +400,11 @@ def purge(root: str, ids: Sequence[str]) -> int:
     """Deletes the folders of the committed fragments ``ids`` of the local store at
     ``root`` (a thread's work after the commit); how many were there."""
     folders = [os.path.join(root, fragment_folder(i)) for i in ids]
-    with ThreadPoolExecutor(4) as pool:
-        return sum(pool.map(_delete_folder, folders))
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            return sum(pool.map(_delete_folder, folders))
+    except RuntimeError:  # the interpreter is exiting: it starts no new threads
+        return sum(map(_delete_folder, folders))
 
 
 def _delete_folder(folder: str) -> bool:

@@ -1,8 +1,11 @@
 """Input pipelines: streaming batches with background prefetch, and a Grain data source.
 
-:class:`BatchIterator` walks a range of records in batches. A background thread loads the next
-``prefetch`` batches (storage read and host-to-device copy) while the caller computes on the
-current one, so at most ``prefetch + 1`` batches beyond the one the caller holds are in memory.
+:class:`BatchIterator` walks a range of records in batches. A background job
+(:class:`~pytreestore._pipelines.prefetch.Prefetcher`) loads the next ``prefetch`` batches
+(storage read and host-to-device copy) while the caller computes on the current one, so at most
+``prefetch + 1`` batches beyond the one the caller holds are in memory. The job ends, and is
+waited for, when the iterator is closed, left by its ``with`` block, dropped, or when the
+interpreter exits.
 Shuffled epochs are permutations drawn from ``numpy.random.default_rng((seed, epoch))``, so an
 epoch's order depends only on the seed and the epoch number; :meth:`BatchIterator.state` gives
 the position after the last batch handed out, and a new iterator given that state yields
@@ -18,119 +21,18 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import queue
-import threading
+import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import numpy as np
 from jax.tree_util import tree_flatten
 
+from pytreestore._pipelines.prefetch import Prefetcher
 from pytreestore._tree.stack import split_leaves
 
-T = TypeVar("T")
-_END = object()
-_ERROR = object()
 _STATE_KEYS = ("records", "batch_size", "shuffle", "seed", "drop_last")
-
-
-class Prefetcher(Generic[T]):
-    """Yields ``load(item)`` for each of ``items`` in order, computed ``depth`` ahead.
-
-    The loads run on a background thread (see :func:`background`); with ``depth == 0`` they
-    run in the caller's thread. An exception raised by ``load`` is re-raised by the ``next()``
-    that would have returned its result.
-    """
-
-    def __init__(self, load: Callable[[Any], T], items: Iterator[Any], depth: int) -> None:
-        if depth < 0:
-            raise ValueError(f"prefetch must be >= 0, got {depth}")
-        self._load, self._items, self._depth = load, items, depth
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(depth, 1))
-        self._stop = threading.Event()
-        self._done = threading.Event()
-        if depth:
-            background(self._produce)
-        else:
-            self._done.set()
-
-    def __iter__(self) -> Prefetcher[T]:
-        return self
-
-    def __next__(self) -> T:
-        if self._stop.is_set():
-            raise StopIteration
-        if not self._depth:
-            return self._load(next(self._items))
-        kind, value = self._queue.get()
-        if kind is _END or kind is _ERROR:
-            self._stop.set()  # later next() calls stop too
-        if kind is _END:
-            raise StopIteration
-        if kind is _ERROR:
-            raise value
-        return value
-
-    def _produce(self) -> None:
-        try:
-            for item in self._items:
-                if self._stop.is_set():
-                    return
-                self._put((None, self._load(item)))
-            self._put((_END, None))
-        except BaseException as err:  # handed to the consumer, raised there
-            self._put((_ERROR, err))
-        finally:
-            self._done.set()
-
-    def _put(self, entry: tuple[Any, Any]) -> None:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(entry, timeout=0.05)
-                return
-            except queue.Full:
-                continue
-
-    def close(self) -> None:
-        """Stops the background loads and drops prefetched results."""
-        self._stop.set()
-        while not self._done.is_set():
-            with contextlib.suppress(queue.Empty):
-                self._queue.get(timeout=0.05)
-        while not self._queue.empty():
-            self._queue.get_nowait()
-
-
-_IDLE: list[queue.SimpleQueue[Callable[[], None]]] = []
-_IDLE_LOCK = threading.Lock()
-
-
-def background(job: Callable[[], None]) -> None:
-    """Runs ``job`` on a daemon thread, reusing one that finished an earlier job.
-
-    Threads are reused because glibc gives a new thread its own malloc arena: with a fresh
-    thread per iterator (one per epoch, say), freed batch buffers stay in old arenas and the
-    process's memory grew with every epoch.
-    """
-    with _IDLE_LOCK:
-        inbox = _IDLE.pop() if _IDLE else None
-    if inbox is None:
-        inbox = queue.SimpleQueue()
-        name = "pytreestore-prefetch"
-        threading.Thread(target=_serve, args=(inbox,), name=name, daemon=True).start()
-    inbox.put(job)
-
-
-def _serve(inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
-    while True:
-        job = inbox.get()
-        try:
-            job()
-        finally:
-            del job
-            with _IDLE_LOCK:
-                _IDLE.append(inbox)
 
 
 class BatchIterator:
@@ -167,16 +69,14 @@ class BatchIterator:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if epochs is not None and epochs < 0:
             raise ValueError(f"epochs must be >= 0 or None (endless), got {epochs}")
-        self._start, self._count, self._batch_size = start, stop - start, batch_size
-        self._shuffle, self._seed, self._drop_last = shuffle, int(seed), drop_last
-        self._epochs = epochs
-        self._epoch, self._batch = self._resume(state) if state is not None else (0, 0)
-        self._prefetcher = Prefetcher(self._load_item(load), self._positions(), prefetch)
+        self._plan = _Plan(start, stop - start, batch_size, shuffle, int(seed), drop_last, epochs)
+        self._epoch, self._batch = self._plan.resume(state) if state is not None else (0, 0)
+        positions = self._plan.positions(self._epoch, self._batch)  # holds the plan, not self
+        self._prefetcher = Prefetcher(functools.partial(_load_item, load), positions, prefetch)
 
     def __len__(self) -> int:
         """Batches per epoch."""
-        whole, rest = divmod(self._count, self._batch_size)
-        return whole + (1 if rest and not self._drop_last else 0)
+        return self._plan.per_epoch
 
     def __iter__(self) -> BatchIterator:
         return self
@@ -192,10 +92,12 @@ class BatchIterator:
         Pass it as ``state=`` to :meth:`pytreestore.TreeStore.batches` with the same
         arguments to continue from there.
         """
-        return {"epoch": self._epoch, "batch": self._batch, **self._settings()}
+        return {"epoch": self._epoch, "batch": self._batch, **self._plan.settings()}
 
     def close(self) -> None:
-        """Stops prefetching; the iterator yields nothing more."""
+        """Stops prefetching and waits for the load under way; the iterator yields nothing
+        more. Dropping the iterator, leaving its ``with`` block and the interpreter's exit
+        do the same."""
         self._prefetcher.close()
 
     def __enter__(self) -> BatchIterator:
@@ -204,24 +106,38 @@ class BatchIterator:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        prefetcher = getattr(self, "_prefetcher", None)
-        if prefetcher is not None:
-            prefetcher.close()
 
-    # ---- positions ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """Which records each batch of each epoch holds: a batch iterator's settings."""
 
-    def _settings(self) -> dict[str, Any]:
+    start: int
+    count: int
+    batch_size: int
+    shuffle: bool
+    seed: int
+    drop_last: bool
+    epochs: int | None
+
+    @property
+    def per_epoch(self) -> int:
+        """Batches per epoch."""
+        whole, rest = divmod(self.count, self.batch_size)
+        return whole + (1 if rest and not self.drop_last else 0)
+
+    def settings(self) -> dict[str, Any]:
+        """The settings a resumed iterator must share (see :meth:`BatchIterator.state`)."""
         return {
-            "records": self._count,
-            "batch_size": self._batch_size,
-            "shuffle": self._shuffle,
-            "seed": self._seed,
-            "drop_last": self._drop_last,
+            "records": self.count,
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "drop_last": self.drop_last,
         }
 
-    def _resume(self, state: dict[str, Any]) -> tuple[int, int]:
-        ours = self._settings()
+    def resume(self, state: dict[str, Any]) -> tuple[int, int]:
+        """``(epoch, batch)`` to continue from ``state``, checked against these settings."""
+        ours = self.settings()
         differ = [k for k in _STATE_KEYS if k in state and state[k] != ours[k]]
         if differ:
             detail = ", ".join(f"{k}: state {state[k]!r}, now {ours[k]!r}" for k in differ)
@@ -230,39 +146,36 @@ class BatchIterator:
                 "the arguments (and store length) the state was taken with"
             )
         epoch, batch = int(state["epoch"]), int(state["batch"])
-        if not 0 <= batch <= len(self):
-            raise ValueError(f"state batch {batch} is outside an epoch of {len(self)} batches")
+        if not 0 <= batch <= self.per_epoch:
+            raise ValueError(f"state batch {batch} is outside an epoch of {self.per_epoch} batches")
         return epoch, batch
 
-    def _positions(self) -> Iterator[tuple[int, int, Any]]:
-        epoch, batch = self._epoch, self._batch
-        while self._epochs is None or epoch < self._epochs:
+    def positions(self, epoch: int, batch: int) -> Iterator[tuple[int, int, Any]]:
+        """``(epoch, batch, index)`` of every batch from ``(epoch, batch)`` on."""
+        while self.epochs is None or epoch < self.epochs:
             order = self._order(epoch)
-            for k in range(batch, len(self)):
+            for k in range(batch, self.per_epoch):
                 yield epoch, k, self._index(order, k)
             epoch, batch = epoch + 1, 0
-            if len(self) == 0:
+            if self.per_epoch == 0:
                 return
 
     def _order(self, epoch: int) -> np.ndarray | None:
-        if not self._shuffle:
+        if not self.shuffle:
             return None
-        rng = np.random.default_rng((self._seed, epoch))
-        return rng.permutation(self._count) + self._start
+        rng = np.random.default_rng((self.seed, epoch))
+        return rng.permutation(self.count) + self.start
 
     def _index(self, order: np.ndarray | None, k: int) -> Any:
-        lo, hi = k * self._batch_size, min((k + 1) * self._batch_size, self._count)
+        lo, hi = k * self.batch_size, min((k + 1) * self.batch_size, self.count)
         if order is None:
-            return slice(self._start + lo, self._start + hi)
+            return slice(self.start + lo, self.start + hi)
         return order[lo:hi]
 
-    @staticmethod
-    def _load_item(load: Callable[[Any], Any]) -> Callable[[tuple[int, int, Any]], Any]:
-        def item(position: tuple[int, int, Any]) -> tuple[int, int, Any]:
-            epoch, k, index = position
-            return epoch, k, load(index)
 
-        return item
+def _load_item(load: Callable[[Any], Any], position: tuple[int, int, Any]) -> tuple[int, int, Any]:
+    epoch, k, index = position
+    return epoch, k, load(index)
 
 
 class GrainSource:

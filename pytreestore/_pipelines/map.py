@@ -1,6 +1,6 @@
 """Out-of-core map: ``jax.jit(jax.vmap(fn))`` over a store, one batch of records at a time.
 
-Batches are read in the background (see :class:`pytreestore._pipelines.batches.Prefetcher`) while the
+Batches are read in the background (see :class:`pytreestore._pipelines.prefetch.Prefetcher`) while the
 previous one computes. The last, short batch is padded by repeating its final record, so
 ``fn`` compiles once; the padding's results are dropped. Results are copied to host as they
 come and either concatenated into one batched pytree (placed on the default device at the end)
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pytreestore._inspect.progress import progress_bar
-from pytreestore._pipelines.batches import Prefetcher
+from pytreestore._pipelines.prefetch import Prefetcher
 from pytreestore._tree.stack import is_constant
 
 

@@ -1,0 +1,134 @@
+"""Background jobs: work on daemon threads, stopped and waited for before the interpreter exits.
+
+A daemon thread still inside TensorStore or XLA when Python finalizes is ended as it takes the
+GIL back (CPython ends it with ``pthread_exit``), and that unwinding through C++ frames calls
+``std::terminate``: "terminate called without an active exception", the process killed with
+SIGABRT (exit 134) after the script's last line. So every job started here is asked to stop,
+and waited for, while the interpreter is still whole: by an ``atexit`` hook registered when the
+first job starts (after JAX's own hooks, hence run before JAX tears its backends down), and by
+whoever holds its :class:`Job` (:meth:`Job.stop`, :meth:`Job.join`).
+
+A job is a function of one argument, a :class:`threading.Event` that is set when it should
+stop; it polls the event between steps (each load of a prefetch, say) and returns. Threads are
+reused because glibc gives a new thread its own malloc arena: with a fresh thread per job (one
+per epoch of batches, say), freed batch buffers stayed in old arenas and the process's memory
+grew with every epoch. An idle thread waits in a queue, outside any library call, where the
+interpreter's end harms nothing. A child process made by ``os.fork`` has none of its parent's
+threads: it forgets them (and their jobs) and starts its own.
+
+Example:
+    >>> import threading
+    >>> from pytreestore._pipelines import background
+    >>> seen = []
+    >>> job = background.start(lambda stopping: seen.append(stopping.is_set()))
+    >>> job.join(); seen
+    [False]
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import sys
+import threading
+from collections.abc import Callable
+
+Work = Callable[[threading.Event], None]
+
+_LOCK = threading.Lock()
+_IDLE: list[queue.SimpleQueue[tuple[Work, Job]]] = []  # the inboxes of idle threads
+_RUNNING: set[Job] = set()  # jobs started and not yet ended
+_HOOKED: list[bool] = []  # the exit and fork hooks are registered (once, at the first job)
+_EXITING = threading.Event()
+
+
+class Job:
+    """One job on a background thread: the stop request it polls, and its end."""
+
+    def __init__(self) -> None:
+        self.stopping = threading.Event()
+        self._ended = threading.Event()
+        self._thread: int | None = None  # the thread running it, once it runs
+
+    @property
+    def ended(self) -> bool:
+        """Whether the job has returned (and dropped what it held)."""
+        return self._ended.is_set()
+
+    def stop(self) -> None:
+        """Asks the job to stop; it returns at its next look at :attr:`stopping`."""
+        self.stopping.set()
+
+    def join(self) -> None:
+        """Waits until the job has returned; at once on the job's own thread (a job that
+        drops the last reference to its own owner cannot wait for itself)."""
+        if self._thread != threading.get_ident():
+            self._ended.wait()
+
+
+def start(work: Work) -> Job:
+    """Runs ``work(stopping)`` on a background thread; the :class:`Job` to stop or wait for.
+
+    A job started while the interpreter exits is asked to stop before it begins.
+    """
+    job = Job()
+    with _LOCK:
+        if not _HOOKED:
+            atexit.register(stop_all)
+            os.register_at_fork(after_in_child=_forget_threads)
+            _HOOKED.append(True)
+        _RUNNING.add(job)
+        inbox = _IDLE.pop() if _IDLE else None
+    if _EXITING.is_set():
+        job.stop()
+    if inbox is None:
+        inbox = queue.SimpleQueue()
+        name = "pytreestore-background"
+        threading.Thread(target=_serve, args=(inbox,), name=name, daemon=True).start()
+    inbox.put((work, job))
+    return job
+
+
+def stop_all() -> None:
+    """Asks every running job to stop, then waits for each (the exit hook)."""
+    _EXITING.set()
+    with _LOCK:
+        jobs = list(_RUNNING)
+    for job in jobs:
+        job.stop()
+    for job in jobs:
+        job.join()
+
+
+def _forget_threads() -> None:
+    """In a child made by ``os.fork``: the parent's threads are not here, so its jobs count
+    as ended (an inherited prefetcher yields what it had loaded, then stops)."""
+    global _LOCK
+    _LOCK = threading.Lock()  # another thread may have held it at the fork
+    for job in _RUNNING:
+        job.stopping.set()
+        job._ended.set()
+    _IDLE.clear()
+    _RUNNING.clear()
+
+
+def _serve(inbox: queue.SimpleQueue[tuple[Work, Job]]) -> None:
+    """A background thread: runs the jobs put in its inbox, one after another."""
+    while True:
+        work, job = inbox.get()
+        job._thread = threading.get_ident()
+        try:
+            work(job.stopping)
+        except BaseException as err:  # a job's own failure; the thread serves on
+            sys.excepthook(type(err), err, err.__traceback__)
+        finally:
+            del work  # what the job held goes before it counts as ended
+            with _LOCK:
+                _RUNNING.discard(job)
+                _IDLE.append(inbox)
+            job._ended.set()
+            del job
+
+
+__all__ = ["Job", "Work", "start", "stop_all"]
