@@ -95,11 +95,24 @@ class TreeSchema:
 
     @classmethod
     def from_example(
-        cls, like: Any, *, chunk_records: int | None = None, codec: str | None = "zstd"
+        cls,
+        like: Any,
+        *,
+        chunk_records: int | None = None,
+        codec: str | None = "zstd",
+        recorded: bool = True,
     ) -> TreeSchema:
-        """Builds the schema of records shaped like ``like``; its values are not kept."""
+        """Builds the schema of records shaped like ``like``; its values are not kept.
+
+        ``recorded=False`` for a schema no store records (``like=`` of a reader, ``stack``):
+        its classes' names need not import back as those classes.
+
+        Raises:
+            UnsupportedTreeError: a node or leaf a store cannot hold, or (``recorded``) a class
+                whose ``module:qualname`` imports as another object.
+        """
         leaves: list[tuple[str, str, np.dtype, tuple[int, ...], str | None]] = []
-        tree = _encode(like, (), leaves)
+        tree = _encode(like, (), leaves, recorded)
         _fields.annotate(tree, like)
         chunk = default_chunk_records(leaves) if chunk_records is None else chunk_records
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
@@ -249,15 +262,17 @@ class TreeSchema:
 # ---- encoding a tree ---------------------------------------------------------------------------
 
 
-def _encode(node: Any, path: tuple[Any, ...], leaves: list) -> dict[str, Any]:
+def _encode(node: Any, path: tuple[Any, ...], leaves: list, recorded: bool) -> dict[str, Any]:
     level = _nodes.one_level(node)
     if level is None:
         return _encode_leaf(node, path, leaves)
     sub, keys, children = level
     cls, aux = sub.node_data()  # type: ignore[misc]
-    out = _kinds.encode_node(cls, aux, keys, path)
+    out = _kinds.encode_node(cls, aux, keys, path, recorded=recorded)
     if children or out["node"] != "none":
-        out["children"] = [_encode(c, (*path, k), leaves) for k, c in zip(keys, children)]
+        out["children"] = [
+            _encode(c, (*path, k), leaves, recorded) for k, c in zip(keys, children)
+        ]
     return out
 
 
@@ -292,7 +307,7 @@ def _encode_leaf(value: Any, path: tuple[Any, ...], leaves: list) -> dict[str, A
 
 
 def _treedef_from_like(tree: dict[str, Any], columns: Sequence[ColumnSpec], like: Any) -> TreeDef:
-    got = TreeSchema.from_example(like, chunk_records=1)
+    got = TreeSchema.from_example(like, chunk_records=1, recorded=False)
     if _mismatch.strip_types(got.tree) != _mismatch.strip_types(tree):
         raise SchemaMismatchError(
             "like= does not have the stored structure:\n"

@@ -93,7 +93,7 @@ def stack(
 
 
 def _stack_fixed(records: list[Any], like: Any, as_numpy: bool) -> Any:
-    schema = TreeSchema.from_example(like, chunk_records=1)
+    schema = TreeSchema.from_example(like, chunk_records=1, recorded=False)
     buffers = [np.empty((len(records), *c.shape), c.dtype) for c in schema.columns]
     filler = RowFiller(casters(schema.columns), buffers)
     for i, record in enumerate(records):
