@@ -18,12 +18,13 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
 from jax.tree_util import tree_structure
 
+from pytreestore import _arguments
 from pytreestore._format import binding as _binding
 from pytreestore._format import consts as _consts
 from pytreestore._format import dtypes as _dtypes
@@ -39,6 +40,7 @@ from pytreestore._format.columns import check_unique_keys, default_chunk_records
 from pytreestore._format.packs import Pack, check_packs, packed_keys
 from pytreestore._format.ragged import RaggedInfo
 from pytreestore.errors import (
+    ArgumentTypeError,
     CorruptStoreError,
     SchemaMismatchError,
     UnknownColumnError,
@@ -114,9 +116,11 @@ class TreeSchema:
         leaves: list[tuple[str, str, np.dtype, tuple[int, ...], str | None]] = []
         tree = _encode(like, (), leaves, recorded)
         _fields.annotate(tree, like)
-        chunk = default_chunk_records(leaves) if chunk_records is None else chunk_records
-        if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
-            raise ValueError(f"chunk_records must be a positive int, got {chunk_records!r}")
+        chunk = (
+            default_chunk_records(leaves)
+            if chunk_records is None
+            else _arguments.count(chunk_records, "chunk_records must be a positive int", minimum=1)
+        )
         columns = tuple(
             ColumnSpec(
                 path, key, dtype, shape, (chunk, *leaf_chunks(dtype, shape, chunk)), key_impl=impl
@@ -230,11 +234,11 @@ class TreeSchema:
         """
         if columns is None:
             return list(range(len(self.columns)))
-        selectors = [columns] if isinstance(columns, str) else list(columns)
+        selectors = [columns] if isinstance(columns, str) else list(_columns(columns))
         chosen: set[int] = set()
         for sel in selectors:
             if not isinstance(sel, str):
-                raise TypeError(f"columns takes tree-path strings, got {sel!r}")
+                raise ArgumentTypeError(f"columns takes tree-path strings, got {sel!r}")
             hits = [i for i, c in enumerate(self.columns) if _keys.is_under(c.path, sel)]
             if not hits:
                 raise UnknownColumnError(
@@ -259,6 +263,14 @@ class TreeSchema:
         )
 
 
+def _columns(columns: Any) -> Any:
+    if not isinstance(columns, Iterable) or isinstance(columns, Mapping | bytes):
+        raise ArgumentTypeError(
+            f"columns takes a tree-path string or a list of them, got {columns!r:.80}"
+        )
+    return columns
+
+
 # ---- encoding a tree ---------------------------------------------------------------------------
 
 
@@ -270,9 +282,7 @@ def _encode(node: Any, path: tuple[Any, ...], leaves: list, recorded: bool) -> d
     cls, aux = sub.node_data()  # type: ignore[misc]
     out = _kinds.encode_node(cls, aux, keys, path, recorded=recorded)
     if children or out["node"] != "none":
-        out["children"] = [
-            _encode(c, (*path, k), leaves, recorded) for k, c in zip(keys, children)
-        ]
+        out["children"] = [_encode(c, (*path, k), leaves, recorded) for k, c in zip(keys, children)]
     return out
 
 

@@ -27,7 +27,9 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 from jax.tree_util import tree_flatten
 
+from pytreestore import _arguments
 from pytreestore._tree.stack import split_leaves
+from pytreestore.errors import ArgumentError
 
 T = TypeVar("T")
 _END = object()
@@ -45,7 +47,7 @@ class Prefetcher(Generic[T]):
 
     def __init__(self, load: Callable[[Any], T], items: Iterator[Any], depth: int) -> None:
         if depth < 0:
-            raise ValueError(f"prefetch must be >= 0, got {depth}")
+            raise ArgumentError(f"prefetch must be >= 0, got {depth}")
         self._load, self._items, self._depth = load, items, depth
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(depth, 1))
         self._stop = threading.Event()
@@ -164,9 +166,9 @@ class BatchIterator:
         state: dict[str, Any] | None,
     ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+            raise ArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
         if epochs is not None and epochs < 0:
-            raise ValueError(f"epochs must be >= 0 or None (endless), got {epochs}")
+            raise ArgumentError(f"epochs must be >= 0 or None (endless), got {epochs}")
         self._start, self._count, self._batch_size = start, stop - start, batch_size
         self._shuffle, self._seed, self._drop_last = shuffle, int(seed), drop_last
         self._epochs = epochs
@@ -225,13 +227,21 @@ class BatchIterator:
         differ = [k for k in _STATE_KEYS if k in state and state[k] != ours[k]]
         if differ:
             detail = ", ".join(f"{k}: state {state[k]!r}, now {ours[k]!r}" for k in differ)
-            raise ValueError(
+            raise ArgumentError(
                 f"batches(state=...) was saved with other settings ({detail}); resume with "
                 "the arguments (and store length) the state was taken with"
             )
-        epoch, batch = int(state["epoch"]), int(state["batch"])
+        try:
+            epoch, batch = (
+                _arguments.count(state[k], f"state {k!r} must be an int >= 0")
+                for k in ("epoch", "batch")
+            )
+        except KeyError as err:
+            raise ArgumentError(
+                f"batches(state=...) lacks {err}; pass what BatchIterator.state() returned"
+            ) from None
         if not 0 <= batch <= len(self):
-            raise ValueError(f"state batch {batch} is outside an epoch of {len(self)} batches")
+            raise ArgumentError(f"state batch {batch} is outside an epoch of {len(self)} batches")
         return epoch, batch
 
     def _positions(self) -> Iterator[tuple[int, int, Any]]:
@@ -302,7 +312,7 @@ class GrainSource:
         return len(self._store)
 
     def __getitem__(self, index: int) -> Any:
-        return self._load(int(index))
+        return self._load(_arguments.count(index, "a record index must be an int", minimum=None))
 
     def _getitems(self, indices: Sequence[int]) -> list[Any]:
         """The records at ``indices`` from one batched read (Grain's batched-read protocol)."""
