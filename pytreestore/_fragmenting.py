@@ -19,6 +19,7 @@ import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from pytreestore import _arguments
 from pytreestore._commit import fragments as _fragments
 from pytreestore._commit import placing
 from pytreestore._commit.atomic import atomic
@@ -87,7 +88,9 @@ class Fragmenting:
             >>> s.commit_fragments([f]); s.load(as_numpy=True)["x"].tolist()
             [1, 0, 1]
         """
-        items = list(fragments)
+        items = list(
+            _arguments.iterable(fragments, "commit_fragments()", "pytreestore.Fragment objects")
+        )
         with self._writing() as writer:  # type: ignore[attr-defined]
             committer = writer.committer  # a writer sharing the store refuses: nothing written
             placing.settle(self._backend, str(self._location))  # one a crash left unfinished

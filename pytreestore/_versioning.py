@@ -21,6 +21,7 @@ import dataclasses
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from pytreestore import _arguments
 from pytreestore._commit import abandoned as _abandoned
 from pytreestore._commit import evolve as _evolve
 from pytreestore._commit import vacuum as _vacuum
@@ -97,12 +98,13 @@ class Versioning:
             1
         """
         _versions.check_tag_name(name)
+        if version is not None:
+            version = _arguments.count(version, "tag(name, version): version must be an int >= 0")
         with self._writing() as writer:  # type: ignore[attr-defined]
             writer.flush()
             head = writer.commit
             number = head.generation if version is None else version
             if version is not None:
-                _versions.check_wanted(version)
                 _versions.resolve(self._backend, head, number, self.path)  # type: ignore[attr-defined]
             _versions.add_tag(self._backend, name, number, self.path)  # type: ignore[attr-defined]
 
@@ -131,7 +133,7 @@ class Versioning:
         with self._writing() as writer:  # type: ignore[attr-defined]
             writer.flush()
             head = writer.commit
-            _check_records(records, head.records, self.path)  # type: ignore[attr-defined]
+            records = _check_records(records, head.records, self.path)  # type: ignore[attr-defined]
             rows = rows_at(self._backend, writer.schema, head, records, self.path)  # type: ignore[attr-defined]
             schema = lower_starts(writer.schema, rows)
             if schema is not None:  # a new schema: the version log keeps it
@@ -169,7 +171,7 @@ class Versioning:
             >>> s.append({"x": np.int8(7)}); s.vacuum().chunks
             1
         """
-        _check_age(fragments_older_than)
+        fragments_older_than = _check_age(fragments_older_than)
         with self._writing() as writer:  # type: ignore[attr-defined]
             writer.flush()
             keep, head, where = writer.committer.keep, writer.commit, self.path  # type: ignore[attr-defined]
@@ -206,21 +208,18 @@ class Versioning:
         self._cache_id = uuid.uuid4().hex
 
 
-def _check_age(seconds: Any) -> None:
-    if type(seconds) not in (int, float) or not seconds >= 0:
-        raise ValueError(
-            f"fragments_older_than is an age in seconds (a number >= 0), got {seconds!r}"
-        )
+def _check_age(seconds: Any) -> float:
+    return _arguments.seconds(seconds, "fragments_older_than is an age in seconds (a number >= 0)")
 
 
-def _check_records(records: Any, committed: int, where: str) -> None:
-    if type(records) is not int:
-        raise TypeError(f"truncate() takes a record count (an int), got {records!r}")
+def _check_records(records: Any, committed: int, where: str) -> int:
+    records = _arguments.count(records, "truncate() takes a record count (an int)", minimum=None)
     if not 0 <= records <= committed:
         raise StoreIndexError(
             f"cannot truncate {where} to {records} records: it holds {committed}; give a count "
             f"from 0 to {committed}. Nothing was changed."
         )
+    return records
 
 
 __all__ = ["Version", "Versioning"]

@@ -15,6 +15,8 @@ Example:
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentError",
+    "ArgumentTypeError",
     "BadLocationError",
     "ChunkSizeError",
     "ClassResolutionError",
@@ -53,6 +55,17 @@ __all__ = [
 
 class PyTreeStoreError(Exception):
     """Base class of every error pytreestore raises."""
+
+
+class ArgumentError(PyTreeStoreError, ValueError):
+    """An argument a function or method cannot take: a value out of range, or options that
+    do not go together. Nothing was written."""
+
+
+class ArgumentTypeError(ArgumentError, TypeError):
+    """An argument of a type a function or method does not take (a float or a bool where a
+    count is wanted, a number where a mapping is). Also a ``ValueError``, like every
+    :class:`ArgumentError`. Nothing was written."""
 
 
 class SchemaMismatchError(PyTreeStoreError, ValueError):

@@ -58,6 +58,7 @@ from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
 from pytreestore._ragged import columns as _columns
 from pytreestore.errors import (
+    ArgumentTypeError,
     OptionalDependencyError,
     SchemaMismatchError,
     UnknownColumnError,
@@ -91,7 +92,9 @@ def column_names(schema: TreeSchema, columns: Mapping[str, str] | None = None) -
                 f"{', '.join(paths)}"
             )
         if not isinstance(name, str):
-            raise TypeError(f"columns= maps keypaths to Ray column names (str), got {name!r}")
+            raise ArgumentTypeError(
+                f"columns= maps keypaths to Ray column names (str), got {name!r}"
+            )
         names[paths.index(keypath)] = name
     seen: dict[str, str] = {}
     for path, name in zip(paths, names):

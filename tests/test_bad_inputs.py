@@ -933,6 +933,34 @@ def test_a_symlink_loop_inside_a_column(tmp_path: Path, codec: str | None) -> No
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("codec", ["zstd", None])
+@pytest.mark.parametrize("where", ["x/c/1", "x/c", "x"], ids=["chunk", "chunk-folder", "column"])
+def test_a_symlink_loop_is_a_corrupt_store_naming_its_path(
+    tmp_path: Path, backend: str, codec: str | None, where: str
+) -> None:
+    # issue 28 (13): open(mode="a") raised the OSError of the loop
+    with pytreestore.create(tmp_path / "s", X, chunk_records=2, codec=codec, backend=backend) as s:
+        s.extend({"x": np.int32(i)} for i in range(5))
+    loop = tmp_path / "s" / where
+    shutil.rmtree(loop) if loop.is_dir() else loop.unlink()
+    loop.symlink_to(loop)
+    named = re.escape(str(loop)) + r".* is a symbolic link loop inside the store"
+    try:
+        pytreestore.open(tmp_path / "s", mode="a", backend=backend).close()
+    except errors.CorruptStoreError as err:
+        assert re.search(named, str(err)), err
+    else:  # a loop where the writer never looks: a full chunk it does not rewrite
+        assert (backend, where) == ("zarr", "x/c/1")
+    reader = pytreestore.open(tmp_path / "s", backend=backend)
+    with pytest.raises(errors.CorruptStoreError, match=named):
+        reader.load(as_numpy=True)
+    try:
+        assert not reader.verify().ok
+    except errors.CorruptStoreError as err:
+        assert re.search(named, str(err)), err
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_slice_step_beyond_any_length(tmp_path: Path, backend: str) -> None:
     store = pytreestore.open(small(tmp_path / "s", backend), backend=backend)
     for step in (2**70, -(2**70), 2**63):

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from jax.tree_util import DictKey, GetAttrKey
 
+from pytreestore import _arguments
 from pytreestore._commit import protocol
 from pytreestore._commit.versions import save_schema
 from pytreestore._format import dtypes as _dtypes
@@ -77,22 +78,28 @@ def plan(
         UnsupportedDtypeError: a default whose dtype a column cannot hold, or that is not one
             repeated value.
     """
+    add = _arguments.mapping(add, "evolve(add=...)", "keypaths to default values")
+    drop = _arguments.strings(drop, "evolve(drop=...)", "keypaths")
+    rename = _arguments.mapping(rename, "evolve(rename=...)", "keypaths to new keypaths")
+    rename_class = _arguments.mapping(
+        rename_class, "evolve(rename_class=...)", "'module:qualname' to 'module:qualname'"
+    )
     tree = copy.deepcopy(info["tree"])
     try:
         columns = [ColumnSpec.from_json(c) for c in info["columns"]]
     except ValueError as err:  # edited since the store was opened
         raise CorruptStoreError(f"the store's schema is malformed: {err}") from err
     _number_leaves(tree, iter(range(len(columns))))
-    for old, new in (rename_class or {}).items():
+    for old, new in rename_class.items():
         if not _rename_class(tree, old, new):
             raise SchemaMismatchError(f"rename_class: no node of class {old!r} in the schema")
-    dropped = [columns[i] for p in drop or () for i in _drop(tree, p)]
-    for old, new in (rename or {}).items():
+    dropped = [columns[i] for p in drop for i in _drop(tree, p)]
+    for old, new in rename.items():
         _rename(tree, old, new)
     used = {c.key for c in columns} | {c.key for c in dropped}
     used |= {c["key"] for c in info.get("dropped", ())}
     used |= {p["key"] for p in info.get("packs", ())}  # an added column never takes a pack's key
-    for path, default in (add or {}).items():
+    for path, default in add.items():
         columns.append(_add(tree, path, default, len(columns), records, info, used, taken))
     order = [(i, p) for i, p in _leaf_order(tree, ())]
     if not order:
@@ -320,7 +327,13 @@ def _default_value(path: str, default: Any) -> tuple[np.ndarray, np.dtype]:
             f"evolve: the default for {path} is {default!r} of type {type(default).__name__}, "
             "which a column cannot hold; give a numpy scalar or array (e.g. np.int32(0))"
         )
-    value = np.asarray(default, dtype)
+    try:
+        value = np.asarray(default, dtype)
+    except (OverflowError, ValueError, TypeError) as err:
+        raise UnsupportedDtypeError(
+            f"evolve: the default for {path} is {default!r:.80}, which a {dtype} column cannot "
+            f"hold ({err}); give a numpy scalar or array (e.g. np.int32(0))"
+        ) from err
     flat = value.reshape(-1)
     if flat.size and not all(_same_bits(v, flat[0]) for v in flat):
         raise UnsupportedDtypeError(

@@ -35,6 +35,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from pytreestore import _arguments
 from pytreestore._commit.record import Commit, now_utc
 from pytreestore._format.names import (
     NO_VALUE,
@@ -46,7 +47,13 @@ from pytreestore._format.names import (
     version_key,
 )
 from pytreestore.backends import Backend, ConditionalWrites, KeyListing
-from pytreestore.errors import CorruptStoreError, TagExistsError, VersionNotFoundError
+from pytreestore.errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    CorruptStoreError,
+    TagExistsError,
+    VersionNotFoundError,
+)
 
 #: versions a writer keeps by default (besides tagged ones)
 KEEP_VERSIONS = 1000
@@ -204,15 +211,19 @@ def _named(wanted: int | str) -> str:
     return f" (tag {wanted!r})" if isinstance(wanted, str) else ""
 
 
-def check_wanted(wanted: Any) -> None:
-    """Refuses a ``version=`` that is neither a version number nor a tag name."""
+def check_wanted(wanted: Any) -> int | str:
+    """A ``version=``: a tag name, or a version number (any integer, as a Python int).
+
+    Raises:
+        ArgumentError: neither a version number nor a tag name (an ArgumentTypeError where
+            it is not even of their types).
+    """
     if isinstance(wanted, str):
         check_tag_name(wanted)
-    elif type(wanted) is not int or wanted < 0:
-        raise ValueError(
-            f"version must be a version number (an int >= 0) or a tag's name (a str), got "
-            f"{wanted!r}"
-        )
+        return wanted
+    return _arguments.count(
+        wanted, "version must be a version number (an int >= 0) or a tag's name (a str)"
+    )
 
 
 # ---- tags ----------------------------------------------------------------------------------
@@ -221,9 +232,10 @@ def check_wanted(wanted: Any) -> None:
 def check_tag_name(name: Any) -> None:
     """Refuses a tag name outside ``[A-Za-z0-9_][A-Za-z0-9_.-]*`` (at most 128 characters)."""
     if not isinstance(name, str) or not _TAG.fullmatch(name):
-        raise ValueError(
+        error = ArgumentTypeError if not isinstance(name, str) else ArgumentError
+        raise error(
             f"a tag's name must be 1 to 128 of the characters A-Z a-z 0-9 _ . - and must not "
-            f"start with . or -, got {name!r}"
+            f"start with . or -, got {name!r:.200}"
         )
 
 

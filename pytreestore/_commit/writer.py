@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from jax.tree_util import tree_flatten
 
+from pytreestore import _arguments
 from pytreestore._commit.atomic import atomic
 from pytreestore._commit.committer import Committer
 from pytreestore._commit.record import Commit
@@ -155,7 +156,9 @@ class Writer:
         Raises:
             SchemaMismatchError: a record was refused (the error names its position); none
                 of ``records`` is kept.
+            ArgumentTypeError: ``records`` is not iterable.
         """
+        records = _arguments.iterable(records, "extend()", "records")
         schema, seen = self.schema, [0]
 
         def checked() -> Iterator[list[Any]]:

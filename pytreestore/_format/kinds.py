@@ -221,17 +221,26 @@ def kind(node: dict[str, Any]) -> NodeKind:
     return found
 
 
-def encode_node(cls: type, aux: Any, keys: list[Any], path: tuple[Any, ...]) -> dict[str, Any]:
+def encode_node(
+    cls: type, aux: Any, keys: list[Any], path: tuple[Any, ...], *, recorded: bool = True
+) -> dict[str, Any]:
     """The JSON of a node of class ``cls`` at ``path`` (children not included).
 
+    ``recorded=False`` describes a tree that no store records (``like=``, ``stack``): its
+    class name need not import back as ``cls``.
+
     Raises:
-        UnsupportedTreeError: the node cannot be stored (naming the keypath and why).
+        UnsupportedTreeError: the node cannot be stored (naming the keypath and why), or
+            (``recorded``) its class name imports as another object.
     """
     where = _keys.path_str(path) or "the root"
     if cls in _REFUSED:
         raise UnsupportedTreeError(f"{cls.__name__} at {where} {_REFUSED[cls]}")
     found = next(k for k in _CONTAINER_KINDS if k.recognise(cls))  # type: ignore[misc]
-    return found.encode(cls, aux, keys, where)  # type: ignore[misc]
+    out = found.encode(cls, aux, keys, where)  # type: ignore[misc]
+    if recorded and "type" in out:
+        _nodes.check_imports_as(cls, out["type"], where)
+    return out
 
 
 def child_entry(node: dict[str, Any], i: int) -> Any:

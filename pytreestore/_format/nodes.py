@@ -63,6 +63,62 @@ def class_path_checked(cls: type, where: str) -> str:
     return class_path(cls)
 
 
+def check_imports_as(cls: type, path: str, where: str) -> None:
+    """Refuses to record ``cls`` (of the node at ``where``) as ``path`` when importing
+    ``path`` gives another object.
+
+    A reader imports each class by the name the schema records, so a name that imports as
+    another class (a ``collections.namedtuple("Point", ...)`` bound as ``Point2`` beside a
+    class ``Point``; a class object left behind by ``importlib.reload``) would bring records
+    back as that other class: it is refused, as pickle refuses it. A name that imports as
+    nothing (a class defined in a function, or in another process's ``__main__``) is kept:
+    its readers get a :class:`ClassResolutionError` and pass ``like=`` or ``generic=True``.
+
+    Raises:
+        UnsupportedTreeError: naming the keypath, the name and how to fix it.
+    """
+    found = _imported_as(path)
+    if found is None or found is cls:
+        return
+    raise UnsupportedTreeError(
+        f"the {cls.__name__} node at {where} would be recorded as {path}, but importing "
+        f"{path} gives another object ({found!r:.80}), so the store would read its records "
+        f"back as that (pickle refuses this class for the same reason). {_naming_advice(cls)}"
+    )
+
+
+def _naming_advice(cls: type) -> str:
+    """How to give ``cls`` a name that imports as itself."""
+    module = sys.modules.get(cls.__module__)
+    names = [k for k, v in vars(module).items() if v is cls] if module else []
+    if not names:
+        return (
+            "Give the class a unique name (qualname) in its module, bound at module level; "
+            "if the module was reloaded, build the records from today's classes."
+        )
+    name = names[0]
+    how = f"collections.namedtuple({name!r}, ...)" if hasattr(cls, "_fields") else "class"
+    return (
+        f"Give the class a unique name: it is bound as {cls.__module__}.{name}, so make it "
+        f"under that name ({how}) or set {name}.__qualname__ = {name!r}."
+    )
+
+
+def _imported_as(path: str) -> Any:
+    """What importing ``module:qualname`` gives, as a reader would; None when it gives
+    nothing (no such module or attribute, or a ``<locals>`` qualname)."""
+    module, _, qualname = path.partition(":")
+    if "<" in qualname:
+        return None
+    try:
+        obj: Any = sys.modules.get(module) or importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except Exception:  # an import that fails in any way gives the reader nothing either
+        return None
+    return obj
+
+
 def resolve_class(name: str, *, namedtuple: bool = False) -> type:
     """Imports the class a schema names as ``module:qualname``; calls nothing."""
     advice = (

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from pytreestore import _arguments
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format.columns import ColumnSpec, leaf_chunks
 from pytreestore.errors import CorruptStoreError, SchemaMismatchError
@@ -82,18 +83,18 @@ def check_threshold(pack: Any) -> int | None:
     """The per-record byte limit of leaves that ``pack=`` packs (None: no packing).
 
     Raises:
-        ValueError: ``pack`` is not a bool or a positive int.
+        ArgumentError: ``pack`` is not a bool or a positive int.
     """
     if pack is False or pack is None:
         return None
     if pack is True:
         return PACK_LEAF_BYTES
-    if type(pack) is not int or pack < 1:
-        raise ValueError(
-            f"pack must be False, True (leaves of at most {PACK_LEAF_BYTES} bytes per record) "
-            f"or a positive int (the most bytes per record of a packed leaf), got {pack!r}"
-        )
-    return pack
+    return _arguments.count(
+        pack,
+        f"pack must be False, True (leaves of at most {PACK_LEAF_BYTES} bytes per record) "
+        f"or a positive int (the most bytes per record of a packed leaf)",
+        minimum=1,
+    )
 
 
 def packable(column: ColumnSpec, limit: int) -> bool:

@@ -18,12 +18,13 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
 from jax.tree_util import tree_structure
 
+from pytreestore import _arguments
 from pytreestore._format import binding as _binding
 from pytreestore._format import consts as _consts
 from pytreestore._format import dtypes as _dtypes
@@ -39,6 +40,7 @@ from pytreestore._format.columns import check_unique_keys, default_chunk_records
 from pytreestore._format.packs import Pack, check_packs, packed_keys
 from pytreestore._format.ragged import RaggedInfo
 from pytreestore.errors import (
+    ArgumentTypeError,
     CorruptStoreError,
     SchemaMismatchError,
     UnknownColumnError,
@@ -95,15 +97,30 @@ class TreeSchema:
 
     @classmethod
     def from_example(
-        cls, like: Any, *, chunk_records: int | None = None, codec: str | None = "zstd"
+        cls,
+        like: Any,
+        *,
+        chunk_records: int | None = None,
+        codec: str | None = "zstd",
+        recorded: bool = True,
     ) -> TreeSchema:
-        """Builds the schema of records shaped like ``like``; its values are not kept."""
+        """Builds the schema of records shaped like ``like``; its values are not kept.
+
+        ``recorded=False`` for a schema no store records (``like=`` of a reader, ``stack``):
+        its classes' names need not import back as those classes.
+
+        Raises:
+            UnsupportedTreeError: a node or leaf a store cannot hold, or (``recorded``) a class
+                whose ``module:qualname`` imports as another object.
+        """
         leaves: list[tuple[str, str, np.dtype, tuple[int, ...], str | None]] = []
-        tree = _encode(like, (), leaves)
+        tree = _encode(like, (), leaves, recorded)
         _fields.annotate(tree, like)
-        chunk = default_chunk_records(leaves) if chunk_records is None else chunk_records
-        if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
-            raise ValueError(f"chunk_records must be a positive int, got {chunk_records!r}")
+        chunk = (
+            default_chunk_records(leaves)
+            if chunk_records is None
+            else _arguments.count(chunk_records, "chunk_records must be a positive int", minimum=1)
+        )
         columns = tuple(
             ColumnSpec(
                 path, key, dtype, shape, (chunk, *leaf_chunks(dtype, shape, chunk)), key_impl=impl
@@ -217,11 +234,11 @@ class TreeSchema:
         """
         if columns is None:
             return list(range(len(self.columns)))
-        selectors = [columns] if isinstance(columns, str) else list(columns)
+        selectors = [columns] if isinstance(columns, str) else list(_columns(columns))
         chosen: set[int] = set()
         for sel in selectors:
             if not isinstance(sel, str):
-                raise TypeError(f"columns takes tree-path strings, got {sel!r}")
+                raise ArgumentTypeError(f"columns takes tree-path strings, got {sel!r}")
             hits = [i for i, c in enumerate(self.columns) if _keys.is_under(c.path, sel)]
             if not hits:
                 raise UnknownColumnError(
@@ -246,18 +263,26 @@ class TreeSchema:
         )
 
 
+def _columns(columns: Any) -> Any:
+    if not isinstance(columns, Iterable) or isinstance(columns, Mapping | bytes):
+        raise ArgumentTypeError(
+            f"columns takes a tree-path string or a list of them, got {columns!r:.80}"
+        )
+    return columns
+
+
 # ---- encoding a tree ---------------------------------------------------------------------------
 
 
-def _encode(node: Any, path: tuple[Any, ...], leaves: list) -> dict[str, Any]:
+def _encode(node: Any, path: tuple[Any, ...], leaves: list, recorded: bool) -> dict[str, Any]:
     level = _nodes.one_level(node)
     if level is None:
         return _encode_leaf(node, path, leaves)
     sub, keys, children = level
     cls, aux = sub.node_data()  # type: ignore[misc]
-    out = _kinds.encode_node(cls, aux, keys, path)
+    out = _kinds.encode_node(cls, aux, keys, path, recorded=recorded)
     if children or out["node"] != "none":
-        out["children"] = [_encode(c, (*path, k), leaves) for k, c in zip(keys, children)]
+        out["children"] = [_encode(c, (*path, k), leaves, recorded) for k, c in zip(keys, children)]
     return out
 
 
@@ -292,7 +317,7 @@ def _encode_leaf(value: Any, path: tuple[Any, ...], leaves: list) -> dict[str, A
 
 
 def _treedef_from_like(tree: dict[str, Any], columns: Sequence[ColumnSpec], like: Any) -> TreeDef:
-    got = TreeSchema.from_example(like, chunk_records=1)
+    got = TreeSchema.from_example(like, chunk_records=1, recorded=False)
     if _mismatch.strip_types(got.tree) != _mismatch.strip_types(tree):
         raise SchemaMismatchError(
             "like= does not have the stored structure:\n"

@@ -27,6 +27,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from pytreestore import _arguments
 from pytreestore._commit.writer import Writer
 from pytreestore._format import packs as _packs
 from pytreestore._format.columns import ColumnSpec, leaf_chunks
@@ -38,7 +39,7 @@ from pytreestore._open.open import create_from_schema, open_any
 from pytreestore._read.reader import load_leaves
 from pytreestore._read.request import LoadRequest
 from pytreestore._store import TreeStore
-from pytreestore.errors import BadLocationError, SchemaMismatchError
+from pytreestore.errors import ArgumentError, BadLocationError, SchemaMismatchError
 
 KEEP = "keep"
 _CODECS = ("zstd", "blosc", "gzip", None)
@@ -80,7 +81,7 @@ def copy(
         The number of records copied.
 
     Raises:
-        ValueError: ``chunk_records`` or ``codec`` is invalid.
+        ArgumentError: ``chunk_records`` or ``codec`` is invalid.
         BadLocationError: ``dst`` and ``src`` overlap: the same place, or one inside the other.
         StoreExistsError: something is at ``dst`` and ``overwrite`` is false.
     """
@@ -165,13 +166,14 @@ def rechunked(schema: TreeSchema, chunk_records: int | None, codec: str | None) 
     """``schema`` with ``chunk_records`` records per chunk (None: unchanged) and ``codec``;
     in a ragged store, the record table's chunks only."""
     if codec not in _CODECS:
-        raise ValueError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
+        raise ArgumentError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
     if schema.ragged is not None:
         schema = _unstarted(schema)
     if chunk_records is None:  # a copy has no dropped columns: their data is not copied
         return dataclasses.replace(schema, codec=codec, dropped=())
-    if not isinstance(chunk_records, int) or isinstance(chunk_records, bool) or chunk_records < 1:
-        raise ValueError(f"chunk_records must be a positive int, got {chunk_records!r}")
+    chunk_records = _arguments.count(
+        chunk_records, "chunk_records must be a positive int", minimum=1
+    )
     columns = tuple(
         dataclasses.replace(
             c, chunks=(chunk_records, *leaf_chunks(c.dtype, c.shape, chunk_records))

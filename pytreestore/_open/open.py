@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
+from pytreestore import _arguments
 from pytreestore._commit import multihost as _multihost
 from pytreestore._commit import protocol, snapshots, versions
 from pytreestore._commit.versions import KEEP_VERSIONS
@@ -37,9 +38,7 @@ from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
 from pytreestore.backends import Backend, default_backend, get_backend
 from pytreestore.backends._packed import packed
-from pytreestore.errors import (
-    SchemaMismatchError,
-)
+from pytreestore.errors import ArgumentError, ArgumentTypeError, SchemaMismatchError
 
 # ---- create --------------------------------------------------------------------------------
 
@@ -115,7 +114,10 @@ def create(
         ["['x']"]
     """
     check_cast(cast)
-    _check_version_options("a", None, keep_versions)
+    _check_backend(backend)
+    overwrite = _arguments.flag(overwrite, "overwrite")
+    multihost = _arguments.flag(multihost, "multihost")
+    keep_versions = _check_version_options("a", None, keep_versions)[1]
     location = Location.parse(path, storage_options)
     limit = _packs.check_threshold(pack)
     if limit is not None and (ragged is not None or optional is not None):
@@ -289,17 +291,21 @@ def open(
         >>> pytreestore.open("memory://doc-open")
         TreeStore('memory://doc-open', mode='r', records=0, columns=1, nbytes=0 B)
     """
-    _check_open_options(mode, backend, break_lock=break_lock, cache_bytes=cache_bytes, cast=cast)
-    _check_version_options(mode, version, keep_versions)
+    cache_bytes = _check_open_options(
+        mode, backend, break_lock=break_lock, cache_bytes=cache_bytes, cast=cast
+    )
+    version, keep_versions = _check_version_options(mode, version, keep_versions)
+    generic = _arguments.flag(generic, "generic")
+    multihost = _arguments.flag(multihost, "multihost")
     location = Location.parse(path, storage_options)
     if multihost and coordinator is not None:
-        raise ValueError(
+        raise ArgumentError(
             "multihost=True and coordinator= are two ways of writing from many processes; "
             "pass one of them (docs/scaling.md)"
         )
     if multihost:
         if mode != "a":
-            raise ValueError(
+            raise ArgumentError(
                 "multihost=True opens a store for appending from every process; open it with "
                 "mode='a' (readers need no multihost=True)"
             )
@@ -359,16 +365,25 @@ def _engine(backend: str, location: Location, schema: TreeSchema) -> Backend:
     return packed(get_backend(backend)(location), schema.packs, schema.columns)
 
 
-def _check_version_options(mode: str, version: Any, keep: Any) -> None:
+def _check_backend(backend: Any) -> None:
+    if backend is not None and not isinstance(backend, str):
+        raise ArgumentTypeError(
+            f"backend= takes a backend's name (a str such as 'tensorstore', 'zarr' or "
+            f"'ocdbt') or None, got {type(backend).__name__} {backend!r:.80}"
+        )
+
+
+def _check_version_options(mode: str, version: Any, keep: Any) -> tuple[Any, int | None]:
+    """``version`` and ``keep_versions``, checked; integers as Python ints."""
     if version is not None:
         if mode != "r":
-            raise ValueError(
+            raise ArgumentError(
                 "version= opens a store as it was, read-only; open it with mode='r' (to append "
                 "after an older version, truncate() the store instead)"
             )
-        versions.check_wanted(version)
-    if keep is not None and (type(keep) is not int or keep < 1):
-        raise ValueError(f"keep_versions must be None (keep all) or an int >= 1, got {keep!r}")
+        version = versions.check_wanted(version)
+    rule = "keep_versions must be None (keep all) or an int >= 1"
+    return version, _arguments.optional_count(keep, rule, minimum=1)
 
 
 def open_any(path: str | os.PathLike[str], **options: Any) -> TreeStore:
@@ -384,19 +399,18 @@ def open_any(path: str | os.PathLike[str], **options: Any) -> TreeStore:
 
 def _check_open_options(
     mode: str, backend: str | None, *, break_lock: bool, cache_bytes: Any, cast: Any
-) -> None:
-    if mode not in ("r", "a"):
-        raise ValueError(f"mode must be 'r' (read) or 'a' (append), got {mode!r}")
+) -> int | None:
+    """Refuses options that are not valid or do not go together; ``cache_bytes`` as an int."""
+    if not isinstance(mode, str) or mode not in ("r", "a"):
+        error = ArgumentError if isinstance(mode, str) else ArgumentTypeError
+        raise error(f"mode must be 'r' (read) or 'a' (append), got {mode!r:.80}")
     check_cast(cast)
+    _check_backend(backend)
+    _arguments.flag(break_lock, "break_lock")
     if break_lock and mode != "a":
-        raise ValueError("break_lock=True takes the writer lock; open with mode='a'")
-    if cache_bytes is not None and (
-        not isinstance(cache_bytes, int) or isinstance(cache_bytes, bool) or cache_bytes < 0
-    ):
-        raise ValueError(
-            f"cache_bytes must be None (the shared cache) or an int >= 0 (bytes), got "
-            f"{cache_bytes!r}"
-        )
+        raise ArgumentError("break_lock=True takes the writer lock; open with mode='a'")
+    rule = "cache_bytes must be None (the shared cache) or an int >= 0 (bytes)"
+    return _arguments.optional_count(cache_bytes, rule)
 
 
 # ---- evolve by path ------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from jax.tree_util import tree_flatten
 from pytreestore._format import packs as _packs
 from pytreestore._format.columns import default_chunk_records
 from pytreestore._format.schema import TreeSchema
-from pytreestore.errors import SchemaMismatchError, UnsupportedTreeError
+from pytreestore.errors import ArgumentError, SchemaMismatchError, UnsupportedTreeError
 
 CODECS = ("zstd", "blosc", "gzip", None)
 
@@ -51,7 +51,7 @@ def packed_schema(schema: TreeSchema, limit: int, chunk_records: int | None) -> 
 def check_codec(codec: Any) -> None:
     """Refuses a codec the format does not name."""
     if codec not in CODECS:
-        raise ValueError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
+        raise ArgumentError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
 
 
 def schema_of(like: Any, **options: Any) -> TreeSchema:

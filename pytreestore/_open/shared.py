@@ -9,7 +9,7 @@ Example:
     >>> check_shared_options("r", "ocdbt", "127.0.0.1:1", generic=False, version=None, break_lock=False)
     Traceback (most recent call last):
     ...
-    ValueError: coordinator= is for writers (mode='a'); a reader of an OCDBT store needs no coordinator: open it without coordinator=
+    pytreestore.errors.ArgumentError: coordinator= is for writers (mode='a'); a reader of an OCDBT store needs no coordinator: open it without coordinator=
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pytreestore._location import Location
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
 from pytreestore.backends._tensorstore.coordinated import CoordinatedOcdbtBackend, check_address
-from pytreestore.errors import NotAStoreError, StoreNotFoundError
+from pytreestore.errors import ArgumentError, NotAStoreError, StoreNotFoundError
 
 
 def check_shared_options(
@@ -41,22 +41,22 @@ def check_shared_options(
     """The coordinator's address, after refusing what a shared writer cannot be.
 
     Raises:
-        ValueError: not mode ``"a"``, another backend than ``"ocdbt"``, a version, a generic
+        ArgumentError: not mode ``"a"``, another backend than ``"ocdbt"``, a version, a generic
             view, ``break_lock``, or an address that is not ``"HOST:PORT"``.
     """
     if mode != "a":
-        raise ValueError(
+        raise ArgumentError(
             "coordinator= is for writers (mode='a'); a reader of an OCDBT store needs no "
             "coordinator: open it without coordinator="
         )
     if backend not in (None, "ocdbt"):
-        raise ValueError(
+        raise ArgumentError(
             f"coordinator= shares a store of the OCDBT backend; pass backend='ocdbt', not "
             f"{backend!r} (a store of another backend has one writer at a time)"
         )
     for name, given in (("version", version), ("generic", generic), ("break_lock", break_lock)):
         if given:
-            raise ValueError(
+            raise ArgumentError(
                 f"{name}= cannot be used with coordinator=: a shared writer appends to the "
                 "latest version, with the stored classes, and takes no exclusive lock"
             )

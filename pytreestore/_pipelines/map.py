@@ -27,6 +27,7 @@ import numpy as np
 from pytreestore._inspect.progress import progress_bar
 from pytreestore._pipelines.prefetch import Prefetcher
 from pytreestore._tree.stack import is_constant
+from pytreestore.errors import ArgumentError
 
 
 def map_records(
@@ -60,7 +61,7 @@ def map_records(
         The batched results (leaves with a leading record axis), or the ``out`` store.
     """
     if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        raise ArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
     step = _Vmapped(fn)
     sink = _Sink(out, create)
     bar = progress_bar(total=count, desc="map", record_nbytes=record_nbytes, enabled=progress)
@@ -158,7 +159,7 @@ class _Sink:
             self._out.flush()
             return self._out
         if self._out is not None:
-            raise ValueError(
+            raise ArgumentError(
                 f"map(out={self._out!r}) over an empty store: no result to build the new "
                 "store's schema from; create the out store yourself"
             )

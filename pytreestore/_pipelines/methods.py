@@ -16,9 +16,11 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from pytreestore import _arguments
 from pytreestore._commit.record import Commit
 from pytreestore._format.schema import TreeSchema
 from pytreestore._pipelines import batches as _batches
@@ -28,6 +30,7 @@ from pytreestore._read import reader as _reader
 from pytreestore._read.reader import ReadContext
 from pytreestore._read.request import LoadRequest
 from pytreestore._spec import StoreSpec
+from pytreestore.errors import ArgumentTypeError
 
 
 class _Store(Protocol):
@@ -105,6 +108,13 @@ class Pipelines:
             >>> [b["x"].tolist() for b in it], it.state()["epoch"]
             ([[0, 1], [2, 3]], 1)
         """
+        batch_size, start, stop, seed, prefetch, epochs = _batch_arguments(
+            batch_size, start, stop, seed, prefetch, epochs
+        )
+        shuffle = _arguments.flag(shuffle, "shuffle")
+        drop_last = _arguments.flag(drop_last, "drop_last")
+        if state is not None:
+            state = dict(_arguments.mapping(state, "batches(state=...)", "what state() returned"))
         context = self.read_context()
         request = context.request(columns=columns, sharding=sharding, cast=cast)
         lo, hi, _ = slice(start, stop).indices(context.readable())
@@ -163,6 +173,12 @@ class Pipelines:
             >>> s.map(lambda r: {"y": r["x"] + 1}, batch_size=2)["y"]
             Array([1., 2., 3.], dtype=float32)
         """
+        if not callable(fn):
+            raise ArgumentTypeError(f"map() takes a function of a record, got {fn!r:.80}")
+        rule = "batch_size must be a positive int (of at most 2**31 - 1 records)"
+        batch_size = _arguments.optional_count(batch_size, rule, minimum=1, maximum=_MAP_BATCH)
+        prefetch = _arguments.count(prefetch, "prefetch must be >= 0 (an int)")
+        _check_out(out)
         context = self.read_context()
         size = batch_size if batch_size is not None else self.schema.chunk_records
         request = context.request(columns=columns, sharding=sharding, cast=cast)
@@ -198,6 +214,39 @@ class Pipelines:
         request = context.request(columns=columns, as_numpy=True)
         load = _loader(self, context, request, "pad", None, False)
         return _batches.GrainSource(self, columns=columns, load=load)
+
+
+#: the largest batch map() compiles a call of (its last batch is padded to it)
+_MAP_BATCH = 2**31 - 1
+
+
+def _batch_arguments(*values: Any) -> tuple[Any, ...]:
+    """``batches()``'s counts, checked: numpy integers taken, bools and floats refused."""
+    batch_size, start, stop, seed, prefetch, epochs = values
+    return (
+        _arguments.count(batch_size, "batch_size must be a positive int", minimum=1),
+        _arguments.count(start, "start must be an int (a record index)", minimum=None),
+        _arguments.optional_count(
+            stop, "stop must be None or an int (a record index)", minimum=None
+        ),
+        _arguments.count(seed, "seed must be an int >= 0"),
+        _arguments.count(prefetch, "prefetch must be >= 0 (an int)"),
+        _arguments.optional_count(epochs, "epochs must be >= 0 or None (endless)"),
+    )
+
+
+def _check_out(out: Any) -> None:
+    """Refuses a ``map(out=)`` that is neither None, a path nor a store open for appending."""
+    if (
+        out is None
+        or isinstance(out, str | os.PathLike)
+        or callable(getattr(out, "extend_batch", None))
+    ):
+        return
+    raise ArgumentTypeError(
+        f"map(out=...) takes None, a path for a new store, or a store open with mode='a', "
+        f"got {type(out).__name__} {out!r:.80}"
+    )
 
 
 def _loader(

@@ -33,6 +33,7 @@ from pytreestore._read.request import LoadRequest
 from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec
 from pytreestore._tree.pad import check_pad_to
 from pytreestore.errors import (
+    ArgumentTypeError,
     RaggedDeclarationError,
     RaggedLengthError,
     SchemaMismatchError,
@@ -79,9 +80,12 @@ class RaggedRead:
         if ragged not in FORMS:
             raise RaggedDeclarationError(f"ragged= takes 'pad' or 'segments', got {ragged!r}")
         if not isinstance(truncate, bool):
-            raise TypeError(f"truncate must be a bool, got {truncate!r}")
-        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+            raise ArgumentTypeError(f"truncate must be a bool, got {truncate!r}")
+        if size is not None and (
+            not isinstance(size, int | np.integer) or isinstance(size, bool | np.bool_) or size < 0
+        ):
             raise RaggedDeclarationError(f"size= takes an int >= 0 (elements), got {size!r}")
+        size = None if size is None else int(size)
         if ragged == "pad" and size is not None:
             raise RaggedDeclarationError("size= applies to ragged='segments'; use pad_to= to pad")
         if ragged == "segments" and pad_to is not None:

@@ -88,7 +88,12 @@ def _split(spec: Spec | None, value: Any, mask: Any, rows: int) -> list[Any]:
             _check_nothing_real(spec.path, mask, "a subtree")
             return [None] * rows
         present = _witness(spec.inner, mask, spec.path, rows, optional=True)
-        inner = _split(spec.inner, _take(value, present), _take(mask, present), int(present.sum()))
+        inner = _split(
+            spec.inner,
+            _take(value, present, spec.path),
+            _take(mask, present, spec.path),
+            int(present.sum()),
+        )
         it = iter(inner)
         return [next(it) if p else None for p in present]
     assert isinstance(spec, Fixed), spec
@@ -109,7 +114,12 @@ def _split_list(spec: RaggedList, value: Any, mask: Any, rows: int) -> list[Any]
         return [[] for _ in range(rows)]
     real = _witness(spec.element, mask, spec.path, rows, optional=False)
     lengths = _lengths(real, spec.path, rows)
-    items = _split(spec.element, _take(value, real), _take(mask, real), int(lengths.sum()))
+    items = _split(
+        spec.element,
+        _take(value, real, spec.path),
+        _take(mask, real, spec.path),
+        int(lengths.sum()),
+    )
     cuts = np.concatenate([[0], np.cumsum(lengths)]).tolist()
     return [items[cuts[i] : cuts[i + 1]] for i in range(rows)]
 
@@ -130,9 +140,28 @@ def _check_nothing_real(path: str, mask: Any, what: str) -> None:
         )
 
 
-def _take(tree: Any, where: np.ndarray) -> Any:
-    """Every array leaf of ``tree`` at the True entries of ``where`` (its leading axes)."""
-    return jax.tree.map(lambda x: np.asarray(x)[where] if hasattr(x, "shape") else x, tree)
+def _take(tree: Any, where: np.ndarray, path: str) -> Any:
+    """Every array leaf of ``tree`` at the True entries of ``where`` (its leading axes).
+
+    Raises:
+        SchemaMismatchError: a leaf's leading axes are not the shape of ``where`` (a mask
+            padded to another length than the batch, at ``path``).
+    """
+
+    def take(x: Any) -> Any:
+        if not hasattr(x, "shape"):
+            return x
+        x = np.asarray(x)
+        if x.shape[: where.ndim] != where.shape:
+            raise SchemaMismatchError(
+                f"extend_batch(batch, mask=): below {path or 'the root'} the mask says which "
+                f"entries of shape {where.shape} are real, but a leaf (or mask) there has "
+                f"shape {x.shape}; pad the batch and the mask to the same length. Nothing "
+                "was appended."
+            )
+        return x[where]
+
+    return jax.tree.map(take, tree)
 
 
 def _witness(spec: Spec, mask: Any, path: str, rows: int, *, optional: bool) -> np.ndarray:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from jax.tree_util import tree_flatten, tree_structure
 
+from pytreestore import _arguments
 from pytreestore._commit.committer import Committer
 from pytreestore._commit.protocol import column_layouts, group_json, group_keys, with_info
 from pytreestore._commit.record import Commit
@@ -161,6 +162,7 @@ class RaggedWriter:
 
     def extend(self, records: Iterable[Any]) -> None:
         """Buffers every record of ``records``, all or none."""
+        records = _arguments.iterable(records, "extend()", "records")
         if self.model.pending:  # a record may fix a structure: then start again with it
             records = list(records)
         position = self._snapshot()

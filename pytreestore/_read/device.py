@@ -18,7 +18,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
@@ -28,7 +28,7 @@ from jax.tree_util import keystr, tree_flatten_with_path
 
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format import keys as _keys
-from pytreestore.errors import X64DisabledError
+from pytreestore.errors import ArgumentError, ArgumentTypeError, X64DisabledError
 
 PMAP_AXIS = "pmap"
 
@@ -91,22 +91,22 @@ def column_shardings(spec: ShardingSpec, paths: Sequence[str]) -> list[Sharding]
     None entries replicate over the devices of the first sharding given.
 
     Raises:
-        TypeError: ``spec`` or an entry of it is not a sharding, or none is given at all.
-        ValueError: a pytree entry names no column, or a column has no entry.
+        ArgumentTypeError: ``spec`` or an entry of it is not a sharding, or none is given at all.
+        ArgumentError: a pytree entry names no column, or a column has no entry.
     """
     if isinstance(spec, Sharding):
         return [spec] * len(paths)
     chosen = [_checked(spec(p), p) for p in paths] if callable(spec) else _from_tree(spec, paths)
     first = next((s for s in chosen if s is not None), None)
     if first is None:
-        raise TypeError("sharding= gives no sharding for any column; give at least one")
+        raise ArgumentTypeError("sharding= gives no sharding for any column; give at least one")
     return [s if s is not None else replicated(first) for s in chosen]
 
 
 def _checked(value: Any, path: str) -> Sharding | None:
     if value is None or isinstance(value, Sharding):
         return value
-    raise TypeError(
+    raise ArgumentTypeError(
         f"sharding for column {path} must be a jax.sharding.Sharding or None, "
         f"got {type(value).__name__}"
     )
@@ -117,7 +117,7 @@ def _from_tree(tree: Any, paths: Sequence[str]) -> list[Sharding | None]:
     entries = {keystr(kp): _checked(s, keystr(kp) or "the root") for kp, s in flat}
     unused = [e for e in entries if not any(_keys.is_under(p, e) for p in paths)]
     if unused:
-        raise ValueError(
+        raise ArgumentError(
             f"sharding tree has entries at {', '.join(unused)} that match no column; the "
             f"store's columns are {', '.join(paths)}"
         )
@@ -125,7 +125,7 @@ def _from_tree(tree: Any, paths: Sequence[str]) -> list[Sharding | None]:
     for path in paths:
         hits = [e for e in entries if _keys.is_under(path, e)]
         if not hits:
-            raise ValueError(
+            raise ArgumentError(
                 f"sharding tree has no entry for column {path}; give one (None replicates)"
             )
         chosen.append(entries[max(hits, key=len)])
@@ -153,9 +153,9 @@ def record_axis_sharding(like: Sharding) -> Sharding:
 
 def pmap_sharding(devices: Sequence[Any]) -> NamedSharding:
     """Splits a leading axis of length ``len(devices)`` one slice per device, in order."""
-    devices = list(devices)
+    devices = list(devices) if isinstance(devices, Iterable) else []
     if not devices or not all(isinstance(d, jax.Device) for d in devices):
-        raise TypeError(
+        raise ArgumentTypeError(
             "pmap_devices must be a non-empty sequence of jax.Device, e.g. jax.local_devices()"
         )
     return NamedSharding(Mesh(np.array(devices), (PMAP_AXIS,)), PartitionSpec(PMAP_AXIS))

@@ -24,19 +24,23 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from jax.sharding import Sharding
 
+from pytreestore import _arguments
 from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._read import sharded as _sharded
 from pytreestore._read.index import Selection, normalize
-from pytreestore.errors import ShardingError
+from pytreestore.errors import ArgumentError, ArgumentTypeError, ShardingError
 
 
 def check_cast(cast: Any) -> bool:
     """``cast`` if it is a bool; raises TypeError otherwise."""
     if not isinstance(cast, bool):
-        raise TypeError(f"cast must be True, False or None (the store's policy), got {cast!r}")
+        raise ArgumentTypeError(
+            f"cast must be True, False or None (the store's policy), got {cast!r}"
+        )
     return cast
 
 
@@ -88,13 +92,14 @@ class LoadRequest:
             columns, device, as_numpy, cast, sharding, pad, pmap_devices: as for ``load``.
 
         Raises:
-            TypeError: ``cast`` is not a bool or None, a selector is not a string, or a
+            ArgumentTypeError: ``cast`` is not a bool or None, a selector is not a string, or a
                 sharding is not a ``jax.sharding.Sharding``.
-            ValueError: placements that exclude each other, or a sharding tree that does
+            ArgumentError: placements that exclude each other, or a sharding tree that does
                 not match the schema.
             UnknownColumnError: a selector names no column.
         """
         resolved = policy if cast is None else check_cast(cast)
+        _check_placement(device, as_numpy, pad)
         split = sharding is not None or pmap_devices is not None or pad
         if split:
             _check_split(sharding, pmap_devices, device=device, as_numpy=as_numpy)
@@ -147,19 +152,30 @@ class LoadRequest:
             )
 
 
+def _check_placement(device: Any, as_numpy: Any, pad: Any) -> None:
+    """Refuses a ``device`` that is no device or sharding, and flags that are not bools."""
+    if device is not None and not isinstance(device, jax.Device | Sharding):
+        raise ArgumentTypeError(
+            f"device= takes a jax.Device or a jax.sharding.Sharding (or None: JAX's default), "
+            f"got {type(device).__name__} {device!r:.80}"
+        )
+    _arguments.flag(as_numpy, "as_numpy")
+    _arguments.flag(pad, "pad")
+
+
 def _check_split(sharding: Any, pmap_devices: Any, *, device: Any, as_numpy: bool) -> None:
     """Refuses argument combinations a sharded or pmap load cannot honour."""
     if sharding is not None and pmap_devices is not None:
-        raise ValueError("give sharding= or pmap_devices=, not both")
+        raise ArgumentError("give sharding= or pmap_devices=, not both")
     if sharding is None and pmap_devices is None:
-        raise ValueError("pad=True needs sharding= or pmap_devices=: only a split load pads")
+        raise ArgumentError("pad=True needs sharding= or pmap_devices=: only a split load pads")
     if device is not None:
-        raise ValueError(
+        raise ArgumentError(
             "device= places leaves on one device or sharding; drop it when "
             "giving sharding= or pmap_devices="
         )
     if as_numpy:
-        raise ValueError(
+        raise ArgumentError(
             "as_numpy=True loads to host; it cannot be combined with sharding= or pmap_devices="
         )
 

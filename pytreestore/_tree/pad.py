@@ -27,23 +27,34 @@ from pytreestore._tree.convert import LeafCaster
 from pytreestore._tree.layout import Axis, Fixed, Kept, Leaf, Optional, RaggedList, Spec
 from pytreestore.errors import RaggedDeclarationError, RaggedLengthError, SchemaMismatchError
 
+#: the longest padded axis: an axis of more elements is no batch a device holds
+MAX_PAD = 2**31 - 1
+
 
 def check_pad_to(pad_to: Any) -> Any:
     """``pad_to`` checked: None, a positive int, ``"pow2"`` or increasing positive buckets."""
     if pad_to is None or pad_to == "pow2":
         return pad_to
-    if isinstance(pad_to, int) and not isinstance(pad_to, bool):
-        if pad_to < 1:
-            raise RaggedDeclarationError(f"pad_to must be positive, got {pad_to}")
-        return pad_to
+    if isinstance(pad_to, int | np.integer) and not isinstance(pad_to, bool | np.bool_):
+        if not 1 <= pad_to <= MAX_PAD:
+            raise RaggedDeclarationError(
+                f"pad_to must be positive, got {pad_to} (at most 2**31 - 1)"
+            )
+        return int(pad_to)
     if isinstance(pad_to, str) or not isinstance(pad_to, Sequence) or not pad_to:
         raise RaggedDeclarationError(
             "pad_to takes None, a positive int, 'pow2' or a non-empty sequence of bucket "
             f"sizes, got {pad_to!r}"
         )
     buckets = tuple(pad_to)
-    if not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in buckets):
-        raise RaggedDeclarationError(f"pad_to buckets must be positive ints, got {pad_to!r}")
+    if not all(
+        isinstance(b, int | np.integer) and not isinstance(b, bool | np.bool_) and 0 < b <= MAX_PAD
+        for b in buckets
+    ):
+        raise RaggedDeclarationError(
+            f"pad_to buckets must be positive ints, got {pad_to!r} (at most 2**31 - 1)"
+        )
+    buckets = tuple(int(b) for b in buckets)
     if any(a >= b for a, b in itertools.pairwise(buckets)):
         raise RaggedDeclarationError(
             f"pad_to buckets must be sorted, smallest first, without repeats, got {pad_to!r}"

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 from jax.tree_util import keystr, tree_flatten
 
+from pytreestore import _arguments
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import RowFiller, casters
@@ -36,7 +37,7 @@ from pytreestore._tree.pad import (
     unpad,
 )
 from pytreestore._tree.ragged import Declarations
-from pytreestore.errors import RaggedDeclarationError, SchemaMismatchError
+from pytreestore.errors import ArgumentError, RaggedDeclarationError, SchemaMismatchError
 
 
 def stack(
@@ -76,11 +77,12 @@ def stack(
             declaration that would accept it.
         RaggedLengthError: a length above an explicit ``pad_to`` (without ``truncate``).
         RaggedDeclarationError: a bad ``ragged=``, ``optional=`` or ``pad_to=``.
-        ValueError: no records and no ``like``.
+        ArgumentError: no records and no ``like`` (ArgumentTypeError: ``records`` is not
+            iterable).
     """
-    records = list(records)
+    records = list(_arguments.iterable(records, "stack()", "records"))
     if like is None and not records:
-        raise ValueError("stack() needs at least one record, or like= to fix the schema")
+        raise ArgumentError("stack() needs at least one record, or like= to fix the schema")
     if ragged is None and optional is None:
         if pad_to is not None or truncate:
             raise RaggedDeclarationError(
@@ -93,7 +95,7 @@ def stack(
 
 
 def _stack_fixed(records: list[Any], like: Any, as_numpy: bool) -> Any:
-    schema = TreeSchema.from_example(like, chunk_records=1)
+    schema = TreeSchema.from_example(like, chunk_records=1, recorded=False)
     buffers = [np.empty((len(records), *c.shape), c.dtype) for c in schema.columns]
     filler = RowFiller(casters(schema.columns), buffers)
     for i, record in enumerate(records):

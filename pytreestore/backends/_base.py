@@ -20,7 +20,8 @@ Errors (every one a :class:`~pytreestore.errors.PyTreeStoreError`, never engine 
     * :class:`~pytreestore.errors.CorruptChunkError`: a chunk is damaged or missing (built with
       :func:`damaged_chunk` / :func:`missing_chunk`, naming the column key, chunk and its key).
     * :class:`~pytreestore.errors.CorruptStoreError`: an array's ``zarr.json`` is missing or
-      disagrees with its column.
+      disagrees with its column, or a file or folder of a local store is a symlink loop
+      (built with :func:`symlink_loop`, naming it).
     * :class:`~pytreestore.errors.CommitConflictError` is raised by the store, not the
       backend: a :class:`ConditionalWrites` backend returns None from ``write_bytes_if`` when
       the key changed, and the store turns that into the conflict.
@@ -59,6 +60,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import os
+import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,7 +71,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from pytreestore._format.names import META_DIR, chunk_key
-from pytreestore.errors import CorruptChunkError, PyTreeStoreError
+from pytreestore.errors import CorruptChunkError, CorruptStoreError, PyTreeStoreError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -407,6 +411,23 @@ class TensorStoreKvStore(Protocol):
     def kvstore(self) -> Any:
         """An open ``tensorstore.KvStore`` at the store root."""
         ...
+
+
+def symlink_loop(doing: str, err: BaseException) -> CorruptStoreError | None:
+    """The error of a failure caused by a symbolic link loop inside a local store (a chunk,
+    column folder or file that links back to itself), naming its path; None for any other
+    failure. Every backend raises it in these words, never the engine's ``OSError``."""
+    text = str(err)
+    if not (getattr(err, "errno", None) == errno.ELOOP or os.strerror(errno.ELOOP) in text):
+        return None
+    quoted = re.search(r"[\"']([^\"']*/[^\"']*)[\"']", text)  # the first quoted path
+    path = getattr(err, "filename", None) or (quoted.group(1) if quoted else "a path")
+    return CorruptStoreError(
+        f"{doing} failed: {path} is a symbolic link loop inside the store "
+        f"({os.strerror(errno.ELOOP)}): the store was damaged outside pytreestore. Remove the "
+        "link and restore the file or folder it replaced from a backup; run store.verify() "
+        "to list what else is missing."
+    )
 
 
 def missing_chunk(column: str, chunk: tuple[int, ...] | None, why: object) -> CorruptChunkError:

@@ -416,6 +416,12 @@ class TensorStoreBackend(
         """
         if self._location.kind != "file":
             return []
+        try:
+            return unlink_all(self._partial_writes(keys, tail_chunk))
+        except OSError as err:  # a symlink loop in the store, a folder we may not read
+            raise _futures.storage_error(f"cleaning up {self._location}", err) from err
+
+    def _partial_writes(self, keys: Sequence[str], tail_chunk: int) -> list[Path]:
         root = Path(self._location.root)
         found = [root / f"{COMMIT_KEY}.__lock", root / f"{ROOT_KEY}.__lock"]
         for folder in (VERSIONS_DIR, TAGS_DIR, SCHEMAS_DIR):  # the version log's objects
@@ -425,13 +431,14 @@ class TensorStoreBackend(
             chunks = root / key / "c"
             if not chunks.is_dir():
                 continue
-            for entry in os.scandir(chunks):
-                index = entry.name.split(".", 1)[0]
-                if entry.name.endswith(".__lock"):
-                    found.append(Path(entry.path))
-                elif entry.is_dir() and index.isdigit() and int(index) >= tail_chunk:
-                    found.extend(Path(entry.path).rglob("*.__lock"))
-        return unlink_all(found)
+            with os.scandir(chunks) as entries:
+                for entry in entries:
+                    index = entry.name.split(".", 1)[0]
+                    if entry.name.endswith(".__lock"):
+                        found.append(Path(entry.path))
+                    elif entry.is_dir() and index.isdigit() and int(index) >= tail_chunk:
+                        found.extend(Path(entry.path).rglob("*.__lock"))
+        return found
 
     def read_checked(
         self, reads: Sequence[tuple[str, Any]], records: int

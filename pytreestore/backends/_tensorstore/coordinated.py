@@ -30,7 +30,7 @@ import tensorstore as ts
 
 from pytreestore._location import Location
 from pytreestore.backends._tensorstore.database import OcdbtDatabase
-from pytreestore.errors import BadLocationError, StorageError
+from pytreestore.errors import ArgumentError, BadLocationError, StorageError
 
 #: how long a writer's coordinator leases on B+tree ranges last (TensorStore's default: 10 s)
 LEASE_SECONDS = 10.0
@@ -76,7 +76,7 @@ def check_address(address: object) -> str:
     """``address`` if it is ``"HOST:PORT"``, else ValueError saying what is expected."""
     host, _, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(
+        raise ArgumentError(
             f"coordinator must be the address of an OCDBT coordinator, 'HOST:PORT' (for "
             f"example '127.0.0.1:5000', as pytreestore.backends.ocdbt_coordinator() yields), "
             f"got {address!r}"

@@ -246,9 +246,12 @@ class OcdbtDatabase(TensorStoreBackend, Snapshots):
         if self._location.kind != "file":
             return []
         root = Path(self._location.root)
-        found = [root / f"{MANIFEST}{_LOCK_SUFFIX}"]
-        found.extend((root / DATA_DIR).glob(f"*{_LOCK_SUFFIX}"))
-        return unlink_all(found)
+        try:
+            found = [root / f"{MANIFEST}{_LOCK_SUFFIX}"]
+            found.extend((root / DATA_DIR).glob(f"*{_LOCK_SUFFIX}"))
+            return unlink_all(found)
+        except OSError as err:  # a symlink loop in the database's folder
+            raise _futures.storage_error(f"cleaning up {self._location}", err) from err
 
     # ---- snapshots ---------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytreestore._format.validate import COLUMN_GONE
-from pytreestore.backends._base import damaged_chunk, missing_chunk
+from pytreestore.backends._base import damaged_chunk, missing_chunk, symlink_loop
 from pytreestore.errors import (
     CommitConflictError,
     CorruptChunkError,
@@ -115,7 +115,11 @@ def chunk_error(key: str, err: ValueError) -> CorruptChunkError:
 
 def storage_error(doing: str, err: Exception) -> PyTreeStoreError:
     """The error of storage that failed ``doing`` something: retryable; or, if the OCDBT
-    database there was replaced by another since it was opened, :class:`StoreReplacedError`."""
+    database there was replaced by another since it was opened, :class:`StoreReplacedError`;
+    or, for a symbolic link loop inside the store, :class:`CorruptStoreError`."""
+    loop = symlink_loop(doing, err)
+    if loop is not None:
+        return loop
     if _OTHER_DATABASE in str(err):
         return StoreReplacedError(
             f"{doing} failed: the OCDBT database there was replaced by another since this store "

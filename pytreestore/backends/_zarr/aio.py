@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from zarr.core.sync import sync
 
+from pytreestore.backends._base import symlink_loop
 from pytreestore.errors import PyTreeStoreError, StorageError
 
 _T = TypeVar("_T")
@@ -44,6 +45,9 @@ def run(
     except PyTreeStoreError:
         raise
     except errors as err:
+        loop = symlink_loop(doing, err)
+        if loop is not None:
+            raise loop from err
         brief = str(err).split("\n\nDebug source:", 1)[0]  # obstore appends a Rust dump
         raise StorageError(
             f"{doing} failed: {brief}. Records committed before stay committed; once storage "
