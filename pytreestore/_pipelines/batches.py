@@ -29,118 +29,14 @@ from typing import Any
 import numpy as np
 from jax.tree_util import tree_flatten
 
-<<<<<<< HEAD
-from pytreestore._pipelines.prefetch import Prefetcher
-=======
 from pytreestore import _arguments
->>>>>>> f28-inputs
+from pytreestore._pipelines.prefetch import Prefetcher
 from pytreestore._tree.stack import split_leaves
 from pytreestore.errors import ArgumentError
 
 _STATE_KEYS = ("records", "batch_size", "shuffle", "seed", "drop_last")
 
 
-<<<<<<< HEAD
-=======
-class Prefetcher(Generic[T]):
-    """Yields ``load(item)`` for each of ``items`` in order, computed ``depth`` ahead.
-
-    The loads run on a background thread (see :func:`background`); with ``depth == 0`` they
-    run in the caller's thread. An exception raised by ``load`` is re-raised by the ``next()``
-    that would have returned its result.
-    """
-
-    def __init__(self, load: Callable[[Any], T], items: Iterator[Any], depth: int) -> None:
-        if depth < 0:
-            raise ArgumentError(f"prefetch must be >= 0, got {depth}")
-        self._load, self._items, self._depth = load, items, depth
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(depth, 1))
-        self._stop = threading.Event()
-        self._done = threading.Event()
-        if depth:
-            background(self._produce)
-        else:
-            self._done.set()
-
-    def __iter__(self) -> Prefetcher[T]:
-        return self
-
-    def __next__(self) -> T:
-        if self._stop.is_set():
-            raise StopIteration
-        if not self._depth:
-            return self._load(next(self._items))
-        kind, value = self._queue.get()
-        if kind is _END or kind is _ERROR:
-            self._stop.set()  # later next() calls stop too
-        if kind is _END:
-            raise StopIteration
-        if kind is _ERROR:
-            raise value
-        return value
-
-    def _produce(self) -> None:
-        try:
-            for item in self._items:
-                if self._stop.is_set():
-                    return
-                self._put((None, self._load(item)))
-            self._put((_END, None))
-        except BaseException as err:  # handed to the consumer, raised there
-            self._put((_ERROR, err))
-        finally:
-            self._done.set()
-
-    def _put(self, entry: tuple[Any, Any]) -> None:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(entry, timeout=0.05)
-                return
-            except queue.Full:
-                continue
-
-    def close(self) -> None:
-        """Stops the background loads and drops prefetched results."""
-        self._stop.set()
-        while not self._done.is_set():
-            with contextlib.suppress(queue.Empty):
-                self._queue.get(timeout=0.05)
-        while not self._queue.empty():
-            self._queue.get_nowait()
-
-
-_IDLE: list[queue.SimpleQueue[Callable[[], None]]] = []
-_IDLE_LOCK = threading.Lock()
-
-
-def background(job: Callable[[], None]) -> None:
-    """Runs ``job`` on a daemon thread, reusing one that finished an earlier job.
-
-    Threads are reused because glibc gives a new thread its own malloc arena: with a fresh
-    thread per iterator (one per epoch, say), freed batch buffers stay in old arenas and the
-    process's memory grew with every epoch.
-    """
-    with _IDLE_LOCK:
-        inbox = _IDLE.pop() if _IDLE else None
-    if inbox is None:
-        inbox = queue.SimpleQueue()
-        name = "pytreestore-prefetch"
-        threading.Thread(target=_serve, args=(inbox,), name=name, daemon=True).start()
-    inbox.put(job)
-
-
-def _serve(inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
-    while True:
-        job = inbox.get()
-        try:
-            job()
-        finally:
-            del job
-            with _IDLE_LOCK:
-                _IDLE.append(inbox)
-
-
->>>>>>> f28-inputs
 class BatchIterator:
     """Batches of records ``[start, stop)`` of a store, prefetched in the background.
 
@@ -174,20 +70,11 @@ class BatchIterator:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
         if epochs is not None and epochs < 0:
-<<<<<<< HEAD
-            raise ValueError(f"epochs must be >= 0 or None (endless), got {epochs}")
+            raise ArgumentError(f"epochs must be >= 0 or None (endless), got {epochs}")
         self._plan = _Plan(start, stop - start, batch_size, shuffle, int(seed), drop_last, epochs)
         self._epoch, self._batch = self._plan.resume(state) if state is not None else (0, 0)
         positions = self._plan.positions(self._epoch, self._batch)  # holds the plan, not self
         self._prefetcher = Prefetcher(functools.partial(_load_item, load), positions, prefetch)
-=======
-            raise ArgumentError(f"epochs must be >= 0 or None (endless), got {epochs}")
-        self._start, self._count, self._batch_size = start, stop - start, batch_size
-        self._shuffle, self._seed, self._drop_last = shuffle, int(seed), drop_last
-        self._epochs = epochs
-        self._epoch, self._batch = self._resume(state) if state is not None else (0, 0)
-        self._prefetcher = Prefetcher(self._load_item(load), self._positions(), prefetch)
->>>>>>> f28-inputs
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -260,11 +147,6 @@ class _Plan:
                 f"batches(state=...) was saved with other settings ({detail}); resume with "
                 "the arguments (and store length) the state was taken with"
             )
-<<<<<<< HEAD
-        epoch, batch = int(state["epoch"]), int(state["batch"])
-        if not 0 <= batch <= self.per_epoch:
-            raise ValueError(f"state batch {batch} is outside an epoch of {self.per_epoch} batches")
-=======
         try:
             epoch, batch = (
                 _arguments.count(state[k], f"state {k!r} must be an int >= 0")
@@ -274,9 +156,10 @@ class _Plan:
             raise ArgumentError(
                 f"batches(state=...) lacks {err}; pass what BatchIterator.state() returned"
             ) from None
-        if not 0 <= batch <= len(self):
-            raise ArgumentError(f"state batch {batch} is outside an epoch of {len(self)} batches")
->>>>>>> f28-inputs
+        if not 0 <= batch <= self.per_epoch:
+            raise ArgumentError(
+                f"state batch {batch} is outside an epoch of {self.per_epoch} batches"
+            )
         return epoch, batch
 
     def positions(self, epoch: int, batch: int) -> Iterator[tuple[int, int, Any]]:

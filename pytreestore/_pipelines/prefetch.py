@@ -25,6 +25,7 @@ from threading import Event
 from typing import Any, Generic, TypeVar
 
 from pytreestore._pipelines import background
+from pytreestore.errors import ArgumentError
 
 T = TypeVar("T")
 _END = object()
@@ -45,7 +46,7 @@ class Prefetcher(Generic[T]):
 
     def __init__(self, load: Callable[[Any], T], items: Iterator[Any], depth: int) -> None:
         if depth < 0:
-            raise ValueError(f"prefetch must be >= 0, got {depth}")
+            raise ArgumentError(f"prefetch must be >= 0, got {depth}")
         self._load, self._items, self._depth = load, items, depth
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(depth, 1))
         self._closed = False
