@@ -464,3 +464,16 @@ def test_a_reader_refreshes_into_a_structure_learnt_since_it_opened(tmp_path, ba
     stale._schema = old.schema  # a schema still pending, against learnt rows: refused
     with pytest.raises(errors.SchemaMismatchError, match=r"refresh\(\)"):
         stale.load(1)
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "ocdbt"])
+@pytest.mark.parametrize("nothing", [{"ragged": False}, {"ragged": []}, {"optional": ()}])
+def test_nothing_declared_ragged_is_a_fixed_store(tmp_path: Path, backend: str, nothing: dict):
+    """``ragged=False`` (or an empty list) declares nothing: the store is a fixed one, whose
+    load returns the batch, not ``(batch, mask)`` (it made a ragged store without tables)."""
+    path = tmp_path / "s"
+    with pytreestore.create(path, {"x": np.int32(0)}, backend=backend, **nothing) as store:
+        store.extend({"x": np.int32(i)} for i in range(3))
+    store = pytreestore.open(path, backend=backend)
+    assert store.schema.ragged is None
+    np.testing.assert_array_equal(store.load(as_numpy=True)["x"], np.arange(3, dtype=np.int32))

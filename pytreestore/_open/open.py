@@ -119,6 +119,7 @@ def create(
     multihost = _arguments.flag(multihost, "multihost")
     keep_versions = _check_version_options("a", None, keep_versions)[1]
     location = Location.parse(path, storage_options)
+    ragged, optional = _declared(ragged), _declared(optional)
     limit = _packs.check_threshold(pack)
     if limit is not None and (ragged is not None or optional is not None):
         raise SchemaMismatchError(
@@ -363,6 +364,12 @@ def open(
 def _engine(backend: str, location: Location, schema: TreeSchema) -> Backend:
     """The backend of a new store of ``schema``: its packed columns live in the packs."""
     return packed(get_backend(backend)(location), schema.packs, schema.columns)
+
+
+def _declared(value: Any) -> Any:
+    """``ragged=`` or ``optional=`` with "nothing declared" (False, an empty list) as None:
+    such a store is a fixed one, whose loads return a batch, not ``(batch, mask)``."""
+    return None if value is False or (isinstance(value, list | tuple) and not value) else value
 
 
 def _check_backend(backend: Any) -> None:
