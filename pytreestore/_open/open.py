@@ -82,9 +82,9 @@ def create(
             the leading axis of every array leaf) or keypaths (``".p"``,
             ``".regions[*].events"``; a node that is not a list: its array leaves share one
             ragged leading axis). A list empty in ``like`` takes its element structure from
-            the first record that has one.
+            the first record that has one. None, False or an empty list: a fixed store.
         optional: keypaths of subtrees that may be None (None in ``like``: the structure
-            comes from the first record that has one).
+            comes from the first record that has one); None or an empty list: none.
         keep_versions: the versions the log keeps besides tagged ones (the last this many;
             None: all); every commit is a version (:meth:`~TreeStore.versions`).
         multihost: under ``jax.distributed``, called on every process with the same
