@@ -160,7 +160,9 @@ class Location:
         scheme = path.split("://", 1)[0] if "://" in path else None
         if scheme is not None and scheme.lower() in _SCHEMES:
             return _parse_bucket_url(path, scheme, storage_options)
-        if storage_options:
+        if storage_options is not None and not (
+            isinstance(storage_options, Mapping) and not storage_options
+        ):
             raise BadLocationError(
                 f"storage_options are for s3:// and gs:// stores; {path!r} takes none"
             )
@@ -261,7 +263,7 @@ def _parse_bucket_url(
             f"the prefix of {path!r} has an empty, '.' or '..' component; give a plain "
             "key prefix such as runs/a"
         )
-    options = _parse_options(kind, path, storage_options or {})
+    options = _parse_options(kind, path, {} if storage_options is None else storage_options)
     return Location(kind, "/".join([bucket, *parts]), options)
 
 

@@ -226,7 +226,12 @@ CALLS: list[tuple[str, Callable[[Ctx, Any], Any], list[Any]]] = [
     (
         "write_fragment-backend",
         lambda c, v: pytreestore.write_fragment(c.path, [rec(0)], backend=v),
-        [5, "nope"],
+        [5, "nope", [], ""],
+    ),
+    (
+        "open-storage_options",
+        lambda c, v: pytreestore.open(c.path, storage_options=v),
+        [[], 0, "", {"endpoint": "x"}],
     ),
     (
         "ragged-extend_batch-mask",

@@ -325,7 +325,7 @@ def open(
         )
         options = {"like": like, "cache_bytes": cache_bytes, "cast": cast, "keep": keep_versions}
         return open_shared(location, address, opener=open, creator=create, **options)
-    backend = backend or default_backend(location)
+    backend = default_backend(location) if backend is None else backend
     engine: Backend = get_backend(backend)(location)
     raw = read_root(engine, location)
     options = {"like": like, "generic": generic, "cache_bytes": cache_bytes, "cast": cast}
