@@ -80,7 +80,9 @@ def write_fragment(
         4
     """
     location = Location.parse(path, storage_options)
-    engine: Backend = get_backend(default_backend(location) if backend is None else backend)(location)
+    engine: Backend = get_backend(default_backend(location) if backend is None else backend)(
+        location
+    )
     try:
         schema = read_schema(engine, location, like=like, generic=False)
         head = Commit.read(engine, str(location))
