@@ -373,7 +373,7 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
                 if now.records != self._commit.records:
                     self._check_schema(backend)
                 if now.truncated_since(self._commit):
-                    self._forget_reads()  # rows past a truncate may hold new values
+                    self._follow_truncate(backend, now)  # new values past it, lower starts
                 self._commit = now
         return len(self)
 

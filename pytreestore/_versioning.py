@@ -23,12 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 from pytreestore import _arguments
 from pytreestore._commit import abandoned as _abandoned
-from pytreestore._commit import evolve as _evolve
+from pytreestore._commit import truncate as _truncate
 from pytreestore._commit import vacuum as _vacuum
 from pytreestore._commit import versions as _versions
 from pytreestore._commit.abandoned import FRAGMENTS_OLDER_THAN
 from pytreestore._commit.record import Commit
-from pytreestore._commit.truncate import lower_starts, rows_at, tables_of
 from pytreestore._commit.vacuum import VacuumReport
 from pytreestore._commit.versions import Version
 from pytreestore._ragged.writer import new_writer
@@ -134,14 +133,11 @@ class Versioning:
             writer.flush()
             head = writer.commit
             records = _check_records(records, head.records, self.path)  # type: ignore[attr-defined]
-            rows = rows_at(self._backend, writer.schema, head, records, self.path)  # type: ignore[attr-defined]
-            schema = lower_starts(writer.schema, rows)
-            if schema is not None:  # a new schema: the version log keeps it
-                schema = _evolve.replace_schema(self._backend, schema, self.path)  # type: ignore[attr-defined]
-                writer.committer.use(schema, schema.digest)
+            schema = _truncate.commit(self._backend, writer, records, self.path)  # type: ignore[attr-defined]
+            if schema is not writer.schema:
                 self._schema = schema
-            writer.committer.advance(records, tables_of(rows), operation="truncate")
-            self._renew_writer(writer, schema or writer.schema)
+                self._backend.open_columns(schema.storage_columns)  # its lowered starts
+            self._renew_writer(writer, schema)
 
     def vacuum(self, *, fragments_older_than: float = FRAGMENTS_OLDER_THAN) -> VacuumReport:
         """Removes what no version the log keeps needs: chunks past every kept version's
@@ -200,6 +196,21 @@ class Versioning:
         committer = writer.committer
         self._writer = new_writer(self._backend, schema, committer.commit, committer.keep)
         self._forget_reads()
+
+    def _follow_truncate(self, backend: Backend, now: Commit) -> None:
+        """A reader's refresh to ``now``, past a truncate since its commit: none of its cached
+        reads (rows past the truncate may hold new values), and its columns starting at most
+        at the rows the truncate left, as the truncate's schema has them, so that the rows
+        written after it are read from storage, not as the default."""
+        self._forget_reads()
+        cuts = [n for version, n in now.cuts if version > self._commit.generation]
+        cut = min(cuts, default=now.records)
+        schema = self._schema  # type: ignore[has-type]
+        rows = _truncate.rows_at(backend, schema, now, cut, self.path)  # type: ignore[attr-defined]
+        lowered = _truncate.lower_starts(schema, rows)
+        if lowered is not None:
+            backend.open_columns(lowered.storage_columns)
+            self._schema = lowered
 
     def _forget_reads(self) -> None:
         self._ahead.clear()

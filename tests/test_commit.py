@@ -130,15 +130,15 @@ def test_attach_for_append_takes_the_writer_lock_and_a_reader_none(tmp_path):
     path = str(tmp_path / "s")
     pytreestore.create(path, LIKE).close()
     location, engine = engine_at(path)
-    commit, lock = protocol.attach(engine, location, schema(), append=True)
-    assert lock is not None and commit.records == 0
+    commit, found, lock = protocol.attach(engine, location, lambda c: schema(), append=True)
+    assert lock is not None and commit.records == 0 and found.paths == schema().paths
     other_location, other = engine_at(path)
     with pytest.raises(errors.StoreLockedError):
-        protocol.attach(other, other_location, schema(), append=True)
-    assert protocol.attach(other, other_location, schema(), append=False)[1] is None
+        protocol.attach(other, other_location, lambda c: schema(), append=True)
+    assert protocol.attach(other, other_location, lambda c: schema(), append=False)[2] is None
     lock.release()
     third_location, third = engine_at(path)
-    again = protocol.attach(third, third_location, schema(), append=True)[1]
+    again = protocol.attach(third, third_location, lambda c: schema(), append=True)[2]
     assert again is not None
     again.release()
 

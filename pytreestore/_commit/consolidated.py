@@ -9,7 +9,9 @@ committed records only, even while a writer has grown the arrays past the commit
 
 It is written after the commit record (:meth:`pytreestore._commit.committer.Committer.advance`)
 and when a writer opens the store (:func:`pytreestore._commit.protocol.prepare_append`), so
-it lags a commit at most, and only until the next writer opens the store. pytreestore's own
+it lags a commit at most, and only until the next writer opens the store; a truncate writes
+it before its commit record (:func:`pytreestore._commit.truncate.shrink_root`). Either way it
+never shows a row past the commit record in force. pytreestore's own
 readers never use it: they trust the commit record and each array's ``zarr.json``.
 
 The array documents are built from the schema (:func:`pytreestore.backends._metadata.array_document`,

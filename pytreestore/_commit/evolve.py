@@ -3,8 +3,10 @@
 :func:`plan` turns the requested changes into a new schema document, checking everything
 before anything is written; :func:`apply` then creates the arrays of added columns (empty, no
 chunk written: records before the add read the array's fill value, which is the default) and
-replaces its root ``zarr.json`` in one atomic put. A crash before that put leaves the old
-schema (and at most unused arrays, whose keys a later add skips); after it, the new one.
+replaces its root ``zarr.json`` in one atomic put; the writer then commits a version naming
+the new schema. A crash before that commit leaves the old schema in force (readers read the
+schema the commit record names; the next writer puts it back in the root) and at most unused
+arrays, whose keys a later add skips; after it, the new one.
 
 The changes apply in this order: ``rename_class``, ``drop``, ``rename``, ``add``. Paths are
 keypaths as ``jax.tree_util.keystr`` prints them (``.agents.age``, ``['lr']``).
@@ -147,17 +149,6 @@ def apply(
     backend.write_bytes(ROOT_KEY, protocol.with_info(raw, stamped))
     backend.open_columns(new.columns)
     return new
-
-
-def replace_schema(backend: Backend, schema: TreeSchema, where: str) -> TreeSchema:
-    """Writes ``schema`` (its columns' arrays exist) as the store's, in one atomic put of the
-    root ``zarr.json``, kept in the version log first; ``schema`` with its digest."""
-    raw = backend.read_bytes(ROOT_KEY)
-    _validate.root_schema(raw, where)
-    stamped = _validate.stamped(schema.to_json())
-    save_schema(backend, stamped)
-    backend.write_bytes(ROOT_KEY, protocol.with_info(raw, stamped))
-    return dataclasses.replace(schema, digest=stamped["digest"])
 
 
 # ---- the tree, annotated with column numbers while it is edited --------------------------------
@@ -369,4 +360,4 @@ def _float_json(value: Any) -> Any:
     return x
 
 
-__all__ = ["apply", "check", "plan", "replace_schema"]
+__all__ = ["apply", "check", "plan"]

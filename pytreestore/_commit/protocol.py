@@ -47,7 +47,12 @@ below leaves the previous commit in force until one atomic put replaces it.
 7. **Evolve** (:mod:`pytreestore._commit.evolve`) adds arrays (empty: they read their default)
    and replaces the root ``zarr.json`` in one atomic put (the schema kept in the version log
    first); its added columns start at the committed count, which step 4 checks; then it
-   commits a version of the new schema.
+   commits a version of the new schema. A ragged store's learning and ``truncate``
+   (:mod:`pytreestore._commit.truncate`) also write their schema into the root before their
+   commit record: readers read the schema the commit record names (the root's, or the one
+   the version log keeps, :func:`pytreestore._open.reader.committed_schema`), and step 4
+   puts it back in the root (:func:`restore_root`), so a schema whose commit never came is
+   never used.
 
 Example:
     >>> from pytreestore._format.schema import ColumnSpec, TreeSchema
@@ -237,19 +242,21 @@ def take_lock(location: Location, engine: Backend, *, break_lock: bool = False) 
 def attach(
     engine: Backend,
     location: Location,
-    schema: TreeSchema,
+    schema_of: Callable[[Commit], TreeSchema],
     *,
     append: bool,
     break_lock: bool = False,
-) -> tuple[Commit, WriterLock | None]:
-    """The commit record of an opened store, and with ``append`` its writer lock, taken
-    before the record is read, with the store repaired for appending.
+) -> tuple[Commit, TreeSchema, WriterLock | None]:
+    """The commit record of an opened store and its schema (``schema_of`` the commit: the
+    one it names), and with ``append`` its writer lock, taken before the record is read,
+    with the store repaired for appending.
 
     Every failure closes ``engine`` and gives back the lock.
     """
     lock = take_lock(location, engine, break_lock=break_lock) if append else None
     try:
         commit = Commit.read(engine, str(location))
+        schema = schema_of(commit)
         check_tables(schema, commit, location)
         check_starts(schema, commit.records, location, commit.rows)
         if append:
@@ -257,7 +264,7 @@ def attach(
     except BaseException:
         detach(engine, lock)
         raise
-    return commit, lock
+    return commit, schema, lock
 
 
 def prepare_append(engine: Backend, location: Location, schema: TreeSchema, commit: Commit) -> None:
@@ -270,6 +277,7 @@ def prepare_append(engine: Backend, location: Location, schema: TreeSchema, comm
         engine.remove_partial_writes([], 0)
     placing.settle(engine, str(location))  # fragments' chunk rows back, before repair
     versions.discard_orphan(engine, commit)
+    restore_root(engine, location, commit)
     schema_id = _validate.id_of(schema)
     if engine.read_bytes(schema_key(schema_id)) is None:  # a store of an older pytreestore
         info = _validate.root_schema(engine.read_bytes(ROOT_KEY), str(location))
@@ -287,6 +295,17 @@ def prepare_append(engine: Backend, location: Location, schema: TreeSchema, comm
             repair(engine, location, sub, commit.rows(table))
     # a writer cut off after its commit record, or a store of an older pytreestore
     consolidated.write(engine, schema, commit)
+
+
+def restore_root(engine: Backend, location: Location, commit: Commit) -> None:
+    """Puts back in the root ``zarr.json`` the schema the commit record names, where a writer
+    cut off between its root and its commit record (a truncate, an evolve, a ragged
+    structure learnt) left one no commit names: the commit record is the truth."""
+    raw = engine.read_bytes(ROOT_KEY)
+    info = _validate.root_schema(raw, str(location))
+    kept = versions.other_schema(engine, commit, _validate.schema_id(info))
+    if kept is not None:
+        engine.write_bytes(ROOT_KEY, with_info(raw, kept))
 
 
 def detach(engine: Backend, lock: WriterLock | None) -> None:
@@ -346,6 +365,7 @@ __all__ = [
     "initial_commit",
     "layouts",
     "prepare_append",
+    "restore_root",
     "start_store",
     "take_lock",
     "taken",

@@ -10,6 +10,14 @@ past them; its ``start`` is lowered to them (:func:`lower_starts`), which reads 
 rows before ``start`` read the column's default, and the array holds its fill value, the
 default, in every row no record wrote.
 
+The root ``zarr.json`` is written *before* the truncate's commit record (:func:`shrink_root`):
+its consolidated metadata then shows the truncated rows, fewer than either commit holds, so
+zarr-python and xarray never see rows past the commit; its schema (the starts lowered) is
+not the one the commit record in force names, so pytreestore's readers read with the
+commit's schema from the version log until the commit record follows
+(:func:`pytreestore._open.reader.committed_schema`), and a writer opening after a crash
+between the two puts the commit's schema back (:func:`pytreestore._commit.protocol.restore_root`).
+
 Example:
     >>> import numpy as np, pytreestore
     >>> s = pytreestore.create("memory://doc-truncate-rows", {"p": [np.int8(0)]}, ragged=True)
@@ -23,9 +31,35 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from pytreestore._commit import consolidated, versions
+from pytreestore._commit.atomic import atomic
 from pytreestore._commit.record import Commit
+from pytreestore._format import validate as _validate
+from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore.backends import Backend
+
+
+def commit(backend: Backend, writer: Any, records: int, where: str) -> TreeSchema:
+    """Commits ``truncate(records)`` of the store ``writer`` (nothing buffered) writes: the root
+    first (:func:`shrink_root`), then the commit record, one transaction where the backend has
+    them; the schema of the new commit (``writer.schema`` unless a start was lowered)."""
+    committer = writer.committer
+    rows = rows_at(backend, writer.schema, committer.commit, records, where)
+    lowered = lower_starts(writer.schema, rows)
+    before = committer.tree, committer.schema
+    try:
+        with atomic(backend):  # on OCDBT one generation
+            schema = shrink_root(
+                backend, lowered or writer.schema, rows, where, lowered=lowered is not None
+            )
+            if lowered is not None:
+                committer.use(schema, schema.digest)
+            committer.advance(records, tables_of(rows), operation="truncate")
+    except BaseException:
+        committer.tree, committer.schema = before  # nothing committed: the schema stays
+        raise
+    return schema
 
 
 def rows_at(
@@ -60,6 +94,40 @@ def lower_starts(schema: TreeSchema, rows: dict[str | None, int]) -> TreeSchema 
     return dataclasses.replace(schema, columns=columns, ragged=ragged, digest=None)
 
 
+def shrink_root(
+    backend: Backend,
+    schema: TreeSchema,
+    rows: dict[str | None, int],
+    where: str,
+    *,
+    lowered: bool,
+) -> TreeSchema:
+    """Writes the root ``zarr.json`` of a truncate to ``rows`` (:func:`rows_at`) before its
+    commit record, in one atomic put: the consolidated metadata of those rows, and with
+    ``lowered`` the new ``schema`` (:func:`lower_starts`, kept in the version log first);
+    the schema for the commit to name (with its digest).
+
+    Until the commit record follows, the root holds fewer rows than the commit in force (safe
+    for zarr readers) and, with ``lowered``, a schema that commit does not name (pytreestore's
+    readers then read with the one it names)."""
+    raw = backend.read_bytes(ROOT_KEY)
+    _validate.root_schema(raw, where)  # a root damaged outside pytreestore is not rewritten
+    document = _validate.root_document(raw)
+    if lowered:
+        info = _validate.stamped(schema.to_json())
+        versions.save_schema(backend, info)
+        document.setdefault("attributes", {})["pytreestore"] = info
+        schema = dataclasses.replace(schema, digest=info["digest"])
+    shown = Commit(rows[None], 0, tables=_tables(rows))
+    backend.write_bytes(ROOT_KEY, consolidated.with_consolidated(document, schema, shown))
+    return schema
+
+
+def _tables(rows: dict[str | None, int]) -> tuple[tuple[str, int], ...] | None:
+    tables = tables_of(rows)
+    return None if tables is None else tuple(sorted(tables.items()))
+
+
 def _lowered(item: Any, rows: int) -> Any:
     return dataclasses.replace(item, start=rows) if item.start > rows else item
 
@@ -72,4 +140,4 @@ def _rows(backend: Backend, offsets: str, parent: int, commit: Commit, table: st
     return int(end[0])
 
 
-__all__ = ["lower_starts", "rows_at", "tables_of"]
+__all__ = ["commit", "lower_starts", "rows_at", "shrink_root", "tables_of"]

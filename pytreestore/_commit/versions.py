@@ -347,13 +347,32 @@ def save_schema(engine: Backend, info: dict[str, Any]) -> None:
     engine.write_bytes(schema_key(info["digest"]), json.dumps(info).encode())
 
 
-def schema_info(engine: Backend, schema_id: str, where: str) -> dict[str, Any]:
-    """The schema document whose digest is ``schema_id``.
+def other_schema(engine: Backend, commit: Commit, digest: str | None) -> dict[str, Any] | None:
+    """The schema document ``commit`` names, if it is another than the one whose id is
+    ``digest`` (a root's) and the log keeps both: two schemas a writer wrote. None: read
+    ``commit`` with the root's.
+
+    A commit of a store written before versions names none; a root schema missing from the
+    log is such a store's or was edited by hand (the checks of what it says then apply); a
+    commit naming a schema the log lacks is one of a copy made before copies named their
+    own."""
+    if commit.schema is None or digest is None or commit.schema == digest:
+        return None
+    if engine.read_bytes(schema_key(digest)) is None:
+        return None
+    raw = engine.read_bytes(schema_key(commit.schema))
+    return None if raw is None else schema_info(engine, commit.schema, "", raw)
+
+
+def schema_info(
+    engine: Backend, schema_id: str, where: str, raw: bytes | None = None
+) -> dict[str, Any]:
+    """The schema document whose digest is ``schema_id`` (``raw``: its bytes, read already).
 
     Raises:
         CorruptStoreError: it is missing or not the document its name says.
     """
-    raw = engine.read_bytes(schema_key(schema_id))
+    raw = engine.read_bytes(schema_key(schema_id)) if raw is None else raw
     try:
         info = json.loads(raw or b"")
         ok = isinstance(info, dict) and info.get("digest") == schema_id
@@ -393,6 +412,7 @@ __all__ = [
     "history",
     "kept_commits",
     "numbers",
+    "other_schema",
     "publish",
     "read",
     "resolve",

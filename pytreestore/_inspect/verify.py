@@ -74,6 +74,10 @@ class VerifyReport:
             writer that crashed before committing). They hold no committed record and are not
             problems: the next ``open(mode="a")`` deletes them, so that a damaged one cannot
             block appends.
+        kept: storage keys of chunks past the committed records that a ``truncate`` left
+            for the versions before it (``open(version=...)`` reads them). Not problems:
+            ``open(mode="a")`` keeps them; the first append after the truncate gives them up,
+            and :meth:`~pytreestore.TreeStore.vacuum` removes those no kept version needs.
     """
 
     location: str
@@ -83,6 +87,7 @@ class VerifyReport:
     problems: tuple[Problem, ...]
     unchecksummed: tuple[str, ...] = ()
     past_commit: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -102,6 +107,12 @@ class VerifyReport:
             lines.append(
                 f"  {len(self.past_commit)} chunk(s) past the commit, removed by the next "
                 "open(mode='a'): " + ", ".join(self.past_commit[:5])
+            )
+        if self.kept:
+            lines.append(
+                f"  {len(self.kept)} chunk(s) past the commit kept for the versions before a "
+                "truncate (vacuum() removes those no kept version needs): "
+                + ", ".join(self.kept[:5])
             )
         return "\n".join(lines)
 
@@ -169,8 +180,18 @@ def verify(
     order = {c.path: i for i, c in enumerate(schema.storage_columns)}
     problems.sort(key=lambda p: (-1 if p.path is None else order[p.path], p.chunk or ()))
     count = len(schema.storage_columns)
+    # while a truncate holds rows for older versions, open(mode="a") removes nothing past
+    # the commit (:func:`pytreestore._commit.protocol.prepare_append`): the versions need them
+    past, kept = ([], past) if commit.high is not None else (past, [])
     return VerifyReport(
-        location, commit.records, count, chunks, tuple(problems), tuple(plain), tuple(past)
+        location,
+        commit.records,
+        count,
+        chunks,
+        tuple(problems),
+        tuple(plain),
+        tuple(past),
+        tuple(kept),
     )
 
 

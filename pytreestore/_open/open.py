@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -27,7 +28,13 @@ from pytreestore._format import packs as _packs
 from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
-from pytreestore._open.reader import deferred_reader, parse_schema, read_root, version_schema
+from pytreestore._open.reader import (
+    committed_schema,
+    deferred_reader,
+    parse_schema,
+    read_root,
+    version_schema,
+)
 from pytreestore._open.schemas import check_codec, new_schema, packed_schema
 from pytreestore._open.shared import check_shared_options, open_shared
 from pytreestore._ragged.model import GenericViewError, build_schema
@@ -182,6 +189,7 @@ def create_from_schema(
     commit, lock = protocol.start_store(
         engine, location, schema, overwrite=overwrite, finished=fill is None
     )
+    schema = dataclasses.replace(schema, digest=commit.schema)  # commits name the root's
     spec = StoreSpec.of(location, backend, cast=cast, opener=open, creator=create)
     try:
         writer = new_writer(engine, schema, commit, keep)
@@ -332,11 +340,15 @@ def open(
     if mode == "r" and version is None and _validate.deferrable(raw, str(location)):
         spec = StoreSpec.of(location, backend, opener=open, creator=create, **options)
         return deferred_reader(engine, location, raw, spec)
-    schema = parse_schema(raw, location, like=like, generic=generic)
-    engine.open_columns(schema.storage_columns)
-    engine = packed(engine, schema.packs, (*schema.columns, *schema.dropped))
-    commit, lock = protocol.attach(
-        engine, location, schema, append=mode == "a", break_lock=break_lock
+    root = parse_schema(raw, location, like=like, generic=generic)
+    engine.open_columns(root.storage_columns)
+    engine = packed(engine, root.packs, (*root.columns, *root.dropped))  # packs never change
+    commit, schema, lock = protocol.attach(
+        engine,
+        location,
+        lambda c: committed_schema(engine, location, root, c, like=like, generic=generic),
+        append=mode == "a",
+        break_lock=break_lock,
     )
     try:
         if version is not None:

@@ -40,7 +40,9 @@ def deferred_reader(engine: Backend, location: Location, raw: bytes, spec: Store
         raise
 
     def make() -> tuple[TreeSchema, Backend]:
-        schema = parse_schema(raw, location, like=spec.like, generic=spec.generic)
+        root = parse_schema(raw, location, like=spec.like, generic=spec.generic)
+        options = {"like": spec.like, "generic": spec.generic}
+        schema = committed_schema(engine, location, root, commit, **options)
         protocol.check_tables(schema, commit, location)
         protocol.check_starts(schema, commit.records, location, commit.rows)
         engine.open_columns(schema.storage_columns)
@@ -57,6 +59,27 @@ def deferred_reader(engine: Backend, location: Location, raw: bytes, spec: Store
     )
 
 
+def committed_schema(
+    engine: Backend,
+    location: Location,
+    root: TreeSchema,
+    commit: Commit,
+    *,
+    like: Any,
+    generic: bool,
+) -> TreeSchema:
+    """The schema the latest ``commit`` names: ``root`` (the root ``zarr.json``'s), unless it
+    is another the version log keeps.
+
+    The commit record is the one object readers trust, and a truncate, an evolve or a ragged
+    store's learning writes the root before it: a reader between the two, or after a writer
+    was cut off there, reads with the schema the commit record names."""
+    info = versions.other_schema(engine, commit, root.digest)
+    if info is None:
+        return root
+    return _kept_schema(engine, location, info, commit, like=like, generic=generic)
+
+
 def version_schema(
     engine: Backend,
     location: Location,
@@ -71,8 +94,16 @@ def version_schema(
     if commit.schema is None or commit.schema == latest.digest:
         return latest
     info = versions.schema_info(engine, commit.schema, str(location))
+    return _kept_schema(engine, location, info, commit, like=like, generic=generic)
+
+
+def _kept_schema(
+    engine: Backend, location: Location, info: dict[str, Any], commit: Any, **options: Any
+) -> TreeSchema:
+    """The schema document ``info`` of the log, checked against ``commit``; the backend told
+    of its columns."""
     raw = protocol.group_json({"pytreestore": info})
-    schema = load_schema(raw, str(location), like=like, generic=generic)
+    schema = load_schema(raw, str(location), **options)
     engine.open_columns(schema.storage_columns)
     protocol.check_starts(schema, commit.records, location, commit.rows)
     return schema
@@ -111,4 +142,11 @@ def read_root(engine: Backend, location: Location) -> bytes:
     return raw
 
 
-__all__ = ["deferred_reader", "parse_schema", "read_root", "read_schema", "version_schema"]
+__all__ = [
+    "committed_schema",
+    "deferred_reader",
+    "parse_schema",
+    "read_root",
+    "read_schema",
+    "version_schema",
+]

@@ -43,11 +43,15 @@ class Unstored:
         self._columns: dict[str, Column] = {}
 
     def note(self, columns: Sequence[Any]) -> None:
-        """Records the ``start`` of every column that has one (``ColumnSpec.start`` > 0)."""
+        """Records the ``start`` of every column given with one (a ``ColumnSpec``; a creation
+        layout has none and changes nothing): a later ``start`` replaces an earlier one, and
+        0 forgets it (``truncate`` lowers the start of a column added after its records)."""
         for c in columns:
-            start = getattr(c, "start", 0)  # a ColumnSpec has it, a creation layout does not
+            start = getattr(c, "start", None)
             if start:
                 self._columns[c.key] = Column(c.key, c.dtype, tuple(c.shape), start, c.default)
+            elif start is not None:
+                self._columns.pop(c.key, None)
 
     def first_stored(self, key: str) -> int:
         """The first record of column ``key`` that storage holds (0 for most columns)."""
