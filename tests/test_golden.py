@@ -18,6 +18,7 @@ import pytest
 import zarr
 
 import pytreestore
+from pytreestore import errors
 from pytreestore._format import validate as _validate
 from pytreestore.backends._zarr import dtypes as _zarr_dtypes
 from pytreestore.testing import assert_trees_equal
@@ -263,3 +264,26 @@ def test_ragged_golden_schema_section():
         (".calib.offset", "calib/offset", None, []),
         (".run", "run", None, []),
     ]  # flatten order; a ragged leading axis is not part of the shape
+
+
+# ---- format 3 (issue 28): a commit record whose oldest releases were merged (`horizon`) -------
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_golden_horizon_store_refuses_what_its_merged_releases_wrote_over(backend, tmp_path):
+    """Written with a bound of 2 releases: 6 records, tag 'all', then reruns from 1, 2, 3 and
+    4; the first three releases are merged into one pair (``horizon``)."""
+    path = tmp_path / "horizon"
+    shutil.copytree(make_golden.CURRENT / "horizon", path)
+    commit = json.loads((path / ".pytreestore" / "commit.json").read_text())
+    assert commit["rewrites"] == [[11, 1], [14, 4]] and commit["horizon"] == 11
+    store = pytreestore.open(path, backend=backend)
+    readable = [v.version for v in store.versions() if v.readable]
+    assert readable == [0, 4, 5, 11, 13, 14, 15]  # 7, 8, 10: refused by the merged pair
+    with pytest.raises(errors.VersionNotFoundError, match="no longer known"):
+        pytreestore.open(path, version="all", backend=backend)
+    with pytest.raises(errors.VersionNotFoundError, match="version 14 wrote new records"):
+        pytreestore.open(path, version=12, backend=backend)
+    records = make_golden.RECIPES["horizon"].records()
+    old = pytreestore.open(path, version=13, backend=backend).load(as_numpy=True)
+    assert_trees_equal(old, pytreestore.stack(records[:4], as_numpy=True))

@@ -162,11 +162,13 @@ class Commit:
 
     def gone(self, seen: Commit) -> tuple[int, int] | None:
         """The release ``(version, first record)`` by which this commit's store no longer
-        holds every record of version ``seen`` (one release rather than merged ones, where
-        both say so), or None while it does."""
-        found = [(v, r) for v, r in self.rewrites if v > seen.generation and r < seen.records]
-        exact = [pair for pair in found if pair[0] != self.horizon]
-        return (exact or found or [None])[0]
+        holds every record of version ``seen``, or None while it does: the one from the lowest
+        record (the pairs rise in record), so that ``seen``'s records before it are those of
+        that version, whether it is one release or merged ones."""
+        for version, start in self.rewrites:
+            if version > seen.generation and start < seen.records:
+                return version, start
+        return None
 
     def why_gone(self, seen: Commit) -> str:
         """Why version ``seen`` is gone (:meth:`gone` found it so), as a clause."""

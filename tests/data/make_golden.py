@@ -37,6 +37,7 @@ if str(ROOT) not in sys.path:  # run as a script: the node classes must import a
     sys.path.insert(0, str(ROOT))
 
 import pytreestore  # noqa: E402
+from pytreestore._commit import record as record_module  # noqa: E402
 from pytreestore._format import dtypes as _dtypes  # noqa: E402
 from pytreestore.testing import strategies as pts  # noqa: E402
 from pytreestore.testing.conformance import dtype_values  # noqa: E402
@@ -68,6 +69,11 @@ class Recipe:
     #: format 3: (record count, tag, kept): after that many records, ``store.tag(tag)`` and
     #: ``store.truncate(kept)``; the records from ``kept`` on are then appended again
     truncate: tuple[int, str, int] | None = None
+    #: format 3 (issue 28): once every record is written, ``store.tag("all")``, then for each
+    #: count ``store.truncate(count)`` and the records from it on appended again (a rerun);
+    #: the commit record keeps at most ``history`` releases apart (``horizon`` past that)
+    reruns: tuple[int, ...] = ()
+    history: int | None = None
 
     def records(self) -> list[Any]:
         return [self.record(i) for i in range(self.n)]
@@ -170,6 +176,9 @@ RECIPES: dict[str, Recipe] = {
     "versions": Recipe(
         evolved_record, 6, chunk_records=2, codec=None, truncate=(5, "five", 3), sessions=(2, 5)
     ),
+    "horizon": Recipe(
+        dtypes_record, 6, chunk_records=2, codec=None, reruns=(1, 2, 3, 4), history=2
+    ),
     "ragged": Recipe(
         ragged_record,
         5,
@@ -215,9 +224,26 @@ def write(name: str, path: Path) -> None:
                 store.tag(tag)
                 store.truncate(kept)
                 store.extend(records[kept:stop])
+    if recipe.reruns:
+        _rerun(path, recipe, records)
     for extra in NOT_FORMAT:
         (path / extra).unlink(missing_ok=True)
     _fix_random(path)
+
+
+def _rerun(path: Path, recipe: Recipe, records: list[Any]) -> None:
+    """``recipe.reruns``, with the commit record's bound of releases set to ``history``."""
+    bound = record_module._HISTORY
+    record_module._HISTORY = recipe.history or bound
+    try:
+        with pytreestore.open(path, "a", backend=recipe.backend) as store:
+            store.tag("all")
+            for count in recipe.reruns:
+                store.truncate(count)
+                store.extend(records[count:])
+                store.flush()
+    finally:
+        record_module._HISTORY = bound
 
 
 #: the time written into every golden commit, version and tag record
