@@ -170,7 +170,7 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
             records: the records to append.
             progress: show a progress bar (records and MB/s) on standard error.
         """
-        if progress:
+        if _progress.wanted(progress):
             nbytes = sum(c.record_nbytes for c in self._schema.columns)
             records = _progress.track(records, desc="extend", record_nbytes=nbytes)
         with self._writing(append=True) as writer:

@@ -112,6 +112,10 @@ def _mask(l_shape: tuple[int, ...]) -> dict[str, Any]:
 CALLS: list[tuple[str, Callable[[Ctx, Any], Any], list[Any]]] = [
     ("append", lambda c, v: c.w.append(v), EVERYTHING),
     ("extend", lambda c, v: c.w.extend(v), NOT_ITERABLE),
+    ("extend-progress", lambda c, v: c.w.extend([rec(0)], progress=v), [None, 5, "x", 0, []]),
+    ("verify-progress", lambda c, v: c.r.verify(progress=v), [None, 5, "x", []]),
+    ("copy-progress", lambda c, v: pytreestore.copy(c.path, c.out, progress=v), [None, 1, "x"]),
+    ("map-progress", lambda c, v: c.r.map(lambda r: r, progress=v), [None, 1, "x"]),
     ("extend_batch", lambda c, v: c.w.extend_batch(v), EVERYTHING),
     ("commit_fragments", lambda c, v: c.w.commit_fragments(v), NOT_ITERABLE),
     ("commit_fragments-item", lambda c, v: c.w.commit_fragments([v]), EVERYTHING),
@@ -291,7 +295,7 @@ def test_the_table_calls_every_public_method_and_function():
     public = [n for n in dir(pytreestore.TreeStore) if not n.startswith("_")]
     takes_nothing = {"close", "closed", "flush", "commit_now", "committed", "mode", "path"}
     takes_nothing |= {"read_context", "refresh", "reopen_options", "schema", "spec"}
-    takes_nothing |= {"version", "versions", "use_multihost", "verify"}  # verify: progress=
+    takes_nothing |= {"version", "versions", "use_multihost"}
     missing = [n for n in public if n not in takes_nothing and n not in called]
     assert missing == []
     functions = ["create", "open", "copy", "evolve", "stack", "unstack", "write_fragment"]

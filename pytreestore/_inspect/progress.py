@@ -23,6 +23,8 @@ from typing import Any, TextIO, TypeVar
 
 from tqdm.auto import tqdm
 
+from pytreestore import _arguments
+
 T = TypeVar("T")
 
 _TRACK_EVERY = 256  # records between bar updates when tracking an iterable one record at a time
@@ -55,7 +57,7 @@ class ProgressBar:
         self._record_nbytes = record_nbytes
         self._start = time.perf_counter()
         self._bar: Any = None
-        if enabled:
+        if wanted(enabled):
             self._bar = tqdm(
                 total=total,
                 desc=desc,
@@ -137,6 +139,15 @@ def track(
         bar.advance(pending)
 
 
+def wanted(progress: Any) -> bool:
+    """``progress=`` of a public call, checked: True or False (a ``np.bool_`` too).
+
+    Raises:
+        ArgumentTypeError: it is not a bool.
+    """
+    return _arguments.flag(progress, "progress")
+
+
 def default_enabled(stream: TextIO | None = None) -> bool:
     """Whether to draw bars by default: when ``stream`` (standard error) is a terminal."""
     target = sys.stderr if stream is None else stream
@@ -146,4 +157,4 @@ def default_enabled(stream: TextIO | None = None) -> bool:
         return False
 
 
-__all__ = ["ProgressBar", "default_enabled", "progress_bar", "track"]
+__all__ = ["ProgressBar", "default_enabled", "progress_bar", "track", "wanted"]

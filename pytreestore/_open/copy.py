@@ -85,6 +85,7 @@ def copy(
         BadLocationError: ``dst`` and ``src`` overlap: the same place, or one inside the other.
         StoreExistsError: something is at ``dst`` and ``overwrite`` is false.
     """
+    progress = _progress.wanted(progress)
     if isinstance(src, TreeStore):
         source = src
     else:

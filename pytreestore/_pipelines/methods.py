@@ -178,6 +178,7 @@ class Pipelines:
         rule = "batch_size must be a positive int (of at most 2**31 - 1 records)"
         batch_size = _arguments.optional_count(batch_size, rule, minimum=1, maximum=_MAP_BATCH)
         prefetch = _arguments.count(prefetch, "prefetch must be >= 0 (an int)")
+        progress = _arguments.flag(progress, "progress")
         _check_out(out)
         context = self.read_context()
         size = batch_size if batch_size is not None else self.schema.chunk_records
