@@ -257,7 +257,7 @@ CALLS: list[tuple[str, Callable[[Ctx, Any], Any], list[Any]]] = [
     (
         "unstack",
         lambda c, v: pytreestore.unstack(v),
-        [5, 1.5, {"a": np.zeros(2), "b": np.zeros(3)}],
+        [5, 1.5, {"a": np.zeros(2), "b": np.zeros(3)}, "x", None, {"a": "x"}],
     ),
     (
         "unstack-mask",

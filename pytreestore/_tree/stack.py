@@ -188,8 +188,9 @@ def unstack(batch: Any, mask: Any = None) -> list[Any]:
     their real leading length.
 
     Raises:
-        SchemaMismatchError: the leaves disagree on the leading (record) length, or ``mask``
-            is not one that ``stack`` returned.
+        SchemaMismatchError: the leaves disagree on the leading (record) length, the batch
+            has no array leaf to count its records by, or ``mask`` is not one that ``stack``
+            returned.
     """
     if mask is not None:
         layout = recall(mask)
@@ -203,7 +204,11 @@ def unstack(batch: Any, mask: Any = None) -> list[Any]:
             f"unstack() needs leaves with one common leading record axis; got lengths {sorted(lengths, key=str)}"
         )
     if not arrays:
-        return []
+        raise SchemaMismatchError(
+            "unstack() counts the records by the leading axis of the batch's array leaves, "
+            f"and {type(batch).__name__} {batch!r:.60} has none (only constants, or no leaf): "
+            "pass a batch that stack() or store.load() returned"
+        )
     columns = [split_leaves(leaf) for leaf in leaves]
     return [treedef.unflatten(row) for row in zip(*columns)]
 
