@@ -158,7 +158,7 @@ def run_trial(zyg: Zygote, tmp: Path, rng: random.Random, trial: int, tally: Tal
     path, log, go = (str(tmp / f"{trial}-{x}") for x in ("store", "log", "go"))
     flags = h.make_store(scenario, path, backend, chunk, a, b)
     plan, wait_at = h.make_plan(rng, b, chunk)
-    key = f"{scenario}-{backend}-{wait_at > 1}"
+    key = scenario
     pid = zyg.start(
         kind="truncate_writer",
         scenario=scenario,
@@ -171,7 +171,7 @@ def run_trial(zyg: Zygote, tmp: Path, rng: random.Random, trial: int, tally: Tal
     )
     wait_for(log, "waiting")
     Path(go).touch()
-    time.sleep(rng.uniform(0, tally.delay.get(key, 0.05)))
+    time.sleep(rng.uniform(0, tally.delay.get(key, 0.02)))
     zyg.kill(pid)
     lines = read_log(log)
     assert not [x for x in lines if x.startswith("FAIL")], "\n".join(lines[-5:])
@@ -210,7 +210,7 @@ def tune_delay(lines: list[str], wait_at: int, tally: Tally, key: str) -> None:
     while kills land before the truncate ends, and shrinks when one lands after it."""
     done = sum(x.startswith("done") for x in lines)
     factor = 0.7 if done > wait_at else 1.25
-    tally.delay[key] = min(2.0, tally.delay.get(key, 0.05) * factor)
+    tally.delay[key] = min(2.0, tally.delay.get(key, 0.02) * factor)
 
 
 def run_trials(zyg: Zygote, tmp: Path, seed: int, trials: int) -> Tally:
