@@ -225,7 +225,8 @@ class StoreMachine(RuleBasedStateMachine):
         """The writer's counts; every version, by number and by tag; a reader of the latest."""
         if self.store is None:
             return
-        assert len(self.store) == len(self.state.rows), f"len {len(self.store)}"
+        got, want = len(self.store), len(self.state.rows)
+        assert got == want, f"len(store) is {got}; the model holds {want} records"
         listed = {v.version: v for v in self.store.versions()}
         latest = max(self.log.versions)
         assert max(listed) == latest, f"versions() ends at {max(listed)}, the log at {latest}"
