@@ -272,13 +272,15 @@ class StoreMachine(RuleBasedStateMachine):
     ) -> None:
         note = f"version {version!r}"
         if readable:
-            old = pytreestore.open(self.path, backend=self.backend, version=version)
-            m.check_contents(old, logged.state, note, exact=False)
+            with pytreestore.open(self.path, backend=self.backend, version=version) as old:
+                m.check_contents(old, logged.state, note, exact=False)
             return
         if logged.checked_gone and not again:
             return
-        with pytest.raises(errors.PyTreeStoreError):
-            old = pytreestore.open(self.path, backend=self.backend, version=version)
+        with (
+            pytest.raises(errors.PyTreeStoreError),
+            pytreestore.open(self.path, backend=self.backend, version=version) as old,
+        ):
             got = (len(old), old.load(as_numpy=True))
             pytest.fail(f"{note} is gone, yet it reads {got[0]} records")
         logged.checked_gone = True

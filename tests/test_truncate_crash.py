@@ -115,8 +115,9 @@ def check_after_kill(
         n = len(reader)
     except pytreestore.errors.PyTreeStoreError as err:
         raise Unreadable(f"{note}: open(mode='r'): {type(err).__name__}: {err}") from err
-    assert n in options, f"{note}: holds {n} records, may hold one of {sorted(options)}"
-    check_records(reader, scenario, rows[:n], f"{note}, mode='r'")
+    with reader:
+        assert n in options, f"{note}: holds {n} records, may hold one of {sorted(options)}"
+        check_records(reader, scenario, rows[:n], f"{note}, mode='r'")
     undone = cut is not None and n == cut[1] and check_undo(path, backend, scenario, rows, note)
     try:
         writer = pytreestore.open(path, "a", backend=backend)
@@ -138,13 +139,14 @@ class Unreadable(Exception):
 def check_undo(path: str, backend: str, scenario: str, rows: list[bool], note: str) -> bool:
     """After a committed truncate and nothing since, the version before it reads as it was;
     whether the truncate committed (its count may also be the count it began with)."""
-    listed = pytreestore.open(path, backend=backend).versions()
+    with pytreestore.open(path, backend=backend) as reader:
+        listed = reader.versions()
     if listed[-1].operation != "truncate":
         return False
     before = listed[-2]
     assert before.readable, f"{note}: {before}"
-    old = pytreestore.open(path, backend=backend, version=before.version)
-    check_records(old, scenario, rows[: before.records], f"{note}, version {before.version}")
+    with pytreestore.open(path, backend=backend, version=before.version) as old:
+        check_records(old, scenario, rows[: before.records], f"{note}, version {before.version}")
     return True
 
 
