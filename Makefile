@@ -26,7 +26,8 @@ install: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-# the tests marked slow: among them 200 local and 50 S3 crash trials (-rP prints their counts)
+# the tests marked slow: among them 200 local and 50 S3 crash trials, 300 truncate crash trials
+# (-rP prints their counts) and the model-based test at ten times the examples
 test-long: $(STAMP)
 	$(PY) -m pytest -q -m slow -rP
 

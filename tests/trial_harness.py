@@ -23,6 +23,9 @@ Jobs (one JSON object per line on the zygote's stdin):
   error it got.
 * ``race``: opens a store taking its lock over (``break_lock=True``), appends its own
   records, waits for a start file, flushes, and logs the outcome.
+* ``truncate_writer``: a plan of extends, flushes and truncates on a store that evolved or
+  learnt ragged structures, waiting before the truncate to be killed in
+  (:mod:`tests.truncate_harness`).
 """
 
 from __future__ import annotations
@@ -411,12 +414,21 @@ def run_race(job: dict[str, Any], log: Log) -> None:
         log("conflict", str(err).replace("\n", " "))
 
 
+def run_truncate_writer(job: dict[str, Any], log: Log) -> None:
+    if str(HERE.parent) not in sys.path:
+        sys.path.insert(0, str(HERE.parent))
+    from tests.truncate_harness import run_truncate_writer as run
+
+    run(job, log)
+
+
 JOBS = {
     "writer": run_writer,
     "reader": run_reader,
     "hold": run_hold,
     "race": run_race,
     "ragged_writer": run_ragged_writer,
+    "truncate_writer": run_truncate_writer,
 }
 
 

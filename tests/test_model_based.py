@@ -1,0 +1,407 @@
+"""A model-based random test (issue 28): hypothesis state machines drive a real store and an
+in-memory model of it (:mod:`tests.model_store`) through the same operations, and after each
+step compare them, on every backend.
+
+Operations: append, extend, extend_batch, flush, truncate, tag (the latest version or an
+older one), vacuum (under a small ``keep_versions`` too), fragments (``write_fragment`` then
+``commit_fragments``), close and reopen (``mode="a"``); on a fixed store also ``evolve``
+(add, drop, rename; nested keypaths; a name dropped and added again); on a ragged store,
+records whose list lengths vary and whose optional subtree is sometimes None, in a store
+created from a *pending* ``like``, so that it learns the structure of its elements and of the
+optional subtree from the first records that show them (often after a truncate has cut them
+away again).
+
+After every step: the writer's length and ``committed``; every version ``versions()`` lists
+against the state the model logged for it (its records, whether it is readable, its tags);
+every version the model knows, by number and by tag: a readable one reads exactly its records
+(values, dtypes, classes, schema), one written over, trimmed or vacuumed raises a
+``PyTreeStoreError`` (never wrong data); a fresh reader of the latest version, record by
+record; readers kept open at a version (``pin``) read it exactly or, once it is gone, raise.
+The writer's own reads (which commit its buffered records first) are the ``read`` step, so
+that buffered records also meet truncate, tag, evolve and close.
+
+Profiles: the default run (``make test``) is derandomized: CI runs the same examples each
+time, so that a red run is a regression of the commit under test (not a new find of a random
+draw) and replays exactly where it failed. ``make test-long`` (``-m slow``) runs ten times
+the examples, random ones, to explore; a failure prints the seed and ``@reproduce_failure``
+blob that replays it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+import pytreestore
+from pytreestore import errors
+from tests import model_store as m
+
+BACKENDS = ["tensorstore", "zarr", "ocdbt"]
+DEFAULT = settings(  # examples: 6 of a fixed store, 4 of a ragged one (its reads cost more)
+    max_examples=4,
+    stateful_step_count=16,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=[Phase.explicit, Phase.generate],  # no shrinking: a failure reports its steps now
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+LONG = settings(
+    DEFAULT, max_examples=40, stateful_step_count=24, derandomize=False, phases=list(Phase)
+)
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """The operations every store takes, and the checks after each; a subclass makes the
+    store and its records."""
+
+    backend = "tensorstore"
+    folder = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(dir=self.folder or None)
+        self.path = f"{self.dir}/s"
+        self.log = m.VersionLog()
+        self.counter = 0
+        self.store: Any = None
+        self.state = m.State(None, ())
+        self.keep: int | None = None
+        self.pinned: list[tuple[Any, int]] = []  # readers open at a version, and its number
+
+    # ---- what a subclass defines ---------------------------------------------------------------
+
+    def make(self, chunk: int) -> pytreestore.TreeStore:
+        raise NotImplementedError
+
+    def records(self, data: st.DataObject, n: int) -> list[Any]:
+        """``n`` new records (the model's rows; a fixed store's are flat)."""
+        raise NotImplementedError
+
+    def as_record(self, row: Any) -> Any:
+        return row
+
+    # ---- setting up ----------------------------------------------------------------------------
+
+    @initialize(chunk=st.sampled_from([2, 3, 5]), keep=st.sampled_from([None, 3, 1000]))
+    def create(self, chunk: int, keep: int | None) -> None:
+        self.keep = keep
+        self.store = self.make(chunk)
+        self.settle(m.State(self.state.columns, ()), None)
+
+    def teardown(self) -> None:
+        for reader, _ in self.pinned:
+            reader.close()
+        if self.store is not None:
+            try:
+                self.store.close()
+            finally:
+                shutil.rmtree(self.dir, ignore_errors=True)
+
+    def settle(self, before: m.State, main: str | None, after: m.State | None = None) -> None:
+        """The model takes the state an operation left; new versions are logged."""
+        self.state = after if after is not None else self.state
+        self.log.absorb(self.store.versions(), before, self.state, main)
+
+    def take(self, rows: list[Any]) -> None:
+        before = self.state
+        self.state = before.with_rows(before.rows + tuple(rows))
+
+    # ---- appending -------------------------------------------------------------------------------
+
+    @rule(data=st.data(), n=st.integers(1, 3))
+    def append(self, data: st.DataObject, n: int) -> None:
+        before, rows = self.state, self.records(data, n)
+        for row in rows:
+            self.store.append(self.as_record(row))
+        self.take(rows)
+        self.settle(before, None)
+
+    @rule(data=st.data(), n=st.integers(0, 7), generator=st.booleans())
+    def extend(self, data: st.DataObject, n: int, generator: bool) -> None:
+        before, rows = self.state, self.records(data, n)
+        records = [self.as_record(r) for r in rows]
+        self.store.extend(iter(records) if generator else records)
+        self.take(rows)
+        self.settle(before, None)
+
+    @rule()
+    def flush(self) -> None:
+        before = self.state
+        self.store.flush()
+        assert self.store.committed == len(self.state.rows)
+        self.settle(before, None)
+
+    @rule(data=st.data(), sizes=st.lists(st.integers(0, 5), max_size=2))
+    def fragments(self, data: st.DataObject, sizes: list[int]) -> None:
+        """Fragments written under the store, then committed after its buffered records."""
+        before, frags, rows = self.state, [], []
+        for n in sizes:
+            part = self.records(data, n)
+            records = [self.as_record(r) for r in part]
+            frags.append(pytreestore.write_fragment(self.path, records, backend=self.backend))
+            rows += part
+        self.store.commit_fragments(frags)
+        self.take(rows)
+        self.settle(before, None)
+
+    # ---- versions --------------------------------------------------------------------------------
+
+    @rule(data=st.data())
+    def truncate(self, data: st.DataObject) -> None:
+        before = self.state
+        n = data.draw(st.integers(0, len(before.rows)), label="truncate to")
+        self.store.truncate(n)
+        self.settle(before, "truncate", before.with_rows(before.rows[:n]))
+
+    @rule(data=st.data(), latest=st.booleans())
+    def tag(self, data: st.DataObject, latest: bool) -> None:
+        before, name = self.state, f"t{len(self.log.tags)}"
+        if latest:
+            self.store.tag(name)
+            self.settle(before, None)  # it flushes first
+            self.log.tags[name] = max(self.log.versions)
+            return
+        listed = [v.version for v in self.store.versions() if v.readable]
+        number = data.draw(st.sampled_from(listed), label="tag version")
+        try:
+            self.store.tag(name, version=number)
+        except errors.VersionNotFoundError:  # its flush wrote over the version's records
+            self.settle(before, None)
+            assert self.log.gone(number), f"tag refused version {number}, which reads"
+            return
+        self.settle(before, None)
+        self.log.tags[name] = number
+
+    @rule()
+    def vacuum(self) -> None:
+        before = self.state
+        self.store.vacuum()
+        self.settle(before, None)
+
+    @rule()
+    def reopen(self) -> None:
+        before = self.state
+        self.store.close()
+        self.store = None
+        self.store = pytreestore.open(self.path, "a", backend=self.backend, keep_versions=self.keep)
+        assert self.store.committed == len(self.state.rows)
+        self.settle(before, None)
+
+    # ---- the checks ------------------------------------------------------------------------------
+
+    @precondition(lambda self: len(self.pinned) < 3)
+    @rule(data=st.data())
+    def pin(self, data: st.DataObject) -> None:
+        """A reader opened at a version, kept open while the writer goes on."""
+        listed = [v.version for v in self.store.versions() if v.readable]
+        number = data.draw(st.sampled_from(listed), label="pinned version")
+        reader = pytreestore.open(self.path, backend=self.backend, version=number)
+        self.pinned.append((reader, number))
+
+    @rule()
+    def read(self) -> None:
+        """The writer's own reads: every record, buffered ones committed first."""
+        before = self.state
+        m.check_contents(self.store, self.state, "the writer", exact=True)
+        self.settle(before, None)
+
+    @invariant()
+    def store_holds_the_model(self) -> None:
+        """The writer's counts; every version, by number and by tag; a reader of the latest."""
+        if self.store is None:
+            return
+        got, want = len(self.store), len(self.state.rows)
+        assert got == want, f"len(store) is {got}; the model holds {want} records"
+        listed = {v.version: v for v in self.store.versions()}
+        latest = max(self.log.versions)
+        assert max(listed) == latest, f"versions() ends at {max(listed)}, the log at {latest}"
+        assert self.store.committed == listed[latest].records, f"{self.store.committed}"
+        tagged: dict[int, set[str]] = {}
+        for name, number in self.log.tags.items():
+            tagged.setdefault(number, set()).add(name)
+        for number, logged in sorted(self.log.versions.items()):
+            gone = self.log.gone(number)
+            v = listed.get(number)
+            if v is not None:
+                assert v.records == logged.records, f"version {number}: {v}"
+                assert v.readable is not gone, f"version {number}: {v}, gone {gone}"
+                assert set(v.tags) == tagged.get(number, set()), f"version {number}: {v}"
+            elif not gone:
+                kept = self.keep is None or number > latest - self.keep or number in tagged
+                assert not kept, f"version {number} is kept but not listed"
+            self.check_version(number, logged, readable=v is not None and not gone)
+        for name, number in sorted(self.log.tags.items()):
+            logged = self.log.versions[number]
+            readable = number in listed and not self.log.gone(number)
+            self.check_version(name, logged, readable=readable, again=True)
+        with pytreestore.open(self.path, backend=self.backend) as reader:
+            m.check_contents(reader, self.log.versions[latest].state, "the latest", exact=True)
+        self.check_pinned(listed)
+
+    def check_pinned(self, listed: dict[int, Any]) -> None:
+        """A reader open at a version reads it exactly, or (once the version is gone, or out
+        of the log) raises a ``PyTreeStoreError``; one that raised is closed."""
+        for reader, number in list(self.pinned):
+            kept = number in listed and not self.log.gone(number)
+            try:
+                m.check_contents(
+                    reader, self.log.versions[number].state, f"pinned {number}", exact=False
+                )
+            except errors.PyTreeStoreError as err:
+                assert not kept, f"a reader of version {number}, which reads, raised {err!r}"
+                self.pinned.remove((reader, number))
+                reader.close()
+
+    def check_version(
+        self, version: int | str, logged: m.Logged, *, readable: bool, again: bool = False
+    ) -> None:
+        note = f"version {version!r}"
+        if readable:
+            with pytreestore.open(self.path, backend=self.backend, version=version) as old:
+                m.check_contents(old, logged.state, note, exact=False)
+            return
+        if logged.checked_gone and not again:
+            return
+        with (
+            pytest.raises(errors.PyTreeStoreError),
+            pytreestore.open(self.path, backend=self.backend, version=version) as old,
+        ):
+            got = (len(old), old.load(as_numpy=True))
+            pytest.fail(f"{note} is gone, yet it reads {got[0]} records")
+        logged.checked_gone = True
+
+
+class FixedMachine(StoreMachine):
+    """A fixed store of nested dicts, evolved as it goes."""
+
+    def make(self, chunk: int) -> pytreestore.TreeStore:
+        self.state = m.State(m.FIRST, ())
+        return pytreestore.create(
+            self.path,
+            m.fixed_record(m.FIRST, 0),
+            chunk_records=chunk,
+            backend=self.backend,
+            keep_versions=self.keep,
+        )
+
+    def records(self, data: st.DataObject, n: int) -> list[Any]:
+        assert self.state.columns is not None
+        rows = [m.fixed_row(self.state.columns, self.counter + k) for k in range(n)]
+        self.counter += n
+        return rows
+
+    def as_record(self, row: Any) -> Any:
+        return m.nest(row)
+
+    @rule(data=st.data(), n=st.integers(1, 6))
+    def extend_batch(self, data: st.DataObject, n: int) -> None:
+        before, rows = self.state, self.records(data, n)
+        self.store.extend_batch(pytreestore.stack([m.nest(r) for r in rows], as_numpy=True))
+        self.take(rows)
+        self.settle(before, None)
+
+    @rule(
+        parent=st.sampled_from([(), ("m",)]),
+        kind=st.sampled_from(m.KINDS),
+        fill=st.integers(0, 100),
+        data=st.data(),
+    )
+    def evolve_add(self, parent: m.Path, kind: tuple, fill: int, data: st.DataObject) -> None:
+        assert self.state.columns is not None
+        names = m.free_names(self.state.columns, parent)
+        if not names:
+            return
+        name = data.draw(st.sampled_from(names), label="added")
+        dtype, shape = kind
+        default = np.full(shape, fill % 2 == 0 if dtype == "bool" else fill, dtype)
+        column = m.Column((*parent, name), dtype, shape, default)
+        default = default if shape else default[()]
+        before = self.state
+        self.store.evolve(add={column.keypath: default})
+        self.settle(before, "evolve", m.evolved_add(before, column))
+
+    @precondition(lambda self: bool(m.droppable(self.state.columns or ())))
+    @rule(data=st.data())
+    def evolve_drop(self, data: st.DataObject) -> None:
+        path = data.draw(st.sampled_from(m.droppable(self.state.columns or ())), label="dropped")
+        before = self.state
+        self.store.evolve(drop=[m.keypath(path)])
+        self.settle(before, "evolve", m.evolved_drop(before, path))
+
+    @rule(data=st.data())
+    def evolve_rename(self, data: st.DataObject) -> None:
+        assert self.state.columns is not None
+        old = data.draw(st.sampled_from([c.path for c in self.state.columns]), label="renamed")
+        names = m.free_names(self.state.columns, old[:-1])
+        if not names:
+            return
+        new = (*old[:-1], data.draw(st.sampled_from(names), label="to"))
+        before = self.state
+        self.store.evolve(rename={m.keypath(old): m.keypath(new)})
+        self.settle(before, "evolve", m.evolved_rename(before, old, new))
+
+
+SHAPES = st.tuples(
+    st.lists(st.integers(0, 2), max_size=3).map(tuple),
+    st.one_of(st.none(), st.integers(0, 2)),
+)
+
+
+class RaggedMachine(StoreMachine):
+    """A ragged store created pending: its elements and optional subtree learnt later."""
+
+    def make(self, chunk: int) -> pytreestore.TreeStore:
+        return pytreestore.create(
+            self.path,
+            m.PENDING_LIKE,
+            chunk_records=chunk,
+            backend=self.backend,
+            keep_versions=self.keep,
+            **m.RAGGED_DECL,
+        )
+
+    def records(self, data: st.DataObject, n: int) -> list[Any]:
+        shapes = data.draw(st.lists(SHAPES, min_size=n, max_size=n), label="shapes")
+        rows = [m.ragged_record(self.counter + k, s) for k, s in enumerate(shapes)]
+        self.counter += n
+        return rows
+
+
+def machine(base: type[StoreMachine], backend: str, folder: str) -> type[StoreMachine]:
+    return type(base.__name__, (base,), {"backend": backend, "folder": folder})
+
+
+def run(base: type[StoreMachine], backend: str, folder: str, profile: settings) -> None:
+    run_state_machine_as_test(machine(base, backend, folder), settings=profile)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("base", [FixedMachine, RaggedMachine], ids=["fixed", "ragged"])
+def test_store_follows_the_model(base, backend, tmp_path):
+    examples = 6 if base is FixedMachine else 4  # a ragged store's reads cost more
+    run(base, backend, str(tmp_path), settings(DEFAULT, max_examples=examples))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("base", [FixedMachine, RaggedMachine], ids=["fixed", "ragged"])
+def test_store_follows_the_model_long(base, backend, tmp_path, request):
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("the long profile runs with make test-long (pytest -m slow)")
+    examples = 60 if base is FixedMachine else 40
+    run(base, backend, str(tmp_path), settings(LONG, max_examples=examples))
