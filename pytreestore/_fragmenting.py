@@ -107,7 +107,8 @@ class Fragmenting:
                 return
             writer.flush()
             committer.check()  # another writer committed: nothing is placed
-            committer.release()  # rows past a truncate: its older versions give them up
+            if any(f.records for f in found):  # rows past a truncate: its older versions
+                committer.release()  # give them up (fragments of no records write none)
             start, base = committer.commit.records, committer.commit.generation
             total = start + sum(f.records for f in found)
             keys = [c.key for c in writer.schema.columns]
@@ -115,7 +116,8 @@ class Fragmenting:
             inside = isinstance(self._backend, Transactions)
             try:
                 with atomic(self._backend):
-                    self._backend.resize(keys, total)
+                    if total != start:  # no record: the rows older versions hold stay
+                        self._backend.resize(keys, total)
                     _fragments.place(self._backend, writer.schema, found, start, base)
                     committer.advance(total, fragments=ids)
                     if inside:  # the fragments go in the commit's own transaction

@@ -253,3 +253,23 @@ def test_a_reopened_writer_truncated_to_nothing_counts_nothing(tmp_path, backend
     assert (len(s), s.committed) == (1, 0)
     s.close()
     assert xs(pytreestore.open(path, backend=backend), ragged) == [7]
+
+
+# ---- a commit of fragments holding no record writes no row: nothing is given up ----------------
+
+
+def test_fragments_of_no_record_after_a_truncate_keep_the_older_versions(tmp_path, backend, ragged):
+    path = tmp_path / "s"
+    with create(path, backend, ragged) as store:
+        store.extend(rec(i, ragged) for i in range(10))
+        store.flush()
+        ten = store.version
+        store.truncate(5)
+        store.commit_fragments([pytreestore.write_fragment(path, [], backend=backend)])
+        assert len(store) == 5
+        old = pytreestore.open(path, version=ten, backend=backend)  # still whole
+        assert xs(old, ragged) == list(range(10))
+        store.commit_fragments([pytreestore.write_fragment(path, [rec(50, ragged)])])
+        with pytest.raises(errors.VersionNotFoundError, match="wrote new records over"):
+            pytreestore.open(path, version=ten, backend=backend)
+    assert xs(pytreestore.open(path, backend=backend), ragged) == [0, 1, 2, 3, 4, 50]

@@ -108,7 +108,8 @@ def commit(
     writer.flush()
     committer = writer.committer
     committer.check()  # another writer committed: nothing is placed
-    committer.release()  # rows past a truncate: its older versions give them up
+    if any(f.records for f in fragments):  # rows past a truncate: its older versions
+        committer.release()  # give them up (fragments of no records write none)
     if grown is not writer.schema:
         writer.use_schema(grown)
     schema, head = writer.schema, committer.commit
