@@ -371,13 +371,13 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
                 if self._spec.version is not None:
                     return len(self)  # opened at a version: it stays there
                 if now.records != self._commit.records:
-                    self._check_schema(backend)
+                    self._check_schema(backend, now)
                 if now.truncated_since(self._commit):
                     self._follow_truncate(backend, now)  # new values past it, lower starts
                 self._commit = now
         return len(self)
 
-    def _check_schema(self, backend: Backend) -> None:
+    def _check_schema(self, backend: Backend, now: Commit) -> None:
         """A reader's schema, against the store's now: a fixed store's columns must all be
         kept; a ragged store's structures still pending are read again, in case a writer
         has learnt them."""
@@ -385,7 +385,9 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
             _reader.check_columns_kept(backend, self._schema, self.path)
         elif self._schema.pending:
             spec = self._spec
-            self._schema = reread_schema(backend, self.path, like=spec.like, generic=spec.generic)
+            self._schema = reread_schema(
+                backend, self.path, now, like=spec.like, generic=spec.generic
+            )
 
     def _check_not_replaced(self, *, always: bool = False, failed: bool = False) -> None:
         """Raises StoreReplacedError if a reader's store was replaced (or, a read ``failed``,
