@@ -384,10 +384,8 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
         if self._schema.ragged is None:
             _reader.check_columns_kept(backend, self._schema, self.path)
         elif self._schema.pending:
-            spec = self._spec
-            self._schema = reread_schema(
-                backend, self.path, now, like=spec.like, generic=spec.generic
-            )
+            options = {"like": self._spec.like, "generic": self._spec.generic}
+            self._schema = reread_schema(backend, self.path, now, **options)
 
     def _check_not_replaced(self, *, always: bool = False, failed: bool = False) -> None:
         """Raises StoreReplacedError if a reader's store was replaced (or, a read ``failed``,
