@@ -81,7 +81,7 @@ class Prefetcher(Generic[T]):
             except queue.Empty:
                 if job.ended and self._queue.empty():  # stopped by close() or at exit
                     if job.forked:
-                        raise _forked()
+                        raise _forked() from None
                     return _END, None
 
     def close(self) -> None:
