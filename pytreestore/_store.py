@@ -242,13 +242,11 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
                 "classes instead"
             )
         with self._writing() as writer:
-            _evolve.check(self._backend, self.path, **changes)  # bad input commits nothing
+            _evolve.check(self._backend, writer.commit, self.path, **changes)  # commits nothing
             writer.flush()
-            records = writer.commit.records
-            schema = _evolve.apply(self._backend, self._schema, records, self.path, **changes)
-            committer = writer.committer
-            committer.use(schema)
-            committer.advance(records, operation="evolve")  # the new schema is a version
+            schema = _evolve.apply(self._backend, self._schema, writer.commit, self.path, **changes)
+            committer = writer.committer  # the new schema is a version
+            committer.advance_to(schema, writer.commit.records, operation="evolve")
             self._schema = schema
             self._writer = Writer(self._backend, schema, committer.commit, committer)
 
