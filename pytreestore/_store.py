@@ -380,7 +380,7 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
         kept; a ragged store's structures still pending are read again, in case a writer
         has learnt them."""
         if self._schema.ragged is None:
-            _reader.check_columns_kept(backend, self._schema, self.path)
+            _reader.check_columns_kept(backend, self._schema, self.path, now)
         elif self._schema.pending:
             options = {"like": self._spec.like, "generic": self._spec.generic}
             self._schema = reread_schema(backend, self.path, now, **options)
