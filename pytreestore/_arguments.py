@@ -117,16 +117,28 @@ def strings(value: Any, name: str, what: str) -> list[str]:
 
 
 def iterable(value: Any, name: str, what: str) -> Iterable[Any]:
-    """An iterable argument, such as ``extend(records)``; not iterated here.
+    """An iterable argument, such as ``extend(records)``; not iterated here. As for
+    ``iter()``, a sequence that has only ``__getitem__`` (indices from 0 until IndexError)
+    is one.
 
     Raises:
         ArgumentTypeError: ``value`` cannot be iterated.
     """
-    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+    if isinstance(value, str | bytes) or not (isinstance(value, Iterable) or _indexed(value)):
         raise ArgumentTypeError(
             f"{name} takes an iterable of {what}, got {type(value).__name__} {value!r:.80}"
         )
     return value
+
+
+def _indexed(value: Any) -> bool:
+    """Whether ``iter(value)`` takes ``value`` by its ``__getitem__`` (it has no ``__iter__``:
+    so iter() calls nothing of it here)."""
+    try:
+        iter(value)
+    except TypeError:
+        return False
+    return True
 
 
 __all__ = ["count", "flag", "iterable", "mapping", "optional_count", "seconds", "strings"]

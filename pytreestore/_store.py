@@ -242,13 +242,11 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
                 "classes instead"
             )
         with self._writing() as writer:
-            _evolve.check(self._backend, self.path, **changes)  # bad input commits nothing
+            _evolve.check(self._backend, writer.commit, self.path, **changes)  # commits nothing
             writer.flush()
-            records = writer.commit.records
-            schema = _evolve.apply(self._backend, self._schema, records, self.path, **changes)
-            committer = writer.committer
-            committer.use(schema)
-            committer.advance(records, operation="evolve")  # the new schema is a version
+            schema = _evolve.apply(self._backend, self._schema, writer.commit, self.path, **changes)
+            committer = writer.committer  # the new schema is a version
+            committer.advance_to(schema, writer.commit.records, operation="evolve")
             self._schema = schema
             self._writer = Writer(self._backend, schema, committer.commit, committer)
 
@@ -371,21 +369,21 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
                 if self._spec.version is not None:
                     return len(self)  # opened at a version: it stays there
                 if now.records != self._commit.records:
-                    self._check_schema(backend)
+                    self._check_schema(backend, now)
                 if now.truncated_since(self._commit):
                     self._follow_truncate(backend, now)  # new values past it, lower starts
                 self._commit = now
         return len(self)
 
-    def _check_schema(self, backend: Backend) -> None:
+    def _check_schema(self, backend: Backend, now: Commit) -> None:
         """A reader's schema, against the store's now: a fixed store's columns must all be
         kept; a ragged store's structures still pending are read again, in case a writer
         has learnt them."""
         if self._schema.ragged is None:
-            _reader.check_columns_kept(backend, self._schema, self.path)
+            _reader.check_columns_kept(backend, self._schema, self.path, now)
         elif self._schema.pending:
-            spec = self._spec
-            self._schema = reread_schema(backend, self.path, like=spec.like, generic=spec.generic)
+            options = {"like": self._spec.like, "generic": self._spec.generic}
+            self._schema = reread_schema(backend, self.path, now, **options)
 
     def _check_not_replaced(self, *, always: bool = False, failed: bool = False) -> None:
         """Raises StoreReplacedError if a reader's store was replaced (or, a read ``failed``,

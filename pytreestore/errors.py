@@ -24,6 +24,7 @@ __all__ = [
     "CommitConflictError",
     "CorruptChunkError",
     "CorruptStoreError",
+    "ForkedIteratorError",
     "ForkedWriterError",
     "FormatVersionError",
     "FragmentError",
@@ -177,6 +178,11 @@ class ShardingError(PyTreeStoreError, ValueError):
 
 class UnpicklableStoreError(PyTreeStoreError, TypeError):
     """A store open for appending was pickled; only read-only stores pickle (and reopen)."""
+
+
+class ForkedIteratorError(PyTreeStoreError, RuntimeError):
+    """An iterator that loads ahead (``batches``, ``map``) made before ``os.fork`` was used in
+    the child past what it had loaded: its loading thread stayed in the parent."""
 
 
 class ForkedWriterError(PyTreeStoreError, RuntimeError):

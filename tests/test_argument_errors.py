@@ -361,3 +361,28 @@ def test_a_ragged_mask_of_another_padded_length_is_refused(tmp_path, backend):
         assert snapshot(path) == before
     got = pytreestore.open(path, backend=backend)
     assert len(got) == N and got[4]["l"] == [0.0, 1.0, 2.0, 3.0]
+
+
+# ---- what was taken before stays taken ---------------------------------------------------------
+
+
+class _Indexed:
+    """A sequence by ``__getitem__`` alone (no ``__iter__``), which ``iter()`` takes."""
+
+    def __init__(self, n: int, make: Callable[[int], Any]) -> None:
+        self.n, self.make = n, make
+
+    def __getitem__(self, k: int) -> Any:
+        if k >= self.n:
+            raise IndexError(k)
+        return self.make(k)
+
+
+def test_a_sequence_with_only_getitem_is_taken_as_records(tmp_path):
+    with pytreestore.create(tmp_path / "s", X) as s:
+        s.extend(_Indexed(3, lambda k: {**X, "x": np.int32(k)}))
+    assert pytreestore.open(tmp_path / "s").load(as_numpy=True)["x"].tolist() == [0, 1, 2]
+    with pytreestore.create(tmp_path / "r", RX, ragged=["['l']"]) as s:
+        s.extend(_Indexed(3, ragged_rec))
+    assert pytreestore.open(tmp_path / "r")[2]["l"] == [0.0, 1.0]
+    assert pytreestore.stack(_Indexed(2, lambda k: X))["x"].tolist() == [0, 0]

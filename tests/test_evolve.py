@@ -380,3 +380,75 @@ def test_copy_of_an_evolved_store(tmp_path, backend):
     assert copied.schema.dropped == () and copied.verify().ok
     info = json.loads((tmp_path / "c" / "zarr.json").read_text())["attributes"]["pytreestore"]
     assert "dropped" not in info and info["columns"][0]["key"] == "y"
+
+
+# ---- an evolve whose commit record failed -----------------------------------------------------
+
+
+def _fail_the_evolve_commit_once(engine) -> None:
+    """The first write of an evolve's commit record through ``engine`` raises StorageError
+    (its root, written before, stays)."""
+    from pytreestore._format.names import COMMIT_KEY
+
+    failed: list[bool] = []
+
+    def hooked(write):
+        def call(key, data, *args):
+            if key == COMMIT_KEY and b'"evolve"' in data and not failed:
+                failed.append(True)
+                raise errors.StorageError("injected: the commit record was not written")
+            return write(key, data, *args)
+
+        return call
+
+    engine.write_bytes = hooked(engine.write_bytes)
+    if hasattr(engine, "write_bytes_if"):
+        engine.write_bytes_if = hooked(engine.write_bytes_if)
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr", "ocdbt"])
+def test_an_evolve_whose_commit_failed_is_not_in_force_and_can_be_retried(tmp_path, backend):
+    path = str(tmp_path / "s")
+    store = pytreestore.create(path, {"step": np.int32(0)}, chunk_records=4, backend=backend)
+    store.extend({"step": np.int32(i)} for i in range(6))
+    store.flush()
+    _fail_the_evolve_commit_once(store._backend)
+    with pytest.raises(errors.StorageError):
+        store.evolve(add={"['lr']": np.float32(7)})
+    assert [c.path for c in store.schema.columns] == ["['step']"]
+    if backend == "ocdbt":  # nothing of its transaction landed: the writer goes on
+        store.extend({"step": np.int32(i)} for i in range(6, 8))  # was committed as evolved
+        store.flush()
+        got = pytreestore.open(path, backend=backend)
+        assert [c.path for c in got.schema.columns] == ["['step']"] and len(got) == 8
+    start = len(store)
+    store.evolve(add={"['lr']": np.float32(7)})  # the retry (the root had it: "already exists")
+    store.extend({"step": np.int32(i), "lr": np.float32(i)} for i in range(start, start + 2))
+    store.close()
+    got = pytreestore.open(path, backend=backend).load(as_numpy=True)
+    assert got["lr"].tolist() == [7.0] * start + [float(start), float(start + 1)]
+    assert got["step"].tolist() == list(range(start + 2))
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr", "ocdbt"])
+def test_a_reader_refreshing_past_a_drop_whose_commit_never_came(tmp_path, backend):
+    """The root holds an evolve(drop=)'s schema whose commit record failed; records committed
+    after it (by the writer going on, or by the next writer) keep the column: a reader's
+    refresh reads them, no 'evolve dropped' error."""
+    path = str(tmp_path / "s")
+    like = {"step": np.int32(0), "lr": np.float32(0)}
+    store = pytreestore.create(path, like, chunk_records=4, backend=backend)
+    store.extend({"step": np.int32(i), "lr": np.float32(i)} for i in range(3))
+    store.flush()
+    reader = pytreestore.open(path, backend=backend)
+    _fail_the_evolve_commit_once(store._backend)
+    with pytest.raises(errors.StorageError):
+        store.evolve(drop=["['lr']"])
+    if backend != "ocdbt":  # the version record landed: this writer must reopen
+        store.close()
+        store = pytreestore.open(path, "a", backend=backend)
+    store.extend({"step": np.int32(i), "lr": np.float32(i)} for i in range(3, 5))
+    store.flush()
+    assert reader.refresh() == 5
+    assert reader.load(as_numpy=True)["lr"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    store.close()

@@ -527,3 +527,26 @@ def test_the_claim_object_follows_the_shipped_json_schema(store_path: Path) -> N
     assert raw is not None
     jsonschema.validate(json.loads(raw), claim_schema)
     assert engine.read_bytes_versioned(CLAIM_KEY)[0] is None
+
+
+def test_a_shared_writer_takes_the_schema_the_commit_names(
+    store_path: Path, coordinator: str
+) -> None:
+    """An evolve whose commit record never came left its schema in the root: a shared
+    writer opening then commits with the schema the commit record names, as every reader
+    reads (it committed the evolve nobody made)."""
+    from tests.test_evolve import _fail_the_evolve_commit_once
+
+    store = pytreestore.create(store_path, {"step": np.int32(0)}, backend="ocdbt", overwrite=True)
+    store.extend({"step": np.int32(i)} for i in range(3))
+    store.flush()
+    _fail_the_evolve_commit_once(store._backend)
+    with pytest.raises(errors.StorageError):
+        store.evolve(add={"['lr']": np.float32(7)})
+    store.close()
+    with pytreestore.open(store_path, "a", backend="ocdbt", coordinator=coordinator) as shared:
+        assert [c.path for c in shared.schema.columns] == ["['step']"]
+        shared.append({"step": np.int32(3)})
+    got = pytreestore.open(store_path, backend="ocdbt")
+    assert [c.path for c in got.schema.columns] == ["['step']"]
+    assert got.load(as_numpy=True)["step"].tolist() == [0, 1, 2, 3]

@@ -334,6 +334,34 @@ def test_a_reader_opening_between_a_truncates_root_and_its_commit_record(tmp_pat
     store.close()
 
 
+def test_a_pending_ragged_reader_refreshing_between_a_truncates_root_and_its_commit(
+    tmp_path, backend
+):
+    path = str(tmp_path / "s")
+    like = {"step": np.int32(0), "extra": None, "other": None}
+    optional = ["['extra']", "['other']"]
+    store = pytreestore.create(path, like, optional=optional, chunk_records=4, backend=backend)
+    store.extend({**like, "step": np.int32(i)} for i in range(12))
+    store.flush()
+    reader = pytreestore.open(path, backend=backend)  # both subtrees pending
+    store.extend({**extra(i), "other": None} for i in range(12, 14))  # ['extra'] learnt at 12
+    store.flush()
+    seen = []
+
+    def refresh() -> None:  # the root has ['extra'] from 9, the commit in force from 12
+        seen.append((reader.refresh(), extras(reader, range(8, 14))))
+
+    hook_commit_record(store, refresh)
+    store.truncate(9)
+    assert seen == [(14, [None] * 4 + [12.0, 13.0])]
+    assert reader.refresh() == 9 and extras(reader, range(8, 9)) == [None]
+    store.extend({**extra(i), "other": None} for i in range(9, 14))
+    store.flush()
+    assert reader.refresh() == 14
+    assert extras(reader, range(8, 14)) == [None, 9.0, 10.0, 11.0, 12.0, 13.0]
+    store.close()
+
+
 def test_a_reader_whose_root_predates_a_truncate_and_commit_follows_it(
     tmp_path, backend, monkeypatch
 ):

@@ -160,6 +160,40 @@ def test_released_keeps_the_releases_no_later_one_implies(monkeypatch):
     assert released(((1, 7), (2, 7), (3, 2)), None, (4, 6)) == (((3, 2), (4, 6)), None)
 
 
+@pytest.mark.parametrize("bound", [1, 2, 3, 5])
+def test_no_version_written_over_is_ever_valid_in_random_reruns(monkeypatch, bound):
+    """A model of storage under random truncates and appends (each after its release, as the
+    writer commits them), against the commit records alone, with a tiny bound: a version
+    whose rows were written over is always gone, and one refused while whole is refused by
+    the merged pair (``horizon``) only."""
+    import random
+
+    monkeypatch.setattr(record, "_HISTORY", bound)
+    for seed in range(40):
+        rng = random.Random(seed)
+        head, rows, written = Commit(0, 0), [], iter(range(10**6))
+        held = {0: (head, [])}
+        for _ in range(150):
+            if head.records and rng.random() < 0.5:
+                cut = rng.randint(max(0, head.records - rng.choice([1, 3, 20])), head.records)
+                head = head.next(cut, operation="truncate")
+            else:
+                if head.high is not None:
+                    head = head.next(head.records, operation="release")
+                    held[head.generation] = (head, rows[: head.records])
+                n = rng.randint(1, 4)
+                rows[head.records : head.records + n] = [next(written) for _ in range(n)]
+                head = head.next(head.records + n)
+            held[head.generation] = (head, rows[: head.records])
+            head = Commit.from_bytes(head.to_bytes(), "model")
+            assert len(head.rewrites) <= bound
+            for version, (seen, values) in held.items():
+                gone = head.gone(seen)
+                whole = rows[: seen.records] == values
+                assert whole or gone is not None, f"seed {seed}: version {version} read as valid"
+                assert not whole or gone is None or gone[0] == head.horizon, (seed, version)
+
+
 def test_a_commit_record_with_a_horizon_reads_back_and_is_checked(tmp_path):
     commit = Commit(5, 9, rewrites=((7, 2), (8, 4)), horizon=7)
     assert Commit.from_bytes(commit.to_bytes(), "here") == commit

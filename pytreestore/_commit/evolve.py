@@ -36,7 +36,8 @@ from jax.tree_util import DictKey, GetAttrKey
 
 from pytreestore import _arguments
 from pytreestore._commit import protocol
-from pytreestore._commit.versions import save_schema
+from pytreestore._commit.record import Commit
+from pytreestore._commit.versions import other_schema, save_schema
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format import keys as _keys
 from pytreestore._format import validate as _validate
@@ -117,25 +118,33 @@ def plan(
     return out, [c for c in kept if c.key in new_keys]
 
 
-def check(backend: Backend, where: str, **changes: Any) -> None:
+def check(backend: Backend, commit: Commit, where: str, **changes: Any) -> None:
     """Raises what :func:`apply` of ``changes`` would raise on bad input, writing nothing:
-    a writer runs it before it flushes, so refused changes commit nothing."""
-    info = _validate.root_schema(backend.read_bytes(ROOT_KEY), where)
+    a writer (whose latest commit is ``commit``) runs it before it flushes, so refused
+    changes commit nothing."""
+    info = committed_info(backend, commit, where)
     plan(info, 0, taken=functools.partial(protocol.taken, backend), **changes)
 
 
+def committed_info(backend: Backend, commit: Commit, where: str) -> dict[str, Any]:
+    """The schema document a writer's latest ``commit`` names: the root's, unless a change
+    whose commit failed (an evolve's, a truncate's) left its own there."""
+    info = _validate.root_schema(backend.read_bytes(ROOT_KEY), where)
+    return other_schema(backend, commit, _validate.schema_id(info)) or info
+
+
 def apply(
-    backend: Backend, schema: TreeSchema, records: int, where: str, **changes: Any
+    backend: Backend, schema: TreeSchema, commit: Commit, where: str, **changes: Any
 ) -> TreeSchema:
     """Applies ``changes`` (the arguments of :func:`plan`) to the store behind ``backend``,
-    whose writer holds the lock and has committed ``records`` records; the new schema.
+    whose writer holds the lock and whose latest commit is ``commit``; the new schema.
 
-    Added columns' arrays are created empty and sized to ``records``, with their groups;
-    then the root ``zarr.json`` is replaced in one atomic put (the commit protocol,
+    Added columns' arrays are created empty and sized to the committed records, with their
+    groups; then the root ``zarr.json`` is replaced in one atomic put (the commit protocol,
     :mod:`pytreestore._commit.protocol`, step 7).
     """
     raw = backend.read_bytes(ROOT_KEY)
-    info = _validate.root_schema(raw, where)
+    info, records = committed_info(backend, commit, where), commit.records
     taken = functools.partial(protocol.taken, backend)
     new_info, added = plan(info, records, taken=taken, **changes)
     stamped = _validate.stamped(new_info)

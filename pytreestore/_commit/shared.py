@@ -42,7 +42,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -74,9 +74,10 @@ RETRIES = 5
 
 
 def attach_shared(
-    engine: Backend, location: Location, schema: TreeSchema
-) -> tuple[Commit, WriterLock]:
-    """The commit record of a store opened by a shared writer, and its shared lock.
+    engine: Backend, location: Location, schema_of: Callable[[Commit], TreeSchema]
+) -> tuple[Commit, TreeSchema, WriterLock]:
+    """The commit record of a store opened by a shared writer, its schema (``schema_of`` the
+    commit: the one it names, as for readers), and its shared lock.
 
     A writer that finds no other writer (it gets the lock exclusively) repairs the store as
     an exclusive writer does (:func:`pytreestore._commit.protocol.prepare_append`), then
@@ -94,6 +95,7 @@ def attach_shared(
         lock, alone = WriterLock.acquire(location, shared=True), False
     try:
         commit = Commit.read(engine, str(location))
+        schema = schema_of(commit)
         check_tables(schema, commit, location)
         check_starts(schema, commit.records, location, commit.rows)
         if schema.ragged is not None:
@@ -107,7 +109,7 @@ def attach_shared(
     except BaseException:
         detach(engine, lock)
         raise
-    return commit, lock
+    return commit, schema, lock
 
 
 class SharedWriter(Writer):

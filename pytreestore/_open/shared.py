@@ -23,6 +23,7 @@ from pytreestore._commit.versions import KEEP_VERSIONS
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._location import Location
+from pytreestore._open.reader import committed_schema
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
 from pytreestore.backends._tensorstore.coordinated import CoordinatedOcdbtBackend, check_address
@@ -92,9 +93,13 @@ def open_shared(
             f"{location} holds no OCDBT store ({ROOT_KEY} is missing in its database); "
             "create one with pytreestore.create(path, like, backend='ocdbt') first"
         )
-    schema = _validate.load_schema(raw, str(location), like=like, generic=False)
-    engine.open_columns(schema.storage_columns)
-    commit, lock = attach_shared(engine, location, schema)
+    root = _validate.load_schema(raw, str(location), like=like, generic=False)
+    engine.open_columns(root.storage_columns)
+    commit, schema, lock = attach_shared(
+        engine,
+        location,
+        lambda c: committed_schema(engine, location, root, c, like=like, generic=False),
+    )
     try:
         options = {"like": like, "generic": False, "cache_bytes": cache_bytes, "cast": cast}
         spec = StoreSpec.of(location, "ocdbt", opener=opener, creator=creator, **options)

@@ -50,6 +50,8 @@ class Job:
         self.stopping = threading.Event()
         self._ended = threading.Event()
         self._thread: int | None = None  # the thread running it, once it runs
+        #: it was running when this process was forked from another: its thread is there
+        self.forked = False
 
     @property
     def ended(self) -> bool:
@@ -103,10 +105,12 @@ def stop_all() -> None:
 
 def _forget_threads() -> None:
     """In a child made by ``os.fork``: the parent's threads are not here, so its jobs count
-    as ended (an inherited prefetcher yields what it had loaded, then stops)."""
+    as ended (an inherited prefetcher yields what it had loaded, then raises, never ends as
+    if its items were all loaded)."""
     global _LOCK
     _LOCK = threading.Lock()  # another thread may have held it at the fork
     for job in _RUNNING:
+        job.forked = True
         job.stopping.set()
         job._ended.set()
     _IDLE.clear()

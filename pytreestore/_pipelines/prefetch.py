@@ -25,7 +25,7 @@ from threading import Event
 from typing import Any, Generic, TypeVar
 
 from pytreestore._pipelines import background
-from pytreestore.errors import ArgumentError
+from pytreestore.errors import ArgumentError, ForkedIteratorError
 
 T = TypeVar("T")
 _END = object()
@@ -80,6 +80,8 @@ class Prefetcher(Generic[T]):
                 return self._queue.get(timeout=_POLL_S)
             except queue.Empty:
                 if job.ended and self._queue.empty():  # stopped by close() or at exit
+                    if job.forked:
+                        raise _forked() from None
                     return _END, None
 
     def close(self) -> None:
@@ -87,6 +89,16 @@ class Prefetcher(Generic[T]):
         self._closed = True
         if self._job is not None:
             self._finalizer()
+
+
+def _forked() -> ForkedIteratorError:
+    return ForkedIteratorError(
+        "this iterator was made before os.fork(): its background loads ran in the parent "
+        "process, and the child has yielded all it had loaded by then; the items after them "
+        "were never loaded here, so it cannot go on (ending it would silently drop them). "
+        "Make the iterator in the child (store.batches(...) again, with state= to resume), "
+        "or start workers with the 'spawn' or 'forkserver' method"
+    )
 
 
 def _produce(

@@ -24,6 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from pytreestore._commit.protocol import group_json
+from pytreestore._commit.record import Commit
+from pytreestore._commit.versions import other_schema
 from pytreestore._format import ragged as _info
 from pytreestore._format import validate as _validate
 from pytreestore._format.columns import (
@@ -342,10 +345,20 @@ def attach_layout(schema: TreeSchema, where: str) -> TreeSchema:
     return dataclasses.replace(schema, layout=model)
 
 
-def reread_schema(backend: Any, where: str, *, like: Any, generic: bool) -> TreeSchema:
+def reread_schema(
+    backend: Any, where: str, commit: Commit, *, like: Any, generic: bool
+) -> TreeSchema:
     """A ragged store's schema read again (``refresh`` of a reader whose schema had pending
-    structures), with its layout; the backend told of its arrays."""
-    schema = load_schema(backend.read_bytes(ROOT_KEY), where, like=like, generic=generic)
+    structures, to ``commit``), with its layout; the backend told of its arrays.
+
+    It is the schema ``commit`` names: a truncate or a learning writes the root before its
+    commit record, so the root may hold one no commit names yet (or ever, after a crash)."""
+    raw = backend.read_bytes(ROOT_KEY)
+    digest = _validate.schema_id(_validate.root_schema(raw, where))
+    info = other_schema(backend, commit, digest)
+    if info is not None:
+        raw = group_json({"pytreestore": info})
+    schema = load_schema(raw, where, like=like, generic=generic)
     backend.open_columns(schema.storage_columns)
     return schema
 
