@@ -45,7 +45,7 @@ from pytreestore._ragged.model import Model, grow_schema, representative
 from pytreestore._ragged.unpad import unpad_records
 from pytreestore._tree.convert import RecordError
 from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec, Walker
-from pytreestore.backends import Backend
+from pytreestore.backends import Backend, KeyListing
 from pytreestore.errors import SchemaMismatchError
 
 
@@ -223,7 +223,7 @@ class RaggedWriter:
         commit = self.commit
         old = {c.key for c in self.schema.storage_columns}
         added = [c for c in grown.storage_columns if c.key not in old]
-        self._backend.delete_keys([array_json(c.key) for c in added])  # a cut-off attempt's
+        self._backend.delete_keys(_leftovers(self._backend, [c.key for c in added]))
         self._backend.create_columns(column_layouts(added, grown.codec))
         for table in {c.table for c in added}:
             keys = [c.key for c in added if c.table == table]
@@ -472,6 +472,18 @@ def _explain(model: Model, record: Any, what: str) -> SchemaMismatchError:
         f"{what} does not match the store schema:\n{lines}\n"
         "A ragged store's records may differ only where ragged= and optional= allow."
     )
+
+
+def _leftovers(backend: Backend, keys: list[str]) -> list[str]:
+    """What a cut-off attempt to learn the arrays ``keys`` left: their metadata and chunks.
+
+    A learning writes its arrays before its commit record, and the next writer puts the
+    committed schema back (the commit record is the truth), so such arrays are no column's;
+    learning them again must not find their chunks (of another chunk shape, or rows the
+    new column would read). Without a key listing only their metadata is known."""
+    if not isinstance(backend, KeyListing):
+        return [array_json(k) for k in keys]
+    return [found for k in keys for found in backend.list_keys(f"{k}/")]
 
 
 __all__ = ["PendingStructure", "RaggedWriter", "new_writer"]
