@@ -238,7 +238,10 @@ def _seed() -> int:
 
 def test_ragged_crash_trials(zygote, tmp_path):
     seed = _seed()
-    tally = run_chains(zygote, tmp_path, seed, 4, 3)
+    try:
+        tally = run_chains(zygote, tmp_path, seed, 4, 3)
+    except BaseException as err:  # the seed replays the run
+        raise AssertionError(f"replay with PYTREESTORE_TRIAL_SEED={seed}: {err}") from err
     print(f"\nragged crash trials (seed {seed}): {tally}")
     assert tally.trials == 12
 
