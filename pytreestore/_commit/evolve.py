@@ -37,7 +37,7 @@ from jax.tree_util import DictKey, GetAttrKey
 from pytreestore import _arguments
 from pytreestore._commit import protocol
 from pytreestore._commit.record import Commit
-from pytreestore._commit.versions import other_schema, save_schema
+from pytreestore._commit.versions import committed_info, save_schema
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format import keys as _keys
 from pytreestore._format import validate as _validate
@@ -124,13 +124,6 @@ def check(backend: Backend, commit: Commit, where: str, **changes: Any) -> None:
     changes commit nothing."""
     info = committed_info(backend, commit, where)
     plan(info, 0, taken=functools.partial(protocol.taken, backend), **changes)
-
-
-def committed_info(backend: Backend, commit: Commit, where: str) -> dict[str, Any]:
-    """The schema document a writer's latest ``commit`` names: the root's, unless a change
-    whose commit failed (an evolve's, a truncate's) left its own there."""
-    info = _validate.root_schema(backend.read_bytes(ROOT_KEY), where)
-    return other_schema(backend, commit, _validate.schema_id(info)) or info
 
 
 def apply(

@@ -37,8 +37,10 @@ from typing import Any
 
 from pytreestore import _arguments
 from pytreestore._commit.record import Commit, now_utc
+from pytreestore._format import validate as _validate
 from pytreestore._format.names import (
     NO_VALUE,
+    ROOT_KEY,
     SCHEMAS_DIR,
     TAGS_DIR,
     VERSIONS_DIR,
@@ -364,6 +366,14 @@ def other_schema(engine: Backend, commit: Commit, digest: str | None) -> dict[st
     return None if raw is None else schema_info(engine, commit.schema, "", raw)
 
 
+def committed_info(engine: Backend, commit: Commit, where: str) -> dict[str, Any]:
+    """The schema document the latest ``commit`` names: the root ``zarr.json``'s, unless a
+    change whose commit never came (an evolve's, a truncate's, a learning's) left its own
+    there and the log keeps the committed one (:func:`other_schema`)."""
+    info = _validate.root_schema(engine.read_bytes(ROOT_KEY), where)
+    return other_schema(engine, commit, _validate.schema_id(info)) or info
+
+
 def schema_info(
     engine: Backend, schema_id: str, where: str, raw: bytes | None = None
 ) -> dict[str, Any]:
@@ -408,6 +418,7 @@ __all__ = [
     "add_tag",
     "check_tag_name",
     "check_wanted",
+    "committed_info",
     "discard_orphan",
     "history",
     "kept_commits",

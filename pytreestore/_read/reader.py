@@ -35,8 +35,6 @@ import numpy as np
 from pytreestore._commit import versions
 from pytreestore._commit.record import Commit
 from pytreestore._format import prng as _prng
-from pytreestore._format import validate as _validate
-from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
 from pytreestore._read import ahead as _ahead
@@ -230,8 +228,7 @@ def check_columns_kept(backend: Backend, schema: TreeSchema, path: str, now: Com
     """Raises SchemaMismatchError if an evolve since a reader opened dropped one of its
     columns (``schema``'s): the records committed since (to ``now``, whose schema counts,
     not a root an evolve wrote before a commit that never came) hold no values there."""
-    info = _validate.root_schema(backend.read_bytes(ROOT_KEY), path)
-    info = versions.other_schema(backend, now, _validate.schema_id(info)) or info
+    info = versions.committed_info(backend, now, path)
     keys = {c.get("key") for c in info["columns"]}
     gone = [c.path for c in schema.columns if c.key not in keys]
     if gone:
