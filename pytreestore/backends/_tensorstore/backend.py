@@ -110,6 +110,11 @@ class TensorStoreBackend(
     # ---- keys and bytes ----------------------------------------------------------------------
 
     @property
+    def timeout(self) -> float | None:
+        """Seconds any one storage call may take (the location's ``total_timeout``), or None."""
+        return self._timeout
+
+    @property
     def files_root(self) -> str | None:
         """The store's folder on the file kvstore (its keys are files there), else None."""
         return self._location.root if self._location.kind == "file" else None
@@ -247,7 +252,7 @@ class TensorStoreBackend(
         self._unstored.note(columns)
         self._layouts.update((c.key, c) for c in columns)
 
-    def _open(self, keys: Sequence[str], records: int = 0) -> list[ts.TensorStore]:
+    def column_handles(self, keys: Sequence[str], records: int = 0) -> list[ts.TensorStore]:
         """Handles for ``keys`` whose domain covers ``records``, (re)opened concurrently and
         checked against the declared layouts."""
         stale = [k for k in keys if k not in self._handles or self._handles[k].shape[0] < records]
@@ -279,10 +284,10 @@ class TensorStoreBackend(
     def column_shapes(self, keys: Sequence[str]) -> list[tuple[int, ...]]:
         for k in keys:
             self._handles.pop(k, None)
-        return [tuple(h.shape) for h in self._open(keys)]
+        return [tuple(h.shape) for h in self.column_handles(keys)]
 
     def resize(self, keys: Sequence[str], records: int) -> None:
-        handles = self._open(keys)
+        handles = self.column_handles(keys)
         futures = [
             h.resize(
                 exclusive_max=[records] + [None] * (h.rank - 1),
@@ -304,8 +309,8 @@ class TensorStoreBackend(
         self._handles.update(zip((k for k, _ in pending), done))
 
     def write(self, keys: Sequence[str], start: int, blocks: Sequence[np.ndarray]) -> None:
-        handles = self._open(keys, start + (len(blocks[0]) if blocks else 0))
-        direct = [self._plan(k, h) for k, h in zip(keys, handles)]
+        handles = self.column_handles(keys, start + (len(blocks[0]) if blocks else 0))
+        direct = [self.direct_plan(k, h) for k, h in zip(keys, handles)]
         if blocks and all(direct):
             try:
                 done = _direct.write(direct, start, blocks)  # type: ignore[arg-type]
@@ -344,8 +349,8 @@ class TensorStoreBackend(
         straight into the outputs (:mod:`._direct`) while TensorStore reads the rest in one
         batch."""
         keys = list(dict.fromkeys(key for key, _, _ in requests))
-        handles = dict(zip(keys, self._open(keys, records)))
-        plans = {k: self._plan(k, handles[k]) for k in keys}
+        handles = dict(zip(keys, self.column_handles(keys, records)))
+        plans = {k: self.direct_plan(k, handles[k]) for k in keys}
         out: list[Any] = [None] * len(requests)
         mine = [
             (i, plan, index, p) for i, (k, index, p) in enumerate(requests) if (plan := plans[k])
@@ -383,7 +388,7 @@ class TensorStoreBackend(
                 for i in which
             ]
 
-    def _plan(self, key: str, handle: ts.TensorStore) -> _direct.DirectColumn | None:
+    def direct_plan(self, key: str, handle: ts.TensorStore) -> _direct.DirectColumn | None:
         """How ``key``'s chunks can be read and written as plain files, or None (not on local
         disk, or compressed)."""
         if key not in self._direct:

@@ -34,13 +34,13 @@ def read_checked(
     opened: dict[str, ts.TensorStore | PyTreeStoreError] = {}
     for key in dict.fromkeys(k for k, _ in reads):
         try:
-            opened[key] = backend._open([key], records)[0]
+            opened[key] = backend.column_handles([key], records)[0]
         except CorruptStoreError as err:
             opened[key] = err
     direct = {  # plain files are checked as load reads them: sizes too
         i: _read_direct(plan, key, index)
         for i, (key, index) in enumerate(reads)
-        if isinstance(h := opened[key], ts.TensorStore) and (plan := backend._plan(key, h))
+        if isinstance(h := opened[key], ts.TensorStore) and (plan := backend.direct_plan(key, h))
     }
     with ts.Batch() as batch:
         futures = [
@@ -56,7 +56,7 @@ def read_checked(
             out.append(fut)
             continue
         try:
-            _futures.result(fut, backend._timeout)
+            _futures.result(fut, backend.timeout)
             out.append(None)
         except ValueError as err:
             if not _futures.is_damage(err):

@@ -191,7 +191,7 @@ class OcdbtDatabase(TensorStoreBackend, Snapshots):
                 "version is read-only. Open the store without version= to write"
             )
 
-    def _plan(self, key: str, handle: ts.TensorStore) -> DirectColumn | None:
+    def direct_plan(self, key: str, handle: ts.TensorStore) -> DirectColumn | None:
         return None  # chunks live inside the database, not as files
 
     # ---- the whole store ---------------------------------------------------------------------

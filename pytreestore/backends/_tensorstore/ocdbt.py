@@ -226,8 +226,8 @@ class OcdbtBackend(OcdbtDatabase, Transactions):
         else:
             self._committed = handles
 
-    def _open(self, keys: Sequence[str], records: int = 0) -> list[ts.TensorStore]:
-        handles = super()._open(keys, records)
+    def column_handles(self, keys: Sequence[str], records: int = 0) -> list[ts.TensorStore]:
+        handles = super().column_handles(keys, records)
         txn = self._active()
         if txn is None:
             return handles
