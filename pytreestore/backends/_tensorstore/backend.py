@@ -67,7 +67,7 @@ _Part = tuple[str, Any, "slice | None"]  # (key, index, part of the second axis 
 _MEMORY_LOCK = threading.Lock()
 
 
-def _memory_context() -> ts.Context:
+def memory_context() -> ts.Context:
     """One context for every ``memory://`` store of this process, so reopening finds the data."""
     with _MEMORY_LOCK:
         if "context" not in _MEMORY:
@@ -100,7 +100,7 @@ class TensorStoreBackend(
         self._unstored = Unstored()
         self._timeout: float | None = getattr(location.options, "total_timeout", None)
         # decoded chunks are cached above the backends (pytreestore._read.cache)
-        self._context = _memory_context() if location.kind == "memory" else ts.Context()
+        self._context = memory_context() if location.kind == "memory" else ts.Context()
         self._kv_spec, self._cleanup = kvstore_spec(location)
         self._kv: ts.KvStore | None = None
         self._handles: dict[str, ts.TensorStore] = {}

@@ -50,7 +50,7 @@ from pytreestore.backends._links import missing_source
 from pytreestore.backends._tensorstore import futures as _futures
 from pytreestore.backends._tensorstore.backend import (
     TensorStoreBackend,
-    _memory_context,
+    memory_context,
     unlink_all,
 )
 from pytreestore.backends._tensorstore.direct import DirectColumn
@@ -69,7 +69,7 @@ def is_ocdbt(location: Location) -> bool:
         return (Path(location.root) / MANIFEST).is_file()
     spec, cleanup = kvstore_spec(location)
     try:
-        context = _memory_context() if location.kind == "memory" else ts.Context()
+        context = memory_context() if location.kind == "memory" else ts.Context()
         base = _futures.result(ts.KvStore.open(spec, context=context), None)
         return _futures.result(base.read(MANIFEST), None).state == "value"
     except ValueError:
