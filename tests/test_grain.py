@@ -141,3 +141,34 @@ def jax_leaves(tree):
     import jax
 
     return jax.tree.leaves(tree)
+
+
+def test_data_loader_batches_a_ragged_store(ragged):
+    path, _ = ragged
+    source = pytreestore.open(path).grain_source(pad_to=4)
+    sampler = grain.samplers.IndexSampler(
+        num_records=len(source),
+        shuffle=False,
+        seed=0,
+        num_epochs=1,
+        shard_options=grain.sharding.NoSharding(),
+    )
+    loader = grain.DataLoader(
+        data_source=source,
+        sampler=sampler,
+        operations=[grain.transforms.Batch(batch_size=2)],
+        worker_count=0,
+    )
+    got = [(b["p"].tolist(), m["p"].tolist(), m["w"].tolist()) for b, m in loader]
+    assert got == [
+        ([[1, 2, 0, 0], [0, 0, 0, 0]], [[1, 1, 0, 0], [0, 0, 0, 0]], [True, False]),
+        ([[3, 4, 5, 0]], [[1, 1, 1, 0]], [True]),
+    ]
+
+
+def test_columns_of_a_padded_ragged_source(ragged):
+    path, _ = ragged
+    source = pytreestore.open(path).grain_source(columns="['w']")
+    batch, mask = grain.MapDataset.source(source).batch(3)[0]
+    assert batch == {"p": None, "w": batch["w"]} and batch["w"].tolist() == [5, 0, 6]
+    assert mask["w"].tolist() == [True, False, True] and mask["p"] is None
