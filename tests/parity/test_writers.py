@@ -52,6 +52,8 @@ def test_two_shared_writers_interleave_whole_commits(name, backend, tmp_path, co
     else:  # the padded form with its mask, as load() gives it
         kind = kinds.kind(name)
         b.extend_batch(*pytreestore.stack(recs[15:23], **kind.declarations, like=kinds.like(name)))
+    with pytest.raises(errors.ReadOnlyError, match="need its only writer"):
+        a.truncate(3)  # refused before anything is written
     a.close()
     b.close()
     order = [1, 2, 3, 4, 5, 0, 6, *range(7, 23)]
