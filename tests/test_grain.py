@@ -133,6 +133,8 @@ def test_padding_options_are_checked(store, ragged):
         pytreestore.open(ragged[0]).grain_source(pad_to=[2, 4])
     with pytest.raises(pytreestore.errors.ArgumentError, match="an int >= 1"):
         pytreestore.open(ragged[0]).grain_source(pad_to=0)
+    with pytest.raises(pytreestore.errors.ArgumentError, match="do not apply"):
+        store.grain_source(padded=True, pad_to=3)
     with pytest.raises(pytreestore.errors.ArgumentTypeError, match="padded must be"):
         store.grain_source(padded="yes")
 

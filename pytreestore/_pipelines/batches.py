@@ -212,7 +212,8 @@ class GrainPadding:
 
         Raises:
             ArgumentTypeError: ``padded`` or ``truncate`` is not a bool, ``pad_to`` not an int.
-            ArgumentError: ``pad_to`` or ``truncate`` without padding, or ``pad_to`` < 1.
+            ArgumentError: ``pad_to`` or ``truncate`` without padding or on a fixed store,
+                or ``pad_to`` < 1.
         """
         ragged = store.schema.ragged is not None
         padded = ragged if padded is None else _arguments.flag(padded, "padded")
@@ -224,10 +225,15 @@ class GrainPadding:
                 f"grain_source(pad_to=, truncate=) apply to padded records; store "
                 f"{store.path} gives them with padded=True"
             )
+        if not ragged and (pad_to is not None or truncate):
+            raise ArgumentError(
+                f"store {store.path} was created without ragged= or optional=, so nothing "
+                "of its records is padded: grain_source(pad_to=, truncate=) do not apply"
+            )
         lengths = store.lengths() if padded and ragged and pad_to is None else {}
         if lengths:  # a store with ragged axes (an optional subtree alone pads nothing)
             pad_to = max((int(n.max()) for n in lengths.values() if n.size), default=0) or 1
-        return cls(padded, pad_to if ragged else None, truncate if ragged else False)
+        return cls(padded, pad_to, truncate)
 
 
 class GrainSource:

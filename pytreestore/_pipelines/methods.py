@@ -218,6 +218,9 @@ class Pipelines:
                 the store when the source is made.
             truncate: cut longer lists to ``pad_to`` instead of refusing them.
 
+        Raises:
+            ArgumentError: ``pad_to`` or ``truncate`` without padding, or on a fixed store.
+
         Example:
             >>> import numpy as np, pytreestore
             >>> s = pytreestore.create("memory://doc-store-grain", {"x": np.int32(0)})
