@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from tests.parity import kinds
 from tests.trial_harness import RAGGED_DECL, ragged_like, ragged_record
 
 # (first record, records, sharding of the batch, sharding of the mask)
@@ -37,6 +38,42 @@ def pytreestore_stack(records: list[Any]) -> tuple[Any, Any]:
     import pytreestore
 
     return pytreestore.stack(records, like=ragged_like(False), as_numpy=True, **RAGGED_DECL)
+
+
+# (first record, records, sharding of values and mask) of each store of every_kind
+KIND_BATCHES = [(0, 16, "data"), (16, 3, "replicated")]
+
+
+def every_kind(root: str, name: str, backend: str, global_tree: Any) -> dict[str, Any]:
+    """A store of kind ``name`` (tests/parity/kinds.py) on ``backend`` with ``multihost=True``,
+    appended :data:`KIND_BATCHES` as global padded batches and masks (a fixed store: the
+    batch alone); its length after each, or the error."""
+    import pytreestore
+
+    lengths = []
+    try:
+        store = kinds.create(f"{root}/{name}-{backend}", name, backend, multihost=True)
+        for first, count, sharding in KIND_BATCHES:
+            pair = kind_batch(name, first, count)
+            store.extend_batch(*(global_tree(part, sharding) for part in pair))
+            lengths.append(len(store))
+        store.close()
+    except pytreestore.errors.PyTreeStoreError as err:
+        return {**_report(err), "lengths": lengths}
+    return {"type": None, "lengths": lengths}
+
+
+def kind_batch(name: str, first: int, count: int) -> tuple[Any, ...]:
+    """Records ``first`` .. of kind ``name``, stacked as ``extend_batch`` takes them:
+    ``(batch,)`` for a fixed store, ``(batch, mask)`` padded for the others."""
+    import pytreestore
+
+    records = kinds.records(name, count, start=first)
+    kind = kinds.kind(name)
+    if kind.is_fixed:
+        return (pytreestore.stack(records, as_numpy=True),)
+    like = kinds.like(name)
+    return pytreestore.stack(records, like=like, as_numpy=True, **kind.declarations)
 
 
 def _report(err: BaseException) -> dict[str, Any]:
@@ -123,6 +160,11 @@ def main() -> None:
     attempt("pending", lambda: pending.extend_batch(good[0], mask=good[1]))
     pending.close()
     out["failures"] = failures
+    out["kinds"] = {
+        f"{name}-{backend}": every_kind(f"{root}/kinds", name, backend, global_tree)
+        for name in kinds.KINDS
+        for backend in kinds.BACKENDS
+    }
     print(json.dumps(out))
     jax.distributed.shutdown()
 

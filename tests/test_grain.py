@@ -64,3 +64,113 @@ def test_data_loader(store):
 def test_pickled_source_reopens_the_store(store):
     source = pickle.loads(pickle.dumps(store.grain_source()))
     assert len(source) == 20 and int(source[19]["i"]) == 19
+
+
+@pytest.fixture
+def ragged(tmp_path):
+    """A closed ragged store of three records, lists of 2, 0 and 3 elements, one `w` None."""
+    records = [
+        {"p": [np.float32(1), np.float32(2)], "w": np.int8(5)},
+        {"p": [], "w": None},
+        {"p": [np.float32(3), np.float32(4), np.float32(5)], "w": np.int8(6)},
+    ]
+    like = {"p": [np.float32(0)], "w": np.int8(0)}
+    with pytreestore.create(tmp_path / "r", like, ragged=["['p']"], optional=["['w']"]) as s:
+        s.extend(records)
+    return tmp_path / "r", records
+
+
+def test_ragged_records_come_padded_with_a_mask_and_grain_batches_them(ragged):
+    path, records = ragged
+    source = pytreestore.open(path).grain_source()
+    record, mask = source[0]
+    assert record["p"].tolist() == [1, 2, 0] and mask["p"].tolist() == [True, True, False]
+    batch, mask = grain.MapDataset.source(source).batch(3)[0]
+    want, want_mask = pytreestore.stack(records, ragged=["['p']"], optional=["['w']"])
+    for got, expected in zip(jax_leaves((batch, mask)), jax_leaves((want, want_mask))):
+        assert got.dtype == expected.dtype and np.array_equal(got, expected)
+    assert batch["p"].tolist() == [[1, 2, 0], [0, 0, 0], [3, 4, 5]]
+    assert mask["w"].tolist() == [True, False, True] and batch["w"].tolist() == [5, 0, 6]
+    assert repr(source) == f"GrainSource({str(path)!r}, columns=None)"
+
+
+def test_ragged_source_pads_to_pad_to_and_pickles_it(ragged):
+    path, _ = ragged
+    source = pickle.loads(pickle.dumps(pytreestore.open(path).grain_source(pad_to=4)))
+    batch, mask = grain.MapDataset.source(source).batch(2)[1]
+    assert batch["p"].tolist() == [[3, 4, 5, 0]] and mask["p"].tolist() == [[1, 1, 1, 0]]
+
+
+def test_ragged_source_refuses_longer_lists_or_cuts_them(ragged):
+    path, _ = ragged
+    store = pytreestore.open(path)
+    with pytest.raises(pytreestore.errors.RaggedLengthError, match="3"):
+        store.grain_source(pad_to=2)[2]
+    record, mask = store.grain_source(pad_to=2, truncate=True)[2]
+    assert record["p"].tolist() == [3, 4] and mask["p"].tolist() == [True, True]
+
+
+def test_ragged_source_unpadded_gives_exact_records(ragged):
+    path, _ = ragged
+    source = pytreestore.open(path).grain_source(padded=False)
+    assert source[1] == {"p": [], "w": None}
+    assert [float(v) for v in source._getitems([2])[0]["p"]] == [3, 4, 5]
+
+
+def test_fixed_source_padded_gives_all_true_masks(store):
+    source = store.grain_source(padded=True)
+    batch, mask = grain.MapDataset.source(source).batch(4)[1]
+    assert batch["i"].tolist() == [4, 5, 6, 7] and mask["i"].tolist() == [True] * 4
+    assert mask["v"].shape == (4,) and mask["v"].dtype == np.bool_
+
+
+def test_padding_options_are_checked(store, ragged):
+    with pytest.raises(pytreestore.errors.ArgumentError, match="padded=True"):
+        store.grain_source(pad_to=3)
+    with pytest.raises(pytreestore.errors.ArgumentError, match="padded=True"):
+        pytreestore.open(ragged[0]).grain_source(padded=False, truncate=True)
+    with pytest.raises(pytreestore.errors.ArgumentTypeError, match="an int >= 1"):
+        pytreestore.open(ragged[0]).grain_source(pad_to=[2, 4])
+    with pytest.raises(pytreestore.errors.ArgumentError, match="an int >= 1"):
+        pytreestore.open(ragged[0]).grain_source(pad_to=0)
+    with pytest.raises(pytreestore.errors.ArgumentError, match="do not apply"):
+        store.grain_source(padded=True, pad_to=3)
+    with pytest.raises(pytreestore.errors.ArgumentTypeError, match="padded must be"):
+        store.grain_source(padded="yes")
+
+
+def jax_leaves(tree):
+    import jax
+
+    return jax.tree.leaves(tree)
+
+
+def test_data_loader_batches_a_ragged_store(ragged):
+    path, _ = ragged
+    source = pytreestore.open(path).grain_source(pad_to=4)
+    sampler = grain.samplers.IndexSampler(
+        num_records=len(source),
+        shuffle=False,
+        seed=0,
+        num_epochs=1,
+        shard_options=grain.sharding.NoSharding(),
+    )
+    loader = grain.DataLoader(
+        data_source=source,
+        sampler=sampler,
+        operations=[grain.transforms.Batch(batch_size=2)],
+        worker_count=0,
+    )
+    got = [(b["p"].tolist(), m["p"].tolist(), m["w"].tolist()) for b, m in loader]
+    assert got == [
+        ([[1, 2, 0, 0], [0, 0, 0, 0]], [[1, 1, 0, 0], [0, 0, 0, 0]], [True, False]),
+        ([[3, 4, 5, 0]], [[1, 1, 1, 0]], [True]),
+    ]
+
+
+def test_columns_of_a_padded_ragged_source(ragged):
+    path, _ = ragged
+    source = pytreestore.open(path).grain_source(columns="['w']")
+    batch, mask = grain.MapDataset.source(source).batch(3)[0]
+    assert batch == {"p": None, "w": batch["w"]} and batch["w"].tolist() == [5, 0, 6]
+    assert mask["w"].tolist() == [True, False, True] and mask["p"] is None

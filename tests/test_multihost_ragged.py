@@ -26,6 +26,7 @@ import pytest
 import pytreestore
 from pytreestore.testing import assert_trees_equal
 from tests import multihost_ragged_child as child
+from tests.parity import kinds
 from tests.test_multihost_write import free_port
 from tests.trial_harness import RAGGED_DECL, ragged_like, ragged_record
 
@@ -111,6 +112,22 @@ def test_each_failure_raises_on_both_processes_and_commits_nothing(runs):
     store = pytreestore.open(root / "failures")
     for i in range(8):
         assert_trees_equal(store.load(i, as_numpy=True), ragged_record(i))
+
+
+@pytest.mark.parametrize("cell", [f"{k}-{b}" for k in kinds.KINDS for b in kinds.BACKENDS])
+def test_every_kind_and_backend(runs, cell):
+    """Each kind of store of the parity matrix on each backend: global padded batches (a
+    fixed store's batch alone) split over both processes, then replicated, append exactly
+    the records a loop of appends would."""
+    root, reports = runs
+    total = sum(count for _, count, _ in child.KIND_BATCHES)
+    lengths = np.cumsum([count for _, count, _ in child.KIND_BATCHES]).tolist()
+    for report in reports:
+        assert report["kinds"][cell] == {"type": None, "lengths": lengths}, report["process"]
+    name, backend = cell.split("-")
+    store = pytreestore.open(root / "kinds" / cell, backend=backend)
+    kinds.assert_same(list(store), kinds.records(name, total))
+    assert store.verify().ok
 
 
 def test_one_process_ragged_multihost_store(tmp_path):

@@ -37,18 +37,28 @@ TESTS = Path(__file__).parent
 CHUNK = 8
 
 
-def record(writer: int, i: int) -> dict[str, Any]:
-    return {
+def record(writer: int, i: int, kind: str = "fixed") -> dict[str, Any]:
+    """Record ``i`` of ``writer``; a ``"ragged"`` one also has a list ``p`` of 0 to 3
+    elements and an optional ``o``, both derived from the tag."""
+    out: dict[str, Any] = {
         "w": np.int32(writer),
         "i": np.int32(i),
         "v": np.array([writer, i, writer * 1000 + i], np.float32),
     }
+    if kind == "ragged":
+        out["p"] = [np.float32(writer * 1000 + i + j / 4) for j in range((writer + i) % 4)]
+        out["o"] = None if i % 3 == 0 else {"q": np.int16(i)}
+    return out
+
+
+RAGGED = {"ragged": ["['p']"], "optional": ["['o']"]}
+RAGGED_LIKE = {**record(0, 1, "ragged"), "p": [np.float32(0)]}
 
 
 # ---- subprocesses ----------------------------------------------------------------------------
 
 
-def writer_main(path: str, address: str, writer: int, plan: str) -> None:
+def writer_main(path: str, address: str, writer: int, plan: str, kind: str = "fixed") -> None:
     """In a subprocess: opens the store shared, waits for a line on stdin, then commits the
     batches of ``plan`` (a JSON list of sizes; [] forever, in batches of 3), printing
     ``COMMITTED <records of this writer>`` after each; ``ERROR <type> <message>`` on a
@@ -61,7 +71,7 @@ def writer_main(path: str, address: str, writer: int, plan: str) -> None:
     try:
         while not sizes or step < len(sizes):
             size = sizes[step] if sizes else 3
-            store.extend(record(writer, done + j) for j in range(size))
+            store.extend(record(writer, done + j, kind) for j in range(size))
             store.flush()
             done, step = done + size, step + 1
             print(f"COMMITTED {done}", flush=True)
@@ -91,11 +101,14 @@ def _python(code: str) -> subprocess.Popen[str]:
 
 
 class WriterProcess:
-    def __init__(self, path: Path, address: str, writer: int, plan: list[int]) -> None:
+    def __init__(
+        self, path: Path, address: str, writer: int, plan: list[int], kind: str = "fixed"
+    ) -> None:
         self.writer = writer
         self.proc = _python(
             "import test_ocdbt_coordinator as t; "
-            f"t.writer_main({str(path)!r}, {address!r}, {writer}, {json.dumps(plan)!r})"
+            f"t.writer_main({str(path)!r}, {address!r}, {writer}, {json.dumps(plan)!r}, "
+            f"{kind!r})"
         )
         self.lines: list[str] = []
 
@@ -147,8 +160,10 @@ class WriterProcess:
         return max(counts, default=0)
 
 
-def run_writers(path: Path, address: str, plans: list[list[int]]) -> list[WriterProcess]:
-    writers = [WriterProcess(path, address, w, plan) for w, plan in enumerate(plans)]
+def run_writers(
+    path: Path, address: str, plans: list[list[int]], kind: str = "fixed"
+) -> list[WriterProcess]:
+    writers = [WriterProcess(path, address, w, plan, kind) for w, plan in enumerate(plans)]
     for w in writers:
         w.ready()
     for w in writers:
@@ -167,6 +182,22 @@ def tags(store: pytreestore.TreeStore) -> list[tuple[int, int]]:
     w, i, v = (np.asarray(rows[k]) for k in ("w", "i", "v"))
     np.testing.assert_array_equal(v, np.stack([w, i, w * 1000 + i], axis=1).astype(np.float32))
     return list(zip(w.tolist(), i.tolist()))
+
+
+def ragged_tags(store: pytreestore.TreeStore) -> list[tuple[int, int]]:
+    """Every record's ``(writer, i)`` of a ragged store, after checking each record, lists
+    and optional part included, against the one its tag makes."""
+    found = []
+    for got in store:
+        tag = (int(got["w"]), int(got["i"]))
+        want = record(*tag, "ragged")
+        assert [float(x) for x in got["p"]] == [float(x) for x in want["p"]], tag
+        assert (got["o"] is None) == (want["o"] is None), tag
+        if want["o"] is not None:
+            assert got["o"]["q"].dtype == np.int16 and int(got["o"]["q"]) == tag[1], tag
+        np.testing.assert_array_equal(got["v"], want["v"])
+        found.append(tag)
+    return found
 
 
 def check_records(found: list[tuple[int, int]], counts: dict[int, int]) -> None:
@@ -220,6 +251,40 @@ def test_three_writers_every_record_once_in_order(store_path: Path, coordinator:
     check_commits(store_path, found)
     assert store.verify().ok
     assert pytreestore.open(store_path, "a").committed == len(found)  # an exclusive writer again
+
+
+@pytest.mark.slow  # three interpreters importing JAX: about 25 s on the 2-core machine
+def test_three_writers_of_a_ragged_store(tmp_path: Path, coordinator: str) -> None:
+    path = tmp_path / "ragged"
+    pytreestore.create(path, RAGGED_LIKE, backend="ocdbt", chunk_records=CHUNK, **RAGGED).close()
+    plans = [[1, 7, 3, 9, 2], [5] * 5, [8, 1, 2, 3, 4]]
+    writers = run_writers(path, coordinator, plans, "ragged")
+    for w in writers:
+        lines = w.finish()
+        assert lines[-1] == "DONE", lines
+    store = pytreestore.open(path)
+    found = ragged_tags(store)
+    check_records(found, {w: sum(plan) for w, plan in enumerate(plans)})
+    check_commits(path, found)
+    assert store.verify().ok
+    with pytreestore.open(path, "a") as exclusive:  # an exclusive writer again, after them
+        exclusive.append(record(3, 0, "ragged"))
+    assert ragged_tags(pytreestore.open(path))[-1] == (3, 0)
+
+
+def test_a_shared_writer_refuses_to_learn_a_pending_structure(
+    tmp_path: Path, coordinator: str
+) -> None:
+    path = tmp_path / "pending"
+    like = {**RAGGED_LIKE, "p": []}
+    pytreestore.create(path, like, backend="ocdbt", **RAGGED).close()
+    store = pytreestore.open(path, "a", backend="ocdbt", coordinator=coordinator)
+    store.append({**record(0, 0, "ragged"), "p": []})  # no element: nothing to learn
+    with pytest.raises(errors.UnsupportedTreeError, match=r"\['p'\].*cannot learn it"):
+        store.append(record(0, 1, "ragged"))
+    store.close()
+    assert pytreestore.open(path).schema.pending == ("['p']",)
+    assert [int(r["i"]) for r in pytreestore.open(path)] == [0]
 
 
 def test_reader_sees_only_whole_commits(store_path: Path, coordinator: str) -> None:

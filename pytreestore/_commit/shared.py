@@ -66,7 +66,6 @@ from pytreestore.errors import (
     StorageError,
     StoreLockedError,
     StoreReplacedError,
-    UnsupportedTreeError,
 )
 
 #: how many times a commit is tried again after a conditional write found the record changed
@@ -87,7 +86,6 @@ def attach_shared(
 
     Raises:
         StoreLockedError: an exclusive writer holds the store.
-        UnsupportedTreeError: the store holds ragged records (not shared yet).
     """
     try:
         lock, alone = WriterLock.acquire(location, sharing=True), True
@@ -98,11 +96,6 @@ def attach_shared(
         schema = schema_of(commit)
         check_tables(schema, commit, location)
         check_starts(schema, commit.records, location, commit.rows)
-        if schema.ragged is not None:
-            raise UnsupportedTreeError(
-                f"store {location} holds ragged or optional records, which writers cannot "
-                "share through a coordinator yet; open it with mode='a' and no coordinator"
-            )
         if alone:
             prepare_append(engine, location, schema, commit)
             lock.share()
@@ -110,6 +103,238 @@ def attach_shared(
         detach(engine, lock)
         raise
     return commit, schema, lock
+
+
+class SharedRows:
+    """One table's rows a shared writer buffers in memory until its commit.
+
+    Its row count starts at 0 at every commit: the offsets a ragged record writes count the
+    rows of their axis's table buffered before them, and :meth:`write` rebases them onto that
+    table's committed rows. It buffers as a table writer of
+    :class:`~pytreestore._ragged.writer.RaggedWriter` does (``append``, ``append_many``,
+    ``write_batch``, ``snapshot``, ``rollback``) and writes nothing by itself.
+    """
+
+    def __init__(self, schema: TreeSchema) -> None:
+        self.schema = schema
+        self.keys = [c.key for c in schema.columns]
+        self.chunk = schema.chunk_records
+        self.casters = casters(schema.columns)
+        self.axes = {i: c.path for i, c in enumerate(schema.columns) if c.role == "offsets"}
+        self.count = 0  # rows buffered
+        self.buffers: list[np.ndarray] = []
+        self._grow(self.chunk)
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def fill(self) -> int:
+        """Rows buffered (a table writer's name for it)."""
+        return self.count
+
+    start = 0  # a table writer's first buffered row: every row is buffered here
+
+    def append(self, leaves: Sequence[Any]) -> None:
+        self._grow(self.count + 1)
+        self.filler.fill(leaves, self.count)
+        self.count += 1
+
+    def append_many(self, leaves_iter: Iterator[Sequence[Any]]) -> None:
+        done = 0
+        while rows := [row for _, row in zip(range(self.chunk), leaves_iter)]:
+            self._grow(self.count + len(rows))
+            try:
+                self.filler.fill_block(rows, self.count)
+            except RecordError as err:
+                raise RecordError(done + err.index, err.error) from err.error
+            self.count += len(rows)
+            done += len(rows)
+
+    def write_batch(self, blocks: Sequence[np.ndarray]) -> None:
+        count = len(blocks[0]) if blocks else 0
+        self._grow(self.count + count)
+        for buf, block in zip(self.buffers, blocks):
+            buf[self.count : self.count + count] = block
+        self.count += count
+
+    def snapshot(self) -> tuple[int, int]:
+        return (self.count, 0)
+
+    def rollback(self, position: tuple[int, int]) -> None:
+        self.count = position[0]
+
+    def flush(self) -> None:
+        """Nothing: the shared writer commits every table's rows together."""
+
+    def drop(self, counts: dict[str | None, int], table: str | None) -> None:
+        """Forgets the first ``counts[table]`` buffered rows (a commit that landed), and the
+        rows of the axis tables they counted from the offsets of the rows kept."""
+        rows = counts[table]
+        for buf in self.buffers:
+            buf[: self.count - rows] = buf[rows : self.count]
+        self.count -= rows
+        for i, axis in self.axes.items():
+            self.buffers[i][: self.count] -= counts[axis]
+
+    def write(self, backend: Backend, head: Commit, table: str | None) -> int:
+        """Writes the buffered rows after ``table``'s rows committed at ``head``, offsets
+        rebased onto their axis tables' committed rows, and returns the table's rows then.
+
+        The tail chunk the rows share with committed ones is read and written again whole."""
+        n, k = head.rows(table), self.count
+        start = n - n % self.chunk
+        blocks = [b[:k] for b in self.buffers]
+        for i, axis in self.axes.items():  # a new array: a retry rebases the buffer again
+            blocks[i] = blocks[i] + np.asarray(head.rows(axis), blocks[i].dtype)
+        if start < n:
+            tail = backend.read(self.keys, slice(start, n), n)
+            blocks = [np.concatenate([t, b]) for t, b in zip(tail, blocks)]
+        backend.column_shapes(self.keys)  # fresh handles: others resized the arrays
+        backend.resize(self.keys, n + k)
+        backend.write(self.keys, start, blocks)
+        return n + k
+
+    def _grow(self, rows: int) -> None:
+        """Makes the buffers hold at least ``rows`` rows, keeping those buffered."""
+        have = len(self.buffers[0]) if self.buffers else 0
+        if rows <= have and self.buffers:
+            return
+        size = max(rows, 2 * have, self.chunk)
+        old = self.buffers
+        self.buffers = [np.empty((size, *c.shape), c.dtype) for c in self.schema.columns]
+        for new, buf in zip(self.buffers, old):
+            new[: self.count] = buf[: self.count]
+        self.filler = RowFiller(self.casters, self.buffers)
+
+
+class SharedCommits:
+    """The commits of a shared writer: every table's buffered rows, in turn under the
+    commit claim (the steps of this module's docstring)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        schema: TreeSchema,
+        commit: Commit,
+        tables: Callable[[], dict[str | None, SharedRows]],
+        *,
+        where: str,
+        keep: int | None,
+        wait: float,
+        via: str,
+    ) -> None:
+        """``tables()`` gives the writer's tables (None: the record table) at each commit."""
+        if not isinstance(backend, ConditionalWrites):
+            raise TypeError("writers share a store only on a backend with conditional writes")
+        self._backend = backend
+        self._schema = schema
+        self._tables = tables
+        self._where, self._keep, self._wait, self._via = where, keep, wait, via
+        self._schema_id = _validate.id_of(schema)
+        self.commit = commit  # the last commit this writer read or made
+        self._uncertain: tuple[Commit, dict[str | None, int]] | None = None  # failed midway
+        self._left: bytes | None = None  # this writer's claim that could not be given back
+
+    @property
+    def pending(self) -> int:
+        """Records buffered."""
+        return self._tables()[None].count
+
+    def check(self) -> None:
+        """Nothing to check: a shared writer owns no tail that a fork could share."""
+
+    def commit_all(self) -> None:
+        """Commits every buffered row (one commit), retrying a commit that found the commit
+        record changed under the claim."""
+        for _ in range(RETRIES):
+            try:
+                claim = CommitClaim.take(
+                    self._backend, self._where, wait=self._wait, leftover=self._left
+                )
+                self._left = None
+                try:
+                    if self._commit_once():
+                        return
+                finally:
+                    claim.release()
+                    self._left = claim.left
+            except StorageError as err:
+                raise StorageError(
+                    f"committing {self.pending} records to {self._where} through the OCDBT "
+                    f"coordinator at {self._via} failed (is it running?): {err}"
+                ) from err
+        raise CommitConflictError(
+            f"{RETRIES} commits to {self._where} in a row found the commit record changed "
+            "under this writer's commit claim (a claim taken over from a writer presumed "
+            f"dead). Nothing was committed by this writer; its {self.pending} records are "
+            "still buffered: flush() tries again (a close() that fails so gives them up)"
+        )
+
+    def _commit_once(self) -> bool:
+        """One try under the claim; False when the commit record changed under it."""
+        head = self._head()
+        if self._uncertain is not None and self._landed(head):
+            return True
+        versions.discard_orphan(self._backend, head)
+        committer = Committer(self._backend, head, self._schema_id, self._keep, tree=self._schema)
+        committer.release()  # rows older versions hold past a truncate are written over
+        tables = self._tables()
+        records = tables[None].write(self._backend, head, None)
+        rows = {t: b.write(self._backend, head, t) for t, b in tables.items() if t is not None}
+        try:
+            committer.advance(records, rows or None)  # a fixed store's commit has no tables
+        except CommitConflictError:
+            return False
+        except StorageError:
+            if committer.commit.records != records:  # not committed, or perhaps: find out next
+                uncertain = committer.uncertain
+                counts = {t: len(b) for t, b in tables.items()}
+                self._uncertain = None if uncertain is None else (uncertain, counts)
+                raise
+            # committed: what failed came after the commit record (the version log's trim)
+        self.commit = committer.commit
+        for buffered in tables.values():
+            buffered.count = 0
+        return True
+
+    def _head(self) -> Commit:
+        """The commit record now, checked to be this store's."""
+        head = Commit.read(self._backend, self._where)
+        seen = self.commit
+        other = None not in (head.store, seen.store) and head.store != seen.store
+        if other or head.generation < seen.generation:
+            raise StoreReplacedError(
+                f"the store {self._where} was replaced since this writer opened it (it holds "
+                f"commit {head.generation} of store {head.store}, this writer saw commit "
+                f"{seen.generation} of store {seen.store}); its {self.pending} buffered "
+                "records were not written. Open the new store to append to it"
+            )
+        return head
+
+    def _landed(self, head: Commit) -> bool:
+        """Whether the commit that failed midway landed (then its rows are committed and
+        leave the buffers); found by its version record, byte for byte."""
+        assert self._uncertain is not None
+        attempt, counts = self._uncertain
+        self._uncertain = None
+        if head.generation < attempt.generation:
+            return False  # not committed (a version record it left is an orphan)
+        if self._backend.read_bytes(version_key(attempt.generation)) != attempt.to_bytes():
+            return False
+        for table, buffered in self._tables().items():
+            buffered.drop(counts, table)
+        self.commit = head
+        return self.pending == 0 or self._commit_once()
+
+
+def shared_only(where: str) -> ReadOnlyError:
+    """The refusal of what needs the store's only writer."""
+    return ReadOnlyError(
+        f"store {where} is shared by writers committing through an OCDBT coordinator: "
+        "evolve(), truncate(), vacuum() and commit_fragments() need its only writer. Close "
+        "every shared writer and open it with mode='a' and no coordinator"
+    )
 
 
 class SharedWriter(Writer):
@@ -132,45 +357,42 @@ class SharedWriter(Writer):
         via: str = "",
     ) -> None:
         """``where`` names the store in errors, ``via`` the coordinator's address."""
-        if not isinstance(backend, ConditionalWrites):
-            raise TypeError("writers share a store only on a backend with conditional writes")
         self._backend = backend
-        self._shared = backend
         self.schema = schema
-        self._keys = [c.key for c in schema.columns]
         self.chunk = schema.chunk_records
-        self.casters = casters(schema.columns)
-        self._where, self._keep, self._wait, self._via = where, keep, wait, via
-        self._schema_id = _validate.id_of(schema)
-        self._seen = commit  # the last commit this writer read or made
-        self._count = 0  # records buffered
-        self._grow(self.chunk)
-        self._uncertain: tuple[Commit, int] | None = None  # a commit that failed midway
-        self._left: bytes | None = None  # this writer's claim that could not be given back
+        self._rows = SharedRows(schema)
+        self.casters = self._rows.casters
+        self._where = where
+        self._commits = SharedCommits(
+            backend,
+            schema,
+            commit,
+            lambda: {None: self._rows},
+            where=where,
+            keep=keep,
+            wait=wait,
+            via=via,
+        )
 
     # ---- what TreeStore asks --------------------------------------------------------------
 
     def __len__(self) -> int:
-        return self._seen.records + self._count
+        return self._commits.commit.records + self._rows.count
 
     @property
     def commit(self) -> Commit:
         """The last commit this writer read or made (others may have committed since)."""
-        return self._seen
+        return self._commits.commit
 
     @property
     def pending(self) -> int:
-        return self._count
+        return self._rows.count
 
     @property
     def committer(self) -> Any:
         """Refused: evolve, truncate, vacuum and commit_fragments need the store's only
         writer."""
-        raise ReadOnlyError(
-            f"store {self._where} is shared by writers committing through an OCDBT coordinator: "
-            "evolve(), truncate(), vacuum() and commit_fragments() need its only writer. Close "
-            "every shared writer and open it with mode='a' and no coordinator"
-        )
+        raise shared_only(self._where)
 
     def extend(self, records: Iterable[Any]) -> None:
         super().extend(records)  # buffers all or none
@@ -181,144 +403,37 @@ class SharedWriter(Writer):
         self._commit_full()
 
     def append(self, leaves: Sequence[Any]) -> None:
-        self._grow(self._count + 1)
-        self.filler.fill(leaves, self._count)
-        self._count += 1
+        self._rows.append(leaves)
         self._commit_full()
 
     def flush(self) -> None:
         """Commits every buffered record (one commit)."""
-        if self._count:
-            self._commit_all()
+        if self._rows.count:
+            self._commits.commit_all()
 
     # ---- buffering (the base class's extend calls these) ----------------------------------
 
     def snapshot(self) -> tuple[int, int]:
-        return (self._count, 0)
+        return self._rows.snapshot()
 
     def rollback(self, position: tuple[int, int]) -> None:
-        self._count = position[0]
+        self._rows.rollback(position)
 
     def append_many(self, leaves_iter: Iterator[Sequence[Any]]) -> None:
-        done = 0
-        while rows := [row for _, row in zip(range(self.chunk), leaves_iter)]:
-            self._grow(self._count + len(rows))
-            try:
-                self.filler.fill_block(rows, self._count)
-            except RecordError as err:
-                raise RecordError(done + err.index, err.error) from err.error
-            self._count += len(rows)
-            done += len(rows)
+        self._rows.append_many(leaves_iter)
 
     def write_batch(self, blocks: Sequence[np.ndarray]) -> None:
-        count = len(blocks[0]) if blocks else 0
-        self._grow(self._count + count)
-        for buf, block in zip(self.buffers, blocks):
-            buf[self._count : self._count + count] = block
-        self._count += count
-
-    def _grow(self, rows: int) -> None:
-        """Makes the buffers hold at least ``rows`` records, keeping those buffered."""
-        have = len(self.buffers[0]) if getattr(self, "buffers", None) else 0
-        if rows <= have:
-            return
-        size = max(rows, 2 * have, self.chunk)
-        old = getattr(self, "buffers", [])
-        self.buffers = [np.empty((size, *c.shape), c.dtype) for c in self.schema.columns]
-        for new, buf in zip(self.buffers, old):
-            new[: self._count] = buf[: self._count]
-        self.filler = RowFiller(self.casters, self.buffers)
-
-    # ---- committing -----------------------------------------------------------------------
+        self._rows.write_batch(blocks)
 
     def _commit_full(self) -> None:
-        if self._count >= self.chunk:
-            self._commit_all()
-
-    def _commit_all(self) -> None:
-        for _ in range(RETRIES):
-            try:
-                claim = CommitClaim.take(
-                    self._shared, self._where, wait=self._wait, leftover=self._left
-                )
-                self._left = None
-                try:
-                    if self._commit_once():
-                        return
-                finally:
-                    claim.release()
-                    self._left = claim.left
-            except StorageError as err:
-                raise StorageError(
-                    f"committing {self._count} records to {self._where} through the OCDBT "
-                    f"coordinator at {self._via} failed (is it running?): {err}"
-                ) from err
-        raise CommitConflictError(
-            f"{RETRIES} commits to {self._where} in a row found the commit record changed "
-            "under this writer's commit claim (a claim taken over from a writer presumed "
-            f"dead). Nothing was committed by this writer; its {self._count} records are "
-            "still buffered: flush() tries again (a close() that fails so gives them up)"
-        )
-
-    def _commit_once(self) -> bool:
-        """One try under the claim; False when the commit record changed under it."""
-        head = self._head()
-        if self._uncertain is not None and self._landed(head):
-            return True
-        versions.discard_orphan(self._backend, head)
-        committer = Committer(self._backend, head, self._schema_id, self._keep, tree=self.schema)
-        committer.release()  # rows older versions hold past a truncate are written over
-        n, k = head.records, self._count
-        start = n - n % self.chunk
-        blocks = [b[:k] for b in self.buffers]
-        if start < n:
-            tail = self._backend.read(self._keys, slice(start, n), n)
-            blocks = [np.concatenate([t, b]) for t, b in zip(tail, blocks)]
-        self._backend.column_shapes(self._keys)  # fresh handles: others resized the arrays
-        self._backend.resize(self._keys, n + k)
-        self._backend.write(self._keys, start, blocks)
-        try:
-            committer.advance(n + k)
-        except CommitConflictError:
-            return False
-        except StorageError:
-            if committer.commit.records != n + k:  # not committed, or perhaps: find out next
-                uncertain = committer.uncertain
-                self._uncertain = None if uncertain is None else (uncertain, k)
-                raise
-            # committed: what failed came after the commit record (the version log's trim)
-        self._seen, self._count = committer.commit, 0
-        return True
-
-    def _head(self) -> Commit:
-        """The commit record now, checked to be this store's."""
-        head = Commit.read(self._backend, self._where)
-        seen = self.commit
-        other = None not in (head.store, seen.store) and head.store != seen.store
-        if other or head.generation < seen.generation:
-            raise StoreReplacedError(
-                f"the store {self._where} was replaced since this writer opened it (it holds "
-                f"commit {head.generation} of store {head.store}, this writer saw commit "
-                f"{seen.generation} of store {seen.store}); its {self._count} buffered records "
-                "were not written. Open the new store to append to it"
-            )
-        return head
-
-    def _landed(self, head: Commit) -> bool:
-        """Whether the commit that failed midway landed (then its records are committed and
-        leave the buffer); found by its version record, byte for byte."""
-        assert self._uncertain is not None
-        attempt, k = self._uncertain
-        self._uncertain = None
-        if head.generation < attempt.generation:
-            return False  # not committed (a version record it left is an orphan)
-        if self._backend.read_bytes(version_key(attempt.generation)) != attempt.to_bytes():
-            return False
-        for buf in self.buffers:
-            buf[: self._count - k] = buf[k : self._count]
-        self._count -= k
-        self._seen = head
-        return self._count == 0 or self._commit_once()
+        if self._rows.count >= self.chunk:
+            self._commits.commit_all()
 
 
-__all__ = ["RETRIES", "SharedWriter", "attach_shared"]
+__all__ = [
+    "RETRIES",
+    "SharedCommits",
+    "SharedRows",
+    "SharedWriter",
+    "attach_shared",
+]

@@ -2,7 +2,8 @@
 ``pytreestore.open(path, mode="a", backend="ocdbt", coordinator="HOST:PORT")``.
 
 The arguments are checked before anything is touched; the writer is a
-:class:`~pytreestore._commit.shared.SharedWriter` over a
+:class:`~pytreestore._commit.shared.SharedWriter` (a
+:class:`~pytreestore._commit.shared.SharedRaggedWriter` for a ragged store) over a
 :class:`~pytreestore.backends._tensorstore.coordinated.CoordinatedOcdbtBackend`.
 
 Example:
@@ -14,20 +15,36 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from pytreestore._commit import versions
+from pytreestore._commit.claim import WAIT_SECONDS
 from pytreestore._commit.protocol import detach
-from pytreestore._commit.shared import SharedWriter, attach_shared
-from pytreestore._commit.versions import KEEP_VERSIONS
-from pytreestore._format import validate as _validate
+from pytreestore._commit.record import Commit
+from pytreestore._commit.shared import (
+    SharedCommits,
+    SharedRows,
+    SharedWriter,
+    attach_shared,
+    shared_only,
+)
 from pytreestore._format.names import ROOT_KEY
+from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
 from pytreestore._open.reader import committed_schema
+from pytreestore._ragged.model import load_schema
+from pytreestore._ragged.writer import RaggedWriter
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
+from pytreestore.backends import Backend
 from pytreestore.backends._tensorstore.coordinated import CoordinatedOcdbtBackend, check_address
-from pytreestore.errors import ArgumentError, NotAStoreError, StoreNotFoundError
+from pytreestore.errors import (
+    ArgumentError,
+    NotAStoreError,
+    StoreNotFoundError,
+    UnsupportedTreeError,
+)
 
 
 def check_shared_options(
@@ -71,7 +88,7 @@ def open_shared(
     like: Any,
     cache_bytes: int | None,
     cast: bool,
-    keep: int | None = KEEP_VERSIONS,
+    keep: int | None = versions.KEEP_VERSIONS,
     opener: Callable[..., TreeStore],
     creator: Callable[..., TreeStore],
 ) -> TreeStore:
@@ -93,7 +110,7 @@ def open_shared(
             f"{location} holds no OCDBT store ({ROOT_KEY} is missing in its database); "
             "create one with pytreestore.create(path, like, backend='ocdbt') first"
         )
-    root = _validate.load_schema(raw, str(location), like=like, generic=False)
+    root = load_schema(raw, str(location), like=like, generic=False)
     engine.open_columns(root.storage_columns)
     commit, schema, lock = attach_shared(
         engine,
@@ -103,7 +120,7 @@ def open_shared(
     try:
         options = {"like": like, "generic": False, "cache_bytes": cache_bytes, "cast": cast}
         spec = StoreSpec.of(location, "ocdbt", opener=opener, creator=creator, **options)
-        writer = SharedWriter(engine, schema, commit, where=str(location), keep=keep, via=address)
+        writer = shared_writer(engine, schema, commit, where=str(location), keep=keep, via=address)
         return TreeStore(
             location=location,
             backend=engine,
@@ -118,4 +135,92 @@ def open_shared(
         raise
 
 
-__all__ = ["check_shared_options", "open_shared"]
+class SharedRaggedWriter(RaggedWriter):
+    """A shared writer of a ragged or optional store: each table's rows buffered in memory
+    (:class:`SharedRows`), every table committed together in turn, the offsets rebased onto
+    the rows others committed meanwhile.
+
+    A record showing a structure the store has not learnt (``schema.pending``) is refused:
+    learning it changes the schema, which needs the store's only writer.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        schema: TreeSchema,
+        commit: Commit,
+        *,
+        where: str,
+        keep: int | None = versions.KEEP_VERSIONS,
+        wait: float = WAIT_SECONDS,
+        via: str = "",
+    ) -> None:
+        """As :class:`SharedWriter`."""
+        self._where = where
+        self._shared = SharedCommits(
+            backend,
+            schema,
+            commit,
+            lambda: self.tables,  # type: ignore[arg-type]  (SharedRows stand in for writers)
+            where=where,
+            keep=keep,
+            wait=wait,
+            via=via,
+        )
+        super().__init__(backend, schema, commit, committer=self._shared)
+
+    def _table(self, table: str | None, schema: TreeSchema, commit: Commit) -> Any:
+        return SharedRows(schema)
+
+    def __len__(self) -> int:
+        return self._shared.commit.records + self._shared.pending
+
+    @property
+    def committer(self) -> Any:
+        """Refused: evolve, truncate, vacuum and commit_fragments need the store's only
+        writer."""
+        raise shared_only(self._where)
+
+    @property
+    def commit(self) -> Commit:
+        return self._shared.commit
+
+    def flush(self) -> None:
+        """Commits every buffered record (one commit)."""
+        if self._shared.pending:
+            self._shared.commit_all()
+
+    def append_record(self, record: Any) -> None:
+        super().append_record(record)
+        self._commit_full()
+
+    def extend(self, records: Iterable[Any]) -> None:
+        super().extend(records)
+        self._commit_full()
+
+    def _commit_whole_chunks(self) -> None:
+        """Nothing: :meth:`_commit_full` commits after a call, never in the middle of one."""
+
+    def _commit_full(self) -> None:
+        if self._shared.pending >= self.schema.chunk_records:
+            self._shared.commit_all()
+
+    def _learn(self, record: Any) -> None:
+        raise UnsupportedTreeError(
+            f"a record shows the structure of {', '.join(self.schema.pending)} in store "
+            f"{self._where}, which no record had; a writer sharing the store through an OCDBT "
+            "coordinator cannot learn it (the schema changes). Append one such record with "
+            "mode='a' and no coordinator first"
+        )
+
+
+def shared_writer(
+    backend: Backend, schema: TreeSchema, commit: Commit, **options: Any
+) -> SharedWriter | SharedRaggedWriter:
+    """The shared writer of a store of ``schema`` (options: those of :class:`SharedWriter`)."""
+    if schema.ragged is not None:
+        return SharedRaggedWriter(backend, schema, commit, **options)
+    return SharedWriter(backend, schema, commit, **options)
+
+
+__all__ = ["SharedRaggedWriter", "check_shared_options", "open_shared", "shared_writer"]

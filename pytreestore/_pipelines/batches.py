@@ -26,6 +26,7 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from jax.tree_util import tree_flatten
 
@@ -190,16 +191,63 @@ def _load_item(load: Callable[[Any], Any], position: tuple[int, int, Any]) -> tu
     return epoch, k, load(index)
 
 
+@dataclasses.dataclass(frozen=True)
+class GrainPadding:
+    """How a :class:`GrainSource` hands out records: exact (``padded=False``), or each as
+    ``(record, mask)`` padded to ``pad_to`` along every ragged axis, so that Grain's default
+    batch function stacks them into the ``(batch, mask)`` that ``load(index, pad_to=pad_to)``
+    gives."""
+
+    padded: bool
+    pad_to: int | None = None
+    truncate: bool = False
+
+    @classmethod
+    def of(cls, store: Any, padded: Any, pad_to: Any, truncate: Any) -> GrainPadding:
+        """The padding of ``store.grain_source(padded=, pad_to=, truncate=)``, checked.
+
+        ``padded=None`` pads the records of a ragged or optional store and leaves a fixed
+        store's as they are; ``pad_to=None`` is the longest list (or ragged leading axis)
+        in the store now, read from its offsets once (at least 1).
+
+        Raises:
+            ArgumentTypeError: ``padded`` or ``truncate`` is not a bool, ``pad_to`` not an int.
+            ArgumentError: ``pad_to`` or ``truncate`` without padding or on a fixed store,
+                or ``pad_to`` < 1.
+        """
+        ragged = store.schema.ragged is not None
+        padded = ragged if padded is None else _arguments.flag(padded, "padded")
+        truncate = _arguments.flag(truncate, "truncate")
+        rule = "grain_source(pad_to=...) takes None or an int >= 1: every record is padded to it"
+        pad_to = _arguments.optional_count(pad_to, rule, minimum=1)
+        if not padded and (pad_to is not None or truncate):
+            raise ArgumentError(
+                f"grain_source(pad_to=, truncate=) apply to padded records; store "
+                f"{store.path} gives them with padded=True"
+            )
+        if not ragged and (pad_to is not None or truncate):
+            raise ArgumentError(
+                f"store {store.path} was created without ragged= or optional=, so nothing "
+                "of its records is padded: grain_source(pad_to=, truncate=) do not apply"
+            )
+        lengths = store.lengths() if padded and ragged and pad_to is None else {}
+        if lengths:  # a store with ragged axes (an optional subtree alone pads nothing)
+            pad_to = max((int(n.max()) for n in lengths.values() if n.size), default=0) or 1
+        return cls(padded, pad_to, truncate)
+
+
 class GrainSource:
     """A store as a Grain random-access data source: ``len``, ``[i]`` and batched reads.
 
     Records come back with numpy leaves, as Grain's transforms expect. Made by
-    :meth:`pytreestore.TreeStore.grain_source`. Pickling keeps the store's location and the
-    options it was opened with (backend, ``storage_options``, ``like``, ``generic``,
-    ``cache_bytes``) and reopens it read-only in the process that unpickles it (Grain's
-    worker processes); a source of a writer commits its buffered records first, so the
-    workers see them. A ``memory://`` store works only with in-process loading
-    (``worker_count=0``).
+    :meth:`pytreestore.TreeStore.grain_source`. Records of a ragged or optional store come
+    padded by default, each the pair ``(record, mask)`` with every ragged axis padded to
+    one length (:class:`GrainPadding`), so Grain's default batching stacks them into
+    ``(batch, mask)``. Pickling keeps the store's location, the options it was opened with
+    (backend, ``storage_options``, ``like``, ``generic``, ``cache_bytes``) and the padding,
+    and reopens the store read-only in the process that unpickles it (Grain's worker
+    processes); a source of a writer commits its buffered records first, so the workers see
+    them. A ``memory://`` store works only with in-process loading (``worker_count=0``).
 
     Example:
         >>> import numpy as np, pytreestore
@@ -216,25 +264,33 @@ class GrainSource:
         *,
         columns: str | Sequence[str] | None,
         load: Callable[[Any], Any],
+        padding: GrainPadding | None = None,
     ) -> None:
-        """``load(index)`` loads records of ``store`` with numpy leaves; pickling keeps
-        ``store.spec`` and opens it again where the source is unpickled."""
+        """``load(index)`` loads records of ``store`` with numpy leaves (padded as
+        ``padding`` says); pickling keeps ``store.spec`` and opens it again where the
+        source is unpickled."""
         self._store = store
         self._columns = columns
         self._load = load
+        self._padding = padding or GrainPadding(padded=False)
 
     def __len__(self) -> int:
         return len(self._store)
 
     def __getitem__(self, index: int) -> Any:
-        return self._load(_arguments.count(index, "a record index must be an int", minimum=None))
+        index = _arguments.count(index, "a record index must be an int", minimum=None)
+        if self._padding.padded:
+            return self._getitems([index])[0]
+        return self._load(index)
 
     def _getitems(self, indices: Sequence[int]) -> list[Any]:
         """The records at ``indices`` from one batched read (Grain's batched-read protocol)."""
-        if self._store.schema.ragged is not None:  # records of their own structure each
+        ragged = self._store.schema.ragged is not None
+        if ragged and not self._padding.padded:  # records of their own structure each
             return [self._load(int(i)) for i in indices]
-        index = np.asarray(indices, np.int64)
-        batch = self._load(index)
+        batch = self._load(np.asarray(indices, np.int64))
+        if self._padding.padded and not ragged:  # a fixed store's records: nothing padded
+            batch = (batch, jax.tree.map(lambda leaf: np.ones(len(leaf), bool), batch))
         leaves, treedef = tree_flatten(batch, is_leaf=lambda x: x is None)
         return [treedef.unflatten(row) for row in zip(*map(split_leaves, leaves))]
 
@@ -246,8 +302,15 @@ class GrainSource:
     def __getstate__(self) -> dict[str, Any]:
         if self._store.mode == "a":
             self._store.flush()  # the reopened reader sees what was appended
-        return {"spec": self._store.spec, "columns": self._columns}
+        return {"spec": self._store.spec, "columns": self._columns, "padding": self._padding}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         store = state["spec"].open()
-        self.__dict__.update(vars(store.grain_source(columns=state["columns"])))
+        padding = state.get("padding") or GrainPadding(padded=False)
+        source = store.grain_source(
+            columns=state["columns"],
+            padded=padding.padded,
+            pad_to=padding.pad_to,
+            truncate=padding.truncate,
+        )
+        self.__dict__.update(vars(source))

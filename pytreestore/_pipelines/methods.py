@@ -199,9 +199,27 @@ class Pipelines:
         )
 
     def grain_source(
-        self: _Store, *, columns: str | Sequence[str] | None = None
+        self: _Store,
+        *,
+        columns: str | Sequence[str] | None = None,
+        padded: bool | None = None,
+        pad_to: int | None = None,
+        truncate: bool = False,
     ) -> _batches.GrainSource:
         """This store as a Grain random-access data source (records with numpy leaves).
+
+        Args:
+            columns: columns to load, as for :meth:`load`.
+            padded: give each record as ``(record, mask)``, padded along every ragged axis
+                to ``pad_to``, so that Grain's default batching stacks them into the
+                ``(batch, mask)`` of ``load(index, pad_to=pad_to)``; None (the default):
+                padded for a ragged or optional store, exact records for a fixed one.
+            pad_to: the padded length of every ragged axis (an int); None: the longest in
+                the store when the source is made.
+            truncate: cut longer lists to ``pad_to`` instead of refusing them.
+
+        Raises:
+            ArgumentError: ``pad_to`` or ``truncate`` without padding, or on a fixed store.
 
         Example:
             >>> import numpy as np, pytreestore
@@ -211,10 +229,11 @@ class Pipelines:
             >>> len(src), int(src[1]["x"])
             (3, 1)
         """
+        padding = _batches.GrainPadding.of(self, padded, pad_to, truncate)
         context = self.read_context()
         request = context.request(columns=columns, as_numpy=True)
-        load = _loader(self, context, request, "pad", None, False)
-        return _batches.GrainSource(self, columns=columns, load=load)
+        load = _loader(self, context, request, "pad", padding.pad_to, padding.truncate)
+        return _batches.GrainSource(self, columns=columns, load=load, padding=padding)
 
 
 #: the largest batch map() compiles a call of (its last batch is padded to it)

@@ -146,3 +146,19 @@ def filled(path: Any, name: str, backend: str, n: int = 9, seed: int = 0, **kw: 
         for r in recs[n // 2 :]:
             store.append(r)
     return recs
+
+
+def assert_same(got: Any, want: Any) -> None:
+    """Asserts that ``got`` is ``want`` exactly: one structure (lists of the same lengths,
+    ``None`` at the same places, the same classes) and equal leaves of the same dtypes."""
+    import jax
+
+    got_leaves, got_def = jax.tree.flatten(got)
+    want_leaves, want_def = jax.tree.flatten(want)
+    assert got_def == want_def, f"structure {got_def} != {want_def}"
+    for i, (a, b) in enumerate(zip(got_leaves, want_leaves)):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.dtype == b.dtype and a.shape == b.shape, (
+            f"leaf {i}: {a.dtype}{a.shape} != {b.dtype}{b.shape}"
+        )
+        assert np.array_equal(a, b), f"leaf {i}: {a} != {b}"
