@@ -378,6 +378,12 @@ def test_ragged_store_packs_each_table_and_keeps_packs_when_it_learns(tmp_path):
     pytreestore.copy(path, copy, pack=True, backend="zarr")  # learnt leaves packed too
     members = [[k for k, _, _ in p.members] for p in pytreestore.open(copy).schema.packs]
     assert members == [["a", "b", "o/u"], ["p/-2A/x", "p/-2A/y"]]
+    elements = sum(len(r["p"]) for r in records)  # the list's table: one row per element
+    meta = json.loads((copy / "_pack_float32_1" / "zarr.json").read_text())
+    assert (meta["dimension_names"][0], meta["shape"]) == ("element", [elements, 3])
+    root = json.loads((copy / "zarr.json").read_text())["consolidated_metadata"]["metadata"]
+    assert root["_pack_float32_1"]["shape"] == [elements, 3]
+    assert root["_pack_float32_0"]["shape"] == [len(records), 4]
     assert_trees_equal(list(pytreestore.open(copy).records(as_numpy=True)), records)
 
 
