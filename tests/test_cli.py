@@ -338,17 +338,31 @@ def test_copy_refuses_a_bad_pack(tmp_path: Path, seed: Path, value: str) -> None
     assert not (tmp_path / "c").exists()  # refused before anything was written
 
 
-def test_copy_refuses_packing_ragged_records(tmp_path: Path) -> None:
+def test_copy_packs_ragged_records(tmp_path: Path) -> None:
+    """--pack on packs a ragged store's record table and its list's table, each within
+    itself (it was refused: "pack= packs the leaves of fixed records")."""
     source = tmp_path / "ragged"
-    lists = [{"p": [np.float32(j) for j in range(k)]} for k in (2, 0, 3)]
+    lists = [
+        {
+            "p": [{"a": np.float32(j), "b": np.float32(-j)} for j in range(k)],
+            "n": np.int32(k),
+            "m": np.int32(-k),
+        }
+        for k in (2, 0, 3)
+    ]
     with pytreestore.create(source, lists[0], ragged=True) as store:
         store.extend(lists)
     result = invoke("copy", source, tmp_path / "c", "--pack", "on")
-    assert result.exit_code == 2
-    assert "pack= packs the leaves of fixed records" in result.stderr
-    assert "from the CLI, --pack keep or off" in result.stderr
-    assert not (tmp_path / "c").exists()
-    assert invoke("copy", source, tmp_path / "c").exit_code == 0  # keep: nothing to pack
+    assert result.exit_code == 0, result.output
+    copy = pytreestore.open(tmp_path / "c")
+    assert [[k for k, _, _ in p.members] for p in copy.schema.packs] == [
+        ["m", "n"],  # a dict's keys, sorted
+        ["p/-2A/a", "p/-2A/b"],
+    ]
+    for got, want in zip(copy.records(as_numpy=True), lists, strict=True):
+        assert [float(e["a"]) for e in got["p"]] == [float(e["a"]) for e in want["p"]]
+        assert [float(e["b"]) for e in got["p"]] == [float(e["b"]) for e in want["p"]]
+        assert (int(got["n"]), int(got["m"])) == (int(want["n"]), int(want["m"]))
 
 
 def test_verify_a_store_too_damaged_to_open(tmp_path: Path, seed: Path) -> None:

@@ -278,8 +278,6 @@ def test_the_packs_section_follows_the_json_schema(tmp_path):
 
 
 def test_refusals(tmp_path):
-    with pytest.raises(errors.SchemaMismatchError, match=re.escape("Create it without pack=")):
-        pytreestore.create(tmp_path / "r", {"x": [np.float32(0)]}, ragged=True, pack=True)
     with pytest.raises(ValueError, match=re.escape("pack must be False, True")):
         pytreestore.create(tmp_path / "v", like(), pack=-1)
     clash = {"_pack_float32_0": np.float32(0), "a": np.float32(0), "b": np.float32(0)}
@@ -287,11 +285,7 @@ def test_refusals(tmp_path):
         errors.SchemaMismatchError, match=re.escape("the leaf at ['_pack_float32_0']")
     ):
         pytreestore.create(tmp_path / "k", clash, pack=True)
-    assert not (tmp_path / "r").exists() and not (tmp_path / "k").exists()
-    with pytest.raises(errors.SchemaMismatchError, match="Copy it without pack="):
-        with pytreestore.create(tmp_path / "rr", {"x": [np.float32(0)]}, ragged=True) as s:
-            s.append({"x": [np.float32(1)]})
-        pytreestore.copy(tmp_path / "rr", tmp_path / "rr2", pack=True)
+    assert not (tmp_path / "k").exists()
 
 
 def test_default_stores_are_not_packed_and_pack_limits(tmp_path):
@@ -354,3 +348,50 @@ def test_a_read_of_some_packed_leaves_reads_only_their_span(
     if backend == "test-part-counting":
         read = {(k, p and (p.start, p.stop)) for k, p in PartCounting.parts}
         assert {(k, p) for k, p in read if k.startswith("_pack_")} == spans
+
+
+def test_ragged_store_packs_each_table_and_keeps_packs_when_it_learns(tmp_path):
+    """create(ragged=, optional=, pack=True) packs the record table and the list's table
+    within themselves; a structure learnt later (a list empty in like, an optional None)
+    gets arrays of its own and the packs stay (create refused pack= with ragged=)."""
+    like = {"a": np.float32(0), "b": np.zeros(2, np.float32), "p": [], "o": None}
+    path = tmp_path / "r"
+    store = pytreestore.create(path, like, ragged=["['p']"], optional=["['o']"], pack=True)
+    assert [[k for k, _, _ in p.members] for p in store.schema.packs] == [["a", "b"]]
+    records = [
+        {
+            "a": np.float32(i),
+            "b": np.full(2, -i, np.float32),
+            "p": [{"x": np.float32(i + k), "y": np.full(2, k, np.float32)} for k in range(i % 3)],
+            "o": None if i % 2 else {"u": np.float32(-i), "v": np.int8(i)},
+        }
+        for i in range(12)
+    ]
+    with store:
+        store.extend(records)
+    again = pytreestore.open(path)
+    assert again.schema.packs == store.schema.packs
+    assert {"p/-2A/x", "p/-2A/y", "o/u", "o/v"} <= set(arrays_on_disk(path))
+    assert_trees_equal(list(again.records(as_numpy=True)), records)
+    assert again.verify().problems == ()
+    copy = tmp_path / "c"
+    pytreestore.copy(path, copy, pack=True, backend="zarr")  # learnt leaves packed too
+    members = [[k for k, _, _ in p.members] for p in pytreestore.open(copy).schema.packs]
+    assert members == [["a", "b", "o/u"], ["p/-2A/x", "p/-2A/y"]]
+    elements = sum(len(r["p"]) for r in records)  # the list's table: one row per element
+    meta = json.loads((copy / "_pack_float32_1" / "zarr.json").read_text())
+    assert (meta["dimension_names"][0], meta["shape"]) == ("element", [elements, 3])
+    root = json.loads((copy / "zarr.json").read_text())["consolidated_metadata"]["metadata"]
+    assert root["_pack_float32_1"]["shape"] == [elements, 3]
+    assert root["_pack_float32_0"]["shape"] == [len(records), 4]
+    assert_trees_equal(list(pytreestore.open(copy).records(as_numpy=True)), records)
+
+
+def test_a_pack_across_two_tables_is_damage(tmp_path):
+    path = tmp_path / "r"
+    like = {"a": np.float32(0), "b": np.float32(0), "p": [{"x": np.float32(0)}]}
+    with pytreestore.create(path, like, ragged=["['p']"], pack=True) as store:
+        store.append(like)
+    edit_packs(path, lambda packs: packs[0]["columns"].append(["p/-2A/x", 2, 1]))
+    with pytest.raises(errors.CorruptStoreError, match="a pack holds the columns of one table"):
+        pytreestore.open(path).schema

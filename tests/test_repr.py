@@ -153,3 +153,22 @@ def test_format_record_of_every_node_kind() -> None:
 def test_format_record_shortens_long_arrays() -> None:
     tree = TreeSchema.from_example(np.zeros(1000)).tree
     assert format_record(tree, [np.arange(1000.0)]) == "[  0.,   1.,   2., ..., 997., 998., 999.]"
+
+
+def test_info_of_a_packed_store_names_each_leaf_and_its_pack(tmp_path: Path) -> None:
+    """Each leaf row shows its own dtype and shape, and the pack holding it (the rows were
+    taken from the store's arrays by position: a packed store's leaves got the wrong ones)."""
+    like = {"a": np.zeros(3, np.float32), "b": np.int8(0), "c": np.float32(0)}
+    with pytreestore.create(tmp_path / "p", like, pack=True) as store:
+        store.extend([like] * 4)
+    info = _repr.describe(pytreestore.open(tmp_path / "p"))
+    leaves = [(c.path, c.dtype, c.shape, c.pack) for c in info.leaves]
+    assert leaves == [
+        ("['a']", "float32", (3,), "_pack_float32_0"),
+        ("['b']", "int8", (), None),
+        ("['c']", "float32", (), "_pack_float32_0"),
+    ]
+    text = _repr.render_text(info, pytreestore.open(tmp_path / "p").schema.tree)
+    assert "4 records · 3 columns" in text
+    assert "_pack_float32_0  (pack, in the record table)  float32  (4,)" in text
+    assert info.nbytes == 4 * (4 * 4 + 1)  # the pack's bytes and b's, each once

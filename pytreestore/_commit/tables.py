@@ -23,7 +23,7 @@ def table_schemas(schema: TreeSchema) -> dict[str | None, TreeSchema]:
     info = schema.ragged
     assert info is not None
     by_table: dict[str | None, list] = {t: [] for t in info.tables()}
-    for c in schema.storage_columns:
+    for c in schema.table_columns:  # packed leaves by their keys: the backend packs them
         by_table[c.table].append(c)
     return {
         t: TreeSchema({}, tuple(cols), info.chunk_rows(t, schema.chunk_records), schema.codec, None)

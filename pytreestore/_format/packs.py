@@ -59,10 +59,17 @@ class Pack:
         """Elements of one record's row: the sum of the members' counts."""
         return sum(count for _, _, count in self.members)
 
-    def spec(self) -> ColumnSpec:
-        """The pack array as a storage column (what verify, repair and vacuum see)."""
+    def spec(self, table: str | None = None) -> ColumnSpec:
+        """The pack array as a storage column of ``table``, its columns' table (what verify,
+        repair and vacuum see)."""
         return ColumnSpec(
-            f"<pack {self.key}>", self.key, self.dtype, (self.elements,), self.chunks, role="pack"
+            f"<pack {self.key}>",
+            self.key,
+            self.dtype,
+            (self.elements,),
+            self.chunks,
+            table=table,
+            role="pack",
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -98,32 +105,55 @@ def check_threshold(pack: Any) -> int | None:
 
 
 def packable(column: ColumnSpec, limit: int) -> bool:
-    """Whether ``column`` may go into a pack: a plain leaf column of the record table, not
-    empty, of at most ``limit`` bytes per record."""
-    plain = column.table is None and column.role is None and column.default is None
+    """Whether ``column`` may go into a pack: a leaf column from the start (of the record
+    table or of a ragged axis's table), not empty, of at most ``limit`` bytes per row."""
+    plain = column.role is None and column.default is None
     return plain and 0 < column.record_nbytes <= limit
 
 
 def plan(columns: Sequence[ColumnSpec], limit: int) -> tuple[Pack, ...]:
-    """The packs of ``columns``: the packable ones grouped by dtype in column order, each
-    group cut into packs of rows of at most 1 MiB; a group of one column stays unpacked."""
-    groups: dict[np.dtype, list[ColumnSpec]] = {}
+    """The packs of ``columns``: the packable ones grouped by table and dtype in column
+    order (a pack's rows are its table's rows: records, or a ragged axis's elements), each
+    group cut into packs of rows of at most 1 MiB; a group of one column stays unpacked.
+    Packs of one dtype are numbered across tables."""
+    groups: dict[tuple[str | None, np.dtype], list[ColumnSpec]] = {}
     for c in columns:
         if packable(c, limit):
-            groups.setdefault(c.dtype, []).append(c)
+            groups.setdefault((c.table, c.dtype), []).append(c)
     packs: list[Pack] = []
-    for dtype, group in groups.items():
-        for n, part in enumerate(_rows_of(group, _PACK_ROW_BYTES)):
+    numbers: dict[np.dtype, int] = {}
+    for (_, dtype), group in groups.items():
+        for part in _rows_of(group, _PACK_ROW_BYTES):
             if len(part) < 2:
                 continue
             members, at = [], 0
             for c in part:
                 members.append((c.key, at, math.prod(c.shape)))
                 at += math.prod(c.shape)
-            records = part[0].chunks[0]
-            chunks = (records, *leaf_chunks(dtype, (at,), records))
+            rows = part[0].chunks[0]  # the table's rows per chunk
+            chunks = (rows, *leaf_chunks(dtype, (at,), rows))
+            n = numbers[dtype] = numbers.get(dtype, -1) + 1
             packs.append(Pack(f"{_PREFIX}{dtype.name}_{n}", dtype, chunks, tuple(members)))
     return tuple(packs)
+
+
+def pack_tables(packs: Sequence[Pack], columns: Sequence[ColumnSpec]) -> dict[str, str | None]:
+    """Each pack's table: that of its columns (``columns`` holds them, dropped ones too)."""
+    table = {c.key: c.table for c in columns}
+    return {p.key: table.get(p.members[0][0]) for p in packs}
+
+
+def storage(
+    columns: Sequence[ColumnSpec], dropped: Sequence[ColumnSpec], packs: Sequence[Pack]
+) -> list[ColumnSpec]:
+    """The arrays of ``columns`` (a schema's, ``dropped`` its dropped ones): the columns
+    not packed, then each pack holding a column not dropped, as a column of its table."""
+    packed, live = packed_keys(packs), {c.key for c in columns}
+    tables = pack_tables(packs, [*columns, *dropped])
+    return [
+        *(c for c in columns if c.key not in packed),
+        *(p.spec(tables[p.key]) for p in packs if any(k in live for k, _, _ in p.members)),
+    ]
 
 
 def rechunked(schema: Any, chunk_records: int) -> Any:
@@ -199,6 +229,12 @@ def check_packs(packs: Sequence[Pack], columns: Sequence[ColumnSpec]) -> None:
                 )
             seen.add(key)
             at += count
+        tables = {by_key[k].table for k, _, _ in p.members}
+        if len(tables) > 1:
+            raise CorruptStoreError(
+                f"the store's schema is damaged: pack {p.key} holds columns of the tables "
+                f"{sorted(map(str, tables))}; a pack holds the columns of one table"
+            )
         if len(p.chunks) != 2 or not all(n >= 1 for n in p.chunks) or not p.members:
             raise CorruptStoreError(
                 f"the store's schema is damaged: pack {p.key} has chunks {list(p.chunks)} "
@@ -217,8 +253,10 @@ __all__ = [
     "check_keys",
     "check_packs",
     "check_threshold",
+    "pack_tables",
     "packable",
     "packed_keys",
     "plan",
     "rechunked",
+    "storage",
 ]

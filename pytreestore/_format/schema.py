@@ -37,7 +37,7 @@ from pytreestore._format import prng as _prng
 from pytreestore._format.bind import bind
 from pytreestore._format.columns import ColumnSpec as ColumnSpec
 from pytreestore._format.columns import check_unique_keys, default_chunk_records, leaf_chunks
-from pytreestore._format.packs import Pack, check_packs, packed_keys
+from pytreestore._format.packs import Pack, check_packs, storage
 from pytreestore._format.ragged import RaggedInfo
 from pytreestore.errors import (
     ArgumentTypeError,
@@ -192,12 +192,16 @@ class TreeSchema:
     def storage_columns(self) -> tuple[ColumnSpec, ...]:
         """Every array of the store: the columns (less packed ones, then the packs), then a
         ragged store's offsets and presence arrays."""
-        if self.packs:  # a pack whose columns evolve dropped stays on disk, as they would
-            packed, live = packed_keys(self.packs), {c.key for c in self.columns}
-            return (
-                *(c for c in self.columns if c.key not in packed),
-                *(p.spec() for p in self.packs if any(k in live for k, _, _ in p.members)),
-            )
+        arrays = storage(self.columns, self.dropped, self.packs) if self.packs else self.columns
+        if self.ragged is None:
+            return tuple(arrays)
+        return (*arrays, *self.ragged.index_columns(self.chunk_records))
+
+    @property
+    def table_columns(self) -> tuple[ColumnSpec, ...]:
+        """Every column the tables' writers and readers name: the leaves (packed ones by
+        their own keys, which the backend maps into their packs), then a ragged store's
+        offsets and presence arrays."""
         if self.ragged is None:
             return self.columns
         return (*self.columns, *self.ragged.index_columns(self.chunk_records))

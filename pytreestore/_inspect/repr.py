@@ -20,21 +20,17 @@ from __future__ import annotations
 
 import dataclasses
 import html
-import itertools
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from jax.tree_util import keystr
-
 from pytreestore._commit.record import Commit
-from pytreestore._format import consts as _consts
-from pytreestore._format.kinds import child_entry
 from pytreestore._format.names import ROOT_KEY, chunk_prefix
 from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._inspect.records import StaticField, static_fields
+from pytreestore._inspect.tree import TreeRow, tree_rows
 from pytreestore._read.reader import ReadContext
 from pytreestore.backends import TensorStoreKvStore
 from pytreestore.errors import PyTreeStoreError
@@ -75,7 +71,15 @@ class ColumnInfo:
         shape: the per-record shape.
         chunks: the chunk shape, record axis first.
         nbytes: bytes of the column's records, uncompressed.
-        stored: bytes of its chunks on disk, or None where the location cannot tell cheaply.
+        stored: bytes of its chunks on disk, or None where the location cannot tell cheaply
+            (or a packed leaf, whose bytes are its pack's).
+        table: in a ragged store, the ragged axis whose table holds it (None: the record
+            table); its rows are that axis's elements.
+        role: None for a leaf; ``"offsets"``, ``"presence"`` or ``"pack"`` for the arrays
+            that index a ragged store's tables or hold packed leaves.
+        pack: the key of the pack holding this leaf, or None (an array of its own).
+        leading: whether each record's leaf has a ragged leading axis (``shape`` leaves it
+            out; the text shows it as ``*``).
     """
 
     path: str
@@ -85,6 +89,15 @@ class ColumnInfo:
     chunks: tuple[int, ...]
     nbytes: int
     stored: int | None
+    table: str | None = None
+    role: str | None = None
+    pack: str | None = None
+    leading: bool = False
+
+    @property
+    def own_array(self) -> bool:
+        """Whether it is an array on disk (not a leaf packed into another)."""
+        return self.pack is None
 
     @property
     def ratio(self) -> float | None:
@@ -101,6 +114,10 @@ class ColumnInfo:
             "nbytes": self.nbytes,
             "stored_bytes": self.stored,
             "ratio": self.ratio,
+            **({"table": self.table} if self.table is not None else {}),
+            **({"role": self.role} if self.role is not None else {}),
+            **({"pack": self.pack} if self.pack is not None else {}),
+            **({"ragged_leading_axis": True} if self.leading else {}),
         }
 
 
@@ -114,10 +131,14 @@ class StoreInfo:
         format_version: the on-disk format version the store was written in.
         chunk_records: records per chunk.
         codec: the compression codec, or None.
-        columns: one :class:`ColumnInfo` per column, in column order.
+        columns: one :class:`ColumnInfo` per leaf, in column order, then one per array
+            that holds no leaf of its own (a ragged store's offsets and presence arrays,
+            the packs).
         disk_bytes: every byte of the store on disk (chunks and metadata), or None.
         static: the static fields the schema holds (flax ``pytree_node=False``, equinox
             ``static=True``, a registered class's static data), in tree order.
+        axes: a ragged store's ragged axes (keypaths, ``[*]`` for list elements).
+        optional: a ragged store's optional subtrees (keypaths).
     """
 
     path: str
@@ -128,16 +149,23 @@ class StoreInfo:
     columns: tuple[ColumnInfo, ...]
     disk_bytes: int | None
     static: tuple[StaticField, ...] = ()
+    axes: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+
+    @property
+    def leaves(self) -> tuple[ColumnInfo, ...]:
+        """The columns that are leaves of the records, in column order."""
+        return tuple(c for c in self.columns if c.role is None)
 
     @property
     def nbytes(self) -> int:
-        """Bytes of every record, uncompressed."""
-        return sum(c.nbytes for c in self.columns)
+        """Bytes of every array, uncompressed."""
+        return sum(c.nbytes for c in self.columns if c.own_array)
 
     @property
     def stored(self) -> int | None:
-        """Bytes of every column's chunks on disk, or None where unknown."""
-        sizes = [c.stored for c in self.columns]
+        """Bytes of every array's chunks on disk, or None where unknown."""
+        sizes = [c.stored for c in self.columns if c.own_array]
         return None if None in sizes else sum(s for s in sizes if s is not None)
 
     @property
@@ -158,6 +186,8 @@ class StoreInfo:
             "ratio": self.ratio,
             "columns": [c.to_json() for c in self.columns],
             "static_fields": [f.to_json() for f in self.static],
+            **({"ragged_axes": list(self.axes)} if self.axes else {}),
+            **({"optional": list(self.optional)} if self.optional else {}),
         }
 
 
@@ -166,6 +196,8 @@ def describe(store: Described) -> StoreInfo:
     schema, records, context = store.schema, len(store), store.read_context()
     rows = _rows(store, records)
     stored = _stored_bytes(context, [c.key for c in schema.storage_columns])
+    packed = {k: p.key for p in schema.packs for k, _, _ in p.members}
+    extra = [c for c in schema.storage_columns if c.role is not None]
     columns = tuple(
         ColumnInfo(
             path=c.path,
@@ -174,10 +206,15 @@ def describe(store: Described) -> StoreInfo:
             shape=c.shape,
             chunks=c.chunks,
             nbytes=rows(c) * c.record_nbytes,
-            stored=stored.get(c.key),
+            stored=None if c.key in packed else stored.get(c.key),
+            table=c.table,
+            role=c.role,
+            pack=packed.get(c.key),
+            leading=_leading(c),
         )
-        for c in schema.storage_columns
+        for c in (*schema.columns, *extra)
     )
+    info = schema.ragged
     return StoreInfo(
         path=store.path,
         records=records,
@@ -187,7 +224,23 @@ def describe(store: Described) -> StoreInfo:
         columns=columns,
         disk_bytes=stored.get(""),
         static=tuple(static_fields(schema.tree, schema.ragged)),
+        axes=() if info is None else tuple(a.path for a in info.axes),
+        optional=() if info is None else _optional_paths(info),
     )
+
+
+def _leading(column: ColumnSpec) -> bool:
+    """Whether a leaf of an axis's table has that ragged axis as its leading axis (its own,
+    or its node's), rather than being an element's leaf of a ragged list."""
+    table = column.table
+    if column.role is not None or table is None:
+        return False
+    return column.path == table or not column.path[len(table) :].startswith("[*]")
+
+
+def _optional_paths(info: Any) -> tuple[str, ...]:
+    """The optional subtrees: those seen (with presence arrays) and those declared."""
+    return tuple(dict.fromkeys([*(p.path for p in info.presence), *info.optional]))
 
 
 def summary(store: Described) -> str:
@@ -278,65 +331,6 @@ def _format_version(context: ReadContext) -> int:
         raise PyTreeStoreError(f"cannot read the format version of {context.path}") from err
 
 
-# ---- the column tree ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class TreeRow:
-    """One line of the column tree: the drawing to its left, its label, and its column if a leaf."""
-
-    prefix: str
-    label: str
-    column: int | None
-
-
-def tree_rows(tree: dict[str, Any]) -> list[TreeRow]:
-    """The column tree of a schema's JSON ``tree``, root first, leaves in column order.
-
-    Example:
-        >>> from pytreestore._format.schema import TreeSchema
-        >>> schema = TreeSchema.from_example({"a": 0, "b": [0, 0]})
-        >>> for row in tree_rows(schema.tree):
-        ...     print(row.prefix + row.label, row.column)
-        dict None
-        ├── ['a'] 0
-        └── ['b']  list[2] None
-            ├── [0] 1
-            └── [1] 2
-    """
-    if tree["node"] == "leaf":
-        return [TreeRow("", "(the root leaf)", 0)]
-    return [TreeRow("", _node_label(tree), None), *_child_rows(tree, "", itertools.count())]
-
-
-def _child_rows(node: dict[str, Any], indent: str, counter: Iterator[int]) -> Iterator[TreeRow]:
-    children = node.get("children", [])
-    for i, child in enumerate(children):
-        last = i == len(children) - 1
-        entry = keystr((child_entry(node, i),))
-        is_leaf = child["node"] == "leaf"
-        label = entry if is_leaf else f"{entry}  {_node_label(child)}"
-        yield TreeRow(
-            indent + ("└── " if last else "├── "), label, next(counter) if is_leaf else None
-        )
-        if not is_leaf:
-            yield from _child_rows(child, indent + ("    " if last else "│   "), counter)
-
-
-def _node_label(node: dict[str, Any]) -> str:
-    kind = node["node"]
-    n = len(node.get("children", []))
-    if kind in ("custom", "namedtuple"):
-        return node["type"].rpartition(":")[2]
-    if kind in ("list", "tuple"):
-        return f"{kind}[{n}]"
-    if kind == "ordered_dict":
-        return "OrderedDict"
-    if kind == "const":
-        return f"= {_consts.label(node)} (constant)"
-    return {"dict": "dict", "none": "None", "leaf": "leaf"}[kind]
-
-
 # ---- text and HTML -----------------------------------------------------------------------------
 
 _HEADERS = ("column", "dtype", "shape", "chunks", "data", "stored", "ratio")
@@ -345,23 +339,44 @@ _HEADERS = ("column", "dtype", "shape", "chunks", "data", "stored", "ratio")
 def _cells(c: ColumnInfo) -> tuple[str, ...]:
     return (
         c.dtype,
-        _shape(c.shape),
+        _shape(("*", *c.shape) if c.leading else c.shape),
         _shape(c.chunks),
         format_bytes(c.nbytes),
-        format_bytes(c.stored),
-        format_ratio(c.ratio),
+        format_bytes(c.stored) if c.own_array else f"in {c.pack}",
+        format_ratio(c.ratio) if c.own_array else "",
     )
 
 
-def _shape(shape: tuple[int, ...]) -> str:
+def _shape(shape: Sequence[int | str]) -> str:
     return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _array_label(c: ColumnInfo) -> str:
+    """An array that holds no leaf of its own, as the text and HTML tables list it."""
+    table = "the record table" if c.table is None else f"the table of {c.table}"
+    what = {"offsets": f"offsets of {c.path}", "presence": f"presence of {c.path}"}
+    return f"{c.key}  ({what.get(c.role or '', 'pack')}, in {table})"
+
+
+def _table_rows(info: StoreInfo, tree: dict[str, Any]) -> list[tuple[str, ...] | None]:
+    """The rows of the column table: the tree (its leaves with their cells), then, after a
+    None, the arrays that hold no leaf of their own."""
+    rows: list[tuple[str, ...] | None] = [
+        (r.prefix + r.label, *(_cells(info.columns[r.column]) if r.column is not None else ()))
+        for r in tree_rows(tree, info.axes, info.optional)
+    ]
+    arrays = [c for c in info.columns if c.role is not None]
+    if arrays:
+        rows.append(None)
+        rows += [(_array_label(c), *_cells(c)) for c in arrays]
+    return rows
 
 
 def _headline(info: StoreInfo) -> list[str]:
     codec = info.codec or "uncompressed"
     return [
         info.path,
-        f"  {info.records:,} records · {len(info.columns)} columns · format {info.format_version}"
+        f"  {info.records:,} records · {len(info.leaves)} columns · format {info.format_version}"
         f" · {info.chunk_records:,} records per chunk · {codec}",
         f"  data {format_bytes(info.nbytes)} · stored {format_bytes(info.stored)}"
         f" ({format_ratio(info.ratio)}) · on disk {format_bytes(info.disk_bytes)}",
@@ -369,22 +384,31 @@ def _headline(info: StoreInfo) -> list[str]:
 
 
 def render_text(info: StoreInfo, tree: dict[str, Any]) -> str:
-    """The store as ``pytreestore info`` prints it: a headline, then the column tree as a table."""
-    rows = tree_rows(tree)
-    table = [_HEADERS] + [
-        (r.prefix + r.label, *(_cells(info.columns[r.column]) if r.column is not None else ()))
-        for r in rows
-    ]
-    widths = [max(len(row[i]) for row in table if len(row) > i) for i in range(len(_HEADERS))]
-    lines = [*_headline(info), ""]
-    for row in table:
-        padded = [
-            cell.ljust(widths[i]) if i < 4 else cell.rjust(widths[i]) for i, cell in enumerate(row)
-        ]
-        lines.append(("  " + "  ".join(padded)).rstrip())
+    """The store as ``pytreestore info`` prints it: a headline, then the column tree as a
+    table, then (a ragged or packed store) the arrays that hold no leaf of their own."""
+    rows = _table_rows(info, tree)
+    cut = rows.index(None) if None in rows else len(rows)
+    tree_part = [r for r in rows[:cut] if r is not None]
+    lines = [*_headline(info), "", *_aligned([_HEADERS, *tree_part])]
+    arrays = [r for r in rows[cut + 1 :] if r is not None]
+    if arrays:
+        lines += ["", "  arrays that index the tables or hold packed leaves", *_aligned(arrays)]
     if info.static:
         lines += ["", "  static fields", *(f"    {f.text}" for f in info.static)]
     return "\n".join(lines)
+
+
+def _aligned(table: list[tuple[str, ...]]) -> list[str]:
+    """``table``'s rows as lines, each column padded to its widest cell (text on the left,
+    numbers on the right)."""
+    widths = [max(len(row[i]) for row in table if len(row) > i) for i in range(len(_HEADERS))]
+    return [
+        "  "
+        + "  ".join(
+            cell.ljust(widths[i]) if i < 4 else cell.rjust(widths[i]) for i, cell in enumerate(row)
+        ).rstrip()
+        for row in table
+    ]
 
 
 _CELL = "padding:0.1em 0.6em;white-space:pre;text-align:"
@@ -413,9 +437,9 @@ def render_html(info: StoreInfo, tree: dict[str, Any]) -> str:
 
     head = "".join(cell("th", h, i) for i, h in enumerate(_HEADERS))
     body = []
-    for r in tree_rows(tree):
-        cells = _cells(info.columns[r.column]) if r.column is not None else ("",) * 6
-        row = "".join(cell("td", c, i) for i, c in enumerate((r.prefix + r.label, *cells)))
+    for r in _table_rows(info, tree):
+        cells = ("",) * 7 if r is None else (*r, *("",) * (7 - len(r)))
+        row = "".join(cell("td", c, i) for i, c in enumerate(cells))
         body.append(f"<tr>{row}</tr>")
     caption = "<br>".join(esc(line.strip()) for line in _headline(info))
     return (

@@ -2,9 +2,10 @@
 
 The copy reads the source in slices of whole destination chunks (host numpy, exact dtypes) and
 appends them to a new store created with the source's schema, so the classes named in the
-schema never need to be importable. It commits after every slice: a copy that is interrupted
-leaves a valid, shorter destination (or, if cut off while the destination was being created, a
-partial one). Until the copy ends, the destination holds the marker ``.pytreestore/incomplete``,
+schema never need to be importable (a ragged or optional store's records, copied one by
+one, are read with stand-ins for them: :mod:`pytreestore._open.standins`). It commits after
+every slice: a copy that is interrupted leaves a valid, shorter destination (or, if cut off
+while the destination was being created, a partial one). Until the copy ends, the destination holds the marker ``.pytreestore/incomplete``,
 so that ``copy(..., overwrite=True)`` and ``create(..., overwrite=True)`` recognise what an
 interrupted copy left and replace it. A destination that overlaps the source (the same place,
 or one inside the other) is refused before anything is written.
@@ -35,11 +36,12 @@ from pytreestore._format.packs import Pack
 from pytreestore._format.schema import TreeSchema
 from pytreestore._inspect import progress as _progress
 from pytreestore._location import Location
-from pytreestore._open.open import create_from_schema, open_any
+from pytreestore._open.open import create_from_schema
+from pytreestore._open.standins import open_without_classes
 from pytreestore._read.reader import load_leaves
 from pytreestore._read.request import LoadRequest
 from pytreestore._store import TreeStore
-from pytreestore.errors import ArgumentError, BadLocationError, SchemaMismatchError
+from pytreestore.errors import ArgumentError, BadLocationError
 
 KEEP = "keep"
 _CODECS = ("zstd", "blosc", "gzip", None)
@@ -89,7 +91,7 @@ def copy(
     if isinstance(src, TreeStore):
         source = src
     else:
-        source = open_any(src, storage_options=src_storage_options)
+        source = open_without_classes(src, storage_options=src_storage_options)
     location = Location.parse(dst, dst_storage_options)
     try:
         return _copy(source, location, chunk_records, codec, backend, overwrite, progress, pack)
@@ -192,26 +194,18 @@ def repacked(schema: TreeSchema, packs: tuple[Pack, ...], pack: bool | int | str
     """``schema`` (a copy's) packed as ``pack`` says: ``"keep"`` as ``packs`` (the source's),
     less the columns the copy lacks; False: unpacked; True or an int: packed afresh."""
     if pack == KEEP:
-        kept = keep_packs(packs, schema.columns, schema.chunk_records)
+        kept = keep_packs(packs, schema.columns)
     else:
         limit = _packs.check_threshold(pack)
-        if limit is not None and schema.ragged is not None:
-            raise SchemaMismatchError(
-                "pack= packs the leaves of fixed records; the source holds ragged or "
-                "optional records, whose copy keeps one array per leaf. Copy it without pack= "
-                "(or pack='keep' or False; from the CLI, --pack keep or off)"
-            )
         kept = () if limit is None else _packs.plan(schema.columns, limit)
     _packs.check_keys(schema.columns, kept)
     return dataclasses.replace(schema, packs=kept)
 
 
-def keep_packs(
-    packs: tuple[Pack, ...], columns: tuple[ColumnSpec, ...], chunk_records: int
-) -> tuple[Pack, ...]:
+def keep_packs(packs: tuple[Pack, ...], columns: tuple[ColumnSpec, ...]) -> tuple[Pack, ...]:
     """``packs`` holding only ``columns`` (offsets closed up; a pack of fewer than two
-    columns is given up), chunked by ``chunk_records`` records."""
-    live = {c.key for c in columns}
+    columns is given up), chunked by the rows per chunk of their columns' table."""
+    live = {c.key: c for c in columns}
     out = []
     for p in packs:
         members, at = [], 0
@@ -220,7 +214,8 @@ def keep_packs(
                 members.append((key, at, count))
                 at += count
         if len(members) >= 2:
-            chunks = (chunk_records, *leaf_chunks(p.dtype, (at,), chunk_records))
+            rows = live[members[0][0]].chunks[0]
+            chunks = (rows, *leaf_chunks(p.dtype, (at,), rows))
             out.append(Pack(p.key, p.dtype, chunks, tuple(members)))
     return tuple(out)
 

@@ -45,7 +45,7 @@ from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
 from pytreestore.backends import Backend, default_backend, get_backend
 from pytreestore.backends._packed import packed
-from pytreestore.errors import ArgumentError, ArgumentTypeError, SchemaMismatchError
+from pytreestore.errors import ArgumentError, ArgumentTypeError
 
 # ---- create --------------------------------------------------------------------------------
 
@@ -106,12 +106,13 @@ def create(
             the store root. A wide tree of small leaves then writes and opens many times
             faster and makes few files, but zarr readers see the packs, not one array per
             leaf (``pytreestore.copy(..., pack=False)`` unpacks). Default False: one array
-            per leaf. Not for ``ragged=`` or ``optional=`` stores.
+            per leaf. With ``ragged=`` or ``optional=``, each table's leaves are packed
+            within their table (a ragged axis's leaves in packs of its elements); a structure
+            learnt later gets arrays of its own.
 
     Raises:
         UnsupportedTreeError: ``like`` holds a node or leaf a store cannot represent.
-        SchemaMismatchError: ``pack`` with ``ragged`` or ``optional``, or a leaf whose
-            storage key a pack array would use.
+        SchemaMismatchError: a leaf whose storage key a pack array would use.
         StoreExistsError: a store (or other data) is at ``path`` and ``overwrite`` is false.
 
     Example:
@@ -128,12 +129,6 @@ def create(
     location = Location.parse(path, storage_options)
     ragged, optional = _declared(ragged), _declared(optional)
     limit = _packs.check_threshold(pack)
-    if limit is not None and (ragged is not None or optional is not None):
-        raise SchemaMismatchError(
-            "pack= packs the leaves of fixed records into shared arrays; a store created with "
-            "ragged= or optional= keeps one array per leaf (its tables grow by elements, not "
-            "records). Create it without pack="
-        )
     if multihost:
         options = {"backend": backend, "storage_options": storage_options, "cast": cast}
         return _multihost.open_everywhere(
@@ -161,6 +156,8 @@ def create(
     else:
         check_codec(codec)
         schema = build_schema(like, ragged, optional, chunk_records=chunk_records, codec=codec)
+        if limit is not None:  # each table's leaves packed, in the table's chunking
+            schema = packed_schema(schema, limit, schema.chunk_records)
     return create_from_schema(
         location, schema, backend=backend, overwrite=overwrite, cast=cast, keep=keep_versions
     )

@@ -226,7 +226,7 @@ def _gather(
     leaves: Sequence[Any] | None = None,
 ) -> dict[str | None, Rows]:
     with explained(context, request.schema), context.reading() as backend:
-        columns = request.schema.storage_columns
+        columns = request.schema.table_columns  # packed leaves by their own keys
         read = _cache.reader(context.cache, context.cache_id, backend, columns)
         chosen = request.specs if leaves is None else leaves
         out = gather(request.schema, commit, records, read, leaves=chosen)

@@ -178,7 +178,7 @@ def _started(old: TreeSchema, new: TreeSchema, rows: Callable[[str | None], int]
     """``new`` with the arrays of ``old`` as stored (their keys and starts, matched by
     :func:`~pytreestore._format.ragged.slot`), and the arrays not in ``old`` starting at their
     table's rows."""
-    before = {_info.slot(c): c for c in old.storage_columns}
+    before = {_info.slot(c): c for c in old.table_columns}
 
     def column(c: ColumnSpec) -> ColumnSpec:
         was = before.get(_info.slot(c))
@@ -201,6 +201,7 @@ def _started(old: TreeSchema, new: TreeSchema, rows: Callable[[str | None], int]
         columns=tuple(column(c) for c in new.columns),
         ragged=dataclasses.replace(info, axes=axes, presence=presence),
         format_version=old.format_version,
+        packs=old.packs,  # a learnt column gets its own array; the packs stay as they are
     )
     check_unique_keys(out.storage_columns)  # a new key may meet a key of another scheme
     return out

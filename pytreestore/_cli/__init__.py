@@ -1,0 +1,1 @@
+"""The ``pytreestore`` command, one module per concept (see :mod:`pytreestore.cli`)."""

@@ -1,0 +1,226 @@
+"""``pytreestore info`` and ``pytreestore head``: a store's column tree, and its first records.
+
+Neither needs the store's classes: a fixed store is read as its generic view, a ragged one
+with stand-ins for its classes (:mod:`pytreestore._open.standins`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+import pytreestore
+from pytreestore._cli.common import fail, json_option, jsonable, main, opened, print_json
+from pytreestore._inspect import repr as _repr
+from pytreestore._inspect.records import format_record, record_items, static_fields, summary_lines
+from pytreestore._open.standins import StandIn, fields_of
+from pytreestore._read.reader import load_leaves
+from pytreestore._read.request import LoadRequest
+from pytreestore.errors import PyTreeStoreError
+
+# ---- info -------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("path")
+@json_option
+def info(path: str, as_json: bool) -> None:
+    """Show a store's column tree: dtype, per-record shape, chunks, bytes and compression.
+
+    The headline gives the record count, format version, chunking and codec, and the sizes:
+    'data' is the records' uncompressed bytes, 'stored' the bytes of their chunks on disk
+    (ratio = data / stored), 'on disk' everything including metadata.
+    """
+    with opened(path) as store:
+        details = _repr.describe(store)
+        if as_json:
+            print_json(details.to_json())
+        else:
+            click.echo(_repr.render_text(details, store.schema.tree))
+
+
+# ---- head -------------------------------------------------------------------------------------
+
+
+class _Several(click.Option):
+    """An option that takes every value up to the next option: ``--columns .a .b['k']``.
+
+    The values taken are those that start like a keypath (``.`` or ``[``); the option may
+    also be repeated.
+    """
+
+    def add_to_parser(self, parser: Any, ctx: click.Context) -> None:
+        super().add_to_parser(parser, ctx)
+        for name in self.opts:
+            long, short = getattr(parser, "_long_opt", {}), getattr(parser, "_short_opt", {})
+            option = long.get(name) or short.get(name)  # click's parser: repeat if it changed
+            if option is not None:
+                option.process = self._greedy(option.process)
+
+    @staticmethod
+    def _greedy(process: Any) -> Any:
+        def take(value: Any, state: Any) -> None:
+            values = [value]
+            while state.rargs and state.rargs[0][:1] in (".", "["):
+                values.append(state.rargs.pop(0))
+            for v in values:
+                process(v, state)
+
+        return take
+
+
+@main.command()
+@click.argument("path")
+@click.option(
+    "-n",
+    "--records",
+    "count",
+    type=click.IntRange(min=0),
+    default=5,
+    show_default=True,
+    help="How many records to print.",
+)
+@click.option(
+    "--start",
+    type=int,
+    default=0,
+    show_default=True,
+    help="The first record to print; negative counts from the end (-1: the last).",
+)
+@click.option(
+    "-c",
+    "--columns",
+    "columns",
+    cls=_Several,
+    multiple=True,
+    metavar="KEYPATH...",
+    help="Print only these columns: keypaths as load(columns=) takes them; a node's "
+    "keypath selects every column below it (.p[0]).",
+)
+@click.option("--full", is_flag=True, help="Print every value, each record as its classes.")
+@json_option
+def head(
+    path: str, count: int, start: int, columns: tuple[str, ...], full: bool, as_json: bool
+) -> None:
+    """Print records of a store: by default one line per leaf (keypath, dtype and shape, the
+    first values), after the store's static fields.
+
+    With --full, each record whole, as the classes the schema names (the classes are not
+    imported: records print the same wherever the store is read). With --json: a JSON list
+    with one record per line, every value, as plain objects and lists.
+    """
+    with opened(path) as store:
+        total = len(store)
+        first = _first_record(start, total)
+        stop = min(first + count, total)
+        try:
+            shown = _read_records(store, range(first, stop), list(columns) or None)
+        except PyTreeStoreError as err:
+            fail(str(err))
+        if as_json:
+            lines = [json.dumps(jsonable(record.plain)) for record in shown]
+            click.echo("[\n" + ",\n".join(lines) + "\n]" if lines else "[]")
+            return
+        width = max(shutil.get_terminal_size((100, 24)).columns - 4, 40)
+        statics = static_fields(store.schema.tree, store.schema.ragged)
+        if statics:
+            click.echo("static fields\n" + "".join(f"  {f.text}\n" for f in statics))
+        label = _root_label(store.schema.tree)
+        for i, one in zip(range(first, stop), shown):
+            text = one.full(width=width) if full else "\n".join([label, *_summary(one, width)])
+            click.echo(f"[{i}] {text}")
+        if stop < total:
+            click.echo(f"... {total - stop:,} more of {total:,} records")
+
+
+def _first_record(start: int, total: int) -> int:
+    """``--start`` as a record index; out of range is a usage error."""
+    first = start + total if start < 0 else start
+    if 0 <= first < total or start == 0:
+        return first
+    span = f"0 to {total - 1}, or -{total} to -1" if total else "0: the store is empty"
+    raise click.BadParameter(
+        f"{start} is out of range for a store of {total:,} records (use {span})",
+        param_hint="'--start'",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shown:
+    """One record read for printing.
+
+    Attributes:
+        plain: the record as dicts, lists and leaves (``--json``).
+        items: its ``(keypath, leaf)`` pairs (the summary lines).
+        full: its every value as text, given ``width=`` (``--full``).
+    """
+
+    plain: Any
+    items: list[tuple[str, Any]]
+    full: Callable[..., str]
+
+
+def _read_records(
+    store: pytreestore.TreeStore, indices: range, columns: list[str] | None
+) -> list[_Shown]:
+    """Records ``indices`` read for printing; columns not selected are None.
+
+    A fixed store's records are read together, as its columns' leaves; a ragged store's one
+    at a time, exactly as ``store[i]`` gives them.
+    """
+    schema = store.schema
+    if schema.ragged is not None:  # each record of its own structure
+        shown = []
+        for i in indices:
+            record = store.load(i, as_numpy=True, columns=columns)
+            plain = _plain(record)
+            text = json.dumps(jsonable(plain), separators=(", ", ": "))
+            items = record_items(record, schema.ragged)
+            shown.append(_Shown(plain, items, functools.partial(_clip, text)))
+        return shown
+    request = LoadRequest.build(schema, policy=False, columns=columns, as_numpy=True)
+    leaves = load_leaves(store.read_context(), request, slice(indices.start, indices.stop))
+    rows = [[None if leaf is None else leaf[i] for leaf in leaves] for i in range(len(indices))]
+    return [
+        _Shown(
+            schema.unflatten(row),
+            [(schema.columns[c].path, row[c]) for c in request.chosen],
+            functools.partial(format_record, schema.tree, row),
+        )
+        for row in rows
+    ]
+
+
+def _summary(shown: _Shown, width: int) -> list[str]:
+    return summary_lines(shown.items, width=width) or ["  (no leaves)"]
+
+
+def _root_label(tree: dict[str, Any]) -> str:
+    """What a record is: its class (``AllParams``), or ``dict``, ``list``..."""
+    return tree["type"].rpartition(":")[2] if "type" in tree else tree["node"]
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _plain(value: Any) -> Any:
+    """A record as dicts, lists and leaves: dataclass and NamedTuple nodes by field name."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, StandIn):  # a ragged store read without its classes
+        return {name: _plain(v) for name, v in fields_of(value)}
+    fields = getattr(value, "_fields", None)
+    if isinstance(value, tuple) and fields is not None:
+        return {k: _plain(v) for k, v in zip(fields, value)}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
