@@ -487,3 +487,33 @@ def test_a_ragged_evolve_refused_by_todays_classes_writes_nothing(tmp_path):
     assert (path / "zarr.json").read_bytes() == before
     assert not (path / "agents" / "-2A" / "mass").exists()
     assert len(pytreestore.open(path)) == 3
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_a_ragged_evolve_cut_off_before_the_root_write_keeps_the_old_schema(
+    tmp_path, backend, monkeypatch
+):
+    """The array of a column added inside list elements was created when the crash came: the
+    old schema stays in force, and the add done again takes another key."""
+    from tests.parity import evolved, kinds
+
+    path = tmp_path / "s"
+    old = kinds.filled(path, "ragged_list", backend, n=4)
+    renames = {evolved.name(kinds.Agent): evolved.name(evolved.AgentAdded)}
+    store = pytreestore.open(path, "a", backend=backend)
+    fail_root_writes(monkeypatch, store._backend, KeyboardInterrupt("crash"))
+    with pytest.raises(KeyboardInterrupt):
+        store.evolve(add={".agents[*].mass": np.float32(2)}, rename_class=renames)
+    monkeypatch.undo()
+    store.close()
+    assert (path / "agents" / "-2A" / "mass" / "zarr.json").exists()  # unused, left
+    again = pytreestore.open(path, "a", backend=backend)
+    assert ".agents[*].mass" not in again.schema.paths
+    again.evolve(add={".agents[*].mass": np.float32(2)}, rename_class=renames)
+    (mass,) = [c for c in again.schema.columns if c.path == ".agents[*].mass"]
+    assert mass.key == "agents/-2A/mass-231" and mass.table == ".agents"
+    again.close()
+    got = pytreestore.open(path, backend=backend)
+    assert [[float(a.mass) for a in got[i].agents] for i in range(4)] == [
+        [2.0] * len(r.agents) for r in old
+    ]

@@ -80,9 +80,25 @@ class Tables:
             return chunk_records
         return int(next(a["chunk_rows"] for a in self.axes if a["path"] == table))
 
-    def check_add(self, path: str, lists: frozenset[str]) -> None:
-        """Refuses a leaf at ``path`` below a node declared ragged whose leaves share one
-        leading axis (or below a leaf's own ragged axis): its rows would need a length."""
+    def check_add(self, path: str, lists: frozenset[str], shape: tuple[int, ...]) -> None:
+        """Refuses a leaf at ``path`` (per-record ``shape``) that the store's declarations
+        make ragged: below a node declared ragged whose leaves share one leading axis, named
+        by ``ragged=``, or an array in a store created with ``ragged=True``. Its rows would
+        need a length per record, which a default cannot give."""
+        if self.info is None:
+            return
+        declared = self.info["declared"]["ragged"]
+        if (declared is True and shape) or (declared is not True and path in declared):
+            why = (
+                "the store was created with ragged=True, which gives every array leaf a "
+                "ragged leading axis (add a scalar instead)"
+                if declared is True
+                else "the store's ragged= declares it ragged"
+            )
+            raise SchemaMismatchError(
+                f"evolve: cannot add {path!r} of shape {shape}: {why}, and a default cannot "
+                f"give a length per record; {COPY_INSTEAD}"
+            )
         for axis in self.axes:
             shared = axis["path"] not in lists and under(path, axis["path"])
             if shared and not path.startswith(axis["path"] + "[*]"):

@@ -275,12 +275,27 @@ def test_changes_the_tables_cannot_follow_are_refused(tmp_path, kind, args, text
     assert len(pytreestore.open(path)) == 3
 
 
-def test_an_add_below_a_node_whose_leaves_share_a_ragged_axis_is_refused(tmp_path):
+@pytest.mark.parametrize(
+    ("ragged", "add", "text"),
+    [
+        (["['p']"], {"['p']['c']": DEFAULT}, "share one ragged leading axis"),
+        (True, {"['c']": np.zeros(2, np.float32)}, "created with ragged=True"),
+        (True, {"['l'][*]['c']": np.zeros(2, np.float32)}, "created with ragged=True"),
+    ],
+)
+def test_an_add_the_declarations_would_make_ragged_is_refused(tmp_path, ragged, add, text):
+    """A new leaf whose rows would need a length per record (below a node whose leaves
+    share one ragged leading axis, or an array where every array leaf is ragged)."""
     path = tmp_path / "s"
-    like = {"p": {"a": np.zeros((2,), np.float32), "b": np.zeros((2,), np.int32)}}
-    pytreestore.create(path, like, ragged=["['p']"], backend="zarr").close()
-    with pytest.raises(errors.SchemaMismatchError, match="share one ragged leading axis"):
-        pytreestore.evolve(path, add={"['p']['c']": DEFAULT})
+    like = {
+        "p": {"a": np.zeros((2,), np.float32), "b": np.zeros((2,), np.int32)},
+        "l": [{"x": np.float32(0)}],
+    }
+    pytreestore.create(path, like, ragged=ragged, backend="zarr").close()
+    before = _schema_document(path)
+    with pytest.raises(errors.SchemaMismatchError, match=text):
+        pytreestore.evolve(path, add=add)
+    assert _schema_document(path) == before
 
 
 def test_drop_and_rename_of_an_optional_subtree(tmp_path):
