@@ -9,7 +9,11 @@ schema the commit record names; the next writer puts it back in the root) and at
 arrays, whose keys a later add skips; after it, the new one.
 
 The changes apply in this order: ``rename_class``, ``drop``, ``rename``, ``add``. Paths are
-keypaths as ``jax.tree_util.keystr`` prints them (``.agents.age``, ``['lr']``).
+keypaths as ``jax.tree_util.keystr`` prints them (``.agents.age``, ``['lr']``), the elements of
+a ragged list written ``[*]`` (``.agents[*].mass``). Every kind of store takes the same steps:
+a column added inside a ragged list's elements joins that list's table and starts at its
+committed rows; what a ragged store's tables add to an edit is
+:mod:`pytreestore._commit.evolve_tables`'s (nothing, for a fixed store).
 
 Example:
     >>> import numpy as np, pytreestore
@@ -211,8 +215,9 @@ class _Walk:
     @property
     def pending(self) -> frozenset[str]:
         """The keypaths of the ragged lists whose elements no record has shown yet."""
+        lists = self.lists
         return frozenset(
-            n.path for n in self.nodes() if n.path in self.lists and not n.node.get("children")
+            n.path for n in self.nodes() if n.path in lists and not n.node.get("children")
         )
 
     def find(self, path: str) -> _Node:
