@@ -235,12 +235,6 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
             UnsupportedDtypeError: a default a column cannot hold. Nothing is changed.
         """
         changes = {"add": add, "drop": drop, "rename": rename, "rename_class": rename_class}
-        if self._schema.ragged is not None:
-            raise SchemaMismatchError(
-                f"store {self.path} holds ragged or optional records, whose schema evolve() "
-                "cannot change yet; copy the records into a new store created with the new "
-                "classes instead"
-            )
         with self._writing() as writer:
             _evolve.check(self._backend, writer.commit, self.path, **changes)  # commits nothing
             writer.flush()
@@ -248,7 +242,7 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
             committer = writer.committer  # the new schema is a version
             committer.advance_to(schema, writer.commit.records, operation="evolve")
             self._schema = schema
-            self._writer = Writer(self._backend, schema, committer.commit, committer)
+            self._renew_writer(writer, schema)  # a ragged store's writer too
 
     def flush(self) -> None:
         """Writes every buffered record and commits; afterwards all appended records are durable."""

@@ -452,3 +452,68 @@ def test_a_reader_refreshing_past_a_drop_whose_commit_never_came(tmp_path, backe
     assert reader.refresh() == 5
     assert reader.load(as_numpy=True)["lr"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     store.close()
+
+
+# ---- ragged and optional stores (the parity matrix is tests/parity/test_evolve.py) --------------
+
+
+def test_a_ragged_store_learning_a_structure_after_a_drop_keeps_the_dropped_columns(tmp_path):
+    """A list empty so far is learnt after an evolve: the columns the evolve dropped stay
+    listed (their keys taken), and the pending list did not stop the drop."""
+    path = tmp_path / "s"
+    like = {"x": np.float32(0), "y": np.float32(0), "l": []}
+    with pytreestore.create(path, like, ragged=["['l']"], backend="zarr") as store:
+        store.extend({"x": np.float32(i), "y": np.float32(i), "l": []} for i in range(3))
+        store.evolve(drop=["['x']"])
+        store.append({"y": np.float32(5), "l": [np.int32(3), np.int32(4)]})
+        assert [c.path for c in store.schema.dropped] == ["['x']"]
+    store = pytreestore.open(path)
+    assert [c.path for c in store.schema.dropped] == ["['x']"]
+    assert [int(v) for v in store[3]["l"]] == [3, 4]
+    assert [float(store[i]["y"]) for i in range(4)] == [0, 1, 2, 5]
+    assert "['x']" not in store[0]
+
+
+def test_a_ragged_evolve_refused_by_todays_classes_writes_nothing(tmp_path):
+    """An add inside list elements whose class today lacks the field is refused before
+    anything is written (the layout is bound to today's classes first)."""
+    from tests.parity import kinds
+
+    path = tmp_path / "s"
+    kinds.filled(path, "ragged_list", "zarr", n=3)
+    before = (path / "zarr.json").read_bytes()
+    with pytreestore.open(path, "a") as store, pytest.raises(errors.SchemaMismatchError):
+        store.evolve(add={".agents[*].mass": np.float32(0)})
+    assert (path / "zarr.json").read_bytes() == before
+    assert not (path / "agents" / "-2A" / "mass").exists()
+    assert len(pytreestore.open(path)) == 3
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_a_ragged_evolve_cut_off_before_the_root_write_keeps_the_old_schema(
+    tmp_path, backend, monkeypatch
+):
+    """The array of a column added inside list elements was created when the crash came: the
+    old schema stays in force, and the add done again takes another key."""
+    from tests.parity import evolved, kinds
+
+    path = tmp_path / "s"
+    old = kinds.filled(path, "ragged_list", backend, n=4)
+    renames = {evolved.name(kinds.Agent): evolved.name(evolved.AgentAdded)}
+    store = pytreestore.open(path, "a", backend=backend)
+    fail_root_writes(monkeypatch, store._backend, KeyboardInterrupt("crash"))
+    with pytest.raises(KeyboardInterrupt):
+        store.evolve(add={".agents[*].mass": np.float32(2)}, rename_class=renames)
+    monkeypatch.undo()
+    store.close()
+    assert (path / "agents" / "-2A" / "mass" / "zarr.json").exists()  # unused, left
+    again = pytreestore.open(path, "a", backend=backend)
+    assert ".agents[*].mass" not in again.schema.paths
+    again.evolve(add={".agents[*].mass": np.float32(2)}, rename_class=renames)
+    (mass,) = [c for c in again.schema.columns if c.path == ".agents[*].mass"]
+    assert mass.key == "agents/-2A/mass-231" and mass.table == ".agents"
+    again.close()
+    got = pytreestore.open(path, backend=backend)
+    assert [[float(a.mass) for a in got[i].agents] for i in range(4)] == [
+        [2.0] * len(r.agents) for r in old
+    ]

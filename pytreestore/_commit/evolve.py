@@ -9,7 +9,11 @@ schema the commit record names; the next writer puts it back in the root) and at
 arrays, whose keys a later add skips; after it, the new one.
 
 The changes apply in this order: ``rename_class``, ``drop``, ``rename``, ``add``. Paths are
-keypaths as ``jax.tree_util.keystr`` prints them (``.agents.age``, ``['lr']``).
+keypaths as ``jax.tree_util.keystr`` prints them (``.agents.age``, ``['lr']``), the elements of
+a ragged list written ``[*]`` (``.agents[*].mass``). Every kind of store takes the same steps:
+a column added inside a ragged list's elements joins that list's table and starts at its
+committed rows; what a ragged store's tables add to an edit is
+:mod:`pytreestore._commit.evolve_tables`'s (nothing, for a fixed store).
 
 Example:
     >>> import numpy as np, pytreestore
@@ -36,10 +40,12 @@ from jax.tree_util import DictKey, GetAttrKey
 
 from pytreestore import _arguments
 from pytreestore._commit import protocol
+from pytreestore._commit.evolve_tables import Tables
 from pytreestore._commit.record import Commit
 from pytreestore._commit.versions import committed_info, save_schema
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format import keys as _keys
+from pytreestore._format import ragged as _ragged_info
 from pytreestore._format import validate as _validate
 from pytreestore._format.columns import leaf_chunks
 from pytreestore._format.kinds import child_entry
@@ -55,7 +61,7 @@ _LAST = re.compile(
 
 def plan(
     info: dict[str, Any],
-    records: int,
+    rows: Callable[[str | None], int],
     *,
     add: Mapping[str, Any] | None = None,
     drop: Sequence[str] | None = None,
@@ -67,7 +73,8 @@ def plan(
 
     Args:
         info: the stored schema document (the root ``zarr.json``'s ``pytreestore``).
-        records: the committed record count (where added columns start).
+        rows: the committed rows of a table (None: the record table, one row per record):
+            where a column added to that table starts.
         add: keypath -> default value of a new column.
         drop: keypaths of nodes to hide (their columns' data stays on disk).
         rename: keypath -> new keypath, under the same parent node.
@@ -90,27 +97,34 @@ def plan(
     tree = copy.deepcopy(info["tree"])
     try:
         columns = [ColumnSpec.from_json(c) for c in info["columns"]]
-    except ValueError as err:  # edited since the store was opened
+        tables = Tables.of(info)
+    except (ValueError, KeyError, TypeError) as err:  # edited since the store was opened
         raise CorruptStoreError(f"the store's schema is malformed: {err}") from err
     _number_leaves(tree, iter(range(len(columns))))
+    walk = _Walk(tree, frozenset(tables.axis_paths()))
     for old, new in rename_class.items():
         if not _rename_class(tree, old, new):
             raise SchemaMismatchError(f"rename_class: no node of class {old!r} in the schema")
-    dropped = [columns[i] for p in drop for i in _drop(tree, p)]
+    dropped = [columns[i] for p in drop for i in _drop(walk, tables, p)]
     for old, new in rename.items():
-        _rename(tree, old, new)
+        _rename(walk, tables, old, new)
     used = {c.key for c in columns} | {c.key for c in dropped}
     used |= {c["key"] for c in info.get("dropped", ())}
     used |= {p["key"] for p in info.get("packs", ())}  # an added column never takes a pack's key
+    used |= tables.keys()
     for path, default in add.items():
-        columns.append(_add(tree, path, default, len(columns), records, info, used, taken))
-    order = [(i, p) for i, p in _leaf_order(tree, ())]
+        new_column = _Added(path, default, len(columns), int(info["chunk_records"]))
+        columns.append(_add(walk, tables, new_column, rows, used, taken))
+    order = list(_leaf_order(walk))
     if not order:
         raise SchemaMismatchError("evolve would leave the store without columns; keep one")
     kept = [_with_path(columns[i], path) for i, path in order]
+    tables.check_counted(kept, walk.pending)
     _strip(tree)
     out = {k: v for k, v in info.items() if k != "digest"}
     out.update(format_version=FORMAT_VERSION, tree=tree, columns=[c.to_json() for c in kept])
+    if tables.info is not None:
+        out["ragged"] = tables.info
     gone = list(info.get("dropped", ())) + [c.to_json() for c in dropped]
     if gone:
         out["dropped"] = gone
@@ -123,7 +137,7 @@ def check(backend: Backend, commit: Commit, where: str, **changes: Any) -> None:
     a writer (whose latest commit is ``commit``) runs it before it flushes, so refused
     changes commit nothing."""
     info = committed_info(backend, commit, where)
-    plan(info, 0, taken=functools.partial(protocol.taken, backend), **changes)
+    plan(info, lambda table: 0, taken=functools.partial(protocol.taken, backend), **changes)
 
 
 def apply(
@@ -132,20 +146,25 @@ def apply(
     """Applies ``changes`` (the arguments of :func:`plan`) to the store behind ``backend``,
     whose writer holds the lock and whose latest commit is ``commit``; the new schema.
 
-    Added columns' arrays are created empty and sized to the committed records, with their
-    groups; then the root ``zarr.json`` is replaced in one atomic put (the commit protocol,
-    :mod:`pytreestore._commit.protocol`, step 7).
+    Added columns' arrays are created empty and sized to their tables' committed rows, with
+    their groups; then the root ``zarr.json`` is replaced in one atomic put (the commit
+    protocol, :mod:`pytreestore._commit.protocol`, step 7). A ragged store's schema gets the
+    layout of records again (``schema.layout.bind``: today's classes, as on open).
     """
     raw = backend.read_bytes(ROOT_KEY)
-    info, records = committed_info(backend, commit, where), commit.records
+    info = committed_info(backend, commit, where)
     taken = functools.partial(protocol.taken, backend)
-    new_info, added = plan(info, records, taken=taken, **changes)
+    new_info, added = plan(info, commit.rows, taken=taken, **changes)
     stamped = _validate.stamped(new_info)
     new = TreeSchema.from_json(stamped, generic=schema.treedef is None)
+    if schema.layout is not None:
+        new = schema.layout.bind(new, where)
     if added:
-        columns = dataclasses.replace(new, columns=tuple(added))
+        columns = dataclasses.replace(new, columns=tuple(added), ragged=None)
         backend.create_columns(protocol.layouts(columns))
-        backend.resize([c.key for c in added], records)
+        for table in dict.fromkeys(c.table for c in added):
+            keys = [c.key for c in added if c.table == table]
+            backend.resize(keys, commit.rows(table))
         backend.write_many_bytes({k: protocol.group_json({}) for k in protocol.group_keys(columns)})
     save_schema(backend, stamped)
     backend.write_bytes(ROOT_KEY, protocol.with_info(raw, stamped))
@@ -156,6 +175,66 @@ def apply(
 # ---- the tree, annotated with column numbers while it is edited --------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class _Node:
+    """One node of the stored tree met on a walk: its parent (None for the root), its index
+    there, its keypath as entries (the key scheme of a fixed store) and as printed (the
+    elements of a ragged list as ``[*]``)."""
+
+    parent: dict[str, Any] | None
+    index: int
+    node: dict[str, Any]
+    entries: tuple
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Walk:
+    """The stored tree being edited, and the keypaths of its ragged lists."""
+
+    tree: dict[str, Any]
+    axes: frozenset[str]
+
+    def nodes(self, start: _Node | None = None) -> Iterator[_Node]:
+        """Every node from ``start`` (the root) down, parents first."""
+        here = start or _Node(None, -1, self.tree, (), "")
+        yield here
+        node = here.node
+        star = node["node"] == "list" and here.path in self.axes
+        for i, child in enumerate(node.get("children", ())):
+            entry = child_entry(node, i)
+            text = "[*]" if star else _keys.path_str((entry,))
+            yield from self.nodes(_Node(node, i, child, (*here.entries, entry), here.path + text))
+
+    @property
+    def lists(self) -> frozenset[str]:
+        """The keypaths of the ragged lists (the axes that are list nodes)."""
+        lists = (n.path for n in self.nodes() if n.node["node"] == "list")
+        return frozenset(p for p in lists if p in self.axes)
+
+    @property
+    def pending(self) -> frozenset[str]:
+        """The keypaths of the ragged lists whose elements no record has shown yet."""
+        lists = self.lists
+        return frozenset(
+            n.path for n in self.nodes() if n.path in lists and not n.node.get("children")
+        )
+
+    def find(self, path: str) -> _Node:
+        """The node at ``path``."""
+        for found in self.nodes():
+            if found.path == path:
+                return found
+        raise SchemaMismatchError(
+            f"evolve: no node at {path!r}; the store's columns are "
+            f"{[p for _, p in _leaf_order(self)]}"
+        )
+
+    def check_free(self, path: str) -> None:
+        if any(n.path == path for n in self.nodes()):
+            raise SchemaMismatchError(f"evolve: {path!r} already exists in the store's schema")
+
+
 def _number_leaves(node: dict[str, Any], numbers: Iterator[int]) -> None:
     if node["node"] == "leaf":
         node["_col"] = next(numbers)
@@ -163,11 +242,11 @@ def _number_leaves(node: dict[str, Any], numbers: Iterator[int]) -> None:
         _number_leaves(child, numbers)
 
 
-def _leaf_order(node: dict[str, Any], path: tuple) -> Iterator[tuple[int, str]]:
-    if node["node"] == "leaf":
-        yield node["_col"], _keys.path_str(path)
-    for i, child in enumerate(node.get("children", ())):
-        yield from _leaf_order(child, (*path, child_entry(node, i)))
+def _leaf_order(walk: _Walk, start: _Node | None = None) -> Iterator[tuple[int, str]]:
+    """``(column number, keypath)`` of every leaf from ``start`` down, in flatten order."""
+    for n in walk.nodes(start):
+        if n.node["node"] == "leaf":
+            yield n.node["_col"], n.path
 
 
 def _strip(node: dict[str, Any]) -> None:
@@ -178,23 +257,6 @@ def _strip(node: dict[str, Any]) -> None:
 
 def _with_path(column: ColumnSpec, path: str) -> ColumnSpec:
     return dataclasses.replace(column, path=path)
-
-
-def _find(tree: dict[str, Any], path: str) -> tuple[dict[str, Any] | None, int, dict[str, Any]]:
-    """``(parent, index, node)`` of the node at ``path`` (parent None for the root)."""
-    for parent, i, node, p in _walk(tree, None, -1, ()):
-        if _keys.path_str(p) == path:
-            return parent, i, node
-    raise SchemaMismatchError(
-        f"evolve: no node at {path!r}; the store's columns are "
-        f"{[p for _, p in _leaf_order(tree, ())]}"
-    )
-
-
-def _walk(node: dict, parent: dict | None, index: int, path: tuple) -> Iterator[tuple]:
-    yield parent, index, node, path
-    for i, child in enumerate(node.get("children", ())):
-        yield from _walk(child, node, i, (*path, child_entry(node, i)))
 
 
 def _names(node: dict[str, Any]) -> list[Any]:
@@ -224,46 +286,72 @@ def _rename_class(node: dict[str, Any], old: str, new: str) -> bool:
     return hit
 
 
-def _drop(tree: dict[str, Any], path: str) -> list[int]:
-    parent, i, node = _find(tree, path)
-    if parent is None:
+def _drop(walk: _Walk, tables: Tables, path: str) -> list[int]:
+    found = walk.find(path)
+    if found.parent is None:
         raise SchemaMismatchError("evolve: drop=[''] would drop the whole tree")
-    names = _names(parent)
-    del names[i], parent["children"][i]
-    return [c for c, _ in _leaf_order(node, ())]
+    names = _names(found.parent)
+    gone = [c for c, _ in _leaf_order(walk, found)]
+    del names[found.index], found.parent["children"][found.index]
+    tables.drop(path)
+    return gone
 
 
-def _rename(tree: dict[str, Any], old: str, new: str) -> None:
-    parent, i, _ = _find(tree, old)
+def _rename(walk: _Walk, tables: Tables, old: str, new: str) -> None:
+    found = walk.find(old)
     head, entry = _split(new)
-    if parent is None or head != _split(old)[0]:
+    if found.parent is None or head != _split(old)[0]:
         raise SchemaMismatchError(
             f"evolve: rename {old!r} -> {new!r} must keep the parent node (rename the last "
             "part of the path only)"
         )
-    _check_free(tree, new)
-    names = _names(parent)
-    names[i] = _entry_json(parent, entry, new)
-    _sort_dict(parent)
+    walk.check_free(new)
+    tables.check_rename(old, new)
+    names = _names(found.parent)
+    names[found.index] = _entry_json(found.parent, entry, new)
+    _sort_dict(found.parent)
+    tables.rename(old, new)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Added:
+    """A column to add: its keypath, default, column number and the store's chunk records."""
+
+    path: str
+    default: Any
+    number: int
+    chunk_records: int
 
 
 def _add(
-    tree: dict, path: str, default: Any, number: int, records: int, info: dict, used: set, taken
+    walk: _Walk,
+    tables: Tables,
+    added: _Added,
+    rows: Callable[[str | None], int],
+    used: set,
+    taken: Callable[[str], bool],
 ) -> ColumnSpec:
+    path = added.path
     head, entry = _split(path)
-    parent = _find(tree, head)[2]
-    _check_free(tree, path)
-    value, dtype = _default_value(path, default)
-    _names(parent).append(_entry_json(parent, entry, path))
-    parent["children"].append({"node": "leaf", "_col": number})
-    _sort_dict(parent)
-    parent_path = next(p for _, _, n, p in _walk(tree, None, -1, ()) if n is parent)
-    key = _free_key(_keys.path_to_key((*parent_path, entry)), used, taken)
+    parent = walk.find(head)
+    walk.check_free(path)
+    value, dtype = _default_value(path, added.default)
+    tables.check_add(path, walk.lists, value.shape)
+    _names(parent.node).append(_entry_json(parent.node, entry, path))
+    parent.node["children"].append({"node": "leaf", "_col": added.number})
+    _sort_dict(parent.node)
+    table = tables.table_of(path)
+    if tables.info is None:
+        key = _keys.path_to_key((*parent.entries, entry))
+    else:  # a ragged store's keys follow its keypaths, [*] included
+        key = _ragged_info.path_key(path)
+    key = _free_key(key, used, taken)
     used.add(key)
-    chunk = int(info["chunk_records"])
+    chunk = tables.chunk_rows(table, added.chunk_records)
     chunks = (chunk, *leaf_chunks(dtype, value.shape, chunk))
     fill = _fill_json(value.reshape(-1)[0] if value.size else np.zeros((), dtype))
-    return ColumnSpec(path, key, dtype, value.shape, chunks, start=records, default=fill)
+    start = rows(table)
+    return ColumnSpec(path, key, dtype, value.shape, chunks, start=start, default=fill, table=table)
 
 
 def _split(path: str) -> tuple[str, Any]:
@@ -290,11 +378,6 @@ def _entry_json(parent: dict[str, Any], entry: Any, path: str) -> Any:
         return {"attr": entry.name}
     want = "['name']" if kind in ("dict", "ordered_dict") else ".name"
     raise SchemaMismatchError(f"evolve: {path!r}: children of a {kind} are named {want}")
-
-
-def _check_free(tree: dict, path: str) -> None:
-    if any(_keys.path_str(p) == path for _, _, _, p in _walk(tree, None, -1, ())):
-        raise SchemaMismatchError(f"evolve: {path!r} already exists in the store's schema")
 
 
 def _sort_dict(node: dict[str, Any]) -> None:

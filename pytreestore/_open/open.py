@@ -28,6 +28,7 @@ from pytreestore._format import packs as _packs
 from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
+from pytreestore._open.evolve import evolve_at
 from pytreestore._open.reader import (
     committed_schema,
     deferred_reader,
@@ -444,7 +445,8 @@ def evolve(
 ) -> None:
     """Changes the schema of the store at ``path``, without importing its classes.
 
-    The way to evolve a store that today's classes can no longer open. The arguments are
+    The way to evolve a store that today's classes can no longer open, of any kind (ragged
+    and optional stores included: no class is imported). The arguments are
     those of :meth:`TreeStore.evolve`, plus ``backend`` and ``storage_options`` of
     :func:`pytreestore.open`.
 
@@ -455,9 +457,9 @@ def evolve(
         >>> pytreestore.open("memory://doc-evolve-fn").schema.paths
         ("['b']",)
     """
-    store = open(path, "a", generic=True, backend=backend, storage_options=storage_options)
-    with store:
-        store.evolve(add=add, drop=drop, rename=rename, rename_class=rename_class)
+    _check_backend(backend)
+    location = Location.parse(path, storage_options)
+    evolve_at(location, backend, add=add, drop=drop, rename=rename, rename_class=rename_class)
 
 
 __all__ = [

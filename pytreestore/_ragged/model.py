@@ -95,6 +95,11 @@ class Model:
             for child in spec.children:
                 self.walk(child, table)
 
+    def bind(self, schema: TreeSchema, where: str) -> TreeSchema:
+        """``schema``, another schema of this store (changed by ``evolve``), with the layout
+        of its records (:func:`attach_layout`: today's classes)."""
+        return attach_layout(schema, where)
+
     @property
     def tables(self) -> list[str | None]:
         """The record table (None), then each axis's table."""
@@ -176,8 +181,8 @@ def grow_schema(schema: TreeSchema, record: Any, rows: Callable[[str | None], in
 
 def _started(old: TreeSchema, new: TreeSchema, rows: Callable[[str | None], int]) -> TreeSchema:
     """``new`` with the arrays of ``old`` as stored (their keys and starts, matched by
-    :func:`~pytreestore._format.ragged.slot`), and the arrays not in ``old`` starting at their
-    table's rows."""
+    :func:`~pytreestore._format.ragged.slot`), the arrays not in ``old`` starting at their
+    table's rows, and the columns ``old`` lists as dropped by ``evolve``."""
     before = {_info.slot(c): c for c in old.table_columns}
 
     def column(c: ColumnSpec) -> ColumnSpec:
@@ -202,6 +207,7 @@ def _started(old: TreeSchema, new: TreeSchema, rows: Callable[[str | None], int]
         ragged=dataclasses.replace(info, axes=axes, presence=presence),
         format_version=old.format_version,
         packs=old.packs,  # a learnt column gets its own array; the packs stay as they are
+        dropped=old.dropped,  # an evolve's: their keys stay taken
     )
     check_unique_keys(out.storage_columns)  # a new key may meet a key of another scheme
     return out

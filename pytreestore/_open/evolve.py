@@ -1,0 +1,76 @@
+"""``pytreestore.evolve(path, ...)``: a store's schema changed without importing its classes.
+
+The store is attached as a writer (its lock taken, repaired for appending) with the schema
+it stores, bound to no class and with no layout of records: an evolve reads and writes schema
+documents only, so every kind of store (fixed, ragged, optional) takes the same steps as
+:meth:`TreeStore.evolve <pytreestore.TreeStore.evolve>`: check, apply, commit a version
+naming the new schema (:mod:`pytreestore._commit.evolve`).
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> pytreestore.create("memory://doc-evolve-path", {"a": np.int8(1)}).close()
+    >>> evolve_at(Location.parse("memory://doc-evolve-path"), None, rename={"['a']": "['b']"})
+    >>> pytreestore.open("memory://doc-evolve-path").schema.paths
+    ("['b']",)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytreestore._commit import evolve as _evolve
+from pytreestore._commit import protocol
+from pytreestore._commit.committer import Committer
+from pytreestore._commit.record import Commit
+from pytreestore._commit.versions import committed_info
+from pytreestore._format import validate as _validate
+from pytreestore._format.schema import TreeSchema
+from pytreestore._location import Location
+from pytreestore._open.reader import read_root
+from pytreestore.backends import Backend, default_backend, get_backend
+from pytreestore.backends._packed import packed
+
+
+def evolve_at(location: Location, backend: str | None, **changes: Any) -> None:
+    """Applies ``changes`` (the keyword arguments of :meth:`TreeStore.evolve`) to the store
+    at ``location`` on ``backend`` (None: the default for the location), whose classes need
+    not be importable; one new version names the new schema.
+
+    Raises:
+        StoreLockedError: another writer holds the store.
+        SchemaMismatchError, UnsupportedDtypeError: bad changes; nothing is written.
+    """
+    where = str(location)
+    engine: Backend = get_backend(backend or default_backend(location))(location)
+    root = _stored(engine, read_root(engine, location), where)
+    engine = packed(engine, root.packs, (*root.columns, *root.dropped))  # packs never change
+    commit, schema, lock = protocol.attach(
+        engine, location, lambda c: _committed(engine, root, c, where), append=True
+    )
+    try:
+        _evolve.check(engine, commit, where, **changes)
+        new = _evolve.apply(engine, schema, commit, where, **changes)
+        committer = Committer(engine, commit, _validate.id_of(schema), tree=schema)
+        committer.advance_to(new, commit.records, operation="evolve")
+    finally:
+        protocol.detach(engine, lock)
+
+
+def _stored(engine: Backend, raw: bytes, where: str) -> TreeSchema:
+    """The schema document in ``raw`` bound to no class (the generic view), with no layout
+    of records; the backend told of its arrays."""
+    schema = _validate.load_schema(raw, where, generic=True)
+    engine.open_columns(schema.storage_columns)
+    return schema
+
+
+def _committed(engine: Backend, root: TreeSchema, commit: Commit, where: str) -> TreeSchema:
+    """The schema ``commit`` names: ``root``, unless a change whose commit never came left
+    its own in the root (:func:`~pytreestore._commit.versions.committed_info`)."""
+    info = committed_info(engine, commit, where)
+    if info.get("digest") == root.digest:
+        return root
+    return _stored(engine, protocol.group_json({"pytreestore": info}), where)
+
+
+__all__ = ["evolve_at"]
