@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
+import jax
 import numpy as np
 from jax.tree_util import keystr, tree_flatten_with_path
 
@@ -26,6 +27,7 @@ from pytreestore._ragged.build import Padded, exact
 from pytreestore._ragged.gather import Rows, gather, lengths, record_of
 from pytreestore._read import cache as _cache
 from pytreestore._read.ahead import RecordsBlock
+from pytreestore._read.placed import Placed, tags
 from pytreestore._read.device import to_jax
 from pytreestore._read.index import rows
 from pytreestore._read.reader import ReadContext, explained
@@ -189,11 +191,42 @@ def iterate(
 
 def _block(context: ReadContext, request: LoadRequest, now: Commit, start: int) -> RecordsBlock:
     """Records from ``start`` (:data:`ITER_BLOCK` of them, fewer at the end), exactly, for
-    ``store[i]`` in a loop to read from."""
+    ``store[i]`` in a loop to read from; their rows placed on the device once when the
+    records are wanted there (:mod:`pytreestore._read.placed`)."""
     records = np.arange(start, min(start + ITER_BLOCK, now.records))
     gathered = _gather(context, request, now, records)
-    exact_records = exact(request.schema.layout.spec, gathered, None, len(records))
-    return RecordsBlock(request, start, exact_records, lambda r: _placed(r, request))
+    spec = request.schema.layout.spec
+    exact_records = exact(spec, gathered, None, len(records))
+    device = request.device
+    placed = None
+    if not request.as_numpy and (device is None or isinstance(device, jax.Device)):
+        placed = _on_device(request, spec, gathered, len(records))
+    return RecordsBlock(request, start, exact_records, lambda r: _placed(r, request), placed)
+
+
+def _on_device(
+    request: LoadRequest, spec: Spec, gathered: dict[str | None, Rows], count: int
+) -> Placed | None:
+    """The gathered leaf columns on the device, with each record's tags (its structure,
+    with each leaf's column and rows for values)."""
+    host, paths, single = [], [], set()
+    tagged: dict[str | None, Rows] = {}
+    for table, rows in gathered.items():
+        values = dict(rows.values)
+        for key, array in rows.values.items():
+            if key[0] == LEAF:
+                if table is None:
+                    single.add(len(host))
+                values[key] = tags(len(host), len(array))
+                host.append(array)
+                paths.append(key[1])
+        tagged[table] = dataclasses.replace(rows, values=values)
+    if not host:
+        return None
+    record_tags = exact(spec, tagged, None, count)
+    return Placed.of(
+        host, paths, record_tags, frozenset(single), device=request.device, cast=request.cast
+    )
 
 
 def _commit(context: ReadContext, commit: Callable[[], Commit]) -> Commit:

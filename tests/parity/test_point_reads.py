@@ -1,0 +1,71 @@
+"""``store[i]`` in a loop, ``load(i)`` and iteration on every kind of store and backend: each
+record comes back exactly as appended, as numpy and as ``jax.Array`` leaves (issue 29).
+
+A ragged store's ``store[i]`` loop takes each record from one device copy of its block's
+rows by one compiled call (``pytreestore._read.placed``), as a fixed store's does; these
+tests check that the records it builds are the records appended, leaf for leaf.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+
+import pytreestore
+from pytreestore._read import placed as _placed
+from tests.parity import kinds
+
+N = 80  # past JIT_MIN (64): the loop's block is placed on the device
+
+
+def _same(got: Any, want: Any, *, jax_leaves: bool) -> None:
+    g, gdef = jax.tree_util.tree_flatten(got, is_leaf=lambda x: x is None)
+    w, wdef = jax.tree_util.tree_flatten(want, is_leaf=lambda x: x is None)
+    assert gdef == wdef
+    for a, b in zip(g, w, strict=True):
+        if b is None:
+            assert a is None
+            continue
+        assert isinstance(a, jax.Array) == jax_leaves, type(a)
+        a = np.asarray(a)
+        assert a.dtype == np.asarray(b).dtype and a.shape == np.shape(b)
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("backend", kinds.BACKENDS)
+@pytest.mark.parametrize("kind", kinds.KINDS)
+def test_loop_of_store_getitem_gives_each_record_exactly(tmp_path, kind, backend):
+    recs = kinds.filled(tmp_path / "s", kind, backend, n=N)
+    with pytreestore.open(tmp_path / "s") as store:
+        for i in range(N):  # sequential: served from read-ahead blocks
+            _same(store[i], recs[i], jax_leaves=True)
+        for i in (N - 1, 3, 40):  # random: each read alone
+            _same(store.load(i, as_numpy=True), recs[i], jax_leaves=False)
+            _same(store[i], recs[i], jax_leaves=True)
+        for got, want in zip(store.records(as_numpy=True), recs, strict=True):
+            _same(got, want, jax_leaves=False)
+
+
+@pytest.mark.parametrize("kind", ["ragged_list", "nested", "ragged_axis"])
+def test_loop_past_the_compiled_plans_places_from_the_host(tmp_path, kind, monkeypatch):
+    """With no plan left to compile, each record is placed leaf by leaf, just as exactly."""
+    monkeypatch.setattr(_placed, "_plans", set())
+    monkeypatch.setattr(_placed, "MAX_PLANS", 0)
+    recs = kinds.filled(tmp_path / "s", kind, "tensorstore", n=N)
+    with pytreestore.open(tmp_path / "s") as store:
+        for i in range(N):
+            _same(store[i], recs[i], jax_leaves=True)
+
+
+def test_placed_takes_scalar_and_array_leaves_by_their_tags():
+    host = [np.arange(10, 14, dtype=np.int32), np.arange(12, dtype=np.float32).reshape(6, 2)]
+    tags = [[_placed.tag(0, 1), _placed.tag(1, np.array([2, 3, 4]))]]
+    rows = _placed.Placed.of(host, [".a", ".b"], tags, frozenset({0}), device=None, cast=False)
+    assert rows is not None
+    got = rows.leaves(0, [np.int32(11), host[1][2:5]])
+    assert got is not None
+    assert int(got[0]) == 11 and got[0].shape == ()
+    np.testing.assert_array_equal(np.asarray(got[1]), host[1][2:5])
