@@ -51,7 +51,7 @@ class Sizes:
     append_repeats: int
 
 
-FULL = Sizes(n=20_000, repeats=5, append_repeats=3)
+FULL = Sizes(n=10_000, repeats=3, append_repeats=3)
 QUICK = Sizes(n=2_000, repeats=2, append_repeats=1)
 
 
