@@ -16,15 +16,20 @@ store, timed side by side in one process, on local stores, default chunking and 
 * **iterate**: ``for r in store.records(as_numpy=True): pass`` over all N records.
 
 Each row names its backend (tensorstore, zarr, ocdbt). The goal is ratio <= 1.5 (issue 29).
+Each row's notes also give both sides' CPU time (``time.process_time``, every thread): on a
+machine shared with other work, the wall-clock ratio swings with the other processes' load.
 Outputs are checked against the records appended, outside the timed regions.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import shutil
+import statistics
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +130,40 @@ def _create(kind: str) -> dict[str, Any]:
     return {"ragged": [".agents"]} if kind == "ragged" else {}
 
 
+class _Cpu:
+    """Records each timed run's CPU seconds (``time.process_time``: every thread of the
+    process), beside the wall-clock times the runner takes: on a shared machine the CPU time
+    shows the work done, whatever the other processes take of the cores."""
+
+    def __init__(self) -> None:
+        self.runs: list[float] = []
+
+    def wrap(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def timed(state: Any) -> Any:
+            start = time.process_time()
+            out = fn(state)
+            self.runs.append(time.process_time() - start)
+            return out
+
+        return timed
+
+    def median(self, warmup: int) -> float:
+        return statistics.median(self.runs[warmup:])
+
+
+def _timed_pair(
+    make: Callable[[str], Timed], warmup: int
+) -> tuple[Timing, Timing, tuple[float, float]]:
+    """Ragged and fixed timed side by side; with their median CPU seconds."""
+    cpu = {kind: _Cpu() for kind in ("ragged", "fixed")}
+    timed = []
+    for kind in ("ragged", "fixed"):
+        t = make(kind)
+        timed.append(dataclasses.replace(t, fn=cpu[kind].wrap(t.fn)))
+    ragged, fixed = measure_side_by_side(*timed)
+    return ragged, fixed, (cpu["ragged"].median(warmup), cpu["fixed"].median(warmup))
+
+
 # --- append -------------------------------------------------------------------------------------
 
 
@@ -142,18 +181,16 @@ def _case_append(sizes: Sizes, backend: str) -> list[Result]:
 
             return teardown
 
-        timed = [
-            Timed(
-                lambda path, kind=kind, records=records: _append_all(
-                    path, records, backend, **_create(kind)
-                ),
+        records_of = {"ragged": pair.ragged, "fixed": pair.fixed}
+        ragged, fixed, cpu = _timed_pair(
+            lambda kind: Timed(
+                lambda path: _append_all(path, records_of[kind], backend, **_create(kind)),
                 sizes.append_repeats,
                 setup=lambda: root / f"store-{next(count)}",
-                teardown=check(records),
-            )
-            for kind, records in (("ragged", pair.ragged), ("fixed", pair.fixed))
-        ]
-        ragged, fixed = measure_side_by_side(*timed)
+                teardown=check(records_of[kind]),
+            ),
+            0,
+        )
     return [
         _row(
             "append",
@@ -164,6 +201,7 @@ def _case_append(sizes: Sizes, backend: str) -> list[Result]:
             pair,
             "create, N x `store.append(record)`, `flush()`, `close()`",
             per=sizes.n,
+            cpu=cpu,
         )
     ]
 
@@ -208,17 +246,11 @@ def _point_reads(sizes: Sizes, backend: str, pair: Pair, stores: dict[str, Any])
             _same(f"load(i) {kind}", out[k], records[int(i)]) for k, i in enumerate(index[:50])
         ]
 
-    ragged, fixed = measure_side_by_side(
-        *(
-            Timed(
-                read(stores[kind]),
-                sizes.repeats,
-                warmup=1,
-                setup=index_sets(),
-                teardown=check(kind),
-            )
-            for kind in ("ragged", "fixed")
-        )
+    ragged, fixed, cpu = _timed_pair(
+        lambda kind: Timed(
+            read(stores[kind]), sizes.repeats, warmup=1, setup=index_sets(), teardown=check(kind)
+        ),
+        1,
     )
     return _row(
         "load(i)",
@@ -230,6 +262,7 @@ def _point_reads(sizes: Sizes, backend: str, pair: Pair, stores: dict[str, Any])
         f"`store.load(i, as_numpy=True)` of {PICK} random indices (a new set each repeat, "
         "the same on both sides), open store",
         per=PICK,
+        cpu=cpu,
     )
 
 
@@ -249,11 +282,8 @@ def _loop(sizes: Sizes, backend: str, pair: Pair, stores: dict[str, Any]) -> Res
         records = _records_of(pair, kind)[::97]
         return lambda _, out: [_same(f"store[i] {kind}", g, e) for g, e in zip(out, records)]
 
-    ragged, fixed = measure_side_by_side(
-        *(
-            Timed(run(stores[kind]), sizes.repeats, warmup=1, teardown=check(kind))
-            for kind in ("ragged", "fixed")
-        )
+    ragged, fixed, cpu = _timed_pair(
+        lambda kind: Timed(run(stores[kind]), sizes.repeats, warmup=1, teardown=check(kind)), 1
     )
     return _row(
         "store[i] loop",
@@ -264,6 +294,7 @@ def _loop(sizes: Sizes, backend: str, pair: Pair, stores: dict[str, Any]) -> Res
         pair,
         "`for i in range(N): store[i]` (jax arrays), sequential, open store",
         per=sizes.n,
+        cpu=cpu,
     )
 
 
@@ -289,11 +320,8 @@ def _iterate(sizes: Sizes, backend: str, pair: Pair, stores: dict[str, Any]) -> 
 
         return teardown
 
-    ragged, fixed = measure_side_by_side(
-        *(
-            Timed(run(stores[kind]), sizes.repeats, warmup=1, teardown=check(kind))
-            for kind in ("ragged", "fixed")
-        )
+    ragged, fixed, cpu = _timed_pair(
+        lambda kind: Timed(run(stores[kind]), sizes.repeats, warmup=1, teardown=check(kind)), 1
     )
     return _row(
         "iterate",
@@ -304,6 +332,7 @@ def _iterate(sizes: Sizes, backend: str, pair: Pair, stores: dict[str, Any]) -> 
         pair,
         "`for r in store.records(as_numpy=True)` over all N records, open store",
         per=sizes.n,
+        cpu=cpu,
     )
 
 
@@ -317,6 +346,7 @@ def _row(
     what: str,
     *,
     per: int,
+    cpu: tuple[float, float],
 ) -> Result:
     mean = float(pair.lengths.mean())
     return Result(
@@ -336,7 +366,9 @@ def _row(
         ),
         notes=(
             f"Per record: ragged {ragged.median / per * 1e6:.1f} us, fixed "
-            f"{fixed.median / per * 1e6:.1f} us.",
+            f"{fixed.median / per * 1e6:.1f} us. CPU time (`time.process_time`, all threads, "
+            f"median): ragged {cpu[0] / per * 1e6:.1f} us, fixed {cpu[1] / per * 1e6:.1f} us "
+            f"a record, ratio {cpu[0] / cpu[1]:.2f}x.",
         ),
     )
 
