@@ -242,9 +242,12 @@ def _point_reads(sizes: Sizes, backend: str, pair: Pair, stores: dict[str, Any])
 
     def check(kind: str) -> Callable[[np.ndarray, list[Any]], None]:
         records = _records_of(pair, kind)
-        return lambda index, out: [
-            _same(f"load(i) {kind}", out[k], records[int(i)]) for k, i in enumerate(index[:50])
-        ]
+
+        def teardown(index: np.ndarray, out: list[Any]) -> None:
+            for k, i in enumerate(index[:50]):
+                _same(f"load(i) {kind}", out[k], records[int(i)])
+
+        return teardown
 
     ragged, fixed, cpu = _timed_pair(
         lambda kind: Timed(
@@ -280,7 +283,12 @@ def _loop(sizes: Sizes, backend: str, pair: Pair, stores: dict[str, Any]) -> Res
 
     def check(kind: str) -> Callable[[object, list[Any]], None]:
         records = _records_of(pair, kind)[::97]
-        return lambda _, out: [_same(f"store[i] {kind}", g, e) for g, e in zip(out, records)]
+
+        def teardown(_: object, out: list[Any]) -> None:
+            for g, e in zip(out, records, strict=True):
+                _same(f"store[i] {kind}", g, e)
+
+        return teardown
 
     ragged, fixed, cpu = _timed_pair(
         lambda kind: Timed(run(stores[kind]), sizes.repeats, warmup=1, teardown=check(kind)), 1

@@ -95,7 +95,16 @@ class Placed:
     ) -> Placed | None:
         """``host`` (each leaf column's rows) placed on ``device``, or None where the dtype
         policy refuses a column (then each record is placed from the host, and only a
-        record holding such a value raises)."""
+        record holding such a value raises).
+
+        Args:
+            host: each leaf column's rows, numbered as the tags number them.
+            paths: each column's keypath (for the dtype policy's errors).
+            record_tags: each record built from the tags of its rows (see the module).
+            single: the columns of which a record holds one row (the record table's).
+            device: where to place (None: the default device).
+            cast: whether 64-bit columns are cast to 32 bits.
+        """
         padded = []
         for a in host:
             size = 1 << max(len(a) - 1, 0).bit_length()
@@ -115,7 +124,7 @@ class Placed:
         scalars: dict[int, list[int]] = {}
         arrays: list[tuple[int, np.ndarray]] = []
         where: list[tuple[int, int, int] | None] = []  # (column, k, rows) per leaf
-        for t, h in zip(tag_leaves, host_leaves, strict=True):
+        for t, h in zip(tag_leaves, host_leaves, strict=True):  # h: to tell kept values
             if t is h or not isinstance(t, np.ndarray | np.integer) or (t.ndim == 1 and not len(t)):
                 where.append(None)  # a kept value, None, or an empty array: the host's
             elif t.ndim == 0:

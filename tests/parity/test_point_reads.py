@@ -47,6 +47,19 @@ def test_loop_of_store_getitem_gives_each_record_exactly(tmp_path, kind, backend
             _same(store[i], recs[i], jax_leaves=True)
         for got, want in zip(store.records(as_numpy=True), recs, strict=True):
             _same(got, want, jax_leaves=False)
+        for got, want in zip(store, recs, strict=True):
+            _same(got, want, jax_leaves=True)
+
+
+@pytest.mark.parametrize("kind", ["ragged_list", "nested"])
+def test_short_blocks_place_each_record_from_the_host(tmp_path, kind):
+    """A block of under 64 records compiles nothing; its records are as exact."""
+    recs = kinds.filled(tmp_path / "s", kind, "tensorstore", n=20)
+    with pytreestore.open(tmp_path / "s") as store:
+        for i in range(20):
+            _same(store[i], recs[i], jax_leaves=True)
+        for got, want in zip(store, recs, strict=True):
+            _same(got, want, jax_leaves=True)
 
 
 @pytest.mark.parametrize("kind", ["ragged_list", "nested", "ragged_axis"])
