@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 import pytreestore
-from pytreestore._read import placed as _placed
 from tests.parity import kinds
 
 N = 80  # past JIT_MIN (64): the loop's block is placed on the device
@@ -65,6 +64,8 @@ def test_short_blocks_place_each_record_from_the_host(tmp_path, kind):
 @pytest.mark.parametrize("kind", ["ragged_list", "nested", "ragged_axis"])
 def test_loop_past_the_compiled_plans_places_from_the_host(tmp_path, kind, monkeypatch):
     """With no plan left to compile, each record is placed leaf by leaf, just as exactly."""
+    from pytreestore._read import placed as _placed
+
     monkeypatch.setattr(_placed, "_plans", set())
     monkeypatch.setattr(_placed, "MAX_PLANS", 0)
     recs = kinds.filled(tmp_path / "s", kind, "tensorstore", n=N)
@@ -74,6 +75,8 @@ def test_loop_past_the_compiled_plans_places_from_the_host(tmp_path, kind, monke
 
 
 def test_placed_takes_scalar_and_array_leaves_by_their_tags():
+    from pytreestore._read import placed as _placed
+
     host = [np.arange(10, 14, dtype=np.int32), np.arange(12, dtype=np.float32).reshape(6, 2)]
     tags = [[_placed.tag(0, 1), _placed.tag(1, np.array([2, 3, 4]))]]
     rows = _placed.Placed.of(host, [".a", ".b"], tags, frozenset({0}), device=None, cast=False)
@@ -82,3 +85,24 @@ def test_placed_takes_scalar_and_array_leaves_by_their_tags():
     assert got is not None
     assert int(got[0]) == 11 and got[0].shape == ()
     np.testing.assert_array_equal(np.asarray(got[1]), host[1][2:5])
+
+
+def test_point_read_of_a_record_with_an_empty_list_reads_no_rows(tmp_path, monkeypatch):
+    """A table with no rows selected (an empty list) is not read at all: a read of no rows
+    still cost a backend call (through TensorStore, a few hundred us) on every such load."""
+    from pytreestore.backends._tensorstore.backend import TensorStoreBackend
+
+    recs = kinds.filled(tmp_path / "s", "ragged_list", "tensorstore", n=N)
+    empty = next(i for i, r in enumerate(recs) if not r.agents)
+    calls: list[Any] = []
+    read = TensorStoreBackend.read
+
+    def counted(self: Any, keys: Any, index: Any, records: int) -> Any:
+        calls.append(index)
+        return read(self, keys, index, records)
+
+    with pytreestore.open(tmp_path / "s") as store:
+        _same(store.load(empty, as_numpy=True), recs[empty], jax_leaves=False)  # warms the cache
+        monkeypatch.setattr(TensorStoreBackend, "read", counted)
+        _same(store.load(empty, as_numpy=True), recs[empty], jax_leaves=False)
+    assert calls == []
