@@ -238,6 +238,12 @@ class Writer:
     def write_batch(self, blocks: Sequence[np.ndarray]) -> None:
         """Appends already-checked column blocks with a common leading length (on a backend
         with transactions, as one atomic step: the caller rolls back if it fails)."""
+        count = len(blocks[0]) if blocks else 0
+        if self.fill + count < self.chunk:  # rows that stay buffered: nothing to make atomic,
+            for buf, block in zip(self.buffers, blocks):  # nothing written, nothing to commit
+                buf[self.fill : self.fill + count] = block
+            self.fill += count
+            return
         with atomic(self._backend):
             self._write_batch(blocks)
 

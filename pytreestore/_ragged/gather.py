@@ -85,45 +85,51 @@ def gather(
         here = rows_of[axis]
         columns = [c for c in wanted if c.table == axis]
         columns += [c for c in index_cols if c.table == axis and c.role == PRESENCE]
-        _read_into(out[axis], columns, here, commit.rows(axis), read)
         offsets = [c for c in index_cols if c.table == axis and c.role == OFFSETS]
-        _read_offsets(out[axis], offsets, here, commit, read, axis)
+        _read_table(out[axis], columns, offsets, here, commit, read, axis)
     return out
 
 
-def _read_into(
-    rows: Rows, columns: list[ColumnSpec], index: np.ndarray, count: int, read: ReadFn
-) -> None:
-    if columns:
-        got = read([c.key for c in columns], _compact(index), count)
-        rows.values.update(zip(map(slot, columns), got))
-
-
-def _read_offsets(
+def _read_table(
     rows: Rows,
     columns: list[ColumnSpec],
+    offsets: list[ColumnSpec],
     index: np.ndarray,
     commit: Commit,
     read: ReadFn,
     table: str | None,
 ) -> None:
-    """Reads each offsets array at ``index`` and at the row before; stores (starts, ends)."""
-    if not columns:
+    """Reads ``columns`` at ``index`` and each offsets array at ``index`` and at the row
+    before (stored as ``(starts, ends)``), all in one read: at the union of those rows."""
+    if not len(index):  # no rows: nothing to read (a read of none still costs a backend call)
+        rows.values.update((slot(c), np.zeros((0, *c.shape), c.dtype)) for c in columns)
+        rows.values.update((slot(c), np.zeros((2, 0), np.int64)) for c in offsets)
         return
-    if not len(index):  # no rows: nothing to read
-        for c in columns:
-            rows.values[slot(c)] = np.zeros((2, 0), np.int64)
+    if not columns and not offsets:
         return
-    keys = [c.key for c in columns]
-    before = np.maximum(index - 1, 0)
-    both = np.concatenate([before, index])
-    got = read(keys, _compact(both), commit.rows(table))
-    n = len(index)
+    at, here, before = np.asarray(index), None, None
+    if offsets:
+        at, here, before = _with_before(index)
+    got = read([c.key for c in (*columns, *offsets)], _compact(at), commit.rows(table))
     for c, array in zip(columns, got):
-        starts = np.where(index > 0, array[:n], 0).astype(np.int64)
-        ends = array[n:].astype(np.int64)
+        rows.values[slot(c)] = array if here is None else array[here]
+    for c, array in zip(offsets, got[len(columns) :]):
+        starts = np.where(index > 0, array[before], 0).astype(np.int64)
+        ends = array[here].astype(np.int64)
         _check_offsets(c, starts, ends, commit.rows(c.path))
         rows.values[slot(c)] = np.stack([starts, ends])
+
+
+def _with_before(index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows ``index`` and the row before each (row 0 for row 0), sorted and distinct, and
+    where in them each of ``index`` and each row before lies."""
+    if len(index) == 1:  # one record (a point read): no sort
+        i = int(index[0])
+        lo = max(i - 1, 0)
+        return np.arange(lo, i + 1), np.array([i - lo]), np.array([0])
+    previous = np.maximum(index - 1, 0)
+    at = np.union1d(previous, index)
+    return at, np.searchsorted(at, index), np.searchsorted(at, previous)
 
 
 def _check_offsets(column: ColumnSpec, starts: np.ndarray, ends: np.ndarray, rows: int) -> None:
@@ -139,6 +145,10 @@ def _check_offsets(column: ColumnSpec, starts: np.ndarray, ends: np.ndarray, row
 def _elements(axis: str, parent: Rows, commit: Commit) -> tuple[Rows, np.ndarray]:
     """The element rows of ``axis`` below the gathered ``parent`` rows."""
     starts, ends = parent.values[(OFFSETS, axis)]
+    if parent.count == 1:  # one parent row (a point read): one run of rows
+        start, total = int(starts[0]), int(ends[0] - starts[0])
+        position = np.arange(total)
+        return Rows(total, np.zeros(total, np.int64), position), position + start
     lengths = ends - starts
     total = int(lengths.sum())
     owner = np.repeat(np.arange(parent.count), lengths)
@@ -154,7 +164,7 @@ def _compact(index: np.ndarray) -> Any:
     if n == 0:
         return slice(0, 0)
     first = int(index[0])
-    if int(index[-1]) - first == n - 1 and (n == 1 or bool((np.diff(index) == 1).all())):
+    if int(index[-1]) - first == n - 1 and (n <= 2 or bool((np.diff(index) == 1).all())):
         return slice(first, first + n)
     return index
 

@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
+import jax
 import numpy as np
 from jax.tree_util import keystr, tree_flatten_with_path
 
@@ -25,9 +26,10 @@ from pytreestore._format.schema import TreeSchema
 from pytreestore._ragged.build import Padded, exact
 from pytreestore._ragged.gather import Rows, gather, lengths, record_of
 from pytreestore._read import cache as _cache
-from pytreestore._read.ahead import RecordsBlock
+from pytreestore._read.ahead import JIT_MIN, RecordsBlock
 from pytreestore._read.device import to_jax
 from pytreestore._read.index import rows
+from pytreestore._read.placed import Placed, tags
 from pytreestore._read.reader import ReadContext, explained
 from pytreestore._read.request import LoadRequest
 from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec
@@ -178,22 +180,59 @@ def record_lengths(
 def iterate(
     context: ReadContext, commit: Callable[[], Commit], request: LoadRequest
 ) -> Iterator[Any]:
-    """Every record exactly, gathered :data:`ITER_BLOCK` records at a time."""
+    """Every record exactly, gathered :data:`ITER_BLOCK` records at a time: the blocks
+    ``store[i]`` in a loop reads (as numpy, the records built from the block's reads)."""
     now = _commit(context, commit)
-    spec = request.schema.layout.spec
     for start in range(0, now.records, ITER_BLOCK):
-        records = np.arange(start, min(start + ITER_BLOCK, now.records))
-        gathered = _gather(context, request, now, records)
-        yield from _placed(exact(spec, gathered, None, len(records)), request)
+        block = _block(context, request, now, start)
+        if request.as_numpy:
+            yield from block.records  # each record's arrays are its own rows of the reads
+        else:
+            yield from (block.record(j) for j in range(block.count))
 
 
 def _block(context: ReadContext, request: LoadRequest, now: Commit, start: int) -> RecordsBlock:
     """Records from ``start`` (:data:`ITER_BLOCK` of them, fewer at the end), exactly, for
-    ``store[i]`` in a loop to read from."""
+    ``store[i]`` in a loop to read from; their rows placed on the device once when the
+    records are wanted there (:mod:`pytreestore._read.placed`)."""
     records = np.arange(start, min(start + ITER_BLOCK, now.records))
     gathered = _gather(context, request, now, records)
-    exact_records = exact(request.schema.layout.spec, gathered, None, len(records))
-    return RecordsBlock(request, start, exact_records, lambda r: _placed(r, request))
+    spec = request.schema.layout.spec
+    exact_records = exact(spec, gathered, None, len(records))
+    device = request.device
+    placed = None
+    if (
+        not request.as_numpy
+        and len(records) >= JIT_MIN
+        and (device is None or isinstance(device, jax.Device))
+    ):
+        placed = _on_device(request, spec, gathered, len(records))
+    return RecordsBlock(request, start, exact_records, lambda r: _placed(r, request), placed)
+
+
+def _on_device(
+    request: LoadRequest, spec: Spec, gathered: dict[str | None, Rows], count: int
+) -> Placed | None:
+    """The gathered leaf columns on the device, with each record's tags (its structure,
+    with each leaf's column and rows for values)."""
+    host, paths, single = [], [], set()
+    tagged: dict[str | None, Rows] = {}
+    for table, table_rows in gathered.items():
+        values = dict(table_rows.values)
+        for key, array in table_rows.values.items():
+            if key[0] == LEAF:
+                if table is None:
+                    single.add(len(host))
+                values[key] = tags(len(host), len(array))
+                host.append(array)
+                paths.append(key[1])
+        tagged[table] = dataclasses.replace(table_rows, values=values)
+    if not host:
+        return None
+    record_tags = exact(spec, tagged, None, count)
+    return Placed.of(
+        host, paths, record_tags, frozenset(single), device=request.device, cast=request.cast
+    )
 
 
 def _commit(context: ReadContext, commit: Callable[[], Commit]) -> Commit:

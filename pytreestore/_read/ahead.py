@@ -38,6 +38,7 @@ import numpy as np
 
 from pytreestore._format import prng as _prng
 from pytreestore._read import device as _device
+from pytreestore._read.placed import Placed
 from pytreestore._read.request import LoadRequest
 from pytreestore.errors import X64DisabledError
 
@@ -131,12 +132,15 @@ class RecordsBlock:
         start: the first record's index.
         records: the records, as numpy trees.
         place: puts a record's arrays where the request asks (the device, or nowhere).
+        placed: the records' rows on the device, to take each record from in one compiled
+            call (:mod:`pytreestore._read.placed`); None: each is placed by ``place``.
     """
 
     request: LoadRequest
     start: int
     records: list[Any]
     place: Callable[[Any], Any]
+    placed: Placed | None = None
 
     @property
     def count(self) -> int:
@@ -148,12 +152,24 @@ class RecordsBlock:
 
     def record(self, j: int) -> Any:
         """A copy of the block's ``j``-th record, placed."""
+        if self.placed is not None:
+            host, treedef = jax.tree_util.tree_flatten(self.records[j], is_leaf=_none)
+            got = self.placed.leaves(j, host)
+            if got is not None and all(
+                g is not None or not isinstance(h, np.ndarray | np.generic)
+                for g, h in zip(got, host, strict=True)
+            ):
+                return treedef.unflatten(got)
         copy = jax.tree.map(
             lambda x: np.array(x) if isinstance(x, np.ndarray | np.generic) else x,
             self.records[j],
             is_leaf=lambda x: x is None,
         )
         return self.place(copy)
+
+
+def _none(x: Any) -> bool:
+    return x is None
 
 
 def same_read(a: LoadRequest, b: LoadRequest) -> bool:

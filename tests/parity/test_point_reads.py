@@ -1,0 +1,108 @@
+"""``store[i]`` in a loop, ``load(i)`` and iteration on every kind of store and backend: each
+record comes back exactly as appended, as numpy and as ``jax.Array`` leaves (issue 29).
+
+A ragged store's ``store[i]`` loop takes each record from one device copy of its block's
+rows by one compiled call (``pytreestore._read.placed``), as a fixed store's does; these
+tests check that the records it builds are the records appended, leaf for leaf.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+
+import pytreestore
+from tests.parity import kinds
+
+N = 80  # past JIT_MIN (64): the loop's block is placed on the device
+
+
+def _same(got: Any, want: Any, *, jax_leaves: bool) -> None:
+    g, gdef = jax.tree_util.tree_flatten(got, is_leaf=lambda x: x is None)
+    w, wdef = jax.tree_util.tree_flatten(want, is_leaf=lambda x: x is None)
+    assert gdef == wdef
+    for a, b in zip(g, w, strict=True):
+        if b is None:
+            assert a is None
+            continue
+        assert isinstance(a, jax.Array) == jax_leaves, type(a)
+        a = np.asarray(a)
+        assert a.dtype == np.asarray(b).dtype and a.shape == np.shape(b)
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("backend", kinds.BACKENDS)
+@pytest.mark.parametrize("kind", kinds.KINDS)
+def test_loop_of_store_getitem_gives_each_record_exactly(tmp_path, kind, backend):
+    recs = kinds.filled(tmp_path / "s", kind, backend, n=N)
+    with pytreestore.open(tmp_path / "s") as store:
+        for i in range(N):  # sequential: served from read-ahead blocks
+            _same(store[i], recs[i], jax_leaves=True)
+        for i in (N - 1, 3, 40):  # random: each read alone
+            _same(store.load(i, as_numpy=True), recs[i], jax_leaves=False)
+            _same(store[i], recs[i], jax_leaves=True)
+        for got, want in zip(store.records(as_numpy=True), recs, strict=True):
+            _same(got, want, jax_leaves=False)
+        for got, want in zip(store, recs, strict=True):
+            _same(got, want, jax_leaves=True)
+
+
+@pytest.mark.parametrize("kind", ["ragged_list", "nested"])
+def test_short_blocks_place_each_record_from_the_host(tmp_path, kind):
+    """A block of under 64 records compiles nothing; its records are as exact."""
+    recs = kinds.filled(tmp_path / "s", kind, "tensorstore", n=20)
+    with pytreestore.open(tmp_path / "s") as store:
+        for i in range(20):
+            _same(store[i], recs[i], jax_leaves=True)
+        for got, want in zip(store, recs, strict=True):
+            _same(got, want, jax_leaves=True)
+
+
+@pytest.mark.parametrize("kind", ["ragged_list", "nested", "ragged_axis"])
+def test_loop_past_the_compiled_plans_places_from_the_host(tmp_path, kind, monkeypatch):
+    """With no plan left to compile, each record is placed leaf by leaf, just as exactly."""
+    from pytreestore._read import placed as _placed
+
+    monkeypatch.setattr(_placed, "_plans", set())
+    monkeypatch.setattr(_placed, "MAX_PLANS", 0)
+    recs = kinds.filled(tmp_path / "s", kind, "tensorstore", n=N)
+    with pytreestore.open(tmp_path / "s") as store:
+        for i in range(N):
+            _same(store[i], recs[i], jax_leaves=True)
+
+
+def test_placed_takes_scalar_and_array_leaves_by_their_tags():
+    from pytreestore._read import placed as _placed
+
+    host = [np.arange(10, 14, dtype=np.int32), np.arange(12, dtype=np.float32).reshape(6, 2)]
+    tags = [[_placed.tag(0, 1), _placed.tag(1, np.array([2, 3, 4]))]]
+    rows = _placed.Placed.of(host, [".a", ".b"], tags, frozenset({0}), device=None, cast=False)
+    assert rows is not None
+    got = rows.leaves(0, [np.int32(11), host[1][2:5]])
+    assert got is not None
+    assert int(got[0]) == 11 and got[0].shape == ()
+    np.testing.assert_array_equal(np.asarray(got[1]), host[1][2:5])
+
+
+def test_point_read_of_a_record_with_an_empty_list_reads_no_rows(tmp_path, monkeypatch):
+    """A table with no rows selected (an empty list) is not read at all: a read of no rows
+    still cost a backend call (through TensorStore, a few hundred us) on every such load."""
+    from pytreestore.backends._tensorstore.backend import TensorStoreBackend
+
+    recs = kinds.filled(tmp_path / "s", "ragged_list", "tensorstore", n=N)
+    empty = next(i for i, r in enumerate(recs) if not r.agents)
+    calls: list[Any] = []
+    read = TensorStoreBackend.read
+
+    def counted(self: Any, keys: Any, index: Any, records: int) -> Any:
+        calls.append(index)
+        return read(self, keys, index, records)
+
+    with pytreestore.open(tmp_path / "s") as store:
+        _same(store.load(empty, as_numpy=True), recs[empty], jax_leaves=False)  # warms the cache
+        monkeypatch.setattr(TensorStoreBackend, "read", counted)
+        _same(store.load(empty, as_numpy=True), recs[empty], jax_leaves=False)
+    assert calls == []
