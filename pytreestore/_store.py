@@ -248,6 +248,9 @@ class TreeStore(Pipelines, Reads[T], Versioning, Fragmenting, Generic[T]):
             SchemaMismatchError: an unknown or existing path, a change the node kind does not
                 allow, or a result today's classes do not match. Nothing is changed.
             UnsupportedDtypeError: a default a column cannot hold. Nothing is changed.
+            CommitConflictError: another writer committed since this one read the commit
+                record (one that took the lock over with ``break_lock=True``). Nothing is
+                changed; reopen the store.
         """
         changes = {"add": add, "drop": drop, "rename": rename, "rename_class": rename_class}
         if self._schema.ragged is not None:

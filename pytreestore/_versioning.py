@@ -104,7 +104,10 @@ class Versioning:
 
         Raises:
             ReadOnlyError: the store is open with mode "r".
-            StoreIndexError: ``records`` is negative or more than the store holds.
+            StoreIndexError: ``records`` is negative or more than the store holds (buffered
+                records included); nothing is committed, buffered records stay buffered.
+            CommitConflictError: another writer committed since this one read the commit
+                record. Nothing is changed; reopen the store.
 
         A column added (by ``evolve``, or a ragged structure first shown) after ``records``
         then starts at ``records``: its records before read its default, as they did.
