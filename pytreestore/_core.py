@@ -149,6 +149,11 @@ class StoreCore:
         return self._writer
 
     @property
+    def lock(self) -> WriterLock | None:
+        """The writer lock this object holds (mode ``"a"``), or None; ``close()`` releases it."""
+        return self._lock
+
+    @property
     def cache_id(self) -> str:
         """This object's own key in the chunk cache (renewed by :meth:`forget_reads`)."""
         return self._cache_id

@@ -112,6 +112,10 @@ class TreeStore(Pipelines, Reads[T], Versioning, Fragmenting, Generic[T]):
         return self._core.writer
 
     @property
+    def _lock(self) -> WriterLock | None:
+        return self._core.lock
+
+    @property
     def _cache(self) -> ChunkCache | None:
         return self._core.cache
 
