@@ -1,5 +1,6 @@
 """The reads of a store: ``load``, indexing, iteration and ``lengths``, for fixed and ragged
-stores alike (a base class of :class:`~pytreestore.TreeStore`).
+stores alike (a face of :class:`~pytreestore.TreeStore`, using only its
+:class:`~pytreestore._core.StoreCore`).
 
 Example:
     >>> import pytreestore
@@ -12,39 +13,29 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
-from pytreestore._commit.record import Commit
-from pytreestore._format.schema import TreeSchema
+from pytreestore._core import StoreCore
 from pytreestore._ragged import load as _ragged
 from pytreestore._read import reader as _reader
-from pytreestore._read.reader import ReadContext
-from pytreestore._read.request import LoadRequest
+
+#: the record type of a store (``TreeStore[T]``): the class of the example it was created with
+T = TypeVar("T")
 
 
-class _Store(Protocol):
-    """What these methods need of the store they are methods of."""
+class Reads(Generic[T]):
+    """``load``, ``store[...]``, iteration, ``records`` and ``lengths`` of a store of records
+    of type ``T``."""
 
-    @property
-    def path(self) -> str: ...
+    _core: StoreCore
 
-    @property
-    def schema(self) -> TreeSchema: ...
-
-    def read_context(self) -> ReadContext: ...
-
-    def commit_now(self) -> Commit: ...
-
-    def _request(self, **options: Any) -> LoadRequest: ...
-
-
-class Reads:
-    """``load``, ``store[...]``, iteration, ``records`` and ``lengths``."""
+    def __init__(self, core: StoreCore) -> None:
+        self._core = core
 
     def load(
-        self: _Store,
+        self,
         index: Any = slice(None),
         *,
         columns: str | Sequence[str] | None = None,
@@ -112,7 +103,8 @@ class Reads:
             >>> s.load([4, 0], columns="['b']", as_numpy=True)
             {'a': None, 'b': (array([4., 0.], dtype=float32), array([8., 0.], dtype=float32))}
         """
-        request = self._request(
+        core = self._core
+        request = core.request(
             columns=columns,
             device=device,
             as_numpy=as_numpy,
@@ -123,23 +115,29 @@ class Reads:
         )
         if request.schema.ragged is not None:
             options = _ragged.RaggedRead.build(ragged, pad_to, truncate, size)
-            return _ragged.load(self.read_context(), self.commit_now, request, index, options)
-        _ragged.check_fixed(self.path, ragged, pad_to, truncate, size)
-        return _reader.load(self.read_context(), request, index)
+            return _ragged.load(core.read_context(), core.head, request, index, options)
+        _ragged.check_fixed(core.path, ragged, pad_to, truncate, size)
+        return _reader.load(core.read_context(), request, index)
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+
+    @overload
+    def __getitem__(self, index: Any) -> Any: ...
 
     def __getitem__(self, index: Any) -> Any:
-        return cast(Any, self).load(index)
+        return self.load(index)
 
-    def __iter__(self) -> Iterator[Any]:
-        return cast(Any, self).records()
+    def __iter__(self) -> Iterator[T]:
+        return self.records()
 
     def records(
-        self: _Store,
+        self,
         *,
         columns: str | Sequence[str] | None = None,
         as_numpy: bool = False,
         cast: bool | None = None,
-    ) -> Iterator[Any]:
+    ) -> Iterator[T]:
         """Iterates over the records one at a time, reading a block of records per read.
 
         ``iter(store)`` is ``store.records()``. The arguments are those of :meth:`load`.
@@ -151,13 +149,14 @@ class Reads:
             >>> [r["t"].item() for r in s.records(as_numpy=True)]
             [0.0, 1.0]
         """
-        request = self._request(columns=columns, as_numpy=as_numpy, cast=cast)
+        core = self._core
+        request = core.request(columns=columns, as_numpy=as_numpy, cast=cast)
         if request.schema.ragged is not None:
-            yield from _ragged.iterate(self.read_context(), self.commit_now, request)
+            yield from _ragged.iterate(core.read_context(), core.head, request)
         else:
-            yield from _reader.iterate(self.read_context(), request)
+            yield from _reader.iterate(core.read_context(), request)
 
-    def lengths(self: _Store, index: Any = slice(None)) -> dict[str, np.ndarray]:
+    def lengths(self, index: Any = slice(None)) -> dict[str, np.ndarray]:
         """Per ragged axis, each selected record's longest list (or leading axis) there,
         reading only the offsets: what a sampler needs to bucket records by size.
 
@@ -174,10 +173,11 @@ class Reads:
             >>> s.lengths()["['p']"].tolist()
             [3, 0, 2]
         """
-        schema = self.schema
+        core = self._core
+        schema = core.schema
         if schema.ragged is None:
             return {}
-        return _ragged.record_lengths(self.read_context(), self.commit_now, schema, index)
+        return _ragged.record_lengths(core.read_context(), core.head, schema, index)
 
 
-__all__ = ["Reads"]
+__all__ = ["Reads", "T"]

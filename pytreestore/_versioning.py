@@ -18,42 +18,35 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pytreestore import _arguments
 from pytreestore._commit import abandoned as _abandoned
-from pytreestore._commit import truncate as _truncate
 from pytreestore._commit import vacuum as _vacuum
 from pytreestore._commit import versions as _versions
 from pytreestore._commit.abandoned import FRAGMENTS_OLDER_THAN
+from pytreestore._commit.operations import Tag, Truncate
 from pytreestore._commit.record import Commit
 from pytreestore._commit.vacuum import VacuumReport
 from pytreestore._commit.versions import Version
-from pytreestore._ragged.writer import new_writer
-from pytreestore.errors import StoreIndexError
-
-if TYPE_CHECKING:
-    from pytreestore.backends import Backend
+from pytreestore._core import StoreCore
+from pytreestore.backends import Backend
 
 
 class Versioning:
-    """The version methods of :class:`~pytreestore.TreeStore` (a mixin)."""
+    """The version methods of :class:`~pytreestore.TreeStore` (a face using only its
+    :class:`~pytreestore._core.StoreCore`)."""
 
-    _commit: Commit
-    _backend: Backend
-    _writer: Any
-    _cache: Any
-    _cache_id: str
-    _ahead: Any
-    _spec: Any
-    _location: Any
+    _core: StoreCore
+
+    def __init__(self, core: StoreCore) -> None:
+        self._core = core
 
     @property
     def version(self) -> int:
         """The version this store object reads (a writer: its latest commit's)."""
-        self._check_open()  # type: ignore[attr-defined]
-        return (self._writer.commit if self._writer is not None else self._commit).generation
+        self._core.check_open()
+        return self._core.head().generation
 
     def versions(self) -> list[Version]:
         """Every version the store keeps, oldest first, the latest committed one last.
@@ -70,9 +63,9 @@ class Versioning:
             >>> [(v.version, v.records) for v in s.versions()]
             [(0, 0), (1, 1)]
         """
-        with self._reading() as backend:  # type: ignore[attr-defined]
-            head = self._head(backend)
-            return _versions.history(backend, head, self.path)  # type: ignore[attr-defined]
+        core = self._core
+        with core.reading() as backend:
+            return _versions.history(backend, _head(core, backend), core.path)
 
     def tag(self, name: str, version: int | None = None) -> None:
         """Names a version, for ``pytreestore.open(path, version=name)``; tags never move.
@@ -99,13 +92,7 @@ class Versioning:
         _versions.check_tag_name(name)
         if version is not None:
             version = _arguments.count(version, "tag(name, version): version must be an int >= 0")
-        with self._writing() as writer:  # type: ignore[attr-defined]
-            writer.flush()
-            head = writer.commit
-            number = head.generation if version is None else version
-            if version is not None:
-                _versions.resolve(self._backend, head, number, self.path)  # type: ignore[attr-defined]
-            _versions.add_tag(self._backend, name, number, self.path)  # type: ignore[attr-defined]
+        self._core.commit(Tag(name, version, self._core.path))
 
     def truncate(self, records: int) -> None:
         """Commits a new version holding the first ``records`` records only.
@@ -117,7 +104,10 @@ class Versioning:
 
         Raises:
             ReadOnlyError: the store is open with mode "r".
-            StoreIndexError: ``records`` is negative or more than the store holds.
+            StoreIndexError: ``records`` is negative or more than the store holds (buffered
+                records included); nothing is committed, buffered records stay buffered.
+            CommitConflictError: another writer committed since this one read the commit
+                record. Nothing is changed; reopen the store.
 
         A column added (by ``evolve``, or a ragged structure first shown) after ``records``
         then starts at ``records``: its records before read its default, as they did.
@@ -129,15 +119,10 @@ class Versioning:
             >>> len(s), len(pytreestore.open("memory://doc-truncate", version=1))
             (1, 4)
         """
-        with self._writing() as writer:  # type: ignore[attr-defined]
-            writer.flush()
-            head = writer.commit
-            records = _check_records(records, head.records, self.path)  # type: ignore[attr-defined]
-            schema = _truncate.commit(self._backend, writer, records, self.path)  # type: ignore[attr-defined]
-            if schema is not writer.schema:
-                self._schema = schema
-                self._backend.open_columns(schema.storage_columns)  # its lowered starts
-            self._renew_writer(writer, schema)
+        records = _arguments.count(
+            records, "truncate() takes a record count (an int)", minimum=None
+        )
+        self._core.commit(Truncate(records, self._core.path))
 
     def vacuum(self, *, fragments_older_than: float = FRAGMENTS_OLDER_THAN) -> VacuumReport:
         """Removes what no version the log keeps needs: chunks past every kept version's
@@ -168,69 +153,25 @@ class Versioning:
             1
         """
         fragments_older_than = _check_age(fragments_older_than)
-        with self._writing() as writer:  # type: ignore[attr-defined]
+        core = self._core
+        with core.writing() as writer:
             writer.flush()
-            keep, head, where = writer.committer.keep, writer.commit, self.path  # type: ignore[attr-defined]
-            self._purged()  # type: ignore[attr-defined]
-            swept = _abandoned.sweep(
-                self._backend,
-                self._location,
-                head,
-                fragments_older_than,
-                where,  # type: ignore[attr-defined]
-            )
-            report = _vacuum.vacuum(self._backend, head, keep, where)
+            keep, head, where = writer.committer.keep, writer.commit, core.path
+            core.settle()  # committed fragments' folders, deleted on a thread
+            swept = _abandoned.sweep(core.backend, core.location, head, fragments_older_than, where)
+            report = _vacuum.vacuum(core.backend, head, keep, where)
             return dataclasses.replace(report, fragments=swept)
 
-    # ---- helpers -------------------------------------------------------------------------------
 
-    def _head(self, backend: Backend) -> Commit:
-        """The latest commit: the writer's, or the commit record now."""
-        if self._writer is not None:
-            return self._writer.commit
-        return Commit.read(backend, self.path)  # type: ignore[attr-defined]
-
-    def _renew_writer(self, writer: Any, schema: Any) -> None:
-        """A new writer at the writer's commit, and none of this object's cached reads (the
-        rows past a truncate may be written again, with other values)."""
-        committer = writer.committer
-        self._writer = new_writer(self._backend, schema, committer.commit, committer.keep)
-        self._forget_reads()
-
-    def _follow_truncate(self, backend: Backend, now: Commit) -> None:
-        """A reader's refresh to ``now``, past a truncate since its commit: none of its cached
-        reads (rows past the truncate may hold new values), and its columns starting at most
-        at the rows the truncate left, as the truncate's schema has them, so that the rows
-        written after it are read from storage, not as the default."""
-        self._forget_reads()
-        cuts = [n for version, n in now.cuts if version > self._commit.generation]
-        cut = min(cuts, default=now.records)
-        schema = self._schema  # type: ignore[has-type]
-        rows = _truncate.rows_at(backend, schema, now, cut, self.path)  # type: ignore[attr-defined]
-        lowered = _truncate.lower_starts(schema, rows)
-        if lowered is not None:
-            backend.open_columns(lowered.storage_columns)
-            self._schema = lowered
-
-    def _forget_reads(self) -> None:
-        self._ahead.clear()
-        if self._cache is not None:
-            self._cache.drop(self._cache_id)
-        self._cache_id = uuid.uuid4().hex
+def _head(core: StoreCore, backend: Backend) -> Commit:
+    """The latest commit: the writer's, or the commit record now."""
+    if core.writer is not None:
+        return core.writer.commit
+    return Commit.read(backend, core.path)
 
 
 def _check_age(seconds: Any) -> float:
     return _arguments.seconds(seconds, "fragments_older_than is an age in seconds (a number >= 0)")
-
-
-def _check_records(records: Any, committed: int, where: str) -> int:
-    records = _arguments.count(records, "truncate() takes a record count (an int)", minimum=None)
-    if not 0 <= records <= committed:
-        raise StoreIndexError(
-            f"cannot truncate {where} to {records} records: it holds {committed}; give a count "
-            f"from 0 to {committed}. Nothing was changed."
-        )
-    return records
 
 
 __all__ = ["Version", "Versioning"]

@@ -155,18 +155,6 @@ class Committer:
         self.schema = schema or _validate.id_of(tree)
         self.tree = tree
 
-    def advance_to(self, tree: TreeSchema, records: int, *, operation: str) -> Commit:
-        """:meth:`advance` naming schema ``tree`` (:meth:`use`), which it commits with from
-        then on; if that commit fails, the schema stays the one before, so that a later
-        commit never names a schema whose own commit failed (``evolve``)."""
-        before = self.tree, self.schema
-        self.use(tree)
-        try:
-            return self.advance(records, operation=operation)
-        except BaseException:
-            self.tree, self.schema = before
-            raise
-
     def release(self) -> None:
         """Before a write below the rows older versions hold after a truncate: commits a
         version that gives them up (those versions are gone from then on)."""

@@ -16,11 +16,12 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from pytreestore._commit import evolve as _evolve
-from pytreestore._commit import protocol
+from pytreestore._commit import protocol, transaction
 from pytreestore._commit.committer import Committer
+from pytreestore._commit.operations import Evolve
 from pytreestore._commit.record import Commit
 from pytreestore._commit.versions import committed_info
 from pytreestore._format import validate as _validate
@@ -48,12 +49,23 @@ def evolve_at(location: Location, backend: str | None, **changes: Any) -> None:
         engine, location, lambda c: _committed(engine, root, c, where), append=True
     )
     try:
-        _evolve.check(engine, commit, where, **changes)
-        new = _evolve.apply(engine, schema, commit, where, **changes)
         committer = Committer(engine, commit, _validate.id_of(schema), tree=schema)
-        committer.advance_to(new, commit.records, operation="evolve")
+        head = _Head(commit, committer, schema)
+        operation = Evolve(where, changes)
+        operation.check(engine, head)
+        transaction.commit(engine, head, transaction.Transaction(commit.generation, operation))
     finally:
         protocol.detach(engine, lock)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Head:
+    """What :func:`~pytreestore._commit.transaction.commit` needs of a writer: the commit it
+    stands on, its committer and its schema (this evolve buffers no record)."""
+
+    commit: Commit
+    committer: Committer
+    schema: TreeSchema
 
 
 def _stored(engine: Backend, raw: bytes, where: str) -> TreeSchema:

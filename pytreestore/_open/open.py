@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pytreestore import _arguments
 from pytreestore._commit import multihost as _multihost
@@ -48,12 +48,15 @@ from pytreestore.backends import Backend, default_backend, get_backend
 from pytreestore.backends._packed import packed
 from pytreestore.errors import ArgumentError, ArgumentTypeError
 
+#: the record type of a store created from an example of it (``TreeStore[T]``)
+T = TypeVar("T")
+
 # ---- create --------------------------------------------------------------------------------
 
 
 def create(
     path: str | os.PathLike[str],
-    like: Any,
+    like: T,
     *,
     chunk_records: int | None = None,
     codec: str | None = "zstd",
@@ -66,7 +69,7 @@ def create(
     keep_versions: int | None = KEEP_VERSIONS,
     multihost: bool = False,
     pack: bool | int = False,
-) -> TreeStore:
+) -> TreeStore[T]:
     """Creates an empty store for records shaped like ``like`` and opens it for appending.
 
     Args:
@@ -229,7 +232,7 @@ def open(
     keep_versions: int | None = KEEP_VERSIONS,
     multihost: bool = False,
     coordinator: str | None = None,
-) -> TreeStore:
+) -> TreeStore[Any]:
     """Opens an existing store, at its latest version or (``version=``) at an older one.
 
     Args:

@@ -1,7 +1,8 @@
 """The streaming methods of a store: ``batches``, ``map`` and ``grain_source``.
 
-:class:`Pipelines` is a base class of :class:`~pytreestore.TreeStore`: each method builds
-one :class:`~pytreestore._read.request.LoadRequest` through the store's
+:class:`Pipelines` is a face of :class:`~pytreestore.TreeStore` using only its
+:class:`~pytreestore._core.StoreCore`: each method builds one
+:class:`~pytreestore._read.request.LoadRequest` through the store's
 :class:`~pytreestore._read.reader.ReadContext`, checks it once against the batch size, and
 hands the pipeline (:mod:`~pytreestore._pipelines.batches`, :mod:`~pytreestore._pipelines.map`)
 a load function bound to it.
@@ -18,43 +19,29 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from pytreestore import _arguments
-from pytreestore._commit.record import Commit
-from pytreestore._format.schema import TreeSchema
+from pytreestore._core import StoreCore
 from pytreestore._pipelines import batches as _batches
 from pytreestore._pipelines import map as _map
 from pytreestore._ragged import load as _ragged
 from pytreestore._read import reader as _reader
 from pytreestore._read.reader import ReadContext
 from pytreestore._read.request import LoadRequest
-from pytreestore._spec import StoreSpec
 from pytreestore.errors import ArgumentTypeError
 
 
-class _Store(Protocol):
-    """What the pipeline methods use of the store they belong to."""
-
-    @property
-    def schema(self) -> TreeSchema: ...
-
-    @property
-    def spec(self) -> StoreSpec: ...
-
-    @property
-    def path(self) -> str: ...
-
-    def read_context(self) -> ReadContext: ...
-
-    def commit_now(self) -> Commit: ...
-
-
 class Pipelines:
-    """``batches``, ``map`` and ``grain_source``: a base class of ``TreeStore``."""
+    """``batches``, ``map`` and ``grain_source``: a face of ``TreeStore``."""
+
+    _core: StoreCore
+
+    def __init__(self, core: StoreCore) -> None:
+        self._core = core
 
     def batches(
-        self: _Store,
+        self,
         batch_size: int,
         *,
         shuffle: bool = False,
@@ -115,13 +102,13 @@ class Pipelines:
         drop_last = _arguments.flag(drop_last, "drop_last")
         if state is not None:
             state = dict(_arguments.mapping(state, "batches(state=...)", "what state() returned"))
-        context = self.read_context()
+        context = self._core.read_context()
         request = context.request(columns=columns, sharding=sharding, cast=cast)
         lo, hi, _ = slice(start, stop).indices(context.readable())
         hi = max(lo, hi)
         request.check_batches(batch_size, hi - lo, drop_last=drop_last)
         return _batches.BatchIterator(
-            _loader(self, context, request, ragged, pad_to, truncate),
+            _loader(self._core, context, request, ragged, pad_to, truncate),
             start=lo,
             stop=hi,
             batch_size=batch_size,
@@ -134,7 +121,7 @@ class Pipelines:
         )
 
     def map(
-        self: _Store,
+        self,
         fn: Callable[[Any], Any],
         *,
         batch_size: int | None = None,
@@ -180,26 +167,27 @@ class Pipelines:
         prefetch = _arguments.count(prefetch, "prefetch must be >= 0 (an int)")
         progress = _arguments.flag(progress, "progress")
         _check_out(out)
-        context = self.read_context()
-        size = batch_size if batch_size is not None else self.schema.chunk_records
+        core = self._core
+        context = core.read_context()
+        size = batch_size if batch_size is not None else core.schema.chunk_records
         request = context.request(columns=columns, sharding=sharding, cast=cast)
         request.check_batches(size, size, drop_last=True)
-        if self.schema.ragged is not None:
+        if core.schema.ragged is not None:
             fn = _on_pair(fn)
         return _map.map_records(
             fn,
-            _loader(self, context, request, "pad", pad_to, truncate),
+            _loader(core, context, request, "pad", pad_to, truncate),
             count=context.readable(),
             batch_size=size,
             out=out,
             progress=progress,
             record_nbytes=request.record_nbytes,
             prefetch=prefetch,
-            create=self.spec.creator,
+            create=core.spec.creator,
         )
 
     def grain_source(
-        self: _Store,
+        self,
         *,
         columns: str | Sequence[str] | None = None,
         padded: bool | None = None,
@@ -230,9 +218,9 @@ class Pipelines:
             (3, 1)
         """
         padding = _batches.GrainPadding.of(self, padded, pad_to, truncate)
-        context = self.read_context()
+        context = self._core.read_context()
         request = context.request(columns=columns, as_numpy=True)
-        load = _loader(self, context, request, "pad", padding.pad_to, padding.truncate)
+        load = _loader(self._core, context, request, "pad", padding.pad_to, padding.truncate)
         return _batches.GrainSource(self, columns=columns, load=load, padding=padding)
 
 
@@ -270,7 +258,7 @@ def _check_out(out: Any) -> None:
 
 
 def _loader(
-    store: _Store,
+    core: StoreCore,
     context: ReadContext,
     request: LoadRequest,
     ragged: str,
@@ -280,12 +268,12 @@ def _loader(
     """The load function of a pipeline: records of a fixed store, ``(batch, mask)`` (or
     ``(values, segments)``) of a ragged one."""
     if request.schema.ragged is None:
-        _ragged.check_fixed(store.path, ragged, pad_to, truncate, None)
+        _ragged.check_fixed(core.path, ragged, pad_to, truncate, None)
         return _reader.loader(context, request)
     options = _ragged.RaggedRead.build(ragged, pad_to, truncate, None)
 
     def load(index: Any) -> Any:
-        return _ragged.load(context, store.commit_now, request, index, options)
+        return _ragged.load(context, core.head, request, index, options)
 
     return load
 

@@ -318,14 +318,6 @@ def test_drop_and_rename_of_an_optional_subtree(tmp_path):
     assert [float(store[i]["a"]) for i in range(5)] == [0, 1, 2, 3, 4]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=errors.CorruptStoreError,
-    reason="TreeStore._check_schema (pytreestore/_store.py, owned by the core helper) checks "
-    "the kept columns of fixed stores only; a ragged reader refreshes, then reading a record "
-    "committed since the drop raises CorruptStoreError ('it has 10 records where 19 are "
-    "committed')",
-)
 def test_a_ragged_reader_refreshing_past_a_drop_is_told_the_schema_changed(tmp_path):
     path = tmp_path / "s"
     kinds.filled(path, "ragged_list", "zarr", n=4)

@@ -1,0 +1,416 @@
+"""The state of one store object, owned in one place: its lifecycle, its guards, its writer and
+the accounting of its reads.
+
+:class:`StoreCore` is what :class:`~pytreestore.TreeStore` is made of: the public class holds
+one and its faces (the reads of :mod:`pytreestore._reads`, the versions of
+:mod:`pytreestore._versioning`, the pipelines of :mod:`pytreestore._pipelines.methods`) use
+only its public interface below. It holds
+
+- the **lifecycle**: open, closing (a flush that may fail and be retried), closed; the jobs
+  ``close()`` waits for (:meth:`StoreCore.on_close`);
+- the **guards**: one append, flush or close at a time (:meth:`StoreCore.writing`), the
+  process that may write, read-only and generic views;
+- the **writer** and the one commit sequence every change of a store goes through
+  (:meth:`StoreCore.commit`, :mod:`pytreestore._commit.transaction`);
+- the **read accounting**: reads in flight that ``close()`` waits for
+  (:meth:`StoreCore.reading`), the read-ahead block and the decoded-chunk cache, and a
+  reader's view of the commit record (:meth:`StoreCore.refresh`).
+
+Example:
+    >>> import pytreestore
+    >>> store = pytreestore.create("memory://doc-core", {"a": 0})
+    >>> core = store._core
+    >>> with core.writing(append=True) as writer:
+    ...     writer.append_record({"a": 1})
+    >>> core.readable(), core.head().records, core.mode
+    (1, 1, 'a')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from pytreestore._commit import transaction as _transaction
+from pytreestore._commit import truncate as _truncate
+from pytreestore._commit.lock import WriterLock
+from pytreestore._commit.record import Commit
+from pytreestore._commit.repair import check_not_replaced
+from pytreestore._commit.transaction import Change, Operation, Transaction
+from pytreestore._commit.writer import Writer, forked_writer
+from pytreestore._deferred import Deferred
+from pytreestore._format.schema import TreeSchema
+from pytreestore._location import Location
+from pytreestore._ragged.model import reread_schema
+from pytreestore._ragged.writer import RaggedWriter, new_writer
+from pytreestore._read import reader as _reader
+from pytreestore._read.ahead import ReadAhead
+from pytreestore._read.cache import ChunkCache, for_store
+from pytreestore._read.reader import ReadContext
+from pytreestore._read.request import LoadRequest
+from pytreestore._spec import StoreSpec
+from pytreestore.backends import Backend
+from pytreestore.errors import ClosedStoreError, PyTreeStoreError, ReadOnlyError, StorageError
+
+#: the writer of a store: one writer per table (ragged) or one for the record table
+AnyWriter = Writer | RaggedWriter
+
+
+class StoreCore:
+    """Lifecycle, guards, the writer and read accounting of one store object.
+
+    Made by :class:`~pytreestore.TreeStore`'s constructor (from what
+    :func:`pytreestore.create` / :func:`pytreestore.open` hand it), never by hand. Every
+    method is safe to call from several threads: appends, flushes, commits and ``close()``
+    take one lock (:meth:`writing`), reads never wait for an append (:meth:`readable`).
+
+    Attributes:
+        location: where the store lives.
+        spec: how to open the store again, read-only (what a pickled reader reopens).
+        engine: the backend the store was opened with, whether its schema was parsed or not
+            (``close()`` closes it).
+        ahead: the block that ``store[i]`` in a loop reads from.
+        cache: the decoded-chunk cache the store reads through (None: none).
+        multihost: a :class:`~pytreestore._commit.multihost.MultiHost` once
+            ``open(multihost=True)`` made one (:meth:`use_multihost`), else None.
+    """
+
+    def __init__(
+        self,
+        *,
+        location: Location,
+        backend: Backend,
+        schema: TreeSchema | Deferred[TreeSchema, Backend],
+        commit: Commit,
+        lock: WriterLock | None,
+        spec: StoreSpec,
+        writer: AnyWriter | None,
+    ) -> None:
+        """Takes what :class:`~pytreestore.TreeStore`'s constructor takes (a reader's
+        ``schema`` may be :class:`Deferred`, parsed on first use)."""
+        self.location = location
+        self.spec = spec
+        self.engine = backend
+        self.ahead = ReadAhead()
+        self.cache: ChunkCache | None = for_store(location, spec.cache_bytes)
+        self.multihost: Any = None
+        self._opened = schema if isinstance(schema, Deferred) else Deferred.ready(schema, backend)
+        self._mode = "r" if writer is None else "a"
+        self._commit = commit  # a reader's view of the commit record (a writer: its writer's)
+        self._lock = lock
+        self._writer = writer
+        self._closed = False
+        self._pid = os.getpid()  # a writer serves only the process that opened it
+        self._mutex = threading.RLock()  # one append, flush, commit or close at a time
+        self._reads = 0  # reads in flight, which close() waits for
+        self._reads_done = threading.Condition()
+        self._cache_id = uuid.uuid4().hex  # this object's chunks in the cache
+        self._on_close: list[Callable[[], None]] = []
+
+    # ---- what the store is ---------------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        """The location as a string (a directory, or ``memory://NAME``)."""
+        return str(self.location)
+
+    @property
+    def mode(self) -> str:
+        """``"r"`` (read only) or ``"a"`` (append)."""
+        return self._mode
+
+    @property
+    def closed(self) -> bool:
+        """Whether the store was closed (no read starts any more)."""
+        return self._closed
+
+    @property
+    def opened(self) -> Deferred[TreeSchema, Backend]:
+        """The schema and backend, parsed on first use (a reader's) or ready."""
+        return self._opened
+
+    @property
+    def schema(self) -> TreeSchema:
+        """The schema the store reads and appends with (parsed on first use)."""
+        return self._opened.get()[0]
+
+    @property
+    def backend(self) -> Backend:
+        """The backend, once the schema is parsed (the columns it declares are open)."""
+        return self._opened.get()[1]
+
+    @property
+    def writer(self) -> AnyWriter | None:
+        """The writer (mode ``"a"``), or None; unguarded: use :meth:`writing` to append."""
+        return self._writer
+
+    @property
+    def lock(self) -> WriterLock | None:
+        """The writer lock this object holds (mode ``"a"``), or None; ``close()`` releases it."""
+        return self._lock
+
+    @property
+    def cache_id(self) -> str:
+        """This object's own key in the chunk cache (renewed by :meth:`forget_reads`)."""
+        return self._cache_id
+
+    def use_schema(self, schema: TreeSchema) -> None:
+        """Reads and appends with ``schema`` from now on (a refresh, a commit's new schema)."""
+        self._opened = Deferred.ready(schema, self.backend)
+
+    def use_multihost(self, multihost: Any) -> None:
+        """Appends through ``multihost`` (``open(multihost=True)``): every process appends."""
+        self.multihost, self._mode = multihost, "a"
+
+    def head(self) -> Commit:
+        """The latest commit this object knows: its writer's, or the one a reader sees."""
+        return self._writer.commit if self._writer is not None else self._commit
+
+    def records(self) -> int:
+        """Records appended, buffered ones included (a reader: those it sees)."""
+        self.check_open()
+        return len(self._writer) if self._writer is not None else self._commit.records
+
+    # ---- guards --------------------------------------------------------------------------------
+
+    def check_open(self) -> None:
+        """Raises :class:`ClosedStoreError` once the store is closed."""
+        if self._closed:
+            raise ClosedStoreError(f"store {self.path} is closed; open it again to use it")
+
+    def check_process(self) -> None:
+        """Raises :class:`ForkedWriterError` in a process forked from the writer's."""
+        if os.getpid() != self._pid:
+            raise forked_writer(self.path, self._pid)
+
+    def writable(self) -> AnyWriter:
+        """The writer, unguarded: for a caller that alone holds this store (copy's target).
+
+        Raises:
+            ClosedStoreError, ReadOnlyError, MultiHostError, ForkedWriterError: the store
+                cannot write here.
+        """
+        self.check_open()
+        if self._writer is None and self.multihost is not None:
+            raise self.multihost.refused()
+        if self._writer is None:
+            raise ReadOnlyError(
+                f"store {self.path} is open read-only; open it with "
+                "pytreestore.open(path, mode='a') to append"
+            )
+        self.check_process()
+        return self._writer
+
+    def appendable(self) -> AnyWriter:
+        """The writer, for an append: as :meth:`writable`, and refused for a generic view
+        and a multi-host store (whose appends are ``extend_batch`` on every process)."""
+        if self.multihost is not None:
+            raise self.multihost.refused(append=True)
+        writer = self.writable()
+        if self.schema.treedef is None:
+            raise ReadOnlyError(
+                f"store {self.path} is open as a generic view, which can evolve but not append; "
+                "open it without generic=True to append"
+            )
+        return writer
+
+    @contextlib.contextmanager
+    def writing(self, *, append: bool = False) -> Iterator[AnyWriter]:
+        """The writer, held by this thread for one append (``append=True``), flush or commit;
+        afterwards the store reads with the writer's schema (a ragged store learns)."""
+        if self._writer is not None:
+            self.check_process()  # before the lock, which a forked child may inherit held
+        with self._mutex:  # checked inside: closed by another thread meanwhile?
+            try:
+                yield self.appendable() if append else self.writable()
+            finally:
+                if self._writer is not None:
+                    self.use_schema(self._writer.schema)
+
+    # ---- the one commit sequence ---------------------------------------------------------------
+
+    def commit(self, operation: Operation) -> Change | None:
+        """Commits ``operation`` (:mod:`pytreestore._commit.transaction`) in the one sequence
+        of every change: check its arguments (nothing written), flush, check for another
+        writer, release the rows older versions hold if it writes over them, its atomic step
+        and the commit, then renew the writer at the new commit.
+
+        Returns:
+            What was committed (None: the operation commits no version, e.g. a tag).
+        """
+        with self.writing() as writer:
+            operation.check(self.backend, writer)
+            writer.flush()
+            transaction = Transaction(writer.commit.generation, operation)
+            change = _transaction.commit(self.backend, writer, transaction)
+            if change is not None:
+                self.renew_writer(change.schema or writer.schema)
+            return change
+
+    def renew_writer(self, schema: TreeSchema) -> None:
+        """A new writer of ``schema`` at the writer's commit, and none of this object's cached
+        reads (rows past a truncate may be written again, with other values)."""
+        writer = self.writable()
+        committer = writer.committer
+        if schema is not writer.schema:
+            self.backend.open_columns(schema.storage_columns)  # added, or starts lowered
+            self.use_schema(schema)
+        self._writer = new_writer(self.backend, schema, committer.commit, committer.keep)
+        self.forget_reads()
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def on_close(self, wait: Callable[[], None]) -> None:
+        """Registers ``wait``: work on other threads that :meth:`close` (and vacuum, through
+        :meth:`settle`) waits for, e.g. the deletion of committed fragments' folders."""
+        self._on_close.append(wait)
+
+    def settle(self) -> None:
+        """Waits for the work registered with :meth:`on_close`."""
+        for wait in self._on_close:
+            wait()
+
+    def close(self) -> None:
+        """Flushes (a writer), waits for reads in flight, releases the lock and the backend.
+
+        A flush failing on storage (:class:`StorageError`) leaves the store open with its
+        buffered records and lock, for another call; in a forked child only this process's
+        copy is dropped. A second call is a no-op.
+        """
+        if self._closed:
+            return
+        if self._writer is not None and os.getpid() != self._pid:
+            self._closed = True  # the parent's writer: no flush, no unlock, no cleanup
+            if self._lock is not None:
+                self._lock.release()
+            return
+        with self._mutex:
+            if self._closed:
+                return
+            try:
+                if self._writer is not None:
+                    self._writer.flush()
+            except PyTreeStoreError as err:
+                if not isinstance(err, StorageError):  # a retry cannot fix it
+                    self._shut()
+                raise
+            self._shut()
+
+    def _shut(self) -> None:
+        self.settle()
+        with self._reads_done:
+            self._closed = True  # no read starts from now on
+            self._reads_done.wait_for(lambda: self._reads == 0)
+        self.ahead.clear()
+        if self.cache is not None:
+            self.cache.drop(self._cache_id)
+        if self._lock is not None:
+            self._lock.release()
+        (self.backend if self._opened.done else self.engine).close()
+
+    # ---- reads ---------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[Backend]:
+        """The backend, for one read; :meth:`close` waits until the read is done."""
+        with self._reads_done:
+            self.check_open()
+            self._reads += 1
+        try:
+            yield self.backend
+        finally:
+            with self._reads_done:
+                self._reads -= 1
+                self._reads_done.notify_all()
+
+    def readable(self) -> int:
+        """The records a read sees: all of them, committed first, unless another thread is
+        appending; then those committed so far (a read never waits for an append)."""
+        self.check_open()
+        if self._writer is None:
+            return self._commit.records
+        if os.getpid() != self._pid or not self._mutex.acquire(blocking=False):
+            return self._writer.commit.records  # a forked child never writes
+        try:
+            if self._writer.pending:
+                self._writer.flush()
+            return len(self._writer)
+        finally:
+            self._mutex.release()
+
+    def request(self, **options: Any) -> LoadRequest:
+        """A read's arguments (those of ``TreeStore.load``), checked and resolved once."""
+        self.check_open()
+        return LoadRequest.build(self.schema, policy=self.spec.cast, **options)
+
+    def check_not_replaced(self, *, always: bool = False, failed: bool = False) -> None:
+        """Raises StoreReplacedError if a reader's store was replaced (or, a read ``failed``,
+        its version dropped) since it opened; on object stores only when asked."""
+        if self._writer is None and (always or failed or not self.location.is_object_store):
+            check_not_replaced(self.engine, self.location, self._commit, failed=failed)
+
+    def read_context(self) -> ReadContext:
+        """What the read path (:mod:`pytreestore._read`) needs of this store."""
+        return ReadContext(
+            self.location,
+            self.readable,
+            self.reading,
+            self.check_not_replaced,
+            self.request,
+            self.ahead,
+            self.cache,
+            self._cache_id,
+        )
+
+    def forget_reads(self) -> None:
+        """Drops this object's read-ahead block and cached chunks (their rows may change)."""
+        self.ahead.clear()
+        if self.cache is not None:
+            self.cache.drop(self._cache_id)
+        self._cache_id = uuid.uuid4().hex
+
+    def refresh(self) -> None:
+        """A reader re-reads the commit record (a writer, or a reader opened at a version,
+        stays where it is)."""
+        self.check_open()
+        if self._writer is not None:
+            return
+        with self.reading() as backend:
+            now = check_not_replaced(backend, self.location, self._commit)
+            if self.spec.version is not None:
+                return  # opened at a version: it stays there
+            if now.records != self._commit.records:
+                self._check_schema(backend, now)
+            if now.truncated_since(self._commit):
+                self._follow_truncate(backend, now)  # new values past it, lower starts
+            self._commit = now
+
+    def _check_schema(self, backend: Backend, now: Commit) -> None:
+        """A reader's schema, against the store's now: its columns must all be kept; a ragged
+        store's structures still pending are read again, in case a writer has learnt them."""
+        schema = self.schema
+        _reader.check_columns_kept(backend, schema, self.path, now)
+        if schema.pending:
+            options = {"like": self.spec.like, "generic": self.spec.generic}
+            self.use_schema(reread_schema(backend, self.path, now, **options))
+
+    def _follow_truncate(self, backend: Backend, now: Commit) -> None:
+        """Past a truncate since the reader's commit: none of its cached reads (rows past the
+        truncate may hold new values), and its columns starting at most at the rows the
+        truncate left, so that rows written after it are read from storage, not as the
+        default."""
+        self.forget_reads()
+        cuts = [n for version, n in now.cuts if version > self._commit.generation]
+        cut = min(cuts, default=now.records)
+        rows = _truncate.rows_at(backend, self.schema, now, cut, self.path)
+        lowered = _truncate.lower_starts(self.schema, rows)
+        if lowered is not None:
+            backend.open_columns(lowered.storage_columns)
+            self.use_schema(lowered)
+
+
+__all__ = ["AnyWriter", "StoreCore"]
