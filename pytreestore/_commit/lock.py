@@ -76,7 +76,7 @@ class WriterLock:
             break_lock: S3 and GCS only: take the lock over even from a holder that may be
                 alive. Only for a writer known to be gone (a crashed host).
             shared: local disk only: a shared ``flock``, held by every writer sharing the
-                store through an OCDBT coordinator (:mod:`pytreestore._commit.shared`): they
+                store through an OCDBT coordinator (:mod:`pytreestore._commit.coordinated`): they
                 keep each other in, and an exclusive writer out (and are kept out by one).
                 While the exclusive holder is a sharing writer repairing the store (``sharing``
                 below), it is waited for (up to :data:`SHARE_WAIT` seconds).

@@ -21,7 +21,7 @@ below leaves the previous commit in force until one atomic put replaces it.
    ``memory://``, a conditionally written lock object naming its holder on S3 and GCS (a
    provably dead holder is replaced; ``break_lock=True`` takes over from a live one).
    Writers sharing a local OCDBT store through a coordinator hold a shared ``flock`` instead
-   and commit one at a time under the commit claim (:mod:`pytreestore._commit.shared`).
+   and commit one at a time under the commit claim (:mod:`pytreestore._commit.coordinated`).
 4. **Opening for append** (:func:`attach`). Lock first, then read the commit record, check
    that no column starts past it (:func:`check_starts`), move the chunk rows of an
    unfinished commit of fragments back into them (:mod:`pytreestore._commit.placing`), and
@@ -150,12 +150,12 @@ def start_store(
         if finished:
             finish_store(engine)
     except BaseException:
-        abandon_store(engine, lock)
+        discard_new_store(engine, lock)
         raise
     return commit, lock
 
 
-def abandon_store(engine: Backend, lock: WriterLock) -> None:
+def discard_new_store(engine: Backend, lock: WriterLock) -> None:
     """Deletes a store that failed to be made, and gives back its lock."""
     try:
         engine.delete_all()  # a half-made store must not block the next create
@@ -352,7 +352,7 @@ def check_starts(
 
 __all__ = [
     "Commit",
-    "abandon_store",
+    "discard_new_store",
     "attach",
     "check_starts",
     "check_tables",

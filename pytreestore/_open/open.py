@@ -28,6 +28,7 @@ from pytreestore._format import packs as _packs
 from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
+from pytreestore._open.coordinated import check_coordinated_options, open_coordinated
 from pytreestore._open.evolve import evolve_at
 from pytreestore._open.reader import (
     committed_schema,
@@ -37,7 +38,6 @@ from pytreestore._open.reader import (
     version_schema,
 )
 from pytreestore._open.schemas import check_codec, new_schema, packed_schema
-from pytreestore._open.shared import check_shared_options, open_shared
 from pytreestore._ragged.model import GenericViewError, build_schema
 from pytreestore._ragged.multihost import write_rows
 from pytreestore._ragged.writer import new_writer
@@ -204,7 +204,7 @@ def create_from_schema(
             writer=writer,
         )
     except BaseException:
-        protocol.abandon_store(engine, lock)
+        protocol.discard_new_store(engine, lock)
         raise
     if fill is not None:
         with store:
@@ -329,11 +329,11 @@ def open(
             write_rows,
         )
     if coordinator is not None:
-        address = check_shared_options(
+        address = check_coordinated_options(
             mode, backend, coordinator, generic=generic, version=version, break_lock=break_lock
         )
         options = {"like": like, "cache_bytes": cache_bytes, "cast": cast, "keep": keep_versions}
-        return open_shared(location, address, opener=open, creator=create, **options)
+        return open_coordinated(location, address, opener=open, creator=create, **options)
     backend = default_backend(location) if backend is None else backend
     engine: Backend = get_backend(backend)(location)
     raw = read_root(engine, location)

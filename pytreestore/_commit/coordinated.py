@@ -72,7 +72,7 @@ from pytreestore.errors import (
 RETRIES = 5
 
 
-def attach_shared(
+def attach_coordinated(
     engine: Backend, location: Location, schema_of: Callable[[Commit], TreeSchema]
 ) -> tuple[Commit, TreeSchema, WriterLock]:
     """The commit record of a store opened by a shared writer, its schema (``schema_of`` the
@@ -105,7 +105,7 @@ def attach_shared(
     return commit, schema, lock
 
 
-class SharedRows:
+class CoordinatedRows:
     """One table's rows a shared writer buffers in memory until its commit.
 
     Its row count starts at 0 at every commit: the offsets a ragged record writes count the
@@ -208,7 +208,7 @@ class SharedRows:
         self.filler = RowFiller(self.casters, self.buffers)
 
 
-class SharedCommits:
+class CoordinatedCommits:
     """The commits of a shared writer: every table's buffered rows, in turn under the
     commit claim (the steps of this module's docstring)."""
 
@@ -217,7 +217,7 @@ class SharedCommits:
         backend: Backend,
         schema: TreeSchema,
         commit: Commit,
-        tables: Callable[[], dict[str | None, SharedRows]],
+        tables: Callable[[], dict[str | None, CoordinatedRows]],
         *,
         where: str,
         keep: int | None,
@@ -337,7 +337,7 @@ def shared_only(where: str) -> ReadOnlyError:
     )
 
 
-class SharedWriter(Writer):
+class CoordinatedWriter(Writer):
     """A writer that shares its store with others: records buffered, committed in turn.
 
     ``append``, ``extend`` and ``extend_batch`` buffer; a call that leaves a chunk's worth of
@@ -360,10 +360,10 @@ class SharedWriter(Writer):
         self._backend = backend
         self.schema = schema
         self.chunk = schema.chunk_records
-        self._rows = SharedRows(schema)
+        self._rows = CoordinatedRows(schema)
         self.casters = self._rows.casters
         self._where = where
-        self._commits = SharedCommits(
+        self._commits = CoordinatedCommits(
             backend,
             schema,
             commit,
@@ -432,8 +432,8 @@ class SharedWriter(Writer):
 
 __all__ = [
     "RETRIES",
-    "SharedCommits",
-    "SharedRows",
-    "SharedWriter",
-    "attach_shared",
+    "CoordinatedCommits",
+    "CoordinatedRows",
+    "CoordinatedWriter",
+    "attach_coordinated",
 ]

@@ -2,12 +2,12 @@
 ``pytreestore.open(path, mode="a", backend="ocdbt", coordinator="HOST:PORT")``.
 
 The arguments are checked before anything is touched; the writer is a
-:class:`~pytreestore._commit.shared.SharedWriter` (a
-:class:`~pytreestore._commit.shared.SharedRaggedWriter` for a ragged store) over a
+:class:`~pytreestore._commit.coordinated.CoordinatedWriter` (a
+:class:`~pytreestore._commit.coordinated.CoordinatedRaggedWriter` for a ragged store) over a
 :class:`~pytreestore.backends._tensorstore.coordinated.CoordinatedOcdbtBackend`.
 
 Example:
-    >>> check_shared_options("r", "ocdbt", "127.0.0.1:1", generic=False, version=None, break_lock=False)
+    >>> check_coordinated_options("r", "ocdbt", "127.0.0.1:1", generic=False, version=None, break_lock=False)
     Traceback (most recent call last):
     ...
     pytreestore.errors.ArgumentError: coordinator= is for writers (mode='a'); a reader of an OCDBT store needs no coordinator: open it without coordinator=
@@ -20,15 +20,15 @@ from typing import Any
 
 from pytreestore._commit import versions
 from pytreestore._commit.claim import WAIT_SECONDS
-from pytreestore._commit.protocol import detach
-from pytreestore._commit.record import Commit
-from pytreestore._commit.shared import (
-    SharedCommits,
-    SharedRows,
-    SharedWriter,
-    attach_shared,
+from pytreestore._commit.coordinated import (
+    CoordinatedCommits,
+    CoordinatedRows,
+    CoordinatedWriter,
+    attach_coordinated,
     shared_only,
 )
+from pytreestore._commit.protocol import detach
+from pytreestore._commit.record import Commit
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
@@ -47,7 +47,7 @@ from pytreestore.errors import (
 )
 
 
-def check_shared_options(
+def check_coordinated_options(
     mode: str,
     backend: str | None,
     coordinator: object,
@@ -81,7 +81,7 @@ def check_shared_options(
     return check_address(coordinator)
 
 
-def open_shared(
+def open_coordinated(
     location: Location,
     address: str,
     *,
@@ -93,7 +93,7 @@ def open_shared(
     creator: Callable[..., TreeStore],
 ) -> TreeStore:
     """A :class:`TreeStore` whose writer shares the store through the coordinator at
-    ``address`` (see :mod:`pytreestore._commit.shared`).
+    ``address`` (see :mod:`pytreestore._commit.coordinated`).
 
     Raises:
         StoreNotFoundError: nothing is at ``location``.
@@ -112,7 +112,7 @@ def open_shared(
         )
     root = load_schema(raw, str(location), like=like, generic=False)
     engine.open_columns(root.storage_columns)
-    commit, schema, lock = attach_shared(
+    commit, schema, lock = attach_coordinated(
         engine,
         location,
         lambda c: committed_schema(engine, location, root, c, like=like, generic=False),
@@ -135,9 +135,9 @@ def open_shared(
         raise
 
 
-class SharedRaggedWriter(RaggedWriter):
+class CoordinatedRaggedWriter(RaggedWriter):
     """A shared writer of a ragged or optional store: each table's rows buffered in memory
-    (:class:`SharedRows`), every table committed together in turn, the offsets rebased onto
+    (:class:`CoordinatedRows`), every table committed together in turn, the offsets rebased onto
     the rows others committed meanwhile.
 
     A record showing a structure the store has not learnt (``schema.pending``) is refused:
@@ -155,13 +155,13 @@ class SharedRaggedWriter(RaggedWriter):
         wait: float = WAIT_SECONDS,
         via: str = "",
     ) -> None:
-        """As :class:`SharedWriter`."""
+        """As :class:`CoordinatedWriter`."""
         self._where = where
-        self._shared = SharedCommits(
+        self._shared = CoordinatedCommits(
             backend,
             schema,
             commit,
-            lambda: self.tables,  # type: ignore[arg-type]  (SharedRows stand in for writers)
+            lambda: self.tables,  # type: ignore[arg-type]  (CoordinatedRows stand in for writers)
             where=where,
             keep=keep,
             wait=wait,
@@ -170,7 +170,7 @@ class SharedRaggedWriter(RaggedWriter):
         super().__init__(backend, schema, commit, committer=self._shared)
 
     def _table(self, table: str | None, schema: TreeSchema, commit: Commit) -> Any:
-        return SharedRows(schema)
+        return CoordinatedRows(schema)
 
     def __len__(self) -> int:
         return self._shared.commit.records + self._shared.pending
@@ -216,11 +216,16 @@ class SharedRaggedWriter(RaggedWriter):
 
 def shared_writer(
     backend: Backend, schema: TreeSchema, commit: Commit, **options: Any
-) -> SharedWriter | SharedRaggedWriter:
-    """The shared writer of a store of ``schema`` (options: those of :class:`SharedWriter`)."""
+) -> CoordinatedWriter | CoordinatedRaggedWriter:
+    """The shared writer of a store of ``schema`` (options: those of :class:`CoordinatedWriter`)."""
     if schema.ragged is not None:
-        return SharedRaggedWriter(backend, schema, commit, **options)
-    return SharedWriter(backend, schema, commit, **options)
+        return CoordinatedRaggedWriter(backend, schema, commit, **options)
+    return CoordinatedWriter(backend, schema, commit, **options)
 
 
-__all__ = ["SharedRaggedWriter", "check_shared_options", "open_shared", "shared_writer"]
+__all__ = [
+    "CoordinatedRaggedWriter",
+    "check_coordinated_options",
+    "open_coordinated",
+    "shared_writer",
+]
