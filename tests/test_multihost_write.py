@@ -26,7 +26,6 @@ from tests import multihost_child as child
 from tests.trees import Params
 
 
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
     """Runs the two processes once for the module; their reports, by process."""
