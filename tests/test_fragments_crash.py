@@ -23,6 +23,7 @@ import pytest
 import pytreestore
 from pytreestore import errors
 from pytreestore._format.names import FRAGMENTS_DIR, PLACING_KEY
+from tests.conftest import FILE_BACKENDS
 from tests.test_fragments import CHUNK, batch, rec
 from tests.trial_harness import Zygote, read_log
 
@@ -159,7 +160,7 @@ def _check_recovered(path: Path, backend: str, start: int) -> None:
     np.testing.assert_array_equal(reader.load(as_numpy=True)["p"].v, batch(0, len(reader))["p"].v)
 
 
-@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+@pytest.mark.plain_files
 @pytest.mark.parametrize("start", [4, 3], ids=["aligned", "misaligned"])
 @pytest.mark.parametrize("point", POINTS)
 def test_a_writer_killed_at_each_point_loses_nothing(zygote, tmp_path, backend, start, point):
@@ -172,7 +173,7 @@ def test_a_writer_killed_at_each_point_loses_nothing(zygote, tmp_path, backend, 
     _check_recovered(path, backend, start)
 
 
-@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+@pytest.mark.plain_files
 def test_a_writer_killed_while_moving_rows_back_loses_nothing(zygote, tmp_path, backend):
     path = tmp_path / "s"
     with pytreestore.create(path, rec(0), backend=backend, chunk_records=CHUNK) as store:
@@ -188,7 +189,7 @@ def test_a_writer_killed_while_moving_rows_back_loses_nothing(zygote, tmp_path, 
 @pytest.mark.parametrize("trial", range(4))
 def test_a_writer_killed_at_a_random_moment_loses_nothing(zygote, tmp_path, trial):
     rng = random.Random(trial)
-    backend = ["tensorstore", "zarr"][trial % 2]
+    backend = FILE_BACKENDS[trial % 2]
     start = rng.choice([3, 4, 8])
     path = tmp_path / "s"
     with pytreestore.create(path, rec(0), backend=backend, chunk_records=CHUNK) as store:

@@ -25,13 +25,13 @@ import pytest
 import pytreestore
 from pytreestore import errors
 from pytreestore.testing import assert_trees_equal
+from tests.conftest import BACKENDS
 from tests.test_ragged_fragments import fragments_left
 from tests.trial_harness import RAGGED_DECL, Zygote, ragged_like, ragged_record, read_log
 
 pytest_plugins = ("tests.fixtures",)
 POINTS = ["writing", "before_commit", "learning", "placing", "before_record", "after_record"]
 SIZES = (4, 5)  # fragment A, fragment B
-BACKENDS = ["tensorstore", "zarr", "ocdbt"]
 CHUNK = 4
 
 
@@ -147,7 +147,6 @@ def _make(path: Path, backend: str, start: int) -> None:
         store.extend(ragged_record(i) for i in range(start))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("start", [4, 3], ids=["aligned", "misaligned"])
 @pytest.mark.parametrize("point", POINTS)
 def test_a_writer_killed_at_each_point_loses_nothing(zygote, tmp_path, backend, start, point):
