@@ -23,8 +23,10 @@ $(BENCH_STAMP): $(STAMP)
 
 install: $(STAMP)
 
+# with pytest-xdist (the test extra), one worker per core, each taking whole modules (their
+# module fixtures, servers and child processes stay together); without it, one process
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $$($(PY) -c "import xdist" 2>/dev/null && echo "-n auto --dist loadfile")
 
 # the tests marked slow: among them 200 local and 50 S3 crash trials, 300 truncate crash trials
 # (-rP prints their counts) and the model-based test at ten times the examples

@@ -1,8 +1,23 @@
-"""Shared test settings: hypothesis profiles (select one with HYPOTHESIS_PROFILE=thorough)."""
+"""Shared test settings: hypothesis profiles (select one with HYPOTHESIS_PROFILE=thorough) and
+the one ``backend`` parametrization and ``path`` fixture of every test module.
+
+A test that takes ``backend`` runs on every backend of :data:`BACKENDS`, unless it
+parametrizes ``backend`` itself. One marked with a marker of :data:`OCDBT_LACKS` runs on
+:data:`FILE_BACKENDS` only: ``plain_files`` (it reads, damages, links or lists the store's keys
+as files on disk; OCDBT keeps them inside its database) or ``forked_reads`` (it reads in a
+forked child, where TensorStore's reads abort). Mark a test so only where OCDBT truly lacks
+that; a module where every test does, with ``pytestmark``.
+"""
+
+from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from tests.parity import kinds
 
 settings.register_profile(
     "pytreestore",
@@ -12,3 +27,46 @@ settings.register_profile(
 )
 settings.register_profile("thorough", parent=settings.get_profile("pytreestore"), max_examples=300)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "pytreestore"))
+
+#: every backend a test of ``backend`` runs on (the parity matrix's: tensorstore, zarr, ocdbt)
+BACKENDS = kinds.BACKENDS
+#: the backends whose keys are plain files (``LocalFiles``), where marked tests run
+FILE_BACKENDS = ("tensorstore", "zarr")
+
+#: markers of what OCDBT lacks: a test so marked runs on :data:`FILE_BACKENDS` only
+OCDBT_LACKS = {
+    "plain_files": "reads, damages, links or lists the store's keys as plain files (OCDBT keeps "
+    "them inside its database files)",
+    "forked_reads": "reads in a forked child (TensorStore's reads abort there; OCDBT has no "
+    "other reader)",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, what in OCDBT_LACKS.items():
+        config.addinivalue_line("markers", f"{name}: the test {what}; not run on OCDBT")
+
+
+def _parametrized(names: str | Sequence[str]) -> list[str]:
+    return [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Runs each test that takes ``backend`` on :data:`BACKENDS` (:data:`FILE_BACKENDS` if
+    marked with a marker of :data:`OCDBT_LACKS`), unless it parametrizes ``backend`` itself or
+    its module defines a ``backend`` fixture."""
+    if "backend" not in metafunc.fixturenames:
+        return
+    if metafunc._arg2fixturedefs.get("backend"):  # a module's own ``backend`` fixture
+        return
+    for marker in metafunc.definition.iter_markers("parametrize"):
+        if "backend" in _parametrized(marker.args[0]):
+            return
+    lacks = any(metafunc.definition.get_closest_marker(name) for name in OCDBT_LACKS)
+    metafunc.parametrize("backend", FILE_BACKENDS if lacks else BACKENDS)
+
+
+@pytest.fixture
+def path(tmp_path) -> str:
+    """Where a test's store goes: ``s`` in its own temporary folder."""
+    return str(tmp_path / "s")

@@ -17,8 +17,7 @@ import sys
 import numpy as np
 
 import pytreestore
-
-BACKENDS = ("tensorstore", "zarr", "ocdbt")
+from tests.parity.kinds import BACKENDS
 
 
 def make(where: str, backend: str) -> pytreestore.TreeStore:

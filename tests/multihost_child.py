@@ -1,6 +1,6 @@
-"""One process of tests/test_multihost_write.py: ``python multihost_child.py ID PORT ROOT``.
+"""One process of tests/test_multihost_write.py: ``python -m tests.multihost_child ID PORT ROOT``.
 
-Two of these run under ``jax.distributed`` on 127.0.0.1 with 4 CPU devices each. For each
+Two of these run under ``jax.distributed`` (:mod:`tests.launch`), 4 CPU devices each. For each
 backend they create a store with ``multihost=True`` and write the global batches of
 :data:`BATCHES`, each with its own shardings over a mesh spanning both processes; then a
 second store sees the failures. The last line printed is a JSON report.
@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from tests import launch
 from tests.trees import Params
 
 LIKE = Params(x=np.zeros(4, np.float32), y=np.int32(0))
@@ -41,16 +42,8 @@ def _report(err: BaseException) -> dict[str, Any]:
 
 
 def main() -> None:
-    process_id, port, root = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    process_id, (root,) = launch.join()
     import jax
-
-    jax.config.update("jax_num_cpu_devices", 4)
-    jax.distributed.initialize(
-        coordinator_address=f"127.0.0.1:{port}",
-        num_processes=2,
-        process_id=process_id,
-        initialization_timeout=60,
-    )
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 

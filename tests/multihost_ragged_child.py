@@ -1,7 +1,7 @@
 """One process of tests/test_multihost_ragged.py: ``python -m tests.multihost_ragged_child ID
 PORT ROOT``.
 
-Two of these run under ``jax.distributed`` on 127.0.0.1 with 4 CPU devices each (x64 on, so
+Two of these run under ``jax.distributed`` (:mod:`tests.launch`), 4 CPU devices each (x64 on, so
 that int64 and float64 leaves stay exact in global arrays). For each backend they create a
 ragged and optional store (the records of :func:`tests.trial_harness.ragged_record`) with
 ``multihost=True`` and append the padded global batches of :data:`BATCHES`, values and mask
@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from tests import launch
 from tests.parity import kinds
 from tests.trial_harness import RAGGED_DECL, ragged_like, ragged_record
 
@@ -81,17 +82,8 @@ def _report(err: BaseException) -> dict[str, Any]:
 
 
 def main() -> None:
-    process_id, port, root = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    process_id, (root,) = launch.join(x64=True)
     import jax
-
-    jax.config.update("jax_num_cpu_devices", 4)
-    jax.config.update("jax_enable_x64", True)
-    jax.distributed.initialize(
-        coordinator_address=f"127.0.0.1:{port}",
-        num_processes=2,
-        process_id=process_id,
-        initialization_timeout=60,
-    )
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 

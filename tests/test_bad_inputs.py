@@ -23,6 +23,7 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
+from tests.conftest import FILE_BACKENDS
 from tests.trees import Pair, Params, WithStatic
 
 LIKE = {
@@ -850,7 +851,6 @@ def test_opening_never_calls_what_the_schema_names(tmp_path, evil_module, kind, 
 
 # ---- issue 12: places and inputs that raised raw builtin errors ---------------------------------
 
-BACKENDS = ["tensorstore", "zarr"]
 X = {"x": np.int32(0)}
 
 
@@ -860,7 +860,6 @@ def small(path: Path, backend: str, n: int = 5) -> Path:
     return path
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_path_that_is_a_file_or_below_one(tmp_path: Path, backend: str) -> None:
     (tmp_path / "file").write_text("data")
     for path, what in [("file", "is a file"), ("file/s", "is below")]:
@@ -879,7 +878,7 @@ def test_a_root_that_is_a_symlink_loop(tmp_path: Path) -> None:
         pytreestore.open(tmp_path / "loop")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.plain_files
 def test_a_lock_that_is_a_directory_or_a_meta_folder_that_is_a_file(
     tmp_path: Path, backend: str
 ) -> None:
@@ -907,10 +906,10 @@ def test_a_read_only_mount_refuses_append_clearly(tmp_path: Path) -> None:
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", mount]).returncode:
         pytest.skip("cannot mount a tmpfs here (needs root); chmod does not stop root")
     try:
-        for backend in BACKENDS:
+        for backend in FILE_BACKENDS:
             small(mount / backend, backend)
         subprocess.run(["mount", "-o", "remount,ro", mount], check=True)
-        for backend in BACKENDS:
+        for backend in FILE_BACKENDS:
             with pytest.raises(errors.StorageError, match=r"Read-only file system.*mode='r'"):
                 pytreestore.open(mount / backend, mode="a", backend=backend)
             got = pytreestore.open(mount / backend, backend=backend).load(as_numpy=True)
@@ -932,7 +931,7 @@ def test_a_symlink_loop_inside_a_column(tmp_path: Path, codec: str | None) -> No
     np.testing.assert_array_equal(store.load(slice(0, 2), as_numpy=True)["x"], [0, 1])
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.plain_files
 @pytest.mark.parametrize("codec", ["zstd", None])
 @pytest.mark.parametrize("where", ["x/c/1", "x/c", "x"], ids=["chunk", "chunk-folder", "column"])
 def test_a_symlink_loop_is_a_corrupt_store_naming_its_path(
@@ -960,7 +959,6 @@ def test_a_symlink_loop_is_a_corrupt_store_naming_its_path(
         assert re.search(named, str(err)), err
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_slice_step_beyond_any_length(tmp_path: Path, backend: str) -> None:
     store = pytreestore.open(small(tmp_path / "s", backend), backend=backend)
     for step in (2**70, -(2**70), 2**63):
@@ -996,7 +994,7 @@ def test_finite_floats_that_would_overflow_to_inf_are_refused(tmp_path: Path, dt
     np.testing.assert_array_equal(got, [0, 1, 2, np.inf, np.nan])
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.plain_files
 def test_a_reader_notices_its_store_was_replaced(tmp_path: Path, backend: str) -> None:
     path = small(tmp_path / "s", backend, n=10)
     reader = pytreestore.open(path, backend=backend)
@@ -1015,7 +1013,7 @@ def test_a_reader_notices_its_store_was_replaced(tmp_path: Path, backend: str) -
     np.testing.assert_array_equal(again.load(as_numpy=True)["x"], [100, 101, 102])
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.plain_files
 def test_a_reader_notices_a_replacement_that_grew_past_it(tmp_path: Path, backend: str) -> None:
     # issue 12 (14): records and generation alone miss a new store that is already longer
     path = small(tmp_path / "s", backend, n=3)

@@ -18,8 +18,6 @@ import pytreestore
 from pytreestore.errors import StoreReplacedError
 from tests.reads import count_reads
 
-BACKENDS = ["tensorstore", "zarr"]
-
 
 def _make(path: Path, n: int, backend: str, **options: Any) -> None:
     with pytreestore.create(
@@ -32,7 +30,6 @@ def _make(path: Path, n: int, backend: str, **options: Any) -> None:
         s.extend({"a": np.int32(i), "v": np.full(3, i, np.float32)} for i in range(n))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("codec", ["zstd", None])
 def test_a_full_chunk_read_once_is_served_from_memory(
     tmp_path: Path, backend: str, codec: Any
@@ -53,7 +50,6 @@ def test_a_full_chunk_read_once_is_served_from_memory(
     store.close()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_tail_chunk_is_read_again_once_more_of_it_is_committed(
     tmp_path: Path, backend: str
 ) -> None:

@@ -20,8 +20,6 @@ import pytreestore
 from pytreestore import errors
 from tests import clashing_names as cn
 
-BACKENDS = ["tensorstore", "zarr", "ocdbt"]
-
 #: (id, a record whose node is of a class that imports as another one, its keypath, name)
 NODES = [
     ("namedtuple", lambda i: {"p": cn.PointAlias(np.float32(i), np.int32(i))}, "['p']", "Point"),
@@ -42,7 +40,6 @@ def _assert_names(err: BaseException, where: str, name: str) -> None:
     assert f"at {where}" in text and f"tests.clashing_names:{name}" in text, text
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     ("make", "where", "name"), [p[1:] for p in NODES], ids=[p[0] for p in NODES]
 )
@@ -101,7 +98,6 @@ def test_classes_that_import_as_themselves_round_trip(tmp_path: Path) -> None:
     assert got["s"].static is cn.Mode.TRAIN and float(got["l"].w) == 5.0
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_record_of_the_alias_is_refused_with_the_reason(tmp_path: Path, backend: str) -> None:
     store = pytreestore.create(
         tmp_path / "s", {"p": cn.Point(np.float32(0), np.int32(0))}, backend=backend
@@ -120,7 +116,6 @@ def _ragged(i: int, alias: bool) -> dict[str, Any]:
     return {"x": np.int32(i), "p": None if i < 2 else cls(np.float32(i), np.int32(i))}
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_ragged_store_refuses_to_learn_an_alias(tmp_path: Path, backend: str) -> None:
     path = tmp_path / "s"
     store = pytreestore.create(path, _ragged(0, False), optional=["['p']"], backend=backend)

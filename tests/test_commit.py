@@ -20,7 +20,6 @@ from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
 from pytreestore.backends import get_backend
 
-BACKENDS = ["tensorstore", "zarr"]
 LIKE = {"a": {"b": np.int32(0)}, "v": np.zeros(3, np.float32)}
 
 
@@ -36,7 +35,7 @@ def schema() -> TreeSchema:
 # ---- the initial commit --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.plain_files
 def test_the_initial_commit_writes_an_empty_whole_store(tmp_path, backend):
     location, engine = engine_at(tmp_path / "s", backend)
     commit, lock = protocol.start_store(engine, location, schema(), overwrite=False)
@@ -165,7 +164,6 @@ def test_check_starts_refuses_a_column_that_starts_past_the_commit(tmp_path):
 # ---- the token and the conditional commit --------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_two_writers_can_never_both_commit(tmp_path, backend):
     path = str(tmp_path / "s")
     pytreestore.create(path, LIKE, backend=backend).close()
@@ -181,7 +179,6 @@ def test_two_writers_can_never_both_commit(tmp_path, backend):
     first.check()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_the_token_advances_with_every_commit(tmp_path, backend):
     path = str(tmp_path / "s")
     pytreestore.create(path, LIKE, backend=backend).close()
@@ -217,7 +214,6 @@ def test_the_first_commit_of_a_bare_location_creates_the_record(tmp_path):
     assert Commit.read(engine, str(location)) == Commit(1, 1)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_two_store_writers_conflict_when_the_lock_is_bypassed(tmp_path, backend):
     """Two TreeStore writers of one store (the second let in by a lock given back under the
     first): the second's commit is refused, the first's records survive."""

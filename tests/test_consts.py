@@ -16,8 +16,6 @@ from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
 from tests.peer_trees import FunctionLeaf, scale_by_two
 
-BACKENDS = ("tensorstore", "zarr")
-
 
 def _mlp(final: object = jax.nn.tanh, seed: int = 0) -> eqx.nn.MLP:
     return eqx.nn.MLP(2, 3, 4, 1, final_activation=final, key=jax.random.key(seed))
@@ -44,7 +42,6 @@ def test_module_level_lambda_is_stored_by_its_name():
     assert schema.tree["children"][2]["value"] == {"ref": "equinox.nn._mlp:_identity"}
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_every_read_returns_the_constant_objects(tmp_path, backend):
     store, mlps = _store(tmp_path, backend)
     store.close()
@@ -68,7 +65,6 @@ def test_every_read_returns_the_constant_objects(tmp_path, backend):
     np.testing.assert_allclose(np.asarray(got), np.stack([m(x) for m in mlps]), rtol=1e-6)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_appending_another_function_is_refused(tmp_path, backend):
     store, _ = _store(tmp_path, backend, records=1)
     other = _mlp(final=jax.nn.sigmoid)

@@ -1,9 +1,10 @@
 """Crash safety: a writer killed with SIGKILL at a random moment leaves a store that opens,
 holds exactly a committed prefix of what was appended, and takes more appends.
 
-The writer is a subprocess running :func:`writer_main` from this module. It appends records
-``record(i)`` following a seeded plan of append / extend / extend_batch / flush calls and
-prints ``COMMITTED <n>`` after every flush. The parent kills it after a random number of
+The writer is a child forked by the trial zygote (:mod:`tests.trial_harness`) running
+:func:`writer_main` from this module. It appends records ``record(i)`` following a seeded
+plan of append / extend / extend_batch / flush calls and logs ``COMMITTED <n>`` after every
+flush. The parent kills it after a random number of
 commits or a random delay. Commits happen only at flush and at chunk boundaries, so the
 committed count after the kill is the last one reported, a chunk boundary past it, or the
 next flush's count.
@@ -14,11 +15,11 @@ next flush's count.
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
-import subprocess
-import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,9 @@ import zarr
 
 import pytreestore
 from pytreestore.errors import CorruptStoreError, StoreLockedError
+from tests.trial_harness import Log, Zygote, read_log, wait_for
+
+pytest_plugins = ("tests.fixtures",)
 
 CHUNK = 16
 STALE_LOCK_BUG = (
@@ -38,8 +42,7 @@ STALE_LOCK_BUG = (
 )
 DEFAULT_TRIALS = 8
 SLOW_TRIALS = 48
-LOOKAHEAD = 3  # writers started ahead of their trial, so their imports overlap other trials
-TESTS = Path(__file__).resolve().parent
+OUTPUT = ("COMMITTED", "DONE")  # the lines a writer logs after READY
 
 
 def record(i: int) -> dict[str, Any]:
@@ -55,24 +58,27 @@ def records(start: int, stop: int) -> list[dict[str, Any]]:
     return [record(i) for i in range(start, stop)]
 
 
-# ---- the writer subprocess ---------------------------------------------------------------------
+# ---- the writer ----------------------------------------------------------------------------------
 
 
-def writer_main(path: str, spec_file: str) -> None:
-    """Runs in the subprocess: opens the store, waits for a line on stdin, runs the plan."""
+def writer_main(path: str, spec_file: str, log_file: str, go_file: str) -> None:
+    """Runs in the forked child: opens the store, logs ``READY n``, waits for ``go_file`` to
+    exist, runs the plan."""
     spec = json.loads(Path(spec_file).read_text())
+    log = Log(log_file)
     if spec["create"]:
         backend = spec.get("backend", "tensorstore")
         store = pytreestore.create(path, record(0), chunk_records=CHUNK, backend=backend)
     else:
         store = pytreestore.open(path, mode="a")
     n = len(store)
-    _emit(f"READY {n}")
-    sys.stdin.readline()
+    log(f"READY {n}")
+    while not os.path.exists(go_file):
+        time.sleep(0.001)
     for op, k in spec["plan"]:
         if op == "flush":
             store.flush()
-            _emit(f"COMMITTED {store.committed}")
+            log(f"COMMITTED {store.committed}")
         elif op == "append":
             for x in records(n, n + k):
                 store.append(x)
@@ -82,11 +88,7 @@ def writer_main(path: str, spec_file: str) -> None:
             store.extend_batch(pytreestore.stack(records(n, n + k), as_numpy=True))
         n += k
     store.close()
-    _emit(f"DONE {n}")
-
-
-def _emit(line: str) -> None:
-    print(line, flush=True)
+    log(f"DONE {n}")
 
 
 def make_plan(rng: random.Random, ops: int = 250) -> list[tuple[str, int]]:
@@ -105,10 +107,11 @@ def make_plan(rng: random.Random, ops: int = 250) -> list[tuple[str, int]]:
 
 
 class Writer:
-    """A started writer subprocess and the plan it follows."""
+    """A writer forked by the zygote, waiting for :meth:`go`, and the plan it follows."""
 
     def __init__(
         self,
+        zygote: Zygote,
         path: Path,
         *,
         create: bool,
@@ -116,45 +119,48 @@ class Writer:
         plan: list[tuple[str, int]],
         backend: str = "tensorstore",
     ):
-        self.path, self.start, self.plan = path, start, plan
+        self.zygote, self.path, self.start, self.plan = zygote, path, start, plan
+        self.returncode: int | None = None
         self.stderr = ""
         spec = path.parent / "spec.json"
         spec.write_text(json.dumps({"create": create, "plan": plan, "backend": backend}))
-        code = (
-            f"import sys; sys.path.insert(0, {str(TESTS)!r}); import test_crash; "
-            f"test_crash.writer_main({str(path)!r}, {str(spec)!r})"
-        )
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", code],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        self.log, self.go_file = str(path.parent / "writer.log"), str(path.parent / "go")
+        args = [str(path), str(spec), self.log, self.go_file]
+        self.pid = zygote.start(
+            kind="call", target="tests.test_crash:writer_main", args=args, log=self.log
         )
 
     def ready(self) -> int:
-        line = self._line()
+        lines = wait_for(self.log, "READY")
+        line = next(x for x in lines if x.startswith(("READY", "FAIL")))
         assert line.startswith("READY "), f"writer did not start: {line!r}\n{self._stderr()}"
         return int(line.split()[1])
 
     def go(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
+        Path(self.go_file).touch()
+
+    def output(self) -> list[str]:
+        """The lines it logged after READY: ``COMMITTED n`` and ``DONE n``."""
+        return [x for x in read_log(self.log) if x.startswith(OUTPUT)]
+
+    def wait_output(self, count: int) -> None:
+        """Waits until it logged ``count`` lines after READY, or finished, or failed."""
+        while True:
+            lines = read_log(self.log)
+            out = [x for x in lines if x.startswith(OUTPUT)]
+            if len(out) >= count or any(x.startswith(("DONE", "FAIL")) for x in lines):
+                return
+            time.sleep(0.001)
 
     def kill(self) -> list[str]:
-        """SIGKILLs the writer (if still running); returns every line it printed after READY."""
-        self.proc.send_signal(signal.SIGKILL)
-        out, self.stderr = self.proc.communicate(timeout=60)
-        return out.splitlines()
-
-    def _line(self) -> str:
-        assert self.proc.stdout is not None
-        return self.proc.stdout.readline().strip()
+        """SIGKILLs the writer (if still running); returns every line it logged after READY."""
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(self.zygote.kill(self.pid))
+            self.stderr = self._stderr()
+        return self.output()
 
     def _stderr(self) -> str:
-        self.proc.kill()
-        return self.proc.communicate(timeout=60)[1]
+        return "\n".join(read_log(self.log + ".stderr")[-40:] + read_log(self.log)[-3:])
 
     def flush_points(self) -> list[int]:
         """The record count of each flush in the plan, and of the final close."""
@@ -166,26 +172,22 @@ class Writer:
         return [*points, n]
 
 
-_STARTED: dict[int, Writer] = {}
+@pytest.fixture
+def writers(zygote: Zygote) -> Iterator[Callable[..., Writer]]:
+    """Starts writers (:class:`Writer`'s arguments after the zygote); kills any left running."""
+    started: list[Writer] = []
 
+    def start(path: Path, **options: Any) -> Writer:
+        started.append(Writer(zygote, path, **options))
+        return started[-1]
 
-@pytest.fixture(scope="module", autouse=True)
-def _kill_leftover_writers():
-    yield
-    for writer in _STARTED.values():
+    yield start
+    for writer in started:
         writer.kill()
-    _STARTED.clear()
 
 
-def start_writer(trial: int, last: int, factory: pytest.TempPathFactory) -> Writer:
-    """The writer of ``trial``, started now if it was not yet; also starts the next few."""
-    for t in range(trial, min(trial + LOOKAHEAD + 1, last)):
-        if t not in _STARTED:
-            _STARTED[t] = _new_writer(t, factory.mktemp(f"crash{t}") / "store")
-    return _STARTED.pop(trial)
-
-
-def _new_writer(trial: int, path: Path) -> Writer:
+def new_writer(writers: Callable[..., Writer], trial: int, path: Path) -> Writer:
+    """The writer of ``trial``: it creates the store, or appends to one ending inside a chunk."""
     rng = random.Random(trial)
     create = trial % 2 == 0
     start = 0
@@ -193,7 +195,7 @@ def _new_writer(trial: int, path: Path) -> Writer:
         start = rng.randrange(1, 4 * CHUNK)
         with pytreestore.create(path, record(0), chunk_records=CHUNK) as store:
             store.extend(records(0, start))
-    return Writer(path, create=create, start=start, plan=make_plan(rng))
+    return writers(path, create=create, start=start, plan=make_plan(rng))
 
 
 # ---- the trials --------------------------------------------------------------------------------
@@ -210,18 +212,12 @@ def kill_at_random(writer: Writer, rng: random.Random) -> tuple[int, list[str]]:
     """Lets the writer run, kills it; returns the last committed count it reported and its
     output."""
     writer.go()
-    assert writer.proc.stdout is not None
-    lines: list[str] = []
     if rng.random() < 0.5:
-        for _ in range(rng.randint(0, len(writer.flush_points()) // 2)):
-            line = writer.proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line.strip())
+        writer.wait_output(rng.randint(0, len(writer.flush_points()) // 2))
         time.sleep(rng.uniform(0, 0.005))
     else:
         time.sleep(rng.uniform(0, 0.6))
-    lines += writer.kill()
+    lines = writer.kill()
     committed = [int(x.split()[1]) for x in lines if x.startswith(("COMMITTED", "DONE"))]
     return (committed[-1] if committed else writer.start), lines
 
@@ -244,17 +240,16 @@ def check_prefix(store: pytreestore.TreeStore, n: int) -> None:
     ],
 )
 def test_sigkilled_writer_leaves_a_committed_prefix(
-    trial: int, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    trial: int, request: pytest.FixtureRequest, writers: Callable[..., Writer], tmp_path: Path
 ) -> None:
     slow = "slow" in (request.config.getoption("markexpr") or "")
     if trial >= DEFAULT_TRIALS and not slow:
         pytest.skip("more crash trials run with -m slow")
-    last_trial = SLOW_TRIALS if slow else DEFAULT_TRIALS
-    writer = start_writer(trial, last_trial, tmp_path_factory)
+    writer = new_writer(writers, trial, tmp_path / "store")
     assert writer.ready() == writer.start
     reported, lines = kill_at_random(writer, random.Random(1000 + trial))
-    context = f"trial {trial}: writer printed {lines[-3:]} (exit {writer.proc.returncode})"
-    assert writer.proc.returncode in (0, -signal.SIGKILL), f"{context}\n{writer.stderr}"
+    context = f"trial {trial}: writer printed {lines[-3:]} (exit {writer.returncode})"
+    assert writer.returncode in (0, -signal.SIGKILL), f"{context}\n{writer.stderr}"
     points = writer.flush_points()
     assert all(int(x.split()[1]) in points for x in lines), context
 
@@ -284,7 +279,7 @@ OCDBT_TRIALS = 4
 
 @pytest.mark.parametrize("trial", range(OCDBT_TRIALS))
 def test_sigkilled_ocdbt_writer_leaves_every_earlier_commit_intact(
-    trial: int, tmp_path: Path
+    trial: int, writers: Callable[..., Writer], tmp_path: Path
 ) -> None:
     """On OCDBT a commit is one transaction: a writer killed at any moment leaves one of its
     commits whole (the last it reported, a whole chunk an extend committed, or the next
@@ -296,13 +291,13 @@ def test_sigkilled_ocdbt_writer_leaves_every_earlier_commit_intact(
         start = rng.randrange(1, 4 * CHUNK)
         with pytreestore.create(path, record(0), chunk_records=CHUNK, backend="ocdbt") as s:
             s.extend(records(0, start))
-    writer = Writer(
+    writer = writers(
         path, create=start == 0, start=start, plan=make_plan(rng, ops=60), backend="ocdbt"
     )
     assert writer.ready() == writer.start
     reported, lines = kill_at_random(writer, rng)
-    context = f"ocdbt trial {trial}: writer printed {lines[-3:]} (exit {writer.proc.returncode})"
-    assert writer.proc.returncode in (0, -signal.SIGKILL), f"{context}\n{writer.stderr}"
+    context = f"ocdbt trial {trial}: writer printed {lines[-3:]} (exit {writer.returncode})"
+    assert writer.returncode in (0, -signal.SIGKILL), f"{context}\n{writer.stderr}"
     with pytreestore.open(str(path)) as store:
         n = len(store)
         assert n in allowed_counts(reported, writer.flush_points()), f"{context}; holds {n}"
@@ -322,13 +317,15 @@ def column_lengths(path: Path) -> list[int]:
     return [zarr.open_array(path / key, mode="r").shape[0] for key in COLUMNS]
 
 
-def test_sigkilled_writer_does_not_leave_its_lock(tmp_path: Path) -> None:
-    writer = Writer(tmp_path / "store", create=True, start=0, plan=[])
+def test_sigkilled_writer_does_not_leave_its_lock(
+    writers: Callable[..., Writer], tmp_path: Path
+) -> None:
+    writer = writers(tmp_path / "store", create=True, start=0, plan=[])
     assert writer.ready() == 0
     with pytest.raises(StoreLockedError, match="open for writing elsewhere"):
         pytreestore.open(writer.path, mode="a")
     writer.kill()
-    assert writer.proc.returncode == -signal.SIGKILL
+    assert writer.returncode == -signal.SIGKILL
     with pytreestore.open(writer.path, mode="a") as store:
         store.extend(records(0, 3))
     with pytreestore.open(writer.path) as store:

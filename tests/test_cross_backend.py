@@ -15,8 +15,9 @@ from pytreestore._format import dtypes as _dtypes
 from pytreestore.testing import assert_trees_equal
 from pytreestore.testing import strategies as pts
 from pytreestore.testing.conformance import dtype_values
+from tests.conftest import FILE_BACKENDS
 
-BACKENDS = ("tensorstore", "zarr")
+BACKENDS = FILE_BACKENDS  # the files each writes are compared byte for byte: not OCDBT
 NAMES = list(_dtypes.SUPPORTED)
 N = 11
 

@@ -26,7 +26,6 @@ from pytreestore._format import validate as _validate
 from tests import trees
 from tests.test_misuse import run_in_child
 
-BACKENDS = ["tensorstore", "zarr", "ocdbt"]
 LIKE = {"a": {"x": np.zeros(3, np.float32), "y": np.int32(0)}, "b": np.float32(0)}
 
 
@@ -85,7 +84,6 @@ def test_deferred_makes_once_and_retries_after_a_failure():
     assert Deferred.ready(1, 2).get() == (1, 2)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_open_parses_nothing_until_first_use(tmp_path, backend, monkeypatch):
     path = _store(tmp_path / "s", backend)
     calls = _parses(monkeypatch)
@@ -97,7 +95,6 @@ def test_open_parses_nothing_until_first_use(tmp_path, backend, monkeypatch):
     store.close()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_schema_error_comes_out_on_first_use_every_time(tmp_path, backend):
     path = tmp_path / "c"
     record = {"p": trees.Params(np.int32(1), [np.bool_(1), None])}
@@ -123,7 +120,6 @@ def test_a_schema_error_comes_out_on_first_use_every_time(tmp_path, backend):
     store.close()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_truncated_root_is_reported_on_first_use(tmp_path, backend):
     path = _store(tmp_path / "s", backend)
     _edit_root(path, backend, lambda raw: raw[: len(raw) // 3])
@@ -134,7 +130,6 @@ def test_a_truncated_root_is_reported_on_first_use(tmp_path, backend):
     assert store.closed
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_newer_format_is_refused_by_open(tmp_path, backend):
     path = _store(tmp_path / "s", backend)
     _edit_root(
@@ -144,7 +139,6 @@ def test_a_newer_format_is_refused_by_open(tmp_path, backend):
         pytreestore.open(path)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_damaged_commit_record_is_refused_by_open(tmp_path, backend):
     path = _store(tmp_path / "s", backend)
     engine = pytreestore.backends.get_backend(backend)(

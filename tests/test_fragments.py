@@ -21,7 +21,7 @@ import pytreestore
 from pytreestore import errors
 from pytreestore._format.names import FRAGMENTS_DIR
 
-BACKENDS = ["tensorstore", "zarr"]
+pytestmark = pytest.mark.plain_files
 CHUNK = 4
 
 
@@ -40,16 +40,6 @@ def rec(i: int) -> dict:
 
 def batch(start: int, n: int) -> dict:
     return pytreestore.stack([rec(i) for i in range(start, start + n)])
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request) -> str:
-    return request.param
-
-
-@pytest.fixture
-def path(tmp_path) -> str:
-    return str(tmp_path / "s")
 
 
 def make(path: str, backend: str, n: int = 0, **options) -> pytreestore.TreeStore:

@@ -3,8 +3,9 @@ its fragments and the commit, and at each step of ``commit_fragments`` leaves a 
 opens with every committed record, where each fragment is committed whole or not at all, and
 every fragment not committed can still be committed.
 
-The writer is a subprocess running :func:`child`; it kills itself (SIGKILL, no cleanup) at
-the named point, reached through the real code with a wrapper around one internal step.
+The writer is a child forked by the zygote (:mod:`tests.trial_harness`, pytreestore imported
+once) running :func:`child`; it kills itself (SIGKILL, no cleanup) at the named point, reached
+through the real code with a wrapper around one internal step.
 """
 
 from __future__ import annotations
@@ -13,9 +14,6 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +23,11 @@ import pytest
 import pytreestore
 from pytreestore import errors
 from pytreestore._format.names import FRAGMENTS_DIR, PLACING_KEY
+from tests.conftest import FILE_BACKENDS
 from tests.test_fragments import CHUNK, batch, rec
+from tests.trial_harness import Zygote, read_log
 
-TESTS = Path(__file__).resolve().parent
+pytest_plugins = ("tests.fixtures",)
 POINTS = ["writing", "before_commit", "placing", "linking", "before_record", "after_record"]
 SIZES = (4, 5)  # fragment A, fragment B
 
@@ -109,26 +109,20 @@ def reopen_child(path: str, backend: str) -> None:
     pytreestore.open(path, "a", backend=backend)
 
 
-def _run(path: Path, backend: str, point: str, *, kill_after: float | None = None) -> int:
-    out = path.parent / "fragments.json"
-    call = (
-        f"t.reopen_child({str(path)!r}, {backend!r})"
-        if point == "reopening"
-        else f"t.child({str(path)!r}, {backend!r}, {point!r}, {str(out)!r})"
-    )
-    code = (
-        f"import sys; sys.path.insert(0, {str(TESTS.parent)!r}); "
-        f"from tests import test_fragments_crash as t; {call}"
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    if kill_after is not None:
-        time.sleep(kill_after)
-        proc.kill()
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode in (-signal.SIGKILL, 0), stderr
-    return proc.returncode
+def _run(
+    zygote: Zygote, path: Path, backend: str, point: str, *, kill_after: float | None = None
+) -> int:
+    """Runs :func:`child` (or :func:`reopen_child`) in a child forked by the zygote; its
+    returncode (``-9``: killed)."""
+    log = str(path.parent / f"child-{point}.log")
+    if point == "reopening":
+        args: tuple[Any, ...] = ("tests.test_fragments_crash:reopen_child", str(path), backend)
+    else:
+        out = str(path.parent / "fragments.json")
+        args = ("tests.test_fragments_crash:child", str(path), backend, point, out)
+    code = zygote.call(*args, log=log, kill_after=kill_after)
+    assert code in (-signal.SIGKILL, 0), (code, read_log(log)[-3:], read_log(log + ".stderr")[-20:])
+    return code
 
 
 def _fragments(path: Path) -> list[pytreestore.Fragment]:
@@ -166,39 +160,39 @@ def _check_recovered(path: Path, backend: str, start: int) -> None:
     np.testing.assert_array_equal(reader.load(as_numpy=True)["p"].v, batch(0, len(reader))["p"].v)
 
 
-@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+@pytest.mark.plain_files
 @pytest.mark.parametrize("start", [4, 3], ids=["aligned", "misaligned"])
 @pytest.mark.parametrize("point", POINTS)
-def test_a_writer_killed_at_each_point_loses_nothing(tmp_path, backend, start, point):
+def test_a_writer_killed_at_each_point_loses_nothing(zygote, tmp_path, backend, start, point):
     path = tmp_path / "s"
     with pytreestore.create(path, rec(0), backend=backend, chunk_records=CHUNK) as store:
         store.extend(rec(i) for i in range(start))
-    assert _run(path, backend, point) == -signal.SIGKILL
+    assert _run(zygote, path, backend, point) == -signal.SIGKILL
     written = _fragments(path)
     assert len(written) == (1 if point == "writing" else 2)
     _check_recovered(path, backend, start)
 
 
-@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
-def test_a_writer_killed_while_moving_rows_back_loses_nothing(tmp_path, backend):
+@pytest.mark.plain_files
+def test_a_writer_killed_while_moving_rows_back_loses_nothing(zygote, tmp_path, backend):
     path = tmp_path / "s"
     with pytreestore.create(path, rec(0), backend=backend, chunk_records=CHUNK) as store:
         store.extend(rec(i) for i in range(4))
-    assert _run(path, backend, "placing") == -signal.SIGKILL
+    assert _run(zygote, path, backend, "placing") == -signal.SIGKILL
     assert (path / PLACING_KEY).exists()  # a commit cut off with chunk rows moved
-    assert _run(path, backend, "reopening") == -signal.SIGKILL
+    assert _run(zygote, path, backend, "reopening") == -signal.SIGKILL
     assert (path / PLACING_KEY).exists()  # the next writer moves the rest back
     _check_recovered(path, backend, 4)
     assert not (path / PLACING_KEY).exists()
 
 
 @pytest.mark.parametrize("trial", range(4))
-def test_a_writer_killed_at_a_random_moment_loses_nothing(tmp_path, trial):
+def test_a_writer_killed_at_a_random_moment_loses_nothing(zygote, tmp_path, trial):
     rng = random.Random(trial)
-    backend = ["tensorstore", "zarr"][trial % 2]
+    backend = FILE_BACKENDS[trial % 2]
     start = rng.choice([3, 4, 8])
     path = tmp_path / "s"
     with pytreestore.create(path, rec(0), backend=backend, chunk_records=CHUNK) as store:
         store.extend(rec(i) for i in range(start))
-    _run(path, backend, "random", kill_after=rng.uniform(0.5, 3.0))
+    _run(zygote, path, backend, "random", kill_after=rng.uniform(0.0, 0.8))
     _check_recovered(path, backend, start)

@@ -8,15 +8,10 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from tests.test_fragments import BACKENDS, CHUNK, batch, rec
+from tests.test_fragments import CHUNK, batch, rec
 
 pytestmark = pytest.mark.s3
 pytest_plugins = ("tests.fixtures",)
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request) -> str:
-    return request.param
 
 
 def test_fragments_round_trip_on_s3(s3_server, bucket, backend):

@@ -22,7 +22,6 @@ from pytreestore._location import Location
 from pytreestore.backends import get_backend
 
 pytest_plugins = ("tests.fixtures",)
-BACKENDS = ("tensorstore", "zarr")
 
 
 class Point(NamedTuple):
@@ -53,7 +52,6 @@ def assert_whole(batch: dict[str, np.ndarray]) -> np.ndarray:
 # ---- threads -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_four_threads_extending_one_store_keep_every_record_whole(tmp_path, backend):
     path = str(tmp_path / "s")
     store = pytreestore.create(path, LIKE, chunk_records=16, backend=backend)
@@ -103,7 +101,6 @@ def test_four_threads_extending_one_store_keep_every_record_whole(tmp_path, back
     assert reopened.verify().ok
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_appends_in_threads_keep_each_threads_order_and_flush_is_safe(tmp_path, backend):
     path = str(tmp_path / "s")
     store = pytreestore.create(path, LIKE, chunk_records=8, backend=backend)
@@ -126,7 +123,6 @@ def test_appends_in_threads_keep_each_threads_order_and_flush_is_safe(tmp_path, 
         np.testing.assert_array_equal(mine, np.arange(t * 100, t * 100 + 100))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_close_waits_for_reads_in_other_threads_and_later_reads_are_refused(tmp_path, backend):
     store = pytreestore.create(str(tmp_path / "s"), LIKE, chunk_records=64, backend=backend)
     store.extend(record(i) for i in range(1000))
@@ -197,7 +193,6 @@ def wide(i: int) -> dict[str, np.ndarray]:
     return {"id": np.int64(i), "x": np.full(1024, i, np.float32)}
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_failed_close_keeps_the_store_open_and_a_retry_commits(tiny_disk, backend):
     path = str(tiny_disk / "s")
     store = pytreestore.create(path, WIDE, chunk_records=64, codec=None, backend=backend)
@@ -217,7 +212,6 @@ def test_a_failed_close_keeps_the_store_open_and_a_retry_commits(tiny_disk, back
     pytreestore.open(path, mode="a", backend=backend).close()  # the lock was released
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_with_block_error_and_a_failing_close_keeps_the_blocks_error(tiny_disk, backend):
     path = str(tiny_disk / "s")
     store = pytreestore.create(path, WIDE, chunk_records=64, codec=None, backend=backend)
@@ -237,7 +231,6 @@ def test_with_block_error_and_a_failing_close_keeps_the_blocks_error(tiny_disk, 
     np.testing.assert_array_equal(got["id"], np.arange(5))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_with_block_error_still_commits_what_was_appended(tmp_path, backend):
     path = str(tmp_path / "s")
     store = pytreestore.create(path, LIKE, chunk_records=4, backend=backend)
@@ -252,7 +245,6 @@ def test_with_block_error_still_commits_what_was_appended(tmp_path, backend):
 # ---- lock leaks ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_huge_chunk_records_is_refused_before_anything_is_written(tmp_path, backend):
     path = tmp_path / "s"
     with pytest.raises(
@@ -267,7 +259,7 @@ def test_a_huge_chunk_records_is_refused_before_anything_is_written(tmp_path, ba
     assert pytreestore.open(str(path), backend=backend).load(0, as_numpy=True)["id"] == 3
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.plain_files
 def test_a_failed_open_for_append_releases_the_lock(tmp_path, backend):
     path = tmp_path / "s"
     with pytreestore.create(str(path), LIKE, chunk_records=4, backend=backend) as store:
@@ -285,7 +277,6 @@ def test_a_failed_open_for_append_releases_the_lock(tmp_path, backend):
     np.testing.assert_array_equal(ids, np.arange(7))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_double_open_for_append_in_one_process_is_refused_until_closed(tmp_path, backend):
     path = str(tmp_path / "s")
     first = pytreestore.create(path, LIKE, backend=backend)
@@ -299,7 +290,6 @@ def test_double_open_for_append_in_one_process_is_refused_until_closed(tmp_path,
     np.testing.assert_array_equal(ids, [0, 1])
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_failed_open_for_append_on_s3_deletes_its_lock_object(s3_server, bucket, backend):
     url, kw = f"s3://{bucket}/s", {"backend": backend, "storage_options": s3_server.options}
     with pytreestore.create(url, LIKE, chunk_records=4, **kw) as store:
@@ -324,7 +314,6 @@ def test_a_failed_open_for_append_on_s3_deletes_its_lock_object(s3_server, bucke
 # ---- pickling ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_writer_refuses_to_pickle(tmp_path, backend):
     store = pytreestore.create(str(tmp_path / "s"), LIKE, backend=backend)
     store.append(record(0))
@@ -335,7 +324,6 @@ def test_a_writer_refuses_to_pickle(tmp_path, backend):
     assert len(pytreestore.open(str(tmp_path / "s"), backend=backend)) == 1
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_reader_pickles_by_location_and_options(tmp_path, backend):
     path = str(tmp_path / "s")
     writer = pytreestore.create(path, Point(np.int64(0), np.zeros(2, np.float32)), backend=backend)
@@ -356,7 +344,6 @@ def test_a_reader_pickles_by_location_and_options(tmp_path, backend):
     assert len(later) == 4 and copy.mode == later.mode == "r"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_grain_source_pickles_with_its_backend_and_buffered_records(tmp_path, backend):
     path = str(tmp_path / "s")
     store = pytreestore.create(path, LIKE, backend=backend)
@@ -392,7 +379,7 @@ def run_in_child(body) -> int:
     return -signal.SIGKILL
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.forked_reads
 def test_a_forked_child_cannot_use_or_release_the_parents_writer(tmp_path, backend):
     path = str(tmp_path / "s")
     # uncompressed: TensorStore's own reads abort in a forked child (it does not support fork)
@@ -452,7 +439,6 @@ def test_a_forked_child_leaves_the_parents_s3_lock_object(s3_server, bucket):
 # ---- a second writer -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_second_writer_after_the_lock_file_is_deleted_cannot_lose_commits(tmp_path, backend):
     path = tmp_path / "s"
     with pytreestore.create(str(path), LIKE, chunk_records=8, backend=backend) as store:

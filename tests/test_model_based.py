@@ -50,7 +50,6 @@ import pytreestore
 from pytreestore import errors
 from tests import model_store as m
 
-BACKENDS = ["tensorstore", "zarr", "ocdbt"]
 DEFAULT = settings(  # examples: 6 of a fixed store, 4 of a ragged one (its reads cost more)
     max_examples=4,
     stateful_step_count=16,
@@ -390,7 +389,6 @@ def run(base: type[StoreMachine], backend: str, folder: str, profile: settings) 
     run_state_machine_as_test(machine(base, backend, folder), settings=profile)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("base", [FixedMachine, RaggedMachine], ids=["fixed", "ragged"])
 def test_store_follows_the_model(base, backend, tmp_path):
     examples = 6 if base is FixedMachine else 4  # a ragged store's reads cost more
@@ -398,7 +396,6 @@ def test_store_follows_the_model(base, backend, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("base", [FixedMachine, RaggedMachine], ids=["fixed", "ragged"])
 def test_store_follows_the_model_long(base, backend, tmp_path, request):
     if "slow" not in (request.config.getoption("markexpr") or ""):

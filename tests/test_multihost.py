@@ -7,11 +7,6 @@ of its own devices: half of the records each, no row read by both.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -19,20 +14,16 @@ import numpy as np
 import pytest
 
 import pytreestore
+from tests import launch
 
-ROOT = Path(__file__).resolve().parent.parent
 N = 64
 
 CHILD = textwrap.dedent(
     """
-    import json, os, sys
-    process_id, port, path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    import json
+    from tests import launch
+    process_id, (path,) = launch.join()
     import jax
-    jax.config.update("jax_num_cpu_devices", 4)
-    jax.distributed.initialize(
-        coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=process_id,
-        initialization_timeout=60,
-    )
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
@@ -69,12 +60,6 @@ CHILD = textwrap.dedent(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def store_path(tmp_path) -> Path:
     path = tmp_path / "global"
@@ -88,38 +73,10 @@ def store_path(tmp_path) -> Path:
     return path
 
 
-def run_two_processes(script: Path, store_path: Path) -> list[dict]:
-    port = str(free_port())
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(i), port, str(store_path)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=ROOT,
-        )
-        for i in range(2)
-    ]
-    outputs = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=180)
-            assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{out}\n{err[-4000:]}"
-            outputs.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    return sorted(outputs, key=lambda o: o["process"])
-
-
 def test_each_process_reads_only_its_rows(tmp_path, store_path):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    results = run_two_processes(script, store_path)
+    results = launch.run_two(script, store_path, timeout=180)
     plain = pytreestore.open(store_path).load(as_numpy=True)
     expected = float(plain["x"].sum() + plain["y"].sum())
     for r in results:

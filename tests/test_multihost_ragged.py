@@ -13,10 +13,6 @@ at a structure the store has not learnt must raise on both processes and commit 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,43 +21,17 @@ import pytest
 
 import pytreestore
 from pytreestore.testing import assert_trees_equal
+from tests import launch
 from tests import multihost_ragged_child as child
 from tests.parity import kinds
-from tests.test_multihost_write import free_port
 from tests.trial_harness import RAGGED_DECL, ragged_like, ragged_record
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
     """Runs the two processes once for the module; their reports, by process."""
     root = tmp_path_factory.mktemp("multihost-ragged")
-    port = str(free_port())
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.multihost_ragged_child", str(i), port, str(root)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=ROOT,
-        )
-        for i in range(2)
-    ]
-    outputs = []
-    try:
-        for proc in procs:  # a hang in either process fails here, not the whole run
-            out, err = proc.communicate(timeout=300)
-            assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{out}\n{err[-6000:]}"
-            outputs.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    return root, sorted(outputs, key=lambda o: o["process"])
+    return root, launch.run_two("tests.multihost_ragged_child", root, timeout=300)
 
 
 def reference(tmp_path: Path, backend: str) -> pytreestore.TreeStore:

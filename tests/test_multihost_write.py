@@ -11,12 +11,7 @@ process holds whole must raise on both processes, commit nothing, and leave the 
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,47 +21,16 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
+from tests import launch
 from tests import multihost_child as child
 from tests.trees import Params
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
     """Runs the two processes once for the module; their reports, by process."""
     root = tmp_path_factory.mktemp("multihost")
-    port = str(free_port())
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.multihost_child", str(i), port, str(root)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=ROOT,
-        )
-        for i in range(2)
-    ]
-    outputs = []
-    try:
-        for proc in procs:  # a hang in either process fails here, not the whole run
-            out, err = proc.communicate(timeout=240)
-            assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{out}\n{err[-6000:]}"
-            outputs.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    return root, sorted(outputs, key=lambda o: o["process"])
+    return root, launch.run_two("tests.multihost_child", root)
 
 
 def reference(tmp_path: Path, backend: str, batches: list[tuple[int, int]]) -> Any:

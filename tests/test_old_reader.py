@@ -1,27 +1,25 @@
 """A reader of the previous format refuses a store of the new one, clearly.
 
-The reader is pytreestore as it was at the last commit of format 2, taken from this
-repository's history (``git archive``) and run in a subprocess; it opens stores of format 3
-written by today's code. Without git or that commit (a shallow clone) the test is skipped with
-the reason.
+The reader is pytreestore as it was at the last commit of format 2, run in a subprocess; it
+opens stores of format 3 written by today's code. Its source is committed as
+tests/data/format2_reader.tar.gz, so the test runs on any clone, shallow or not; it was made with
+``git archive --format=tar.gz fee644c6c5 pytreestore > tests/data/format2_reader.tar.gz``.
 """
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 import pytreestore
 
 #: the last commit whose pytreestore wrote and read format 2
 FORMAT_2 = "fee644c6c5c95f1b20f24006a2ffa9c52e4076f9"
-REPO = Path(__file__).resolve().parents[1]
+READER = Path(__file__).resolve().parent / "data" / "format2_reader.tar.gz"
 
 PROBE = """
 import sys
@@ -39,20 +37,8 @@ for path in sys.argv[2:]:
 
 
 def _format_2_source(into: Path) -> Path:
-    git = shutil.which("git")
-    if git is None:
-        pytest.skip("git is not installed: the format-2 reader comes from the repository history")
-    found = subprocess.run(
-        [git, "-C", str(REPO), "cat-file", "-e", f"{FORMAT_2}^{{commit}}"], capture_output=True
-    )
-    if found.returncode != 0:
-        pytest.skip(f"commit {FORMAT_2[:10]} (format 2) is not in this clone (a shallow clone?)")
-    archive = into / "old.tar"
-    with archive.open("wb") as out:
-        subprocess.run(
-            [git, "-C", str(REPO), "archive", FORMAT_2, "pytreestore"], stdout=out, check=True
-        )
-    with tarfile.open(archive) as tar:
+    """Unpacks the format-2 reader's source under ``into``; the folder to put on sys.path."""
+    with tarfile.open(READER) as tar:
         tar.extractall(into / "old", filter="data")
     return into / "old"
 

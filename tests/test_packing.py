@@ -20,8 +20,8 @@ from pytreestore import errors
 from pytreestore._format import validate as _validate
 from pytreestore.backends import TensorStoreBackend, register_backend
 from pytreestore.testing import assert_trees_equal
+from tests.conftest import BACKENDS
 
-BACKENDS = ["tensorstore", "zarr"]
 N = 11
 
 
@@ -61,7 +61,7 @@ def arrays_on_disk(path: Path) -> list[str]:
     )
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.plain_files
 def test_round_trip(tmp_path, backend):
     path = make(tmp_path / "s", backend)
     store = pytreestore.open(path, backend=backend)
@@ -81,7 +81,6 @@ def test_round_trip(tmp_path, backend):
     assert store.verify().ok
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_column_subsets_records_and_iteration(tmp_path, backend):
     store = pytreestore.open(make(tmp_path / "s", backend), backend=backend)
     got = store.load(columns=["['b']", "['e']['f']"], as_numpy=True)
@@ -107,7 +106,6 @@ def jax_to_numpy(tree):
     return jax.tree.map(np.asarray, tree)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_appending_again_after_reopen(tmp_path, backend):
     path = make(tmp_path / "s", backend, n=5)
     with pytreestore.open(path, "a", backend=backend) as s:
@@ -118,7 +116,7 @@ def test_appending_again_after_reopen(tmp_path, backend):
     )
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.plain_files
 def test_plain_zarr_python_sees_the_pack_arrays(tmp_path, backend):
     path = make(tmp_path / "s", backend)
     group = zarr.open_group(path, mode="r")
@@ -135,7 +133,7 @@ def test_plain_zarr_python_sees_the_pack_arrays(tmp_path, backend):
     np.testing.assert_array_equal(group["e/g"][:][:, 1], np.arange(N) + 0.5)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.plain_files
 def test_copy_unpacks_packs_or_keeps(tmp_path, backend):
     path = make(tmp_path / "s", backend)
     want = pytreestore.stack([record(i) for i in range(N)], as_numpy=True)
@@ -161,7 +159,7 @@ def test_copy_unpacks_packs_or_keeps(tmp_path, backend):
     assert_trees_equal(pytreestore.open(tmp_path / "repacked").load(as_numpy=True), want)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.plain_files
 def test_evolve_adds_drops_and_renames_packed_columns(tmp_path, backend):
     path = make(tmp_path / "s", backend, n=6)
     with pytreestore.open(path, "a", generic=True, backend=backend) as s:
@@ -189,7 +187,6 @@ def test_evolve_adds_drops_and_renames_packed_columns(tmp_path, backend):
     assert store.verify().ok
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_dropping_every_column_of_a_pack_hides_it(tmp_path, backend):
     path = make(tmp_path / "s", backend, n=4)
     pytreestore.evolve(path, drop=["['c']", "['e']['f']"], backend=backend)
@@ -209,7 +206,6 @@ def test_dropping_every_column_of_a_pack_hides_it(tmp_path, backend):
     assert store.verify().ok
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_truncate_then_append(tmp_path, backend):
     path = make(tmp_path / "s", backend)
     with pytreestore.open(path, "a", backend=backend) as s:
@@ -329,7 +325,7 @@ SPANS = [
 
 
 @pytest.mark.parametrize("codec", ["zstd", None])  # None: TensorStore's direct reads locally
-@pytest.mark.parametrize("backend", [*BACKENDS, "ocdbt", "test-part-counting"])
+@pytest.mark.parametrize("backend", [*BACKENDS, "test-part-counting"])
 @pytest.mark.parametrize(("columns", "spans"), SPANS, ids=[str(c) for c, _ in SPANS])
 def test_a_read_of_some_packed_leaves_reads_only_their_span(
     tmp_path, backend, columns, spans, codec

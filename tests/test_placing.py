@@ -20,17 +20,9 @@ from pytreestore import errors
 from pytreestore._commit import committer, placing, versions
 from pytreestore._format.names import FRAGMENTS_DIR, PLACING_KEY
 from pytreestore.backends import _links
-from tests.test_fragments import BACKENDS, CHUNK, batch, make, same_records
+from tests.test_fragments import CHUNK, batch, make, same_records
 
-
-@pytest.fixture(params=BACKENDS)
-def backend(request) -> str:
-    return request.param
-
-
-@pytest.fixture
-def path(tmp_path) -> str:
-    return str(tmp_path / "s")
+pytestmark = pytest.mark.plain_files
 
 
 def _rows(path: str, fragment: pytreestore.Fragment) -> dict[str, int]:

@@ -29,18 +29,7 @@ from pytreestore.backends import get_backend
 from pytreestore.testing import assert_trees_equal
 from tests.trial_harness import RAGGED_DECL, ragged_like, ragged_record
 
-BACKENDS = ["tensorstore", "zarr", "ocdbt"]
 CHUNK = 4
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request) -> str:
-    return request.param
-
-
-@pytest.fixture
-def path(tmp_path) -> str:
-    return str(tmp_path / "s")
 
 
 def make(path: str, backend: str, n: int = 0, *, pending: bool = False) -> pytreestore.TreeStore:

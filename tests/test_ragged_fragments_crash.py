@@ -6,8 +6,8 @@ and every fragment not committed can still be committed; ``vacuum()`` removes wh
 
 The store starts from a pending ``like`` (:func:`tests.trial_harness.ragged_like`), so the
 commit of fragments A (4 records) and B (5 records) learns the element structure, the
-nested ragged list and the optional subtree. The writer is a subprocess running
-:func:`child`; it kills itself at the named point, reached through the real code with a
+nested ragged list and the optional subtree. The writer is a child forked by
+the zygote (:mod:`tests.trial_harness`) running :func:`child`; it kills itself at the named point, reached through the real code with a
 wrapper around one internal step. On every backend fragments run on: tensorstore, zarr, ocdbt.
 """
 
@@ -17,9 +17,6 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +25,13 @@ import pytest
 import pytreestore
 from pytreestore import errors
 from pytreestore.testing import assert_trees_equal
+from tests.conftest import BACKENDS
 from tests.test_ragged_fragments import fragments_left
-from tests.trial_harness import RAGGED_DECL, ragged_like, ragged_record
+from tests.trial_harness import RAGGED_DECL, Zygote, ragged_like, ragged_record, read_log
 
-TESTS = Path(__file__).resolve().parent
+pytest_plugins = ("tests.fixtures",)
 POINTS = ["writing", "before_commit", "learning", "placing", "before_record", "after_record"]
 SIZES = (4, 5)  # fragment A, fragment B
-BACKENDS = ["tensorstore", "zarr", "ocdbt"]
 CHUNK = 4
 
 
@@ -95,22 +92,15 @@ def child(path: str, backend: str, point: str, out: str) -> None:
     store.close()
 
 
-def _run(path: Path, backend: str, point: str, *, kill_after: float | None = None) -> int:
-    out = path.parent / "fragments.json"
-    code = (
-        f"import sys; sys.path.insert(0, {str(TESTS.parent)!r}); "
-        "from tests import test_ragged_fragments_crash as t; "
-        f"t.child({str(path)!r}, {backend!r}, {point!r}, {str(out)!r})"
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    if kill_after is not None:
-        time.sleep(kill_after)
-        proc.kill()
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode in (-signal.SIGKILL, 0), stderr
-    return proc.returncode
+def _run(
+    zygote: Zygote, path: Path, backend: str, point: str, *, kill_after: float | None = None
+) -> int:
+    """Runs :func:`child` in a child forked by the zygote; its returncode (``-9``: killed)."""
+    log, out = str(path.parent / f"child-{point}.log"), str(path.parent / "fragments.json")
+    target = "tests.test_ragged_fragments_crash:child"
+    code = zygote.call(target, str(path), backend, point, out, log=log, kill_after=kill_after)
+    assert code in (-signal.SIGKILL, 0), (code, read_log(log)[-3:], read_log(log + ".stderr")[-20:])
+    return code
 
 
 def _fragments(path: Path) -> list[pytreestore.Fragment]:
@@ -157,13 +147,12 @@ def _make(path: Path, backend: str, start: int) -> None:
         store.extend(ragged_record(i) for i in range(start))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("start", [4, 3], ids=["aligned", "misaligned"])
 @pytest.mark.parametrize("point", POINTS)
-def test_a_writer_killed_at_each_point_loses_nothing(tmp_path, backend, start, point):
+def test_a_writer_killed_at_each_point_loses_nothing(zygote, tmp_path, backend, start, point):
     path = tmp_path / "s"
     _make(path, backend, start)
-    assert _run(path, backend, point) == -signal.SIGKILL
+    assert _run(zygote, path, backend, point) == -signal.SIGKILL
     assert len(_fragments(path)) == (1 if point == "writing" else 2)
     if point == "learning":  # no commit names the learnt schema: readers read the committed
         assert pytreestore.open(path, backend=backend).schema.pending  # one (issue 28)
@@ -171,11 +160,11 @@ def test_a_writer_killed_at_each_point_loses_nothing(tmp_path, backend, start, p
 
 
 @pytest.mark.parametrize("trial", range(3))
-def test_a_writer_killed_at_a_random_moment_loses_nothing(tmp_path, trial):
+def test_a_writer_killed_at_a_random_moment_loses_nothing(zygote, tmp_path, trial):
     rng = random.Random(trial)
     backend = BACKENDS[trial % 3]
     start = rng.choice([3, 4, 8])
     path = tmp_path / "s"
     _make(path, backend, start)
-    _run(path, backend, "random", kill_after=rng.uniform(0.5, 3.0))
+    _run(zygote, path, backend, "random", kill_after=rng.uniform(0.0, 0.8))
     _check_recovered(path, backend, start)

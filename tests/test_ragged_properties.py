@@ -27,8 +27,8 @@ import pytreestore
 from pytreestore import errors
 from pytreestore.testing import assert_trees_equal
 from pytreestore.testing import ragged_strategies as prs
+from tests.conftest import BACKENDS
 
-BACKENDS = ("tensorstore", "zarr")
 EXAMPLES = settings(max_examples=25, deadline=None)
 
 

@@ -24,13 +24,7 @@ import pytreestore
 from pytreestore._format.names import COMMIT_KEY, ROOT_KEY
 from pytreestore._open import open as _open
 
-BACKENDS = ["tensorstore", "zarr", "ocdbt"]
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request) -> str:
-    return request.param
 
 
 def step(i: int) -> dict:

@@ -34,6 +34,7 @@ import pytest
 import pytreestore
 from pytreestore.testing import assert_trees_equal
 from tests import truncate_harness as h
+from tests.conftest import BACKENDS
 from tests.test_trials import require_slow
 from tests.trial_harness import (
     RAGGED_DECL,
@@ -47,7 +48,6 @@ from tests.trial_harness import (
 )
 
 pytest_plugins = ("tests.fixtures",)
-BACKENDS = ("tensorstore", "zarr", "ocdbt")
 SCENARIOS = ("evolve", "ragged")
 
 

@@ -193,7 +193,6 @@ def test_verify_progress_counts_every_chunk(tmp_path, capsys):
 
 # ---- issue 12: corruption that load, verify and open(mode="a") must all report -----------------
 
-BACKENDS = ["tensorstore", "zarr"]
 X = {"x": np.int32(0)}
 
 
@@ -208,7 +207,7 @@ def committed(path: Path) -> bytes:
 
 
 @pytest.mark.parametrize("codec", ["zstd", None])
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.plain_files
 def test_a_missing_tail_chunk_refuses_append_and_never_reads_as_zeros(tmp_path, backend, codec):
     path = xs(tmp_path / "s", backend, codec=codec)
     before = committed(path)
@@ -227,7 +226,7 @@ def test_a_missing_tail_chunk_refuses_append_and_never_reads_as_zeros(tmp_path, 
     assert [(p.path, p.chunk) for p in problems] == [("['x']", (2,))]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.plain_files
 def test_a_damaged_tail_chunk_refuses_append(tmp_path, backend):
     path = xs(tmp_path / "s", backend)
     before = committed(path)
@@ -239,7 +238,7 @@ def test_a_damaged_tail_chunk_refuses_append(tmp_path, backend):
     assert committed(path) == before and (path / "x" / "c" / "2").read_bytes() == b"garbage"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.plain_files
 def test_trailing_bytes_on_an_uncompressed_chunk_fail_verify_like_load(tmp_path, backend):
     path = xs(tmp_path / "s", backend, codec=None)
     with (path / "x" / "c" / "1").open("ab") as f:
@@ -269,7 +268,7 @@ def test_a_commit_record_of_the_wrong_type_is_refused(tmp_path, value):
     assert json.loads(committed(path))["records"] == value  # nothing rewritten
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.plain_files
 def test_a_damaged_chunk_past_the_commit_is_removed_on_append(tmp_path, backend):
     path = xs(tmp_path / "s", backend, n=8)
     (path / "x" / "c" / "2").write_bytes(b"garbage from a crashed writer")

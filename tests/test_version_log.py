@@ -19,13 +19,6 @@ from pytreestore._commit import record
 from pytreestore._commit.record import Commit
 from pytreestore._format.names import COMMIT_KEY
 
-BACKENDS = ["tensorstore", "zarr", "ocdbt"]
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request) -> str:
-    return request.param
-
 
 @pytest.fixture(params=["fixed", "ragged"])
 def ragged(request) -> bool:

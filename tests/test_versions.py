@@ -16,10 +16,11 @@ import pytest
 import pytreestore
 from pytreestore import errors
 from pytreestore._format.names import COMMIT_KEY, version_key
+from tests.conftest import FILE_BACKENDS
 from tests.data.make_golden import GOLDEN
 
 pytest_plugins = ("tests.fixtures",)
-BACKENDS = ["tensorstore", "zarr"]
+pytestmark = pytest.mark.plain_files
 
 
 def rec(i: int) -> dict:
@@ -28,16 +29,6 @@ def rec(i: int) -> dict:
 
 def xs(store) -> list[float]:
     return store.load(as_numpy=True)["x"].tolist() if len(store) else []
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request) -> str:
-    return request.param
-
-
-@pytest.fixture
-def path(tmp_path) -> str:
-    return str(tmp_path / "s")
 
 
 def make(path: str, backend: str, n: int, chunk: int = 64, **options) -> pytreestore.TreeStore:
@@ -395,7 +386,7 @@ def test_two_writers_cannot_both_make_a_version(path, backend):
 
 
 @pytest.mark.s3
-@pytest.mark.parametrize("engine", BACKENDS)
+@pytest.mark.parametrize("engine", FILE_BACKENDS)
 def test_versions_on_s3_are_put_if_absent(engine, s3_server):
     from pytreestore._commit import versions as _versions
     from pytreestore._commit.record import Commit

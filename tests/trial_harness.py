@@ -23,6 +23,8 @@ Jobs (one JSON object per line on the zygote's stdin):
   error it got.
 * ``race``: opens a store taking its lock over (``break_lock=True``), appends its own
   records, waits for a start file, flushes, and logs the outcome.
+* ``call``: calls a function of a test module (``target``, ``"module:function"``) with
+  ``args``; the crash suites of fragments use it for writers that kill themselves.
 * ``truncate_writer``: a plan of extends, flushes and truncates on a store that evolved or
   learnt ragged structures, waiting before the truncate to be killed in
   (:mod:`tests.truncate_harness`).
@@ -422,7 +424,22 @@ def run_truncate_writer(job: dict[str, Any], log: Log) -> None:
     run(job, log)
 
 
+def run_call(job: dict[str, Any], log: Log) -> None:
+    """Calls ``job["target"]`` (``"module:function"``, a module under tests/) with
+    ``job["args"]``, logging ``start`` before and ``done`` after."""
+    import importlib
+
+    if str(HERE.parent) not in sys.path:
+        sys.path.insert(0, str(HERE.parent))
+    module, name = job["target"].split(":")
+    function = getattr(importlib.import_module(module), name)
+    log("start")
+    function(*job["args"])
+    log("done")
+
+
 JOBS = {
+    "call": run_call,
     "writer": run_writer,
     "reader": run_reader,
     "hold": run_hold,
@@ -534,11 +551,32 @@ class Zygote:
                 return int(rest[0])
             self.exits[int(rest[0])] = int(rest[1])
 
-    def kill(self, pid: int) -> None:
-        """SIGKILLs child ``pid`` and waits until the zygote has reaped it."""
+    def kill(self, pid: int) -> int:
+        """SIGKILLs child ``pid`` and waits until the zygote has reaped it; its wait status."""
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        self.wait(pid)
+        return self.wait(pid)
+
+    def call(self, target: str, *args: Any, log: str, kill_after: float | None = None) -> int:
+        """Runs ``target(*args)`` (``"module:function"``) in a forked child and waits for it.
+
+        Args:
+            target: the function, ``"tests.some_module:function"``.
+            *args: its arguments (JSON values).
+            log: the child's log file (its stderr goes to ``log + ".stderr"``).
+            kill_after: if given, SIGKILL the child this many seconds after it started.
+
+        Returns:
+            Its exit as :attr:`subprocess.Popen.returncode` gives it: ``-9`` if it was killed.
+        """
+        pid = self.start(kind="call", target=target, args=list(args), log=log)
+        if kill_after is None:
+            status = self.wait(pid)
+        else:
+            wait_for(log, "start")
+            time.sleep(kill_after)
+            status = self.kill(pid)
+        return os.waitstatus_to_exitcode(status)
 
     def wait(self, pid: int, timeout: float = 120.0) -> int:
         """Waits for child ``pid`` to exit; its wait status."""
