@@ -96,7 +96,7 @@ class TreeStore(Pipelines, Reads, Versioning, Fragmenting):
         self._ahead = ReadAhead()  # the block that store[i] in a loop reads from
         self._cache = for_store(location, spec.cache_bytes)
         self._cache_id = uuid.uuid4().hex  # this object's chunks in the cache (see _read/cache)
-        self._multihost: Any = None  # a MultiHost (_commit/multihost.py): open(multihost=True)
+        self._multihost: Any = None  # a MultiHost (_fragments/multihost.py): open(multihost=True)
 
     @property
     def _schema(self) -> TreeSchema:
