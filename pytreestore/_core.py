@@ -75,7 +75,7 @@ class StoreCore:
             (``close()`` closes it).
         ahead: the block that ``store[i]`` in a loop reads from.
         cache: the decoded-chunk cache the store reads through (None: none).
-        multihost: a :class:`~pytreestore._commit.multihost.MultiHost` once
+        multihost: a :class:`~pytreestore._fragments.multihost.MultiHost` once
             ``open(multihost=True)`` made one (:meth:`use_multihost`), else None.
     """
 

@@ -2,7 +2,7 @@
 
 Any process writes records under a store with :func:`pytreestore.write_fragment`, without
 the writer lock; the store's one writer appends them with :meth:`Fragmenting.commit_fragments`
-(:mod:`pytreestore._commit.fragments` has the steps). See docs/scaling.md.
+(:mod:`pytreestore._fragments.commit` has the steps). See docs/scaling.md.
 
 Example:
     >>> import numpy as np, pytreestore
@@ -20,15 +20,13 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from pytreestore import _arguments
-from pytreestore._commit import fragments as _fragments
 from pytreestore._commit import placing
-from pytreestore._commit.atomic import atomic
 from pytreestore._commit.fragment import Fragment
+from pytreestore._fragments import check
+from pytreestore._fragments import commit as _commit
+from pytreestore._fragments import remove as _remove
 from pytreestore._pipelines import background
-from pytreestore._ragged import placing as _ragged
-from pytreestore._ragged.writer import RaggedWriter
-from pytreestore.backends import Transactions
-from pytreestore.errors import FragmentError, PyTreeStoreError
+from pytreestore.errors import PyTreeStoreError
 
 if TYPE_CHECKING:
     from pytreestore._location import Location
@@ -60,8 +58,9 @@ class Fragmenting:
         list commits nothing.
 
         A ragged or optional store's fragments hold every table's rows: each table's are
-        placed after its committed rows (offsets rebased; element chunks placed without
-        copying where a table's rows start at a chunk boundary), and structures that the
+        placed after its committed rows (offsets rebased; every other array's chunks placed
+        without copying, as above, where the table's rows start at a chunk boundary of
+        the table), and structures that the
         fragments' records show and the store had pending (``store.schema.pending``) are
         learnt first, as an append of such a record would learn them (docs/ragged.md).
 
@@ -92,61 +91,26 @@ class Fragmenting:
             _arguments.iterable(fragments, "commit_fragments()", "pytreestore.Fragment objects")
         )
         with self._writing() as writer:  # type: ignore[attr-defined]
-            committer = writer.committer  # a writer sharing the store refuses: nothing written
+            _ = writer.committer  # a writer sharing the store refuses: nothing written
             placing.settle(self._backend, str(self._location))  # one a crash left unfinished
-            head, ragged = writer.commit, isinstance(writer, RaggedWriter)
-            found = _fragments.check(
-                self._backend, self._location, items, head, writer.schema, same_schema=not ragged
-            )
+            found = check.check(self._backend, self._location, items, writer.commit, writer.schema)
             if not found:
                 return
-            if ragged:  # every table's rows, structures learnt: _ragged/placing.py
-                _ragged.commit(self._backend, writer, found, str(self._location), self._spec.like)
-                self._renew_writer(writer, writer.schema)  # type: ignore[attr-defined]
-                self._retire([f.id for f in found])
-                return
-            writer.flush()
-            committer.check()  # another writer committed: nothing is placed
-            if any(f.records for f in found):  # rows past a truncate: its older versions
-                committer.release()  # give them up (fragments of no records write none)
-            start, base = committer.commit.records, committer.commit.generation
-            total = start + sum(f.records for f in found)
-            keys = [c.key for c in writer.schema.columns]
-            ids = tuple(f.id for f in found)
-            inside = isinstance(self._backend, Transactions)
-            try:
-                with atomic(self._backend):
-                    if total != start:  # no record: the rows older versions hold stay
-                        self._backend.resize(keys, total)
-                    _fragments.place(self._backend, writer.schema, found, start, base)
-                    committer.advance(total, fragments=ids)
-                    if inside:  # the fragments go in the commit's own transaction
-                        _fragments.remove(self._backend, ids)
-            except BaseException as err:
-                self._unplace(keys, start, err)
-                raise
+            where, like = str(self._location), self._spec.like
+            removed = _commit.commit(self._backend, writer, found, where, like)
             self._renew_writer(writer, writer.schema)  # type: ignore[attr-defined]
-            if not inside:
-                self._retire(list(ids))
-
-    def _unplace(self, keys: list[str], start: int, err: BaseException) -> None:
-        """After a commit of fragments failed: chunk-row folders moved into the store go back
-        into their fragments (unless the commit landed after all), and a fragment found
-        incomplete shrinks the columns back. Rows left past the commit are harmless."""
-        with contextlib.suppress(PyTreeStoreError):  # else the next settle() does it
-            placing.settle(self._backend, str(self._location))
-        if isinstance(err, FragmentError):
-            with contextlib.suppress(PyTreeStoreError):
-                self._backend.resize(keys, start)
+            self._retire([] if removed else [f.id for f in found])
 
     def _retire(self, ids: list[str]) -> None:
         """Deletes committed fragments' folders (one left, if storage failed, is vacuum's):
         locally as a background job (:meth:`close` and the interpreter's exit wait for it),
-        elsewhere now."""
-        root = _fragments.local_root(self._backend)
+        elsewhere now; none when the commit's own transaction deleted them."""
+        if not ids:
+            return
+        root = placing.local_root(self._backend)
         if root is None:
             with contextlib.suppress(PyTreeStoreError):
-                _fragments.remove(self._backend, ids)
+                _remove.remove(self._backend, ids)
             return
         placing.done(root)  # the placement's intent record: the commit is made
         self._purged()
@@ -162,7 +126,7 @@ class Fragmenting:
 def _purge(root: str, ids: list[str], stopping: object) -> None:
     """The background job of :meth:`Fragmenting._retire`: runs to the end (a few folder
     deletions), even when asked to stop."""
-    _fragments.purge(root, ids)
+    _remove.purge(root, ids)
 
 
 __all__ = ["Fragmenting"]

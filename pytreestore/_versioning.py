@@ -21,15 +21,15 @@ import dataclasses
 from typing import Any
 
 from pytreestore import _arguments
-from pytreestore._commit import abandoned as _abandoned
 from pytreestore._commit import vacuum as _vacuum
 from pytreestore._commit import versions as _versions
-from pytreestore._commit.abandoned import FRAGMENTS_OLDER_THAN
 from pytreestore._commit.operations import Tag, Truncate
 from pytreestore._commit.record import Commit
 from pytreestore._commit.vacuum import VacuumReport
 from pytreestore._commit.versions import Version
 from pytreestore._core import StoreCore
+from pytreestore._fragments import abandoned as _abandoned
+from pytreestore._fragments.abandoned import FRAGMENTS_OLDER_THAN
 from pytreestore.backends import Backend
 
 

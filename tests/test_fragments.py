@@ -328,6 +328,37 @@ def test_fragments_pickle_and_travel_as_json(path):
     assert len(f.to_json()) < 400 and f.records == 2
 
 
+#: pickle.dumps of a Fragment by pytreestore before the fragment package (the class then
+#: lived in pytreestore._commit.fragment), fields 0..0, 1..1, 2..2, 4 records, version 1
+OLD_PICKLE = (
+    b"\x80\x04\x95\x12\x01\x00\x00\x00\x00\x00\x00\x8c\x1cpytreestore._commit.fragment"
+    b"\x94\x8c\x08Fragment\x94\x93\x94)\x81\x94}\x94(\x8c\x02id\x94\x8c "
+    + b"0" * 32
+    + b"\x94\x8c\x05store\x94\x8c "
+    + b"1" * 32
+    + b"\x94\x8c\x06schema\x94\x8c4blake2b-160:"
+    + b"2" * 40
+    + b"\x94\x8c\x07records\x94K\x04\x8c\ngeneration\x94K\x01\x8c\x04time\x94\x8c\x1b"
+    b"2026-01-01T00:00:00.000000Z\x94\x8c\x06tables\x94Nub."
+)
+
+
+def test_a_fragment_pickled_by_the_old_module_commits(path, backend):
+    """A Fragment pickled when its class lived in pytreestore._commit.fragment unpickles as
+    pytreestore.Fragment and commits (the pickle names the old module)."""
+    store = make(path, backend, 4)
+    f = pytreestore.write_fragment(path, batch(4, 4), backend=backend)
+    assert f.generation == 1 and f.records == 4
+    old = OLD_PICKLE
+    for was, now in (("0" * 32, f.id), ("1" * 32, f.store), ("2" * 40, f.schema[12:])):
+        old = old.replace(was.encode(), now.encode())
+    old = old.replace(b"2026-01-01T00:00:00.000000Z", f.time.encode())
+    loaded = pickle.loads(old)
+    assert type(loaded) is pytreestore.Fragment and loaded == f
+    store.commit_fragments([loaded])
+    same_records(store, make(path + "-e", backend, 8))
+
+
 def _write_in_child(args: tuple[str, str, int, int]) -> str:
     path, backend, start, n = args
     return pytreestore.write_fragment(path, batch(start, n), backend=backend).to_json()
@@ -416,13 +447,14 @@ def test_a_committed_fragment_is_refused_once_its_version_left_the_log(path, bac
     fragment's folder; then keep_versions drops the version that committed it: committing it
     again is refused, not appended a second time. So is a fragment older than the log."""
     from pytreestore import _fragmenting
+    from pytreestore._fragments import commit
 
     store = make(path, backend, 3, keep_versions=1)
     f = pytreestore.write_fragment(path, batch(3, 4), backend=backend)
     old = pytreestore.write_fragment(path, batch(3, 2), backend=backend)
     with monkeypatch.context() as patched:  # the folder stays, as a crash leaves it
         patched.setattr(_fragmenting.Fragmenting, "_retire", lambda self, ids: None)
-        patched.setattr(_fragmenting.Fragmenting, "_unplace", lambda *args: None)
+        patched.setattr(commit, "_unplace", lambda *args: None)
         store.commit_fragments([f])
     for i in range(7, 70):  # version 64 trims the log to the last version
         store.append(rec(i))

@@ -39,7 +39,8 @@ def _die() -> None:
 def _kill_at(point: str) -> None:
     """Makes the child kill itself at ``point`` of its next fragment step."""
     from pytreestore import _fragmenting
-    from pytreestore._commit import committer, fragments
+    from pytreestore._commit import committer
+    from pytreestore._fragments import columns as fragments
     from pytreestore.backends import _links
 
     if point == "writing":  # the arrays are written, the fragment's description is not

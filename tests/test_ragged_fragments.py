@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import pickle
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +27,7 @@ import zarr
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._format.names import FRAGMENTS_DIR
+from pytreestore._format.names import FRAGMENTS_DIR, PLACING_KEY
 from pytreestore._location import Location
 from pytreestore.backends import get_backend
 from pytreestore.testing import assert_trees_equal
@@ -457,3 +461,43 @@ def test_many_fragments_of_every_alignment(path):
         at += n
     store.commit_fragments(frags)
     assert_same_store(store, at)
+
+
+# ---- the fast path ---------------------------------------------------------------------------
+
+
+def commit_and_die(path: str, backend: str, texts: list[str]) -> None:
+    """Commits the fragments of ``texts`` and dies (SIGKILL) after the fast path renamed
+    their chunk-row folders into the store, before any row is rewritten (a child's work)."""
+    from pytreestore._fragments import columns
+
+    columns._write_rows = lambda *args: os.kill(os.getpid(), signal.SIGKILL)  # type: ignore[assignment]
+    store = pytreestore.open(path, "a", backend=backend)
+    store.commit_fragments([pytreestore.Fragment.from_json(t) for t in texts])
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_a_kill_after_the_renames_leaves_every_fragment_whole(tmp_path, backend):
+    """Ragged fragments take the folder-rename fast path with the fixed path's intent
+    record: a writer killed after the renames leaves the intent; the next writer moves the
+    folders back, and the fragments commit whole."""
+    path = str(tmp_path / "s")
+    make(path, backend, 0).close()
+    frags = [_write(path, backend, a, b, "records") for a, b in ((0, 8), (8, 13))]
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent.parent)!r}); "
+        "from tests import test_ragged_fragments as t; "
+        f"t.commit_and_die({path!r}, {backend!r}, {[f.to_json() for f in frags]!r})"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    intent = json.loads((Path(path) / PLACING_KEY).read_text())
+    moved = [d for _, d in intent["moves"]]
+    assert any(d.startswith("elems/-2A/trail/") for d in moved)  # an element leaf's rows
+    assert all(not (Path(path) / s).exists() for s, _ in intent["moves"])  # renamed away
+    store = pytreestore.open(path, "a", backend=backend)  # moves them back
+    assert len(store) == 0 and not (Path(path) / PLACING_KEY).exists()
+    store.commit_fragments(frags)
+    assert_same_store(store, 13)
+    store.close()  # waits for the committed fragments' folders to go
+    assert fragments_left(path, backend) == []

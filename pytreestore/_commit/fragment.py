@@ -3,7 +3,7 @@ small description of them that travels to the process that commits.
 
 :func:`pytreestore.write_fragment` writes the records as arrays laid out like the store's
 columns under ``.pytreestore/fragments/<id>/`` and returns a :class:`Fragment`;
-``store.commit_fragments([...])`` appends them (:mod:`pytreestore._commit.fragments`). A
+``store.commit_fragments([...])`` appends them (:mod:`pytreestore._fragments.commit`). A
 fragment holds no data: its ids, its record count (and, in a ragged store, the rows of each
 ragged axis's table) and where its arrays lie. It pickles, and :meth:`Fragment.to_json` /
 :meth:`Fragment.from_json` carry it between processes as text.
@@ -50,6 +50,8 @@ _MEMBERS = (*_FIELDS, "tables")
 MANIFEST = "fragment.json"
 #: the name of the marker written first in a fragment's folder (when it was begun)
 BEGUN = "begun.json"
+#: the name of a ragged or optional store's fragment's schema in its folder
+SCHEMA = "schema.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,4 +156,9 @@ def begun_key(fragment: str) -> str:
     return f"{fragment_folder(fragment)}/{BEGUN}"
 
 
-__all__ = ["BEGUN", "MANIFEST", "Fragment", "begun_key", "manifest_key"]
+def schema_key(fragment: Fragment) -> str:
+    """The key of ``fragment``'s schema (a ragged or optional store's fragment)."""
+    return f"{fragment.folder}/{SCHEMA}"
+
+
+__all__ = ["BEGUN", "MANIFEST", "SCHEMA", "Fragment", "begun_key", "manifest_key", "schema_key"]

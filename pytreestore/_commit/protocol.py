@@ -352,13 +352,13 @@ def check_starts(
 
 __all__ = [
     "Commit",
-    "discard_new_store",
     "attach",
     "check_starts",
     "check_tables",
     "clear_for_create",
     "column_layouts",
     "detach",
+    "discard_new_store",
     "finish_store",
     "group_json",
     "group_keys",

@@ -1,5 +1,6 @@
-"""``pytreestore.write_fragment``: records written under a store by any process, for its
-writer to commit with ``store.commit_fragments`` (:mod:`pytreestore._commit.fragments`).
+"""``pytreestore.write_fragment``: opens the store's storage and writes records under it as
+a fragment (:mod:`pytreestore._fragments.write`), for its writer to commit with
+``store.commit_fragments`` (:mod:`pytreestore._fragments.commit`).
 
 Example:
     >>> import numpy as np, pytreestore
@@ -15,14 +16,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pytreestore._commit import fragments as _fragments
 from pytreestore._commit.fragment import Fragment
 from pytreestore._commit.record import Commit
+from pytreestore._fragments.write import write
 from pytreestore._location import Location
 from pytreestore._open.reader import read_schema
-from pytreestore._ragged import fragments as _ragged
 from pytreestore.backends import Backend, default_backend, get_backend
-from pytreestore.errors import SchemaMismatchError
 
 
 def write_fragment(
@@ -86,16 +85,7 @@ def write_fragment(
     try:
         schema = read_schema(engine, location, like=like, generic=False)
         head = Commit.read(engine, str(location))
-        where = str(location)
-        if schema.ragged is not None:
-            return _ragged.write(engine, schema, head, records_or_batch, mask, where)
-        if mask is not None:
-            raise SchemaMismatchError(
-                f"store {where} holds records of one structure: write_fragment takes no "
-                "mask= (that is for stores created with ragged= or optional=). Nothing was "
-                "written."
-            )
-        return _fragments.write(engine, schema, head, records_or_batch, where)
+        return write(engine, schema, head, records_or_batch, mask, str(location))
     finally:
         engine.close()
 

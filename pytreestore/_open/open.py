@@ -20,13 +20,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 from pytreestore import _arguments
-from pytreestore._commit import multihost as _multihost
 from pytreestore._commit import protocol, snapshots, versions
 from pytreestore._commit.versions import KEEP_VERSIONS
 from pytreestore._commit.writer import check_buffer
 from pytreestore._format import packs as _packs
 from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
+from pytreestore._fragments import multihost as _multihost
+from pytreestore._fragments.multihost_ragged import write_rows
 from pytreestore._location import Location
 from pytreestore._open.coordinated import check_coordinated_options, open_coordinated
 from pytreestore._open.evolve import evolve_at
@@ -39,7 +40,6 @@ from pytreestore._open.reader import (
 )
 from pytreestore._open.schemas import check_codec, new_schema, packed_schema
 from pytreestore._ragged.model import GenericViewError, build_schema
-from pytreestore._ragged.multihost import write_rows
 from pytreestore._ragged.writer import new_writer
 from pytreestore._read.request import check_cast
 from pytreestore._spec import StoreSpec

@@ -96,7 +96,7 @@ class RaggedWriter:
         committer: Any = None,
     ) -> None:
         """``committer`` replaces the writer's own :class:`Committer` (fragments, which
-        commit nothing: :mod:`pytreestore._ragged.fragments`)."""
+        commit nothing: :mod:`pytreestore._fragments.rows`)."""
         self._backend = backend
         self._committer = committer or Committer(
             backend, commit, _validate.id_of(schema), tree=schema

@@ -325,7 +325,7 @@ class Transactions(Protocol):
 @runtime_checkable
 class ChunkCopies(Protocol):
     """Placing stored objects at other keys as they are, encoded, without decoding them: how
-    a fragment's chunks become the store's (:mod:`pytreestore._commit.fragments`).
+    a fragment's chunks become the store's (:mod:`pytreestore._fragments.fastpath`).
 
     Locally a hard link (no byte is copied); in an OCDBT database a copy of the key's entry
     (its value is not rewritten); elsewhere a copy of the raw bytes. The source stays as it

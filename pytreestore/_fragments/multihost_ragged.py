@@ -1,13 +1,13 @@
 """A ragged or optional store's part of a multi-host ``extend_batch(batch, mask=mask)``: this
 process's rows of the global padded batch and its mask, written as ragged fragments
-(:mod:`pytreestore._commit.multihost` runs the protocol: exchange, process 0's commit).
+(:mod:`pytreestore._fragments.multihost` runs the protocol: exchange, process 0's commit).
 
 The record axis of the batch and of the mask is cut by the row plan of a fixed store's batch
 (:func:`pytreestore._tree.global_rows.row_plan`, over the leaves of both, so that each run's
 values and mask are held whole by the process that writes it); each process takes its runs
 from its own shards (:func:`~pytreestore._tree.global_rows.host_rows`) and writes each run
 as one fragment of the records ``extend_batch`` would append
-(:func:`pytreestore._ragged.fragments.write` with the mask), which process 0 commits in
+(:func:`pytreestore._fragments.write.write` with the mask), which process 0 commits in
 record order: the store ends as a single process's ``extend_batch`` leaves it.
 
 Example:
@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 from jax.tree_util import keystr, tree_flatten_with_path
 
-from pytreestore._commit import fragments as _fixed
 from pytreestore._commit.fragment import Fragment
-from pytreestore._commit.multihost import describe
 from pytreestore._commit.record import Commit
 from pytreestore._format.schema import TreeSchema
-from pytreestore._ragged import fragments as _fragments
+from pytreestore._fragments import remove as _fixed
+from pytreestore._fragments import write as _fragments
+from pytreestore._fragments.multihost import describe
 from pytreestore._tree.global_rows import host_rows, row_plan
 from pytreestore.backends import Backend
 from pytreestore.errors import PyTreeStoreError, SchemaMismatchError

@@ -10,7 +10,7 @@ of :meth:`~pytreestore.TreeStore.extend_batch` with a global batch, on every pro
    this process's runs as fragments (``write_fragment``; no lock, nothing committed). A
    ragged or optional store's padded batch and its mask are cut the same way, and each run
    written as a ragged fragment by the ``ragged_rows`` the opener hands over
-   (:mod:`pytreestore._ragged.multihost`). A failure here is caught, not raised yet.
+   (:mod:`pytreestore._fragments.multihost_ragged`). A failure here is caught, not raised yet.
 2. **Exchange** (the first barrier): every process's status, fragments as JSON or its error,
    and a description of its batch (record count, treedef, leaf shapes and dtypes), gathered
    on every process with ``jax.experimental.multihost_utils.process_allgather``. It returns
@@ -44,10 +44,11 @@ import numpy as np
 from jax.tree_util import tree_flatten
 
 from pytreestore import errors
-from pytreestore._commit import fragments as _fragments
 from pytreestore._commit.fragment import Fragment
 from pytreestore._commit.record import Commit
 from pytreestore._format.schema import TreeSchema
+from pytreestore._fragments import remove as _remove
+from pytreestore._fragments import write as _fragments
 from pytreestore._location import Location
 from pytreestore._tree.global_rows import host_rows, row_plan
 from pytreestore._tree.stack import batch_length
@@ -89,7 +90,7 @@ def allgather(payload: bytes) -> list[bytes]:
 
 
 #: a ragged store's local step: (engine, schema, head, batch, mask, process, where) -> the
-#: process's status members ``count``, ``describe``, ``runs`` (pytreestore._ragged.multihost)
+#: process's status members ``count``, ``describe``, ``runs`` (pytreestore._fragments.multihost_ragged)
 RaggedRows = Callable[[Backend, TreeSchema, Commit, Any, Any, int, str], dict[str, Any]]
 
 
@@ -192,7 +193,7 @@ class MultiHost:
         try:
             for start, stop in plan.of(self.process):
                 rows = schema.unflatten([host_rows(leaf, start, stop) for leaf in columns])
-                fragment = _fragments.write(backend, schema, head, rows, self.path)
+                fragment = _fragments.write(backend, schema, head, rows, None, self.path)
                 runs.append([start, stop, fragment.to_json()])
         except BaseException:
             self._remove(backend, [text for _, _, text in runs])
@@ -228,7 +229,7 @@ class MultiHost:
         if texts:
             with contextlib.suppress(PyTreeStoreError):
                 ids = [Fragment.from_json(text).id for text in texts]
-                _fragments.remove(backend, ids)
+                _remove.remove(backend, ids)
 
 
 def open_everywhere(

@@ -35,11 +35,12 @@ import os
 import time
 from collections.abc import Iterable
 
-from pytreestore._commit import fragments as _fragments
 from pytreestore._commit import versions
 from pytreestore._commit.fragment import BEGUN, MANIFEST
+from pytreestore._commit.placing import local_root
 from pytreestore._commit.record import Commit
 from pytreestore._format.names import FRAGMENTS_DIR
+from pytreestore._fragments import remove as _fragments
 from pytreestore._location import Location
 from pytreestore.backends import Backend, KeyListing
 
@@ -76,7 +77,7 @@ def _folders(engine: Backend) -> dict[str, list[str]]:
     for key in engine.list_keys(prefix):
         fid, _, rest = key[len(prefix) :].partition("/")
         folders.setdefault(fid, []).append(rest)
-    root = _fragments.local_root(engine)
+    root = local_root(engine)
     if root is not None:
         for fid in _folders_on_disk(os.path.join(root, FRAGMENTS_DIR)):
             folders.setdefault(fid, [])
@@ -110,7 +111,7 @@ def _age(engine: Backend, location: Location, fid: str, names: Iterable[str], no
             begun = _time_of(raw)
             if begun is not None:
                 return now - begun
-    root = _fragments.local_root(engine)
+    root = local_root(engine)
     if root is not None:
         try:
             return now - os.stat(os.path.join(root, FRAGMENTS_DIR, fid)).st_mtime
