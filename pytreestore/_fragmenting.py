@@ -22,24 +22,19 @@ from typing import TYPE_CHECKING
 from pytreestore import _arguments
 from pytreestore._commit import placing
 from pytreestore._commit.fragment import Fragment
-from pytreestore._fragments import check
-from pytreestore._fragments import commit as _commit
 from pytreestore._fragments import remove as _remove
+from pytreestore._fragments.commit import PlaceFragments
 from pytreestore._pipelines import background
 from pytreestore.errors import PyTreeStoreError
 
 if TYPE_CHECKING:
-    from pytreestore._location import Location
-    from pytreestore._spec import StoreSpec
-    from pytreestore.backends import Backend
+    from pytreestore._core import StoreCore
 
 
 class Fragmenting:
     """The fragment methods of :class:`~pytreestore.TreeStore` (a mixin)."""
 
-    _backend: Backend
-    _location: Location
-    _spec: StoreSpec
+    _core: StoreCore
     _purging: background.Job | None = None  # deleting committed fragments' folders
 
     def commit_fragments(self, fragments: Iterable[Fragment]) -> None:
@@ -90,16 +85,13 @@ class Fragmenting:
         items = list(
             _arguments.iterable(fragments, "commit_fragments()", "pytreestore.Fragment objects")
         )
-        with self._writing() as writer:  # type: ignore[attr-defined]
-            _ = writer.committer  # a writer sharing the store refuses: nothing written
-            placing.settle(self._backend, str(self._location))  # one a crash left unfinished
-            found = check.check(self._backend, self._location, items, writer.commit, writer.schema)
-            if not found:
-                return
-            where, like = str(self._location), self._spec.like
-            removed = _commit.commit(self._backend, writer, found, where, like)
-            self._renew_writer(writer, writer.schema)  # type: ignore[attr-defined]
-            self._retire([] if removed else [f.id for f in found])
+        if not items:  # nothing to commit (a writer sharing the store still refuses)
+            with self._core.writing() as writer:
+                _ = writer.committer
+            return
+        operation = PlaceFragments(items, self._core.location, self._core.spec.like)
+        self._core.commit(operation)  # the one commit sequence (_commit/transaction.py)
+        self._retire([] if operation.removed else [f.id for f in operation.found])
 
     def _retire(self, ids: list[str]) -> None:
         """Deletes committed fragments' folders (one left, if storage failed, is vacuum's):
@@ -107,10 +99,10 @@ class Fragmenting:
         elsewhere now; none when the commit's own transaction deleted them."""
         if not ids:
             return
-        root = placing.local_root(self._backend)
+        root = placing.local_root(self._core.backend)
         if root is None:
             with contextlib.suppress(PyTreeStoreError):
-                _remove.remove(self._backend, ids)
+                _remove.remove(self._core.backend, ids)
             return
         placing.done(root)  # the placement's intent record: the commit is made
         self._purged()

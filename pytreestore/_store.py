@@ -8,7 +8,6 @@ process that may write. See docs/architecture.md.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Generic
 
@@ -122,12 +121,6 @@ class TreeStore(Pipelines, Reads[T], Versioning, Fragmenting, Generic[T]):
     @property
     def _opened(self) -> Deferred[TreeSchema, Backend]:
         return self._core.opened
-
-    def _writing(self) -> contextlib.AbstractContextManager[AnyWriter]:
-        return self._core.writing()
-
-    def _renew_writer(self, writer: AnyWriter, schema: TreeSchema) -> None:
-        self._core.renew_writer(schema)
 
     # ---- description ---------------------------------------------------------------------------
 

@@ -38,6 +38,9 @@ class _Operation:
     def check(self, engine: Backend, writer: Any) -> None:
         """Nothing to check against the store."""
 
+    def prepare(self, engine: Backend, writer: Any) -> None:
+        """No step of its own before the atomic step."""
+
     def abort(self, engine: Backend, head: Commit, error: BaseException) -> None:
         """Nothing to undo: what was written is harmless past the commit in force."""
 

@@ -76,10 +76,19 @@ class Operation(Protocol):
 
     name: str
     commits: bool
-    releases: bool
+
+    @property
+    def releases(self) -> bool:
+        """Whether it writes rows that older versions hold after a truncate."""
+        ...
 
     def check(self, engine: Backend, writer: Any) -> None:
         """Refuses bad arguments before anything is written (buffered records included)."""
+        ...
+
+    def prepare(self, engine: Backend, writer: Any) -> None:
+        """A step of its own after the checks and before the atomic step (fragments learn
+        the structures they show there); most operations have none."""
         ...
 
     def apply(self, engine: Backend, head: Commit, schema: TreeSchema) -> Change | None:
@@ -130,6 +139,7 @@ def commit(engine: Backend, writer: Any, transaction: Transaction) -> Change | N
     committer.check()  # another writer committed: nothing is written
     if operation.releases:
         committer.release()
+    operation.prepare(engine, writer)
     before = committer.tree, committer.schema
     try:
         with atomic(engine):  # on OCDBT one generation: the writes and the commit

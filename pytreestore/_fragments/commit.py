@@ -38,63 +38,93 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytreestore._commit import placing
-from pytreestore._commit.atomic import atomic
 from pytreestore._commit.fragment import Fragment
+from pytreestore._commit.record import Commit
 from pytreestore._commit.tables import table_schemas
+from pytreestore._commit.transaction import Change
 from pytreestore._commit.writer import Writer
 from pytreestore._format.schema import TreeSchema
-from pytreestore._fragments import columns, learn
+from pytreestore._fragments import check, columns, learn
 from pytreestore._fragments import remove as _remove
+from pytreestore._location import Location
 from pytreestore._ragged.writer import RaggedWriter
 from pytreestore.backends import Backend, Transactions
 from pytreestore.errors import FragmentError, PyTreeStoreError
 
 
-def commit(
-    engine: Backend,
-    writer: Writer | RaggedWriter,
-    fragments: Sequence[Fragment],
-    where: str,
-    like: Any,
-) -> bool:
-    """Steps 1 to 4 of the module: appends ``fragments`` (checked by
-    :func:`~pytreestore._fragments.check.check`) through the store's ``writer``; whether
-    their folders were deleted in the commit's own transaction.
+class PlaceFragments:
+    """Appending checked fragments, as one operation of the store's commit sequence
+    (:func:`pytreestore._commit.transaction.commit`): steps 1 to 4 of the module.
 
-    Raises:
-        FragmentError: a fragment's structure or arrays do not fit the store's, or its files
-            are incomplete; nothing of the fragments is committed.
-        CommitConflictError: another writer committed meanwhile; nothing is committed.
+    ``removed`` says, after the commit, whether the fragments' folders were deleted in the
+    commit's own transaction (else the caller deletes them).
     """
-    own = [learn.schema_of(engine, f, writer.schema, where, like=like) for f in fragments]
-    grown = learn.learnt(writer.schema, fragments, own, _rows_of(writer))
-    writer.flush()
-    committer = writer.committer
-    committer.check()  # another writer committed: nothing is placed
-    if any(f.records for f in fragments):  # rows past a truncate: its older versions
-        committer.release()  # give them up (fragments of no records write none)
-    if grown is not writer.schema:
-        assert isinstance(writer, RaggedWriter), "a fixed store's fragments learn nothing"
-        writer.use_schema(grown)
-    schema, head = writer.schema, committer.commit
-    tables = table_schemas(schema)
-    parts, totals = columns.plan(list(tables), fragments, own, {t: head.rows(t) for t in tables})
-    ids = tuple(f.id for f in fragments)
-    inside = isinstance(engine, Transactions)
-    try:
-        with atomic(engine):
-            for t, sub in tables.items():
-                if totals[t] != head.rows(t):  # no rows: the rows older versions hold stay
-                    engine.resize([c.key for c in sub.columns], totals[t])
-            columns.place(engine, tables, parts, head.generation)
-            rows = {t: n for t, n in totals.items() if t is not None}
-            committer.advance(totals[None], rows or None, fragments=ids)
-            if inside:  # the fragments go in the commit's own transaction
-                _remove.remove(engine, ids)
-    except BaseException as err:
-        _unplace(engine, tables, head.rows, where, err)
-        raise
-    return inside
+
+    name = "append"
+    commits = True
+
+    def __init__(self, fragments: Sequence[Any], location: Location, like: Any) -> None:
+        self.items, self.location, self.like = list(fragments), location, like
+        self.found: list[Fragment] = []
+        self.own: list[TreeSchema] = []
+        self.grown: TreeSchema | None = None
+        self.tables: dict[str | None, TreeSchema] = {}
+        self.removed = False
+
+    @property
+    def releases(self) -> bool:
+        """Rows past a truncate are given up first (fragments of no records write none)."""
+        return any(f.records for f in self.found)
+
+    def check(self, engine: Backend, writer: Writer | RaggedWriter) -> None:
+        """Step 1: every fragment and the structures it teaches; nothing written (but a
+        placement a crash left unfinished is settled first).
+
+        Raises:
+            ReadOnlyError: the writer shares the store through an OCDBT coordinator.
+            FragmentError: a fragment that cannot be committed here.
+        """
+        _ = writer.committer  # a writer sharing the store refuses: nothing written
+        where = str(self.location)
+        placing.settle(engine, where)  # one a crash left unfinished
+        self.found = check.check(engine, self.location, self.items, writer.commit, writer.schema)
+        self.own = [
+            learn.schema_of(engine, f, writer.schema, where, like=self.like) for f in self.found
+        ]
+        self.grown = learn.learnt(writer.schema, self.found, self.own, _rows_of(writer))
+
+    def prepare(self, engine: Backend, writer: Writer | RaggedWriter) -> None:
+        """Step 2: the structures the fragments show, learnt (its own atomic schema change,
+        as an append of such a record makes; no record is committed)."""
+        if self.grown is not None and self.grown is not writer.schema:
+            assert isinstance(writer, RaggedWriter), "a fixed store's fragments learn nothing"
+            writer.use_schema(self.grown)
+
+    def apply(self, engine: Backend, head: Commit, schema: TreeSchema) -> Change | None:
+        """Steps 3 and 4 up to the commit record: the tables grown and the rows placed; on
+        OCDBT the fragments' folders deleted in the same transaction."""
+        if not self.found:
+            return None
+        self.tables = tables = table_schemas(schema)
+        parts, totals = columns.plan(
+            list(tables), self.found, self.own, {t: head.rows(t) for t in tables}
+        )
+        for t, sub in tables.items():
+            if totals[t] != head.rows(t):  # no rows: the rows older versions hold stay
+                engine.resize([c.key for c in sub.columns], totals[t])
+        columns.place(engine, tables, parts, head.generation)
+        ids = tuple(f.id for f in self.found)
+        if isinstance(engine, Transactions):  # the fragments go in the commit's transaction
+            _remove.remove(engine, ids)
+            self.removed = True
+        rows = {t: n for t, n in totals.items() if t is not None}
+        return Change(totals[None], rows or None, fragments=ids)
+
+    def abort(self, engine: Backend, head: Commit, error: BaseException) -> None:
+        """Chunk-row folders renamed into the store go back into their fragments, and a
+        fragment found incomplete shrinks the tables back to their committed rows."""
+        self.removed = False
+        _unplace(engine, self.tables, head.rows, str(self.location), error)
 
 
 def _rows_of(writer: Writer | RaggedWriter) -> Callable[[str | None], int]:
@@ -123,4 +153,4 @@ def _unplace(
                 engine.resize([c.key for c in sub.columns], rows(t))
 
 
-__all__ = ["commit"]
+__all__ = ["PlaceFragments"]
