@@ -440,8 +440,9 @@ def _check_model(model: Model, schema: TreeSchema, where: str) -> None:
         raise SchemaMismatchError(
             f"{where}: today's classes do not match the ragged store's leaves (stored only: "
             f"{gone or 'none'}; today's only: {new or 'none'}). A ragged store binds classes "
-            "whose fields were reordered, not added or removed; open it with generic=True, "
-            "or with like= a record of the stored structure"
+            "whose fields were reordered, not added or removed: evolve the store to today's "
+            "classes first (pytreestore.evolve(path, add=..., drop=...)), or open it with "
+            "like= a record of the stored structure"
         )
     axes = {a.path: a.table for a in info.axes}
     presence = {p.path: p.table for p in info.presence}
