@@ -15,6 +15,9 @@ import pytest
 
 from tests.parity.kinds import BACKENDS, KINDS
 
+#: parity tests that live beside the suite they belong to (two processes, one launch)
+ELSEWHERE = ["tests/test_multihost_ragged.py::test_every_kind_and_backend"]
+
 SHORT = {"tensorstore": "ts", "zarr": "zarr", "ocdbt": "ocdbt"}
 
 
@@ -53,7 +56,8 @@ def _cell(outcomes: dict[str, list[str]], refused: bool) -> str:
 
 def main() -> int:
     collect = _Collect()
-    code = pytest.main(["-q", "-p", "no:cacheprovider", "tests/parity", *sys.argv[1:]], [collect])
+    suites = ["tests/parity", *ELSEWHERE]
+    code = pytest.main(["-q", "-p", "no:cacheprovider", *suites, *sys.argv[1:]], [collect])
     rows = sorted({row for row, _ in collect.cells})
     width = max(len(r) for r in rows) if rows else 10
     print(f"\n{'feature: test'.ljust(width)} | " + " | ".join(k.ljust(16) for k in KINDS))
