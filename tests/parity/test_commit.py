@@ -54,6 +54,9 @@ class _Failing:
     def check(self, engine: Any, writer: Any) -> None:
         pass
 
+    def prepare(self, engine: Any, writer: Any) -> None:
+        pass
+
     def apply(self, engine: Any, head: Any, schema: Any) -> Any:
         raise errors.StorageError("disk full")
 
