@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -75,7 +76,7 @@ def gather(
     info = schema.ragged
     assert info is not None
     wanted = schema.columns if leaves is None else leaves
-    index_cols = info.index_columns(schema.chunk_records)
+    index_cols = _index_columns(schema)
     out: dict[str | None, Rows] = {None: Rows(len(records))}
     rows_of: dict[str | None, np.ndarray] = {None: records}
     for axis in [None, *(a.path for a in info.axes)]:
@@ -88,6 +89,23 @@ def gather(
         offsets = [c for c in index_cols if c.table == axis and c.role == OFFSETS]
         _read_table(out[axis], columns, offsets, here, commit, read, axis)
     return out
+
+
+#: per schema (by id, with a weak reference telling a reused id), its offsets and presence
+#: arrays as columns: built once, not on every read
+_INDEX_COLUMNS: dict[int, tuple[weakref.ref[TreeSchema], list[ColumnSpec]]] = {}
+
+
+def _index_columns(schema: TreeSchema) -> list[ColumnSpec]:
+    held = _INDEX_COLUMNS.get(id(schema))
+    if held is None or held[0]() is not schema:
+        info = schema.ragged
+        assert info is not None
+        if len(_INDEX_COLUMNS) >= 64:
+            _INDEX_COLUMNS.clear()
+        held = (weakref.ref(schema), info.index_columns(schema.chunk_records))
+        _INDEX_COLUMNS[id(schema)] = held
+    return held[1]
 
 
 def _read_table(
