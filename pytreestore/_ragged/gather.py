@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -132,6 +132,14 @@ def _read_table(
     for c, array in zip(columns, got):
         rows.values[slot(c)] = array if here is None else array[here]
     for c, array in zip(offsets, got[len(columns) :]):
+        assert here is not None and before is not None
+        if len(index) == 1:  # a point read: the arithmetic on ints
+            end = int(array[here[0]])
+            start = int(array[before[0]]) if int(index[0]) > 0 else 0
+            if not 0 <= start <= end <= commit.rows(c.path):
+                _damaged(c, commit.rows(c.path))
+            rows.values[slot(c)] = np.array([[start], [end]], np.int64)
+            continue
         starts = np.where(index > 0, array[before], 0).astype(np.int64)
         ends = array[here].astype(np.int64)
         _check_offsets(c, starts, ends, commit.rows(c.path))
@@ -152,12 +160,21 @@ def _with_before(index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 def _check_offsets(column: ColumnSpec, starts: np.ndarray, ends: np.ndarray, rows: int) -> None:
     if len(ends) and ((starts < 0).any() or (ends < starts).any() or (ends > rows).any()):
-        raise CorruptStoreError(
-            f"the offsets array {column.key} of the ragged axis {column.path or 'the root'} is "
-            f"damaged: it holds a decreasing, negative or too large offset (its table has "
-            f"{rows} committed rows). Restore the store from a backup; records before the "
-            "damaged rows may still read with an index below them"
-        )
+        _damaged(column, rows)
+
+
+def _damaged(column: ColumnSpec, rows: int) -> NoReturn:
+    """Raises the error of a damaged offsets array (``rows``: its table's committed rows).
+
+    Raises:
+        CorruptStoreError: always.
+    """
+    raise CorruptStoreError(
+        f"the offsets array {column.key} of the ragged axis {column.path or 'the root'} is "
+        f"damaged: it holds a decreasing, negative or too large offset (its table has "
+        f"{rows} committed rows). Restore the store from a backup; records before the "
+        "damaged rows may still read with an index below them"
+    )
 
 
 def _elements(axis: str, parent: Rows, commit: Commit) -> tuple[Rows, np.ndarray]:

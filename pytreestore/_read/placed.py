@@ -143,7 +143,8 @@ class Placed:
             placed = _device.to_jax(padded, list(paths), device=device, cast=cast)
         except X64DisabledError:
             return None
-        starts = np.concatenate([starts, np.zeros((len(starts), 1), np.int64)], axis=1)
+        pad = np.zeros((len(starts), 1), np.int64)  # the padding rows' column: row 0
+        starts = np.concatenate([starts, pad], axis=1).astype(np.int32)  # JAX's index type
         columns = [p for p in placed if p is not None]
         return cls(columns, starts, tags, single, {} if layouts is None else layouts)
 
@@ -162,7 +163,7 @@ class Placed:
         if layout.plan is None or not self._compiled(layout.plan):
             return None
         index = self.starts[j][layout.column] + layout.row
-        out = take_rows(self.columns, index.astype(np.int32), layout.plan)
+        out = take_rows(self.columns, index, layout.plan)
         leaves = [host_leaves[i] if k < 0 else out[k] for i, k in enumerate(layout.pick)]
         for i, length in layout.cut:
             leaves[i] = leaves[i][:length]
@@ -268,8 +269,8 @@ class _Layout:
                 cut.append((p, len(t)))
         return cls(
             None if empty else tuple(plan),
-            np.asarray(column, np.int64),
-            np.asarray(row, np.int64),
+            np.asarray(column, np.intp),
+            np.asarray(row, np.int32),
             tuple(pick),
             tuple(cut),
         )
