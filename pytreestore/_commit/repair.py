@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from pytreestore._commit import versions
 from pytreestore._commit.record import COMMIT_KEY, Commit
@@ -149,7 +149,7 @@ def check_not_replaced(
     """
     raw = _commit_bytes(engine, location)
     try:
-        now = Commit.from_bytes(raw, str(location))
+        now = _parsed(raw, str(location))
     except CorruptStoreError as err:
         if raw is not None:
             raise
@@ -189,6 +189,43 @@ def check_not_replaced(
     return now
 
 
+#: per location, the commit record's bytes read last and the commit parsed from them: a read
+#: checks the bytes it reads now against them (exact), and parses only bytes that changed
+_PARSED: dict[str, tuple[bytes, Commit]] = {}
+_PARSED_MAX = 64  # locations kept, at most (then the cache starts again)
+#: per backend class, whether its keys may be plain files (:class:`LocalFiles`, a runtime
+#: Protocol, whose ``isinstance`` costs tens of microseconds a call)
+_LOCAL: dict[type, bool] = {}
+
+
+def _parsed(raw: bytes | None, where: str) -> Commit:
+    """The commit record ``raw`` (the bytes of ``where``'s), parsed once while it stays the
+    same.
+
+    Raises:
+        CorruptStoreError: ``raw`` is missing or not a valid commit record.
+    """
+    if raw is None:
+        return Commit.from_bytes(raw, where)
+    hit = _PARSED.get(where)
+    if hit is not None and hit[0] == raw:
+        return hit[1]
+    commit = Commit.from_bytes(raw, where)
+    if len(_PARSED) >= _PARSED_MAX:
+        _PARSED.clear()
+    _PARSED[where] = (raw, commit)
+    return commit
+
+
+def _local(engine: Backend) -> LocalFiles | None:
+    """``engine`` where its class is :class:`LocalFiles` (told once per class), else None."""
+    kind = type(engine)
+    known = _LOCAL.get(kind)
+    if known is None:
+        known = _LOCAL[kind] = isinstance(engine, LocalFiles)
+    return cast(LocalFiles, engine) if known else None
+
+
 def _dropped(engine: Backend, seen: Commit, where: str) -> bool:
     """Whether the store's log no longer holds the record of version ``seen``."""
     return versions.read(engine, seen.generation, where) is None
@@ -199,7 +236,8 @@ def _commit_bytes(engine: Backend, location: Location) -> bytes | None:
     (:class:`~pytreestore.backends.LocalFiles`) read with a plain ``open`` (no engine call),
     which is cheap after every read and safe in a process forked from the reader's; elsewhere
     (object stores, an OCDBT database, whose keys live inside its files) through the engine."""
-    root = engine.files_root if isinstance(engine, LocalFiles) else None
+    local = _local(engine)
+    root = None if local is None else local.files_root
     if root is not None:
         try:
             with open(os.path.join(root, COMMIT_KEY), "rb") as f:

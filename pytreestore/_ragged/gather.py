@@ -22,8 +22,9 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -75,7 +76,7 @@ def gather(
     info = schema.ragged
     assert info is not None
     wanted = schema.columns if leaves is None else leaves
-    index_cols = info.index_columns(schema.chunk_records)
+    index_cols = _index_columns(schema)
     out: dict[str | None, Rows] = {None: Rows(len(records))}
     rows_of: dict[str | None, np.ndarray] = {None: records}
     for axis in [None, *(a.path for a in info.axes)]:
@@ -88,6 +89,23 @@ def gather(
         offsets = [c for c in index_cols if c.table == axis and c.role == OFFSETS]
         _read_table(out[axis], columns, offsets, here, commit, read, axis)
     return out
+
+
+#: per schema (by id, with a weak reference telling a reused id), its offsets and presence
+#: arrays as columns: built once, not on every read
+_INDEX_COLUMNS: dict[int, tuple[weakref.ref[TreeSchema], list[ColumnSpec]]] = {}
+
+
+def _index_columns(schema: TreeSchema) -> list[ColumnSpec]:
+    held = _INDEX_COLUMNS.get(id(schema))
+    if held is None or held[0]() is not schema:
+        info = schema.ragged
+        assert info is not None
+        if len(_INDEX_COLUMNS) >= 64:
+            _INDEX_COLUMNS.clear()
+        held = (weakref.ref(schema), info.index_columns(schema.chunk_records))
+        _INDEX_COLUMNS[id(schema)] = held
+    return held[1]
 
 
 def _read_table(
@@ -114,6 +132,14 @@ def _read_table(
     for c, array in zip(columns, got):
         rows.values[slot(c)] = array if here is None else array[here]
     for c, array in zip(offsets, got[len(columns) :]):
+        assert here is not None and before is not None
+        if len(index) == 1:  # a point read: the arithmetic on ints
+            end = int(array[here[0]])
+            start = int(array[before[0]]) if int(index[0]) > 0 else 0
+            if not 0 <= start <= end <= commit.rows(c.path):
+                _damaged(c, commit.rows(c.path))
+            rows.values[slot(c)] = np.array([[start], [end]], np.int64)
+            continue
         starts = np.where(index > 0, array[before], 0).astype(np.int64)
         ends = array[here].astype(np.int64)
         _check_offsets(c, starts, ends, commit.rows(c.path))
@@ -134,12 +160,21 @@ def _with_before(index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 def _check_offsets(column: ColumnSpec, starts: np.ndarray, ends: np.ndarray, rows: int) -> None:
     if len(ends) and ((starts < 0).any() or (ends < starts).any() or (ends > rows).any()):
-        raise CorruptStoreError(
-            f"the offsets array {column.key} of the ragged axis {column.path or 'the root'} is "
-            f"damaged: it holds a decreasing, negative or too large offset (its table has "
-            f"{rows} committed rows). Restore the store from a backup; records before the "
-            "damaged rows may still read with an index below them"
-        )
+        _damaged(column, rows)
+
+
+def _damaged(column: ColumnSpec, rows: int) -> NoReturn:
+    """Raises the error of a damaged offsets array (``rows``: its table's committed rows).
+
+    Raises:
+        CorruptStoreError: always.
+    """
+    raise CorruptStoreError(
+        f"the offsets array {column.key} of the ragged axis {column.path or 'the root'} is "
+        f"damaged: it holds a decreasing, negative or too large offset (its table has "
+        f"{rows} committed rows). Restore the store from a backup; records before the "
+        "damaged rows may still read with an index below them"
+    )
 
 
 def _elements(axis: str, parent: Rows, commit: Commit) -> tuple[Rows, np.ndarray]:

@@ -29,7 +29,7 @@ from pytreestore._read import cache as _cache
 from pytreestore._read.ahead import JIT_MIN, RecordsBlock
 from pytreestore._read.device import to_jax
 from pytreestore._read.index import rows
-from pytreestore._read.placed import Placed, tags
+from pytreestore._read.placed import Placed, layouts_of, tags
 from pytreestore._read.reader import ReadContext, explained
 from pytreestore._read.request import LoadRequest
 from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec
@@ -213,26 +213,57 @@ def _block(context: ReadContext, request: LoadRequest, now: Commit, start: int) 
 def _on_device(
     request: LoadRequest, spec: Spec, gathered: dict[str | None, Rows], count: int
 ) -> Placed | None:
-    """The gathered leaf columns on the device, with each record's tags (its structure,
-    with each leaf's column and rows for values)."""
-    host, paths, single = [], [], set()
+    """The gathered leaf columns on the device, with where each record's rows start in
+    them, and each record's tags (its structure, with each leaf's column and rows for
+    values), built only when a record's structure is new to the read."""
+    host, paths, tables = [], [], []
+    for table, table_rows in gathered.items():
+        for key, array in table_rows.values.items():
+            if key[0] == LEAF:
+                host.append(array)
+                paths.append(key[1])
+                tables.append(table)
+    if not host:
+        return None
+    first = _first_rows(request.schema, gathered, count)
+    starts = np.stack([first[t] for t in tables], axis=1)
+    single = frozenset(c for c, t in enumerate(tables) if t is None)
+    layouts = layouts_of(request.schema, (tuple(paths), tuple(tables)))
+    return Placed.of(
+        host,
+        paths,
+        starts,
+        lambda: _tags(spec, gathered, count),
+        single,
+        device=request.device,
+        cast=request.cast,
+        layouts=layouts,
+    )
+
+
+def _first_rows(
+    schema: TreeSchema, gathered: dict[str | None, Rows], count: int
+) -> dict[str | None, np.ndarray]:
+    """Per table, the row where each record's rows start (a record's rows are consecutive:
+    gathered in record order)."""
+    records = np.arange(count)
+    if schema.ragged is None:
+        return {None: records}
+    return {t: np.searchsorted(r, records) for t, r in record_of(schema, gathered).items()}
+
+
+def _tags(spec: Spec, gathered: dict[str | None, Rows], count: int) -> list[Any]:
+    """Each record built with each leaf's values replaced by their tags (column, row)."""
+    column = 0
     tagged: dict[str | None, Rows] = {}
     for table, table_rows in gathered.items():
         values = dict(table_rows.values)
         for key, array in table_rows.values.items():
             if key[0] == LEAF:
-                if table is None:
-                    single.add(len(host))
-                values[key] = tags(len(host), len(array))
-                host.append(array)
-                paths.append(key[1])
+                values[key] = tags(column, len(array))
+                column += 1
         tagged[table] = dataclasses.replace(table_rows, values=values)
-    if not host:
-        return None
-    record_tags = exact(spec, tagged, None, count)
-    return Placed.of(
-        host, paths, record_tags, frozenset(single), device=request.device, cast=request.cast
-    )
+    return exact(spec, tagged, None, count)
 
 
 def _commit(context: ReadContext, commit: Callable[[], Commit]) -> Commit:

@@ -153,23 +153,15 @@ class RecordsBlock:
     def record(self, j: int) -> Any:
         """A copy of the block's ``j``-th record, placed."""
         if self.placed is not None:
-            host, treedef = jax.tree_util.tree_flatten(self.records[j], is_leaf=_none)
-            got = self.placed.leaves(j, host)
-            if got is not None and all(
-                g is not None or not isinstance(h, np.ndarray | np.generic)
-                for g, h in zip(got, host, strict=True)
-            ):
-                return treedef.unflatten(got)
+            record = self.placed.record(j, self.records[j])
+            if record is not None:
+                return record
         copy = jax.tree.map(
             lambda x: np.array(x) if isinstance(x, np.ndarray | np.generic) else x,
             self.records[j],
             is_leaf=lambda x: x is None,
         )
         return self.place(copy)
-
-
-def _none(x: Any) -> bool:
-    return x is None
 
 
 def same_read(a: LoadRequest, b: LoadRequest) -> bool:

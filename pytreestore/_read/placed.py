@@ -13,19 +13,31 @@ takes (rounded up to a power of two, at least :data:`MIN_ROWS`, so a few plans s
 length) and the padded length of each array leaf (a ragged leading axis). Records whose plan
 would be compiled past :data:`MAX_PLANS` plans are placed leaf by leaf from the host.
 
+A record's rows in each table are consecutive, and which of them each leaf holds depends
+only on the record's structure (its lists' lengths and which optional subtrees it holds: its
+treedef). So records of one structure share a *layout*, made once a read from the tags of the
+first such record (:func:`layouts_of`): per row the gather takes, its column and its row from
+the record's start there, and per leaf its output. A record then costs one flatten of its
+host tree, one index (its start rows plus the layout's), one compiled call and one
+unflatten, as a fixed record does; the tags of a block are built only when it holds a
+structure the read has not met yet.
+
 Example:
     >>> import numpy as np
-    >>> rows = Placed.of([np.arange(4, dtype=np.int32)], [".x"], [[tag(0, 2), tag(0, 3)]],
-    ...                  frozenset(), device=None, cast=False)
-    >>> [int(x) for x in rows.leaves(0, [np.int32(2), np.int32(3)])]
+    >>> record_tags = [[tag(0, 2), tag(0, 3)]]  # record 0: rows 2 and 3 of column 0
+    >>> rows = Placed.of([np.arange(4, dtype=np.int32)], [".x"], np.array([[2]]),
+    ...                  lambda: record_tags, frozenset(), device=None, cast=False)
+    >>> [int(x) for x in rows.record(0, [np.int32(2), np.int32(3)])]
     [2, 3]
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -75,23 +87,35 @@ def _round(rows: int) -> int:
 
 
 class Placed:
-    """A block's leaf columns on the device, and the records' tags to take them by."""
+    """A block's leaf columns on the device, and where each record's rows start in them."""
 
-    def __init__(self, columns: list[jax.Array], tags: list[Any], single: frozenset[int]):
+    def __init__(
+        self,
+        columns: list[jax.Array],
+        starts: np.ndarray,
+        tags: Callable[[], list[Any]],
+        single: frozenset[int],
+        layouts: dict[Any, Any],
+    ):
         self.columns = columns
-        self.tags = tags
+        self.starts = starts
+        self._tags = tags
+        self._tagged: list[Any] | None = None
         self.single = single  # the columns of which a record holds one row at most
+        self.layouts = layouts
 
     @classmethod
     def of(
         cls,
         host: Sequence[np.ndarray],
         paths: Sequence[str],
-        record_tags: list[Any],
+        starts: np.ndarray,
+        tags: Callable[[], list[Any]],
         single: frozenset[int],
         *,
         device: Any,
         cast: bool,
+        layouts: dict[Any, Any] | None = None,
     ) -> Placed | None:
         """``host`` (each leaf column's rows) placed on ``device``, or None where the dtype
         policy refuses a column (then each record is placed from the host, and only a
@@ -100,10 +124,15 @@ class Placed:
         Args:
             host: each leaf column's rows, numbered as the tags number them.
             paths: each column's keypath (for the dtype policy's errors).
-            record_tags: each record built from the tags of its rows (see the module).
+            starts: per record, the row of each column where its rows start (records by
+                columns; the rows of a record in a table are consecutive).
+            tags: builds each record from the tags of its rows (see the module); called
+                only when a record has a structure no layout was made for yet.
             single: the columns of which a record holds one row (the record table's).
             device: where to place (None: the default device).
             cast: whether 64-bit columns are cast to 32 bits.
+            layouts: the layouts made so far for records of these columns (shared by the
+                blocks of one read; see :func:`layouts_of`).
         """
         padded = []
         for a in host:
@@ -114,49 +143,38 @@ class Placed:
             placed = _device.to_jax(padded, list(paths), device=device, cast=cast)
         except X64DisabledError:
             return None
-        return cls([p for p in placed if p is not None], record_tags, single)
+        pad = np.zeros((len(starts), 1), np.int64)  # the padding rows' column: row 0
+        starts = np.concatenate([starts, pad], axis=1).astype(np.int32)  # JAX's index type
+        columns = [p for p in placed if p is not None]
+        return cls(columns, starts, tags, single, {} if layouts is None else layouts)
 
-    def leaves(self, j: int, host_leaves: list[Any]) -> list[Any] | None:
-        """Record ``j``'s leaves on the device, in the order of ``host_leaves`` (its host
-        leaves, flattened as its tags are), or None when its plan is not compiled and no
-        more may be."""
-        tag_leaves = jax.tree_util.tree_leaves(self.tags[j], is_leaf=lambda x: x is None)
-        scalars: dict[int, list[int]] = {}
-        arrays: list[tuple[int, np.ndarray]] = []
-        where: list[tuple[int, int, int] | None] = []  # (column, k, rows) per leaf
-        for t, h in zip(tag_leaves, host_leaves, strict=True):  # h: to tell kept values
-            if t is h or not isinstance(t, np.ndarray | np.integer) or (t.ndim == 1 and not len(t)):
-                where.append(None)  # a kept value, None, or an empty array: the host's
-            elif t.ndim == 0:
-                column, row = int(t) >> SHIFT, int(t) & ((1 << SHIFT) - 1)
-                rows = scalars.setdefault(column, [])
-                where.append((column, len(rows), -1))
-                rows.append(row)
-            else:
-                where.append((-1, len(arrays), len(t)))
-                arrays.append((int(t[0]) >> SHIFT, t & ((1 << SHIFT) - 1)))
-        plan, index = self._plan(scalars, arrays)
-        if not self._compiled(plan):
+    def record(self, j: int, host: Any) -> Any:
+        """Record ``j`` with its leaves on the device (``host``: the record as numpy, built
+        from the same rows as its tags), or None when it is to be placed from the host: its
+        plan is not compiled and no more may be, or it holds an empty array."""
+        host_leaves, treedef = jax.tree_util.tree_flatten(host)
+        arrays = self.layouts.get(treedef)
+        if arrays is None:
+            arrays = self.layouts[treedef] = _array_leaves(host_leaves)
+        key = (treedef, tuple(len(host_leaves[p]) for p in arrays))
+        layout = self.layouts.get(key)
+        if layout is None:
+            layout = self.layouts[key] = self._layout(j, host_leaves)
+        if layout.plan is None or not self._compiled(layout.plan):
             return None
-        out = take_rows(self.columns, index, plan)
-        return self._assign(out, plan, where, host_leaves)
+        index = self.starts[j][layout.column] + layout.row
+        out = take_rows(self.columns, index, layout.plan)
+        leaves = [host_leaves[i] if k < 0 else out[k] for i, k in enumerate(layout.pick)]
+        for i, length in layout.cut:
+            leaves[i] = leaves[i][:length]
+        return treedef.unflatten(leaves)
 
-    def _plan(
-        self, scalars: dict[int, list[int]], arrays: list[tuple[int, np.ndarray]]
-    ) -> tuple[Plan, np.ndarray]:
-        plan: list[tuple[int, int, bool]] = []
-        parts: list[Any] = []
-        for column in sorted(scalars):
-            rows = scalars[column]
-            size = 1 if column in self.single else _round(len(rows))
-            plan.append((column, size, False))
-            parts.append(rows + [0] * (size - len(rows)))
-        for column, rows in arrays:
-            size = _round(len(rows))
-            plan.append((column, size, True))
-            parts.append(np.concatenate([rows, np.zeros(size - len(rows), np.int64)]).tolist())
-        index = np.fromiter((r for p in parts for r in p), np.int32)
-        return tuple(plan), index
+    def _layout(self, j: int, host_leaves: list[Any]) -> _Layout:
+        """The layout of record ``j``'s structure, read from its tags."""
+        if self._tagged is None:
+            self._tagged = self._tags()
+        tag_leaves = jax.tree_util.tree_leaves(self._tagged[j])
+        return _Layout.of(tag_leaves, host_leaves, self.single, self.starts[j])
 
     @staticmethod
     def _compiled(plan: Plan) -> bool:
@@ -168,33 +186,111 @@ class Placed:
             _plans.add(plan)
             return True
 
-    @staticmethod
-    def _assign(
-        out: list[jax.Array],
-        plan: Plan,
-        where: list[tuple[int, int, int] | None],
+
+_ROW = (1 << SHIFT) - 1
+
+
+def _is_tag(t: Any, h: Any) -> bool:
+    """Whether tag leaf ``t`` names rows (not a kept value or an empty array)."""
+    if t is h or not isinstance(t, np.ndarray | np.integer):
+        return False
+    return t.ndim == 0 or bool(len(t))
+
+
+def _array_leaves(host_leaves: list[Any]) -> tuple[int, ...]:
+    """The positions of the leaves that may be rows of a ragged leading axis (arrays)."""
+    return tuple(p for p, h in enumerate(host_leaves) if isinstance(h, np.ndarray) and h.ndim >= 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """How the records of one structure (and ragged leading axis lengths) are taken: the
+    rows of a record in a table are consecutive, and which of them each leaf holds is told by
+    the structure, so a record's gather index is its start rows plus the layout's.
+
+    Attributes:
+        plan: the compiled gather's plan; None: such records are placed from the host (one
+            holds an empty array).
+        column: per row the plan takes, its column (the last, of start 0: a padding row).
+        row: per row the plan takes, its row from the record's start in that column.
+        pick: per leaf, its output of the gather, or -1 for a value kept as it is.
+        cut: the leaves (array leaves padded in the plan) cut back to their rows.
+    """
+
+    plan: Plan | None
+    column: np.ndarray
+    row: np.ndarray
+    pick: tuple[int, ...]
+    cut: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def of(
+        cls,
+        tag_leaves: list[Any],
         host_leaves: list[Any],
-    ) -> list[Any]:
-        first: dict[int, int] = {}  # each column's first scalar output
-        arrays: list[int] = []  # each array leaf's output
-        at = 0
-        for column, rows, array in plan:
-            if array:
-                arrays.append(at)
-                at += 1
+        single: frozenset[int],
+        starts: np.ndarray,
+    ) -> _Layout:
+        """The layout read from one record's tags (``starts``: its start rows)."""
+        by_column: dict[int, list[int]] = {}
+        arrays: list[int] = []
+        empty = False
+        for p, (t, h) in enumerate(zip(tag_leaves, host_leaves, strict=True)):
+            if not _is_tag(t, h):
+                empty = empty or isinstance(h, np.ndarray | np.generic)
+            elif t.ndim == 0:
+                by_column.setdefault(int(t) >> SHIFT, []).append(p)
             else:
-                first[column] = at
-                at += rows
-        leaves = []
-        for w, h in zip(where, host_leaves, strict=True):
-            if w is None:
-                leaves.append(h if not isinstance(h, np.ndarray | np.generic) else None)
-            elif w[2] < 0:
-                leaves.append(out[first[w[0]] + w[1]])
-            else:
-                got = out[arrays[w[1]]]
-                leaves.append(got if got.shape[0] == w[2] else got[: w[2]])
-        return leaves
+                arrays.append(p)
+        pad = len(starts) - 1
+        plan: list[tuple[int, int, bool]] = []
+        column: list[int] = []
+        row: list[int] = []
+        pick = [-1] * len(tag_leaves)
+        for c in sorted(by_column):
+            leaves = by_column[c]
+            size = 1 if c in single else _round(len(leaves))
+            for p in leaves:
+                pick[p] = len(column)
+                column.append(c)
+                row.append((int(tag_leaves[p]) & _ROW) - int(starts[c]))
+            column += [pad] * (size - len(leaves))
+            row += [0] * (size - len(leaves))
+            plan.append((c, size, False))
+        cut = []
+        for k, p in enumerate(arrays):
+            t = tag_leaves[p]
+            c, size = int(t[0]) >> SHIFT, _round(len(t))
+            plan.append((c, size, True))
+            pick[p] = len(column) + k
+            column += [c] * len(t) + [pad] * (size - len(t))
+            row += ((t & _ROW) - int(starts[c])).tolist() + [0] * (size - len(t))
+            if size != len(t):
+                cut.append((p, len(t)))
+        return cls(
+            None if empty else tuple(plan),
+            np.asarray(column, np.intp),
+            np.asarray(row, np.int32),
+            tuple(pick),
+            tuple(cut),
+        )
 
 
-__all__ = ["MAX_PLANS", "Placed", "tag", "tags", "take_rows"]
+def layouts_of(owner: Any, key: Any) -> dict[Any, Any]:
+    """The layouts cache of the blocks read for ``key`` (the columns placed and their
+    numbering) from ``owner`` (a read's schema, by identity): records of a structure seen in
+    an earlier block need no tags again. Kept while ``owner`` lives."""
+    with _plans_lock:
+        held = _LAYOUTS.get(id(owner))
+        if held is None or held[0]() is not owner:
+            if len(_LAYOUTS) >= 16:
+                _LAYOUTS.clear()
+            held = _LAYOUTS[id(owner)] = (weakref.ref(owner), {})
+        return held[1].setdefault(key, {})
+
+
+#: per owner (by id, with a weak reference telling a reused id), per key, the layouts
+_LAYOUTS: dict[int, tuple[weakref.ref[Any], dict[Any, dict[Any, Any]]]] = {}
+
+
+__all__ = ["MAX_PLANS", "Placed", "layouts_of", "tag", "tags", "take_rows"]

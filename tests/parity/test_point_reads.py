@@ -79,9 +79,12 @@ def test_placed_takes_scalar_and_array_leaves_by_their_tags():
 
     host = [np.arange(10, 14, dtype=np.int32), np.arange(12, dtype=np.float32).reshape(6, 2)]
     tags = [[_placed.tag(0, 1), _placed.tag(1, np.array([2, 3, 4]))]]
-    rows = _placed.Placed.of(host, [".a", ".b"], tags, frozenset({0}), device=None, cast=False)
+    starts = np.array([[1, 2]])  # the record's first row in each column's table
+    rows = _placed.Placed.of(
+        host, [".a", ".b"], starts, lambda: tags, frozenset({0}), device=None, cast=False
+    )
     assert rows is not None
-    got = rows.leaves(0, [np.int32(11), host[1][2:5]])
+    got = rows.record(0, [np.int32(11), host[1][2:5]])
     assert got is not None
     assert int(got[0]) == 11 and got[0].shape == ()
     np.testing.assert_array_equal(np.asarray(got[1]), host[1][2:5])
@@ -106,3 +109,25 @@ def test_point_read_of_a_record_with_an_empty_list_reads_no_rows(tmp_path, monke
         monkeypatch.setattr(TensorStoreBackend, "read", counted)
         _same(store.load(empty, as_numpy=True), recs[empty], jax_leaves=False)
     assert calls == []
+
+
+@pytest.mark.parametrize("kind", ["ragged_list", "ragged_axis", "optional", "nested"])
+def test_later_blocks_take_records_by_the_layouts_of_earlier_ones(tmp_path, kind, monkeypatch):
+    """Records of a structure met in an earlier block are taken by the layout made then (no
+    tags built again), and come back exactly, whatever their start rows in the new block."""
+    from pytreestore._ragged import load as _load
+
+    monkeypatch.setattr(_load, "ITER_BLOCK", 64)
+    built: list[int] = []
+    tags = _load._tags
+    monkeypatch.setattr(_load, "_tags", lambda *a: built.append(1) or tags(*a))
+    n = 4 * 64
+    recs = kinds.filled(tmp_path / "s", kind, "tensorstore", n=n)
+    with pytreestore.open(tmp_path / "s") as store:
+        for i in range(n):
+            _same(store[i], recs[i], jax_leaves=True)
+        first = len(built)
+        assert 1 <= first <= 4
+        for i in range(n):  # the same blocks read again: every structure has its layout
+            _same(store[i], recs[i], jax_leaves=True)
+        assert len(built) == first
