@@ -185,8 +185,18 @@ class Writer:
             self.rollback(position)
             raise
 
-    def extend_batch(self, batch: Any) -> None:
-        """Buffers a batched record (leaves with a leading record axis), all or none."""
+    def extend_batch(self, batch: Any, mask: Any = None, *, where: str = "this store") -> None:
+        """Buffers a batched record (leaves with a leading record axis), all or none.
+
+        Raises:
+            SchemaMismatchError: a ``mask`` (records of one structure pad nothing; ``where``
+                names the store), or a batch not of the schema's structure.
+        """
+        if mask is not None:
+            raise SchemaMismatchError(
+                f"store {where} holds records of one structure: extend_batch takes no mask= "
+                "(that is for stores created with ragged= or optional=)"
+            )
         leaves, treedef = tree_flatten(batch)
         if treedef != self.schema.treedef:
             raise SchemaMismatchError(self.schema.mismatch_message(batch, what="batch"))

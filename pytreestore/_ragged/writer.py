@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from jax.tree_util import tree_flatten, tree_structure
@@ -47,6 +47,9 @@ from pytreestore._tree.convert import RecordError
 from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec, Walker
 from pytreestore.backends import Backend, KeyListing
 from pytreestore.errors import SchemaMismatchError
+
+W = TypeVar("W", bound=Writer)
+R = TypeVar("R", bound="RaggedWriter")
 
 
 class _Mismatch(Exception):
@@ -185,9 +188,9 @@ class RaggedWriter:
             raise
         self._commit_whole_chunks()
 
-    def extend_batch(self, batch: Any, mask: Any = None) -> None:
+    def extend_batch(self, batch: Any, mask: Any = None, *, where: str = "this store") -> None:
         """Appends the records of a padded ``batch`` whose real values ``mask`` marks (the
-        pair ``load`` returns), all or none."""
+        pair ``load`` returns), all or none (``where``: the store, as :class:`Writer`'s)."""
         if mask is None:
             raise SchemaMismatchError(
                 "a ragged store's extend_batch takes the padded batch with its mask, "
@@ -452,9 +455,15 @@ def new_writer(
     """The writer of a store of ``schema``: a :class:`RaggedWriter` for a ragged store; its
     version log keeps the last ``keep`` versions (None: all) besides tagged ones."""
     committer = Committer(backend, commit, _validate.id_of(schema), keep, tree=schema)
-    if schema.ragged is not None:
-        return RaggedWriter(backend, schema, commit, committer)
-    return Writer(backend, schema, commit, committer)
+    return writer_class(schema, Writer, RaggedWriter)(backend, schema, commit, committer)
+
+
+def writer_class(schema: TreeSchema, fixed: type[W], tabled: type[R]) -> type[W] | type[R]:
+    """The writer class of a store of ``schema``, the one place that chooses: ``tabled`` (a
+    :class:`RaggedWriter`, one :class:`Writer` per table, records walked into the tables)
+    where the schema has axis tables or optional subtrees, else ``fixed`` (the fast path
+    of a fixed tree: a record's leaves are its row)."""
+    return fixed if schema.ragged is None else tabled
 
 
 def _explain(model: Model, record: Any, what: str) -> SchemaMismatchError:
@@ -486,4 +495,4 @@ def _leftovers(backend: Backend, keys: list[str]) -> list[str]:
     return [found for k in keys for found in backend.list_keys(f"{k}/")]
 
 
-__all__ = ["PendingStructure", "RaggedWriter", "new_writer"]
+__all__ = ["PendingStructure", "RaggedWriter", "new_writer", "writer_class"]
