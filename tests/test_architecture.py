@@ -193,7 +193,7 @@ def _dispatch_lines() -> list[tuple[str, str]]:
     return [
         (name, line.strip())
         for name, path in sorted(MODULES.items())
-        if (name.split(".") + [""])[1] not in RAGGED_PARTS
+        if [*name.split("."), ""][1] not in RAGGED_PARTS
         for line in path.read_text().splitlines()
         if DISPATCH.search(line)
     ]
