@@ -18,8 +18,7 @@ from typing import Any, Generic, TypeVar, overload
 import numpy as np
 
 from pytreestore._core import StoreCore
-from pytreestore._ragged import load as _ragged
-from pytreestore._read import reader as _reader
+from pytreestore._record_reads import record_reads
 
 #: the record type of a store (``TreeStore[T]``): the class of the example it was created with
 T = TypeVar("T")
@@ -113,11 +112,8 @@ class Reads(Generic[T]):
             pad=pad,
             pmap_devices=pmap_devices,
         )
-        if request.schema.ragged is not None:
-            options = _ragged.RaggedRead.build(ragged, pad_to, truncate, size)
-            return _ragged.load(core.read_context(), core.head, request, index, options)
-        _ragged.check_fixed(core.path, ragged, pad_to, truncate, size)
-        return _reader.load(core.read_context(), request, index)
+        options = (ragged, pad_to, truncate, size)
+        return record_reads(request.schema).load(core, request, index, options)
 
     @overload
     def __getitem__(self, index: int) -> T: ...
@@ -151,10 +147,7 @@ class Reads(Generic[T]):
         """
         core = self._core
         request = core.request(columns=columns, as_numpy=as_numpy, cast=cast)
-        if request.schema.ragged is not None:
-            yield from _ragged.iterate(core.read_context(), core.head, request)
-        else:
-            yield from _reader.iterate(core.read_context(), request)
+        yield from record_reads(request.schema).iterate(core, request)
 
     def lengths(self, index: Any = slice(None)) -> dict[str, np.ndarray]:
         """Per ragged axis, each selected record's longest list (or leading axis) there,
@@ -174,10 +167,7 @@ class Reads(Generic[T]):
             [3, 0, 2]
         """
         core = self._core
-        schema = core.schema
-        if schema.ragged is None:
-            return {}
-        return _ragged.record_lengths(core.read_context(), core.head, schema, index)
+        return record_reads(core.schema).lengths(core, index)
 
 
 __all__ = ["Reads", "T"]

@@ -23,14 +23,13 @@ from pytreestore._inspect import repr as _repr
 from pytreestore._inspect.verify import VerifyReport, verify_store
 from pytreestore._location import Location
 from pytreestore._pipelines.methods import Pipelines
-from pytreestore._ragged.writer import RaggedWriter
 from pytreestore._read.cache import ChunkCache
 from pytreestore._read.reader import ReadContext
 from pytreestore._reads import Reads, T
 from pytreestore._spec import StoreSpec, reopen
 from pytreestore._versioning import Versioning
 from pytreestore.backends import Backend
-from pytreestore.errors import SchemaMismatchError, UnpicklableStoreError
+from pytreestore.errors import UnpicklableStoreError
 
 
 class TreeStore(Pipelines, Reads[T], Versioning, Fragmenting, Generic[T]):
@@ -206,15 +205,7 @@ class TreeStore(Pipelines, Reads[T], Versioning, Fragmenting, Generic[T]):
             core.multihost.extend_batch(self, core.backend, batch, mask)
             return
         with core.writing(append=True) as writer:
-            if isinstance(writer, RaggedWriter):
-                writer.extend_batch(batch, mask)
-            elif mask is not None:
-                raise SchemaMismatchError(
-                    f"store {self.path} holds records of one structure: extend_batch takes "
-                    "no mask= (that is for stores created with ragged= or optional=)"
-                )
-            else:
-                writer.extend_batch(batch)
+            writer.extend_batch(batch, mask, where=self.path)
 
     def evolve(
         self,

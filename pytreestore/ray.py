@@ -108,24 +108,8 @@ def column_names(schema: TreeSchema, columns: Mapping[str, str] | None = None) -
 
 
 def _default_names(schema: TreeSchema) -> list[str]:
-    """Each leaf's column by the default rule (module docstring)."""
-    if schema.ragged is not None:
-        return _columns.column_names(schema)
-    import jax
-
-    placeholders = schema.unflatten([_Slot(i) for i in range(len(schema.columns))])
-    names = [""] * len(schema.columns)
-    for path, leaf in jax.tree_util.tree_flatten_with_path(placeholders)[0]:
-        if isinstance(leaf, _Slot):
-            names[leaf.index] = jax.tree_util.keystr(path, simple=True, separator=".") or "item"
-    return names
-
-
-class _Slot:
-    """A placeholder leaf: which column it stands for."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
+    """Each leaf's column by the default rule (module docstring), from its keypath."""
+    return _columns.column_names(schema)
 
 
 def check_columns(
@@ -165,7 +149,7 @@ def _records(schema: TreeSchema, rows: Any, names: list[str], path: str) -> Any:
     """A block's rows as a batch of the store's structure (a fixed store), or as records (a
     ragged store: each row's values read exactly from the block's Arrow form, where a null
     stays None; Ray's numpy form would make it NaN)."""
-    if schema.ragged is None:
+    if schema.ragged is None:  # Ray blocks: a fixed store's rows as one numpy batch
         data = rows.to_batch_format("numpy")
         check_columns(names, data, path)
         return schema.unflatten([data[name] for name in names])

@@ -2,13 +2,14 @@
 
 No import cycle between modules (lazy imports inside functions count; ``TYPE_CHECKING`` ones
 do not) nor between the package's folders; no private name of another module;
-no module over 500 lines.
+no module over 500 lines; at most 10 lines that dispatch on whether a store is ragged.
 """
 
 from __future__ import annotations
 
 import ast
 import collections
+import re
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,53 @@ def test_no_private_name_from_another_module():
 def test_module_is_under_the_size_limit(name):
     lines = len(MODULES[name].read_text().splitlines())
     assert lines <= LIMIT, f"{name} has {lines} lines; split it by concept (limit {LIMIT})"
+
+
+#: a line that branches on whether a store is ragged (add here any flag named for it)
+DISPATCH = re.compile(
+    r"ragged is (not )?None|isinstance\([^)]*Ragged\w*\)|\bis_(ragged|fixed|tabled)\b"
+)
+#: the folders that ARE the ragged implementation: their own lines are not dispatch sites
+RAGGED_PARTS = ("_ragged", "_tree")
+#: every dispatch site, one entry per line: (module, the feature that truly differs)
+DISPATCH_SITES = sorted(
+    [
+        ("pytreestore._format.schema", "the record model: a fixed store has no axis tables"),
+        ("pytreestore._record_reads", "reads: stacked leaves of one table, or gathered"),
+        ("pytreestore._open.open", "create: ragged=/optional= declare tables"),
+        ("pytreestore._open.copy", "copy: ragged records are appended one by one"),
+        ("pytreestore._cli.look", "CLI head/show: ragged records are read one by one"),
+        ("pytreestore.ray", "Ray blocks: a fixed store's as numpy batches"),
+        ("pytreestore._fragments.multihost", "multi-host extend_batch: the local step"),
+        ("pytreestore._fragments.rows", "fragments: records of one structure as column blocks"),
+    ]
+)
+
+
+def _dispatch_lines() -> list[tuple[str, str]]:
+    """``(module, line)`` of each line outside the ragged implementation that dispatches."""
+    return [
+        (name, line.strip())
+        for name, path in sorted(MODULES.items())
+        if [*name.split("."), ""][1] not in RAGGED_PARTS
+        for line in path.read_text().splitlines()
+        if DISPATCH.search(line)
+    ]
+
+
+def test_few_places_dispatch_on_ragged_stores():
+    found = _dispatch_lines()
+    assert len(DISPATCH_SITES) <= 10
+    assert sorted(name for name, _ in found) == [name for name, _ in DISPATCH_SITES], (
+        "a line that branches on whether a store is ragged was added or removed; make the "
+        "fixed and ragged paths one (schema.tables, record_reads, writer_class), or, where "
+        "a feature truly differs, list it in DISPATCH_SITES:\n"
+        + "\n".join(f"  {name}: {line}" for name, line in found)
+    )
+
+
+def test_the_dispatch_check_sees_a_new_site():
+    assert DISPATCH.search("if store.schema.ragged is not None:")
+    assert DISPATCH.search("elif isinstance(writer, RaggedWriter):")
+    assert DISPATCH.search("if schema.is_ragged:")
+    assert not DISPATCH.search("for axis in schema.tables.axes:")

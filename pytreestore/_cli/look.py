@@ -128,7 +128,7 @@ def head(
             click.echo("[\n" + ",\n".join(lines) + "\n]" if lines else "[]")
             return
         width = max(shutil.get_terminal_size((100, 24)).columns - 4, 40)
-        statics = static_fields(store.schema.tree, store.schema.ragged)
+        statics = static_fields(store.schema.tree, store.schema.tables)
         if statics:
             click.echo("static fields\n" + "".join(f"  {f.text}\n" for f in statics))
         label = _root_label(store.schema.tree)
@@ -181,7 +181,7 @@ def _read_records(
             record = store.load(i, as_numpy=True, columns=columns)
             plain = _plain(record)
             text = json.dumps(jsonable(plain), separators=(", ", ": "))
-            items = record_items(record, schema.ragged)
+            items = record_items(record, schema.tables)
             shown.append(_Shown(plain, items, functools.partial(_clip, text)))
         return shown
     request = LoadRequest.build(schema, policy=False, columns=columns, as_numpy=True)

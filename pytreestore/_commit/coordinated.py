@@ -398,8 +398,8 @@ class CoordinatedWriter(Writer):
         super().extend(records)  # buffers all or none
         self._commit_full()
 
-    def extend_batch(self, batch: Any) -> None:
-        super().extend_batch(batch)
+    def extend_batch(self, batch: Any, mask: Any = None, *, where: str = "this store") -> None:
+        super().extend_batch(batch, mask, where=where)
         self._commit_full()
 
     def append(self, leaves: Sequence[Any]) -> None:

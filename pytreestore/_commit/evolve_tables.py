@@ -49,8 +49,7 @@ class Tables:
     @classmethod
     def of(cls, info: dict[str, Any]) -> Tables:
         """The tables of schema document ``info`` (a copy: ``info`` is not changed)."""
-        ragged = info.get("ragged")
-        return cls(None if ragged is None else copy.deepcopy(ragged))
+        return cls(copy.deepcopy(info.get("ragged")))
 
     @property
     def axes(self) -> list[dict[str, Any]]:

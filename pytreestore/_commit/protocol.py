@@ -168,7 +168,7 @@ def initial_commit(engine: Backend, schema: TreeSchema) -> Commit:
     engine.write_bytes(INCOMPLETE_KEY, b"")
     engine.create_columns(layouts(schema))
     engine.write_many_bytes({k: group_json({}) for k in group_keys(schema)})
-    tables = None if schema.ragged is None else tuple((a.path, 0) for a in schema.ragged.axes)
+    tables = schema.tables.first_tables()  # None: a fixed store's commits have no tables
     info = _validate.stamped(schema.to_json())  # checked against schema.json, with a digest
     versions.save_schema(engine, info)
     store = uuid.uuid4().hex  # the store's identity, kept by every commit
@@ -288,8 +288,6 @@ def prepare_append(engine: Backend, location: Location, schema: TreeSchema, comm
         if isinstance(engine, PartialWriteCleanup):
             keys = [c.key for c in schema.storage_columns]
             engine.remove_partial_writes(keys, commit.records // schema.chunk_records)
-    elif schema.ragged is None:
-        repair(engine, location, schema, commit.records)
     else:
         for table, sub in table_schemas(schema).items():
             repair(engine, location, sub, commit.rows(table))
@@ -320,9 +318,9 @@ def detach(engine: Backend, lock: WriterLock | None) -> None:
 def check_tables(schema: TreeSchema, commit: Commit, location: Location) -> None:
     """Raises CorruptStoreError if the commit record and the schema disagree on whether the
     store is ragged (one of them edited or damaged: the other would be read wrongly)."""
-    ragged = schema.ragged is not None
-    if ragged != (commit.tables is not None):
-        has, lacks = ("the schema", "the commit record") if ragged else ("the commit", "schema")
+    tabled = schema.tables.first_tables() is not None
+    if tabled != (commit.tables is not None):
+        has, lacks = ("the schema", "the commit record") if tabled else ("the commit", "schema")
         raise CorruptStoreError(
             f"{location}: {has} describes ragged tables but {lacks} does not; the store's "
             f"{ROOT_KEY} or {COMMIT_KEY} was edited or damaged outside pytreestore. Restore "

@@ -18,12 +18,10 @@ from pytreestore._format.schema import TreeSchema
 
 
 def table_schemas(schema: TreeSchema) -> dict[str | None, TreeSchema]:
-    """One schema per table, record table (None) first: the table's columns (leaves, then
-    offsets and presence arrays) and its rows per chunk. A store of one fixed structure has
-    one table, the record table, whose schema is its own."""
-    info = schema.ragged
-    if info is None:
-        return {None: schema}
+    """One schema per table of a store, record table (None) first (a fixed store's only
+    table): the table's columns (leaves, then offsets and presence arrays) and its rows per
+    chunk."""
+    info = schema.tables
     by_table: dict[str | None, list] = {t: [] for t in info.tables()}
     for c in schema.table_columns:  # packed leaves by their keys: the backend packs them
         by_table[c.table].append(c)

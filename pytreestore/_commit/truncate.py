@@ -68,9 +68,8 @@ def rows_at(
     """The rows of every table of a store holding its first ``records`` records: the record
     table (None) and each axis's table."""
     rows: dict[str | None, int] = {None: records}
-    if schema.ragged is not None:
-        for axis in schema.ragged.axes:
-            rows[axis.path] = _rows(backend, axis.offsets, rows[axis.table], commit, axis.table)
+    for axis in schema.tables.axes:
+        rows[axis.path] = _rows(backend, axis.offsets, rows[axis.table], commit, axis.table)
     return rows
 
 
@@ -84,14 +83,13 @@ def lower_starts(schema: TreeSchema, rows: dict[str | None, int]) -> TreeSchema 
     """``schema`` with every column, axis and optional subtree starting at most at its
     table's ``rows``; None when none starts past them."""
     columns = tuple(_lowered(c, rows[c.table]) for c in schema.columns)
-    ragged = schema.ragged
-    if ragged is not None:
-        axes = tuple(_lowered(a, rows[a.table]) for a in ragged.axes)
-        presence = tuple(_lowered(p, rows[p.table]) for p in ragged.presence)
-        ragged = dataclasses.replace(ragged, axes=axes, presence=presence)
-    if columns == schema.columns and ragged == schema.ragged:
+    tables = schema.tables
+    axes = tuple(_lowered(a, rows[a.table]) for a in tables.axes)
+    presence = tuple(_lowered(p, rows[p.table]) for p in tables.presence)
+    tables = dataclasses.replace(tables, axes=axes, presence=presence)
+    if columns == schema.columns and tables == schema.tables:
         return None
-    return dataclasses.replace(schema, columns=columns, ragged=ragged, digest=None)
+    return dataclasses.replace(schema.with_tables(tables), columns=columns, digest=None)
 
 
 def shrink_root(

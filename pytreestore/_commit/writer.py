@@ -128,6 +128,15 @@ class Writer:
     def __len__(self) -> int:
         return self.start + self.fill
 
+    def rows(self, table: str | None) -> int:
+        """The rows of ``table`` once what is buffered is committed: a store of one fixed
+        structure has the record table alone, one row per record."""
+        return len(self) if table is None else 0
+
+    def use_schema(self, grown: TreeSchema) -> None:
+        """A store of one fixed structure learns no structure: ``grown`` is its schema."""
+        assert grown is self.schema, "a store of one fixed structure learns no structure"
+
     @property
     def committer(self) -> Any:
         """What commits this writer's records (a :class:`Committer`)."""
@@ -185,8 +194,18 @@ class Writer:
             self.rollback(position)
             raise
 
-    def extend_batch(self, batch: Any) -> None:
-        """Buffers a batched record (leaves with a leading record axis), all or none."""
+    def extend_batch(self, batch: Any, mask: Any = None, *, where: str = "this store") -> None:
+        """Buffers a batched record (leaves with a leading record axis), all or none.
+
+        Raises:
+            SchemaMismatchError: a ``mask`` (records of one structure pad nothing; ``where``
+                names the store), or a batch not of the schema's structure.
+        """
+        if mask is not None:
+            raise SchemaMismatchError(
+                f"store {where} holds records of one structure: extend_batch takes no mask= "
+                "(that is for stores created with ragged= or optional=)"
+            )
         leaves, treedef = tree_flatten(batch)
         if treedef != self.schema.treedef:
             raise SchemaMismatchError(self.schema.mismatch_message(batch, what="batch"))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -208,6 +209,62 @@ class RaggedInfo:
         """Every table: the record table (None) first, then one per axis."""
         return [None, *(a.path for a in self.axes)]
 
+    def section(self) -> RaggedInfo | None:
+        """What a schema keeps as its ``ragged`` section (:class:`NoTables`: none)."""
+        return self
+
+    def schema_json(self) -> dict[str, Any]:
+        """The schema document's ``ragged`` entry (none for a fixed store: format 3)."""
+        return {"ragged": self.to_json()}
+
+    def first_tables(self) -> tuple[tuple[str, int], ...] | None:
+        """The ``tables`` of an empty store's first commit record: each axis's table with
+        no rows (None for a fixed store, whose commit records have no ``tables``)."""
+        return tuple((a.path, 0) for a in self.axes)
+
+    def listed(self, rows: Mapping[str | None, int]) -> tuple[tuple[str, int], ...] | None:
+        """The ``tables`` a fragment's description lists: each axis table's ``rows``,
+        sorted (None for a fixed store, whose fragments list no ``tables``)."""
+        return tuple(sorted((t, n) for t, n in rows.items() if t is not None))
+
+    def axis_paths(self) -> set[str] | None:
+        """The axes' keypaths, as a fragment's ``tables`` must name them (None for a fixed
+        store)."""
+        return {a.path for a in self.axes}
+
+
+@dataclasses.dataclass(frozen=True)
+class NoTables(RaggedInfo):
+    """The tables of a fixed store: the record table alone, no axes, no optional subtrees.
+
+    The record model's empty case (``TreeSchema.tables``), so that code walking axes,
+    presence and index columns needs no branch. On disk a fixed store has none of it: no
+    ``ragged`` section in its schema, no ``tables`` in its commit records (format 3).
+    """
+
+    ragged: bool | tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    axes: tuple[AxisInfo, ...] = ()
+    presence: tuple[PresenceInfo, ...] = ()
+
+    def section(self) -> RaggedInfo | None:
+        return None
+
+    def schema_json(self) -> dict[str, Any]:
+        return {}
+
+    def first_tables(self) -> tuple[tuple[str, int], ...] | None:
+        return None
+
+    def listed(self, rows: Mapping[str | None, int]) -> tuple[tuple[str, int], ...] | None:
+        return None
+
+    def axis_paths(self) -> set[str] | None:
+        return None
+
+
+NO_TABLES = NoTables()
+
 
 def _without_zero_start(obj: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k != "start" or v}
@@ -222,11 +279,13 @@ __all__ = [
     "ELEMENTS",
     "KEYPATH_TOKEN",
     "LEAF",
+    "NO_TABLES",
     "OFFSETS",
     "OFFSETS_SUFFIX",
     "PRESENCE",
     "PRESENCE_SUFFIX",
     "AxisInfo",
+    "NoTables",
     "PresenceInfo",
     "RaggedInfo",
     "Slot",

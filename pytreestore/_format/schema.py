@@ -38,7 +38,7 @@ from pytreestore._format.bind import bind
 from pytreestore._format.columns import ColumnSpec as ColumnSpec
 from pytreestore._format.columns import check_unique_keys, default_chunk_records, leaf_chunks
 from pytreestore._format.packs import Pack, check_packs, storage
-from pytreestore._format.ragged import RaggedInfo
+from pytreestore._format.ragged import NO_TABLES, RaggedInfo
 from pytreestore.errors import (
     ArgumentTypeError,
     CorruptStoreError,
@@ -142,8 +142,7 @@ class TreeSchema:
         }
         if self.dropped:
             out["dropped"] = [c.to_json() for c in self.dropped]
-        if self.ragged is not None:
-            out["ragged"] = self.ragged.to_json()
+        out.update(self.tables.schema_json())
         if self.packs:
             out["packs"] = [p.to_json() for p in self.packs]
         return out
@@ -158,18 +157,19 @@ class TreeSchema:
             dropped = tuple(ColumnSpec.from_json(c) for c in obj.get("dropped", ()))
             tree, chunk, codec = obj["tree"], int(obj["chunk_records"]), obj["codec"]
             version = int(obj.get("format_version", FORMAT_VERSION))
-            ragged = RaggedInfo.from_json(obj["ragged"]) if "ragged" in obj else None
+            tables = RaggedInfo.from_json(obj["ragged"]) if "ragged" in obj else NO_TABLES
             packs = tuple(Pack.from_json(p) for p in obj.get("packs", ()))
         except (KeyError, TypeError, ValueError) as err:
             raise CorruptStoreError(f"the store's schema is malformed: {err!r}") from err
         _kinds.check_tree(tree, len(columns))
         if packs:
             check_packs(packs, (*columns, *dropped))
-        if ragged is None and any(c.table is not None for c in columns):
+        unknown = sorted({str(c.table) for c in columns if c.table not in tables.tables()})
+        if unknown:
             raise CorruptStoreError(
-                "the store's schema is malformed: its columns live in the tables of ragged "
-                "axes ('table'), but it has no 'ragged' section to say how; the schema was "
-                "edited or damaged outside pytreestore"
+                f"the store's schema is malformed: its columns live in the tables of ragged "
+                f"axes {unknown} ('table'), but its 'ragged' section describes no such axis; "
+                "the schema was edited or damaged outside pytreestore"
             )
         binding = None
         if generic:
@@ -180,6 +180,7 @@ class TreeSchema:
         else:
             shapes, paths = [c.shape for c in columns], [c.path for c in columns]
             treedef, binding = bind(tree, shapes, paths)
+        ragged = tables.section()
         return cls(tree, columns, chunk, codec, treedef, binding, dropped, version, ragged, packs)
 
     @property
@@ -193,18 +194,24 @@ class TreeSchema:
         """Every array of the store: the columns (less packed ones, then the packs), then a
         ragged store's offsets and presence arrays."""
         arrays = storage(self.columns, self.dropped, self.packs) if self.packs else self.columns
-        if self.ragged is None:
-            return tuple(arrays)
-        return (*arrays, *self.ragged.index_columns(self.chunk_records))
+        return (*arrays, *self.tables.index_columns(self.chunk_records))
 
     @property
     def table_columns(self) -> tuple[ColumnSpec, ...]:
         """Every column the tables' writers and readers name: the leaves (packed ones by
         their own keys, which the backend maps into their packs), then a ragged store's
         offsets and presence arrays."""
-        if self.ragged is None:
-            return self.columns
-        return (*self.columns, *self.ragged.index_columns(self.chunk_records))
+        return (*self.columns, *self.tables.index_columns(self.chunk_records))
+
+    @property
+    def tables(self) -> RaggedInfo:
+        """The store's axis tables and optional subtrees (the record model): a fixed store's
+        are :data:`~pytreestore._format.ragged.NO_TABLES`, none."""
+        return NO_TABLES if self.ragged is None else self.ragged
+
+    def with_tables(self, tables: RaggedInfo) -> TreeSchema:
+        """``self`` with ``tables`` (a fixed store's :class:`NoTables` keep it fixed)."""
+        return dataclasses.replace(self, ragged=tables.section())
 
     @property
     def paths(self) -> tuple[str, ...]:

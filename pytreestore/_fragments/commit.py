@@ -91,13 +91,12 @@ class PlaceFragments:
         self.own = [
             learn.schema_of(engine, f, writer.schema, where, like=self.like) for f in self.found
         ]
-        self.grown = learn.learnt(writer.schema, self.found, self.own, _rows_of(writer))
+        self.grown = learn.learnt(writer.schema, self.found, self.own, writer.rows)
 
     def prepare(self, engine: Backend, writer: Writer | RaggedWriter) -> None:
         """Step 2: the structures the fragments show, learnt (its own atomic schema change,
         as an append of such a record makes; no record is committed)."""
         if self.grown is not None and self.grown is not writer.schema:
-            assert isinstance(writer, RaggedWriter), "a fixed store's fragments learn nothing"
             writer.use_schema(self.grown)
 
     def apply(self, engine: Backend, head: Commit, schema: TreeSchema) -> Change | None:
@@ -125,14 +124,6 @@ class PlaceFragments:
         fragment found incomplete shrinks the tables back to their committed rows."""
         self.removed = False
         _unplace(engine, self.tables, head.rows, str(self.location), error)
-
-
-def _rows_of(writer: Writer | RaggedWriter) -> Callable[[str | None], int]:
-    """Each table's rows once the writer has committed what it buffers (where the arrays a
-    fragment teaches the store start)."""
-    if isinstance(writer, RaggedWriter):
-        return lambda t: len(writer.tables[t]) if t in writer.tables else 0
-    return lambda t: len(writer)
 
 
 def _unplace(

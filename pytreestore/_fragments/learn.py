@@ -53,7 +53,7 @@ def schema_of(
     """
     own = schema if fragment.schema == _validate.id_of(schema) else None
     own = own or read_schema(engine, fragment, where, like=like)
-    axes = None if own.ragged is None else {a.path for a in own.ragged.axes}
+    axes = own.tables.axis_paths()
     tables = None if fragment.tables is None else {t for t, _ in fragment.tables}
     if tables != axes:
         raise FragmentError(

@@ -149,15 +149,8 @@ class MultiHost:
         try:
             len(store)  # a closed store raises here, on its own process
             head, schema = store.commit_now(), store.schema
-            if schema.ragged is not None and self.ragged_rows is not None:
-                rows = self.ragged_rows(backend, schema, head, batch, mask, self.process, self.path)
-            elif mask is not None:
-                raise SchemaMismatchError(
-                    f"store {self.path} holds records of one structure: extend_batch takes no "
-                    "mask= (that is for stores created with ragged= or optional=)"
-                )
-            else:
-                rows = self._write_rows(backend, schema, head, batch)
+            step = self.local_step(schema)
+            rows = step(backend, schema, head, batch, mask, self.process, self.path)
             status = {"ok": True, **rows}
         except Exception as err:  # reported to every process, raised below
             local = err
@@ -179,9 +172,40 @@ class MultiHost:
             raise local
         raise _rebuild(outcome["error"])
 
+    def local_step(self, schema: TreeSchema) -> RaggedRows:
+        """This process's step 1 for a store of ``schema``, chosen here once: a fixed store's
+        rows are written by :meth:`_write_rows`, a ragged or optional store's into its tables
+        by the opener's ``ragged_rows``.
+
+        Raises:
+            FragmentError: a ragged or optional store, and no ``ragged_rows``.
+        """
+        if schema.ragged is None:  # multi-host extend_batch: records of one structure
+            return self._write_rows
+        if self.ragged_rows is None:
+            raise errors.FragmentError(
+                f"store {self.path} holds ragged or optional records, whose global batches "
+                "this opener cannot write; open it with pytreestore.open(..., multihost=True)"
+            )
+        return self.ragged_rows
+
     def _write_rows(
-        self, backend: Backend, schema: TreeSchema, head: Any, batch: Any
+        self,
+        backend: Backend,
+        schema: TreeSchema,
+        head: Any,
+        batch: Any,
+        mask: Any,
+        process: int,
+        path: str,
     ) -> dict[str, Any]:
+        """A fixed store's step 1 (``process`` and ``path``: this host's, as ``ragged_rows``
+        takes them)."""
+        if mask is not None:
+            raise SchemaMismatchError(
+                f"store {path} holds records of one structure: extend_batch takes no "
+                "mask= (that is for stores created with ragged= or optional=)"
+            )
         leaves, treedef = tree_flatten(batch)
         if treedef != schema.treedef:
             raise SchemaMismatchError(schema.mismatch_message(batch, what="batch"))
@@ -263,12 +287,7 @@ def open_everywhere(
         if (turn == "first") == (host.process == 0):
             try:
                 store = first() if turn == "first" else other()
-                if store.schema.ragged is not None and ragged_rows is None:
-                    raise errors.FragmentError(
-                        f"store {path} holds ragged or optional records, whose global batches "
-                        "this opener cannot write; open it with pytreestore.open(..., "
-                        "multihost=True)"
-                    )
+                host.local_step(store.schema)  # refuses a store this opener cannot write
             except Exception as err:
                 local, status = err, {"ok": False, "error": _error_json(err)}
         statuses = [unpack(raw) for raw in allgather(pack(status))]

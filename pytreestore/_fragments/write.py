@@ -55,7 +55,7 @@ def write(
             "(pytreestore.copy) to write fragments to it. Nothing was written."
         )
     grown, tables, rows = table_rows(engine, schema, head, data, mask, where)
-    axes = None if grown.ragged is None else [t for t in rows if t is not None]
+    listed = grown.tables.listed(rows)
     fragment = Fragment(
         uuid.uuid4().hex,
         head.store,
@@ -63,7 +63,7 @@ def write(
         rows[None],
         head.generation,
         now_utc(),
-        None if axes is None else tuple(sorted((t, rows[t]) for t in axes)),
+        listed,
     )
     subs = table_schemas(grown)
     columns.save(engine, grown, fragment, tables, {t: sub.columns for t, sub in subs.items()})

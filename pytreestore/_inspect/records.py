@@ -25,7 +25,7 @@ from jax.tree_util import keystr, tree_flatten_with_path
 
 from pytreestore._format import consts as _consts
 from pytreestore._format.kinds import child_entry
-from pytreestore._format.ragged import RaggedInfo
+from pytreestore._format.ragged import NO_TABLES, RaggedInfo
 
 #: How many values a summary line shows of each leaf, at most.
 PREVIEW_VALUES = 6
@@ -178,14 +178,14 @@ def _clip(text: str, room: int) -> str:
     return text if len(text) <= room else text[: max(room - 3, 1)] + "..."
 
 
-def record_items(record: Any, ragged: RaggedInfo | None) -> list[tuple[str, Any]]:
+def record_items(record: Any, tables: RaggedInfo) -> list[tuple[str, Any]]:
     """The ``(keypath, leaf)`` pairs of a record read exactly (a ragged store's ``store[i]``),
     with a ``list[n]`` line for each ragged list and ``None`` for each absent optional subtree.
 
     Leaves that hold no array (constant leaves, columns not loaded) are left out.
     """
-    lists = {a.path for a in ragged.axes} if ragged is not None else set()
-    optional = {p.path for p in ragged.presence} if ragged is not None else set()
+    lists = {a.path for a in tables.axes}
+    optional = {p.path for p in tables.presence}
     return list(_walk(record, (), "", lists, optional))
 
 
@@ -245,7 +245,7 @@ class StaticField:
         return {"path": self.keypath, "value": self.value, "text": static_text(self.value)}
 
 
-def static_fields(tree: dict[str, Any], ragged: RaggedInfo | None = None) -> list[StaticField]:
+def static_fields(tree: dict[str, Any], tables: RaggedInfo = NO_TABLES) -> list[StaticField]:
     """The static fields of a schema's JSON ``tree``, in tree order.
 
     Example:
@@ -258,7 +258,7 @@ def static_fields(tree: dict[str, Any], ragged: RaggedInfo | None = None) -> lis
         >>> [f.text for f in static_fields(TreeSchema.from_example(Run(0.0, "b")).tree)]
         [".name = 'b'"]
     """
-    lists = {a.path for a in ragged.axes} if ragged is not None else set()
+    lists = {a.path for a in tables.axes}
     return list(_statics(tree, "", lists))
 
 

@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import json
 import os
@@ -56,8 +57,8 @@ class Described(Protocol):
 
 def _rows(store: Described, records: int) -> Callable[[ColumnSpec], int]:
     """Each column's rows: the records, or (a ragged axis's table) its committed rows."""
-    commit = store.commit_now() if store.schema.ragged is not None else None
-    return lambda c: records if commit is None or c.table is None else commit.rows(c.table)
+    commit = functools.cache(store.commit_now)  # read once, where an axis table is shown
+    return lambda c: records if c.table is None else commit().rows(c.table)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,7 +224,7 @@ def describe(store: Described) -> StoreInfo:
         codec=schema.codec,
         columns=columns,
         disk_bytes=stored.get(""),
-        static=tuple(static_fields(schema.tree, schema.ragged)),
+        static=tuple(static_fields(schema.tree, schema.tables)),
         axes=() if info is None else tuple(a.path for a in info.axes),
         optional=() if info is None else _optional_paths(info),
     )

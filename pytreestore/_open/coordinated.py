@@ -34,7 +34,7 @@ from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
 from pytreestore._open.reader import committed_schema
 from pytreestore._ragged.model import load_schema
-from pytreestore._ragged.writer import RaggedWriter
+from pytreestore._ragged.writer import RaggedWriter, writer_class
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
 from pytreestore.backends import Backend
@@ -218,9 +218,9 @@ def shared_writer(
     backend: Backend, schema: TreeSchema, commit: Commit, **options: Any
 ) -> CoordinatedWriter | CoordinatedRaggedWriter:
     """The shared writer of a store of ``schema`` (options: those of :class:`CoordinatedWriter`)."""
-    if schema.ragged is not None:
-        return CoordinatedRaggedWriter(backend, schema, commit, **options)
-    return CoordinatedWriter(backend, schema, commit, **options)
+    return writer_class(schema, CoordinatedWriter, CoordinatedRaggedWriter)(
+        backend, schema, commit, **options
+    )
 
 
 __all__ = [

@@ -127,7 +127,7 @@ def _copy(
     request = LoadRequest.build(source.schema, policy=False, as_numpy=True)
 
     def fill(writer: Writer) -> None:
-        if schema.ragged is not None:  # records one by one: each has its own structure
+        if schema.ragged is not None:  # copy: records one by one, each of its own structure
             _copy_records(source, writer, total, progress)
             return
         with _progress.progress_bar(
@@ -153,16 +153,16 @@ def _copy_records(source: TreeStore, writer: Any, total: int, progress: bool) ->
 
 
 def _unstarted(schema: TreeSchema) -> TreeSchema:
-    """A ragged schema whose learnt arrays start at row 0: a copy writes every row."""
-    info = schema.ragged
-    assert info is not None
+    """``schema`` with every array (evolved or learnt) starting at row 0: a copy writes
+    every row."""
+    info = schema.tables
     columns = tuple(dataclasses.replace(c, start=0, default=None) for c in schema.columns)
     info = dataclasses.replace(
         info,
         axes=tuple(dataclasses.replace(a, start=0) for a in info.axes),
         presence=tuple(dataclasses.replace(p, start=0) for p in info.presence),
     )
-    return dataclasses.replace(schema, columns=columns, ragged=info)
+    return dataclasses.replace(schema.with_tables(info), columns=columns)
 
 
 def rechunked(schema: TreeSchema, chunk_records: int | None, codec: str | None) -> TreeSchema:
@@ -170,8 +170,7 @@ def rechunked(schema: TreeSchema, chunk_records: int | None, codec: str | None) 
     in a ragged store, the record table's chunks only."""
     if codec not in _CODECS:
         raise ArgumentError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
-    if schema.ragged is not None:
-        schema = _unstarted(schema)
+    schema = _unstarted(schema)
     if chunk_records is None:  # a copy has no dropped columns: their data is not copied
         return dataclasses.replace(schema, codec=codec, dropped=())
     chunk_records = _arguments.count(

@@ -201,39 +201,59 @@ class GrainPadding:
     padded: bool
     pad_to: int | None = None
     truncate: bool = False
+    each: bool = False  # exact records of a ragged store: read one by one, each its own shape
+    ones: bool = False  # padded records of a fixed store: nothing padded, a mask of ones
 
     @classmethod
-    def of(cls, store: Any, padded: Any, pad_to: Any, truncate: Any) -> GrainPadding:
-        """The padding of ``store.grain_source(padded=, pad_to=, truncate=)``, checked.
-
-        ``padded=None`` pads the records of a ragged or optional store and leaves a fixed
-        store's as they are; ``pad_to=None`` is the longest list (or ragged leading axis)
-        in the store now, read from its offsets once (at least 1).
+    def of_fixed(cls, store: Any, padded: Any, pad_to: Any, truncate: Any) -> GrainPadding:
+        """The padding of a fixed store's ``grain_source(padded=, pad_to=, truncate=)``,
+        checked: exact records by default; ``padded=True`` pairs each with a mask of ones.
 
         Raises:
             ArgumentTypeError: ``padded`` or ``truncate`` is not a bool, ``pad_to`` not an int.
-            ArgumentError: ``pad_to`` or ``truncate`` without padding or on a fixed store,
-                or ``pad_to`` < 1.
+            ArgumentError: ``pad_to`` or ``truncate`` (nothing is padded), or ``pad_to`` < 1.
         """
-        ragged = store.schema.ragged is not None
-        padded = ragged if padded is None else _arguments.flag(padded, "padded")
-        truncate = _arguments.flag(truncate, "truncate")
-        rule = "grain_source(pad_to=...) takes None or an int >= 1: every record is padded to it"
-        pad_to = _arguments.optional_count(pad_to, rule, minimum=1)
-        if not padded and (pad_to is not None or truncate):
-            raise ArgumentError(
-                f"grain_source(pad_to=, truncate=) apply to padded records; store "
-                f"{store.path} gives them with padded=True"
-            )
-        if not ragged and (pad_to is not None or truncate):
+        padded, pad_to, truncate = _checked(store, False, padded, pad_to, truncate)
+        if pad_to is not None or truncate:
             raise ArgumentError(
                 f"store {store.path} was created without ragged= or optional=, so nothing "
                 "of its records is padded: grain_source(pad_to=, truncate=) do not apply"
             )
-        lengths = store.lengths() if padded and ragged and pad_to is None else {}
+        return cls(padded, ones=padded)
+
+    @classmethod
+    def of_tables(cls, store: Any, padded: Any, pad_to: Any, truncate: Any) -> GrainPadding:
+        """The padding of a ragged or optional store's ``grain_source(padded=, pad_to=,
+        truncate=)``, checked: padded by default, so that Grain's default batching can stack
+        the records; ``pad_to=None`` is the longest list (or ragged leading axis) in the
+        store now, read from its offsets once (at least 1).
+
+        Raises:
+            ArgumentTypeError: ``padded`` or ``truncate`` is not a bool, ``pad_to`` not an int.
+            ArgumentError: ``pad_to`` or ``truncate`` without padding, or ``pad_to`` < 1.
+        """
+        padded, pad_to, truncate = _checked(store, True, padded, pad_to, truncate)
+        lengths = store.lengths() if padded and pad_to is None else {}
         if lengths:  # a store with ragged axes (an optional subtree alone pads nothing)
             pad_to = max((int(n.max()) for n in lengths.values() if n.size), default=0) or 1
-        return cls(padded, pad_to, truncate)
+        return cls(padded, pad_to, truncate, each=not padded)
+
+
+def _checked(
+    store: Any, default: bool, padded: Any, pad_to: Any, truncate: Any
+) -> tuple[bool, int | None, bool]:
+    """``grain_source``'s ``padded`` (None: ``default``), ``pad_to`` and ``truncate``,
+    checked; ``pad_to`` and ``truncate`` only with padding."""
+    padded = default if padded is None else _arguments.flag(padded, "padded")
+    truncate = _arguments.flag(truncate, "truncate")
+    rule = "grain_source(pad_to=...) takes None or an int >= 1: every record is padded to it"
+    pad_to = _arguments.optional_count(pad_to, rule, minimum=1)
+    if not padded and (pad_to is not None or truncate):
+        raise ArgumentError(
+            f"grain_source(pad_to=, truncate=) apply to padded records; store "
+            f"{store.path} gives them with padded=True"
+        )
+    return padded, pad_to, truncate
 
 
 class GrainSource:
@@ -285,11 +305,10 @@ class GrainSource:
 
     def _getitems(self, indices: Sequence[int]) -> list[Any]:
         """The records at ``indices`` from one batched read (Grain's batched-read protocol)."""
-        ragged = self._store.schema.ragged is not None
-        if ragged and not self._padding.padded:  # records of their own structure each
+        if self._padding.each:  # records of their own structure each
             return [self._load(int(i)) for i in indices]
         batch = self._load(np.asarray(indices, np.int64))
-        if self._padding.padded and not ragged:  # a fixed store's records: nothing padded
+        if self._padding.ones:  # a fixed store's records: nothing padded
             batch = (batch, jax.tree.map(lambda leaf: np.ones(len(leaf), bool), batch))
         leaves, treedef = tree_flatten(batch, is_leaf=lambda x: x is None)
         return [treedef.unflatten(row) for row in zip(*map(split_leaves, leaves))]

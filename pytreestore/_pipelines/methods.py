@@ -25,10 +25,9 @@ from pytreestore import _arguments
 from pytreestore._core import StoreCore
 from pytreestore._pipelines import batches as _batches
 from pytreestore._pipelines import map as _map
-from pytreestore._ragged import load as _ragged
-from pytreestore._read import reader as _reader
 from pytreestore._read.reader import ReadContext
 from pytreestore._read.request import LoadRequest
+from pytreestore._record_reads import record_reads
 from pytreestore.errors import ArgumentTypeError
 
 
@@ -172,10 +171,8 @@ class Pipelines:
         size = batch_size if batch_size is not None else core.schema.chunk_records
         request = context.request(columns=columns, sharding=sharding, cast=cast)
         request.check_batches(size, size, drop_last=True)
-        if core.schema.ragged is not None:
-            fn = _on_pair(fn)
         return _map.map_records(
-            fn,
+            record_reads(request.schema).on_batch(fn),
             _loader(core, context, request, "pad", pad_to, truncate),
             count=context.readable(),
             batch_size=size,
@@ -217,7 +214,8 @@ class Pipelines:
             >>> len(src), int(src[1]["x"])
             (3, 1)
         """
-        padding = _batches.GrainPadding.of(self, padded, pad_to, truncate)
+        reads = record_reads(self._core.schema)
+        padding = reads.grain_padding(_batches.GrainPadding, self, padded, pad_to, truncate)
         context = self._core.read_context()
         request = context.request(columns=columns, as_numpy=True)
         load = _loader(self._core, context, request, "pad", padding.pad_to, padding.truncate)
@@ -267,24 +265,8 @@ def _loader(
 ) -> Callable[[Any], Any]:
     """The load function of a pipeline: records of a fixed store, ``(batch, mask)`` (or
     ``(values, segments)``) of a ragged one."""
-    if request.schema.ragged is None:
-        _ragged.check_fixed(core.path, ragged, pad_to, truncate, None)
-        return _reader.loader(context, request)
-    options = _ragged.RaggedRead.build(ragged, pad_to, truncate, None)
-
-    def load(index: Any) -> Any:
-        return _ragged.load(context, core.head, request, index, options)
-
-    return load
-
-
-def _on_pair(fn: Callable[..., Any]) -> Callable[[Any], Any]:
-    """``fn(record, mask)`` as a function of the pair a ragged store's batches are."""
-
-    def on_pair(pair: Any) -> Any:
-        return fn(*pair)
-
-    return on_pair
+    reads = record_reads(request.schema)
+    return reads.loader(core, context, request, (ragged, pad_to, truncate))
 
 
 __all__ = ["Pipelines"]

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
-from jax.tree_util import tree_flatten, tree_structure
+from jax.tree_util import tree_flatten
 
 from pytreestore import _arguments
 from pytreestore._commit.committer import Committer
@@ -41,12 +41,16 @@ from pytreestore._commit.writer import Writer
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY, array_json
 from pytreestore._format.schema import TreeSchema
-from pytreestore._ragged.model import Model, grow_schema, representative
+from pytreestore._ragged.flat import FlatList, flat_elements
+from pytreestore._ragged.model import Model, grow_schema
 from pytreestore._ragged.unpad import unpad_records
 from pytreestore._tree.convert import RecordError
 from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec, Walker
 from pytreestore.backends import Backend, KeyListing
 from pytreestore.errors import SchemaMismatchError
+
+W = TypeVar("W", bound=Writer)
+R = TypeVar("R", bound="RaggedWriter")
 
 
 class _Mismatch(Exception):
@@ -117,12 +121,17 @@ class RaggedWriter:
             for t, w in self.tables.items()
         }
         self._width = {t: len(w.schema.columns) for t, w in self.tables.items()}
-        self._flat = _flat_elements(self.model.spec, self._slots)
+        self._flat = flat_elements(self.model.spec, self._slots)
 
     # ---- what the store asks of a writer -------------------------------------------------------
 
     def __len__(self) -> int:
         return len(self.tables[None])
+
+    def rows(self, table: str | None) -> int:
+        """The rows of ``table`` once what is buffered is committed (0: a table it has not
+        opened, a structure still pending)."""
+        return len(self.tables[table]) if table in self.tables else 0
 
     @property
     def committer(self) -> Any:
@@ -185,9 +194,9 @@ class RaggedWriter:
             raise
         self._commit_whole_chunks()
 
-    def extend_batch(self, batch: Any, mask: Any = None) -> None:
+    def extend_batch(self, batch: Any, mask: Any = None, *, where: str = "this store") -> None:
         """Appends the records of a padded ``batch`` whose real values ``mask`` marks (the
-        pair ``load`` returns), all or none."""
+        pair ``load`` returns), all or none (``where``: the store, as :class:`Writer`'s)."""
         if mask is None:
             raise SchemaMismatchError(
                 "a ragged store's extend_batch takes the padded batch with its mask, "
@@ -344,7 +353,7 @@ class RaggedWriter:
                 writer.append(sub)
         row[self._slots[table][("offsets", axis)]] = len(writer)
 
-    def _append_flat(self, writer: Writer, flat: _FlatList, items: list) -> None:
+    def _append_flat(self, writer: Writer, flat: FlatList, items: list) -> None:
         """Appends the elements of a list whose elements are fixed trees: one flatten of the
         whole list, then one conversion per column."""
         leaves, got = tree_flatten(items)
@@ -393,68 +402,21 @@ class RaggedWriter:
                 self._absent(child, table, row)
 
 
-class _FlatList:
-    """A ragged list whose elements are fixed trees: the treedef of a list of ``n`` of
-    them, the leaves per element, and the table columns in flatten order (None: the table's
-    own order)."""
-
-    def __init__(self, element: Any, order: list[int] | None) -> None:
-        self._element = element
-        self.width = tree_structure(element).num_leaves
-        self.order = order
-        self._lists: dict[int, Any] = {}
-
-    def of_length(self, n: int) -> Any:
-        treedef = self._lists.get(n)
-        if treedef is None:
-            treedef = self._lists[n] = tree_structure([self._element] * n)
-        return treedef
-
-
-def _flat_elements(
-    spec: Spec | None, slots: dict[str | None, dict[tuple[str, str], int]]
-) -> dict[str, _FlatList]:
-    """The ragged lists whose elements are fixed trees (no list, optional subtree, ragged
-    axis or constant inside)."""
-    out: dict[str, _FlatList] = {}
-    if isinstance(spec, RaggedList):
-        leaves: list[Leaf] = []
-        if spec.element is not None and _fixed(spec.element, leaves):
-            table = slots[spec.axis.path]
-            order = [table[("leaf", leaf.path)] for leaf in leaves]
-            if len(order) == len(table):
-                inverse = sorted(range(len(order)), key=order.__getitem__)
-                same = inverse == list(range(len(order)))
-                element = representative(spec.element)
-                out[spec.axis.path] = _FlatList(element, None if same else inverse)
-        out.update(_flat_elements(spec.element, slots))
-    elif isinstance(spec, Optional):
-        out.update(_flat_elements(spec.inner, slots))
-    elif isinstance(spec, Fixed):
-        for child in spec.children:
-            out.update(_flat_elements(child, slots))
-    return out
-
-
-def _fixed(spec: Spec, leaves: list[Leaf]) -> bool:
-    """Whether ``spec`` is a fixed tree (collecting its leaves in flatten order)."""
-    if isinstance(spec, Leaf):
-        leaves.append(spec)
-        return spec.axis is None
-    if isinstance(spec, Fixed):
-        return spec.shared is None and all(_fixed(c, leaves) for c in spec.children)
-    return False
-
-
 def new_writer(
     backend: Backend, schema: TreeSchema, commit: Commit, keep: int | None = KEEP_VERSIONS
 ) -> Writer | RaggedWriter:
     """The writer of a store of ``schema``: a :class:`RaggedWriter` for a ragged store; its
     version log keeps the last ``keep`` versions (None: all) besides tagged ones."""
     committer = Committer(backend, commit, _validate.id_of(schema), keep, tree=schema)
-    if schema.ragged is not None:
-        return RaggedWriter(backend, schema, commit, committer)
-    return Writer(backend, schema, commit, committer)
+    return writer_class(schema, Writer, RaggedWriter)(backend, schema, commit, committer)
+
+
+def writer_class(schema: TreeSchema, fixed: type[W], tabled: type[R]) -> type[W] | type[R]:
+    """The writer class of a store of ``schema``, the one place that chooses: ``tabled`` (a
+    :class:`RaggedWriter`, one :class:`Writer` per table, records walked into the tables)
+    where the schema has axis tables or optional subtrees, else ``fixed`` (the fast path
+    of a fixed tree: a record's leaves are its row)."""
+    return fixed if schema.ragged is None else tabled
 
 
 def _explain(model: Model, record: Any, what: str) -> SchemaMismatchError:
@@ -486,4 +448,4 @@ def _leftovers(backend: Backend, keys: list[str]) -> list[str]:
     return [found for k in keys for found in backend.list_keys(f"{k}/")]
 
 
-__all__ = ["PendingStructure", "RaggedWriter", "new_writer"]
+__all__ = ["PendingStructure", "RaggedWriter", "new_writer", "writer_class"]
