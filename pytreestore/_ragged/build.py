@@ -24,7 +24,7 @@ import numpy as np
 
 from pytreestore._format.ragged import LEAF, OFFSETS, PRESENCE
 from pytreestore._ragged.gather import Rows
-from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec
+from pytreestore._tree.layout import Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList
 from pytreestore._tree.pad import padded_length
 from pytreestore.errors import RaggedLengthError
 
@@ -68,11 +68,11 @@ class Padded:
         self.chosen = chosen  # leaf paths to build (None: all)
         self.places: dict[str | None, Place] = {}
 
-    def build(self, spec: Spec) -> tuple[Any, Any]:
+    def build(self, spec: LayoutNode) -> tuple[Any, Any]:
         n = self.rows[None].count
         return self.node(spec, Place((np.arange(n),), (n,)), None)
 
-    def node(self, spec: Spec | None, place: Place, table: str | None) -> tuple[Any, Any]:
+    def node(self, spec: LayoutNode | None, place: Place, table: str | None) -> tuple[Any, Any]:
         if isinstance(spec, Leaf):
             return self.leaf(spec, place, table)
         if isinstance(spec, Kept):
@@ -81,7 +81,7 @@ class Padded:
             if spec.element is None:
                 return None, None
             return self.node(spec.element, self.place(spec.axis.path, place), spec.axis.path)
-        if isinstance(spec, Optional):
+        if isinstance(spec, OptionalTree):
             if spec.inner is None:
                 return None, None
             present = self.rows[table].values[(PRESENCE, spec.path)]
@@ -140,7 +140,9 @@ class Padded:
 # ---- exact records ------------------------------------------------------------------------------
 
 
-def exact(spec: Spec | None, rows: dict[str | None, Rows], table: str | None, count: int) -> list:
+def exact(
+    spec: LayoutNode | None, rows: dict[str | None, Rows], table: str | None, count: int
+) -> list:
     """The objects of ``spec`` for each of ``count`` gathered rows of ``table``."""
     if isinstance(spec, Leaf):
         here = table if spec.axis is None else spec.axis.path
@@ -156,7 +158,7 @@ def exact(spec: Spec | None, rows: dict[str | None, Rows], table: str | None, co
         axis = spec.axis.path
         items = exact(spec.element, rows, axis, rows[axis].count) if spec.element else []
         return _split(rows, axis, table, items, count)
-    if isinstance(spec, Optional):
+    if isinstance(spec, OptionalTree):
         present = rows[table].values[(PRESENCE, spec.path)]
         inner = exact(spec.inner, rows, table, count) if spec.inner else [None] * count
         return [v if p else None for v, p in zip(inner, present)]

@@ -34,7 +34,7 @@ import numpy as np
 
 from pytreestore._format.ragged import KEYPATH_TOKEN
 from pytreestore._format.schema import TreeSchema
-from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec
+from pytreestore._tree.layout import Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList
 from pytreestore.errors import SchemaMismatchError
 
 
@@ -96,17 +96,17 @@ def records_from_columns(
 class _Below:
     """The leaf keypaths below each node of a layout, and records built along it."""
 
-    def __init__(self, spec: Spec, dtypes: Mapping[str, np.dtype | None]) -> None:
+    def __init__(self, spec: LayoutNode, dtypes: Mapping[str, np.dtype | None]) -> None:
         self._paths: dict[int, list[str]] = {}
         self._dtypes = dtypes
         self._collect(spec)
 
-    def _collect(self, spec: Spec | None) -> list[str]:
+    def _collect(self, spec: LayoutNode | None) -> list[str]:
         if isinstance(spec, Leaf):
             found = [spec.path]
         elif isinstance(spec, RaggedList):
             found = self._collect(spec.element)
-        elif isinstance(spec, Optional):
+        elif isinstance(spec, OptionalTree):
             found = self._collect(spec.inner)
         elif isinstance(spec, Fixed):
             found = [p for child in spec.children for p in self._collect(child)]
@@ -116,7 +116,7 @@ class _Below:
             self._paths[id(spec)] = found
         return found
 
-    def build(self, spec: Spec, values: dict[str, Any], row: int) -> Any:
+    def build(self, spec: LayoutNode, values: dict[str, Any], row: int) -> Any:
         """The value of ``spec`` from its leaves' ``values`` in record ``row``."""
         if isinstance(spec, Leaf):
             return self._leaf(spec, values[spec.path])
@@ -124,7 +124,7 @@ class _Below:
             return spec.value
         if isinstance(spec, RaggedList):
             return self._list(spec, values, row)
-        if isinstance(spec, Optional):
+        if isinstance(spec, OptionalTree):
             return self._optional(spec, values, row)
         assert isinstance(spec, Fixed), spec
         return spec.treedef.unflatten([self.build(c, values, row) for c in spec.children])
@@ -162,7 +162,7 @@ class _Below:
         n = lengths[paths[0]]
         return [self.build(spec.element, {p: values[p][j] for p in paths}, row) for j in range(n)]
 
-    def _optional(self, spec: Optional, values: dict[str, Any], row: int) -> Any:
+    def _optional(self, spec: OptionalTree, values: dict[str, Any], row: int) -> Any:
         paths = self._paths[id(spec)]
         absent = [values[p] is None for p in paths]
         if spec.inner is None or all(absent):

@@ -16,7 +16,7 @@ from typing import Any
 from jax.tree_util import tree_structure
 
 from pytreestore._ragged.model import representative
-from pytreestore._tree.layout import Fixed, Leaf, Optional, RaggedList, Spec
+from pytreestore._tree.layout import Fixed, LayoutNode, Leaf, OptionalTree, RaggedList
 
 
 class FlatList:
@@ -38,7 +38,7 @@ class FlatList:
 
 
 def flat_elements(
-    spec: Spec | None, slots: dict[str | None, dict[tuple[str, str], int]]
+    spec: LayoutNode | None, slots: dict[str | None, dict[tuple[str, str], int]]
 ) -> dict[str, FlatList]:
     """The ragged lists whose elements are fixed trees (no list, optional subtree, ragged
     axis or constant inside)."""
@@ -54,7 +54,7 @@ def flat_elements(
                 element = representative(spec.element)
                 out[spec.axis.path] = FlatList(element, None if same else inverse)
         out.update(flat_elements(spec.element, slots))
-    elif isinstance(spec, Optional):
+    elif isinstance(spec, OptionalTree):
         out.update(flat_elements(spec.inner, slots))
     elif isinstance(spec, Fixed):
         for child in spec.children:
@@ -62,13 +62,13 @@ def flat_elements(
     return out
 
 
-def _is_fixed(spec: Spec, leaves: list[Leaf]) -> bool:
+def _is_fixed(spec: LayoutNode, leaves: list[Leaf]) -> bool:
     """Whether ``spec`` is a fixed tree (collecting its leaves in flatten order)."""
     if isinstance(spec, Leaf):
         leaves.append(spec)
         return spec.axis is None
     if isinstance(spec, Fixed):
-        return spec.shared is None and all(_is_fixed(c, leaves) for c in spec.children)
+        return spec.common_axis is None and all(_is_fixed(c, leaves) for c in spec.children)
     return False
 
 

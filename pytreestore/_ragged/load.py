@@ -32,7 +32,7 @@ from pytreestore._read.index import rows
 from pytreestore._read.placed import Placed, layouts_of, tags
 from pytreestore._read.reader import ReadContext, explained
 from pytreestore._read.request import LoadRequest
-from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec
+from pytreestore._tree.layout import Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList
 from pytreestore._tree.pad import check_pad_to
 from pytreestore.errors import (
     ArgumentTypeError,
@@ -211,7 +211,7 @@ def _block(context: ReadContext, request: LoadRequest, now: Commit, start: int) 
 
 
 def _on_device(
-    request: LoadRequest, spec: Spec, gathered: dict[str | None, Rows], count: int
+    request: LoadRequest, spec: LayoutNode, gathered: dict[str | None, Rows], count: int
 ) -> Placed | None:
     """The gathered leaf columns on the device, with where each record's rows start in
     them, and each record's tags (its structure, with each leaf's column and rows for
@@ -252,7 +252,7 @@ def _first_rows(
     return {t: np.searchsorted(r, records) for t, r in record_of(schema, gathered).items()}
 
 
-def _tags(spec: Spec, gathered: dict[str | None, Rows], count: int) -> list[Any]:
+def _tags(spec: LayoutNode, gathered: dict[str | None, Rows], count: int) -> list[Any]:
     """Each record built with each leaf's values replaced by their tags (column, row)."""
     column = 0
     tagged: dict[str | None, Rows] = {}
@@ -362,10 +362,10 @@ class Flat:
         out[: len(values)] = values
         return out
 
-    def build(self, spec: Spec) -> tuple[Any, dict[str, Any]]:
+    def build(self, spec: LayoutNode) -> tuple[Any, dict[str, Any]]:
         return self.node(spec, None), self.segments
 
-    def node(self, spec: Spec | None, table: str | None) -> Any:
+    def node(self, spec: LayoutNode | None, table: str | None) -> Any:
         if isinstance(spec, Leaf):
             table = table if spec.axis is None else spec.axis.path
             values = self.rows[table].values.get((LEAF, spec.path))
@@ -376,7 +376,7 @@ class Flat:
             return spec.value
         if isinstance(spec, RaggedList):
             return None if spec.element is None else self.node(spec.element, spec.axis.path)
-        if isinstance(spec, Optional):
+        if isinstance(spec, OptionalTree):
             present = self.rows[table].values[(PRESENCE, spec.path)]
             self.segments[PRESENT + spec.path] = (
                 present if table is None else self._pad(present, False, table)

@@ -38,7 +38,7 @@ from pytreestore._format.columns import (
 from pytreestore._format.dtypes import fill_value
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
-from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec, Walker
+from pytreestore._tree.layout import Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList, Walker
 from pytreestore._tree.layout import check_used as _check_used
 from pytreestore._tree.ragged import Declarations
 from pytreestore.errors import (
@@ -66,19 +66,19 @@ class Model:
         presence: each optional subtree's keypath -> the table its presence lives in.
     """
 
-    spec: Spec
+    spec: LayoutNode
     decl: Declarations
     leaves: list[tuple[Leaf, str | None]] = dataclasses.field(default_factory=list)
     axes: dict[str, str | None] = dataclasses.field(default_factory=dict)
     presence: dict[str, str | None] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def of(cls, spec: Spec, decl: Declarations) -> Model:
+    def of(cls, spec: LayoutNode, decl: Declarations) -> Model:
         model = cls(spec, decl)
         model.walk(spec, None)
         return model
 
-    def walk(self, spec: Spec | None, table: str | None) -> None:
+    def walk(self, spec: LayoutNode | None, table: str | None) -> None:
         if isinstance(spec, Leaf):
             if spec.axis is not None and spec.axis.path not in self.axes:
                 self.axes[spec.axis.path] = table  # its own axis (a shared one is the node's)
@@ -86,12 +86,12 @@ class Model:
         elif isinstance(spec, RaggedList):
             self.axes[spec.axis.path] = table
             self.walk(spec.element, spec.axis.path)
-        elif isinstance(spec, Optional):
+        elif isinstance(spec, OptionalTree):
             self.presence[spec.path] = table
             self.walk(spec.inner, table)
         elif isinstance(spec, Fixed):
-            if spec.shared is not None:
-                self.axes[spec.shared.path] = table
+            if spec.common_axis is not None:
+                self.axes[spec.common_axis.path] = table
             for child in spec.children:
                 self.walk(child, table)
 
@@ -113,12 +113,12 @@ class Model:
         return out
 
 
-def _pending(spec: Spec | None, out: list[str]) -> None:
+def _pending(spec: LayoutNode | None, out: list[str]) -> None:
     if isinstance(spec, RaggedList):
         if spec.element is None:
             out.append(spec.path)
         _pending(spec.element, out)
-    elif isinstance(spec, Optional):
+    elif isinstance(spec, OptionalTree):
         if spec.inner is None:
             out.append(spec.path)
         _pending(spec.inner, out)
@@ -289,8 +289,8 @@ def _check_storable(model: Model) -> None:
     _check_no_optional_in_shared(model.spec, False)
 
 
-def _check_no_optional_in_shared(spec: Spec | None, shared: bool) -> None:
-    if isinstance(spec, Optional):
+def _check_no_optional_in_shared(spec: LayoutNode | None, shared: bool) -> None:
+    if isinstance(spec, OptionalTree):
         if shared:
             raise RaggedDeclarationError(
                 f"optional= entry {spec.path!r} lies below a node declared ragged (whose leaves "
@@ -301,10 +301,10 @@ def _check_no_optional_in_shared(spec: Spec | None, shared: bool) -> None:
         _check_no_optional_in_shared(spec.element, False)
     elif isinstance(spec, Fixed):
         for child in spec.children:
-            _check_no_optional_in_shared(child, shared or spec.shared is not None)
+            _check_no_optional_in_shared(child, shared or spec.common_axis is not None)
 
 
-def representative(spec: Spec | None) -> Any:
+def representative(spec: LayoutNode | None) -> Any:
     """The record the schema's tree and columns describe: zeros, one element per ragged list
     (none while pending), one row per ragged leading axis, every known optional present."""
     if isinstance(spec, Leaf):
@@ -313,7 +313,7 @@ def representative(spec: Spec | None) -> Any:
         return spec.value
     if isinstance(spec, RaggedList):
         return [] if spec.element is None else [representative(spec.element)]
-    if isinstance(spec, Optional):
+    if isinstance(spec, OptionalTree):
         return None if spec.inner is None else representative(spec.inner)
     assert isinstance(spec, Fixed), spec
     return spec.treedef.unflatten([representative(c) for c in spec.children])
@@ -406,7 +406,7 @@ def described_like(info: dict[str, Any], like: Any) -> Any:
         return None
 
 
-def described(spec: Spec | None) -> Any:
+def described(spec: LayoutNode | None) -> Any:
     """The record a ragged schema's tree describes: :func:`representative`, but leaves
     without their ragged leading axis (the shapes of their columns)."""
     if isinstance(spec, Leaf):
@@ -415,7 +415,7 @@ def described(spec: Spec | None) -> Any:
         return spec.value
     if isinstance(spec, RaggedList):
         return [] if spec.element is None else [described(spec.element)]
-    if isinstance(spec, Optional):
+    if isinstance(spec, OptionalTree):
         return None if spec.inner is None else described(spec.inner)
     assert isinstance(spec, Fixed), spec
     return spec.treedef.unflatten([described(c) for c in spec.children])

@@ -25,11 +25,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec
+from pytreestore._tree.layout import Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList
 from pytreestore.errors import SchemaMismatchError
 
 
-def unpad_records(spec: Spec, batch: Any, mask: Any) -> list[Any]:
+def unpad_records(spec: LayoutNode, batch: Any, mask: Any) -> list[Any]:
     """The records of the padded ``batch`` whose real values ``mask`` marks.
 
     Raises:
@@ -41,7 +41,7 @@ def unpad_records(spec: Spec, batch: Any, mask: Any) -> list[Any]:
     return _split(spec, batch, mask, rows)
 
 
-def _rows(spec: Spec, batch: Any) -> int:
+def _rows(spec: LayoutNode, batch: Any) -> int:
     for leaf in [*_leaves(spec, batch), *jax.tree.leaves(batch)]:  # pending parts last
         shape = np.shape(leaf)
         if shape:
@@ -49,12 +49,12 @@ def _rows(spec: Spec, batch: Any) -> int:
     raise SchemaMismatchError("extend_batch(batch, mask=) found no array leaf in the batch")
 
 
-def _leaves(spec: Spec | None, value: Any) -> list[Any]:
+def _leaves(spec: LayoutNode | None, value: Any) -> list[Any]:
     if isinstance(spec, Leaf):
         return [value]
     if isinstance(spec, RaggedList):
         return _leaves(spec.element, value)
-    if isinstance(spec, Optional):
+    if isinstance(spec, OptionalTree):
         return _leaves(spec.inner, value)
     if isinstance(spec, Fixed):
         return [x for c, v in zip(spec.children, _children(spec, value)) for x in _leaves(c, v)]
@@ -71,7 +71,7 @@ def _children(spec: Fixed, value: Any) -> list[Any]:
         ) from None
 
 
-def _split(spec: Spec | None, value: Any, mask: Any, rows: int) -> list[Any]:
+def _split(spec: LayoutNode | None, value: Any, mask: Any, rows: int) -> list[Any]:
     """One object per row of ``value`` and ``mask`` (leading axis: the rows)."""
     if isinstance(spec, Leaf):
         array = np.asarray(value)
@@ -83,7 +83,7 @@ def _split(spec: Spec | None, value: Any, mask: Any, rows: int) -> list[Any]:
         return [spec.value] * rows
     if isinstance(spec, RaggedList):
         return _split_list(spec, value, mask, rows)
-    if isinstance(spec, Optional):
+    if isinstance(spec, OptionalTree):
         if spec.inner is None:
             _check_nothing_real(spec.path, mask, "a subtree")
             return [None] * rows
@@ -164,7 +164,7 @@ def _take(tree: Any, where: np.ndarray, path: str) -> Any:
     return jax.tree.map(take, tree)
 
 
-def _witness(spec: Spec, mask: Any, path: str, rows: int, *, optional: bool) -> np.ndarray:
+def _witness(spec: LayoutNode, mask: Any, path: str, rows: int, *, optional: bool) -> np.ndarray:
     """Where the elements of a list (or an optional subtree) are real, from the masks of
     the leaves directly in it, which must agree."""
     found = [np.asarray(m) for m in _direct_masks(spec, mask)]
@@ -184,7 +184,7 @@ def _witness(spec: Spec, mask: Any, path: str, rows: int, *, optional: bool) -> 
     return first
 
 
-def _direct_masks(spec: Spec | None, mask: Any) -> list[Any]:
+def _direct_masks(spec: LayoutNode | None, mask: Any) -> list[Any]:
     if isinstance(spec, Leaf):
         return [mask] if spec.axis is None else []
     if isinstance(spec, Kept):
@@ -193,7 +193,7 @@ def _direct_masks(spec: Spec | None, mask: Any) -> list[Any]:
         return [
             m
             for c, v in zip(spec.children, _children(spec, mask))
-            if not isinstance(c, RaggedList | Optional)
+            if not isinstance(c, RaggedList | OptionalTree)
             for m in _direct_masks(c, v)
         ]
     return []

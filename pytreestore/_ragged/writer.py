@@ -45,7 +45,7 @@ from pytreestore._ragged.flat import FlatList, flat_elements
 from pytreestore._ragged.model import Model, grow_schema
 from pytreestore._ragged.unpad import unpad_records
 from pytreestore._tree.convert import RecordError
-from pytreestore._tree.layout import Fixed, Kept, Leaf, Optional, RaggedList, Spec, Walker
+from pytreestore._tree.layout import Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList, Walker
 from pytreestore.backends import Backend, KeyListing
 from pytreestore.errors import SchemaMismatchError
 
@@ -265,7 +265,7 @@ class RaggedWriter:
         self.tables[None].append(row)
 
     def _walk(
-        self, spec: Spec, value: Any, table: str | None, row: list[Any], shared: dict | None
+        self, spec: LayoutNode, value: Any, table: str | None, row: list[Any], shared: dict | None
     ) -> None:
         kind = type(spec)
         if kind is Leaf:
@@ -274,7 +274,7 @@ class RaggedWriter:
             self._node(spec, value, table, row, shared)  # type: ignore[arg-type]
         elif kind is RaggedList:
             self._list(spec, value, table, row)  # type: ignore[arg-type]
-        elif kind is Optional:
+        elif kind is OptionalTree:
             present = value is not None
             row[self._slots[table][("presence", spec.path)]] = present
             if spec.inner is None:  # type: ignore[union-attr]
@@ -313,16 +313,16 @@ class RaggedWriter:
             children = spec.treedef.flatten_up_to(value)
         except (ValueError, TypeError):
             raise _Mismatch from None
-        if spec.shared is not None:
-            shared = {"axis": spec.shared, "blocks": {}}
+        if spec.common_axis is not None:
+            shared = {"axis": spec.common_axis, "blocks": {}}
         for child, item in zip(spec.children, children):
             self._walk(child, item, table, row, shared)
-        if spec.shared is not None:
+        if spec.common_axis is not None:
             assert shared is not None
             self._write_shared(spec, shared["blocks"], table, row)
 
     def _write_shared(self, spec: Fixed, blocks: dict, table: str | None, row: list[Any]) -> None:
-        axis = spec.shared.path  # type: ignore[union-attr]
+        axis = spec.common_axis.path  # type: ignore[union-attr]
         writer = self.tables[axis]
         lengths = {len(b) for b in blocks.values()}
         if len(lengths) > 1:
@@ -383,7 +383,7 @@ class RaggedWriter:
             return
         writer.write_batch(blocks)
 
-    def _absent(self, spec: Spec, table: str | None, row: list[Any]) -> None:
+    def _absent(self, spec: LayoutNode, table: str | None, row: list[Any]) -> None:
         """Fills the row of an optional subtree that is None: zeros, no elements."""
         slots = self._slots[table]
         if isinstance(spec, Leaf):
@@ -393,7 +393,7 @@ class RaggedWriter:
                 row[slots[("offsets", spec.axis.path)]] = len(self.tables[spec.axis.path])
         elif isinstance(spec, RaggedList):
             row[slots[("offsets", spec.axis.path)]] = len(self.tables[spec.axis.path])
-        elif isinstance(spec, Optional):
+        elif isinstance(spec, OptionalTree):
             row[slots[("presence", spec.path)]] = False
             if spec.inner is not None:
                 self._absent(spec.inner, table, row)

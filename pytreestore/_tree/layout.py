@@ -64,29 +64,29 @@ class RaggedList:
 
 
 @dataclasses.dataclass
-class Optional:
+class OptionalTree:
     """A subtree that may be None; ``inner`` is None until some record has it."""
 
     path: str
     inner: Any = None
-    shared: Axis | None = None
+    common_axis: Axis | None = None
 
 
 @dataclasses.dataclass
 class Fixed:
     """Any other node (dict, dataclass, tuple, fixed-length list, None): one level of it.
-    ``shared`` is the ragged leading axis its leaves share when it was declared ragged."""
+    ``common_axis`` is the ragged leading axis its leaves share when it was declared ragged."""
 
     path: str
     treedef: Any
     children: list[Any]
-    shared: Axis | None = None
+    common_axis: Axis | None = None
 
 
-Spec = Leaf | Kept | RaggedList | Optional | Fixed
+LayoutNode = Leaf | Kept | RaggedList | OptionalTree | Fixed
 
 
-def build_layout(records: Sequence[Any], like: Any, decl: Declarations) -> Spec:
+def build_layout(records: Sequence[Any], like: Any, decl: Declarations) -> LayoutNode:
     """The layout of ``records`` (and ``like``, which fixes it first when given).
 
     Raises:
@@ -115,10 +115,10 @@ def build_layout(records: Sequence[Any], like: Any, decl: Declarations) -> Spec:
     return spec
 
 
-def _forget_lengths(spec: Spec | None) -> None:
+def _forget_lengths(spec: LayoutNode | None) -> None:
     if isinstance(spec, Leaf | RaggedList) and spec.axis is not None:
         spec.axis.longest = 0
-    if isinstance(spec, RaggedList | Optional):
+    if isinstance(spec, RaggedList | OptionalTree):
         _forget_lengths(spec.element if isinstance(spec, RaggedList) else spec.inner)
     elif isinstance(spec, Fixed):
         for child in spec.children:
@@ -140,13 +140,13 @@ class Walker:
         self.problems: list[tuple[str, str]] = []
         self.record = 0
 
-    def build(self, value: Any, at: Position, shared: Axis | None) -> Spec:
+    def build(self, value: Any, at: Position, shared: Axis | None) -> LayoutNode:
         if self.decl.is_optional(at):
             inner = None if value is None else self.build_present(value, at, shared)
-            return Optional(text(at), inner, shared)
+            return OptionalTree(text(at), inner, shared)
         return self.build_present(value, at, shared)
 
-    def build_present(self, value: Any, at: Position, shared: Axis | None) -> Spec:
+    def build_present(self, value: Any, at: Position, shared: Axis | None) -> LayoutNode:
         level = _nodes.one_level(value)
         if level is None:
             return self.leaf(value, at, shared)
@@ -163,7 +163,7 @@ class Walker:
             check_shared(spec, value, self.record)
         return spec
 
-    def leaf(self, value: Any, at: Position, shared: Axis | None) -> Spec:
+    def leaf(self, value: Any, at: Position, shared: Axis | None) -> LayoutNode:
         if _prng.is_key(value):
             raise SchemaMismatchError(
                 f"stack() with ragged=/optional= cannot stack the PRNG key array at "
@@ -186,14 +186,14 @@ class Walker:
         axis.longest = max(axis.longest, shape[0])
         return Leaf(text(at), dtype, shape[1:], axis)
 
-    def merge(self, spec: Spec, value: Any, at: Position) -> None:
+    def merge(self, spec: LayoutNode, value: Any, at: Position) -> None:
         """Checks ``value`` against ``spec``, filling what is still unknown and the longest
         length of every ragged axis; differences go to ``problems``."""
-        if isinstance(spec, Optional):
+        if isinstance(spec, OptionalTree):
             if value is None:
                 return
             if spec.inner is None:
-                spec.inner = self.build_present(value, at, spec.shared)
+                spec.inner = self.build_present(value, at, spec.common_axis)
             else:
                 self.merge(spec.inner, value, at)
         elif isinstance(spec, RaggedList):
@@ -244,7 +244,7 @@ class Walker:
         _, keys, children = level
         for child_spec, key, child in zip(spec.children, keys, children):
             self.merge(child_spec, child, child_position(at, key, value))
-        if spec.shared is not None and not self.problems:
+        if spec.common_axis is not None and not self.problems:
             check_shared(spec, value, self.record)
 
     def problem(self, at: Position, want: str, got: str, hint: str = "") -> None:
@@ -289,10 +289,10 @@ def check_shared(spec: Fixed, value: Any, record: int) -> None:
             )
 
 
-def _leading_lengths(spec: Spec, value: Any, out: list[tuple[str, int]]) -> None:
+def _leading_lengths(spec: LayoutNode, value: Any, out: list[tuple[str, int]]) -> None:
     if isinstance(spec, Leaf) and spec.axis is not None and np.ndim(value):
         out.append((spec.path, int(np.shape(value)[0])))
-    elif isinstance(spec, Optional) and value is not None and spec.inner is not None:
+    elif isinstance(spec, OptionalTree) and value is not None and spec.inner is not None:
         _leading_lengths(spec.inner, value, out)
     elif isinstance(spec, Fixed):
         level = _nodes.one_level(value)
@@ -300,10 +300,10 @@ def _leading_lengths(spec: Spec, value: Any, out: list[tuple[str, int]]) -> None
             _leading_lengths(child_spec, child, out)
 
 
-def check_known(spec: Spec) -> None:
+def check_known(spec: LayoutNode) -> None:
     """Every structure is known: no ragged list without any element, no optional subtree
     None everywhere, unless ``like`` showed it."""
-    if isinstance(spec, RaggedList | Optional):
+    if isinstance(spec, RaggedList | OptionalTree):
         inner = spec.element if isinstance(spec, RaggedList) else spec.inner
         if inner is None:
             what = "an element of the list" if isinstance(spec, RaggedList) else "the subtree"
@@ -317,7 +317,7 @@ def check_known(spec: Spec) -> None:
             check_known(child)
 
 
-def check_used(decl: Declarations, spec: Spec, *, known_only: bool = False) -> None:
+def check_used(decl: Declarations, spec: LayoutNode, *, known_only: bool = False) -> None:
     """Every declaration named a node, else an error saying why it names nothing; with
     ``known_only``, only those that cannot name a node still unknown (an element of a list or
     an optional subtree no record has shown yet)."""
@@ -328,7 +328,7 @@ def check_used(decl: Declarations, spec: Spec, *, known_only: bool = False) -> N
             raise RaggedDeclarationError(f"{kind}= entry {''.join(tokens)!r} {why}")
 
 
-def why_unused(spec: Spec, tokens: tuple[str, ...]) -> str | None:
+def why_unused(spec: LayoutNode, tokens: tuple[str, ...]) -> str | None:
     """Why a declared keypath names no node of ``spec``; None when it is below a structure
     still unknown."""
     node, depth = spec, 0
@@ -351,14 +351,14 @@ def why_unused(spec: Spec, tokens: tuple[str, ...]) -> str | None:
     return f"names {describe_spec(node)} at {done}, which cannot be declared that way"
 
 
-def _unknown(spec: Spec) -> bool:
-    return (isinstance(spec, Optional) and spec.inner is None) or (
+def _unknown(spec: LayoutNode) -> bool:
+    return (isinstance(spec, OptionalTree) and spec.inner is None) or (
         isinstance(spec, RaggedList) and spec.element is None
     )
 
 
-def _child(spec: Spec, token: str) -> Spec | None:
-    if isinstance(spec, Optional):
+def _child(spec: LayoutNode, token: str) -> LayoutNode | None:
+    if isinstance(spec, OptionalTree):
         spec = spec.inner
     if isinstance(spec, RaggedList):
         return spec.element if token == STAR else None
@@ -377,12 +377,12 @@ def node_class(spec: Fixed) -> Any:
     return data[0] if data else None
 
 
-def describe_spec(spec: Spec | None) -> str:
+def describe_spec(spec: LayoutNode | None) -> str:
     if isinstance(spec, Leaf):
         return _describe_leaf(spec)
     if isinstance(spec, RaggedList):
         return "a ragged list"
-    if isinstance(spec, Optional):
+    if isinstance(spec, OptionalTree):
         return f"optional {describe_spec(spec.inner)}"
     if isinstance(spec, Fixed):
         return describe_node(spec)

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from pytreestore._tree.convert import LeafCaster
-from pytreestore._tree.layout import Axis, Fixed, Kept, Leaf, Optional, RaggedList, Spec
+from pytreestore._tree.layout import Axis, Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList
 from pytreestore.errors import RaggedDeclarationError, RaggedLengthError, SchemaMismatchError
 
 #: the longest padded axis: an axis of more elements is no batch a device holds
@@ -79,7 +79,7 @@ class Padder:
     """Pads records of the layout ``spec``; ``skeleton`` keeps what padding hides (list
     lengths, present subtrees, leading lengths) for :func:`unpad`."""
 
-    spec: Spec
+    spec: LayoutNode
     pad_to: Any = None
     truncate: bool = False
 
@@ -94,9 +94,9 @@ class Padder:
             )
         return limit
 
-    def pad(self, spec: Spec, value: Any, record: int) -> tuple[Any, Any, Any]:
+    def pad(self, spec: LayoutNode, value: Any, record: int) -> tuple[Any, Any, Any]:
         """(padded value, mask, skeleton) of ``value``."""
-        if isinstance(spec, Optional):
+        if isinstance(spec, OptionalTree):
             if value is None:
                 return (*self.zeros(spec.inner), None)
             padded, mask, skel = self.pad(spec.inner, value, record)
@@ -134,9 +134,9 @@ class Padder:
         out[:n] = array[:n]
         return out, np.arange(size) < n, n
 
-    def zeros(self, spec: Spec | None) -> tuple[Any, Any]:
+    def zeros(self, spec: LayoutNode | None) -> tuple[Any, Any]:
         """A padding value of the layout ``spec`` (zeros) and its all-False mask."""
-        if isinstance(spec, Optional):
+        if isinstance(spec, OptionalTree):
             return self.zeros(spec.inner)
         if isinstance(spec, Leaf):
             if spec.axis is None:
@@ -177,9 +177,9 @@ def repeat_zeros(tree: Any, size: int) -> Any:
     return jax.tree.map(grow, tree)
 
 
-def unpad(spec: Spec, skeleton: Any, value: Any) -> Any:
+def unpad(spec: LayoutNode, skeleton: Any, value: Any) -> Any:
     """One record as it was before padding, from its padded value and its skeleton."""
-    if isinstance(spec, Optional):
+    if isinstance(spec, OptionalTree):
         return None if skeleton is None else unpad(spec.inner, skeleton[0], value)
     if isinstance(spec, Leaf):
         return value if spec.axis is None else value[:skeleton]
@@ -206,7 +206,7 @@ class Layout:
     """What ``unstack(batch, mask)`` needs beyond the values: the layout and each record's
     skeleton (list lengths, present subtrees, leading lengths)."""
 
-    spec: Spec
+    spec: LayoutNode
     skeletons: tuple[Any, ...]
     mask_treedef: Any
     #: the batch's structure and leaf shapes (None for a leaf that is no array): a batch of
