@@ -80,6 +80,24 @@ def flag(value: Any, name: str) -> bool:
     return bool(value)
 
 
+def trimmed(trim: Any, truncate: Any) -> Any:
+    """A padded read's ``trim=`` (cut lists longer than ``pad_to``), or the same flag by its
+    old name, ``truncate=``, kept as an alias (``truncate`` is what ``store.truncate(n)``
+    does to a store; the read option was renamed so that the word has one meaning).
+
+    Raises:
+        ArgumentError: both given, and they differ.
+    """
+    if truncate is None:
+        return trim
+    if trim is not False and trim != truncate:
+        raise ArgumentError(
+            f"trim={trim!r} and truncate={truncate!r} disagree; truncate= is the old name of "
+            "trim=: pass trim= alone"
+        )
+    return truncate
+
+
 def mapping(value: Any, name: str, what: str) -> Mapping[Any, Any]:
     """A mapping argument (None: empty), such as ``evolve(add=...)``.
 

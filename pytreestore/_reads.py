@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
+from pytreestore import _arguments
 from pytreestore._core import StoreCore
 from pytreestore._record_reads import record_reads
 
@@ -46,8 +47,9 @@ class Reads(Generic[T]):
         pmap_devices: Sequence[Any] | None = None,
         ragged: str = "pad",
         pad_to: int | str | Sequence[int] | None = None,
-        truncate: bool = False,
+        trim: bool = False,
         size: int | None = None,
+        truncate: bool | None = None,
     ) -> Any:
         """Loads records ``index`` as a record of the stored classes.
 
@@ -83,8 +85,10 @@ class Reads(Generic[T]):
             pad_to: with ``ragged="pad"``: None (the longest in the selection), an int,
                 ``"pow2"`` or increasing bucket sizes; a longer list raises
                 :class:`~pytreestore.errors.RaggedLengthError`.
-            truncate: with ``pad_to``, cut longer lists instead of raising.
+            trim: with ``pad_to``, cut longer lists instead of raising.
             size: with ``ragged="segments"``, pad every axis's elements to this many.
+            truncate: the old name of ``trim`` (an alias; ``truncate`` now means only
+                :meth:`truncate`).
 
         Returns:
             For an int index, one record whose leaves have the per-record shape; otherwise a
@@ -112,7 +116,7 @@ class Reads(Generic[T]):
             pad=pad,
             pmap_devices=pmap_devices,
         )
-        options = (ragged, pad_to, truncate, size)
+        options = (ragged, pad_to, _arguments.trimmed(trim, truncate), size)
         return record_reads(request.schema).load(core, request, index, options)
 
     @overload

@@ -75,7 +75,7 @@ class RecordReads(Protocol):
 
 class FixedReads:
     """A fixed store's reads: one table, records as stacked leaves; the ragged read options
-    (``ragged=``, ``pad_to=``, ``truncate=``, ``size=``) are refused."""
+    (``ragged=``, ``pad_to=``, ``trim=``, ``size=``) are refused."""
 
     def load(self, core: StoreCore, request: LoadRequest, index: Any, options: LoadOptions) -> Any:
         _ragged.check_fixed(core.path, *options)

@@ -299,7 +299,7 @@ def test_a_length_above_pad_to_is_refused_unless_truncated() -> None:
         errors.RaggedLengthError,
         match=re.escape(
             "record 1 has length 3 at ['p'], above the limit 2 of pad_to=(1, 2); raise pad_to, "
-            "or pass truncate=True"
+            "or pass trim=True"
         ),
     ):
         pytreestore.stack(lists(1, 3), ragged=True, pad_to=[1, 2])
@@ -365,7 +365,7 @@ BAD = [
         "pad_to buckets must be sorted, smallest first, without repeats, got [4, 2]",
     ),
     ({"ragged": [".p"], "pad_to": [2, -4]}, "pad_to buckets must be positive ints, got [2, -4]"),
-    ({"pad_to": 4}, "pad_to= and truncate= apply to records stacked with ragged= or optional="),
+    ({"pad_to": 4}, "pad_to= and trim= apply to records stacked with ragged= or optional="),
 ]
 
 
@@ -529,3 +529,16 @@ def test_elements_of_one_class_with_other_static_data_say_so() -> None:
         pytreestore.stack(records, ragged=True)
     assert "'a'" in str(info.value) and "'b'" in str(info.value)
     assert "expected a Tagged, got a Tagged" not in str(info.value)
+
+
+def test_trim_is_the_read_option_and_truncate_its_old_name():
+    """``trim=`` cuts lists longer than ``pad_to``; ``truncate=`` (its old name) still does,
+    and the two together must agree."""
+    recs = lists(1, 3)
+    want, want_mask = pytreestore.stack(recs, ragged=True, pad_to=2, trim=True, as_numpy=True)
+    got, got_mask = pytreestore.stack(recs, ragged=True, pad_to=2, truncate=True, as_numpy=True)
+    assert_trees_equal(got, want)
+    assert_trees_equal(got_mask, want_mask)
+    assert jax.tree.leaves(want)[0].shape[1] == 2
+    with pytest.raises(errors.ArgumentError, match=re.escape("truncate= is the old name of trim=")):
+        pytreestore.stack(recs, ragged=True, pad_to=2, trim=True, truncate=False)

@@ -494,3 +494,15 @@ def test_learning_again_ignores_what_a_cut_off_learning_left(tmp_path: Path, bac
     assert [store.load(i, as_numpy=True)["opt"] is None for i in range(7)] == [True] * 6 + [False]
     got = store.load(6, as_numpy=True)["opt"]
     assert float(got["w"]) == 6.0 and [int(c) for c in got["cells"]] == [6]
+
+
+def test_trim_and_its_old_name_truncate_read_alike(tmp_path, backend):
+    store = _filled(tmp_path / "s", backend, _steps())
+    trimmed = store.load(pad_to=1, trim=True, as_numpy=True)
+    _same(store.load(pad_to=1, truncate=True, as_numpy=True), trimmed)
+    batches = [b for b, _ in store.batches(len(store), pad_to=1, trim=True, cast=False)]
+    _same(jax.tree.map(np.asarray, batches[0]), trimmed[0])
+    src = store.grain_source(pad_to=1, trim=True)
+    _same(src[3][0], jax.tree.map(lambda v: v[3], trimmed[0]))
+    with pytest.raises(errors.ArgumentError, match="old name of trim"):
+        store.load(pad_to=1, trim=True, truncate=False)

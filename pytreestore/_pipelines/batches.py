@@ -206,7 +206,7 @@ class GrainPadding:
 
     @classmethod
     def of_fixed(cls, store: Any, padded: Any, pad_to: Any, truncate: Any) -> GrainPadding:
-        """The padding of a fixed store's ``grain_source(padded=, pad_to=, truncate=)``,
+        """The padding of a fixed store's ``grain_source(padded=, pad_to=, trim=)``,
         checked: exact records by default; ``padded=True`` pairs each with a mask of ones.
 
         Raises:
@@ -217,14 +217,14 @@ class GrainPadding:
         if pad_to is not None or truncate:
             raise ArgumentError(
                 f"store {store.path} was created without ragged= or optional=, so nothing "
-                "of its records is padded: grain_source(pad_to=, truncate=) do not apply"
+                "of its records is padded: grain_source(pad_to=, trim=) do not apply"
             )
         return cls(padded, ones=padded)
 
     @classmethod
     def of_tables(cls, store: Any, padded: Any, pad_to: Any, truncate: Any) -> GrainPadding:
         """The padding of a ragged or optional store's ``grain_source(padded=, pad_to=,
-        truncate=)``, checked: padded by default, so that Grain's default batching can stack
+        trim=)``, checked: padded by default, so that Grain's default batching can stack
         the records; ``pad_to=None`` is the longest list (or ragged leading axis) in the
         store now, read from its offsets once (at least 1).
 
@@ -250,7 +250,7 @@ def _checked(
     pad_to = _arguments.optional_count(pad_to, rule, minimum=1)
     if not padded and (pad_to is not None or truncate):
         raise ArgumentError(
-            f"grain_source(pad_to=, truncate=) apply to padded records; store "
+            f"grain_source(pad_to=, trim=) apply to padded records; store "
             f"{store.path} gives them with padded=True"
         )
     return padded, pad_to, truncate

@@ -56,7 +56,8 @@ class Pipelines:
         cast: bool | None = None,
         ragged: str = "pad",
         pad_to: int | str | Sequence[int] | None = None,
-        truncate: bool = False,
+        trim: bool = False,
+        truncate: bool | None = None,
     ) -> _batches.BatchIterator:
         """Iterates over records ``[start, stop)`` in batches on device, read ahead in the background.
 
@@ -74,9 +75,10 @@ class Pipelines:
             epochs: passes over the records; None repeats without end.
             state: a dict from :meth:`BatchIterator.state` to continue from.
             cast: as for :meth:`load`.
-            ragged, pad_to, truncate: for a ragged store, as for :meth:`load`: each batch is
+            ragged, pad_to, trim: for a ragged store, as for :meth:`load`: each batch is
                 the pair ``(batch, mask)`` (or ``(values, segments)``); give ``pad_to``
                 buckets so that a jitted step compiles once per bucket.
+            truncate: the old name of ``trim`` (an alias).
 
         Returns:
             A :class:`~pytreestore._pipelines.batches.BatchIterator` of batched records; its ``state()``
@@ -107,7 +109,9 @@ class Pipelines:
         hi = max(lo, hi)
         request.check_batches(batch_size, hi - lo, drop_last=drop_last)
         return _batches.BatchIterator(
-            _loader(self._core, context, request, ragged, pad_to, truncate),
+            _loader(
+                self._core, context, request, ragged, pad_to, _arguments.trimmed(trim, truncate)
+            ),
             start=lo,
             stop=hi,
             batch_size=batch_size,
@@ -131,7 +135,8 @@ class Pipelines:
         prefetch: int = 2,
         cast: bool | None = None,
         pad_to: int | str | Sequence[int] | None = None,
-        truncate: bool = False,
+        trim: bool = False,
+        truncate: bool | None = None,
     ) -> Any:
         """Applies ``jax.jit(jax.vmap(fn))`` to every record, one batch at a time.
 
@@ -145,9 +150,10 @@ class Pipelines:
             progress: show a progress bar (records and MB/s) on standard error.
             prefetch: batches read ahead while the previous one computes.
             cast: as for :meth:`load`.
-            pad_to, truncate: for a ragged store, as for :meth:`load`: ``fn`` is then a
+            pad_to, trim: for a ragged store, as for :meth:`load`: ``fn`` is then a
                 function of ``(record, mask)``, one padded record and its mask; with
                 ``pad_to`` fixed every batch has one shape (one compile).
+            truncate: the old name of ``trim`` (an alias).
 
         Returns:
             The results with a leading record axis, or the ``out`` store.
@@ -173,7 +179,7 @@ class Pipelines:
         request.check_batches(size, size, drop_last=True)
         return _map.map_records(
             record_reads(request.schema).on_batch(fn),
-            _loader(core, context, request, "pad", pad_to, truncate),
+            _loader(core, context, request, "pad", pad_to, _arguments.trimmed(trim, truncate)),
             count=context.readable(),
             batch_size=size,
             out=out,
@@ -189,7 +195,8 @@ class Pipelines:
         columns: str | Sequence[str] | None = None,
         padded: bool | None = None,
         pad_to: int | None = None,
-        truncate: bool = False,
+        trim: bool = False,
+        truncate: bool | None = None,
     ) -> _batches.GrainSource:
         """This store as a Grain random-access data source (records with numpy leaves).
 
@@ -201,10 +208,11 @@ class Pipelines:
                 padded for a ragged or optional store, exact records for a fixed one.
             pad_to: the padded length of every ragged axis (an int); None: the longest in
                 the store when the source is made.
-            truncate: cut longer lists to ``pad_to`` instead of refusing them.
+            trim: cut longer lists to ``pad_to`` instead of refusing them.
+            truncate: the old name of ``trim`` (an alias).
 
         Raises:
-            ArgumentError: ``pad_to`` or ``truncate`` without padding, or on a fixed store.
+            ArgumentError: ``pad_to`` or ``trim`` without padding, or on a fixed store.
 
         Example:
             >>> import numpy as np, pytreestore
@@ -215,7 +223,8 @@ class Pipelines:
             (3, 1)
         """
         reads = record_reads(self._core.schema)
-        padding = reads.grain_padding(_batches.GrainPadding, self, padded, pad_to, truncate)
+        trim = _arguments.trimmed(trim, truncate)
+        padding = reads.grain_padding(_batches.GrainPadding, self, padded, pad_to, trim)
         context = self._core.read_context()
         request = context.request(columns=columns, as_numpy=True)
         load = _loader(self._core, context, request, "pad", padding.pad_to, padding.truncate)

@@ -126,7 +126,7 @@ class Padded:
             raise RaggedLengthError(
                 f"a record has length {int(rows.position.max()) + 1} at {axis or 'the root'}, "
                 f"above the limit {size} of pad_to={self.pad_to!r}; raise pad_to, or pass "
-                "truncate=True to cut longer lists and axes"
+                "trim=True to cut longer lists and axes"
             )
         if parent.keep is not None:
             keep &= parent.keep[rows.parent]

@@ -100,7 +100,7 @@ def check_fixed(path: str, ragged: Any, pad_to: Any, truncate: Any, size: Any) -
     if (ragged, pad_to, truncate, size) != ("pad", None, False, None):
         raise RaggedDeclarationError(
             f"store {path} was created without ragged= or optional=, so its records all have "
-            "one structure; ragged=, pad_to=, truncate= and size= do not apply"
+            "one structure; ragged=, pad_to=, trim= and size= do not apply"
         )
 
 

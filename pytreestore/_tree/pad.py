@@ -89,7 +89,7 @@ class Padder:
         if n > limit and not self.truncate:
             raise RaggedLengthError(
                 f"record {record} has length {n} at {axis.path or 'the root'}, above the limit "
-                f"{limit} of pad_to={self.pad_to!r}; raise pad_to, or pass truncate=True to "
+                f"{limit} of pad_to={self.pad_to!r}; raise pad_to, or pass trim=True to "
                 "cut longer lists and axes"
             )
         return limit

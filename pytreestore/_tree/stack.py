@@ -48,7 +48,8 @@ def stack(
     ragged: bool | Sequence[str] | None = None,
     optional: Sequence[str] | None = None,
     pad_to: int | str | Sequence[int] | None = None,
-    truncate: bool = False,
+    trim: bool = False,
+    truncate: bool | None = None,
 ) -> Any:
     """Stacks records into one batched record, as a store would hold them.
 
@@ -69,28 +70,30 @@ def stack(
         optional: keypaths of subtrees that may be None.
         pad_to: None (the longest), an int, ``"pow2"`` or increasing bucket sizes (the
             smallest that holds the longest): the length every ragged axis is padded to.
-        truncate: cut lists and axes longer than ``pad_to`` instead of raising.
+        trim: cut lists and axes longer than ``pad_to`` instead of raising.
+        truncate: the old name of ``trim`` (an alias).
 
     Raises:
         SchemaMismatchError: a record's structure, a shape or a dtype differs from ``like``
             where nothing was declared; every differing keypath is listed, each with the
             declaration that would accept it.
-        RaggedLengthError: a length above an explicit ``pad_to`` (without ``truncate``).
+        RaggedLengthError: a length above an explicit ``pad_to`` (without ``trim``).
         RaggedDeclarationError: a bad ``ragged=``, ``optional=`` or ``pad_to=``.
         ArgumentError: no records and no ``like`` (ArgumentTypeError: ``records`` is not
             iterable).
     """
     records = list(_arguments.iterable(records, "stack()", "records"))
+    trim = _arguments.trimmed(trim, truncate)
     if like is None and not records:
         raise ArgumentError("stack() needs at least one record, or like= to fix the schema")
     if ragged is None and optional is None:
-        if pad_to is not None or truncate:
+        if pad_to is not None or trim:
             raise RaggedDeclarationError(
-                "pad_to= and truncate= apply to records stacked with ragged= or optional="
+                "pad_to= and trim= apply to records stacked with ragged= or optional="
             )
         return _stack_fixed(records, records[0] if like is None else like, as_numpy)
     decl = Declarations.parse(ragged, optional)
-    padder = Padder(build_layout(records, like, decl), check_pad_to(pad_to), truncate)
+    padder = Padder(build_layout(records, like, decl), check_pad_to(pad_to), trim)
     return _stack_padded(padder, records, as_numpy)
 
 
