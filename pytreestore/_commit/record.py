@@ -44,8 +44,9 @@ import json
 import re
 from typing import Any
 
+from pytreestore._format import upgrades as _upgrades
 from pytreestore._format.names import COMMIT_KEY
-from pytreestore._format.schema import FORMAT_VERSION
+from pytreestore._format.upgrades import FORMAT_VERSION
 from pytreestore.backends import Backend
 from pytreestore.errors import CorruptStoreError
 
@@ -225,6 +226,7 @@ class Commit:
                 f"{where}/{COMMIT_KEY} is not a valid commit record: expected a JSON object, "
                 f"got {type(obj).__name__}"
             )
+        obj = _upgrades.commit(obj)
         records, generation = (_count(obj, name, where) for name in ("records", "generation"))
         store = obj.get("store")
         if store is not None and not (isinstance(store, str) and _STORE_ID.fullmatch(store)):

@@ -2,12 +2,16 @@
 
 * a dataclass-based node becomes a *template* instance of today's class, made without calling
   user code: every data field that the store has gets a placeholder for its stored column(s),
-  a field the store lacks gets its default, static fields get their stored values (by name
-  where the store recorded the names, format 2); the class's own flatten then gives today's
-  treedef;
-* a NamedTuple is bound the same way by its field names;
+  a field the store lacks gets its default, static fields get their stored values (by name,
+  or by position where the node says its names were never recorded); the class's own flatten
+  then gives today's treedef;
+* a NamedTuple is bound the same way by its field names (or, where the node says its children
+  are in the registered flatten's order, by that order);
 * any other custom node is rebuilt from its stored static data and flattened again, and its
   keys and static data must come back as stored.
+
+Nodes are read in today's shape only: :mod:`pytreestore._format.upgrades` marks what an older
+format left unsaid.
 
 Problems are reported to the :class:`Binder` (:mod:`pytreestore._format.bind` collects them
 all into one error), so that every differing keypath is named at once.
@@ -32,6 +36,7 @@ from jax.tree_util import GetAttrKey, tree_flatten_with_path, tree_map, tree_str
 from pytreestore._format import fields as _fields
 from pytreestore._format import keys as _keys
 from pytreestore._format import nodes as _nodes
+from pytreestore._format import upgrades as _upgrades
 from pytreestore._format import values as _values
 from pytreestore._format.fields import NO_DEFAULT, Fields
 from pytreestore.errors import ClassResolutionError, CorruptStoreError
@@ -62,7 +67,7 @@ class Default:
 def bind_namedtuple(binder: Binder, node: dict, entries: list, children: list, path: tuple) -> Any:
     """Today's NamedTuple for a stored ``namedtuple`` node, its fields bound by name."""
     cls = _nodes.resolve_class(node["type"], namedtuple=True)
-    if _nodes.has_own_flatten(cls):  # format 1 wrote its children in the flatten's order
+    if node.get(_upgrades.FLATTEN_ORDER) and _nodes.has_own_flatten(cls):
         try:
             order = _nodes.registered_order(cls)
         except TypeError as err:
@@ -170,13 +175,15 @@ def _static(
 def _stored_statics(
     binder: Binder, node: dict, aux: Any, probe: Fields, path: tuple
 ) -> dict | None:
-    """Stored static values by name: recorded names (format 2), or by position (format 1)."""
+    """Stored static values by name: recorded names (``aux_fields``), or by position where
+    the node says that the names were never recorded (``upgrades.STATIC_BY_POSITION``)."""
     names = node.get("aux_fields")
     if names is not None and isinstance(aux, tuple) and len(names) == len(aux):
         return {n: v for n, v in zip(names, aux) if n is not None}
     if aux == ():
         return {}  # no static fields then: today's take their defaults
-    if isinstance(aux, tuple) and len(aux) == len(probe.aux):
+    by_position = node.get(_upgrades.STATIC_BY_POSITION)
+    if by_position and isinstance(aux, tuple) and len(aux) == len(probe.aux):
         return {n: aux[i] for n, i in probe.static.items()}
     binder.problem(
         path,

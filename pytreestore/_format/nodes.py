@@ -204,9 +204,7 @@ def encode_keys(cls: type, keys: Sequence[Any], where: str) -> list[dict[str, An
         raise UnsupportedTreeError(f"{cls.__name__} at {where}: {err}") from err
 
 
-def make_treedef(
-    cls: type, aux: Any, children: Sequence[TreeDef], *, namedtuple: bool = False
-) -> TreeDef:
+def make_treedef(cls: type, aux: Any, children: Sequence[TreeDef]) -> TreeDef:
     """The treedef of a ``cls`` node with static data ``aux`` over ``children``.
 
     ``PyTreeDef.from_node_data_and_children`` builds a plain NamedTuple node for every
@@ -214,11 +212,6 @@ def make_treedef(
     stored children in the wrong order. Such a class's node is built by flattening a probe
     instance made with ``tuple.__new__`` (the class itself is not called) whose fields hold
     placeholder subtrees, so that JAX's registered flatten decides the order.
-
-    ``namedtuple=True`` marks a node stored as a plain NamedTuple (format 1 wrote registered
-    NamedTuples that way, children in the registered flatten's order): it is rebuilt the same
-    way when the registered flatten returns every field as a child, and refused when it keeps
-    static data, which format 1 did not store.
     """
     if not (issubclass(cls, tuple) and hasattr(cls, "_fields") and has_own_flatten(cls)):
         return PyTreeDef.from_node_data_and_children(default_registry, (cls, aux), children)
@@ -231,11 +224,6 @@ def make_treedef(
         raise TypeError(
             f"{cls.__qualname__}'s registered flatten does not return its fields as children, "
             "so its node cannot be rebuilt without calling the class"
-        )
-    if namedtuple and (probe_aux is not None or len(kids) != len(fields)):
-        raise TypeError(
-            f"{cls.__qualname__} was stored as a plain NamedTuple, but its registered flatten "
-            "keeps static data that the store does not hold; write the store again"
         )
     values: list[Any] = list(marks)
     for field, value in _static_fields(probe_aux, aux, index):
@@ -254,11 +242,12 @@ def make_treedef(
 
 def registered_order(cls: type) -> list[int]:
     """The field index of each child that ``cls``'s registered flatten returns, in order, for a
-    NamedTuple that format 1 stored as a plain NamedTuple (children in the flatten's order).
+    NamedTuple stored as a plain NamedTuple with its children in that flatten's order
+    (:data:`pytreestore._format.upgrades.FLATTEN_ORDER`).
 
     Raises:
         TypeError: the flatten does not return every field once, or keeps static data, which
-            format 1 did not store.
+            such a node does not hold.
     """
     fields = cls._fields  # pyright: ignore[reportAttributeAccessIssue]
     marks = [_Mark() for _ in fields]

@@ -34,11 +34,13 @@ from pytreestore._format import kinds as _kinds
 from pytreestore._format import mismatch as _mismatch
 from pytreestore._format import nodes as _nodes
 from pytreestore._format import prng as _prng
+from pytreestore._format import upgrades as _upgrades
 from pytreestore._format.bind import bind
 from pytreestore._format.columns import ColumnSpec as ColumnSpec
 from pytreestore._format.columns import check_unique_keys, default_chunk_records, leaf_chunks
 from pytreestore._format.packs import Pack, check_packs, storage
 from pytreestore._format.ragged import NO_TABLES, RaggedInfo
+from pytreestore._format.upgrades import FORMAT_VERSION as FORMAT_VERSION
 from pytreestore.errors import (
     ArgumentTypeError,
     CorruptStoreError,
@@ -48,7 +50,6 @@ from pytreestore.errors import (
     UnsupportedTreeError,
 )
 
-FORMAT_VERSION = 3
 #: ``jax.tree_util.PyTreeDef``, which JAX defines as a runtime alias that type checkers can't use.
 TreeDef: TypeAlias = Any
 
@@ -153,10 +154,11 @@ class TreeSchema:
     ) -> TreeSchema:
         """Rebuilds a schema; classes come from ``like``, from imports, or none if ``generic``."""
         try:
+            today = _upgrades.schema(obj)
             columns = tuple(ColumnSpec.from_json(c) for c in obj["columns"])
             dropped = tuple(ColumnSpec.from_json(c) for c in obj.get("dropped", ()))
             tree, chunk, codec = obj["tree"], int(obj["chunk_records"]), obj["codec"]
-            version = int(obj.get("format_version", FORMAT_VERSION))
+            version = today["format_version"]
             tables = RaggedInfo.from_json(obj["ragged"]) if "ragged" in obj else NO_TABLES
             packs = tuple(Pack.from_json(p) for p in obj.get("packs", ()))
         except (KeyError, TypeError, ValueError) as err:
@@ -179,7 +181,7 @@ class TreeSchema:
             binding = _binding.const_binding(tree, [c.shape for c in columns])
         else:
             shapes, paths = [c.shape for c in columns], [c.path for c in columns]
-            treedef, binding = bind(tree, shapes, paths)
+            treedef, binding = bind(today["tree"], shapes, paths)
         ragged = tables.section()
         return cls(tree, columns, chunk, codec, treedef, binding, dropped, version, ragged, packs)
 
