@@ -140,6 +140,7 @@ def test_format_1_registered_namedtuples_read_in_flatten_order_or_refused():
     # format 1 wrote a registered NamedTuple as a plain `namedtuple` node, its columns in the
     # registered flatten's order; a reader must not unflatten them by field order
     schema = TreeSchema.from_example(peer_trees.Pair(np.float32(1.5), np.int32(7))).to_json()
+    schema["format_version"] = 1  # a format-2/3 plain namedtuple node binds by field name
     schema["tree"] = {
         "node": "namedtuple",
         "type": "tests.peer_trees:Pair",
@@ -149,6 +150,7 @@ def test_format_1_registered_namedtuples_read_in_flatten_order_or_refused():
     old = TreeSchema.from_json(schema)
     assert old.unflatten([np.int32(7), np.float32(1.5)]) == peer_trees.Pair(1.5, 7)
     schema = TreeSchema.from_example([peer_trees.ATuple2(np.float32(1.5), 3)]).to_json()
+    schema["format_version"] = 1
     schema["tree"]["children"][0] = {
         "node": "namedtuple",
         "type": "tests.peer_trees:ATuple2",
