@@ -32,34 +32,11 @@ import dataclasses
 from typing import Any
 
 from pytreestore._commit import consolidated, versions
-from pytreestore._commit.atomic import atomic
 from pytreestore._commit.record import Commit
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore.backends import Backend
-
-
-def commit(backend: Backend, writer: Any, records: int, where: str) -> TreeSchema:
-    """Commits ``truncate(records)`` of the store ``writer`` (nothing buffered) writes: the root
-    first (:func:`shrink_root`), then the commit record, one transaction where the backend has
-    them; the schema of the new commit (``writer.schema`` unless a start was lowered)."""
-    committer = writer.committer
-    rows = rows_at(backend, writer.schema, committer.commit, records, where)
-    lowered = lower_starts(writer.schema, rows)
-    before = committer.tree, committer.schema
-    try:
-        with atomic(backend):  # on OCDBT one generation
-            schema = shrink_root(
-                backend, lowered or writer.schema, rows, where, lowered=lowered is not None
-            )
-            if lowered is not None:
-                committer.use(schema, schema.digest)
-            committer.advance(records, tables_of(rows), operation="truncate")
-    except BaseException:
-        committer.tree, committer.schema = before  # nothing committed: the schema stays
-        raise
-    return schema
 
 
 def rows_at(
@@ -138,4 +115,4 @@ def _rows(backend: Backend, offsets: str, parent: int, commit: Commit, table: st
     return int(end[0])
 
 
-__all__ = ["commit", "lower_starts", "rows_at", "shrink_root", "tables_of"]
+__all__ = ["lower_starts", "rows_at", "shrink_root", "tables_of"]
