@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytreestore._commit import placing
+from pytreestore._commit.atomic import transactions
 from pytreestore._commit.fragment import Fragment
 from pytreestore._commit.record import Commit
 from pytreestore._commit.tables import table_schemas
@@ -48,7 +49,7 @@ from pytreestore._fragments import check, columns, learn
 from pytreestore._fragments import remove as _remove
 from pytreestore._location import Location
 from pytreestore._ragged.writer import RaggedWriter
-from pytreestore.backends import Backend, Transactions
+from pytreestore.backends import Backend
 from pytreestore.errors import FragmentError, PyTreeStoreError
 
 
@@ -113,7 +114,7 @@ class PlaceFragments:
                 engine.resize([c.key for c in sub.columns], totals[t])
         columns.place(engine, tables, parts, head.generation)
         ids = tuple(f.id for f in self.found)
-        if isinstance(engine, Transactions):  # the fragments go in the commit's transaction
+        if transactions(engine) is not None:  # the fragments go in the commit's transaction
             _remove.remove(engine, ids)
             self.removed = True
         rows = {t: n for t, n in totals.items() if t is not None}
