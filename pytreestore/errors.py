@@ -24,6 +24,7 @@ __all__ = [
     "CommitConflictError",
     "CorruptChunkError",
     "CorruptStoreError",
+    "ForkedBackendError",
     "ForkedIteratorError",
     "ForkedWriterError",
     "FormatVersionError",
@@ -178,6 +179,11 @@ class ShardingError(PyTreeStoreError, ValueError):
 
 class UnpicklableStoreError(PyTreeStoreError, TypeError):
     """A store open for appending was pickled; only read-only stores pickle (and reopen)."""
+
+
+class ForkedBackendError(PyTreeStoreError, RuntimeError):
+    """A store read or written through TensorStore in a process forked from one that had
+    already used TensorStore, which cannot run there (it would abort the process)."""
 
 
 class ForkedIteratorError(PyTreeStoreError, RuntimeError):

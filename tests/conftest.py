@@ -37,8 +37,8 @@ FILE_BACKENDS = ("tensorstore", "zarr")
 OCDBT_LACKS = {
     "plain_files": "reads, damages, links or lists the store's keys as plain files (OCDBT keeps "
     "them inside its database files)",
-    "forked_reads": "reads in a forked child (TensorStore's reads abort there; OCDBT has no "
-    "other reader)",
+    "forked_reads": "reads in a forked child (TensorStore cannot run there: ForkedBackendError; "
+    "OCDBT has no other reader)",
 }
 
 

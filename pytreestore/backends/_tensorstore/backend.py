@@ -16,8 +16,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,14 +25,6 @@ import numpy as np
 import tensorstore as ts
 
 from pytreestore._format import validate as _validate
-from pytreestore._format.names import (
-    COMMIT_KEY,
-    ROOT_KEY,
-    SCHEMAS_DIR,
-    TAGS_DIR,
-    VERSIONS_DIR,
-    array_json,
-)
 from pytreestore._location import Location
 from pytreestore.backends._base import (
     BatchedReads,
@@ -57,8 +47,10 @@ from pytreestore.backends._links import link_files
 from pytreestore.backends._metadata import array_metadata
 from pytreestore.backends._tensorstore import checked as _checked
 from pytreestore.backends._tensorstore import direct as _direct
+from pytreestore.backends._tensorstore import fork as _fork
 from pytreestore.backends._tensorstore import futures as _futures
 from pytreestore.backends._tensorstore.kvstore import kvstore_spec
+from pytreestore.backends._tensorstore.partial import partial_writes, unlink_all
 from pytreestore.backends._unstored import Unstored
 from pytreestore.errors import PyTreeStoreError
 
@@ -119,8 +111,14 @@ class TensorStoreBackend(
         """The store's folder on the file kvstore (its keys are files there), else None."""
         return self._location.root if self._location.kind == "file" else None
 
+    def check_usable(self) -> None:
+        """Raises :class:`ForkedBackendError` in a process forked from one that had used
+        TensorStore, before a call that would abort it (:mod:`.fork`)."""
+        _fork.check(self._location)
+
     @property
     def kvstore(self) -> ts.KvStore:
+        _fork.check(self._location)
         if self._kv is None:
             opening = ts.KvStore.open(self._kv_spec, context=self._context)
             kv: ts.KvStore = _futures.result(opening, self._timeout)
@@ -231,6 +229,7 @@ class TensorStoreBackend(
         }
 
     def create_columns(self, layouts: Sequence[ColumnLayout]) -> None:
+        _fork.check(self._location)
         futures = [
             ts.open(
                 dict(self._spec(lay.key), metadata=array_metadata(lay)),
@@ -256,6 +255,8 @@ class TensorStoreBackend(
         """Handles for ``keys`` whose domain covers ``records``, (re)opened concurrently and
         checked against the declared layouts."""
         stale = [k for k in keys if k not in self._handles or self._handles[k].shape[0] < records]
+        if stale:
+            _fork.check(self._location)
         txn = self._active()  # metadata read inside it sees the transaction's own resizes
         futures = [ts.open(self._spec(k), context=self._context, transaction=txn) for k in stale]
         handles = _futures.wait(
@@ -287,6 +288,7 @@ class TensorStoreBackend(
         return [tuple(h.shape) for h in self.column_handles(keys)]
 
     def resize(self, keys: Sequence[str], records: int) -> None:
+        _fork.check(self._location)
         handles = self.column_handles(keys)
         futures = [
             h.resize(
@@ -321,6 +323,7 @@ class TensorStoreBackend(
             start, blocks = start + done, [b[done:] for b in blocks]
             if not len(blocks[0]):
                 return
+        _fork.check(self._location)
         futures = [h[start : start + len(b)].write(b) for h, b in zip(handles, blocks)]
         _futures.wait(futures, keys, f"{self._location}: writing column", timeout=self._timeout)
 
@@ -377,11 +380,12 @@ class TensorStoreBackend(
             out[i] = array
         return out
 
-    @staticmethod
     def _start_reads(
-        handles: dict[str, ts.TensorStore], requests: Sequence[_Part], which: list[int]
+        self, handles: dict[str, ts.TensorStore], requests: Sequence[_Part], which: list[int]
     ) -> list[tuple[int, Any]]:
         """Issues the reads of ``requests[i]`` for every ``i`` in ``which``, in one batch."""
+        if which:
+            _fork.check(self._location)
         with ts.Batch() as batch:
             return [
                 (i, _part(handles[requests[i][0]], *requests[i][1:]).read(batch=batch))
@@ -422,28 +426,9 @@ class TensorStoreBackend(
         if self._location.kind != "file":
             return []
         try:
-            return unlink_all(self._partial_writes(keys, tail_chunk))
+            return unlink_all(partial_writes(Path(self._location.root), keys, tail_chunk))
         except OSError as err:  # a symlink loop in the store, a folder we may not read
             raise _futures.storage_error(f"cleaning up {self._location}", err) from err
-
-    def _partial_writes(self, keys: Sequence[str], tail_chunk: int) -> list[Path]:
-        root = Path(self._location.root)
-        found = [root / f"{COMMIT_KEY}.__lock", root / f"{ROOT_KEY}.__lock"]
-        for folder in (VERSIONS_DIR, TAGS_DIR, SCHEMAS_DIR):  # the version log's objects
-            found.extend((root / folder).glob("*.__lock"))
-        for key in keys:
-            found.append(root / f"{array_json(key)}.__lock")
-            chunks = root / key / "c"
-            if not chunks.is_dir():
-                continue
-            with os.scandir(chunks) as entries:
-                for entry in entries:
-                    index = entry.name.split(".", 1)[0]
-                    if entry.name.endswith(".__lock"):
-                        found.append(Path(entry.path))
-                    elif entry.is_dir() and index.isdigit() and int(index) >= tail_chunk:
-                        found.extend(Path(entry.path).rglob("*.__lock"))
-        return found
 
     def read_checked(
         self, reads: Sequence[tuple[str, Any]], records: int
@@ -474,16 +459,6 @@ class TensorStoreBackend(
         self._handles.clear()
         self._kv = None
         self._cleanup()
-
-
-def unlink_all(paths: Sequence[Path]) -> list[str]:
-    """Deletes each of ``paths`` that is there (lock files); the ones deleted."""
-    removed = []
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-            removed.append(str(path))
-    return removed
 
 
 def _part(handle: ts.TensorStore, index: Any, part: slice | None) -> ts.TensorStore:

@@ -42,6 +42,7 @@ def read_checked(
         for i, (key, index) in enumerate(reads)
         if isinstance(h := opened[key], ts.TensorStore) and (plan := backend.direct_plan(key, h))
     }
+    backend.check_usable()
     with ts.Batch() as batch:
         futures = [
             h[index].read(batch=batch) if isinstance(h := opened[key], ts.TensorStore) else h

@@ -47,14 +47,15 @@ from pytreestore._format.names import LOCK_KEY, META_DIR
 from pytreestore._location import Location
 from pytreestore.backends._base import Snapshots, delete_folder
 from pytreestore.backends._links import missing_source
+from pytreestore.backends._tensorstore import fork as _fork
 from pytreestore.backends._tensorstore import futures as _futures
 from pytreestore.backends._tensorstore.backend import (
     TensorStoreBackend,
     memory_context,
-    unlink_all,
 )
 from pytreestore.backends._tensorstore.direct import DirectColumn
 from pytreestore.backends._tensorstore.kvstore import kvstore_spec
+from pytreestore.backends._tensorstore.partial import unlink_all
 from pytreestore.errors import PyTreeStoreError, ReadOnlyError
 
 #: the files of an OCDBT database in its base folder
@@ -67,6 +68,7 @@ def is_ocdbt(location: Location) -> bool:
     """Whether an OCDBT database (its ``manifest.ocdbt``) lies at ``location``'s root."""
     if location.kind == "file":
         return (Path(location.root) / MANIFEST).is_file()
+    _fork.check(location)
     spec, cleanup = kvstore_spec(location)
     try:
         context = memory_context() if location.kind == "memory" else ts.Context()
@@ -219,6 +221,7 @@ class OcdbtDatabase(TensorStoreBackend, Snapshots):
         return any(n != MANIFEST and not n.startswith(DATA_DIR + "/") for n in names)
 
     def _base_kvstore(self) -> ts.KvStore:
+        self.check_usable()
         return _futures.result(ts.KvStore.open(self._base, context=self._context), self._timeout)
 
     def delete_all(self) -> None:
