@@ -517,3 +517,27 @@ def test_a_ragged_evolve_cut_off_before_the_root_write_keeps_the_old_schema(
     assert [[float(a.mass) for a in got[i].agents] for i in range(4)] == [
         [2.0] * len(r.agents) for r in old
     ]
+
+
+@pytest.mark.parametrize(
+    ("added", "inside"),
+    [("['l'][*]['e']", "the elements of \"['l']\""), ("['o']['z']", "the optional subtree")],
+)
+def test_an_evolve_inside_a_pending_structure_says_to_show_it_first(tmp_path, added, inside):
+    """A list whose elements, or an optional subtree, no record has shown yet has no node to
+    add to: the refusal names the keypath and the pending structure, writes nothing, and the
+    same evolve works once a record has shown it."""
+    path = str(tmp_path / "s")
+    like = {"i": np.int32(0), "l": [], "o": None}
+    store = pytreestore.create(path, like, ragged=["['l']"], optional=["['o']"])
+    store.append(like)
+    with pytest.raises(errors.SchemaMismatchError) as info:
+        store.evolve(add={added: np.int16(3)})
+    assert added in str(info.value) and inside in str(info.value)
+    assert "pending" in str(info.value) and "append a record that shows it" in str(info.value)
+    assert added not in store.schema.paths
+    store.append({"i": np.int32(1), "l": [{"x": np.float32(2)}], "o": {"w": np.float32(4)}})
+    store.evolve(add={added: np.int16(3)})
+    store.close()
+    got = pytreestore.open(path)[1]
+    assert int(got["l"][0]["e"] if "['l']" in added else got["o"]["z"]) == 3

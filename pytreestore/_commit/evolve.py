@@ -132,11 +132,12 @@ def plan(
     return out, [c for c in kept if c.key in new_keys]
 
 
-def check(backend: Backend, commit: Commit, where: str, **changes: Any) -> None:
-    """Raises what :func:`apply` of ``changes`` would raise on bad input, writing nothing:
-    a writer (whose latest commit is ``commit``) runs it before it flushes, so refused
-    changes commit nothing."""
-    info = committed_info(backend, commit, where)
+def check(backend: Backend, schema: TreeSchema, **changes: Any) -> None:
+    """Raises what :func:`apply` of ``changes`` would raise on bad input, writing nothing: a
+    writer runs it on its schema before it flushes, so refused changes commit nothing. A
+    structure that only the writer's buffered records showed counts (the flush before
+    :func:`apply` commits it)."""
+    info = schema.to_json()
     plan(info, lambda table: 0, taken=functools.partial(protocol.taken, backend), **changes)
 
 
@@ -225,14 +226,29 @@ class _Walk:
         for found in self.nodes():
             if found.path == path:
                 return found
+        self.check_shown(path)
         raise SchemaMismatchError(
             f"evolve: no node at {path!r}; the store's columns are "
             f"{[p for _, p in _leaf_order(self)]}"
         )
 
+    def check_shown(self, path: str) -> None:
+        """Refuses ``path`` inside the elements of a list whose structure is pending."""
+        inside = [p for p in self.pending if path.startswith(p + "[*]")]
+        if inside:
+            raise SchemaMismatchError(_pending_message(path, f"the elements of {inside[0]!r}"))
+
     def check_free(self, path: str) -> None:
         if any(n.path == path for n in self.nodes()):
             raise SchemaMismatchError(f"evolve: {path!r} already exists in the store's schema")
+
+
+def _pending_message(path: str, where: str) -> str:
+    return (
+        f"evolve: {path!r} lies inside {where}, whose structure no record has shown yet (it "
+        "is pending: the store learns it from the first record that shows it); append a "
+        "record that shows it first, then evolve"
+    )
 
 
 def _number_leaves(node: dict[str, Any], numbers: Iterator[int]) -> None:
@@ -333,7 +349,10 @@ def _add(
 ) -> ColumnSpec:
     path = added.path
     head, entry = _split(path)
+    walk.check_shown(path)
     parent = walk.find(head)
+    if parent.node["node"] == "none" and parent.parent is not None:
+        raise SchemaMismatchError(_pending_message(path, f"the optional subtree {head!r}"))
     walk.check_free(path)
     value, dtype = _default_value(path, added.default)
     tables.check_add(path, walk.lists, value.shape)

@@ -57,8 +57,8 @@ class Evolve(_Operation):
         self.changes = dict(changes)
 
     def check(self, engine: Backend, writer: Any) -> None:
-        """Plans the change on the committed schema; refuses what cannot be done."""
-        _evolve.check(engine, writer.commit, self.where, **self.changes)
+        """Plans the change on the writer's schema; refuses what cannot be done."""
+        _evolve.check(engine, writer.schema, **self.changes)
 
     def apply(self, engine: Backend, head: Commit, schema: TreeSchema) -> Change:
         """Creates the added columns' arrays and writes the new root."""
