@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import zlib
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -61,10 +61,12 @@ FIRST = (Column(("step",), "int32", ()), Column(("m", "a"), "float32", (2,)))
 
 @dataclasses.dataclass(frozen=True)
 class State:
-    """A store's contents at one moment: columns (None in a ragged store) and records."""
+    """A store's contents at one moment: columns (None in a ragged store), records, and the
+    leaves a ragged store was evolved to hold (:class:`Extra`)."""
 
     columns: tuple[Column, ...] | None
     rows: tuple[Any, ...]
+    extras: tuple[Extra, ...] = ()
 
     def with_rows(self, rows: Sequence[Any]) -> State:
         return dataclasses.replace(self, rows=tuple(rows))
@@ -133,38 +135,109 @@ def free_names(columns: Sequence[Column], parent: Path) -> list[str]:
 
 
 # ---- a ragged store: a ragged list of elements and an optional subtree, learnt later -----------
-
-
-class Elem(NamedTuple):
-    """An element of the ragged list: a scalar and a ragged leading axis."""
-
-    x: Any  # float32
-    trail: Any  # float32[n, 2]
-
+# Each element is a dict of a scalar ``x`` and a ragged leading axis ``trail`` (float32[n, 2]);
+# the optional subtree a dict of ``w`` and a ragged leaf ``cells``. Evolve adds leaves
+# (:class:`Extra`) to the record, to the optional subtree or to every element.
 
 RAGGED_DECL: dict[str, Any] = {
-    "ragged": ["['elems']", "['elems'][*].trail", "['opt']['cells']"],
+    "ragged": ["['elems']", "['elems'][*]['trail']", "['opt']['cells']"],
     "optional": ["['opt']"],
 }
 PENDING_LIKE: dict[str, Any] = {"i": np.int64(0), "elems": [], "opt": None}
-FULL_LIKE: dict[str, Any] = {
-    "i": np.int64(0),
-    "elems": [Elem(np.float32(0), np.zeros((1, 2), np.float32))],
-    "opt": {"w": np.float32(0), "cells": np.zeros(1, np.int16)},
-}
 Shape = tuple[tuple[int, ...], int | None]  # trail lengths of each element; cells (None: no opt)
 
+#: where an evolve adds a leaf: the record, the optional subtree, every element of the list
+PLACES = ("top", "opt", "elem")
+_PREFIX = {"top": "", "opt": "['opt']", "elem": "['elems'][*]"}
+_OWN = {"top": {"i", "elems", "opt"}, "opt": {"w", "cells"}, "elem": {"x", "trail"}}
+#: the structure that must have been shown (not pending) before a leaf is added at a place
+NEEDS_SHOWN = {"opt": "['opt']", "elem": "['elems']"}
 
-def ragged_record(i: int, shape: Shape) -> dict[str, Any]:
+
+@dataclasses.dataclass(frozen=True)
+class Extra:
+    """A leaf an evolve added to a ragged store: where, its name, dtype, shape and default."""
+
+    place: str
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    default: Any
+
+    @property
+    def keypath(self) -> str:
+        return f"{_PREFIX[self.place]}[{self.name!r}]"
+
+    def value(self, i: int) -> np.ndarray:
+        return value(Column((self.place, self.name), self.dtype, self.shape), i)
+
+
+def free_extra_names(extras: Sequence[Extra], place: str) -> list[str]:
+    taken = _OWN[place] | {e.name for e in extras if e.place == place}
+    return [n for n in NAMES if n not in taken]
+
+
+def _with(node: dict[str, Any], extras: Sequence[Extra], place: str, i: int) -> dict[str, Any]:
+    return {**node, **{e.name: e.value(i) for e in extras if e.place == place}}
+
+
+def ragged_record(i: int, shape: Shape, extras: Sequence[Extra] = ()) -> dict[str, Any]:
     trails, cells = shape
     elems = [
-        Elem(np.float32(i + j / 4), np.full((n, 2), i * 10 + j, np.float32))
+        _with(
+            {"x": np.float32(i + j / 4), "trail": np.full((n, 2), i * 10 + j, np.float32)},
+            extras,
+            "elem",
+            i * 10 + j,
+        )
         for j, n in enumerate(trails)
     ]
     opt = None
     if cells is not None:
-        opt = {"w": np.float32(-i), "cells": (np.arange(cells) + i).astype(np.int16)}
-    return {"i": np.int64(i), "elems": elems, "opt": opt}
+        opt = _with(
+            {"w": np.float32(-i), "cells": (np.arange(cells) + i).astype(np.int16)},
+            extras,
+            "opt",
+            i,
+        )
+    return _with({"i": np.int64(i), "elems": elems, "opt": opt}, extras, "top", i)
+
+
+def full_like(extras: Sequence[Extra]) -> dict[str, Any]:
+    """A record showing every structure, with ``extras``: ``stack``'s ``like`` for the model."""
+    return ragged_record(0, ((1,), 1), extras)
+
+
+def _at(row: dict[str, Any], place: str, change: Any) -> dict[str, Any]:
+    """``row`` with ``change`` applied to the dict(s) at ``place`` (a new row)."""
+    if place == "top":
+        return change(row)
+    if place == "opt":
+        return {**row, "opt": None if row["opt"] is None else change(row["opt"])}
+    return {**row, "elems": [change(e) for e in row["elems"]]}
+
+
+def ragged_added(state: State, extra: Extra) -> State:
+    default = np.asarray(extra.default)
+    rows = [_at(r, extra.place, lambda d: {**d, extra.name: default}) for r in state.rows]
+    return State(None, tuple(rows), (*state.extras, extra))
+
+
+def ragged_dropped(state: State, extra: Extra) -> State:
+    def drop(d: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in d.items() if k != extra.name}
+
+    rows = [_at(r, extra.place, drop) for r in state.rows]
+    return State(None, tuple(rows), tuple(e for e in state.extras if e != extra))
+
+
+def ragged_renamed(state: State, extra: Extra, new: str) -> State:
+    def rename(d: dict[str, Any]) -> dict[str, Any]:
+        return {(new if k == extra.name else k): v for k, v in d.items()}
+
+    rows = [_at(r, extra.place, rename) for r in state.rows]
+    renamed = dataclasses.replace(extra, name=new)
+    return State(None, tuple(rows), tuple(renamed if e == extra else e for e in state.extras))
 
 
 def shown(rows: Sequence[dict[str, Any]]) -> set[str]:
@@ -197,7 +270,8 @@ def check_contents(store: pytreestore.TreeStore, state: State, note: str, exact:
     pending = set(store.schema.pending)
     assert not pending & shown(state.rows), f"{note}: {pending} pending, yet records show it"
     if state.rows and not pending:
-        want = pytreestore.stack(list(state.rows), like=FULL_LIKE, as_numpy=True, **RAGGED_DECL)
+        like = full_like(state.extras)
+        want = pytreestore.stack(list(state.rows), like=like, as_numpy=True, **RAGGED_DECL)
         assert_trees_equal(store.load(as_numpy=True), want, err_msg=f"{note}, padded load")
     if state.rows and not exact:
         got = store.load(last, as_numpy=True)

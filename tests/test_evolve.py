@@ -541,3 +541,26 @@ def test_an_evolve_inside_a_pending_structure_says_to_show_it_first(tmp_path, ad
     store.close()
     got = pytreestore.open(path)[1]
     assert int(got["l"][0]["e"] if "['l']" in added else got["o"]["z"]) == 3
+
+
+def test_a_column_added_to_an_optional_subtree_pads_absent_records_with_zeros(tmp_path, backend):
+    """docs/ragged.md: an absent optional subtree is padded with zeros. A column evolve added
+    later reads its default in the records before it, but where the subtree is absent that is
+    padding, so zeros (top level and inside list elements), as for the other columns."""
+    path = str(tmp_path / "s")
+    like = {"o": {"w": np.float32(0)}, "l": [{"p": {"v": np.int16(0)}}]}
+    decl = {"ragged": ["['l']"], "optional": ["['o']", "['l'][*]['p']"]}
+    store = pytreestore.create(path, like, backend=backend, **decl)
+    store.append({"o": None, "l": [{"p": None}, {"p": {"v": np.int16(2)}}]})
+    store.append({"o": {"w": np.float32(1)}, "l": []})
+    store.evolve(add={"['o']['z']": np.int32(93), "['l'][*]['p']['u']": np.uint8(7)})
+    store.append({"o": None, "l": [{"p": None}]})
+    store.close()
+    reader = pytreestore.open(path, backend=backend)
+    batch, mask = reader.load(ragged="pad", as_numpy=True)
+    np.testing.assert_array_equal(batch["o"]["z"], [0, 93, 0])
+    np.testing.assert_array_equal(mask["o"]["z"], [False, True, False])
+    np.testing.assert_array_equal(batch["l"]["p"]["u"], [[0, 7], [0, 0], [0, 0]])
+    np.testing.assert_array_equal(batch["l"]["p"]["v"], [[0, 2], [0, 0], [0, 0]])
+    assert reader[0]["o"] is None and int(reader[1]["o"]["z"]) == 93
+    assert reader[0]["l"][0]["p"] is None and int(reader[0]["l"][1]["p"]["u"]) == 7

@@ -9,7 +9,9 @@ older one), vacuum (under a small ``keep_versions`` too), fragments (``write_fra
 records whose list lengths vary and whose optional subtree is sometimes None, in a store
 created from a *pending* ``like``, so that it learns the structure of its elements and of the
 optional subtree from the first records that show them (often after a truncate has cut them
-away again).
+away again), and ``evolve`` (add, drop, rename) of leaves of the record, of the optional
+subtree and of every list element (``['elems'][*]['b']``), refused while that structure is
+still pending.
 
 After every step: the writer's length and ``committed``; every version ``versions()`` lists
 against the state the model logged for it (its records, whether it is readable, its tags);
@@ -29,6 +31,7 @@ blob that replays it.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from typing import Any
@@ -376,9 +379,55 @@ class RaggedMachine(StoreMachine):
 
     def records(self, data: st.DataObject, n: int) -> list[Any]:
         shapes = data.draw(st.lists(SHAPES, min_size=n, max_size=n), label="shapes")
-        rows = [m.ragged_record(self.counter + k, s) for k, s in enumerate(shapes)]
+        extras = self.state.extras
+        rows = [m.ragged_record(self.counter + k, s, extras) for k, s in enumerate(shapes)]
         self.counter += n
         return rows
+
+    @rule(
+        place=st.sampled_from(m.PLACES),
+        kind=st.sampled_from(m.KINDS),
+        fill=st.integers(0, 100),
+        data=st.data(),
+    )
+    def evolve_add(self, place: str, kind: tuple, fill: int, data: st.DataObject) -> None:
+        """A leaf added to the record, the optional subtree or every element; refused, with
+        nothing changed, while that structure is pending."""
+        names = m.free_extra_names(self.state.extras, place)
+        if not names:
+            return
+        dtype, shape = kind
+        default = np.full(shape, fill % 2 == 0 if dtype == "bool" else fill, dtype)
+        name = data.draw(st.sampled_from(names), label="added")
+        extra = m.Extra(place, name, dtype, shape, default)
+        before, given = self.state, default if shape else default[()]
+        if m.NEEDS_SHOWN.get(place) in self.store.schema.pending:
+            with pytest.raises(errors.SchemaMismatchError, match="pending"):
+                self.store.evolve(add={extra.keypath: given})
+            self.settle(before, None)
+            return
+        self.store.evolve(add={extra.keypath: given})
+        self.settle(before, "evolve", m.ragged_added(before, extra))
+
+    @precondition(lambda self: bool(self.state.extras))
+    @rule(data=st.data())
+    def evolve_drop(self, data: st.DataObject) -> None:
+        extra = data.draw(st.sampled_from(self.state.extras), label="dropped")
+        before = self.state
+        self.store.evolve(drop=[extra.keypath])
+        self.settle(before, "evolve", m.ragged_dropped(before, extra))
+
+    @precondition(lambda self: bool(self.state.extras))
+    @rule(data=st.data())
+    def evolve_rename(self, data: st.DataObject) -> None:
+        extra = data.draw(st.sampled_from(self.state.extras), label="renamed")
+        names = m.free_extra_names(self.state.extras, extra.place)
+        if not names:
+            return
+        new = data.draw(st.sampled_from(names), label="to")
+        before = self.state
+        self.store.evolve(rename={extra.keypath: dataclasses.replace(extra, name=new).keypath})
+        self.settle(before, "evolve", m.ragged_renamed(before, extra, new))
 
 
 def machine(base: type[StoreMachine], backend: str, folder: str) -> type[StoreMachine]:

@@ -98,11 +98,16 @@ class Padded:
             table = spec.axis.path
             place = self.place(table, place)
         values = self.rows[table].values[(LEAF, spec.path)]
-        if table is None:
-            return values, self.mask(place)  # the record table: already in place
+        if table is None:  # the record table: already in place
+            if place.valid is not None and not place.valid.all():
+                values = values.copy()
+                values[~place.valid] = 0  # an absent subtree's rows: stored zeros, or the
+            return values, self.mask(place)  # default of a column added later: padding
         out = np.zeros((*place.shape, *spec.shape), values.dtype)
-        index, _ = place.kept()
+        index, valid = place.kept()
         out[index] = values if place.keep is None else values[place.keep]
+        if valid is not True and not valid.all():
+            out[tuple(i[~valid] for i in index)] = 0
         return out, self.mask(place)
 
     def mask(self, place: Place) -> np.ndarray:
