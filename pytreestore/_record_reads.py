@@ -2,7 +2,7 @@
 
 A fixed store's records share one structure: they are read from the record table as
 stacked leaves (:mod:`pytreestore._read.reader`). A ragged or optional store's are gathered
-from its tables (:mod:`pytreestore._ragged.load`): each record exactly as appended, or a
+from its tables (:mod:`pytreestore._read.records`): each record exactly as appended, or a
 batch padded along every ragged axis with its mask. The read face (``load``, ``records``,
 ``lengths``) and the pipelines (``map``, ``batches``, ``grain_source``) ask the object
 :func:`record_reads` gives instead of testing the schema each.
@@ -17,8 +17,8 @@ import numpy as np
 
 from pytreestore._core import StoreCore
 from pytreestore._format.schema import TreeSchema
-from pytreestore._ragged import load as _ragged
 from pytreestore._read import reader as _reader
+from pytreestore._read import records as _records
 from pytreestore._read.reader import ReadContext
 from pytreestore._read.request import LoadRequest
 
@@ -78,7 +78,7 @@ class FixedReads:
     (``ragged=``, ``pad_to=``, ``trim=``, ``size=``) are refused."""
 
     def load(self, core: StoreCore, request: LoadRequest, index: Any, options: LoadOptions) -> Any:
-        _ragged.check_fixed(core.path, *options)
+        _records.check_fixed(core.path, *options)
         return _reader.load(core.read_context(), request, index)
 
     def iterate(self, core: StoreCore, request: LoadRequest) -> Iterator[Any]:
@@ -94,7 +94,7 @@ class FixedReads:
         request: LoadRequest,
         options: LoaderOptions,
     ) -> Callable[[Any], Any]:
-        _ragged.check_fixed(core.path, *options, None)
+        _records.check_fixed(core.path, *options, None)
         return _reader.loader(context, request)
 
     def on_batch(self, fn: Callable[..., Any]) -> Callable[[Any], Any]:
@@ -111,14 +111,14 @@ class TableReads:
     or a batch as ``(records, mask)`` padded along every ragged axis."""
 
     def load(self, core: StoreCore, request: LoadRequest, index: Any, options: LoadOptions) -> Any:
-        read = _ragged.RaggedRead.build(*options)
-        return _ragged.load(core.read_context(), core.head, request, index, read)
+        read = _records.RaggedRead.build(*options)
+        return _records.load(core.read_context(), core.head, request, index, read)
 
     def iterate(self, core: StoreCore, request: LoadRequest) -> Iterator[Any]:
-        return _ragged.iterate(core.read_context(), core.head, request)
+        return _records.iterate(core.read_context(), core.head, request)
 
     def lengths(self, core: StoreCore, index: Any) -> dict[str, np.ndarray]:
-        return _ragged.record_lengths(core.read_context(), core.head, core.schema, index)
+        return _records.record_lengths(core.read_context(), core.head, core.schema, index)
 
     def loader(
         self,
@@ -127,10 +127,10 @@ class TableReads:
         request: LoadRequest,
         options: LoaderOptions,
     ) -> Callable[[Any], Any]:
-        read = _ragged.RaggedRead.build(*options, None)
+        read = _records.RaggedRead.build(*options, None)
 
         def load(index: Any) -> Any:
-            return _ragged.load(context, core.head, request, index, read)
+            return _records.load(context, core.head, request, index, read)
 
         return load
 

@@ -43,9 +43,9 @@ def _kill_at(point: str) -> None:
     """Makes the child kill itself at ``point`` of its next fragment step."""
     from pytreestore import _fragmenting
     from pytreestore._commit import committer
+    from pytreestore._commit import records as writer
     from pytreestore._fragments import columns as fragments
     from pytreestore._fragments import columns as placing
-    from pytreestore._ragged import writer
 
     if point == "writing":  # the arrays and schema are written, the description is not
         fragments.manifest_key = lambda fid: _die()  # type: ignore[assignment]

@@ -111,7 +111,7 @@ class CoordinatedRows:
     Its row count starts at 0 at every commit: the offsets a ragged record writes count the
     rows of their axis's table buffered before them, and :meth:`write` rebases them onto that
     table's committed rows. It buffers as a table writer of
-    :class:`~pytreestore._ragged.writer.RaggedWriter` does (``append``, ``append_many``,
+    :class:`~pytreestore._commit.records.RaggedWriter` does (``append``, ``append_many``,
     ``write_batch``, ``snapshot``, ``rollback``) and writes nothing by itself.
     """
 

@@ -116,7 +116,7 @@ def commit(engine: Backend, writer: Any, transaction: Transaction) -> Change | N
     Args:
         engine: the store's backend.
         writer: the store's writer (a :class:`~pytreestore._commit.writer.Writer` or a
-            :class:`~pytreestore._ragged.writer.RaggedWriter`): its ``committer`` commits.
+            :class:`~pytreestore._commit.records.RaggedWriter`): its ``committer`` commits.
         transaction: the operation and the version it was planned on.
 
     Returns:

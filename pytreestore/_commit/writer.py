@@ -105,7 +105,7 @@ class Writer:
         self, backend: Backend, schema: TreeSchema, commit: Commit, committer: Any = None
     ) -> None:
         """``committer`` replaces the writer's own :class:`Committer` (a ragged store's
-        tables commit together, :mod:`pytreestore._ragged.writer`)."""
+        tables commit together, :mod:`pytreestore._commit.records`)."""
         self._backend = backend
         self.schema = schema
         self._keys = [c.key for c in schema.columns]

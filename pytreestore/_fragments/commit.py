@@ -41,6 +41,7 @@ from pytreestore._commit import placing
 from pytreestore._commit.atomic import transactions
 from pytreestore._commit.fragment import Fragment
 from pytreestore._commit.record import Commit
+from pytreestore._commit.records import RaggedWriter
 from pytreestore._commit.tables import table_schemas
 from pytreestore._commit.transaction import Change
 from pytreestore._commit.writer import Writer
@@ -48,7 +49,6 @@ from pytreestore._format.schema import TreeSchema
 from pytreestore._fragments import check, columns, learn
 from pytreestore._fragments import remove as _remove
 from pytreestore._location import Location
-from pytreestore._ragged.writer import RaggedWriter
 from pytreestore.backends import Backend
 from pytreestore.errors import FragmentError, PyTreeStoreError
 

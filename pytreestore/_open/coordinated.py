@@ -27,14 +27,14 @@ from pytreestore._commit.coordinated import (
     attach_coordinated,
     shared_only,
 )
+from pytreestore._commit.model import load_schema
 from pytreestore._commit.protocol import detach
 from pytreestore._commit.record import Commit
+from pytreestore._commit.records import RaggedWriter, writer_class
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
 from pytreestore._open.reader import committed_schema
-from pytreestore._ragged.model import load_schema
-from pytreestore._ragged.writer import RaggedWriter, writer_class
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
 from pytreestore.backends import Backend

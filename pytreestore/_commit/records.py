@@ -33,6 +33,8 @@ from jax.tree_util import tree_flatten
 
 from pytreestore import _arguments
 from pytreestore._commit.committer import Committer
+from pytreestore._commit.flat import FlatList, flat_elements
+from pytreestore._commit.model import Model, grow_schema
 from pytreestore._commit.protocol import column_layouts, group_json, group_keys, with_info
 from pytreestore._commit.record import Commit
 from pytreestore._commit.tables import table_schemas
@@ -41,11 +43,9 @@ from pytreestore._commit.writer import Writer
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY, array_json
 from pytreestore._format.schema import TreeSchema
-from pytreestore._ragged.flat import FlatList, flat_elements
-from pytreestore._ragged.model import Model, grow_schema
-from pytreestore._ragged.unpad import unpad_records
 from pytreestore._tree.convert import RecordError
 from pytreestore._tree.layout import Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList, Walker
+from pytreestore._tree.unpad import unpad_records
 from pytreestore.backends import Backend, KeyListing
 from pytreestore.errors import SchemaMismatchError
 
@@ -226,7 +226,7 @@ class RaggedWriter:
 
     def use_schema(self, grown: TreeSchema) -> None:
         """Takes ``grown``, this writer's schema with pending structures learnt
-        (:func:`~pytreestore._ragged.model.grow_schema` at the committed rows, nothing
+        (:func:`~pytreestore._commit.model.grow_schema` at the committed rows, nothing
         buffered): creates the new arrays (sized to their tables' rows, which read as zeros
         and empty lists), and replaces the schema in one atomic put."""
         commit = self.commit
