@@ -207,7 +207,7 @@ def test_few_places_dispatch_on_ragged_stores():
     assert len(DISPATCH_SITES) <= 10
     assert sorted(name for name, _ in found) == [name for name, _ in DISPATCH_SITES], (
         "a line that branches on whether a store is ragged was added or removed; make the "
-        "fixed and ragged paths one (schema.tables, record_reads, writer_class), or, where "
+        "fixed and ragged paths one (schema.tables, record_reads, RecordWriter), or, where "
         "a feature truly differs, list it in DISPATCH_SITES:\n"
         + "\n".join(f"  {name}: {line}" for name, line in found)
     )
