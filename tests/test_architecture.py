@@ -180,7 +180,7 @@ DISPATCH_SITES = sorted(
         ("pytreestore._format.schema", "the record model: a fixed store has no axis tables"),
         ("pytreestore._commit.model", "open: a fixed store's records need no layout"),
         ("pytreestore._commit.records", "the writer: a fixed tree's fast path"),
-        ("pytreestore._record_reads", "reads: stacked leaves of one table, or gathered"),
+        ("pytreestore._read.records", "reads: the record table alone, or its axis tables too"),
         ("pytreestore._open.open", "create: ragged=/optional= declare tables"),
         ("pytreestore._open.copy", "copy: ragged records are appended one by one"),
         ("pytreestore._cli.look", "CLI head/show: ragged records are read one by one"),
