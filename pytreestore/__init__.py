@@ -27,7 +27,7 @@ from pytreestore._open.open import evolve as evolve
 from pytreestore._open.open import open as open
 from pytreestore._pipelines.batches import BatchIterator as BatchIterator
 from pytreestore._pipelines.batches import GrainSource as GrainSource
-from pytreestore._ragged.load import Segments as Segments
+from pytreestore._read.tables import Segments as Segments
 from pytreestore._store import TreeStore as TreeStore
 from pytreestore._tree.stack import stack as stack
 from pytreestore._tree.stack import unstack as unstack

@@ -38,15 +38,15 @@ from typing import Any
 from pytreestore._commit import transaction as _transaction
 from pytreestore._commit import truncate as _truncate
 from pytreestore._commit.lock import WriterLock
+from pytreestore._commit.model import reread_schema
 from pytreestore._commit.record import Commit
+from pytreestore._commit.records import RecordWriter, new_writer
 from pytreestore._commit.repair import check_not_replaced
 from pytreestore._commit.transaction import Change, Operation, Transaction
-from pytreestore._commit.writer import Writer, forked_writer
+from pytreestore._commit.writer import forked_writer
 from pytreestore._deferred import Deferred
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
-from pytreestore._ragged.model import reread_schema
-from pytreestore._ragged.writer import RaggedWriter, new_writer
 from pytreestore._read import reader as _reader
 from pytreestore._read.ahead import ReadAhead
 from pytreestore._read.cache import ChunkCache, for_store
@@ -56,8 +56,8 @@ from pytreestore._spec import StoreSpec
 from pytreestore.backends import Backend
 from pytreestore.errors import ClosedStoreError, PyTreeStoreError, ReadOnlyError, StorageError
 
-#: the writer of a store: one writer per table (ragged) or one for the record table
-AnyWriter = Writer | RaggedWriter
+#: the writer of a store: one writer per table, one commit for all (a fixed store: one table)
+AnyWriter = RecordWriter
 
 
 class StoreCore:

@@ -56,7 +56,7 @@ import numpy as np
 import pytreestore
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
-from pytreestore._ragged import columns as _columns
+from pytreestore._tree import leaf_columns as _columns
 from pytreestore.errors import (
     ArgumentTypeError,
     OptionalDependencyError,

@@ -166,16 +166,21 @@ def test_module_is_under_the_size_limit(name):
 
 
 #: a line that branches on whether a store is ragged (add here any flag named for it)
+#: (a layout node's kind, ``isinstance(spec, RaggedList)``, is the record model's walk, not a
+#: branch on the kind of store)
 DISPATCH = re.compile(
-    r"ragged is (not )?None|isinstance\([^)]*Ragged\w*\)|\bis_(ragged|fixed|tabled)\b"
+    r"ragged is (not )?None|isinstance\([^)]*Ragged(?!List\))\w*\)|\bis_(ragged|fixed|tabled)\b"
 )
-#: the folders that ARE the ragged implementation: their own lines are not dispatch sites
-RAGGED_PARTS = ("_ragged", "_tree")
+#: the folder of pytree values: ragged= / optional= declarations (``decl.is_ragged(at)``) and
+#: layouts are its own concept, not dispatch sites
+RAGGED_PARTS = ("_tree",)
 #: every dispatch site, one entry per line: (module, the feature that truly differs)
 DISPATCH_SITES = sorted(
     [
         ("pytreestore._format.schema", "the record model: a fixed store has no axis tables"),
-        ("pytreestore._record_reads", "reads: stacked leaves of one table, or gathered"),
+        ("pytreestore._commit.model", "open: a fixed store's records need no layout"),
+        ("pytreestore._commit.records", "the writer: a fixed tree's fast path"),
+        ("pytreestore._read.records", "reads: the record table alone, or its axis tables too"),
         ("pytreestore._open.open", "create: ragged=/optional= declare tables"),
         ("pytreestore._open.copy", "copy: ragged records are appended one by one"),
         ("pytreestore._cli.look", "CLI head/show: ragged records are read one by one"),
@@ -202,7 +207,7 @@ def test_few_places_dispatch_on_ragged_stores():
     assert len(DISPATCH_SITES) <= 10
     assert sorted(name for name, _ in found) == [name for name, _ in DISPATCH_SITES], (
         "a line that branches on whether a store is ragged was added or removed; make the "
-        "fixed and ragged paths one (schema.tables, record_reads, writer_class), or, where "
+        "fixed and ragged paths one (schema.tables, record_reads, RecordWriter), or, where "
         "a feature truly differs, list it in DISPATCH_SITES:\n"
         + "\n".join(f"  {name}: {line}" for name, line in found)
     )
@@ -213,3 +218,4 @@ def test_the_dispatch_check_sees_a_new_site():
     assert DISPATCH.search("elif isinstance(writer, RaggedWriter):")
     assert DISPATCH.search("if schema.is_ragged:")
     assert not DISPATCH.search("for axis in schema.tables.axes:")
+    assert not DISPATCH.search("if isinstance(spec, RaggedList):")

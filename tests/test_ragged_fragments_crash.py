@@ -43,20 +43,20 @@ def _kill_at(point: str) -> None:
     """Makes the child kill itself at ``point`` of its next fragment step."""
     from pytreestore import _fragmenting
     from pytreestore._commit import committer
+    from pytreestore._commit import records as writer
     from pytreestore._fragments import columns as fragments
     from pytreestore._fragments import columns as placing
-    from pytreestore._ragged import writer
 
     if point == "writing":  # the arrays and schema are written, the description is not
         fragments.manifest_key = lambda fid: _die()  # type: ignore[assignment]
     elif point == "learning":  # the store learnt the fragments' structures, nothing placed
-        learn = writer.RaggedWriter.use_schema
+        learn = writer.RecordWriter.use_schema
 
         def learn_then_die(self: Any, grown: Any) -> None:
             learn(self, grown)
             _die()
 
-        writer.RaggedWriter.use_schema = learn_then_die  # type: ignore[method-assign]
+        writer.RecordWriter.use_schema = learn_then_die  # type: ignore[method-assign]
     elif point == "placing":  # chunks placed, one table's rows written, the others not
         write = placing._write_rows
 

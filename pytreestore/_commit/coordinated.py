@@ -42,18 +42,18 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from pytreestore._commit import versions
-from pytreestore._commit.claim import WAIT_SECONDS, CommitClaim
+from pytreestore._commit.claim import CommitClaim
 from pytreestore._commit.committer import Committer
 from pytreestore._commit.lock import WriterLock
 from pytreestore._commit.protocol import check_starts, check_tables, detach, prepare_append
 from pytreestore._commit.record import Commit
-from pytreestore._commit.writer import Writer
+from pytreestore._commit.writer import FixedTreeRows
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import version_key
 from pytreestore._format.schema import TreeSchema
@@ -105,14 +105,15 @@ def attach_coordinated(
     return commit, schema, lock
 
 
-class CoordinatedRows:
+class CoordinatedRows(FixedTreeRows):
     """One table's rows a shared writer buffers in memory until its commit.
 
     Its row count starts at 0 at every commit: the offsets a ragged record writes count the
     rows of their axis's table buffered before them, and :meth:`write` rebases them onto that
     table's committed rows. It buffers as a table writer of
-    :class:`~pytreestore._ragged.writer.RaggedWriter` does (``append``, ``append_many``,
-    ``write_batch``, ``snapshot``, ``rollback``) and writes nothing by itself.
+    :class:`~pytreestore._commit.records.RecordWriter` does (``append``, ``append_many``,
+    ``write_batch``, ``snapshot``, ``rollback``), and takes a fixed tree's records as rows
+    (:class:`~pytreestore._commit.writer.FixedTreeRows`); it writes nothing by itself.
     """
 
     def __init__(self, schema: TreeSchema) -> None:
@@ -337,103 +338,9 @@ def shared_only(where: str) -> ReadOnlyError:
     )
 
 
-class CoordinatedWriter(Writer):
-    """A writer that shares its store with others: records buffered, committed in turn.
-
-    ``append``, ``extend`` and ``extend_batch`` buffer; a call that leaves a chunk's worth of
-    records (``chunk_records``) or more buffered commits them all, and so does :meth:`flush`.
-    Each call's records are committed together (they are buffered whole, in memory).
-    """
-
-    def __init__(  # the base's tail and chunk buffers belong to a writer owning the tail
-        self,
-        backend: Backend,
-        schema: TreeSchema,
-        commit: Commit,
-        *,
-        where: str,
-        keep: int | None = versions.KEEP_VERSIONS,
-        wait: float = WAIT_SECONDS,
-        via: str = "",
-    ) -> None:
-        """``where`` names the store in errors, ``via`` the coordinator's address."""
-        self._backend = backend
-        self.schema = schema
-        self.chunk = schema.chunk_records
-        self._rows = CoordinatedRows(schema)
-        self.casters = self._rows.casters
-        self._where = where
-        self._commits = CoordinatedCommits(
-            backend,
-            schema,
-            commit,
-            lambda: {None: self._rows},
-            where=where,
-            keep=keep,
-            wait=wait,
-            via=via,
-        )
-
-    # ---- what TreeStore asks --------------------------------------------------------------
-
-    def __len__(self) -> int:
-        return self._commits.commit.records + self._rows.count
-
-    @property
-    def commit(self) -> Commit:
-        """The last commit this writer read or made (others may have committed since)."""
-        return self._commits.commit
-
-    @property
-    def pending(self) -> int:
-        return self._rows.count
-
-    @property
-    def committer(self) -> Any:
-        """Refused: evolve, truncate, vacuum and commit_fragments need the store's only
-        writer."""
-        raise shared_only(self._where)
-
-    def extend(self, records: Iterable[Any]) -> None:
-        super().extend(records)  # buffers all or none
-        self._commit_full()
-
-    def extend_batch(self, batch: Any, mask: Any = None, *, where: str = "this store") -> None:
-        super().extend_batch(batch, mask, where=where)
-        self._commit_full()
-
-    def append(self, leaves: Sequence[Any]) -> None:
-        self._rows.append(leaves)
-        self._commit_full()
-
-    def flush(self) -> None:
-        """Commits every buffered record (one commit)."""
-        if self._rows.count:
-            self._commits.commit_all()
-
-    # ---- buffering (the base class's extend calls these) ----------------------------------
-
-    def snapshot(self) -> tuple[int, int]:
-        return self._rows.snapshot()
-
-    def rollback(self, position: tuple[int, int]) -> None:
-        self._rows.rollback(position)
-
-    def append_many(self, leaves_iter: Iterator[Sequence[Any]]) -> None:
-        self._rows.append_many(leaves_iter)
-
-    def write_batch(self, blocks: Sequence[np.ndarray]) -> None:
-        self._rows.write_batch(blocks)
-
-    def _commit_full(self) -> None:
-        if self._rows.count >= self.chunk:
-            self._commits.commit_all()
-
-
 __all__ = [
     "RETRIES",
     "CoordinatedCommits",
     "CoordinatedRows",
-    "CoordinatedWriter",
     "attach_coordinated",
 ]

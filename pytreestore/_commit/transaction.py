@@ -115,8 +115,8 @@ def commit(engine: Backend, writer: Any, transaction: Transaction) -> Change | N
 
     Args:
         engine: the store's backend.
-        writer: the store's writer (a :class:`~pytreestore._commit.writer.Writer` or a
-            :class:`~pytreestore._ragged.writer.RaggedWriter`): its ``committer`` commits.
+        writer: the store's writer (a
+            :class:`~pytreestore._commit.records.RecordWriter`): its ``committer`` commits.
         transaction: the operation and the version it was planned on.
 
     Returns:

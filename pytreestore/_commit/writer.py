@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -98,59 +98,23 @@ def _buffers(schema: TreeSchema) -> list[np.ndarray]:
         ) from err
 
 
-class Writer:
-    """Appends rows to a store's columns through ``backend``, committing as it goes."""
+class FixedTreeRows:
+    """Records of one fixed tree taken as rows of one table: each record checked against the
+    schema's treedef, its leaves one row. The base of every row buffer that takes records
+    (:class:`Writer`; a shared writer's
+    :class:`~pytreestore._commit.coordinated.CoordinatedRows`): the fast path of a fixed
+    store's :class:`~pytreestore._commit.records.RecordWriter`.
 
-    def __init__(
-        self, backend: Backend, schema: TreeSchema, commit: Commit, committer: Any = None
-    ) -> None:
-        """``committer`` replaces the writer's own :class:`Committer` (a ragged store's
-        tables commit together, :mod:`pytreestore._ragged.writer`)."""
-        self._backend = backend
-        self.schema = schema
-        self._keys = [c.key for c in schema.columns]
-        self.chunk = schema.chunk_records
-        self.casters: list[LeafCaster] = casters(schema.columns)
-        self.buffers = _buffers(schema)
-        self.filler = RowFiller(self.casters, self.buffers)
-        self._committer = committer or Committer(
-            backend, commit, _validate.id_of(schema), tree=schema
-        )
-        self.start = commit.records - commit.records % self.chunk
-        self._snap: tuple[int, int] | None = None  # the position of the last snapshot
-        self._saved: list[np.ndarray] | None = None  # its buffered rows, once overwritten
-        self.fill = commit.records - self.start
-        if self.fill:
-            tail = backend.read(self._keys, slice(self.start, commit.records), commit.records)
-            for buf, rows in zip(self.buffers, tail):
-                buf[: self.fill] = rows
+    A subclass gives the schema, its casters and the row buffer's methods named below.
+    """
 
-    def __len__(self) -> int:
-        return self.start + self.fill
-
-    def rows(self, table: str | None) -> int:
-        """The rows of ``table`` once what is buffered is committed: a store of one fixed
-        structure has the record table alone, one row per record."""
-        return len(self) if table is None else 0
-
-    def use_schema(self, grown: TreeSchema) -> None:
-        """A store of one fixed structure learns no structure: ``grown`` is its schema."""
-        assert grown is self.schema, "a store of one fixed structure learns no structure"
-
-    @property
-    def committer(self) -> Any:
-        """What commits this writer's records (a :class:`Committer`)."""
-        return self._committer
-
-    @property
-    def commit(self) -> Commit:
-        """The last commit (of this writer, or the one it was opened at)."""
-        return self._committer.commit
-
-    @property
-    def pending(self) -> int:
-        """Records appended but not yet committed."""
-        return len(self) - self.commit.records
+    schema: TreeSchema
+    casters: list[LeafCaster]
+    append: Callable[[Sequence[Any]], None]
+    append_many: Callable[[Iterator[Sequence[Any]]], None]
+    write_batch: Callable[[Sequence[np.ndarray]], None]
+    snapshot: Callable[[], tuple[int, int]]
+    rollback: Callable[[tuple[int, int]], None]
 
     def append_record(self, record: Any) -> None:
         """Buffers one record after checking its structure against the schema."""
@@ -222,6 +186,52 @@ class Writer:
         except BaseException:
             self.rollback(position)
             raise
+
+
+class Writer(FixedTreeRows):
+    """Appends rows to a store's columns through ``backend``, committing as it goes."""
+
+    def __init__(
+        self, backend: Backend, schema: TreeSchema, commit: Commit, committer: Any = None
+    ) -> None:
+        """``committer`` replaces the writer's own :class:`Committer` (the tables of a
+        :class:`~pytreestore._commit.records.RecordWriter` commit together)."""
+        self._backend = backend
+        self.schema = schema
+        self._keys = [c.key for c in schema.columns]
+        self.chunk = schema.chunk_records
+        self.casters: list[LeafCaster] = casters(schema.columns)
+        self.buffers = _buffers(schema)
+        self.filler = RowFiller(self.casters, self.buffers)
+        self._committer = committer or Committer(
+            backend, commit, _validate.id_of(schema), tree=schema
+        )
+        self.start = commit.records - commit.records % self.chunk
+        self._snap: tuple[int, int] | None = None  # the position of the last snapshot
+        self._saved: list[np.ndarray] | None = None  # its buffered rows, once overwritten
+        self.fill = commit.records - self.start
+        if self.fill:
+            tail = backend.read(self._keys, slice(self.start, commit.records), commit.records)
+            for buf, rows in zip(self.buffers, tail):
+                buf[: self.fill] = rows
+
+    def __len__(self) -> int:
+        return self.start + self.fill
+
+    @property
+    def committer(self) -> Any:
+        """What commits this writer's records (a :class:`Committer`)."""
+        return self._committer
+
+    @property
+    def commit(self) -> Commit:
+        """The last commit (of this writer, or the one it was opened at)."""
+        return self._committer.commit
+
+    @property
+    def pending(self) -> int:
+        """Records appended but not yet committed."""
+        return len(self) - self.commit.records
 
     def append(self, leaves: Sequence[Any]) -> None:
         """Buffers one record's (already structure-checked) leaves."""

@@ -78,7 +78,7 @@ class TreeSchema:
             side by side (see :mod:`pytreestore._format.packs`); () when every column has
             its own array.
         layout: for a ragged store, the layout of records (today's classes) that
-            :mod:`pytreestore._ragged` builds on create and open; not stored.
+            :mod:`pytreestore._commit.model` builds on create and open; not stored.
     """
 
     tree: dict[str, Any]

@@ -41,14 +41,13 @@ from pytreestore._commit import placing
 from pytreestore._commit.atomic import transactions
 from pytreestore._commit.fragment import Fragment
 from pytreestore._commit.record import Commit
+from pytreestore._commit.records import RecordWriter
 from pytreestore._commit.tables import table_schemas
 from pytreestore._commit.transaction import Change
-from pytreestore._commit.writer import Writer
 from pytreestore._format.schema import TreeSchema
 from pytreestore._fragments import check, columns, learn
 from pytreestore._fragments import remove as _remove
 from pytreestore._location import Location
-from pytreestore._ragged.writer import RaggedWriter
 from pytreestore.backends import Backend
 from pytreestore.errors import FragmentError, PyTreeStoreError
 
@@ -77,7 +76,7 @@ class PlaceFragments:
         """Rows past a truncate are given up first (fragments of no records write none)."""
         return any(f.records for f in self.found)
 
-    def check(self, engine: Backend, writer: Writer | RaggedWriter) -> None:
+    def check(self, engine: Backend, writer: RecordWriter) -> None:
         """Step 1: every fragment and the structures it teaches; nothing written (but a
         placement a crash left unfinished is settled first).
 
@@ -94,7 +93,7 @@ class PlaceFragments:
         ]
         self.grown = learn.learnt(writer.schema, self.found, self.own, writer.rows)
 
-    def prepare(self, engine: Backend, writer: Writer | RaggedWriter) -> None:
+    def prepare(self, engine: Backend, writer: RecordWriter) -> None:
         """Step 2: the structures the fragments show, learnt (its own atomic schema change,
         as an append of such a record makes; no record is committed)."""
         if self.grown is not None and self.grown is not writer.schema:

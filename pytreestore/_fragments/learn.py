@@ -6,7 +6,7 @@ of a store of one fixed structure: :func:`~pytreestore._fragments.check.check` r
 other). A ragged or optional store's fragment written with another schema (it learnt a
 structure the store had pending, or the store learnt one since) has its schema read from
 its folder (``schema.json``) and merged into the store's, fragment after fragment, as a
-record showing those structures would be (:func:`~pytreestore._ragged.model.grow_schema`). A
+record showing those structures would be (:func:`~pytreestore._commit.model.grow_schema`). A
 structure that departs from the store's, or a leaf whose dtype or shape differs from what
 the store learnt meanwhile, refuses the commit, naming the keypath.
 
@@ -31,12 +31,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytreestore._commit.fragment import SCHEMA, Fragment, schema_key
+from pytreestore._commit.model import grow_schema, load_schema, representative
 from pytreestore._commit.protocol import group_json
 from pytreestore._format import validate as _validate
 from pytreestore._format.dtypes import describe
 from pytreestore._format.ragged import slot
 from pytreestore._format.schema import TreeSchema
-from pytreestore._ragged.model import grow_schema, load_schema, representative
 from pytreestore.backends import Backend
 from pytreestore.errors import FragmentError, PyTreeStoreError, SchemaMismatchError
 

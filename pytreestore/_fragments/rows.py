@@ -4,11 +4,11 @@ anything is written (:mod:`pytreestore._fragments.write` writes them).
 A store of one fixed structure has one table, the record table: :func:`column_blocks` turns
 records (or a batch) into one array per column, with the checks and casts of
 ``store.extend`` (``extend_batch``). A ragged or optional store's records are walked by a
-:class:`~pytreestore._ragged.writer.RaggedWriter` whose tables are kept in memory
+:class:`~pytreestore._commit.records.RecordWriter` whose tables are kept in memory
 (:class:`TableRows`, :class:`FragmentRows`): a record that shows a structure the store has
 not learnt yet (an element of a list empty so far, a subtree None so far:
 ``store.schema.pending``) is learnt by the fragment, in memory, exactly as the store would
-learn it (:func:`~pytreestore._ragged.model.grow_schema` at the store's committed rows), and
+learn it (:func:`~pytreestore._commit.model.grow_schema` at the store's committed rows), and
 the walk starts again with the grown schema, so every table holds its rows from row 0.
 Either way :func:`table_rows` gives the schema the rows fit and each table's rows.
 
@@ -30,8 +30,8 @@ import numpy as np
 from jax.tree_util import tree_flatten
 
 from pytreestore._commit.record import Commit
+from pytreestore._commit.records import RecordWriter
 from pytreestore._format.schema import TreeSchema
-from pytreestore._ragged.writer import RaggedWriter
 from pytreestore._tree.convert import RecordError, RowFiller, casters
 from pytreestore._tree.stack import batch_length
 from pytreestore.backends import Backend
@@ -217,8 +217,8 @@ class _NoCommits:
         pass
 
 
-class FragmentRows(RaggedWriter):
-    """A :class:`RaggedWriter` whose tables are :class:`TableRows`: the rows of a fragment
+class FragmentRows(RecordWriter):
+    """A :class:`RecordWriter` whose tables are :class:`TableRows`: the rows of a fragment
     of the store of ``schema`` whose latest commit is ``head``, checked and cast."""
 
     refusal = "write_fragment() refused record {i} (nothing was written)"

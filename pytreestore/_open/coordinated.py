@@ -2,8 +2,8 @@
 ``pytreestore.open(path, mode="a", backend="ocdbt", coordinator="HOST:PORT")``.
 
 The arguments are checked before anything is touched; the writer is a
-:class:`~pytreestore._commit.coordinated.CoordinatedWriter` (a
-:class:`~pytreestore._commit.coordinated.CoordinatedRaggedWriter` for a ragged store) over a
+:class:`CoordinatedRecordWriter` (the store's one record writer, its tables buffered in
+memory) over a
 :class:`~pytreestore.backends._tensorstore.coordinated.CoordinatedOcdbtBackend`.
 
 Example:
@@ -23,18 +23,17 @@ from pytreestore._commit.claim import WAIT_SECONDS
 from pytreestore._commit.coordinated import (
     CoordinatedCommits,
     CoordinatedRows,
-    CoordinatedWriter,
     attach_coordinated,
     shared_only,
 )
+from pytreestore._commit.model import load_schema
 from pytreestore._commit.protocol import detach
 from pytreestore._commit.record import Commit
+from pytreestore._commit.records import RecordWriter
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
 from pytreestore._open.reader import committed_schema
-from pytreestore._ragged.model import load_schema
-from pytreestore._ragged.writer import RaggedWriter, writer_class
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
 from pytreestore.backends import Backend
@@ -135,12 +134,15 @@ def open_coordinated(
         raise
 
 
-class CoordinatedRaggedWriter(RaggedWriter):
-    """A shared writer of a ragged or optional store: each table's rows buffered in memory
-    (:class:`CoordinatedRows`), every table committed together in turn, the offsets rebased onto
-    the rows others committed meanwhile.
+class CoordinatedRecordWriter(RecordWriter):
+    """A writer that shares its store with others: each table's rows buffered in memory
+    (:class:`CoordinatedRows`), every table committed together in turn, the offsets rebased
+    onto the rows others committed meanwhile (a fixed store: its one table).
 
-    A record showing a structure the store has not learnt (``schema.pending``) is refused:
+    ``append``, ``extend`` and ``extend_batch`` buffer; a call that leaves a chunk's worth of
+    records (``chunk_records``) or more buffered commits them all, and so does :meth:`flush`.
+    Each call's records are committed together (they are buffered whole, in memory). A
+    record showing a structure the store has not learnt (``schema.pending``) is refused:
     learning it changes the schema, which needs the store's only writer.
     """
 
@@ -155,7 +157,7 @@ class CoordinatedRaggedWriter(RaggedWriter):
         wait: float = WAIT_SECONDS,
         via: str = "",
     ) -> None:
-        """As :class:`CoordinatedWriter`."""
+        """``where`` names the store in errors, ``via`` the coordinator's address."""
         self._where = where
         self._shared = CoordinatedCommits(
             backend,
@@ -169,8 +171,25 @@ class CoordinatedRaggedWriter(RaggedWriter):
         )
         super().__init__(backend, schema, commit, committer=self._shared)
 
-    def _table(self, table: str | None, schema: TreeSchema, commit: Commit) -> Any:
+    def _table(
+        self, table: str | None, schema: TreeSchema, commit: Commit, committer: Any = None
+    ) -> Any:
         return CoordinatedRows(schema)
+
+    def _fast_path(self, table: Any) -> None:
+        """A fixed tree's records go straight to its one table's rows, as the base's; each
+        call then commits a chunk's worth, as the walk's."""
+
+        def committing(call: Callable[..., None]) -> Callable[..., None]:
+            def call_then_commit(*args: Any, **kwargs: Any) -> None:
+                call(*args, **kwargs)
+                self._commit_full()
+
+            return call_then_commit
+
+        self.append_record = committing(table.append_record)
+        self.extend = committing(table.extend)
+        self.extend_batch = committing(table.extend_batch)
 
     def __len__(self) -> int:
         return self._shared.commit.records + self._shared.pending
@@ -216,15 +235,14 @@ class CoordinatedRaggedWriter(RaggedWriter):
 
 def shared_writer(
     backend: Backend, schema: TreeSchema, commit: Commit, **options: Any
-) -> CoordinatedWriter | CoordinatedRaggedWriter:
-    """The shared writer of a store of ``schema`` (options: those of :class:`CoordinatedWriter`)."""
-    return writer_class(schema, CoordinatedWriter, CoordinatedRaggedWriter)(
-        backend, schema, commit, **options
-    )
+) -> CoordinatedRecordWriter:
+    """The shared writer of a store of ``schema`` (options: those of
+    :class:`CoordinatedRecordWriter`)."""
+    return CoordinatedRecordWriter(backend, schema, commit, **options)
 
 
 __all__ = [
-    "CoordinatedRaggedWriter",
+    "CoordinatedRecordWriter",
     "check_coordinated_options",
     "open_coordinated",
     "shared_writer",

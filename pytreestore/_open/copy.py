@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytreestore import _arguments
-from pytreestore._commit.writer import Writer
+from pytreestore._commit.records import RecordWriter
 from pytreestore._format import packs as _packs
 from pytreestore._format.columns import ColumnSpec, leaf_chunks
 from pytreestore._format.packs import Pack
@@ -126,7 +126,7 @@ def _copy(
     step = _step(schema.chunk_records, source.schema.chunk_records, row_bytes)
     request = LoadRequest.build(source.schema, policy=False, as_numpy=True)
 
-    def fill(writer: Writer) -> None:
+    def fill(writer: RecordWriter) -> None:
         if schema.ragged is not None:  # copy: records one by one, each of its own structure
             _copy_records(source, writer, total, progress)
             return
@@ -135,7 +135,7 @@ def _copy(
         ) as bar:
             for start in range(0, total, step):
                 stop = min(start + step, total)
-                writer.write_batch(load_leaves(context, request, slice(start, stop)))
+                writer.tables[None].write_batch(load_leaves(context, request, slice(start, stop)))
                 bar.advance(stop - start)
 
     create_from_schema(location, schema, backend=backend, overwrite=overwrite, fill=fill)

@@ -21,6 +21,8 @@ from typing import Any, Literal, TypeVar
 
 from pytreestore import _arguments
 from pytreestore._commit import protocol, snapshots, versions
+from pytreestore._commit.model import GenericViewError, build_schema
+from pytreestore._commit.records import new_writer
 from pytreestore._commit.versions import KEEP_VERSIONS
 from pytreestore._commit.writer import check_buffer
 from pytreestore._format import packs as _packs
@@ -39,8 +41,6 @@ from pytreestore._open.reader import (
     version_schema,
 )
 from pytreestore._open.schemas import check_codec, new_schema, packed_schema
-from pytreestore._ragged.model import GenericViewError, build_schema
-from pytreestore._ragged.writer import new_writer
 from pytreestore._read.request import check_cast
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore

@@ -17,12 +17,12 @@ from __future__ import annotations
 from typing import Any
 
 from pytreestore._commit import protocol, versions
+from pytreestore._commit.model import load_schema
 from pytreestore._commit.record import Commit
 from pytreestore._deferred import Deferred
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
-from pytreestore._ragged.model import load_schema
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
 from pytreestore.backends import Backend, OcdbtDatabase, is_ocdbt

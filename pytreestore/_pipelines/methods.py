@@ -26,8 +26,8 @@ from pytreestore._core import StoreCore
 from pytreestore._pipelines import batches as _batches
 from pytreestore._pipelines import map as _map
 from pytreestore._read.reader import ReadContext
+from pytreestore._read.records import record_reads
 from pytreestore._read.request import LoadRequest
-from pytreestore._record_reads import record_reads
 from pytreestore.errors import ArgumentTypeError
 
 
@@ -275,7 +275,7 @@ def _loader(
     """The load function of a pipeline: records of a fixed store, ``(batch, mask)`` (or
     ``(values, segments)``) of a ragged one."""
     reads = record_reads(request.schema)
-    return reads.loader(core, context, request, (ragged, pad_to, truncate))
+    return reads.loader(context, core.head, request, (ragged, pad_to, truncate))
 
 
 __all__ = ["Pipelines"]

@@ -115,7 +115,7 @@ def test_point_read_of_a_record_with_an_empty_list_reads_no_rows(tmp_path, monke
 def test_later_blocks_take_records_by_the_layouts_of_earlier_ones(tmp_path, kind, monkeypatch):
     """Records of a structure met in an earlier block are taken by the layout made then (no
     tags built again), and come back exactly, whatever their start rows in the new block."""
-    from pytreestore._ragged import load as _load
+    from pytreestore._read import tables as _load
 
     monkeypatch.setattr(_load, "ITER_BLOCK", 64)
     built: list[int] = []

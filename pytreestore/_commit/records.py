@@ -1,11 +1,15 @@
-"""Appending records to a ragged store: each record's rows go to its tables, one commit for all.
+"""The record writer of every store: each record's rows go to its tables, one commit for all.
 
 Every table (the record table and one per ragged axis, :mod:`pytreestore._format.ragged`) has
 its own :class:`~pytreestore._commit.writer.Writer`, which buffers whole chunks and writes them
-as they fill, but commits nothing itself. :class:`RaggedWriter` commits: it flushes every
+as they fill, but commits nothing itself. :class:`RecordWriter` commits: it flushes every
 table, then writes one commit record holding the record count and every table's rows (step 6
 of :mod:`pytreestore._commit.protocol`). Rows written past the commit are harmless, and
 removed by the repair of the next writer.
+
+A fixed store is the case of one table whose rows are the records: its ``append_record``,
+``extend``, ``extend_batch`` and ``flush`` are the table writer's own, bound once at
+construction (:class:`~pytreestore._commit.writer.FixedTreeRows`), and that writer commits.
 
 A record is walked once along the layout: each ragged list's elements become rows of its
 table (their leaves side by side: struct of arrays), each ragged leading axis a block of rows,
@@ -26,13 +30,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from jax.tree_util import tree_flatten
 
 from pytreestore import _arguments
 from pytreestore._commit.committer import Committer
+from pytreestore._commit.flat import FlatList, flat_elements
+from pytreestore._commit.model import Model, grow_schema
 from pytreestore._commit.protocol import column_layouts, group_json, group_keys, with_info
 from pytreestore._commit.record import Commit
 from pytreestore._commit.tables import table_schemas
@@ -41,16 +47,11 @@ from pytreestore._commit.writer import Writer
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY, array_json
 from pytreestore._format.schema import TreeSchema
-from pytreestore._ragged.flat import FlatList, flat_elements
-from pytreestore._ragged.model import Model, grow_schema
-from pytreestore._ragged.unpad import unpad_records
 from pytreestore._tree.convert import RecordError
 from pytreestore._tree.layout import Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList, Walker
+from pytreestore._tree.unpad import unpad_records
 from pytreestore.backends import Backend, KeyListing
 from pytreestore.errors import SchemaMismatchError
-
-W = TypeVar("W", bound=Writer)
-R = TypeVar("R", bound="RaggedWriter")
 
 
 class _Mismatch(Exception):
@@ -64,7 +65,7 @@ class PendingStructure(Exception):
 class _TableCommitter:
     """Stands in for a table's committer: the table's committed rows; commits nothing."""
 
-    def __init__(self, owner: RaggedWriter, table: str | None) -> None:
+    def __init__(self, owner: RecordWriter, table: str | None) -> None:
         self._owner = owner
         self._table = table
 
@@ -86,8 +87,8 @@ class _TableCommitter:
         self._owner.check()
 
 
-class RaggedWriter:
-    """Appends records of a ragged store's layout to its tables; commits them together."""
+class RecordWriter:
+    """Appends records to a store's tables; commits them together (every kind of store)."""
 
     #: how a refused record of :meth:`extend` is reported (``{i}``: its position)
     refusal = "extend() refused record {i} (none of this call's records were appended)"
@@ -107,14 +108,22 @@ class RaggedWriter:
         )
         self._open_tables(schema, commit)
 
-    def _table(self, table: str | None, schema: TreeSchema, commit: Commit) -> Any:
-        """The writer of one table (``schema``: its columns) at ``commit``."""
+    def _table(
+        self, table: str | None, schema: TreeSchema, commit: Commit, committer: Any = None
+    ) -> Any:
+        """The writer of one table (``schema``: its columns) at ``commit``; ``committer``
+        commits its rows (a fixed tree's one table), else this writer commits every table."""
         rows = Commit(commit.rows(table), 0)
-        return Writer(self._backend, schema, rows, _TableCommitter(self, table))
+        return Writer(self._backend, schema, rows, committer or _TableCommitter(self, table))
 
     def _open_tables(self, schema: TreeSchema, commit: Commit) -> None:
         self.schema = schema
         self.model: Model = schema.layout
+        self.tables: dict[str | None, Any]
+        if schema.ragged is None:  # the writer: a fixed tree's fast path, one table
+            self.tables = {None: self._table(None, schema, commit, self._committer)}
+            self._fast_path(self.tables[None])
+            return
         self.tables = {t: self._table(t, sub, commit) for t, sub in table_schemas(schema).items()}
         self._slots = {
             t: {(c.role or "leaf", c.path): i for i, c in enumerate(w.schema.columns)}
@@ -122,6 +131,15 @@ class RaggedWriter:
         }
         self._width = {t: len(w.schema.columns) for t, w in self.tables.items()}
         self._flat = flat_elements(self.model.spec, self._slots)
+
+    def _fast_path(self, table: Any) -> None:
+        """Binds the calls of a fixed tree's records to ``table``, its one table's writer (a
+        :class:`~pytreestore._commit.writer.FixedTreeRows`, which commits): no walk, and no
+        cost per call."""
+        self.append_record = table.append_record
+        self.extend = table.extend
+        self.extend_batch = table.extend_batch
+        self.flush = table.flush
 
     # ---- what the store asks of a writer -------------------------------------------------------
 
@@ -226,7 +244,7 @@ class RaggedWriter:
 
     def use_schema(self, grown: TreeSchema) -> None:
         """Takes ``grown``, this writer's schema with pending structures learnt
-        (:func:`~pytreestore._ragged.model.grow_schema` at the committed rows, nothing
+        (:func:`~pytreestore._commit.model.grow_schema` at the committed rows, nothing
         buffered): creates the new arrays (sized to their tables' rows, which read as zeros
         and empty lists), and replaces the schema in one atomic put."""
         commit = self.commit
@@ -404,19 +422,11 @@ class RaggedWriter:
 
 def new_writer(
     backend: Backend, schema: TreeSchema, commit: Commit, keep: int | None = KEEP_VERSIONS
-) -> Writer | RaggedWriter:
-    """The writer of a store of ``schema``: a :class:`RaggedWriter` for a ragged store; its
-    version log keeps the last ``keep`` versions (None: all) besides tagged ones."""
+) -> RecordWriter:
+    """The writer of a store of ``schema``; its version log keeps the last ``keep`` versions
+    (None: all) besides tagged ones."""
     committer = Committer(backend, commit, _validate.id_of(schema), keep, tree=schema)
-    return writer_class(schema, Writer, RaggedWriter)(backend, schema, commit, committer)
-
-
-def writer_class(schema: TreeSchema, fixed: type[W], tabled: type[R]) -> type[W] | type[R]:
-    """The writer class of a store of ``schema``, the one place that chooses: ``tabled`` (a
-    :class:`RaggedWriter`, one :class:`Writer` per table, records walked into the tables)
-    where the schema has axis tables or optional subtrees, else ``fixed`` (the fast path
-    of a fixed tree: a record's leaves are its row)."""
-    return fixed if schema.ragged is None else tabled
+    return RecordWriter(backend, schema, commit, committer)
 
 
 def _explain(model: Model, record: Any, what: str) -> SchemaMismatchError:
@@ -448,4 +458,4 @@ def _leftovers(backend: Backend, keys: list[str]) -> list[str]:
     return [found for k in keys for found in backend.list_keys(f"{k}/")]
 
 
-__all__ = ["PendingStructure", "RaggedWriter", "new_writer", "writer_class"]
+__all__ = ["PendingStructure", "RecordWriter", "new_writer"]

@@ -1,4 +1,4 @@
-"""Building records from gathered rows (:mod:`pytreestore._ragged.gather`): the records exactly
+"""Building records from gathered rows (:mod:`pytreestore._read.gather`): the records exactly
 as appended, the padded form with its mask, or the flat segments form.
 
 Each table's gathered rows have a *place* in the padded form: a tuple of index arrays, one per
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from pytreestore._format.ragged import LEAF, OFFSETS, PRESENCE
-from pytreestore._ragged.gather import Rows
+from pytreestore._read.gather import Rows
 from pytreestore._tree.layout import Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList
 from pytreestore._tree.pad import padded_length
 from pytreestore.errors import RaggedLengthError

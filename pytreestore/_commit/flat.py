@@ -15,7 +15,7 @@ from typing import Any
 
 from jax.tree_util import tree_structure
 
-from pytreestore._ragged.model import representative
+from pytreestore._commit.model import representative
 from pytreestore._tree.layout import Fixed, LayoutNode, Leaf, OptionalTree, RaggedList
 
 

@@ -1,5 +1,6 @@
-"""The reads of a ragged store: one record exactly, many padded with a mask, flat segments,
-and lengths (``TreeStore.load``, ``store[i]``, iteration and ``TreeStore.lengths``).
+"""Records gathered from a store's tables (the axis tables' step of
+:mod:`pytreestore._read.records`): one record exactly, many padded with a mask, flat
+segments, and lengths (``TreeStore.load``, ``store[i]``, iteration and ``TreeStore.lengths``).
 
 Example:
     >>> import numpy as np, pytreestore
@@ -23,11 +24,11 @@ from jax.tree_util import keystr, tree_flatten_with_path
 from pytreestore._commit.record import Commit
 from pytreestore._format.ragged import LEAF, PRESENCE
 from pytreestore._format.schema import TreeSchema
-from pytreestore._ragged.build import Padded, exact
-from pytreestore._ragged.gather import Rows, gather, lengths, record_of
 from pytreestore._read import cache as _cache
 from pytreestore._read.ahead import JIT_MIN, RecordsBlock
+from pytreestore._read.build import Padded, exact
 from pytreestore._read.device import to_jax
+from pytreestore._read.gather import Rows, gather, lengths, record_of
 from pytreestore._read.index import rows
 from pytreestore._read.placed import Placed, layouts_of, tags
 from pytreestore._read.reader import ReadContext, explained
@@ -247,8 +248,6 @@ def _first_rows(
     """Per table, the row where each record's rows start (a record's rows are consecutive:
     gathered in record order)."""
     records = np.arange(count)
-    if schema.ragged is None:
-        return {None: records}
     return {t: np.searchsorted(r, records) for t, r in record_of(schema, gathered).items()}
 
 
@@ -339,8 +338,7 @@ class Flat:
         self.segments: dict[str, Any] = {}
         n = gathered[None].count
         records = record_of(schema, gathered)
-        assert schema.ragged is not None
-        for a in schema.ragged.axes:
+        for a in schema.tables.axes:
             rows = gathered[a.path]
             assert rows.parent is not None and rows.position is not None
             self.segments[a.path] = Segments(  # int32: JAX's index type without x64

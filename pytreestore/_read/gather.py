@@ -206,10 +206,8 @@ def _compact(index: np.ndarray) -> Any:
 
 def record_of(schema: TreeSchema, gathered: dict[str | None, Rows]) -> dict[str | None, np.ndarray]:
     """Per table, the selected record (index into the selection) each gathered row is in."""
-    info = schema.ragged
-    assert info is not None
     out: dict[str | None, np.ndarray] = {None: np.arange(gathered[None].count)}
-    for a in info.axes:
+    for a in schema.tables.axes:
         parent = gathered[a.path].parent
         assert parent is not None
         out[a.path] = out[a.table][parent]
