@@ -176,9 +176,11 @@ def encode_aux(cls: type, aux: Any, keys: Sequence[Any], where: str) -> Any:
         raise UnsupportedTreeError(
             f"{cls.__name__} at {where} has {what} that cannot be stored: {err}. "
             "Static fields may hold None, bool, int, float, complex, str, lists, tuples and "
-            "str-keyed dicts of those, numpy scalars and dtypes, Enum members, frozen "
+            "str-keyed dicts of those, bytes, numpy scalars and dtypes, Enum members, frozen "
             "dataclasses of static values, module-level functions and classes (stored by "
-            "import path) and module-level sentinels (such as equinox's MISSING)."
+            "import path), module-level sentinels (such as equinox's MISSING) and objects of "
+            "classes with a static codec (pytreestore.register_static_codec), such as MJX's "
+            "hashable array wrapper."
         ) from err
 
 
