@@ -88,9 +88,9 @@ def _encode_array(value: np.ndarray, allowed: bool) -> dict[str, Any]:
             "and register the wrapper with pytreestore.register_static_codec (MJX's is "
             "registered), or make it a data field (a column)"
         )
-    if not _dtypes.is_supported(value.dtype):
-        raise TypeError(f"{describe(value)}: arrays of dtype {value.dtype} cannot be stored")
     native = value if value.dtype.isnative else value.astype(value.dtype.newbyteorder("="))
+    if not _dtypes.is_supported(native.dtype):
+        raise TypeError(f"{describe(value)}: arrays of dtype {value.dtype} cannot be stored")
     data = np.ascontiguousarray(native)
     if sys.byteorder == "big":
         data = data.byteswap()
@@ -130,7 +130,7 @@ def _encode_object(value: Any) -> Any:
     if isinstance(value, np.dtype) and _dtypes.is_supported(value):
         return {"dtype": value.name}
     if isinstance(value, enum.Enum):
-        return {"enum": {"type": _path_of(type(value)), "name": value.name}}
+        return _encode_enum(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return _encode_dataclass(value)
     if isinstance(value, type) or callable(value):
@@ -138,9 +138,10 @@ def _encode_object(value: Any) -> Any:
     name = _sentinel_name(value)
     if name is not None:
         return {"sentinel": {"type": _path_of(type(value)), "name": name}}
+    cls = type(value)
     raise TypeError(
-        f"{describe(value)} of type {type(value).__module__}:{type(value).__qualname__} "
-        "(a class without a static codec: register one with pytreestore.register_static_codec)"
+        f"{describe(value)} of type {cls.__name__} (the class {cls.__module__}:"
+        f"{cls.__qualname__} has no static codec: pytreestore.register_static_codec adds one)"
     )
 
 
@@ -155,7 +156,8 @@ def describe(value: Any, width: int = 120) -> str:
     """
     if isinstance(value, np.ndarray):
         values = np.array2string(value, threshold=8, edgeitems=2, separator=" ")
-        text = f"array({value.dtype}, shape={value.shape}, {' '.join(values.split())})"
+        values = " ".join(values.split()).replace("[ ", "[")
+        text = f"array({value.dtype}, shape={value.shape}, {values})"
     else:
         text = repr(value)
         if " at 0x" in text:
@@ -173,6 +175,16 @@ def _attributes(value: Any) -> dict[str, Any]:
         if isinstance(name, str) and not name.startswith("__") and hasattr(value, name):
             out[name] = getattr(value, name)
     return out
+
+
+def _encode_enum(value: enum.Enum) -> dict[str, Any]:
+    """A member by name; a combination of Flag members (the zero flag too) by its value."""
+    path = _path_of(type(value))
+    if type(value).__members__.get(str(value.name)) is value:
+        return {"enum": {"type": path, "name": value.name}}
+    if isinstance(value, enum.Flag) and type(value.value) is int:
+        return {"enum": {"type": path, "value": value.value}}
+    raise TypeError(f"{value!r} is an Enum value that is not a member of {path}")
 
 
 def _encode_dataclass(value: Any) -> dict[str, Any]:
@@ -334,7 +346,11 @@ def _decode_object(tag: str, inner: Any) -> Any:
         cls = _import(inner["type"])
         if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
             raise ValueError(f"{inner['type']} is not an Enum class")
-        return cls[inner["name"]]
+        if "name" in inner:
+            return cls[inner["name"]]
+        if not (issubclass(cls, enum.Flag) and type(inner["value"]) is int):
+            raise ValueError(f"{inner['type']} is not an enum.Flag class, so it holds no value")
+        return cls(inner["value"])  # Flag's own lookup of a combination of its members
     if tag == "sentinel":
         value = getattr(importlib.import_module(inner["type"].partition(":")[0]), inner["name"])
         if _path_of(type(value)) != inner["type"]:
