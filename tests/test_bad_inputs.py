@@ -691,7 +691,7 @@ CREATION = [
         "unserializable-static-field",
         lambda s, t: pytreestore.create(t / "n", WithStatic(np.float32(0), name=Opaque())),
         errors.UnsupportedTreeError,
-        "WithStatic at the root has static field .name that cannot be stored: <tests.test_bad_inputs.Opaque",
+        "WithStatic at the root has static field .name that cannot be stored: Opaque() of type Opaque",
     ),
     P(
         "example-without-leaves",
