@@ -307,11 +307,12 @@ def static_differences(
     names = _static_names(cls, want["keys"], stored)
     if names is None:
         where = _keys.path_str(path) or "the root"
-        return [f"{where}: static data stored {stored!r}, got {current!r}"]
+        show = _values.describe
+        return [f"{where}: static data stored {show(stored)}, got {show(current)}"]
     return [
-        f"{_keys.path_str(path)}.{name}: stored {s!r}, got {c!r}"
-        for name, s, c in zip(names, stored, current)
-        if s != c
+        f"{_keys.path_str(path)}.{name}: stored {_values.describe(s)}, got {_values.describe(c)}"
+        for name, s, c, ws, gs in zip(names, stored, current, want["aux"]["tuple"], got["aux"]["tuple"])
+        if ws != gs
     ]
 
 

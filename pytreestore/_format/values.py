@@ -145,7 +145,7 @@ def _encode_object(value: Any) -> Any:
     )
 
 
-def describe(value: Any, width: int = 120) -> str:
+def describe(value: Any, width: int = 200) -> str:
     """A short description of a static value for messages: its repr, or, where that shows
     only an object address, its class and attributes; arrays by dtype, shape and values.
 
@@ -158,13 +158,25 @@ def describe(value: Any, width: int = 120) -> str:
         values = np.array2string(value, threshold=8, edgeitems=2, separator=" ")
         values = " ".join(values.split()).replace("[ ", "[")
         text = f"array({value.dtype}, shape={value.shape}, {values})"
+    elif type(value) in (tuple, list):
+        items = ", ".join(describe(v, width) for v in value)
+        text = f"({items}{',' if len(value) == 1 else ''})" if type(value) is tuple else f"[{items}]"
+    elif _codecs.for_value(value) is not None:
+        text = f"{type(value).__qualname__}({_describe_inner(value, width)})"
     else:
-        text = repr(value)
+        text = " ".join(repr(value).split())
         if " at 0x" in text:
             attrs = _attributes(value)
             inner = ", ".join(f"{k}={describe(v, width)}" for k, v in attrs.items())
             text = f"{type(value).__qualname__}({inner})"
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _describe_inner(value: Any, width: int) -> str:
+    try:
+        return describe(_codecs.for_value(value).encode(value), width)  # type: ignore[union-attr]
+    except Exception:  # the codec is user code; a message must still be made
+        return "..."
 
 
 def _attributes(value: Any) -> dict[str, Any]:
