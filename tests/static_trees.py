@@ -10,7 +10,9 @@ which has a static codec) on itself and on every ``Body``; its ``layers`` and ea
 * ``ragged_list``: ``ragged=[".bodies"]`` (static arrays and int-keyed dicts inside the elements);
 * ``ragged_axis``: ``ragged=[".trail"]``;
 * ``optional``: ``optional=[".extra"]`` (a body, so both inside an optional subtree);
-* ``nested``: ``ragged=[".bodies", ".bodies[*].hits"]``.
+* ``nested``: ``ragged=[".bodies", ".bodies[*].hits"]``;
+
+and ``golden`` (the golden store ``static-arrays``): ``ragged=[".bodies"], optional=[".extra"]``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ DECLARATIONS: dict[str, dict[str, list[str]]] = {
     "ragged_axis": {"ragged": [".trail"]},
     "optional": {"optional": [".extra"]},
     "nested": {"ragged": [".bodies", ".bodies[*].hits"]},
+    "golden": {"ragged": [".bodies"], "optional": [".extra"]},  # the golden store's
 }
 #: the static arrays: an int32 matrix, an empty bfloat16 array and a 0-d bool
 DIMS = HashableArray(np.arange(6, dtype=np.int32).reshape(2, 3))
@@ -72,9 +75,9 @@ def _extra(rng: np.random.Generator, kind: str) -> Body:
 def record(kind: str, i: int) -> World:
     """Record ``i`` of ``kind``: lengths and presence vary where the kind allows."""
     rng = np.random.default_rng([7, i])
-    n_bodies = int(rng.integers(0, 4)) if kind in ("ragged_list", "nested") else 2
+    n_bodies = int(rng.integers(0, 4)) if kind in ("ragged_list", "nested", "golden") else 2
     n_trail = int(rng.integers(0, 4)) if kind == "ragged_axis" else 3
-    present = kind != "optional" or i % 2 == 0
+    present = kind not in ("optional", "golden") or i % 2 == 0
     return World(
         t=np.int32(i),
         bodies=[_body(rng, kind) for _ in range(n_bodies)],
@@ -90,7 +93,7 @@ def like(kind: str) -> World:
     body = _body(rng, kind)
     if kind == "nested":
         body = body.replace(hits=[np.int16(1)])
-    bodies = [body] if kind in ("ragged_list", "nested") else [body, body]
+    bodies = [body] if kind in ("ragged_list", "nested", "golden") else [body, body]
     return World(
         t=np.int32(0),
         bodies=bodies,
