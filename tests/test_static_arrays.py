@@ -239,3 +239,26 @@ def test_an_unknown_codec_is_refused_on_open(tmp_path):
     with pytest.raises(errors.ClassResolutionError, match="no static codec is registered for tests.static_trees:Body"):
         pytreestore.open(tmp_path / "s")[0]
     assert pytreestore.open(tmp_path / "s", generic=True)[0]["t"] == 0
+
+
+def test_an_int_and_a_str_key_of_one_storage_key_are_refused(tmp_path):
+    import collections
+
+    both = {"x": collections.OrderedDict([(0, np.float32(0)), ("0", np.float32(1))])}
+    with pytest.raises(
+        errors.UnsupportedTreeError,
+        match=re.escape("leaves at ['x'][0] and ['x']['0'] map to the same storage key 'x/0'"),
+    ):
+        pytreestore.create(tmp_path / "s", both)
+
+
+def test_evolve_adds_and_drops_int_keys(tmp_path):
+    record = {"x": {0: np.float32(0), 1: np.float32(1)}}
+    with pytreestore.create(tmp_path / "s", record) as store:
+        store.append(record)
+    with pytreestore.open(tmp_path / "s", "a") as store:
+        store.evolve(add={"['x'][5]": np.int16(3)}, drop=["['x'][1]"])
+        with pytest.raises(errors.SchemaMismatchError, match="cannot sort a str key among them"):
+            store.evolve(add={"['x']['a']": np.int16(3)})
+    got = pytreestore.open(tmp_path / "s")[0]
+    assert list(got["x"]) == [0, 5] and int(got["x"][5]) == 3
