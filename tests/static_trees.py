@@ -17,6 +17,7 @@ and ``golden`` (the golden store ``static-arrays``): ``ragged=[".bodies"], optio
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import ml_dtypes
@@ -26,7 +27,7 @@ from flax import struct
 from pytreestore.testing.strategies import HashableArray
 
 KINDS = ("fixed", "ragged_list", "ragged_axis", "optional", "nested")
-DECLARATIONS: dict[str, dict[str, list[str]]] = {
+DECLARATIONS: dict[str, dict[str, Any]] = {
     "fixed": {},
     "ragged_list": {"ragged": [".bodies"]},
     "ragged_axis": {"ragged": [".trail"]},
@@ -69,7 +70,11 @@ def _body(rng: np.random.Generator, kind: str) -> Body:
 
 def _extra(rng: np.random.Generator, kind: str) -> Body:
     body = _body(rng, kind)
-    return body.replace(hits=[np.int16(rng.integers(-9, 9))]) if kind == "nested" else body
+    return (
+        dataclasses.replace(body, hits=[np.int16(rng.integers(-9, 9))])
+        if kind == "nested"
+        else body
+    )
 
 
 def record(kind: str, i: int) -> World:
@@ -92,7 +97,7 @@ def like(kind: str) -> World:
     rng = np.random.default_rng(0)
     body = _body(rng, kind)
     if kind == "nested":
-        body = body.replace(hits=[np.int16(1)])
+        body = dataclasses.replace(body, hits=[np.int16(1)])
     bodies = [body] if kind in ("ragged_list", "nested", "golden") else [body, body]
     return World(
         t=np.int32(0),

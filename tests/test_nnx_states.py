@@ -4,6 +4,8 @@ stored and read back exactly, with equal treedefs, and a model resumed with ``nn
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ optax = pytest.importorskip("optax")
 
 
 class Stack(nnx.Module):
-    def __init__(self, rngs: nnx.Rngs) -> None:
+    def __init__(self, rngs: Any) -> None:
         self.layers = nnx.List([nnx.Linear(3, 3, rngs=rngs) for _ in range(2)])
 
     def __call__(self, x):

@@ -242,8 +242,12 @@ def test_describe_shortens_large_arrays():
 
 def _ndarray(**inner):
     base = {"dtype": "int32", "shape": [2], "data": "AQAAAAIAAAA="}
-    return {"wrapped": {"type": "pytreestore.testing.strategies:HashableArray",
-                        "value": {"ndarray": {**base, **inner}}}}
+    return {
+        "wrapped": {
+            "type": "pytreestore.testing.strategies:HashableArray",
+            "value": {"ndarray": {**base, **inner}},
+        }
+    }
 
 
 @pytest.mark.parametrize(

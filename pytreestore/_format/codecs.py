@@ -107,7 +107,7 @@ def register_static_codec(
     """
     if not isinstance(cls, type):
         raise ArgumentTypeError(f"register_static_codec takes a class, got {cls!r:.80}")
-    if issubclass(cls, _NATIVE + (np.generic, enum.Enum, type)):
+    if issubclass(cls, (*_NATIVE, np.generic, enum.Enum, type)):
         raise ArgumentTypeError(
             f"{cls.__qualname__} values are stored as static values already; a codec is for "
             "other classes (wrappers of arrays or of other static values)"

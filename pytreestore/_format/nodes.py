@@ -311,7 +311,9 @@ def static_differences(
         return [f"{where}: static data stored {show(stored)}, got {show(current)}"]
     return [
         f"{_keys.path_str(path)}.{name}: stored {_values.describe(s)}, got {_values.describe(c)}"
-        for name, s, c, ws, gs in zip(names, stored, current, want["aux"]["tuple"], got["aux"]["tuple"])
+        for name, s, c, ws, gs in zip(
+            names, stored, current, want["aux"]["tuple"], got["aux"]["tuple"]
+        )
         if ws != gs
     ]
 

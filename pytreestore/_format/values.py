@@ -68,11 +68,7 @@ def encode(value: Any, *, arrays: bool = False) -> Any:
             raise TypeError(f"dict with non-str keys {list(value)!r}")
         return {"dict": {k: encode(v, arrays=arrays) for k, v in value.items()}}
     if t is collections.OrderedDict:
-        return {
-            "ordered_dict": [
-                [encode(k), encode(v, arrays=arrays)] for k, v in value.items()
-            ]
-        }
+        return {"ordered_dict": [[encode(k), encode(v, arrays=arrays)] for k, v in value.items()]}
     if t is bytes:
         return {"bytes": base64.b64encode(value).decode("ascii")}
     if t is np.ndarray:
@@ -160,7 +156,9 @@ def describe(value: Any, width: int = 200) -> str:
         text = f"array({value.dtype}, shape={value.shape}, {values})"
     elif type(value) in (tuple, list):
         items = ", ".join(describe(v, width) for v in value)
-        text = f"({items}{',' if len(value) == 1 else ''})" if type(value) is tuple else f"[{items}]"
+        text = (
+            f"({items}{',' if len(value) == 1 else ''})" if type(value) is tuple else f"[{items}]"
+        )
     elif _codecs.for_value(value) is not None:
         text = f"{type(value).__qualname__}({_describe_inner(value, width)})"
     else:
