@@ -650,10 +650,22 @@ CREATION = [
         "unsupported leaf at ['a']['b']: Opaque",
     ),
     P(
-        "non-str-dict-key",
-        lambda s, t: pytreestore.create(t / "n", {"a": {1: np.float32(0)}}),
+        "float-dict-key",
+        lambda s, t: pytreestore.create(t / "n", {"a": {1.5: np.float32(0)}}),
         errors.UnsupportedTreeError,
-        "dict at ['a'] has a key 1 of type int; stored dicts need str keys",
+        "dict at ['a'] has a key 1.5 of type float; stored dicts need str or int keys",
+    ),
+    P(
+        "bool-dict-key",
+        lambda s, t: pytreestore.create(t / "n", {"a": {False: np.float32(0)}}),
+        errors.UnsupportedTreeError,
+        "dict at ['a'] has a key False of type bool; stored dicts need str or int keys",
+    ),
+    P(
+        "mixed-int-and-str-dict-keys",
+        lambda s, t: pytreestore.create(t / "n", {"a": {1: np.float32(0), "b": np.float32(0)}}),
+        errors.UnsupportedTreeError,
+        "A dict's keys must be sortable against each other (all str, or all int)",
     ),
     P(
         "defaultdict-node",
@@ -679,7 +691,7 @@ CREATION = [
         "unserializable-static-field",
         lambda s, t: pytreestore.create(t / "n", WithStatic(np.float32(0), name=Opaque())),
         errors.UnsupportedTreeError,
-        "WithStatic at the root has static field .name that cannot be stored: <tests.test_bad_inputs.Opaque",
+        "WithStatic at the root has static field .name that cannot be stored: Opaque() of type Opaque",
     ),
     P(
         "example-without-leaves",

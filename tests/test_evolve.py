@@ -308,7 +308,12 @@ BAD = [
     (dict(drop=["['nope']"]), errors.SchemaMismatchError, "evolve: no node at \"['nope']\""),
     (dict(rename={"['nope']": "['z']"}), errors.SchemaMismatchError, "evolve: no node at"),
     (dict(add={"['x']": np.int8(0)}), errors.SchemaMismatchError, "already exists"),
-    (dict(add={"['q'][0]": np.int8(0)}), errors.SchemaMismatchError, "is not a keypath ending"),
+    (dict(add={"['q'][0.5]": np.int8(0)}), errors.SchemaMismatchError, "is not a keypath ending"),
+    (
+        dict(add={"['q'][0]": np.int8(0)}),
+        errors.SchemaMismatchError,
+        "evolve: no node at \"['q']\"",
+    ),
     (dict(add={".q": np.int8(0)}), errors.SchemaMismatchError, "children of a dict are named"),
     (dict(add={"['q']": "text"}), errors.UnsupportedDtypeError, "which a column cannot hold"),
     (dict(add={"['q']": np.arange(3)}), errors.UnsupportedDtypeError, "holds different values"),

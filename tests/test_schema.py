@@ -97,8 +97,10 @@ def test_unsupported_leaves_and_nodes():
         errors.UnsupportedDtypeError, match=re.escape("unsupported dtype at [0]: object")
     ):
         TreeSchema.from_example([np.array([None, 1], dtype=object)])
-    with pytest.raises(errors.UnsupportedTreeError, match=re.escape("has a key 1 of type int")):
-        TreeSchema.from_example({"a": {1: 2.0}})
+    with pytest.raises(errors.UnsupportedTreeError, match=re.escape("has a key 1.5 of type float")):
+        TreeSchema.from_example({"a": {1.5: 2.0}})
+    with pytest.raises(errors.UnsupportedTreeError, match=re.escape("has a key True of type bool")):
+        TreeSchema.from_example({"a": {True: 2.0}})
     with pytest.raises(errors.UnsupportedTreeError, match="defaultdict at the root"):
         TreeSchema.from_example(collections.defaultdict(list, a=1))
     with pytest.raises(errors.UnsupportedTreeError, match=re.escape("unsupported leaf at .x: set")):

@@ -55,7 +55,7 @@ from pytreestore.backends import Backend
 from pytreestore.errors import CorruptStoreError, SchemaMismatchError, UnsupportedDtypeError
 
 _LAST = re.compile(
-    r"""(?:\.([A-Za-z_][A-Za-z0-9_]*)|\[((?:'(?:[^'\\]|\\.)*')|(?:"(?:[^"\\]|\\.)*"))\])$"""
+    r"""(?:\.([A-Za-z_][A-Za-z0-9_]*)|\[((?:'(?:[^'\\]|\\.)*')|(?:"(?:[^"\\]|\\.)*")|-?[0-9]+)\])$"""
 )
 
 
@@ -378,7 +378,7 @@ def _split(path: str) -> tuple[str, Any]:
     match = _LAST.search(path) if isinstance(path, str) else None
     if match is None:
         raise SchemaMismatchError(
-            f"evolve: {path!r} is not a keypath ending in .name or ['key'] "
+            f"evolve: {path!r} is not a keypath ending in .name, ['key'] or [int key] "
             "(as jax.tree_util.keystr prints paths)"
         )
     head = path[: match.start()]
@@ -390,6 +390,11 @@ def _split(path: str) -> tuple[str, Any]:
 def _entry_json(parent: dict[str, Any], entry: Any, path: str) -> Any:
     kind = parent["node"]
     if kind in ("dict", "ordered_dict") and isinstance(entry, DictKey):
+        if kind == "dict" and any(type(k) is not type(entry.key) for k in parent["keys"]):
+            raise SchemaMismatchError(
+                f"evolve: {path!r}: the dict's keys are {parent['keys']!r:.80}, and JAX cannot "
+                f"sort a {type(entry.key).__name__} key among them; use keys of one type"
+            )
         return entry.key
     if kind == "namedtuple" and isinstance(entry, GetAttrKey):
         return entry.name

@@ -3,7 +3,8 @@ to JSON, named in keypaths, decoded (generic view), described in errors and boun
 
 A schema tree node is ``{"node": <kind>, ...}``. ``leaf`` (a column) and ``const`` (a constant
 leaf, :mod:`pytreestore._format.consts`) are leaves; the other kinds are the containers JAX
-flattens: ``none``, ``dict``, ``ordered_dict``, ``list``, ``tuple``, ``namedtuple`` (a
+flattens: ``none``, ``dict`` and ``ordered_dict`` (their ``str`` or ``int`` keys kept as JSON
+strings and numbers), ``list``, ``tuple``, ``namedtuple`` (a
 NamedTuple JAX flattens in field order) and ``custom`` (any other registered class). Adding a
 node kind is adding one :class:`NodeKind` to :data:`KINDS`.
 
@@ -80,15 +81,25 @@ def _as_dict(node: dict[str, Any], children: list[Any], leaves: Iterator[Any]) -
 
 def _encode_mapping(name: str) -> Encode:
     def encode(cls: type, aux: Any, keys: list[Any], where: str) -> dict[str, Any]:
-        bad = [k for k in aux if not isinstance(k, str)]
+        bad = [k for k in aux if type(k) not in (str, int)]
+        if bad and type(bad[0]) is bool:
+            raise UnsupportedTreeError(
+                f"dict at {where} has a key {bad[0]!r} of type bool; stored dicts need str or "
+                "int keys (a bool key equals the int key 0 or 1, so it could not be told "
+                "from one when binding): convert the keys to int or str"
+            )
         if bad:
             raise UnsupportedTreeError(
                 f"dict at {where} has a key {bad[0]!r} of type {type(bad[0]).__name__}; "
-                "stored dicts need str keys (convert the keys to strings)"
+                "stored dicts need str or int keys (convert the keys)"
             )
         return {"node": name, "keys": list(aux)}
 
     return encode
+
+
+def _mapping_view(node: dict[str, Any], children: list[Any], leaves: Iterator[Any]) -> Any:
+    return dict(zip(node["keys"], children))
 
 
 def _encode_namedtuple(cls: type, aux: Any, keys: list[Any], where: str) -> dict[str, Any]:
@@ -136,7 +147,7 @@ def _mapping(name: str, make: type) -> NodeKind:
         recognise=lambda cls: cls is make,
         encode=_encode_mapping(name),
         entry=_by_key,
-        generic=_as_dict,
+        generic=_mapping_view,
         describe=lambda node: f"a {name.replace('_', ' ')} with keys {node['keys']}",
         bind=lambda binder, node, entries, children, path: make(zip(node["keys"], children)),
         names="keys",

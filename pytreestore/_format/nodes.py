@@ -176,9 +176,11 @@ def encode_aux(cls: type, aux: Any, keys: Sequence[Any], where: str) -> Any:
         raise UnsupportedTreeError(
             f"{cls.__name__} at {where} has {what} that cannot be stored: {err}. "
             "Static fields may hold None, bool, int, float, complex, str, lists, tuples and "
-            "str-keyed dicts of those, numpy scalars and dtypes, Enum members, frozen "
+            "str-keyed dicts of those, bytes, numpy scalars and dtypes, Enum members, frozen "
             "dataclasses of static values, module-level functions and classes (stored by "
-            "import path) and module-level sentinels (such as equinox's MISSING)."
+            "import path), module-level sentinels (such as equinox's MISSING) and objects of "
+            "classes with a static codec (pytreestore.register_static_codec), such as MJX's "
+            "hashable array wrapper."
         ) from err
 
 
@@ -305,11 +307,14 @@ def static_differences(
     names = _static_names(cls, want["keys"], stored)
     if names is None:
         where = _keys.path_str(path) or "the root"
-        return [f"{where}: static data stored {stored!r}, got {current!r}"]
+        show = _values.describe
+        return [f"{where}: static data stored {show(stored)}, got {show(current)}"]
     return [
-        f"{_keys.path_str(path)}.{name}: stored {s!r}, got {c!r}"
-        for name, s, c in zip(names, stored, current)
-        if s != c
+        f"{_keys.path_str(path)}.{name}: stored {_values.describe(s)}, got {_values.describe(c)}"
+        for name, s, c, ws, gs in zip(
+            names, stored, current, want["aux"]["tuple"], got["aux"]["tuple"]
+        )
+        if ws != gs
     ]
 
 

@@ -12,7 +12,7 @@ A test draws a structure, then records of that structure::
         store = pytreestore.create(path, schema.like)
         ...
 
-Structures are built from dicts (with odd keys such as ``"a/b"``, ``"é"``, ``""``), lists,
+Structures are built from dicts (with odd keys such as ``"a/b"``, ``"é"``, ``""``, or int keys), lists,
 tuples, ``None``, and the NamedTuple and ``flax.struct.dataclass`` classes defined below at
 module level, so a store written with them can be reopened in another process. Float values
 include NaN, infinities and subnormals; compare with :func:`pytreestore.testing.assert_trees_equal`.
@@ -34,12 +34,15 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from pytreestore._format.codecs import register_static_codec
+
 __all__ = [
     "DATACLASSES",
     "DTYPES",
     "NAMEDTUPLES",
     "ODD_KEYS",
     "STATIC_VALUES",
+    "HashableArray",
     "LeafSpec",
     "Pair",
     "Params",
@@ -51,6 +54,7 @@ __all__ = [
     "Triple",
     "dict_keys",
     "dtypes",
+    "int_dict_keys",
     "leaf_specs",
     "leaf_values",
     "records",
@@ -101,6 +105,30 @@ class Tagged:
     label: Any = flax.struct.field(pytree_node=False, default="")
 
 
+class HashableArray:
+    """A numpy array as a hashable static value, as MJX keeps its static arrays; stores hold
+    it through its static codec (registered below, on import)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __hash__(self) -> int:
+        return hash((self.array.dtype.str, self.array.shape, self.array.tobytes()))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, HashableArray):
+            return NotImplemented
+        a, b = self.array, other.array
+        return (a.dtype, a.shape) == (b.dtype, b.shape) and a.tobytes() == b.tobytes()
+
+    def __repr__(self) -> str:
+        return f"HashableArray({self.array!r})"
+
+
+register_static_codec(HashableArray, lambda h: h.array, HashableArray)
+
 NAMEDTUPLES: tuple[type, ...] = (Single, Pair, Triple)
 DATACLASSES: tuple[type, ...] = (Point, Params, State, Tagged)
 
@@ -122,8 +150,22 @@ ODD_KEYS: tuple[str, ...] = (
     "日本",
 )
 
-#: Static values a :class:`Tagged` label takes (all JSON-encodable, all equal to themselves).
-STATIC_VALUES: tuple[Any, ...] = ("", "run/1", 3, -1, 2.5, True, None, ("a", (1, 2)))
+#: Static values a :class:`Tagged` label takes (all JSON-encodable, all equal to themselves),
+#: among them bytes and numpy arrays in a :class:`HashableArray` (empty, 0-d, bfloat16).
+STATIC_VALUES: tuple[Any, ...] = (
+    "",
+    "run/1",
+    3,
+    -1,
+    2.5,
+    True,
+    None,
+    ("a", (1, 2)),
+    b"\x00b",
+    HashableArray(np.arange(6, dtype=np.int16).reshape(2, 3)),
+    HashableArray(np.zeros((0, 2), np.float32)),
+    (HashableArray(np.array(1.5, ml_dtypes.bfloat16)), "x"),
+)
 
 DTYPES: tuple[np.dtype, ...] = tuple(
     np.dtype(d)
@@ -287,6 +329,11 @@ def dict_keys() -> st.SearchStrategy[str]:
     return st.one_of(st.sampled_from(ODD_KEYS), st.text(max_size=4))
 
 
+def int_dict_keys() -> st.SearchStrategy[int]:
+    """Int dict keys (as ``nnx.State`` and ``nnx.List`` hold): small, negative and huge."""
+    return st.one_of(st.integers(-2, 12), st.sampled_from((2**40, -(2**63))))
+
+
 @st.composite
 def tree_schemas(
     draw: st.DrawFn,
@@ -330,7 +377,8 @@ def _draw_node(
         return [_draw_node(draw, depth - 1, budget, specs) for _ in range(k)]
 
     if kind == "dict":
-        keys = draw(st.lists(dict_keys(), unique=True, max_size=3))
+        key = draw(st.sampled_from((dict_keys, dict_keys, int_dict_keys)))
+        keys: list[Any] = draw(st.lists(key(), unique=True, max_size=3))
         return dict(zip(keys, children(len(keys))))
     if kind in ("list", "tuple"):
         items = children(draw(st.integers(0, 3)))

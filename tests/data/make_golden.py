@@ -41,7 +41,7 @@ from pytreestore._commit import record as record_module  # noqa: E402
 from pytreestore._format import dtypes as _dtypes  # noqa: E402
 from pytreestore.testing import strategies as pts  # noqa: E402
 from pytreestore.testing.conformance import dtype_values  # noqa: E402
-from tests import trees  # noqa: E402
+from tests import static_trees, trees  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 CURRENT = GOLDEN / f"format-{pytreestore.FORMAT_VERSION}"
@@ -158,6 +158,12 @@ def ragged_record(i: int) -> trees.Event:
     )
 
 
+def static_arrays_record(i: int) -> static_trees.World:
+    """Format 3: static arrays in a codec's wrapper (int32, empty bfloat16, 0-d bool) and
+    int-keyed dicts, at the root, in a ragged list's elements and in an optional subtree."""
+    return static_trees.record("golden", i)
+
+
 EVOLVED = {
     "add": {"['y']": np.int16(-3)},
     "drop": ["['old']"],
@@ -188,6 +194,15 @@ RECIPES: dict[str, Recipe] = {
         ragged=trees.EVENT_RAGGED,
         optional=trees.EVENT_OPTIONAL,
     ),
+    "static-arrays": Recipe(
+        static_arrays_record,
+        4,
+        chunk_records=2,
+        codec="zstd",
+        ragged=static_trees.DECLARATIONS["golden"]["ragged"],
+        optional=static_trees.DECLARATIONS["golden"]["optional"],
+    ),
+    "int-keys": Recipe(static_trees.layers_record, 3, chunk_records=2, codec=None),
 }
 
 
