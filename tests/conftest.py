@@ -7,6 +7,9 @@ parametrizes ``backend`` itself. One marked with a marker of :data:`OCDBT_LACKS`
 as files on disk; OCDBT keeps them inside its database) or ``forked_reads`` (it reads in a
 forked child, where TensorStore's reads abort). Mark a test so only where OCDBT truly lacks
 that; a module where every test does, with ``pytestmark``.
+
+A test marked ``slow`` runs only when ``-m`` names ``slow`` (``make test-long``); the default
+run (``make test``) skips it.
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ OCDBT_LACKS = {
 def pytest_configure(config: pytest.Config) -> None:
     for name, what in OCDBT_LACKS.items():
         config.addinivalue_line("markers", f"{name}: the test {what}; not run on OCDBT")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skips a test marked ``slow`` unless the run selects it with ``-m slow``."""
+    if item.get_closest_marker("slow") and "slow" not in (item.config.getoption("markexpr") or ""):
+        pytest.skip("a slow test: it runs with make test-long (pytest -m slow)")
 
 
 def _parametrized(names: str | Sequence[str]) -> list[str]:

@@ -23,7 +23,6 @@ import pytest
 
 import pytreestore
 from pytreestore._pipelines import background
-from tests.test_trials import require_slow
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -179,8 +178,7 @@ def test_scripts_ending_with_live_prefetch_exit_cleanly(tmp_path):
 
 
 @pytest.mark.slow
-def test_scripts_ending_with_live_prefetch_exit_cleanly_many_times(tmp_path, request):
-    require_slow(request)
+def test_scripts_ending_with_live_prefetch_exit_cleanly_many_times(tmp_path):
     pytest.importorskip("grain")
     repeats = int(os.environ.get("PYTREESTORE_EXIT_REPEATS", 8))
     assert _check_exits(tmp_path, repeats) == repeats * (2 * len(ENDINGS) + 1)

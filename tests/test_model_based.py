@@ -397,8 +397,6 @@ def test_store_follows_the_model(base, backend, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("base", [FixedMachine, RaggedMachine], ids=["fixed", "ragged"])
-def test_store_follows_the_model_long(base, backend, tmp_path, request):
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("the long profile runs with make test-long (pytest -m slow)")
+def test_store_follows_the_model_long(base, backend, tmp_path):
     examples = 60 if base is FixedMachine else 40
     run(base, backend, str(tmp_path), settings(LONG, max_examples=examples))

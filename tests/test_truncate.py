@@ -465,8 +465,6 @@ def test_kill_trials_of_truncate_after_evolve(tmp_path, backend, seed):
 
 
 @pytest.mark.slow
-def test_kill_trials_of_truncate_after_evolve_long(tmp_path, backend, request):
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("the long trials run with make test-long (pytest -m slow)")
+def test_kill_trials_of_truncate_after_evolve_long(tmp_path, backend):
     for seed in range(2, 22):
         kill_trial(str(tmp_path / f"s{seed}"), backend, seed)
