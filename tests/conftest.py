@@ -14,8 +14,10 @@ run (``make test``) skips it.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from multiprocessing.pool import Pool
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -79,3 +81,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def path(tmp_path) -> str:
     """Where a test's store goes: ``s`` in its own temporary folder."""
     return str(tmp_path / "s")
+
+
+@pytest.fixture(scope="session")
+def pool() -> Iterator[Pool]:
+    """Two other processes (``spawn``), started once for the session: each start imports JAX,
+    so tests of work done in another process share them."""
+    with multiprocessing.get_context("spawn").Pool(2) as workers:
+        yield workers
