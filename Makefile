@@ -29,7 +29,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q $$($(PY) -c "import xdist" 2>/dev/null && echo "-n auto --dist loadfile")
 
 # the tests marked slow: among them 200 local and 50 S3 crash trials, 300 truncate crash trials
-# (-rP prints their counts) and the model-based test at ten times the examples
+# (-rP prints their counts) and the model-based test at over ten times the examples
 test-long: $(STAMP)
 	$(PY) -m pytest -q -m slow -rP
 

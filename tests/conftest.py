@@ -7,12 +7,17 @@ parametrizes ``backend`` itself. One marked with a marker of :data:`OCDBT_LACKS`
 as files on disk; OCDBT keeps them inside its database) or ``forked_reads`` (it reads in a
 forked child, where TensorStore's reads abort). Mark a test so only where OCDBT truly lacks
 that; a module where every test does, with ``pytestmark``.
+
+A test marked ``slow`` runs only when ``-m`` names ``slow`` (``make test-long``); the default
+run (``make test``) skips it.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from multiprocessing.pool import Pool
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -47,6 +52,12 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: the test {what}; not run on OCDBT")
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skips a test marked ``slow`` unless the run selects it with ``-m slow``."""
+    if item.get_closest_marker("slow") and "slow" not in (item.config.getoption("markexpr") or ""):
+        pytest.skip("a slow test: it runs with make test-long (pytest -m slow)")
+
+
 def _parametrized(names: str | Sequence[str]) -> list[str]:
     return [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
 
@@ -70,3 +81,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def path(tmp_path) -> str:
     """Where a test's store goes: ``s`` in its own temporary folder."""
     return str(tmp_path / "s")
+
+
+@pytest.fixture(scope="session")
+def pool() -> Iterator[Pool]:
+    """Two other processes (``spawn``), started once for the session: each start imports JAX,
+    so tests of work done in another process share them."""
+    with multiprocessing.get_context("spawn").Pool(2) as workers:
+        yield workers

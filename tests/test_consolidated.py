@@ -44,8 +44,7 @@ import json, pathlib, sys
 import xarray as xr
 import zarr
 
-path, expected = sys.argv[1], json.loads(pathlib.Path(sys.argv[2]).read_text())
-if sys.argv[3] == "zarrs":  # chunks decoded by zarrs, the Rust zarr v3 library
+if sys.argv[1] == "zarrs":  # chunks decoded by zarrs, the Rust zarr v3 library
     import zarrs
 
     zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
@@ -56,20 +55,26 @@ def same(got, want, key):
     assert got == want, (key, got, want)
 
 
-group = zarr.open_group(path, mode="r")
-members = dict(group.members(max_depth=None))
-arrays = {k: v for k, v in members.items() if isinstance(v, zarr.Array)}
-assert sorted(arrays) == sorted(expected), (sorted(arrays), sorted(expected))
-for key, want in expected.items():
-    same(arrays[key][...], want, key)
-    same(group[key][...], want, key)
-    pipeline = type(arrays[key]._async_array.codec_pipeline).__name__
-    assert pipeline == ("ZarrsCodecPipeline" if sys.argv[3] == "zarrs" else "BatchedCodecPipeline")
-tree = xr.open_datatree(path, engine="zarr")
-for key, want in expected.items():
-    same(tree["/" + key].values, want, key)
-assert not {"pytreestore", "jax"} & set(sys.modules), sorted({"pytreestore", "jax"} & set(sys.modules))
-print(len(arrays))
+def read(path, expected):
+    group = zarr.open_group(path, mode="r")
+    members = dict(group.members(max_depth=None))
+    arrays = {k: v for k, v in members.items() if isinstance(v, zarr.Array)}
+    assert sorted(arrays) == sorted(expected), (sorted(arrays), sorted(expected))
+    for key, want in expected.items():
+        same(arrays[key][...], want, key)
+        same(group[key][...], want, key)
+        pipeline = type(arrays[key]._async_array.codec_pipeline).__name__
+        assert pipeline == ("ZarrsCodecPipeline" if sys.argv[1] == "zarrs" else "BatchedCodecPipeline")
+    tree = xr.open_datatree(path, engine="zarr")
+    for key, want in expected.items():
+        same(tree["/" + key].values, want, key)
+    assert not {"pytreestore", "jax"} & set(sys.modules), sorted({"pytreestore", "jax"} & set(sys.modules))
+    return len(arrays)
+
+
+stores = sys.argv[2:]
+for path, manifest in zip(stores[::2], stores[1::2]):
+    print(read(path, json.loads(pathlib.Path(manifest).read_text())))
 """
 
 
@@ -110,13 +115,17 @@ def _described(array: np.ndarray) -> list[Any]:
     return [str(array.dtype), list(array.shape), array.tobytes().hex()]
 
 
-def read_isolated(path: Path, tmp_path: Path, pipeline: str = "zarr") -> int:
-    """Runs :data:`READ` on the store at ``path`` in a fresh interpreter, warnings as errors,
-    with zarr-python's codec pipeline or (``"zarrs"``) zarrs'; the number of arrays it read."""
-    manifest = tmp_path / f"{path.name}.json"
-    manifest.write_text(json.dumps(expected(path)))
+def read_isolated(paths: list[Path], tmp_path: Path, pipeline: str = "zarr") -> list[int]:
+    """Runs :data:`READ` on the stores at ``paths`` in one fresh interpreter, warnings as
+    errors, with zarr-python's codec pipeline or (``"zarrs"``) zarrs'; the number of arrays it
+    read in each."""
+    args = []
+    for k, path in enumerate(paths):
+        manifest = tmp_path / f"manifest-{k}.json"
+        manifest.write_text(json.dumps(expected(path)))
+        args += [str(path), str(manifest)]
     proc = subprocess.run(
-        [sys.executable, "-W", "error", "-c", READ, str(path), str(manifest), pipeline],
+        [sys.executable, "-W", "error", "-c", READ, pipeline, *args],
         capture_output=True,
         text=True,
         cwd=tmp_path,  # what is installed, not the source tree
@@ -124,7 +133,39 @@ def read_isolated(path: Path, tmp_path: Path, pipeline: str = "zarr") -> int:
         timeout=180,
     )
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-    return int(proc.stdout)
+    counts = [int(n) for n in proc.stdout.split()]
+    assert len(counts) == len(paths), proc.stdout
+    return counts
+
+
+@pytest.fixture(scope="module")
+def default_reads(tmp_path_factory) -> dict[str, tuple[Path, int]]:
+    """The awkward store of each of :data:`STORES` and a ragged store on each file backend,
+    each with the count of arrays zarr-python and xarray read from it by default: one
+    interpreter for all of them (each start imports zarr and xarray)."""
+    root = tmp_path_factory.mktemp("default-reads")
+    paths = {f"{b}-{c}": awkward_store(root / f"{b}-{c}", b, c) for b, c in STORES}
+    for backend in ("tensorstore", "zarr"):
+        rows = ragged_records()
+        path = root / f"ragged-{backend}"
+        with pytreestore.create(
+            path, rows[0], ragged=["['hits/é']"], optional=["['calib']"], backend=backend
+        ) as store:
+            store.extend(rows)
+        paths[f"ragged-{backend}"] = path
+    counts = read_isolated(list(paths.values()), root)
+    return {name: (path, n) for (name, path), n in zip(paths.items(), counts)}
+
+
+@pytest.fixture(scope="module")
+def zarrs_reads(tmp_path_factory) -> dict[str, int]:
+    """The count of arrays zarrs read from the awkward store (no float8 types) of each of
+    :data:`STORES`, in one interpreter."""
+    pytest.importorskip("zarrs", reason="zarrs (the test extra) is not installed")
+    root = tmp_path_factory.mktemp("zarrs-reads")
+    paths = [awkward_store(root / f"{b}-{c}", b, c, float8=False) for b, c in STORES]
+    counts = read_isolated(paths, root, "zarrs")
+    return {f"{b}-{c}": n for (b, c), n in zip(STORES, counts)}
 
 
 def root_metadata(path: Path) -> dict[str, Any]:
@@ -149,35 +190,28 @@ def check_in_step(path: Path) -> None:
 
 
 @pytest.mark.parametrize(("backend", "codec"), STORES)
-def test_defaults_read_every_column_with_no_warning(tmp_path, backend, codec):
-    path = awkward_store(tmp_path / "s", backend, codec)
+def test_defaults_read_every_column_with_no_warning(default_reads, backend, codec):
+    path, read = default_reads[f"{backend}-{codec}"]
     check_in_step(path)
     columns = pytreestore.open(path).schema.columns
     assert {c.dtype.name for c in columns} == set(_dtypes.SUPPORTED)
-    assert read_isolated(path, tmp_path) == len(columns) == 19 + len(_dtypes.ML_FLOATS)
+    assert read == len(columns) == 19 + len(_dtypes.ML_FLOATS)
 
 
 @pytest.mark.parametrize(("backend", "codec"), STORES)
-def test_zarrs_reads_every_column_with_no_warning(tmp_path, backend, codec):
+def test_zarrs_reads_every_column_with_no_warning(zarrs_reads, backend, codec):
     """The same reads with zarrs (a test extra) decoding the chunks: every standard dtype and
     bfloat16. zarrs 0.2 refuses the float8 types' fill value (``incompatible fill value
     metadata: data_type=float8_e3m4, fill_value=0.0``), so they are left out here
     (docs/interop.md)."""
-    pytest.importorskip("zarrs", reason="zarrs (the test extra) is not installed")
-    path = awkward_store(tmp_path / "s", backend, codec, float8=False)
-    assert read_isolated(path, tmp_path, "zarrs") == 19 + 1
+    assert zarrs_reads[f"{backend}-{codec}"] == 19 + 1
 
 
 @pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
-def test_defaults_read_a_ragged_store(tmp_path, backend):
-    rows = ragged_records()
-    path = tmp_path / "r"
-    with pytreestore.create(
-        path, rows[0], ragged=["['hits/é']"], optional=["['calib']"], backend=backend
-    ) as store:
-        store.extend(rows)
+def test_defaults_read_a_ragged_store(default_reads, backend):
+    path, read = default_reads[f"ragged-{backend}"]
     check_in_step(path)
-    assert read_isolated(path, tmp_path) == len(pytreestore.open(path).schema.storage_columns)
+    assert read == len(pytreestore.open(path).schema.storage_columns)
 
 
 @pytest.mark.parametrize("backend", ["tensorstore", "zarr"])

@@ -240,11 +240,8 @@ def check_prefix(store: pytreestore.TreeStore, n: int) -> None:
     ],
 )
 def test_sigkilled_writer_leaves_a_committed_prefix(
-    trial: int, request: pytest.FixtureRequest, writers: Callable[..., Writer], tmp_path: Path
+    trial: int, writers: Callable[..., Writer], tmp_path: Path
 ) -> None:
-    slow = "slow" in (request.config.getoption("markexpr") or "")
-    if trial >= DEFAULT_TRIALS and not slow:
-        pytest.skip("more crash trials run with -m slow")
     writer = new_writer(writers, trial, tmp_path / "store")
     assert writer.ready() == writer.start
     reported, lines = kill_at_random(writer, random.Random(1000 + trial))

@@ -5,7 +5,6 @@ processes, readers, vacuum."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import pickle
 import re
@@ -364,11 +363,9 @@ def _write_in_child(args: tuple[str, str, int, int]) -> str:
     return pytreestore.write_fragment(path, batch(start, n), backend=backend).to_json()
 
 
-def test_fragments_written_by_other_processes(path, tmp_path, backend):
+def test_fragments_written_by_other_processes(pool, path, tmp_path, backend):
     store = make(path, backend, 4)
-    spawn = multiprocessing.get_context("spawn")
-    with spawn.Pool(2) as pool:
-        texts = pool.map(_write_in_child, [(path, backend, 4, 8), (path, backend, 12, 5)])
+    texts = pool.map(_write_in_child, [(path, backend, 4, 8), (path, backend, 12, 5)], chunksize=1)
     store.commit_fragments([pytreestore.Fragment.from_json(t) for t in texts])
     same_records(store, make(str(tmp_path / "e"), backend, 17))
 

@@ -287,9 +287,13 @@ def test_a_shared_writer_refuses_to_learn_a_pending_structure(
     assert [int(r["i"]) for r in pytreestore.open(path)] == [0]
 
 
-def test_reader_sees_only_whole_commits(store_path: Path, coordinator: str) -> None:
+@pytest.mark.parametrize("commits", [16, pytest.param(40, marks=pytest.mark.slow)])
+def test_reader_sees_only_whole_commits(store_path: Path, coordinator: str, commits: int) -> None:
+    """A reader loads the whole store again and again while two writers each commit
+    ``commits`` batches (it reads as long as they write: most of the test's cost)."""
     batch = 5
-    writers = run_writers(store_path, coordinator, [[batch] * 40, [batch] * 40])
+    each = batch * commits
+    writers = run_writers(store_path, coordinator, [[batch] * commits, [batch] * commits])
     seen = []
     while any(w.proc.poll() is None for w in writers) or not seen:
         found = tags(pytreestore.open(store_path))
@@ -299,9 +303,9 @@ def test_reader_sees_only_whole_commits(store_path: Path, coordinator: str) -> N
         seen.append(len(found))
     for w in writers:
         assert w.finish()[-1] == "DONE"
-    assert seen == sorted(seen) and seen[-1] <= 400
-    assert len({n for n in seen if 0 < n < 400}) >= 2  # reads while both were writing
-    check_records(tags(pytreestore.open(store_path)), {0: 200, 1: 200})
+    assert seen == sorted(seen) and seen[-1] <= 2 * each
+    assert len({n for n in seen if 0 < n < 2 * each}) >= 2  # reads while both were writing
+    check_records(tags(pytreestore.open(store_path)), {0: each, 1: each})
 
 
 def test_one_writer_alone_and_its_reads(store_path: Path, coordinator: str) -> None:

@@ -238,9 +238,13 @@ def test_records_with_only_empty_outer_lists_read_back_with_zarr(tmp_path):
 # ---- threads, pickle, fork ----------------------------------------------------------------------
 
 
-def test_threads_read_only_exact_committed_records_while_one_appends(tmp_path, backend):
+@pytest.mark.parametrize("count", [24, pytest.param(96, marks=pytest.mark.slow)])
+def test_threads_read_only_exact_committed_records_while_one_appends(tmp_path, backend, count):
+    """Five threads read one shared reader for as long as the writer appends ``count`` records
+    (the readers spin, so they cost about five times the writer's time: the default run writes
+    six chunks, flushing mid-chunk four times; ``make test-long`` four times as many)."""
     path = tmp_path / "s"
-    want = [record(i) for i in range(60)]
+    want = [record(i) for i in range(count)]
     writer = pytreestore.create(path, LIKE, backend=backend, chunk_records=4, **DECL)
     writer.extend(want[:4])
     writer.flush()
@@ -269,7 +273,7 @@ def test_threads_read_only_exact_committed_records_while_one_appends(tmp_path, b
     for t in threads:
         t.start()
     try:
-        for i in range(4, 60):
+        for i in range(4, count):
             writer.append(want[i])
             if i % 5 == 0:
                 writer.flush()
@@ -279,7 +283,7 @@ def test_threads_read_only_exact_committed_records_while_one_appends(tmp_path, b
         for t in threads:
             t.join(60)
     assert not failures, failures[:3]
-    assert reader.refresh() == 60
+    assert reader.refresh() == count
 
 
 def test_an_unpickled_reader_reads_the_same_records(tmp_path, backend):

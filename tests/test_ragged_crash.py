@@ -35,7 +35,7 @@ import pytest
 
 import pytreestore
 from pytreestore.testing import assert_trees_equal
-from tests.test_trials import _wait_done, require_slow
+from tests.test_trials import _wait_done
 from tests.trial_harness import (
     RAGGED_DECL,
     Zygote,
@@ -247,8 +247,7 @@ def test_ragged_crash_trials(zygote, tmp_path):
 
 
 @pytest.mark.slow
-def test_ragged_crash_trials_long(zygote, tmp_path, request):
-    require_slow(request)
+def test_ragged_crash_trials_long(zygote, tmp_path):
     seed = _seed()
     chains = int(os.environ.get("PYTREESTORE_LONG_CHAINS", 8))  # 10 trials each
     tally = run_chains(zygote, tmp_path, seed, chains, 10)

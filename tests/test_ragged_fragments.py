@@ -11,7 +11,6 @@ store created from a pending ``like`` learns its structures from them.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import pickle
 import re
@@ -365,11 +364,9 @@ def _write_in_child(args: tuple[str, str, int, int]) -> str:
     return pytreestore.write_fragment(path, records(start, stop), backend=backend).to_json()
 
 
-def test_fragments_written_by_other_processes(path, backend):
+def test_fragments_written_by_other_processes(pool, path, backend):
     store = make(path, backend, 0, pending=True)
-    spawn = multiprocessing.get_context("spawn")
-    with spawn.Pool(2) as pool:
-        texts = pool.map(_write_in_child, [(path, backend, 0, 6), (path, backend, 6, 13)])
+    texts = pool.map(_write_in_child, [(path, backend, 0, 6), (path, backend, 6, 13)], chunksize=1)
     store.commit_fragments([pytreestore.Fragment.from_json(t) for t in texts])
     assert_same_store(store, 13)
 

@@ -102,26 +102,39 @@ def test_records_come_back_exactly(tmp_path, backend):
     assert isinstance(one.t, jax.Array) and type(one) is Step and type(one.agents) is list
 
 
-def test_a_fresh_process_reads_the_same_records(tmp_path, backend):
-    steps = _steps(seed=3)
-    _filled(tmp_path / "s", backend, steps).close()
-    code = (
-        "import json, pytreestore, numpy as np\n"
-        f"s = pytreestore.open({str(tmp_path / 's')!r}, backend={backend!r})\n"
-        "r = s.load(4, as_numpy=True)\n"
-        "print(json.dumps([type(r).__name__, len(r.agents), r.storm is None,"
-        " [len(a.events) for a in r.agents], float(sum(a.energy for a in r.agents))]))\n"
-    )
+_FRESH_READ = """
+import json, sys, pytreestore
+out = {}
+for backend, path in json.loads(sys.argv[1]).items():
+    r = pytreestore.open(path, backend=backend).load(4, as_numpy=True)
+    out[backend] = [type(r).__name__, len(r.agents), r.storm is None,
+                    [len(a.events) for a in r.agents], float(sum(a.energy for a in r.agents))]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh_reads(tmp_path_factory) -> dict[str, list]:
+    """Record 4 of a store on each backend, as one fresh process (that never imported
+    ``Step``) reads it: one interpreter for every backend, since each start imports JAX."""
+    root = tmp_path_factory.mktemp("fresh")
+    paths = {b: str(root / b) for b in BACKENDS}
+    for backend, path in paths.items():
+        _filled(path, backend, _steps(seed=3)).close()
     out = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, "-c", _FRESH_READ, json.dumps(paths)],
         capture_output=True,
         text=True,
         check=False,
         cwd=Path(__file__).resolve().parents[1],
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    want = steps[4]
-    assert json.loads(out.stdout) == [
+    return json.loads(out.stdout)
+
+
+def test_a_fresh_process_reads_the_same_records(fresh_reads, backend):
+    want = _steps(seed=3)[4]
+    assert fresh_reads[backend] == [
         "Step",
         len(want.agents),
         want.storm is None,

@@ -177,11 +177,6 @@ def run_trials(
     return tally
 
 
-def require_slow(request: pytest.FixtureRequest) -> None:
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("the long trials run with make test-long (pytest -m slow)")
-
-
 def _seed() -> int:
     return int(os.environ.get("PYTREESTORE_TRIAL_SEED", random.randrange(1 << 30)))
 
@@ -217,8 +212,7 @@ def test_crash_trials_s3(zygote, s3_server, tmp_path):
 
 
 @pytest.mark.slow
-def test_crash_trials_local_long(zygote, tmp_path, request):
-    require_slow(request)
+def test_crash_trials_local_long(zygote, tmp_path):
     seed = _seed()
     chains = int(os.environ.get("PYTREESTORE_LONG_CHAINS", 25))  # 10 trials each
     tally = run_trials(
@@ -230,8 +224,7 @@ def test_crash_trials_local_long(zygote, tmp_path, request):
 
 @pytest.mark.slow
 @pytest.mark.s3
-def test_crash_trials_s3_long(zygote, s3_server, tmp_path, request):
-    require_slow(request)
+def test_crash_trials_s3_long(zygote, s3_server, tmp_path):
     seed, bucket = _seed(), s3_server.make_bucket()
     opts = {"storage_options": s3_server.options}
     tally = run_trials(

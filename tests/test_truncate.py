@@ -23,8 +23,11 @@ import zarr
 import pytreestore
 from pytreestore._format.names import COMMIT_KEY, ROOT_KEY
 from pytreestore._open import open as _open
+from tests.trial_harness import Zygote
 
 ROOT = Path(__file__).resolve().parent.parent
+
+pytest_plugins = ("tests.fixtures",)  # the zygote that forks the cut-off writers
 
 
 def step(i: int) -> dict:
@@ -186,61 +189,48 @@ def test_a_reader_refreshed_past_a_truncate_reads_the_rows_written_after(tmp_pat
 
 # ---- defects 4 and 7: the order of a truncate's writes ---------------------------------------------
 
-CHILD = """
-import os, sys, numpy as np, pytreestore
-sys.path.insert(0, {tests!r})
-from test_truncate import {make}
-from pytreestore._format.names import COMMIT_KEY
 
-store = {make}({path!r}, {backend!r})
-backend, when = store._backend, {when!r}
+def cut_off_child(path: str, backend: str, records: int, when: str, make: str) -> None:
+    """In a child forked by the zygote: ``make`` (:func:`evolved`) and ``truncate(records)``,
+    exiting with ``os._exit(9)`` right ``when`` ("before" or "after") the truncate's commit
+    record is written."""
+    import os
 
+    store = globals()[make](path, backend)
+    engine = store._backend
 
-def cut(write):
-    def hooked(key, data, *args):
-        truncating = key == COMMIT_KEY and b'"truncate"' in data
-        if truncating and when == "before":
-            os._exit(9)  # the truncate's root is written, its commit record not
-        out = write(key, data, *args)
-        if truncating:
-            os._exit(9)  # its commit record is written, nothing after it
-        return out
-    return hooked
+    def cut(write):
+        def hooked(key, data, *args):
+            truncating = key == COMMIT_KEY and b'"truncate"' in data
+            if truncating and when == "before":
+                os._exit(9)  # the truncate's root is written, its commit record not
+            out = write(key, data, *args)
+            if truncating:
+                os._exit(9)  # its commit record is written, nothing after it
+            return out
 
+        return hooked
 
-backend.write_bytes = cut(backend.write_bytes)
-if hasattr(backend, "write_bytes_if"):
-    backend.write_bytes_if = cut(backend.write_bytes_if)
-store.truncate({records})
-"""
+    engine.write_bytes = cut(engine.write_bytes)
+    if hasattr(engine, "write_bytes_if"):
+        engine.write_bytes_if = cut(engine.write_bytes_if)
+    store.truncate(records)
 
 
 def cut_off_truncate(
-    path: str, backend: str, records: int, when: str, make: str = "evolved"
+    zygote: Zygote, path: str, backend: str, records: int, when: str, make: str = "evolved"
 ) -> None:
-    """Runs ``make`` (:func:`evolved`) and ``truncate(records)`` in a process that exits with
-    ``os._exit`` right ``when`` ("before" or "after") the truncate's commit record is written."""
-    code = CHILD.format(
-        tests=str(ROOT / "tests"),
-        path=path,
-        backend=backend,
-        when=when,
-        records=records,
-        make=make,
+    """Runs :func:`cut_off_child` in a process forked by the zygote (no new interpreter)."""
+    log = f"{path}.log"
+    code = zygote.call(
+        "tests.test_truncate:cut_off_child", path, backend, records, when, make, log=log
     )
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert done.returncode == 9, done.stderr
+    assert code == 9, Path(log + ".stderr").read_text()[-3000:]
 
 
-def test_a_truncate_cut_off_before_its_commit_record_loses_nothing(tmp_path, backend):
+def test_a_truncate_cut_off_before_its_commit_record_loses_nothing(zygote, tmp_path, backend):
     path = str(tmp_path / "s")
-    cut_off_truncate(path, backend, 9, "before")
+    cut_off_truncate(zygote, path, backend, 9, "before")
     want = [0.0] * 12 + [12.0, 13.0]
     reader = pytreestore.open(path, backend=backend)
     assert len(reader) == 14 and lrs(reader) == want  # the commit in force: 14 records
@@ -253,9 +243,9 @@ def test_a_truncate_cut_off_before_its_commit_record_loses_nothing(tmp_path, bac
     assert lrs(got) == [0.0] * 9 + [9.0, 10.0, 11.0, 12.0, 13.0]
 
 
-def test_a_truncate_after_learning_cut_off_before_its_commit_record(tmp_path, backend):
+def test_a_truncate_after_learning_cut_off_before_its_commit_record(zygote, tmp_path, backend):
     path = str(tmp_path / "s")
-    cut_off_truncate(path, backend, 9, "before", make="optional_store")
+    cut_off_truncate(zygote, path, backend, 9, "before", make="optional_store")
     want = [None] * 4 + [12.0, 13.0]
     reader = pytreestore.open(path, backend=backend)
     assert len(reader) == 14 and extras(reader, range(8, 14)) == want
@@ -267,9 +257,9 @@ def test_a_truncate_after_learning_cut_off_before_its_commit_record(tmp_path, ba
     assert extras(got, range(8, 14)) == [None, 9.0, 10.0, 11.0, 12.0, 13.0]
 
 
-def test_a_writer_opening_after_the_cut_puts_back_the_committed_schema(tmp_path, backend):
+def test_a_writer_opening_after_the_cut_puts_back_the_committed_schema(zygote, tmp_path, backend):
     path = str(tmp_path / "s")
-    cut_off_truncate(path, backend, 9, "before")
+    cut_off_truncate(zygote, path, backend, 9, "before")
     pytreestore.open(path, "a", backend=backend).close()
     store = pytreestore.open(path, backend=backend)
     root = json.loads(store._backend.read_bytes(ROOT_KEY))["attributes"]["pytreestore"]
@@ -280,9 +270,9 @@ def test_a_writer_opening_after_the_cut_puts_back_the_committed_schema(tmp_path,
 
 @pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
 @pytest.mark.parametrize("when", ["before", "after"])
-def test_zarr_readers_never_see_rows_past_a_truncates_commit(tmp_path, backend, when):
+def test_zarr_readers_never_see_rows_past_a_truncates_commit(zygote, tmp_path, backend, when):
     path = str(tmp_path / "s")
-    cut_off_truncate(path, backend, 4, when)
+    cut_off_truncate(zygote, path, backend, 4, when)
     records = 14 if when == "before" else 4  # what the commit record holds
     group = zarr.open_group(path, mode="r")
     assert group["step"].shape == (4,)  # never more than the commit holds
@@ -465,8 +455,6 @@ def test_kill_trials_of_truncate_after_evolve(tmp_path, backend, seed):
 
 
 @pytest.mark.slow
-def test_kill_trials_of_truncate_after_evolve_long(tmp_path, backend, request):
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("the long trials run with make test-long (pytest -m slow)")
+def test_kill_trials_of_truncate_after_evolve_long(tmp_path, backend):
     for seed in range(2, 22):
         kill_trial(str(tmp_path / f"s{seed}"), backend, seed)

@@ -35,7 +35,6 @@ import pytreestore
 from pytreestore.testing import assert_trees_equal
 from tests import truncate_harness as h
 from tests.conftest import BACKENDS
-from tests.test_trials import require_slow
 from tests.trial_harness import (
     RAGGED_DECL,
     Zygote,
@@ -239,8 +238,7 @@ def test_truncate_crash_trials(zygote, tmp_path):
 
 
 @pytest.mark.slow
-def test_truncate_crash_trials_long(zygote, tmp_path, request):
-    require_slow(request)
+def test_truncate_crash_trials_long(zygote, tmp_path):
     seed = random.randrange(1 << 30)
     tally = run_trials(zygote, tmp_path, seed, 300)
     report(tally, "truncate crash trials, long", seed)

@@ -96,8 +96,7 @@ READ_WITH_ZARR = f"""
 import json, pathlib, sys, warnings
 import zarr
 
-path, expected = sys.argv[1], json.loads(pathlib.Path(sys.argv[2]).read_text())
-consolidated = None if sys.argv[3] == "default" else False
+consolidated = None if sys.argv[1] == "default" else False
 if consolidated is False:  # listing the folders, zarr-python meets .pytreestore/
     warnings.filterwarnings("ignore", message={PYTREESTORE_FOLDER!r})
 
@@ -110,13 +109,16 @@ def walk(group, prefix=""):
             yield f"{{prefix}}{{name}}", member
 
 
-arrays = dict(walk(zarr.open_group(path, mode="r", use_consolidated=consolidated)))
-assert sorted(arrays) == sorted(expected), (sorted(arrays), sorted(expected))
-for key, want in expected.items():
-    got = arrays[key][:]
-    assert [str(got.dtype), list(got.shape), got.tobytes().hex()] == want, key
+stores = sys.argv[2:]  # each store's path, then the file of what it holds
+for path, manifest in zip(stores[::2], stores[1::2]):
+    expected = json.loads(pathlib.Path(manifest).read_text())
+    arrays = dict(walk(zarr.open_group(path, mode="r", use_consolidated=consolidated)))
+    assert sorted(arrays) == sorted(expected), (sorted(arrays), sorted(expected))
+    for key, want in expected.items():
+        got = arrays[key][:]
+        assert [str(got.dtype), list(got.shape), got.tobytes().hex()] == want, key
+    print(len(arrays))
 {NOTHING_ELSE_IMPORTED}
-print(len(arrays))
 """
 
 
@@ -148,15 +150,33 @@ def test_the_distribution_declares_the_entry_points():
     assert zarr.registry.get_buffer_class() is cpu.Buffer
 
 
-@pytest.mark.parametrize(
-    ("backend", "codec"),
-    [("tensorstore", "zstd"), ("tensorstore", None), ("zarr", "zstd"), ("zarr", None)],
-)
-def test_zarr_python_reads_every_array_with_no_import(tmp_path, backend, codec):
-    manifest = write_store(tmp_path / "s", backend=backend, codec=codec)
-    for consolidated in ("default", "off"):  # the root's consolidated metadata, the listing
-        got = run_isolated(READ_WITH_ZARR, tmp_path / "s", manifest, consolidated, cwd=tmp_path)
-        assert int(got) == len(json.loads(manifest.read_text())) == len(_dtypes.ML_FLOATS) + 5
+STORES = [("tensorstore", "zstd"), ("tensorstore", None), ("zarr", "zstd"), ("zarr", None)]
+
+
+@pytest.fixture(scope="module")
+def reads(tmp_path_factory) -> dict[str, tuple[Path, list[int]]]:
+    """A store of each of :data:`STORES` (its manifest) and the count of arrays zarr-python
+    read from it, by the root's consolidated metadata and by listing: one fresh interpreter
+    for every store, per way (each start imports zarr)."""
+    root = tmp_path_factory.mktemp("reads")
+    manifests = {f"{b}-{c}": write_store(root / f"{b}-{c}", backend=b, codec=c) for b, c in STORES}
+    args = [str(x) for name, m in manifests.items() for x in (root / name, m)]
+    counts = {
+        way: [int(n) for n in run_isolated(READ_WITH_ZARR, way, *args, cwd=root).split()]
+        for way in ("default", "off")  # the root's consolidated metadata, the listing
+    }
+    assert all(len(c) == len(STORES) for c in counts.values()), counts
+    return {
+        name: (m, [counts[way][k] for way in counts])
+        for k, (name, m) in enumerate(manifests.items())
+    }
+
+
+@pytest.mark.parametrize(("backend", "codec"), STORES)
+def test_zarr_python_reads_every_array_with_no_import(reads, backend, codec):
+    manifest, got = reads[f"{backend}-{codec}"]
+    want = len(json.loads(manifest.read_text()))
+    assert got == [want, want] and want == len(_dtypes.ML_FLOATS) + 5
 
 
 def test_consolidated_metadata_is_parsed_after_the_types_are_registered(written, tmp_path):
@@ -170,7 +190,7 @@ def test_consolidated_metadata_is_parsed_after_the_types_are_registered(written,
         warnings.filterwarnings("ignore", message=PYTREESTORE_FOLDER)
         warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
         zarr.consolidate_metadata(str(copy))
-    run_isolated(READ_WITH_ZARR, copy, manifest, "default", cwd=tmp_path)
+    run_isolated(READ_WITH_ZARR, "default", copy, manifest, cwd=tmp_path)
 
 
 def test_xarray_reads_the_ml_columns_with_no_import(written, tmp_path):

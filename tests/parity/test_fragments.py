@@ -5,9 +5,7 @@ inside an OCDBT database) on every table where its rows start at a chunk boundar
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-from collections.abc import Iterator
 from multiprocessing.pool import Pool
 from pathlib import Path
 
@@ -31,13 +29,6 @@ def _write(args: tuple[str, str, str, int, int]) -> str:
     path, kind, backend, first, n = args
     records = kinds.records(kind, n, start=first)
     return pytreestore.write_fragment(path, records, backend=backend).to_json()
-
-
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    """Two other processes, started once for the module (each start imports JAX)."""
-    with multiprocessing.get_context("spawn").Pool(2) as workers:
-        yield workers
 
 
 def _written(pool: Pool, path: str, kind: str, backend: str, spans: Spans) -> list:
