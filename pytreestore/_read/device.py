@@ -23,6 +23,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src.lax import lax as _lax  # _convert_element_type(weak_type=): no public API
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 from jax.tree_util import keystr, tree_flatten_with_path
 
@@ -42,15 +43,38 @@ def to_jax(
     *,
     device: Any,
     cast: bool,
+    weak: Sequence[bool] | None = None,
 ) -> list[jax.Array | None]:
     """Places host arrays on ``device`` (default device if None), casting 64-bit ones if asked.
 
-    ``None`` entries (unselected columns) stay None.
+    ``None`` entries (unselected columns) stay None; entries that ``weak`` marks come back
+    weakly typed (see :func:`weaken`).
     """
     ready = [jax_ready(a, p, cast) if a is not None else None for a, p in zip(arrays, paths)]
     present = [a for a in ready if a is not None]
     placed = iter(jax.device_put(present, device) if present else [])
-    return [next(placed) if a is not None else None for a in ready]
+    out = [next(placed) if a is not None else None for a in ready]
+    return out if weak is None else weaken(out, weak)
+
+
+def weaken(leaves: list[Any], weak: Sequence[bool] | None) -> list[Any]:
+    """``leaves`` with each ``jax.Array`` that ``weak`` marks (its column's ``weak_type``)
+    made weakly typed, as JAX itself makes one (same dtype, values and sharding); the others
+    as they are. ``weak`` None (no weak column) returns ``leaves`` itself.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> [x.weak_type for x in weaken([jnp.float32(1), jnp.float32(2)], [True, False])]
+        [True, False]
+    """
+    if weak is None:
+        return leaves
+    return [
+        _lax._convert_element_type(x, weak_type=True)
+        if w and isinstance(x, jax.Array) and not x.weak_type
+        else x
+        for x, w in zip(leaves, weak, strict=True)
+    ]
 
 
 def jax_ready(array: np.ndarray, path: str, cast: bool) -> np.ndarray:

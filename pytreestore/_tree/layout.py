@@ -24,6 +24,7 @@ from jax.tree_util import keystr
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format import nodes as _nodes
 from pytreestore._format import prng as _prng
+from pytreestore._format.weak import is_weak
 from pytreestore._tree.ragged import STAR, Declarations, Position, text
 from pytreestore.errors import RaggedDeclarationError, SchemaMismatchError
 
@@ -38,12 +39,14 @@ class Axis:
 
 @dataclasses.dataclass
 class Leaf:
-    """An array leaf; ``shape`` leaves out the ragged leading axis when ``axis`` is set."""
+    """An array leaf; ``shape`` leaves out the ragged leading axis when ``axis`` is set;
+    ``weak``: the first record's leaf was weakly typed (:mod:`pytreestore._format.weak`)."""
 
     path: str
     dtype: np.dtype
     shape: tuple[int, ...]
     axis: Axis | None = None
+    weak: bool = False
 
 
 @dataclasses.dataclass
@@ -180,11 +183,12 @@ class Walker:
                 f"ragged= names the leaf at {text(at)}, which is a scalar ({_describe(value)}): "
                 "only an array's leading axis can be ragged"
             )
+        weak = is_weak(value)
         if not shape or not (named or self.decl.ragged_all or shared is not None):
-            return Leaf(text(at), dtype, shape)
+            return Leaf(text(at), dtype, shape, weak=weak)
         axis = shared or Axis(text(at))
         axis.longest = max(axis.longest, shape[0])
-        return Leaf(text(at), dtype, shape[1:], axis)
+        return Leaf(text(at), dtype, shape[1:], axis, weak)
 
     def merge(self, spec: LayoutNode, value: Any, at: Position) -> None:
         """Checks ``value`` against ``spec``, filling what is still unknown and the longest
