@@ -51,10 +51,25 @@ def to_jax(
     weakly typed (see :func:`weaken`).
     """
     ready = [jax_ready(a, p, cast) if a is not None else None for a, p in zip(arrays, paths)]
+    if weak is not None:  # a weak scalar goes as a Python scalar: device_put keeps it weak
+        ready = [_scalar(a) if w and a is not None else a for a, w in zip(ready, weak)]
     present = [a for a in ready if a is not None]
     placed = iter(jax.device_put(present, device) if present else [])
     out = [next(placed) if a is not None else None for a in ready]
     return out if weak is None else weaken(out, weak)
+
+
+def _scalar(array: Any) -> Any:
+    """A 0-d array of the dtype JAX gives its Python scalar as that scalar (which JAX
+    places weakly typed, at no extra cost); any other array (and NaN, whose payload bits
+    must stay) as it is, for :func:`weaken`."""
+    if np.ndim(array) or not isinstance(array, np.ndarray | np.generic):
+        return array
+    value = array.item()
+    same = isinstance(value, int | float | complex) and not isinstance(value, bool)
+    if same and value == value and jax.dtypes.canonicalize_dtype(np.dtype(type(value))) == array.dtype:
+        return value
+    return array
 
 
 def weaken(leaves: list[Any], weak: Sequence[bool] | None) -> list[Any]:
