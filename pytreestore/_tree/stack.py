@@ -22,7 +22,7 @@ from pytreestore import _arguments
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import RowFiller, casters
-from pytreestore._tree.layout import build_layout, record_problems
+from pytreestore._tree.layout import build_layout, record_problems, with_hints
 from pytreestore._tree.pad import (
     Layout,
     Padder,
@@ -120,14 +120,7 @@ def _stack_fixed(records: list[Any], like: Any, as_numpy: bool) -> Any:
 def _with_hints(message: str, like: Any, record: Any) -> str:
     """``message`` with the declaration that would accept each difference, and every
     differing keypath it does not list yet."""
-    extra = []
-    for line, hint in record_problems(like, record):
-        bare = line.removesuffix(f" ({hint})") if hint else line
-        if bare in message:
-            message = message.replace(bare, line, 1)
-        else:
-            extra.append(f"  {line}")
-    return message + ("\nEvery differing keypath:\n" + "\n".join(extra) if extra else "")
+    return with_hints(message, record_problems(like, record))
 
 
 def _stack_padded(padder: Padder, records: list[Any], as_numpy: bool) -> tuple[Any, Any]:
