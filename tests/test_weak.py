@@ -19,7 +19,6 @@ from jax.sharding import PartitionSpec as P
 import pytreestore
 from pytreestore._format.columns import ColumnSpec
 from pytreestore._format.weak import is_weak
-from pytreestore.errors import CorruptStoreError
 from tests.data import make_golden
 
 
@@ -218,7 +217,11 @@ def test_golden_weak_store(backend, tmp_path):
     schema = json.loads((tmp_path / "weak" / "zarr.json").read_text())
     columns = schema["attributes"]["pytreestore"]["columns"]
     assert {c["path"]: c.get("weak_type", False) for c in columns} == {
-        "['gain']": True, "['n']": False, "['scale']": True, "['time']": True, "['x']": False
+        "['gain']": True,
+        "['n']": False,
+        "['scale']": True,
+        "['time']": True,
+        "['x']": False,
     }
 
 

@@ -319,7 +319,14 @@ def _encode_leaf(value: Any, path: tuple[Any, ...], leaves: list) -> dict[str, A
     if _prng.is_key(value):
         dtype, shape = _prng.key_layout(value)
         leaves.append(
-            (_keys.path_str(path), _keys.path_to_key(path), dtype, shape, _prng.impl_of(value), False)
+            (
+                _keys.path_str(path),
+                _keys.path_to_key(path),
+                dtype,
+                shape,
+                _prng.impl_of(value),
+                False,
+            )
         )
         return {"node": "leaf"}
     dtype = _dtypes.value_dtype(value)

@@ -23,11 +23,11 @@ from jax.tree_util import keystr, tree_flatten_with_path
 from pytreestore._commit.record import Commit
 from pytreestore._format.ragged import LEAF, PRESENCE
 from pytreestore._format.schema import TreeSchema
+from pytreestore._format.weak import ragged_weak
 from pytreestore._ragged.build import Padded, exact
 from pytreestore._ragged.gather import Rows, gather, lengths, record_of
 from pytreestore._read import cache as _cache
 from pytreestore._read.ahead import JIT_MIN, RecordsBlock
-from pytreestore._format.weak import ragged_weak
 from pytreestore._read.device import to_jax
 from pytreestore._read.index import rows
 from pytreestore._read.placed import Placed, layouts_of, tags

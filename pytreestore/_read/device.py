@@ -67,7 +67,11 @@ def _scalar(array: Any) -> Any:
         return array
     value = array.item()
     same = isinstance(value, int | float | complex) and not isinstance(value, bool)
-    if same and value == value and jax.dtypes.canonicalize_dtype(np.dtype(type(value))) == array.dtype:
+    if (
+        same
+        and value == value
+        and jax.dtypes.canonicalize_dtype(np.dtype(type(value))) == array.dtype
+    ):
         return value
     return array
 
