@@ -229,3 +229,31 @@ def test_older_stores_read_strongly_typed(tmp_path):
     shutil.copytree(make_golden.GOLDEN / "format-2" / "seed", tmp_path / "seed")
     s = pytreestore.open(tmp_path / "seed")
     assert not any(c.weak_type for c in s.schema.columns) and not any(weak_of(s[0]))
+
+
+def test_evolve_and_copy_keep_weak_type(path):
+    s = pytreestore.create(path, {"t": 0, "x": np.float32(0)})
+    s.extend({"t": i, "x": np.float32(i)} for i in range(3))
+    s.evolve(add={"['g']": 0.5, "['h']": np.float32(1)}, rename={"['t']": "['time']"})
+    s.append({"time": 3, "x": np.float32(3), "g": 1.5, "h": np.float32(2)})
+    s.close()
+    pytreestore.copy(path, path + "-copy")
+    for store in (pytreestore.open(path), pytreestore.open(path + "-copy")):
+        record = store[3]
+        assert {k: v.weak_type for k, v in record.items()} == {
+            "time": True,
+            "x": False,
+            "g": True,
+            "h": False,
+        }
+        assert float(store[0]["g"]) == 0.5 and float(record["g"]) == 1.5
+
+
+def test_stack_keeps_weak_types_as_jnp_stack_does():
+    records = [state(i) for i in range(3)]
+    stacked = pytreestore.stack(records)
+    assert weak_of(stacked) == weak_of(jax.tree.map(lambda *x: jnp.stack(x), *records))
+    make, declared = KINDS["ragged list"]
+    batch, mask = pytreestore.stack([make(i) for i in range(1, 4)], **declared)
+    assert {k: is_weak(v) for k, v in batch["p"].items()} == {"a": False, "b": True}
+    assert is_weak(batch["n"]) and not any(weak_of(mask))

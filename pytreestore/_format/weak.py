@@ -5,7 +5,7 @@ operations on them (``jnp.asarray(0.5)``) a *weak type*: their dtype gives way i
 (``weak float32 * bfloat16 -> bfloat16``) and ``jax.jit`` keys its cache on it. A column
 records whether its leaf was weakly typed when the store was created (``weak_type`` in its
 JSON), and every read that returns ``jax.Array`` leaves returns that column's leaves weakly
-typed (:func:`pytreestore._read.device.weaken`), so a jitted function traced on the original
+typed (:func:`weaken`), so a jitted function traced on the original
 record does not trace again on the record read back. numpy arrays and scalars are never
 weakly typed, and ``as_numpy=True`` reads return numpy: no weak type.
 
@@ -26,6 +26,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src.lax import lax as _lax  # _convert_element_type(weak_type=): no public API
 from jax.tree_util import keystr
 
 
@@ -36,6 +37,26 @@ def is_weak(value: Any) -> bool:
     if isinstance(value, int | float | complex):
         return True
     return isinstance(value, jax.Array) and bool(getattr(value, "weak_type", False))
+
+
+def weaken(leaves: list[Any], weak: Sequence[bool] | None) -> list[Any]:
+    """``leaves`` with each ``jax.Array`` that ``weak`` marks (its column's ``weak_type``)
+    made weakly typed, as JAX itself makes one (same dtype, values and sharding); the others
+    as they are. ``weak`` None (no weak column) returns ``leaves`` itself.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> [x.weak_type for x in weaken([jnp.float32(1), jnp.float32(2)], [True, False])]
+        [True, False]
+    """
+    if weak is None:
+        return leaves
+    return [
+        _lax._convert_element_type(x, weak_type=True)
+        if w and isinstance(x, jax.Array) and not x.weak_type
+        else x
+        for x, w in zip(leaves, weak, strict=True)
+    ]
 
 
 def ragged_weak(
@@ -77,4 +98,4 @@ def _column_of(keypath: tuple[Any, ...], lists: Collection[str], exact: bool) ->
     return column + "[*]" if column in lists else column
 
 
-__all__ = ["is_weak", "ragged_weak"]
+__all__ = ["is_weak", "ragged_weak", "weaken"]

@@ -23,12 +23,12 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax._src.lax import lax as _lax  # _convert_element_type(weak_type=): no public API
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 from jax.tree_util import keystr, tree_flatten_with_path
 
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format import keys as _keys
+from pytreestore._format.weak import weaken
 from pytreestore.errors import ArgumentError, ArgumentTypeError, X64DisabledError
 
 PMAP_AXIS = "pmap"
@@ -48,7 +48,7 @@ def to_jax(
     """Places host arrays on ``device`` (default device if None), casting 64-bit ones if asked.
 
     ``None`` entries (unselected columns) stay None; entries that ``weak`` marks come back
-    weakly typed (see :func:`weaken`).
+    weakly typed (see :func:`pytreestore._format.weak.weaken`).
     """
     ready = [jax_ready(a, p, cast) if a is not None else None for a, p in zip(arrays, paths)]
     if weak is not None:  # a weak scalar goes as a Python scalar: device_put keeps it weak
@@ -62,7 +62,7 @@ def to_jax(
 def _scalar(array: Any) -> Any:
     """A 0-d array of the dtype JAX gives its Python scalar as that scalar (which JAX
     places weakly typed, at no extra cost); any other array (and NaN, whose payload bits
-    must stay) as it is, for :func:`weaken`."""
+    must stay) as it is, for :func:`~pytreestore._format.weak.weaken`."""
     if np.ndim(array) or not isinstance(array, np.ndarray | np.generic):
         return array
     value = array.item()
@@ -74,26 +74,6 @@ def _scalar(array: Any) -> Any:
     ):
         return value
     return array
-
-
-def weaken(leaves: list[Any], weak: Sequence[bool] | None) -> list[Any]:
-    """``leaves`` with each ``jax.Array`` that ``weak`` marks (its column's ``weak_type``)
-    made weakly typed, as JAX itself makes one (same dtype, values and sharding); the others
-    as they are. ``weak`` None (no weak column) returns ``leaves`` itself.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> [x.weak_type for x in weaken([jnp.float32(1), jnp.float32(2)], [True, False])]
-        [True, False]
-    """
-    if weak is None:
-        return leaves
-    return [
-        _lax._convert_element_type(x, weak_type=True)
-        if w and isinstance(x, jax.Array) and not x.weak_type
-        else x
-        for x, w in zip(leaves, weak, strict=True)
-    ]
 
 
 def jax_ready(array: np.ndarray, path: str, cast: bool) -> np.ndarray:

@@ -36,6 +36,7 @@ from pytreestore._commit import versions
 from pytreestore._commit.record import Commit
 from pytreestore._format import prng as _prng
 from pytreestore._format.schema import TreeSchema
+from pytreestore._format.weak import weaken
 from pytreestore._location import Location
 from pytreestore._read import ahead as _ahead
 from pytreestore._read import cache as _cache
@@ -213,7 +214,7 @@ def _load_split(
             pmap=request.pmap,
         )
         context.check_not_replaced()
-    leaves = _device.weaken(_spread(request, arrays), request.schema.weak)
+    leaves = weaken(_spread(request, arrays), request.schema.weak)
     leaves = _prng.wrap_columns(leaves, _key_impls(request.schema))
     tree = request.schema.unflatten(leaves)
     return (tree, mask) if request.pad else tree

@@ -129,6 +129,26 @@ def _forget_lengths(spec: LayoutNode | None) -> None:
             _forget_lengths(child)
 
 
+def weak_paths(spec: LayoutNode | None) -> tuple[set[str], set[str]]:
+    """The paths of the weakly typed leaves of a layout, and of its ragged lists (for
+    :func:`pytreestore._format.weak.ragged_weak`)."""
+    weak: set[str] = set()
+    lists: set[str] = set()
+    todo = [spec]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, Leaf) and node.weak:
+            weak.add(node.path)
+        elif isinstance(node, RaggedList):
+            lists.add(node.path)
+            todo.append(node.element)
+        elif isinstance(node, OptionalTree):
+            todo.append(node.inner)
+        elif isinstance(node, Fixed):
+            todo.extend(node.children)
+    return weak, lists
+
+
 def record_problems(like: Any, record: Any) -> list[tuple[str, str]]:
     """Where ``record`` departs from ``like`` with nothing declared: (line, hint) pairs."""
     walker = Walker(Declarations.none())
