@@ -388,4 +388,5 @@ def hints(schema: TreeSchema, message: str, record: Any, *, batched: bool = Fals
         one = jax.tree.map(lambda x: x[0], record) if batched else record
         return record_problems(like, one)
 
-    return hinted(message, problems)
+    header = "The batch's first record differs at:" if batched else "Every differing keypath:"
+    return hinted(message, problems, header)

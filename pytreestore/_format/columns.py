@@ -106,6 +106,7 @@ class ColumnSpec:
                 dtype=_dtypes.from_name(obj["dtype"]),
                 shape=tuple(obj["shape"]),
                 chunks=tuple(obj["chunks"]),
+                weak_type=_checked_weak(obj),
             )
             return spec
         return cls(
@@ -123,7 +124,7 @@ class ColumnSpec:
 
 
 #: the members of a column's JSON that need no more than a lookup each
-_PLAIN_KEYS = frozenset(("path", "key", "dtype", "shape", "chunks"))
+_PLAIN_KEYS = frozenset(("path", "key", "dtype", "shape", "chunks", "weak_type"))
 _PLAIN_DEFAULTS = {
     f.name: f.default
     for f in dataclasses.fields(ColumnSpec)

@@ -164,11 +164,14 @@ def layout_problems(spec: LayoutNode, record: Any, decl: Declarations) -> list[t
     return walker.problems
 
 
-def with_hints(message: str, problems: Sequence[tuple[str, str]]) -> str:
+def with_hints(
+    message: str, problems: Sequence[tuple[str, str]], header: str = "Every differing keypath:"
+) -> str:
     """``message`` with the declaration that would accept each of ``problems`` (from
     :func:`record_problems` or :func:`layout_problems`): a line of ``message`` that states
     a problem gains its ``ragged=``/``optional=`` entry, and every problem it does not state
-    yet is listed after it.
+    yet is listed after ``header`` (one with no entry to suggest at a keypath ``message``
+    names already is left out: it says the same thing in other words).
 
     Example:
         >>> import numpy as np
@@ -182,19 +185,23 @@ def with_hints(message: str, problems: Sequence[tuple[str, str]]) -> str:
         bare = line.removesuffix(f" ({hint})") if hint else line
         if bare in message:
             message = message.replace(bare, line, 1)
-        elif line not in message:
+        elif line not in message and (hint or line.split(": expected", 1)[0] not in message):
             extra.append(f"  {line}")
-    return message + ("\nEvery differing keypath:\n" + "\n".join(extra) if extra else "")
+    return message + (f"\n{header}\n" + "\n".join(extra) if extra else "")
 
 
-def hinted(message: str, problems: Callable[[], Sequence[tuple[str, str]]]) -> str:
+def hinted(
+    message: str,
+    problems: Callable[[], Sequence[tuple[str, str]]],
+    header: str = "Every differing keypath:",
+) -> str:
     """:func:`with_hints` of ``problems()``, or ``message`` as it is where the record is too
     far from the layout to walk (the message then says what differs)."""
     try:
         found = problems()
     except (PyTreeStoreError, ValueError, TypeError, IndexError):
         return message
-    return with_hints(message, found)
+    return with_hints(message, found, header)
 
 
 class Walker:
