@@ -53,7 +53,7 @@ class TreeStore(Pipelines, Reads[T], Versioning, Fragmenting, Generic[T]):
         ...     store.extend({"a": i, "b": i / 2} for i in range(4))
         >>> reader = pytreestore.open("memory://doc-treestore")
         >>> reader[1:3]["b"]
-        Array([0.5, 1. ], dtype=float32)
+        Array([0.5, 1. ], dtype=float32, weak_type=True)
     """
 
     def __init__(

@@ -16,7 +16,7 @@ DEMOS = ("simulation.py", "particles.py")
 # Lines each script must print. A script not listed here only has to exit with status 0.
 EXPECTED_OUTPUT: dict[str, list[str]] = {
     "seed.py": [
-        "Array([ 4,  2, -3], dtype=int32)",
+        "Array([ 4,  2, -3], dtype=int32, weak_type=True)",
         "Array([20,  0, 30, 18], dtype=int32)",
         "store[1] = AllParams(p=[])",
         "seed example OK",

@@ -128,7 +128,8 @@ def test_root_zarr_json(tmp_path):
     store = pytreestore.open(root)
     assert info == {**store.schema.to_json(), "digest": _validate.digest(info)}
     for col, spec in zip(info["columns"], store.schema.columns):
-        assert set(col) == {"path", "key", "dtype", "shape", "chunks"}
+        assert set(col) - {"weak_type"} == {"path", "key", "dtype", "shape", "chunks"}
+        assert col.get("weak_type", False) is spec.weak_type
         assert col["dtype"] == spec.dtype.name and col["dtype"] in _dtypes.SUPPORTED
         assert col["chunks"] == [CHUNK, *col["shape"]]
 

@@ -51,6 +51,7 @@ from pytreestore._format.columns import leaf_chunks
 from pytreestore._format.kinds import child_entry
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import FORMAT_VERSION, ColumnSpec, TreeSchema
+from pytreestore._format.weak import is_weak
 from pytreestore.backends import Backend
 from pytreestore.errors import CorruptStoreError, SchemaMismatchError, UnsupportedDtypeError
 
@@ -370,7 +371,18 @@ def _add(
     chunks = (chunk, *leaf_chunks(dtype, value.shape, chunk))
     fill = _fill_json(value.reshape(-1)[0] if value.size else np.zeros((), dtype))
     start = rows(table)
-    return ColumnSpec(path, key, dtype, value.shape, chunks, start=start, default=fill, table=table)
+    weak = is_weak(added.default)  # a Python scalar default: a weakly typed column
+    return ColumnSpec(
+        path,
+        key,
+        dtype,
+        value.shape,
+        chunks,
+        start=start,
+        default=fill,
+        table=table,
+        weak_type=weak,
+    )
 
 
 def _split(path: str) -> tuple[str, Any]:

@@ -188,7 +188,9 @@ def _started(old: TreeSchema, new: TreeSchema, rows: Callable[[str | None], int]
     def column(c: ColumnSpec) -> ColumnSpec:
         was = before.get(_info.slot(c))
         if was is not None:
-            return dataclasses.replace(c, key=was.key, start=was.start, default=was.default)
+            return dataclasses.replace(
+                c, key=was.key, start=was.start, default=was.default, weak_type=was.weak_type
+            )
         n = rows(c.table)
         return dataclasses.replace(c, start=n, default=fill_value(c.dtype)) if n else c
 
@@ -243,6 +245,7 @@ def _schema(
             leaf.shape,
             (chunks[table], *leaf_chunks(c.dtype, leaf.shape, chunks[table])),
             table=table,
+            weak_type=leaf.weak,
         )
         for (leaf, table), c in zip(model.leaves, base.columns)
     )

@@ -48,7 +48,17 @@ from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY, array_json
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import RecordError
-from pytreestore._tree.layout import Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList, Walker
+from pytreestore._tree.layout import (
+    Fixed,
+    Kept,
+    LayoutNode,
+    Leaf,
+    OptionalTree,
+    RaggedList,
+    Walker,
+    hinted,
+    layout_problems,
+)
 from pytreestore._tree.unpad import unpad_records
 from pytreestore.backends import Backend, KeyListing
 from pytreestore.errors import SchemaMismatchError
@@ -185,6 +195,8 @@ class RecordWriter:
             self._rollback(position)
             if isinstance(err, _Mismatch):
                 raise _explain(self.model, record, "record") from None
+            if isinstance(err, SchemaMismatchError):  # a leaf's shape or dtype
+                raise SchemaMismatchError(_hinted(self.model, err, record)) from None
             raise
 
     def extend(self, records: Iterable[Any]) -> None:
@@ -206,7 +218,9 @@ class RecordWriter:
             self._rollback(position)
             if isinstance(err, _Mismatch | SchemaMismatchError):
                 cause = (
-                    _explain(self.model, record, "record") if isinstance(err, _Mismatch) else err
+                    _explain(self.model, record, "record")
+                    if isinstance(err, _Mismatch)
+                    else _hinted(self.model, err, record)
                 )
                 raise SchemaMismatchError(f"{self.refusal.format(i=i)}: {cause}") from None
             raise
@@ -444,6 +458,12 @@ def _explain(model: Model, record: Any, what: str) -> SchemaMismatchError:
         f"{what} does not match the store schema:\n{lines}\n"
         "A ragged store's records may differ only where ragged= and optional= allow."
     )
+
+
+def _hinted(model: Model, err: SchemaMismatchError, record: Any) -> str:
+    """``err`` (a leaf of ``record`` refused) with the ``ragged=``/``optional=`` entry that
+    would accept each way ``record`` departs from the layout where nothing was declared."""
+    return hinted(str(err), lambda: layout_problems(model.spec, record, model.decl))
 
 
 def _leftovers(backend: Backend, keys: list[str]) -> list[str]:

@@ -33,6 +33,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from jax.tree_util import tree_flatten
 
@@ -43,6 +44,7 @@ from pytreestore._commit.record import Commit
 from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import LeafCaster, RecordError, RowFiller, casters
+from pytreestore._tree.layout import hinted, record_problems
 from pytreestore._tree.stack import batch_length
 from pytreestore.backends import Backend
 from pytreestore.errors import (
@@ -119,9 +121,13 @@ class FixedTreeRows:
     def append_record(self, record: Any) -> None:
         """Buffers one record after checking its structure against the schema."""
         leaves, treedef = tree_flatten(record)
-        if treedef != self.schema.treedef:
-            raise SchemaMismatchError(self.schema.mismatch_message(record))
-        self.append(self.schema.column_leaves(leaves))
+        schema = self.schema
+        if treedef != schema.treedef:
+            raise SchemaMismatchError(hints(schema, schema.mismatch_message(record), record))
+        try:
+            self.append(schema.column_leaves(leaves))
+        except SchemaMismatchError as err:
+            raise SchemaMismatchError(hints(schema, str(err), record)) from None
 
     def extend(self, records: Iterable[Any]) -> None:
         """Buffers every record of ``records``, all or none, committing whole chunks.
@@ -133,12 +139,17 @@ class FixedTreeRows:
         """
         records = _arguments.iterable(records, "extend()", "records")
         schema, seen = self.schema, [0]
+        recent: dict[int, Any] = {}  # the records of the block being filled, for hints
 
         def checked() -> Iterator[list[Any]]:
             for record in records:
                 leaves, got = tree_flatten(record)
                 if got != schema.treedef:
-                    raise SchemaMismatchError(schema.mismatch_message(record))
+                    message = schema.mismatch_message(record)
+                    raise SchemaMismatchError(hints(schema, message, record))
+                if len(recent) >= self.chunk:
+                    recent.pop(next(iter(recent)))
+                recent[seen[0]] = record
                 yield schema.column_leaves(leaves)
                 seen[0] += 1
 
@@ -150,9 +161,12 @@ class FixedTreeRows:
             index, cause = (
                 (err.index, err.error) if isinstance(err, RecordError) else (seen[0], err)
             )
+            why = str(cause)
+            if isinstance(err, RecordError) and index in recent:
+                why = hints(schema, why, recent[index])
             raise SchemaMismatchError(
                 f"extend() refused record {index} (none of this call's records were "
-                f"appended): {cause}"
+                f"appended): {why}"
             ) from cause
         except BaseException:
             self.rollback(position)
@@ -171,13 +185,18 @@ class FixedTreeRows:
                 "(that is for stores created with ragged= or optional=)"
             )
         leaves, treedef = tree_flatten(batch)
-        if treedef != self.schema.treedef:
-            raise SchemaMismatchError(self.schema.mismatch_message(batch, what="batch"))
-        leaves = self.schema.column_leaves(leaves)
-        count = batch_length(leaves, self.schema.paths)
-        blocks = [
-            c.coerce(leaf, batch=count, what="batch") for c, leaf in zip(self.casters, leaves)
-        ]
+        schema = self.schema
+        if treedef != schema.treedef:
+            message = schema.mismatch_message(batch, what="batch")
+            raise SchemaMismatchError(hints(schema, message, batch, batched=True))
+        leaves = schema.column_leaves(leaves)
+        count = batch_length(leaves, schema.paths)
+        try:
+            blocks = [
+                c.coerce(leaf, batch=count, what="batch") for c, leaf in zip(self.casters, leaves)
+            ]
+        except SchemaMismatchError as err:
+            raise SchemaMismatchError(hints(schema, str(err), batch, batched=True)) from None
         if count == 0:
             return
         position = self.snapshot()
@@ -367,3 +386,17 @@ def forked_writer(path: str, pid: int) -> ForkedWriterError:
         "append to it (here it reads the records committed before the fork). Open the store "
         "again here (pytreestore.open(path) to read; mode='a' once the parent has closed it)"
     )
+
+
+def hints(schema: TreeSchema, message: str, record: Any, *, batched: bool = False) -> str:
+    """``message`` (a fixed store refusing ``record``, or the first record of a ``batched``
+    one) with the ``ragged=``/``optional=`` entry that would accept each difference, as
+    ``stack()`` says it: the store's schema describes a record of zeros to compare with."""
+
+    def problems() -> list[tuple[str, str]]:
+        like = schema.unflatten([np.zeros(c.shape, c.dtype) for c in schema.columns])
+        one = jax.tree.map(lambda x: x[0], record) if batched else record
+        return record_problems(like, one)
+
+    header = "The batch's first record differs at:" if batched else "Every differing keypath:"
+    return hinted(message, problems, header)

@@ -47,6 +47,9 @@ class ColumnSpec:
             one row per element (None: the record table, one row per record).
         role: ``"offsets"`` or ``"presence"`` for a ragged store's index arrays (described
             by the schema's ``ragged`` section, not listed among its columns); None for a leaf.
+        weak_type: whether the leaf was weakly typed (a Python scalar, or a ``jax.Array``
+            with ``weak_type``; see :mod:`pytreestore._format.weak`): reads return it as a
+            weakly typed ``jax.Array``, so ``jax.jit`` sees the abstract value it saw.
     """
 
     path: str
@@ -59,6 +62,7 @@ class ColumnSpec:
     key_impl: str | None = None
     table: str | None = None
     role: str | None = None
+    weak_type: bool = False
 
     @property
     def record_nbytes(self) -> int:
@@ -87,6 +91,8 @@ class ColumnSpec:
             out["key_impl"] = self.key_impl
         if self.table is not None:
             out["table"] = self.table
+        if self.weak_type:
+            out["weak_type"] = True
         return out
 
     @classmethod
@@ -100,6 +106,7 @@ class ColumnSpec:
                 dtype=_dtypes.from_name(obj["dtype"]),
                 shape=tuple(obj["shape"]),
                 chunks=tuple(obj["chunks"]),
+                weak_type=_checked_weak(obj),
             )
             return spec
         return cls(
@@ -112,16 +119,32 @@ class ColumnSpec:
             default=_checked_default(obj),
             key_impl=obj.get("key_impl"),
             table=obj.get("table"),
+            weak_type=_checked_weak(obj),
         )
 
 
 #: the members of a column's JSON that need no more than a lookup each
-_PLAIN_KEYS = frozenset(("path", "key", "dtype", "shape", "chunks"))
+_PLAIN_KEYS = frozenset(("path", "key", "dtype", "shape", "chunks", "weak_type"))
 _PLAIN_DEFAULTS = {
     f.name: f.default
     for f in dataclasses.fields(ColumnSpec)
     if f.name not in _PLAIN_KEYS and f.default is not dataclasses.MISSING
 }
+
+
+def _checked_weak(obj: dict[str, Any]) -> bool:
+    """A column's ``weak_type`` (absent: False, a strongly typed column).
+
+    Raises:
+        ValueError: a value other than a JSON boolean.
+    """
+    weak = obj.get("weak_type", False)
+    if not isinstance(weak, bool):
+        raise ValueError(
+            f"column {obj['path']}: its weak_type {weak!r} is not true or false; the schema "
+            "was edited or damaged outside pytreestore"
+        )
+    return weak
 
 
 _FLOAT_WORDS = ("NaN", "Infinity", "-Infinity")
@@ -169,9 +192,9 @@ def check_unique_keys(columns: Sequence[ColumnSpec]) -> None:
 
 
 def default_chunk_records(leaves: Sequence[tuple[Any, ...]]) -> int:
-    """Records per chunk for leaves ``(path, key, dtype, shape, impl)``: a power of two that
+    """Records per chunk for leaves ``(path, key, dtype, shape, ...)``: a power of two that
     keeps the widest column's chunk near the target and a chunk row within the buffer limit."""
-    sizes = [dt.itemsize * math.prod(shape) for _, _, dt, shape, _ in leaves] or [1]
+    sizes = [leaf[2].itemsize * math.prod(leaf[3]) for leaf in leaves] or [1]
     per_chunk = _CHUNK_TARGET // max(max(sizes), 1)
     per_buffer = _BUFFER_LIMIT // max(sum(sizes), 1)
     n = max(1, min(per_chunk, per_buffer, _MAX_CHUNK_RECORDS))

@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeAlias
 
@@ -41,6 +42,7 @@ from pytreestore._format.columns import check_unique_keys, default_chunk_records
 from pytreestore._format.packs import Pack, check_packs, storage
 from pytreestore._format.ragged import NO_TABLES, RaggedInfo
 from pytreestore._format.upgrades import FORMAT_VERSION as FORMAT_VERSION
+from pytreestore._format.weak import is_weak
 from pytreestore.errors import (
     ArgumentTypeError,
     CorruptStoreError,
@@ -114,7 +116,7 @@ class TreeSchema:
             UnsupportedTreeError: a node or leaf a store cannot hold, or (``recorded``) a class
                 whose ``module:qualname`` imports as another object.
         """
-        leaves: list[tuple[str, str, np.dtype, tuple[int, ...], str | None]] = []
+        leaves: list[tuple[str, str, np.dtype, tuple[int, ...], str | None, bool]] = []
         tree = _encode(like, (), leaves, recorded)
         _fields.annotate(tree, like)
         chunk = (
@@ -124,9 +126,15 @@ class TreeSchema:
         )
         columns = tuple(
             ColumnSpec(
-                path, key, dtype, shape, (chunk, *leaf_chunks(dtype, shape, chunk)), key_impl=impl
+                path,
+                key,
+                dtype,
+                shape,
+                (chunk, *leaf_chunks(dtype, shape, chunk)),
+                key_impl=impl,
+                weak_type=weak,
             )
-            for path, key, dtype, shape, impl in leaves
+            for path, key, dtype, shape, impl, weak in leaves
         )
         check_unique_keys(columns)
         binding = _binding.const_binding(tree, [c.shape for c in columns])
@@ -214,6 +222,13 @@ class TreeSchema:
     def with_tables(self, tables: RaggedInfo) -> TreeSchema:
         """``self`` with ``tables`` (a fixed store's :class:`NoTables` keep it fixed)."""
         return dataclasses.replace(self, ragged=tables.section())
+
+    @functools.cached_property
+    def weak(self) -> tuple[bool, ...] | None:
+        """Each column's ``weak_type`` (see :mod:`pytreestore._format.weak`), or None when
+        no column is weakly typed."""
+        flags = tuple(c.weak_type for c in self.columns)
+        return flags if any(flags) else None
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -304,7 +319,14 @@ def _encode_leaf(value: Any, path: tuple[Any, ...], leaves: list) -> dict[str, A
     if _prng.is_key(value):
         dtype, shape = _prng.key_layout(value)
         leaves.append(
-            (_keys.path_str(path), _keys.path_to_key(path), dtype, shape, _prng.impl_of(value))
+            (
+                _keys.path_str(path),
+                _keys.path_to_key(path),
+                dtype,
+                shape,
+                _prng.impl_of(value),
+                False,
+            )
         )
         return {"node": "leaf"}
     dtype = _dtypes.value_dtype(value)
@@ -322,7 +344,8 @@ def _encode_leaf(value: Any, path: tuple[Any, ...], leaves: list) -> dict[str, A
             f"unsupported dtype at {where}: {dtype}. Columns hold bool, (u)int8-64, "
             "float16/32/64, bfloat16, float8 and complex64/128."
         )
-    leaves.append((_keys.path_str(path), _keys.path_to_key(path), dtype, np.shape(value), None))
+    key = _keys.path_to_key(path)
+    leaves.append((_keys.path_str(path), key, dtype, np.shape(value), None, is_weak(value)))
     return {"node": "leaf"}
 
 

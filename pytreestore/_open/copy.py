@@ -18,7 +18,7 @@ Example:
     10
     >>> dst = pytreestore.open("memory://doc-copy-dst")
     >>> dst.schema.chunk_records, dst.schema.codec, dst[9]["y"]
-    (4, None, Array(2.25, dtype=float32))
+    (4, None, Array(2.25, dtype=float32, weak_type=True))
 """
 
 from __future__ import annotations

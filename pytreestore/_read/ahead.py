@@ -113,7 +113,9 @@ class Block:
             if request.as_numpy:
                 return rows
             paths = request.schema.paths
-            leaves = _device.to_jax(rows, paths, device=request.device, cast=request.cast)
+            leaves = _device.to_jax(
+                rows, paths, device=request.device, cast=request.cast, weak=request.schema.weak
+            )
         return leaves if self.impls is None else _prng.wrap_columns(leaves, self.impls)
 
     def record(self, j: int, *, copy: bool = True) -> Any:
@@ -186,13 +188,15 @@ def _place(request: LoadRequest, host: Sequence[np.ndarray | None], count: int) 
     ):
         return None
     size = 1 << (count - 1).bit_length()
-    chosen = [(a, p) for a, p in zip(host, request.schema.paths) if a is not None]
+    weak = request.schema.weak or (False,) * len(host)
+    chosen = [(a, p, w) for a, p, w in zip(host, request.schema.paths, weak) if a is not None]
     padded = [
         np.concatenate([a, np.zeros((size - count, *a.shape[1:]), a.dtype)]) if size > count else a
-        for a, _ in chosen
+        for a, _, _ in chosen
     ]
-    try:
-        return _device.to_jax(padded, [p for _, p in chosen], device=device, cast=request.cast)
+    paths, flags = [p for _, p, _ in chosen], [w for _, _, w in chosen]
+    try:  # weak columns are made weak here, once a block: take() keeps the weak type
+        return _device.to_jax(padded, paths, device=device, cast=request.cast, weak=flags)
     except X64DisabledError:
         return None
 

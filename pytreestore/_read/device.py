@@ -28,6 +28,7 @@ from jax.tree_util import keystr, tree_flatten_with_path
 
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format import keys as _keys
+from pytreestore._format.weak import weaken
 from pytreestore.errors import ArgumentError, ArgumentTypeError, X64DisabledError
 
 PMAP_AXIS = "pmap"
@@ -42,15 +43,37 @@ def to_jax(
     *,
     device: Any,
     cast: bool,
+    weak: Sequence[bool] | None = None,
 ) -> list[jax.Array | None]:
     """Places host arrays on ``device`` (default device if None), casting 64-bit ones if asked.
 
-    ``None`` entries (unselected columns) stay None.
+    ``None`` entries (unselected columns) stay None; entries that ``weak`` marks come back
+    weakly typed (see :func:`pytreestore._format.weak.weaken`).
     """
     ready = [jax_ready(a, p, cast) if a is not None else None for a, p in zip(arrays, paths)]
+    if weak is not None:  # a weak scalar goes as a Python scalar: device_put keeps it weak
+        ready = [_scalar(a) if w and a is not None else a for a, w in zip(ready, weak)]
     present = [a for a in ready if a is not None]
     placed = iter(jax.device_put(present, device) if present else [])
-    return [next(placed) if a is not None else None for a in ready]
+    out = [next(placed) if a is not None else None for a in ready]
+    return out if weak is None else weaken(out, weak)
+
+
+def _scalar(array: Any) -> Any:
+    """A 0-d array of the dtype JAX gives its Python scalar as that scalar (which JAX
+    places weakly typed, at no extra cost); any other array (and NaN, whose payload bits
+    must stay) as it is, for :func:`~pytreestore._format.weak.weaken`."""
+    if np.ndim(array) or not isinstance(array, np.ndarray | np.generic):
+        return array
+    value = array.item()
+    same = isinstance(value, int | float | complex) and not isinstance(value, bool)
+    if (
+        same
+        and value == value
+        and jax.dtypes.canonicalize_dtype(np.dtype(type(value))) == array.dtype
+    ):
+        return value
+    return array
 
 
 def jax_ready(array: np.ndarray, path: str, cast: bool) -> np.ndarray:

@@ -116,6 +116,7 @@ class Placed:
         device: Any,
         cast: bool,
         layouts: dict[Any, Any] | None = None,
+        weak: Sequence[bool] | None = None,
     ) -> Placed | None:
         """``host`` (each leaf column's rows) placed on ``device``, or None where the dtype
         policy refuses a column (then each record is placed from the host, and only a
@@ -133,6 +134,8 @@ class Placed:
             cast: whether 64-bit columns are cast to 32 bits.
             layouts: the layouts made so far for records of these columns (shared by the
                 blocks of one read; see :func:`layouts_of`).
+            weak: which columns are weakly typed (None: none): placed weak, so that the
+                records taken from them are (:func:`take_rows` keeps the weak type).
         """
         padded = []
         for a in host:
@@ -140,7 +143,7 @@ class Placed:
             pad = np.zeros((size - len(a), *a.shape[1:]), a.dtype)
             padded.append(np.concatenate([a, pad]) if size > len(a) else a)
         try:
-            placed = _device.to_jax(padded, list(paths), device=device, cast=cast)
+            placed = _device.to_jax(padded, list(paths), device=device, cast=cast, weak=weak)
         except X64DisabledError:
             return None
         pad = np.zeros((len(starts), 1), np.int64)  # the padding rows' column: row 0

@@ -11,7 +11,7 @@ Every read goes through :func:`load` (a record or a batch of records) or
 3. a scalar index drops the record axis; the host arrays are placed on device
    (:mod:`pytreestore._read.device`) unless ``as_numpy``;
 4. a sharded or pmap request builds global arrays instead (:mod:`pytreestore._read.sharded`);
-5. typed PRNG key columns are rewrapped, and the schema rebuilds the record's classes.
+5. weakly typed columns are made weak again, typed PRNG key columns rewrapped, and the schema rebuilds the record's classes.
 
 Example:
     >>> import numpy as np, pytreestore
@@ -36,6 +36,7 @@ from pytreestore._commit import versions
 from pytreestore._commit.record import Commit
 from pytreestore._format import prng as _prng
 from pytreestore._format.schema import TreeSchema
+from pytreestore._format.weak import weaken
 from pytreestore._location import Location
 from pytreestore._read import ahead as _ahead
 from pytreestore._read import cache as _cache
@@ -172,7 +173,9 @@ def _leaves(
     if request.as_numpy:
         return leaves
     schema = request.schema
-    placed = _device.to_jax(leaves, schema.paths, device=request.device, cast=request.cast)
+    placed = _device.to_jax(
+        leaves, schema.paths, device=request.device, cast=request.cast, weak=schema.weak
+    )
     return _prng.wrap_columns(placed, _key_impls(schema))
 
 
@@ -211,7 +214,8 @@ def _load_split(
             pmap=request.pmap,
         )
         context.check_not_replaced()
-    leaves = _prng.wrap_columns(_spread(request, arrays), _key_impls(request.schema))
+    leaves = weaken(_spread(request, arrays), request.schema.weak)
+    leaves = _prng.wrap_columns(leaves, _key_impls(request.schema))
     tree = request.schema.unflatten(leaves)
     return (tree, mask) if request.pad else tree
 

@@ -24,6 +24,7 @@ from jax.tree_util import keystr, tree_flatten_with_path
 from pytreestore._commit.record import Commit
 from pytreestore._format.ragged import LEAF, PRESENCE
 from pytreestore._format.schema import TreeSchema
+from pytreestore._format.weak import ragged_weak
 from pytreestore._read import cache as _cache
 from pytreestore._read.ahead import JIT_MIN, RecordsBlock
 from pytreestore._read.build import Padded, exact
@@ -151,7 +152,7 @@ def load(
         (record,) = exact(spec, gathered, None, 1)
         return _placed(record, request)
     if options.form == "segments":
-        return _placed(Flat(gathered, request.schema, options.size).build(spec), request)
+        return _placed(Flat(gathered, request.schema, options.size).build(spec), request, True)
     longest = {a: int(v.max(initial=0)) for a, v in lengths(request.schema, gathered).items()}
     chosen = {c.path for c in request.specs}
     padder = Padded(
@@ -165,7 +166,7 @@ def load(
             f"than this machine has ({err}); choose a smaller pad_to, or load "
             "ragged='segments'"
         ) from None
-    return _placed(padded, request)
+    return _placed(padded, request, True)
 
 
 def record_lengths(
@@ -230,6 +231,7 @@ def _on_device(
     starts = np.stack([first[t] for t in tables], axis=1)
     single = frozenset(c for c, t in enumerate(tables) if t is None)
     layouts = layouts_of(request.schema, (tuple(paths), tuple(tables)))
+    weak = {c.path for c in request.schema.columns if c.weak_type}
     return Placed.of(
         host,
         paths,
@@ -239,6 +241,7 @@ def _on_device(
         device=request.device,
         cast=request.cast,
         layouts=layouts,
+        weak=[p in weak for p in paths] if weak else None,
     )
 
 
@@ -305,8 +308,9 @@ def _gather(
     return out
 
 
-def _placed(tree: Any, request: LoadRequest) -> Any:
-    """``tree`` with its array leaves on the device (unless ``as_numpy``)."""
+def _placed(tree: Any, request: LoadRequest, pair: bool = False) -> Any:
+    """``tree`` with its array leaves on the device (unless ``as_numpy``); ``pair``: a
+    ``(values, mask or segments)`` pair of the padded or segments form, not one record."""
     if request.as_numpy:
         return tree
     pairs, treedef = tree_flatten_with_path(tree, is_leaf=lambda x: x is None)
@@ -318,6 +322,7 @@ def _placed(tree: Any, request: LoadRequest) -> Any:
             paths,
             device=request.device,
             cast=request.cast,
+            weak=_weak(request.schema, [p for p, _ in pairs], pair),
         )
     except ValueError as err:  # a sharding that does not divide the padded shapes
         raise ShardingError(
@@ -325,6 +330,18 @@ def _placed(tree: Any, request: LoadRequest) -> Any:
             "count the sharding divides, or pad_to= a length it divides"
         ) from None
     return treedef.unflatten([p if a is not None else x for p, a, x in zip(placed, arrays, leaves)])
+
+
+def _weak(schema: TreeSchema, keypaths: list[tuple[Any, ...]], pair: bool) -> list[bool] | None:
+    """Whether each leaf read (at ``keypaths``) is of a weak column; None: no column is."""
+    if schema.weak is None:
+        return None
+    weak = {c.path for c in schema.columns if c.weak_type}
+    lists = {a.path for a in schema.tables.axes} - set(schema.paths)  # not leading axes
+    if not pair:
+        return ragged_weak(keypaths, weak, lists, exact=True)
+    values = ragged_weak([kp[1:] for kp in keypaths], weak, lists, exact=False)
+    return [w and kp[0].idx == 0 for w, kp in zip(values or (), keypaths)]  # [1]: mask
 
 
 class Flat:

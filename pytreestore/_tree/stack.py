@@ -4,9 +4,9 @@ Example:
     >>> import pytreestore
     >>> batch = pytreestore.stack([{"a": 1, "b": 2.0}, {"a": 3, "b": 4.0}])
     >>> batch["a"]
-    Array([1, 3], dtype=int32)
+    Array([1, 3], dtype=int32, weak_type=True)
     >>> pytreestore.unstack(batch)[1]["b"]
-    Array(4., dtype=float32)
+    Array(4., dtype=float32, weak_type=True)
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from jax.tree_util import keystr, tree_flatten
 from pytreestore import _arguments
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format.schema import TreeSchema
+from pytreestore._format.weak import ragged_weak, weaken
 from pytreestore._tree.convert import RowFiller, casters
-from pytreestore._tree.layout import build_layout, record_problems
+from pytreestore._tree.layout import build_layout, record_problems, weak_paths, with_hints
 from pytreestore._tree.pad import (
     Layout,
     Padder,
@@ -113,21 +114,14 @@ def _stack_fixed(records: list[Any], like: Any, as_numpy: bool) -> Any:
             raise SchemaMismatchError(_with_hints(message, like, record)) from err
     if not as_numpy:
         ready = [jax_ready(b, c.path) for b, c in zip(buffers, schema.columns)]
-        buffers = jax.device_put(ready)
+        buffers = weaken(jax.device_put(ready), schema.weak)  # as jnp.stack keeps weak types
     return schema.unflatten(buffers)
 
 
 def _with_hints(message: str, like: Any, record: Any) -> str:
     """``message`` with the declaration that would accept each difference, and every
     differing keypath it does not list yet."""
-    extra = []
-    for line, hint in record_problems(like, record):
-        bare = line.removesuffix(f" ({hint})") if hint else line
-        if bare in message:
-            message = message.replace(bare, line, 1)
-        else:
-            extra.append(f"  {line}")
-    return message + ("\nEvery differing keypath:\n" + "\n".join(extra) if extra else "")
+    return with_hints(message, record_problems(like, record))
 
 
 def _stack_padded(padder: Padder, records: list[Any], as_numpy: bool) -> tuple[Any, Any]:
@@ -145,6 +139,7 @@ def _stack_padded(padder: Padder, records: list[Any], as_numpy: bool) -> tuple[A
         )
     if not as_numpy:
         batch, mask = (jax.tree.map_with_path(_to_device, t) for t in (batch, mask))
+        batch = _weakened(batch, padder.spec)
     leaves, batch_treedef = tree_flatten(batch)
     shapes = tuple(np.shape(x) if is_array(x) else None for x in leaves)
     skeletons = tuple(p[2] for p in parts)
@@ -152,6 +147,16 @@ def _stack_padded(padder: Padder, records: list[Any], as_numpy: bool) -> tuple[A
     layout = Layout(padder.spec, skeletons, jax.tree.structure(mask), batch_treedef, shapes, refs)
     remember(mask, layout)
     return batch, mask
+
+
+def _weakened(batch: Any, spec: Any) -> Any:
+    """``batch`` (padded, on the device) with the leaves of weakly typed leaves made weak."""
+    weak, lists = weak_paths(spec)
+    if not weak:
+        return batch
+    pairs, treedef = jax.tree_util.tree_flatten_with_path(batch)
+    flags = ragged_weak([p for p, _ in pairs], weak, lists, exact=False)
+    return treedef.unflatten(weaken([x for _, x in pairs], flags))
 
 
 def _to_device(path: Any, leaf: Any) -> Any:

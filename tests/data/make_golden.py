@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
@@ -164,6 +165,18 @@ def static_arrays_record(i: int) -> static_trees.World:
     return static_trees.record("golden", i)
 
 
+def weak_record(i: int) -> dict[str, Any]:
+    """Format 3: weakly typed leaves (``weak_type``: Python int and float, a weak
+    ``jax.Array``) beside strongly typed ones of the same dtypes."""
+    return {
+        "time": i,
+        "scale": i / 4,
+        "gain": jnp.asarray(0.5) * i,
+        "x": np.full(2, i, np.float32),
+        "n": np.int32(i),
+    }
+
+
 EVOLVED = {
     "add": {"['y']": np.int16(-3)},
     "drop": ["['old']"],
@@ -185,6 +198,7 @@ RECIPES: dict[str, Recipe] = {
     "horizon": Recipe(
         dtypes_record, 6, chunk_records=2, codec=None, reruns=(1, 2, 3, 4), history=2
     ),
+    "weak": Recipe(weak_record, 3, chunk_records=2, codec="zstd"),
     "ragged": Recipe(
         ragged_record,
         5,
