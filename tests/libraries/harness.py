@@ -54,7 +54,12 @@ def describe(tree: Any) -> dict[str, list[Any]]:
     out = {}
     for path, leaf in tree_flatten_with_path(tree)[0]:
         array = np.asarray(leaf)
-        out[keystr(path)] = [array.dtype.name, list(array.shape), weak_type(leaf), array.tobytes().hex()]
+        out[keystr(path)] = [
+            array.dtype.name,
+            list(array.shape),
+            weak_type(leaf),
+            array.tobytes().hex(),
+        ]
     return out
 
 
@@ -118,8 +123,15 @@ def write_and_read(
                 errors[name, backend] = err
                 continue
             written[name, backend] = path
-            manifest.append({"key": f"{name}/{backend}", "case": name, "like": case.like, "path": path,
-                 "load": not case.options})
+            manifest.append(
+                {
+                    "key": f"{name}/{backend}",
+                    "case": name,
+                    "like": case.like,
+                    "path": path,
+                    "load": not case.options,
+                }
+            )
     child: dict[str, Any] = {}
     if manifest:
         job = tmp / "manifest.json"
@@ -142,4 +154,3 @@ def _tail(path: Path) -> str:
         return path.read_text()[-6000:]
     except FileNotFoundError:
         return "(no stderr)"
-

@@ -117,5 +117,7 @@ def test_resumed_step_does_not_recompile_here(results: Results, case: str, backe
     for i, record in enumerate(store):
         got = step(jax.random.key(7), record, action(i))
         want = step(jax.random.key(7), results.records[case][i], action(i))
-        assert all(jax.tree.leaves(jax.tree.map(lambda a, b: a.tobytes() == b.tobytes(), got, want)))
+        assert all(
+            jax.tree.leaves(jax.tree.map(lambda a, b: a.tobytes() == b.tobytes(), got, want))
+        )
     assert len(traces) == 1, "a state read back traced the jitted step again"

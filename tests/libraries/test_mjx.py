@@ -12,7 +12,6 @@ seconds ``mjx.step`` takes to compile (benchmarks/bench_libraries.py times that)
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jax

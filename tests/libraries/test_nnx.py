@@ -71,8 +71,11 @@ def train_step(model: Any, optimizer: Any) -> None:
 def snapshot(case: str, model: Any, optimizer: Any) -> Any:
     """The record of one step. ``nnx.state`` returns the live Variables, which the next step
     updates: ``jax.tree.map`` copies them, so that the test keeps each step's values."""
-    state = nnx.state(model) if case == "plain" else {
-        "model": nnx.state(model), "optimizer": nnx.state(optimizer)}
+    state = (
+        nnx.state(model)
+        if case == "plain"
+        else {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
+    )
     return jax.tree.map(lambda v: v, state)
 
 
@@ -136,4 +139,6 @@ def test_resume_here_is_bit_identical(results: Results, case: str, backend: str)
         raise results.errors[case, backend]
     store = pytreestore.open(results.written[case, backend])
     assert_trees_equal(resume(case, store[STEPS - 1]), results.records[case][STEPS])
-    assert_trees_equal(resume(case, store[STEPS - 1]), resume(case, results.records[case][STEPS - 1]))
+    assert_trees_equal(
+        resume(case, store[STEPS - 1]), resume(case, results.records[case][STEPS - 1])
+    )
