@@ -72,16 +72,21 @@ class Results:
     errors: dict[tuple[str, str], BaseException]
     child: dict[str, Any]
 
+    def open(self, case: str, backend: str) -> Any:
+        """The store of ``case`` on ``backend``, opened with that backend (or the error that
+        writing it raised)."""
+        if (case, backend) in self.errors:
+            raise self.errors[case, backend]
+        return pytreestore.open(self.written[case, backend], backend=backend)
+
     def check(self, case: str, backend: str) -> dict[str, Any]:
         """Asserts that ``case`` on ``backend`` came back exactly, here and in the child.
 
         Returns:
             The child's report of the case (with its ``checks``, the module hook's result).
         """
-        if (case, backend) in self.errors:
-            raise self.errors[case, backend]
         records = self.records[case]
-        store = pytreestore.open(self.written[case, backend])
+        store = self.open(case, backend)
         assert len(store) == len(records)
         for i, record in enumerate(records):
             assert_trees_equal(store[i], record, err_msg=f"{case} record {i}, here")
@@ -129,6 +134,7 @@ def write_and_read(
                     "case": name,
                     "like": case.like,
                     "path": path,
+                    "backend": backend,
                     "load": not case.options,
                 }
             )

@@ -39,7 +39,7 @@ def read_back(manifest: str, out: str) -> None:
 
 
 def _read(entry: dict[str, Any], module: Any, hook: Any) -> dict[str, Any]:
-    store = pytreestore.open(entry["path"])
+    store = pytreestore.open(entry["path"], backend=entry["backend"])
     records = [store[i] for i in range(len(store))]
     want = tree_structure(getattr(module, entry["like"])())
     got = {

@@ -65,7 +65,7 @@ def test_molecules_of_different_sizes(results: Results, backend: str) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_padded_batch_matches_stack(results: Results, backend: str) -> None:
-    store = pytreestore.open(results.written["molecules", backend])
+    store = results.open("molecules", backend)
     batch, mask = store.load(ragged="pad")
     want, want_mask = pytreestore.stack(molecules(), ragged=RAGGED)
     assert type(batch) is jraph.GraphsTuple
