@@ -127,7 +127,6 @@ def test_model(results: Results, backend: str) -> None:
 
 def test_static_arrays_are_compared_by_content(results: Results) -> None:
     """The store's MJX statics are MJX's own wrappers, equal by content to a fresh model's."""
-
     read = results.open("model", "tensorstore")[0]
     fresh = model_like()
     assert type(read) is type(fresh)
