@@ -48,6 +48,7 @@ from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY, array_json
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import RecordError
+from pytreestore._tree.hints import hinted, layout_problems
 from pytreestore._tree.layout import (
     Fixed,
     Kept,
@@ -56,8 +57,6 @@ from pytreestore._tree.layout import (
     OptionalTree,
     RaggedList,
     Walker,
-    hinted,
-    layout_problems,
 )
 from pytreestore._tree.unpad import unpad_records
 from pytreestore.backends import Backend, KeyListing

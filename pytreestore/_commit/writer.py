@@ -44,7 +44,7 @@ from pytreestore._commit.record import Commit
 from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import LeafCaster, RecordError, RowFiller, casters
-from pytreestore._tree.layout import hinted, record_problems
+from pytreestore._tree.hints import hinted, record_problems
 from pytreestore._tree.stack import batch_length
 from pytreestore.backends import Backend
 from pytreestore.errors import (
@@ -147,7 +147,7 @@ class FixedTreeRows:
                 if got != schema.treedef:
                     message = schema.mismatch_message(record)
                     raise SchemaMismatchError(hints(schema, message, record))
-                if len(recent) >= self.chunk:
+                if len(recent) >= schema.chunk_records:
                     recent.pop(next(iter(recent)))
                 recent[seen[0]] = record
                 yield schema.column_leaves(leaves)

@@ -23,7 +23,8 @@ from pytreestore._format import dtypes as _dtypes
 from pytreestore._format.schema import TreeSchema
 from pytreestore._format.weak import ragged_weak, weaken
 from pytreestore._tree.convert import RowFiller, casters
-from pytreestore._tree.layout import build_layout, record_problems, weak_paths, with_hints
+from pytreestore._tree.hints import record_problems, with_hints
+from pytreestore._tree.layout import build_layout, weak_paths
 from pytreestore._tree.pad import (
     Layout,
     Padder,
