@@ -136,6 +136,19 @@ def test_map_sees_weak_leaves(store):
     assert out[1].dtype == jnp.float32
 
 
+@pytest.mark.parametrize("batch_size", [8, 7])  # 7: the last batch is cut on the host
+def test_map_keeps_the_results_weak_types_in_memory_and_in_an_out_store(store, path, batch_size):
+    def fn(s):
+        return {"t": s.time + 1, "p": s.pos * 2, "w": s.scale * jnp.float32(2)}
+
+    direct = jax.vmap(fn)(store.load(slice(0, 8)))
+    assert weak_of(direct) == [False, True, False]  # p: strong; t: weak; w: strong
+    assert weak_of(store.map(fn, batch_size=batch_size)) == weak_of(direct)
+    out = store.map(fn, batch_size=batch_size, out=f"{path}-out")
+    assert weak_of(pytreestore.open(f"{path}-out")[3]) == weak_of(direct)
+    assert traces(jax.tree.map(lambda x: x[3], direct), out[3]) == 1
+
+
 def test_promotion_as_before_the_store(store):
     bf16 = jnp.ones(2, jnp.bfloat16)
     assert (store[3].scale * bf16).dtype == (state(3).scale * bf16).dtype == jnp.bfloat16

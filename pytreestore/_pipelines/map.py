@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pytreestore._format.weak import is_weak, weaken
 from pytreestore._inspect.progress import progress_bar
 from pytreestore._pipelines.prefetch import Prefetcher
 from pytreestore._tree.stack import is_constant
@@ -69,6 +70,7 @@ def map_records(
     try:
         for valid, batch in batches:
             result = step(batch)
+            sink.note_weak(result)
             if valid < batch_size:
                 result = jax.tree.map(lambda leaf, n=valid: np.asarray(leaf)[:n], result)
             sink.add(result)
@@ -135,6 +137,25 @@ class _Sink:
         self._create = create
         self._pending: Any = None
         self._parts: list[Any] = []
+        self._weak: list[bool] | None = None  # the results' weak types, from the device
+
+    def note_weak(self, result: Any) -> None:
+        """Keeps which leaves of ``fn``'s result are weakly typed (the host copies lose it)."""
+        if self._weak is None:
+            self._weak = [is_weak(leaf) for leaf in jax.tree.leaves(result)]
+
+    def _weak_like(self, like: Any) -> Any:
+        """``like`` (host values) with each weakly typed result leaf as a weak ``jax.Array``,
+        so that the out store's column is weak (``weak_type``) as the results were."""
+        leaves, treedef = jax.tree.flatten(like)
+        weak = self._weak or [False] * len(leaves)
+        placed = [jnp.asarray(v) if w else v for v, w in zip(leaves, weak)]
+        return treedef.unflatten(weaken(placed, weak) if any(weak) else placed)
+
+    def _weakened(self, tree: Any) -> Any:
+        """``tree`` (of ``jax.Array`` leaves) with the results' weak types."""
+        leaves, treedef = jax.tree.flatten(tree)
+        return treedef.unflatten(weaken(leaves, self._weak if any(self._weak or ()) else None))
 
     def add(self, result: Any) -> None:
         self._drain()
@@ -148,7 +169,7 @@ class _Sink:
             self._parts.append(host)
             return
         if isinstance(self._out, (str, os.PathLike)):
-            like = jax.tree.map(lambda leaf: leaf[0], host)
+            like = self._weak_like(jax.tree.map(lambda leaf: leaf[0], host))
             assert self._create is not None, "a store opened by pytreestore has a creator"
             self._out = self._create(self._out, like)
         self._out.extend_batch(host)
@@ -165,4 +186,5 @@ class _Sink:
             )
         if not self._parts:
             return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), empty_shape())
-        return jax.device_put(jax.tree.map(lambda *leaves: np.concatenate(leaves), *self._parts))
+        joined = jax.tree.map(lambda *leaves: np.concatenate(leaves), *self._parts)
+        return self._weakened(jax.device_put(joined))
