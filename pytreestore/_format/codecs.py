@@ -57,7 +57,9 @@ class StaticCodec:
     decode: Callable[[Any], Any]
 
 
-def _import(path: str) -> Any:
+def import_path(path: str) -> Any:
+    """What ``module:qualname`` names: the module imported (if not already), then each
+    attribute of the qualname read; raises what the import or ``getattr`` raises."""
     module, _, qualname = path.partition(":")
     obj: Any = sys.modules.get(module) or importlib.import_module(module)
     for part in qualname.split("."):
@@ -68,7 +70,7 @@ def _import(path: str) -> Any:
 def _mjx_decode(array: Any) -> Any:
     if not isinstance(array, np.ndarray):
         raise ValueError(f"MJX's array wrapper holds a numpy array, the store holds {array!r:.80}")
-    return _import(MJX_WRAPPER)(array)
+    return import_path(MJX_WRAPPER)(array)
 
 
 #: codecs by class import path: the project's, then those registered at run time
@@ -116,7 +118,7 @@ def register_static_codec(
         raise ArgumentTypeError("register_static_codec takes an encode and a decode function")
     path = f"{cls.__module__}:{cls.__qualname__}"
     try:
-        same = "<" not in path and _import(path) is cls
+        same = "<" not in path and import_path(path) is cls
     except (ImportError, AttributeError, ValueError):
         same = False
     if not same:

@@ -18,7 +18,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -32,6 +31,7 @@ from jax.tree_util import (
     tree_structure,
 )
 
+from pytreestore._format import codecs as _codecs
 from pytreestore._format import keys as _keys
 from pytreestore._format import values as _values
 from pytreestore.errors import ClassResolutionError, UnsupportedTreeError
@@ -107,13 +107,10 @@ def _naming_advice(cls: type) -> str:
 def _imported_as(path: str) -> Any:
     """What importing ``module:qualname`` gives, as a reader would; None when it gives
     nothing (no such module or attribute, or a ``<locals>`` qualname)."""
-    module, _, qualname = path.partition(":")
-    if "<" in qualname:
+    if "<" in path.partition(":")[2]:
         return None
     try:
-        obj: Any = sys.modules.get(module) or importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
+        obj: Any = _codecs.import_path(path)
     except Exception:  # an import that fails in any way gives the reader nothing either
         return None
     return obj
@@ -125,11 +122,8 @@ def resolve_class(name: str, *, namedtuple: bool = False) -> type:
         "Make it importable, pass like=<an example record> to pytreestore.open, "
         "or open with generic=True to get dicts and lists instead."
     )
-    module, _, qualname = name.partition(":")
     try:
-        obj: Any = sys.modules.get(module) or importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
+        obj: Any = _codecs.import_path(name)
     except (ImportError, AttributeError, ValueError) as err:
         raise ClassResolutionError(
             f"cannot import class {name} named in the schema ({err}). {advice}"

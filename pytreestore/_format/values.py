@@ -219,7 +219,7 @@ def _path_of(obj: Any) -> str:
         )
     path = f"{module}:{qualname}"
     try:
-        same = _import(path) is obj
+        same = _codecs.import_path(path) is obj
     except (ImportError, AttributeError, ValueError):
         same = False
     if not same:
@@ -237,14 +237,6 @@ def _sentinel_name(value: Any) -> str | None:
     module = sys.modules.get(type(value).__module__)
     names = [k for k, v in vars(module).items() if v is value] if module else []
     return names[0] if names else None
-
-
-def _import(path: str) -> Any:
-    module, _, qualname = path.partition(":")
-    obj: Any = sys.modules.get(module) or importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def decode(obj: Any) -> Any:
@@ -351,9 +343,9 @@ def _decode_wrapped(inner: dict[str, Any]) -> Any:
 
 def _decode_object(tag: str, inner: Any) -> Any:
     if tag == "ref":
-        return _import(inner)
+        return _codecs.import_path(inner)
     if tag == "enum":
-        cls = _import(inner["type"])
+        cls = _codecs.import_path(inner["type"])
         if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
             raise ValueError(f"{inner['type']} is not an Enum class")
         if "name" in inner:
@@ -372,7 +364,7 @@ def _decode_object(tag: str, inner: Any) -> Any:
 
 
 def _decode_dataclass(inner: dict[str, Any]) -> Any:
-    cls = _import(inner["type"])
+    cls = _codecs.import_path(inner["type"])
     if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
         raise ValueError(f"{inner['type']} is not a dataclass")
     names = {f.name for f in dataclasses.fields(cls)}
