@@ -8,37 +8,12 @@ child. (Uncompressed local columns, read without TensorStore, are tested in test
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-import warnings
-
 import numpy as np
 import pytest
 
 import pytreestore
 from pytreestore import errors
-
-
-def run_in_child(body) -> int:
-    """Forks; the child exits with ``body()`` (99 on an exception); -9 if still running at 60 s."""
-    with warnings.catch_warnings():  # JAX warns at every fork once its backend is up
-        warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
-        pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child)
-        code = 99
-        try:
-            code = body()
-        finally:
-            os._exit(code)
-    for _ in range(1200):
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    return -signal.SIGKILL
+from tests.test_misuse import run_in_child
 
 
 def refused(call) -> int:
