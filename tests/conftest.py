@@ -19,10 +19,14 @@ import os
 from collections.abc import Iterator, Sequence
 from multiprocessing.pool import Pool
 
+import jax
 import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.parity import kinds
+
+#: every test process simulates 8 CPU devices (read only as JAX starts, so set before any test)
+jax.config.update("jax_num_cpu_devices", 8)
 
 settings.register_profile(
     "pytreestore",
@@ -81,6 +85,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def path(tmp_path) -> str:
     """Where a test's store goes: ``s`` in its own temporary folder."""
     return str(tmp_path / "s")
+
+
+@pytest.fixture
+def eight_devices() -> list[jax.Device]:
+    """The 8 simulated CPU devices every test process has."""
+    assert jax.device_count() >= 8, "JAX started before conftest set jax_num_cpu_devices"
+    return jax.devices()[:8]
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
@@ -17,12 +16,6 @@ import pytreestore
 from pytreestore._pipelines.batches import BatchIterator
 from pytreestore._pipelines.prefetch import Prefetcher
 from pytreestore.errors import ShardingError
-
-
-@pytest.fixture
-def eight_devices() -> list[jax.Device]:
-    assert jax.device_count() >= 8, "the 8-device child started with fewer devices"
-    return jax.devices()[:8]
 
 
 @pytest.fixture
@@ -193,7 +186,7 @@ def test_batches_see_records_appended_before_they_start(tmp_path):
         assert ids(s.batches(2)) == [[0, 1], [2, 3], [4]]
 
 
-class EightDeviceTests:  # collected as TestEightDevices in the 8-device child only
+class TestEightDevices:
     def test_sharded_batches(self, store, eight_devices):
         mesh = jax.make_mesh((8,), ("data",))
         sharding = NamedSharding(mesh, P("data"))
@@ -208,7 +201,3 @@ class EightDeviceTests:  # collected as TestEightDevices in the 8-device child o
             store.batches(16, sharding=sharding)
         with pytest.raises(ShardingError, match=re.escape("batch_size as a multiple of 8")):
             store.batches(12, sharding=sharding, drop_last=True)
-
-
-if os.environ.get("PYTREESTORE_EIGHT_DEVICE_CHILD") == "1":
-    TestEightDevices = EightDeviceTests

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 
 import jax
@@ -16,12 +15,6 @@ from pytreestore._read import device as _device
 from pytreestore.errors import ShardingError
 
 
-@pytest.fixture
-def eight_devices() -> list[jax.Device]:
-    assert jax.device_count() >= 8, "the 8-device child started with fewer devices"
-    return jax.devices()[:8]
-
-
 def make_store(path, n: int):
     store = pytreestore.create(path, {"a": np.float32(0), "b": np.zeros(3, np.int32)})
     store.extend_batch(
@@ -31,7 +24,7 @@ def make_store(path, n: int):
     return store
 
 
-class EightDeviceTests:  # collected as TestEightDevices in the 8-device child only
+class TestEightDevices:
     def test_pmap_layout_is_placed_per_device(self, tmp_path, eight_devices):
         store = make_store(tmp_path / "s", 40)
         got = store.load(pmap_devices=eight_devices)
@@ -114,7 +107,3 @@ def test_replicated_of_other_shardings_uses_its_devices():
     rep = _device.replicated(single)
     assert rep.device_set == single.device_set and rep.is_fully_replicated
     assert _device.record_axis_sharding(single).is_fully_replicated
-
-
-if os.environ.get("PYTREESTORE_EIGHT_DEVICE_CHILD") == "1":
-    TestEightDevices = EightDeviceTests

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 
 import jax
@@ -13,12 +12,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pytreestore
-
-
-@pytest.fixture
-def eight_devices() -> list[jax.Device]:
-    assert jax.device_count() >= 8, "the 8-device child started with fewer devices"
-    return jax.devices()[:8]
 
 
 @pytest.fixture
@@ -98,13 +91,9 @@ def test_map_bad_batch_size(store):
         store.map(energy, batch_size=0)
 
 
-class EightDeviceTests:  # collected as TestEightDevices in the 8-device child only
+class TestEightDevices:
     def test_sharded_map(self, store, eight_devices):
         sharding = NamedSharding(jax.make_mesh((8,), ("data",)), P("data"))
         got = store.map(energy, batch_size=8, sharding=sharding)
         expected = jax.vmap(energy)(store[:])
         np.testing.assert_array_equal(np.asarray(got["twice"]), np.asarray(expected["twice"]))
-
-
-if os.environ.get("PYTREESTORE_EIGHT_DEVICE_CHILD") == "1":
-    TestEightDevices = EightDeviceTests

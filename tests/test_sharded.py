@@ -1,19 +1,12 @@
 """Sharded loads: global arrays over a mesh, each device's rows read once, padding, errors.
 
-Tests that need 8 devices sit in ``EightDeviceTests`` classes (here and in test_device.py,
-test_batches.py, test_map.py). JAX's device count is fixed when it first starts, which in a full
-``make test`` run happens in whichever test comes first, so
-``test_eight_device_tests_in_a_subprocess`` runs all of them in a child pytest started with
-``--xla_force_host_platform_device_count=8``; only there are the classes collected (as
-``TestEightDevices``).
+Tests that need 8 devices sit in ``TestEightDevices`` classes (here and in test_device.py,
+test_batches.py, test_map.py); every test process has 8 CPU devices (``tests/conftest.py``).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -29,27 +22,6 @@ from pytreestore.errors import ShardingError
 
 ROOT = Path(__file__).resolve().parent.parent
 EIGHT_DEVICE_FILES = ["test_sharded.py", "test_device.py", "test_batches.py", "test_map.py"]
-
-
-@pytest.fixture
-def eight_devices() -> list[jax.Device]:
-    assert jax.device_count() >= 8, "the 8-device child started with fewer devices"
-    return jax.devices()[:8]
-
-
-def test_eight_device_tests_in_a_subprocess() -> None:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTREESTORE_EIGHT_DEVICE_CHILD="1")
-    env["XLA_FLAGS"] = (
-        env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    ).strip()
-    files = [str(ROOT / "tests" / f) for f in EIGHT_DEVICE_FILES]
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "EightDevices"]
-    result = subprocess.run(
-        [*cmd, *files], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
-    report = result.stdout[-6000:] + result.stderr[-3000:]
-    assert result.returncode == 0, report
-    assert " passed" in result.stdout and "skipped" not in result.stdout, report
 
 
 def make_store(path, n: int = 64, chunk: int = 16) -> pytreestore.TreeStore:
@@ -97,7 +69,7 @@ class CountingReads:
         return out
 
 
-class EightDeviceTests:  # collected as TestEightDevices in the 8-device child only
+class TestEightDevices:
     @pytest.mark.parametrize(
         "spec", [P("data"), P(("data", "model")), P(None), P("data", "model"), P(None, "data")]
     )
@@ -291,7 +263,3 @@ def test_sharding_tree_that_replicates_everything(tmp_path):
     store = make_store(tmp_path / "s", n=4)
     with pytest.raises(TypeError, match="gives no sharding for any column"):
         store.load(sharding={"x": None, "y": None, "z": None})
-
-
-if os.environ.get("PYTREESTORE_EIGHT_DEVICE_CHILD") == "1":
-    TestEightDevices = EightDeviceTests
