@@ -23,6 +23,7 @@ import jax
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests import durations
 from tests.parity import kinds
 
 #: every test process simulates 8 CPU devices (read only as JAX starts, so set before any test)
@@ -100,3 +101,10 @@ def pool() -> Iterator[Pool]:
     so tests of work done in another process share them."""
     with multiprocessing.get_context("spawn").Pool(2) as workers:
         yield workers
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Collects the modules longest first (``tests/durations.py``), each module's tests in
+    their own order, so the worker that takes the last module has little left to run."""
+    seconds = durations.load()
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], durations.UNKNOWN))

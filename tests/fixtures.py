@@ -13,16 +13,23 @@ from pytreestore.testing.s3 import CLIENT_ENV, MotoServer
 from tests.trial_harness import Zygote
 
 
+@pytest.fixture(scope="session")
+def _moto() -> Iterator[MotoServer]:
+    """One moto server per test process, started when a module first needs it (each start
+    imports moto and Flask); every test makes its own bucket."""
+    with MotoServer() as server:
+        yield server
+
+
 @pytest.fixture(scope="module")
-def s3_server() -> Iterator[MotoServer]:
-    """A moto server for the module, with the AWS environment variables a client needs."""
+def s3_server(_moto: MotoServer) -> Iterator[MotoServer]:
+    """The moto server, with the AWS environment variables a client needs for the module."""
     with pytest.MonkeyPatch.context() as mp:
         for k, v in CLIENT_ENV.items():
             mp.setenv(k, v)
         for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
             mp.delenv(k, raising=False)
-        with MotoServer() as server:
-            yield server
+        yield _moto
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -30,7 +29,6 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 __all__ = ["MotoServer", "OutageProxy", "free_port"]
@@ -52,10 +50,9 @@ def free_port() -> int:
 
 
 def _moto_command() -> list[str]:
-    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent))
-    if exe:
-        return [exe]
-    return [sys.executable, "-c", "from moto.server import main; main()"]
+    """moto's server, through :mod:`pytreestore.testing._moto_main` (which keeps its lookup of
+    each request's service instead of listing its package folder on every request)."""
+    return [sys.executable, "-m", "pytreestore.testing._moto_main"]
 
 
 class MotoServer:
