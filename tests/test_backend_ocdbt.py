@@ -247,7 +247,9 @@ def test_a_wide_tree_is_a_handful_of_files(tmp_path: Path) -> None:
     with pytreestore.create(str(path), like, backend="ocdbt") as store:
         store.extend_batch(batch)
     files = [f for _, _, names in os.walk(path) for f in names]
-    assert len(files) <= 20, files
+    # as files, the 300 columns would be over 600 (a zarr.json and a chunk each). OCDBT batches
+    # the writes in flight together: 13-19 files on an idle machine, up to 34 under load
+    assert len(files) <= len(like) // 5, files
     assert_trees_equal(pytreestore.open(str(path)).load(as_numpy=True), batch)
 
 
