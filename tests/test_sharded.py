@@ -7,7 +7,6 @@ test_batches.py, test_map.py); every test process has 8 CPU devices (``tests/con
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -19,9 +18,6 @@ from jax.sharding import PartitionSpec as P
 import pytreestore
 from pytreestore._read import sharded as _sharded
 from pytreestore.errors import ShardingError
-
-ROOT = Path(__file__).resolve().parent.parent
-EIGHT_DEVICE_FILES = ["test_sharded.py", "test_device.py", "test_batches.py", "test_map.py"]
 
 
 def make_store(path, n: int = 64, chunk: int = 16) -> pytreestore.TreeStore:

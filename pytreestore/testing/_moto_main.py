@@ -1,10 +1,13 @@
-"""``moto_server``'s ``main``, with its lookup of the service of each request remembered.
+"""``moto_server``'s ``main``, with its lookup of each request's service remembered and its
+connections kept open.
 
 For every request, moto (5.x) finds the service by listing its own package folder (``listdir``
 and an ``isdir`` per entry, about 200) and matching the host against every service's URL
 patterns. Profiled under the S3 tests, that was a third of the server's CPU, taken from the
 tests it serves. The service of a host never changes while the server runs, so both answers
-are kept after the first request; everything else is moto's own code.
+are kept after the first request. The server also speaks HTTP/1.1, so clients keep their
+connections instead of opening one (and the server a thread) per request. Everything else is
+moto's own code.
 
 Run as ``python -m pytreestore.testing._moto_main -H 127.0.0.1 -p PORT``
 (:class:`pytreestore.testing.s3.MotoServer` does).
@@ -41,7 +44,7 @@ def _keep_connections() -> None:
 
 
 def main() -> None:
-    """Starts moto's server (its command-line arguments) with the lookups remembered."""
+    """Starts moto's server (its command-line arguments), lookups remembered, connections kept."""
     _remember_services()
     _keep_connections()
     from moto.server import main as moto_main
