@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import collections
+import itertools
 import re
 import threading
 import time
+import uuid
 
 import jax
 import numpy as np
@@ -15,7 +18,8 @@ from jax.sharding import PartitionSpec as P
 import pytreestore
 from pytreestore._pipelines.batches import BatchIterator
 from pytreestore._pipelines.prefetch import Prefetcher
-from pytreestore.errors import ShardingError
+from pytreestore._pipelines.shuffle import Shuffle
+from pytreestore.errors import ArgumentError, ShardingError
 
 
 @pytest.fixture
@@ -90,7 +94,8 @@ def test_state_is_small_and_counts_epochs(store):
         "batch": 0,
         "records": 50,
         "batch_size": 16,
-        "shuffle": True,
+        "shuffle": "uniform",  # 50 records fit in one window: a block shuffle is uniform
+        "window": None,
         "seed": 5,
         "drop_last": False,
     }
@@ -133,7 +138,7 @@ def test_prefetch_reads_ahead_in_the_background():
         start=0,
         stop=100,
         batch_size=10,
-        shuffle=False,
+        shuffle=Shuffle(None),
         seed=0,
         drop_last=False,
         prefetch=3,
@@ -186,6 +191,86 @@ def test_batches_see_records_appended_before_they_start(tmp_path):
         assert ids(s.batches(2)) == [[0, 1], [2, 3], [4]]
 
 
+@pytest.fixture(params=["tensorstore", "zarr"])
+def blocks(request, tmp_path):
+    """64 records in chunks of 4 on each backend: a window of 8 records is two chunks."""
+    like = {"i": np.int32(0), "v": np.zeros(2, np.float32)}
+    s = pytreestore.create(tmp_path / "b", like, chunk_records=4, backend=request.param)
+    s.extend_batch(
+        {"i": np.arange(64, dtype=np.int32), "v": np.arange(128, dtype=np.float32).reshape(64, 2)}
+    )
+    s.close()
+    return pytreestore.open(tmp_path / "b", backend=request.param)
+
+
+def test_a_block_shuffle_reads_each_chunk_once_per_epoch(blocks, monkeypatch):
+    from pytreestore._read import cache
+
+    reads: list[tuple[str, int]] = []
+    real = cache._read_whole
+
+    def counted(backend, requests, records):
+        reads.extend((key, where.start) for key, where in requests)
+        return real(backend, requests, records)
+
+    monkeypatch.setattr(cache, "_read_whole", counted)
+    it = blocks.batches(4, shuffle=True, seed=7, shuffle_window=8, epochs=2)
+    got = []
+    for batch in it:
+        i = np.asarray(batch["i"])
+        np.testing.assert_array_equal(np.asarray(batch["v"]), np.stack([2 * i, 2 * i + 1], 1))
+        got.append(i.tolist())
+    first, second = got[:16], got[16:]
+    for epoch in (first, second):
+        assert sorted(list(itertools.chain.from_iterable(epoch))) == list(range(64))
+        for batch in epoch:  # a batch holds records of at most two windows: 4 chunks
+            assert len({k // 4 for k in batch}) <= 4
+    assert first != second
+    chunks = {(key, start) for key in ("i", "v") for start in range(0, 64, 4)}
+    times = collections.Counter(reads)  # every chunk of both columns, at most once an epoch
+    assert set(times) == chunks and set(times.values()) <= {1, 2}  # (kept across an epoch's end)
+
+
+def test_a_uniform_shuffle_is_exact_on_any_store(blocks):
+    expected = np.random.default_rng((3, 0)).permutation(64).tolist()
+    got = ids(blocks.batches(16, shuffle="uniform", seed=3))
+    assert list(itertools.chain.from_iterable(got)) == expected
+
+
+@pytest.mark.parametrize("shuffle", ["block", "uniform", False])
+@pytest.mark.parametrize("taken", [0, 5, 16, 21])
+def test_resume_any_shuffle_mid_epoch(blocks, shuffle, taken):
+    window = 8 if shuffle == "block" else None
+    options = {"shuffle": shuffle, "seed": 2, "epochs": 2, "shuffle_window": window}
+    every = ids(blocks.batches(4, **options))
+    it = blocks.batches(4, **options)
+    for _ in range(taken):
+        next(it)
+    state = it.state()
+    it.close()
+    assert (state["shuffle"], state["window"]) == (shuffle, window)
+    rest = ids(blocks.batches(4, **{**options, "shuffle_window": None}, state=state))
+    assert rest == every[taken:]
+
+
+def test_a_state_from_before_block_shuffles_is_a_uniform_one(blocks):
+    old = {"epoch": 0, "batch": 3, "records": 64, "batch_size": 4, "shuffle": True,
+           "seed": 1, "drop_last": False}  # fmt: skip
+    with pytest.raises(ArgumentError, match="shuffle: state 'uniform', now 'block'"):
+        blocks.batches(4, shuffle=True, seed=1, shuffle_window=8, state=old)
+    rest = ids(blocks.batches(4, shuffle="uniform", seed=1, state=old))
+    assert rest == ids(blocks.batches(4, shuffle="uniform", seed=1))[3:]
+
+
+def test_a_block_order_is_the_same_in_memory(blocks):
+    memory = pytreestore.create(
+        f"memory://block-order-{uuid.uuid4().hex}", {"i": np.int32(0)}, chunk_records=4
+    )
+    memory.extend_batch({"i": np.arange(64, dtype=np.int32)})
+    options = {"shuffle": True, "seed": 9, "shuffle_window": 8}
+    assert ids(memory.batches(4, **options)) == ids(blocks.batches(4, **options))
+
+
 class TestEightDevices:
     def test_sharded_batches(self, store, eight_devices):
         mesh = jax.make_mesh((8,), ("data",))
@@ -194,6 +279,13 @@ class TestEightDevices:
         assert [b["v"].sharding for b in got] == [sharding] * 3
         plain = ids(store.batches(16, shuffle=True, seed=2, drop_last=True))
         assert ids(got) == plain
+
+    def test_sharded_block_shuffled_batches(self, blocks, eight_devices):
+        sharding = NamedSharding(jax.make_mesh((8,), ("data",)), P("data"))
+        options = {"shuffle": True, "seed": 4, "shuffle_window": 8}
+        got = list(blocks.batches(8, sharding=sharding, **options))
+        assert [b["i"].sharding for b in got] == [sharding] * 8
+        assert ids(got) == ids(blocks.batches(8, **options))
 
     def test_sharded_batches_must_split(self, store, eight_devices):
         sharding = NamedSharding(jax.make_mesh((8,), ("data",)), P("data"))

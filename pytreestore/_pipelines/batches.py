@@ -6,8 +6,9 @@
 ``prefetch + 1`` batches beyond the one the caller holds are in memory. The job ends, and is
 waited for, when the iterator is closed, left by its ``with`` block, dropped, or when the
 interpreter exits.
-Shuffled epochs are permutations drawn from ``numpy.random.default_rng((seed, epoch))``, so an
-epoch's order depends only on the seed and the epoch number; :meth:`BatchIterator.state` gives
+A shuffled epoch's order (:mod:`~pytreestore._pipelines.shuffle`: a block shuffle, or an exact
+uniform one) is drawn from ``numpy.random.default_rng((seed, epoch))``, so it depends only on
+the seed, the epoch number and the settings; :meth:`BatchIterator.state` gives
 the position after the last batch handed out, and a new iterator given that state yields
 exactly the batches that were still to come.
 
@@ -32,10 +33,11 @@ from jax.tree_util import tree_flatten
 
 from pytreestore import _arguments
 from pytreestore._pipelines.prefetch import Prefetcher
+from pytreestore._pipelines.shuffle import Shuffle
 from pytreestore._tree.stack import split_leaves
 from pytreestore.errors import ArgumentError
 
-_STATE_KEYS = ("records", "batch_size", "shuffle", "seed", "drop_last")
+_STATE_KEYS = ("records", "batch_size", "shuffle", "window", "seed", "drop_last")
 
 
 class BatchIterator:
@@ -61,7 +63,7 @@ class BatchIterator:
         start: int,
         stop: int,
         batch_size: int,
-        shuffle: bool,
+        shuffle: Shuffle,
         seed: int,
         drop_last: bool,
         prefetch: int,
@@ -117,7 +119,7 @@ class _Plan:
     start: int
     count: int
     batch_size: int
-    shuffle: bool
+    shuffle: Shuffle
     seed: int
     drop_last: bool
     epochs: int | None
@@ -133,7 +135,8 @@ class _Plan:
         return {
             "records": self.count,
             "batch_size": self.batch_size,
-            "shuffle": self.shuffle,
+            "shuffle": self.shuffle.state,
+            "window": self.shuffle.window,
             "seed": self.seed,
             "drop_last": self.drop_last,
         }
@@ -141,6 +144,8 @@ class _Plan:
     def resume(self, state: dict[str, Any]) -> tuple[int, int]:
         """``(epoch, batch)`` to continue from ``state``, checked against these settings."""
         ours = self.settings()
+        if state.get("shuffle") is True and "window" not in state:
+            state = {**state, "shuffle": "uniform"}  # saved before block shuffles: uniform
         differ = [k for k in _STATE_KEYS if k in state and state[k] != ours[k]]
         if differ:
             detail = ", ".join(f"{k}: state {state[k]!r}, now {ours[k]!r}" for k in differ)
@@ -174,10 +179,7 @@ class _Plan:
                 return
 
     def _order(self, epoch: int) -> np.ndarray | None:
-        if not self.shuffle:
-            return None
-        rng = np.random.default_rng((self.seed, epoch))
-        return rng.permutation(self.count) + self.start
+        return self.shuffle.order(seed=self.seed, epoch=epoch, start=self.start, count=self.count)
 
     def _index(self, order: np.ndarray | None, k: int) -> Any:
         lo, hi = k * self.batch_size, min((k + 1) * self.batch_size, self.count)

@@ -17,7 +17,9 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +27,8 @@ from pytreestore import _arguments
 from pytreestore._core import StoreCore
 from pytreestore._pipelines import batches as _batches
 from pytreestore._pipelines import map as _map
+from pytreestore._pipelines import shuffle as _shuffle
+from pytreestore._read.cache import ChunkCache
 from pytreestore._read.reader import ReadContext
 from pytreestore._read.records import record_reads
 from pytreestore._read.request import LoadRequest
@@ -43,7 +47,7 @@ class Pipelines:
         self,
         batch_size: int,
         *,
-        shuffle: bool = False,
+        shuffle: bool | str = False,
         seed: int = 0,
         drop_last: bool = False,
         prefetch: int = 2,
@@ -58,12 +62,17 @@ class Pipelines:
         pad_to: int | str | Sequence[int] | None = None,
         trim: bool = False,
         truncate: bool | None = None,
+        shuffle_window: int | None = None,
     ) -> _batches.BatchIterator:
         """Iterates over records ``[start, stop)`` in batches on device, read ahead in the background.
 
         Args:
             batch_size: records per batch.
-            shuffle: visit records in an order drawn from ``(seed, epoch)`` each epoch.
+            shuffle: visit records in an order drawn from ``(seed, epoch)`` each epoch:
+                ``True`` or ``"block"`` is a block shuffle (chunks in a random order, records
+                shuffled within windows of several chunks, each chunk read once per epoch),
+                ``"uniform"`` an exact uniform shuffle (each batch reads from all over the
+                store). See docs/sharding.md, "Shuffling", for what each costs.
             seed: the shuffle seed.
             drop_last: skip the last batch of an epoch when it is short.
             prefetch: batches read (and copied to device) ahead while the caller computes;
@@ -79,6 +88,9 @@ class Pipelines:
                 the pair ``(batch, mask)`` (or ``(values, segments)``); give ``pad_to``
                 buckets so that a jitted step compiles once per bucket.
             truncate: the old name of ``trim`` (an alias).
+            shuffle_window: records a block shuffle shuffles together, rounded up to whole
+                chunks (default: about 64 MiB of decoded records); the iterator keeps about
+                2.5 windows of decoded chunks in a cache of its own.
 
         Returns:
             A :class:`~pytreestore._pipelines.batches.BatchIterator` of batched records; its ``state()``
@@ -99,7 +111,6 @@ class Pipelines:
         batch_size, start, stop, seed, prefetch, epochs = _batch_arguments(
             batch_size, start, stop, seed, prefetch, epochs
         )
-        shuffle = _arguments.flag(shuffle, "shuffle")
         drop_last = _arguments.flag(drop_last, "drop_last")
         if state is not None:
             state = dict(_arguments.mapping(state, "batches(state=...)", "what state() returned"))
@@ -108,6 +119,9 @@ class Pipelines:
         lo, hi, _ = slice(start, stop).indices(context.readable())
         hi = max(lo, hi)
         request.check_batches(batch_size, hi - lo, drop_last=drop_last)
+        order, context = _shuffled(
+            self._core, context, request, (shuffle, shuffle_window), batch_size, lo, hi, state
+        )
         return _batches.BatchIterator(
             _loader(
                 self._core, context, request, ragged, pad_to, _arguments.trimmed(trim, truncate)
@@ -115,7 +129,7 @@ class Pipelines:
             start=lo,
             stop=hi,
             batch_size=batch_size,
-            shuffle=shuffle,
+            shuffle=order,
             seed=seed,
             drop_last=drop_last,
             prefetch=prefetch,
@@ -248,6 +262,34 @@ def _batch_arguments(*values: Any) -> tuple[Any, ...]:
         _arguments.count(prefetch, "prefetch must be >= 0 (an int)"),
         _arguments.optional_count(epochs, "epochs must be >= 0 or None (endless)"),
     )
+
+
+def _shuffled(
+    core: StoreCore,
+    context: ReadContext,
+    request: LoadRequest,
+    asked: tuple[Any, Any],
+    batch_size: int,
+    lo: int,
+    hi: int,
+    state: dict[str, Any] | None,
+) -> tuple[_shuffle.Shuffle, ReadContext]:
+    """The order of ``batches(shuffle=, shuffle_window=)`` over records ``[lo, hi)``, and
+    the context to read with: in order or block-shuffled, the batches read through a cache
+    of their own, which keeps the chunks (or windows) they are reading decoded, so that each
+    is decoded once per epoch whatever the store's cache holds (a store in memory needs
+    none; a uniform shuffle reads from all over the store, through the store's cache)."""
+    records = max(context.readable(), 1)
+    head = core.head()
+    nbytes = sum(head.rows(c.table) * c.record_nbytes for c in request.specs) / records
+    chunk = core.schema.chunk_records
+    order = _shuffle.resolve(
+        *asked, chunk=chunk, record_nbytes=nbytes, start=lo, count=hi - lo, resumed=state
+    )
+    if order.mode == "uniform" or context.location.kind == "memory":
+        return order, context
+    cache = ChunkCache(_shuffle.cache_bytes(order, nbytes, batch_size))
+    return order, dataclasses.replace(context, cache=cache, cache_id=uuid.uuid4().hex)
 
 
 def _check_out(out: Any) -> None:

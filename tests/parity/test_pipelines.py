@@ -8,6 +8,8 @@ their ``t``, the record's index) with the kind's declarations: the padded form i
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,6 +58,43 @@ def test_shuffled_batches(filled, pad_to):
     assert sorted(seen) == list(range(9)) and seen != list(range(9))
     again = [_order(b, name) for b in store.batches(4, shuffle=True, seed=3, **options)]
     assert [i for order in again for i in order] == seen
+
+
+@pytest.fixture(scope="module", params=MATRIX, ids=[f"{k}-{b}" for k, b in MATRIX])
+def chunked(request, tmp_path_factory):
+    """A closed store of each kind and backend holding 20 records in chunks of 2."""
+    name, backend = request.param
+    path = tmp_path_factory.mktemp(f"chunked-{name}-{backend}") / "store"
+    records = kinds.filled(path, name, backend, n=20, chunk_records=2)
+    return path, name, backend, records
+
+
+def test_block_shuffled_batches_resume(chunked):
+    """A block shuffle (windows of 4 records: two chunks) on every kind: exact batches, each
+    of at most two windows' chunks, and a resumed iterator yields exactly the rest."""
+    path, name, backend, records = chunked
+    store = pytreestore.open(path, backend=backend)
+    options = {"shuffle": True, "seed": 1, "shuffle_window": 4, "epochs": 2}
+    if not kinds.kind(name).is_fixed:
+        options["pad_to"] = [2, 4]
+    every = []
+    for batch in store.batches(3, **options):
+        order = _order(batch, name)
+        every.append(order)
+        assert len({i // 2 for i in order}) <= 4
+        kinds.assert_same(batch, stacked(name, [records[i] for i in order], options.get("pad_to")))
+    assert (
+        sorted(list(itertools.chain.from_iterable(every[:7])))
+        == list(range(20))
+        == sorted(list(itertools.chain.from_iterable(every[7:])))
+    )
+    it = store.batches(3, **options)
+    for _ in range(9):
+        next(it)
+    state = it.state()
+    it.close()
+    assert state["shuffle"] == "block"
+    assert [_order(b, name) for b in store.batches(3, **options, state=state)] == every[9:]
 
 
 def _masked_sums(record, mask):

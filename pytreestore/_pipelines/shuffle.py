@@ -1,0 +1,165 @@
+"""The order of a shuffled epoch: an exact uniform shuffle, or a block shuffle.
+
+A **uniform** shuffle visits the records of ``[start, stop)`` in a permutation drawn from
+``numpy.random.default_rng((seed, epoch))``: every order equally likely, but each batch takes
+its records from all over the store, so on a store larger than the decoded-chunk cache every
+batch reads and decodes nearly every chunk of every column.
+
+A **block** shuffle (MosaicML Streaming's ``py1b``, TFDS's file shuffle) cuts the range into
+blocks at the store's chunk boundaries, visits the blocks in a random order, groups them, in
+that order, into windows of ``window`` records (whole chunks), and permutes the records within
+each window. Every record is still visited once per epoch and the order still depends only on
+``(seed, epoch)``, but a batch's records come from one or two windows, so each chunk is read
+and decoded once per epoch while its window is kept decoded (the iterator's own cache, see
+:func:`cache_bytes`). The price: two records of one window are more likely to share a batch
+than under a uniform shuffle, so neighbours in the store (steps of one simulation, say) are
+correlated within a batch; a wider window weakens that, and the windows change every epoch.
+When the whole range fits in one window the block order *is* the uniform one.
+
+Example:
+    >>> plan = resolve("block", 4, chunk=2, record_nbytes=8, start=0, count=10)
+    >>> plan.mode, plan.window
+    ('block', 4)
+    >>> sorted(plan.order(seed=0, epoch=0, start=0, count=10).tolist()) == list(range(10))
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from pytreestore import _arguments
+from pytreestore.errors import ArgumentError, ArgumentTypeError
+
+#: the decoded bytes of a block shuffle's window unless ``shuffle_window`` says
+WINDOW_BYTES = 64 << 20
+#: a block-shuffled iterator's own cache holds this many windows (the one being read, the
+#: next, and room for chunks shared at the edges)
+CACHED_WINDOWS = 2.5
+
+_MODES = ("block", "uniform")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shuffle:
+    """How an epoch's records are ordered.
+
+    Attributes:
+        mode: None (in order), ``"uniform"`` or ``"block"``.
+        window: records per window of a block shuffle (whole chunks); None otherwise.
+        chunk: records per block (the store's ``chunk_records``).
+    """
+
+    mode: str | None
+    window: int | None = None
+    chunk: int = 1
+
+    @property
+    def state(self) -> Any:
+        """The ``shuffle`` of :meth:`BatchIterator.state`: False, "uniform" or "block"."""
+        return self.mode or False
+
+    def order(self, *, seed: int, epoch: int, start: int, count: int) -> np.ndarray | None:
+        """The record indices of epoch ``epoch`` in visiting order (None: in order)."""
+        if self.mode is None:
+            return None
+        rng = np.random.default_rng((seed, epoch))
+        if self.mode == "uniform":
+            return rng.permutation(count) + start
+        assert self.window is not None
+        return block_order(rng, start, count, self.chunk, self.window // self.chunk)
+
+
+def block_order(
+    rng: np.random.Generator, start: int, count: int, chunk: int, per_window: int
+) -> np.ndarray:
+    """Records ``[start, start + count)`` block-shuffled: blocks (cut at multiples of
+    ``chunk``) in a random order, grouped ``per_window`` at a time, each group permuted."""
+    edges: list[int] = _edges(start, count, chunk).tolist()
+    blocks = rng.permutation(len(edges) - 1)
+    out = np.empty(count, np.int64)
+    at = 0
+    for w in range(0, len(blocks), per_window):
+        members = blocks[w : w + per_window]
+        window = np.concatenate([np.arange(edges[b], edges[b + 1]) for b in members])
+        out[at : at + len(window)] = window[rng.permutation(len(window))]
+        at += len(window)
+    return out
+
+
+def resolve(
+    shuffle: Any,
+    window: Any,
+    *,
+    chunk: int,
+    record_nbytes: float,
+    start: int,
+    count: int,
+    resumed: dict[str, Any] | None = None,
+) -> Shuffle:
+    """``batches(shuffle=, shuffle_window=)`` checked and made concrete for records
+    ``[start, start + count)``.
+
+    ``True`` is a block shuffle. A block shuffle's window is ``window`` records rounded up to
+    whole chunks, by default the whole chunks of about :data:`WINDOW_BYTES` of decoded records
+    of ``record_nbytes`` (at least one chunk), or the window of the state being ``resumed``;
+    a block shuffle whose range fits in one window is the uniform shuffle.
+
+    Raises:
+        ArgumentTypeError: ``shuffle`` is not a bool or a mode, ``window`` not an int.
+        ArgumentError: an unknown mode, or ``window`` without a block shuffle.
+    """
+    mode = _mode(shuffle)
+    rule = "shuffle_window must be None or an int >= 1 (records shuffled together)"
+    window = _arguments.optional_count(window, rule, minimum=1)
+    if window is not None and mode != "block":
+        raise ArgumentError(
+            f"shuffle_window applies to a block shuffle (shuffle=True or 'block'), "
+            f"not to shuffle={shuffle!r}"
+        )
+    if mode != "block":
+        return Shuffle(mode, chunk=chunk)
+    if window is None and resumed is not None and isinstance(resumed.get("window"), int):
+        window = resumed["window"]
+    if window is None:
+        window = max(1, -(-WINDOW_BYTES // max(int(record_nbytes), 1)))
+    window = -(-window // chunk) * chunk
+    if len(_edges(start, count, chunk)) - 1 <= window // chunk:
+        return Shuffle("uniform", chunk=chunk)
+    return Shuffle("block", window, chunk)
+
+
+def cache_bytes(plan: Shuffle, record_nbytes: float, batch_size: int) -> int:
+    """The bound of the own cache of an iterator in order or block-shuffled:
+    :data:`CACHED_WINDOWS` windows (a chunk, in order) and two batches of decoded records of
+    ``record_nbytes`` (a batch wider than a window spans several, and the cache serves a
+    read whose missing chunks fill at most half of it)."""
+    window = plan.window or plan.chunk
+    return int((CACHED_WINDOWS * window + 2 * batch_size) * max(record_nbytes, 1))
+
+
+def _edges(start: int, count: int, chunk: int) -> np.ndarray:
+    """The block boundaries of records ``[start, start + count)``: its ends and every
+    multiple of ``chunk`` between them."""
+    inner = np.arange((start // chunk + 1) * chunk, start + count, chunk, dtype=np.int64)
+    return np.concatenate([[start], inner, [start + count]]).astype(np.int64)
+
+
+def _mode(shuffle: Any) -> str | None:
+    if isinstance(shuffle, bool | np.bool_):
+        return "block" if shuffle else None
+    if isinstance(shuffle, str) and shuffle in _MODES:
+        return shuffle
+    if isinstance(shuffle, str):
+        raise ArgumentError(
+            f"shuffle must be True, False, 'block' or 'uniform', got {shuffle!r:.80}"
+        )
+    raise ArgumentTypeError(
+        f"shuffle must be True, False, 'block' or 'uniform', got {shuffle!r:.80}"
+    )
+
+
+__all__ = ["CACHED_WINDOWS", "WINDOW_BYTES", "Shuffle", "block_order", "cache_bytes", "resolve"]
