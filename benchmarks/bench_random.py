@@ -6,7 +6,7 @@ One store of N records of a 20-leaf, 3-level record (1,436 bytes: float32 and in
 few shapes, up to float32[10, 16]; noisy floats, with the pixels and depths quantised to 256
 levels so that zstd has something to do) is written once per run with the defaults (zstd,
 default chunking). Its decoded size is at least 8x the cache: `PYTREESTORE_CACHE_BYTES` is set
-to a eighth of it for the run and restored afterwards. The shared cache is made when the
+to an eighth of it for the run and restored afterwards. The shared cache is made when the
 process opens its first store without `cache_bytes`; when an earlier module made it already
 with another bound, the variable cannot apply and the stores open with `cache_bytes=` of the
 same size instead (each row's notes say which). The same records are written as an ArrayRecord
