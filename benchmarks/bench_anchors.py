@@ -52,17 +52,14 @@ default shared cache (or `cache_bytes`) the chunks stay decoded after the first 
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import itertools
 import json
-import math
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,9 +67,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _anchors_common import (
+    _arrow_table,
+    _guarded,
+    _lance_take,
+    _leaf_names,
+    _need,
+    _scratch,
+    _Skip,
+)
 from _common import (
     Case,
-    Goal,
     Result,
     Timed,
     Timing,
@@ -119,53 +124,6 @@ class Sizes:
 
 FULL = Sizes(262_144, 100_000, 5, 3, 3, 25, 5, 3, 500, 2_000, 3)
 QUICK = Sizes(4_096, 2_000, 1, 1, 1, 1, 1, 1, 50, 200, 1)
-
-
-class _Skip(Exception):
-    """An anchor (or the means to measure it) is missing here; the row says why."""
-
-
-def _skipped(case: str, n: int, goal: Goal, why: str) -> Result:
-    nan = Timing((math.nan,))
-    return Result(
-        case=f"{case} (skipped)",
-        n=n,
-        ours=nan,
-        baseline=nan,
-        goal=goal,
-        higher_is_better=goal.op == ">=",
-        ours_label="not run",
-        baseline_label="not run",
-        notes=(f"Skipped: {why}",),
-    )
-
-
-def _guarded(case: str, n: int, goal: Goal, run: Callable[[], list[Result]]) -> Case:
-    def guarded() -> list[Result]:
-        try:
-            return run()
-        except _Skip as why:
-            return [_skipped(case, n, goal, str(why))]
-        finally:
-            gc.collect()
-
-    return Case(case, guarded)
-
-
-def _need(module: str, dist: str) -> Any:
-    try:
-        return __import__(module, fromlist=["_"])
-    except ImportError as err:
-        raise _Skip(f"{dist} is not installed (`pip install -e '.[bench]'`): {err}") from err
-
-
-@contextlib.contextmanager
-def _scratch() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="pytreestore-anchors-"))
-    try:
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _fresh(root: Path, stem: str) -> Callable[[], Path]:
@@ -429,34 +387,6 @@ def _stacked(n: int) -> tuple[Any, Any, list[np.ndarray]]:
     return batch, like, jax.tree_util.tree_leaves(batch)
 
 
-def _leaf_names(like: Any) -> list[str]:
-    paths = jax.tree_util.tree_flatten_with_path(like)[0]
-    return [jax.tree_util.keystr(p, simple=True, separator="/") for p, _ in paths]
-
-
-def _arrow_table(names: Sequence[str], leaves: Sequence[np.ndarray]) -> Any:
-    """One Arrow column per leaf: fixed-size lists for leaves with per-record shape."""
-    pa = _need("pyarrow", "pyarrow")
-    columns = []
-    for leaf in leaves:
-        if leaf.ndim == 1:
-            columns.append(pa.array(leaf))
-        else:
-            width = math.prod(leaf.shape[1:])
-            columns.append(pa.FixedSizeListArray.from_arrays(pa.array(leaf.reshape(-1)), width))
-    return pa.table(dict(zip(names, columns, strict=True)))
-
-
-def _lance_take(dataset: Any, indices: np.ndarray, shapes: Sequence[tuple[int, ...]]) -> list:
-    table = dataset.take(indices)
-    out = []
-    for k, shape in enumerate(shapes):
-        column = table.column(k).combine_chunks()
-        column = column.flatten() if shape else column
-        out.append(column.to_numpy(zero_copy_only=False).reshape(-1, *shape))
-    return out
-
-
 CACHE = 256 << 20  # bytes of decoded chunks a gathering reader keeps (open(cache_bytes=...))
 
 
@@ -562,7 +492,11 @@ def _case_orbax(sizes: Sizes) -> list[Result]:
             return jax.block_until_ready(checkpointer.restore(str(path), target))
 
         def check(what: str) -> Callable[[Path, Any], None]:
-            return lambda path, out: (_check_tree(what, out, like, expected), _remove(path))
+            def check_and_remove(path: Path, out: Any) -> None:
+                _check_tree(what, out, like, expected)
+                _remove(path)
+
+            return check_and_remove
 
         try:
             mine, theirs = side_by_side(
@@ -672,10 +606,15 @@ def _case_append(sizes: Sizes, anchor: str) -> list[Result]:
                 run,
                 sizes.append_repeats,
                 setup=new_other,
-                teardown=lambda p, _: (check(p), _remove(p)),
+                teardown=lambda p, _: _check_and_remove(check, p),
             ),
         )
     return [_append_row(sizes.records, prefix, ours, other, anchor)]
+
+
+def _check_and_remove(check: Callable[[Path], None], path: Path) -> None:
+    check(path)
+    _remove(path)
 
 
 def _append_row(n: int, prefix: int, ours: Timing, other: Timing, anchor: str) -> Result:

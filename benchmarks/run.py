@@ -50,11 +50,14 @@ VERSIONED = (
     "numpy",
     "flax",
     "ml_dtypes",
-    # the anchors of bench_anchors.py (the `bench` extra); "not installed" when absent
+    # the anchors of bench_anchors.py and bench_random.py (the `bench` extra); "not installed"
+    # when absent
     "orbax-checkpoint",
     "pylance",
     "pyarrow",
     "h5py",
+    "array-record",
+    "msgpack",
 )
 
 
