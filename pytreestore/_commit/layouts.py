@@ -15,17 +15,21 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytreestore._format import dtypes as _dtypes
+from pytreestore._format.columns import inner_records
 from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore.backends import ColumnLayout
 
 
 def layouts(schema: TreeSchema) -> list[ColumnLayout]:
     """The on-disk layout of every column of ``schema``."""
-    return column_layouts(schema.storage_columns, schema.codec)
+    return column_layouts(schema.storage_columns, schema.codec, schema.inner_chunk_bytes)
 
 
-def column_layouts(columns: Sequence[ColumnSpec], codec: str | None) -> list[ColumnLayout]:
-    """The on-disk layout of ``columns``, compressed with ``codec``."""
+def column_layouts(
+    columns: Sequence[ColumnSpec], codec: str | None, inner_chunk_bytes: int | None = None
+) -> list[ColumnLayout]:
+    """The on-disk layout of ``columns``, compressed with ``codec``, each chunk a shard of
+    inner chunks of at most ``inner_chunk_bytes`` where :func:`inner_records` says."""
     return [
         ColumnLayout(
             key=c.key,
@@ -35,6 +39,7 @@ def column_layouts(columns: Sequence[ColumnSpec], codec: str | None) -> list[Col
             codec=codec,
             dimension_names=tuple(c.dimension_names),
             fill_value=_dtypes.fill_value(c.dtype) if c.default is None else c.default,
+            inner=inner_records(c, inner_chunk_bytes),
         )
         for c in columns
     ]

@@ -210,6 +210,7 @@ def _started(old: TreeSchema, new: TreeSchema, rows: Callable[[str | None], int]
         format_version=old.format_version,
         packs=old.packs,  # a learnt column gets its own array; the packs stay as they are
         dropped=old.dropped,  # an evolve's: their keys stay taken
+        inner_chunk_bytes=old.inner_chunk_bytes,  # a learnt column's chunks as the others'
     )
     check_unique_keys(out.storage_columns)  # a new key may meet a key of another scheme
     return out

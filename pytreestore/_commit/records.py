@@ -264,7 +264,7 @@ class RecordWriter:
         old = {c.key for c in self.schema.storage_columns}
         added = [c for c in grown.storage_columns if c.key not in old]
         self._backend.delete_keys(_leftovers(self._backend, [c.key for c in added]))
-        self._backend.create_columns(column_layouts(added, grown.codec))
+        self._backend.create_columns(column_layouts(added, grown.codec, grown.inner_chunk_bytes))
         for table in {c.table for c in added}:
             keys = [c.key for c in added if c.table == table]
             self._backend.resize(keys, commit.rows(table))

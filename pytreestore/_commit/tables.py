@@ -26,7 +26,14 @@ def table_schemas(schema: TreeSchema) -> dict[str | None, TreeSchema]:
     for c in schema.table_columns:  # packed leaves by their keys: the backend packs them
         by_table[c.table].append(c)
     return {
-        t: TreeSchema({}, tuple(cols), info.chunk_rows(t, schema.chunk_records), schema.codec, None)
+        t: TreeSchema(
+            {},
+            tuple(cols),
+            info.chunk_rows(t, schema.chunk_records),
+            schema.codec,
+            None,
+            inner_chunk_bytes=schema.inner_chunk_bytes,
+        )
         for t, cols in by_table.items()
     }
 

@@ -201,6 +201,30 @@ def default_chunk_records(leaves: Sequence[tuple[Any, ...]]) -> int:
     return 1 << (n.bit_length() - 1)
 
 
+#: the decoded bytes of an inner chunk of a new compressed store (``create(inner_chunk_bytes=)``)
+INNER_CHUNK_BYTES = 32 << 10
+
+
+def inner_records(column: ColumnSpec, target: int | None) -> int | None:
+    """Records per inner chunk of ``column`` in a store of ``inner_chunk_bytes`` ``target``
+    (docs/format.md, "Inner chunks"): the largest power of two of records whose bytes in the
+    column stay within ``target`` (at least one), when the column's chunk holds at least two
+    such inner chunks, its leaf axes are whole and its chunk is a multiple of it; else None,
+    a plain chunk. None for ``target`` None or 0 (no inner chunks).
+
+    Example:
+        >>> column = ColumnSpec("['a']", "a", np.dtype("float32"), (30,), (4096, 30))
+        >>> inner_records(column, 32 << 10), inner_records(column, None)
+        (256, None)
+    """
+    chunk = column.chunks[0]
+    if not target or tuple(column.chunks[1:]) != tuple(column.shape):
+        return None
+    fit = max(1, target // max(column.record_nbytes, 1))
+    inner = 1 << (fit.bit_length() - 1)
+    return inner if 2 * inner <= chunk and chunk % inner == 0 else None
+
+
 def leaf_chunks(dtype: np.dtype, shape: tuple[int, ...], records: int) -> tuple[int, ...]:
     """Leaf axes stay whole unless one record's leaf alone is far above the chunk target."""
     chunks = list(shape)
@@ -210,4 +234,11 @@ def leaf_chunks(dtype: np.dtype, shape: tuple[int, ...], records: int) -> tuple[
     return tuple(max(c, 1) for c in chunks)
 
 
-__all__ = ["ColumnSpec", "check_unique_keys", "default_chunk_records", "leaf_chunks"]
+__all__ = [
+    "INNER_CHUNK_BYTES",
+    "ColumnSpec",
+    "check_unique_keys",
+    "default_chunk_records",
+    "inner_records",
+    "leaf_chunks",
+]

@@ -38,7 +38,12 @@ from pytreestore._format import prng as _prng
 from pytreestore._format import upgrades as _upgrades
 from pytreestore._format.bind import bind
 from pytreestore._format.columns import ColumnSpec as ColumnSpec
-from pytreestore._format.columns import check_unique_keys, default_chunk_records, leaf_chunks
+from pytreestore._format.columns import (
+    check_unique_keys,
+    default_chunk_records,
+    inner_records,
+    leaf_chunks,
+)
 from pytreestore._format.packs import Pack, check_packs, storage
 from pytreestore._format.ragged import NO_TABLES, RaggedInfo
 from pytreestore._format.upgrades import FORMAT_VERSION as FORMAT_VERSION
@@ -79,6 +84,10 @@ class TreeSchema:
         packs: with ``create(pack=...)`` (format 3), the shared arrays that hold small leaves
             side by side (see :mod:`pytreestore._format.packs`); () when every column has
             its own array.
+        inner_chunk_bytes: the decoded bytes an inner chunk of a column holds at most
+            (format 3, ``create(inner_chunk_bytes=)``): each column's chunks are zarr v3
+            shards of inner chunks of :func:`~pytreestore._format.columns.inner_records`
+            records, decoded one at a time; None: plain chunks.
         layout: for a ragged store, the layout of records (today's classes) that
             :mod:`pytreestore._commit.model` builds on create and open; not stored.
     """
@@ -93,6 +102,7 @@ class TreeSchema:
     format_version: int = FORMAT_VERSION
     ragged: RaggedInfo | None = None
     packs: tuple[Pack, ...] = ()
+    inner_chunk_bytes: int | None = None
     layout: Any = dataclasses.field(default=None, compare=False, repr=False)
     #: the digest of the stored schema document this schema was read from (its id in the
     #: version log); None for a schema not read from a store
@@ -154,6 +164,8 @@ class TreeSchema:
         out.update(self.tables.schema_json())
         if self.packs:
             out["packs"] = [p.to_json() for p in self.packs]
+        if self.inner_chunk_bytes:
+            out["inner_chunk_bytes"] = self.inner_chunk_bytes
         return out
 
     @classmethod
@@ -169,6 +181,7 @@ class TreeSchema:
             version = today["format_version"]
             tables = RaggedInfo.from_json(obj["ragged"]) if "ragged" in obj else NO_TABLES
             packs = tuple(Pack.from_json(p) for p in obj.get("packs", ()))
+            inner = _inner_chunk_bytes(obj)
         except (KeyError, TypeError, ValueError) as err:
             raise CorruptStoreError(f"the store's schema is malformed: {err!r}") from err
         _kinds.check_tree(tree, len(columns))
@@ -191,7 +204,18 @@ class TreeSchema:
             shapes, paths = [c.shape for c in columns], [c.path for c in columns]
             treedef, binding = bind(today["tree"], shapes, paths)
         ragged = tables.section()
-        return cls(tree, columns, chunk, codec, treedef, binding, dropped, version, ragged, packs)
+        return cls(
+            tree, columns, chunk, codec, treedef, binding, dropped, version, ragged, packs, inner
+        )
+
+    def inner(self, column: ColumnSpec) -> int | None:
+        """Records per inner chunk of ``column`` (one of :attr:`storage_columns`), or None
+        for plain chunks: the unit a read of a few records decodes."""
+        return inner_records(column, self.inner_chunk_bytes)
+
+    def read_unit(self, column: ColumnSpec) -> int:
+        """Records a read decodes at least, in ``column``: an inner chunk, or a chunk."""
+        return self.inner(column) or column.chunks[0]
 
     @property
     def pending(self) -> tuple[str, ...]:
@@ -368,6 +392,21 @@ def _treedef_from_like(tree: dict[str, Any], columns: Sequence[ColumnSpec], like
             )
     assert got.treedef is not None
     return got.treedef
+
+
+def _inner_chunk_bytes(obj: dict[str, Any]) -> int | None:
+    """A schema's ``inner_chunk_bytes`` (absent: None, plain chunks).
+
+    Raises:
+        ValueError: not a positive whole number.
+    """
+    value = obj.get("inner_chunk_bytes")
+    if value is not None and (type(value) is not int or value < 1):
+        raise ValueError(
+            f"its inner_chunk_bytes {value!r} is not a positive whole number of bytes; the "
+            "schema was edited or damaged outside pytreestore"
+        )
+    return value
 
 
 __all__ = ["FORMAT_VERSION", "ColumnSpec", "TreeDef", "TreeSchema"]

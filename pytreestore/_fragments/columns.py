@@ -103,7 +103,7 @@ def array_layouts(
     """The layouts of ``fragment``'s arrays of ``columns``: the store's, below its folder."""
     return [
         dataclasses.replace(lay, key=f"{fragment.folder}/{lay.key}")
-        for lay in column_layouts(columns, schema.codec)
+        for lay in column_layouts(columns, schema.codec, schema.inner_chunk_bytes)
     ]
 
 

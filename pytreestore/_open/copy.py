@@ -36,6 +36,7 @@ from pytreestore._format.packs import Pack
 from pytreestore._format.schema import TreeSchema
 from pytreestore._inspect import progress as _progress
 from pytreestore._location import Location
+from pytreestore._open import schemas as _schemas
 from pytreestore._open.open import create_from_schema
 from pytreestore._open.standins import open_without_classes
 from pytreestore._read.reader import load_leaves
@@ -60,6 +61,7 @@ def copy(
     src_storage_options: Mapping[str, Any] | None = None,
     dst_storage_options: Mapping[str, Any] | None = None,
     pack: bool | int | str = KEEP,
+    inner_chunk_bytes: int | str | None = KEEP,
 ) -> int:
     """Copies every record of store ``src`` into a new store at ``dst``.
 
@@ -78,6 +80,9 @@ def copy(
         pack: ``"keep"`` (the default) packs the copy's leaves as the source's are packed;
             False gives every leaf its own array (what plain zarr readers expect); True or
             an int packs small leaves as :func:`pytreestore.create`'s ``pack=`` does.
+        inner_chunk_bytes: as :func:`pytreestore.create`'s; ``"keep"`` (the default): the
+            source's when the codec is kept, ``"auto"`` for a new ``codec``. ``"auto"``
+            moves a store written before inner chunks to them.
 
     Returns:
         The number of records copied.
@@ -94,7 +99,8 @@ def copy(
         source = open_without_classes(src, storage_options=src_storage_options)
     location = Location.parse(dst, dst_storage_options)
     try:
-        return _copy(source, location, chunk_records, codec, backend, overwrite, progress, pack)
+        options = (backend, overwrite, progress, pack, inner_chunk_bytes)
+        return _copy(source, location, chunk_records, codec, *options)
     finally:
         if source is not src:
             source.close()
@@ -109,6 +115,7 @@ def _copy(
     overwrite: bool,
     progress: bool,
     pack: bool | int | str = KEEP,
+    inner: int | str | None = KEEP,
 ) -> int:
     context = source.read_context()
     if location.overlaps(context.location):
@@ -121,6 +128,11 @@ def _copy(
         source.schema, chunk_records, source.schema.codec if codec == KEEP else codec
     )
     schema = repacked(schema, source.schema.packs, pack)
+    if inner != KEEP or codec != KEEP:
+        inner = _schemas.DEFAULT_INNER if inner == KEEP else inner
+        schema = dataclasses.replace(
+            schema, inner_chunk_bytes=_schemas.inner_chunk_bytes(inner, schema.codec)
+        )
     total = len(source)
     row_bytes = sum(c.record_nbytes for c in schema.columns)
     step = _step(schema.chunk_records, source.schema.chunk_records, row_bytes)

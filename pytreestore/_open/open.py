@@ -40,7 +40,8 @@ from pytreestore._open.reader import (
     read_root,
     version_schema,
 )
-from pytreestore._open.schemas import check_codec, new_schema, packed_schema
+from pytreestore._open.schemas import DEFAULT_INNER, check_codec, new_schema, packed_schema
+from pytreestore._open.schemas import inner_chunk_bytes as inner_chunk_bytes_of
 from pytreestore._read.request import check_cast
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
@@ -69,6 +70,7 @@ def create(
     keep_versions: int | None = KEEP_VERSIONS,
     multihost: bool = False,
     pack: bool | int = False,
+    inner_chunk_bytes: int | str | None = DEFAULT_INNER,
 ) -> TreeStore[T]:
     """Creates an empty store for records shaped like ``like`` and opens it for appending.
 
@@ -113,6 +115,13 @@ def create(
             per leaf. With ``ragged=`` or ``optional=``, each table's leaves are packed
             within their table (a ragged axis's leaves in packs of its elements); a structure
             learnt later gets arrays of its own.
+        inner_chunk_bytes: the decoded bytes of an inner chunk: each chunk of a column is a
+            zarr v3 shard of inner chunks of at most this many bytes (a power of two of
+            records), each compressed on its own, so that reading one record decodes an
+            inner chunk per column instead of a whole chunk (docs/concepts.md, "What
+            reading one record costs"). ``"auto"`` (default): 32 KiB for a compressed store,
+            plain chunks for an uncompressed one; 0 or None: plain chunks (bulk reads and
+            writes of a compressed store are faster, single records slower).
 
     Raises:
         UnsupportedTreeError: ``like`` holds a node or leaf a store cannot represent.
@@ -133,6 +142,7 @@ def create(
     location = Location.parse(path, storage_options)
     ragged, optional = _declared(ragged), _declared(optional)
     limit = _packs.check_threshold(pack)
+    inner = inner_chunk_bytes_of(inner_chunk_bytes, codec)
     if multihost:
         options = {"backend": backend, "storage_options": storage_options, "cast": cast}
         return _multihost.open_everywhere(
@@ -146,6 +156,7 @@ def create(
                 pack=pack,
                 ragged=ragged,
                 optional=optional,
+                inner_chunk_bytes=inner_chunk_bytes,
                 **options,
             ),
             lambda: open(path, like=like, **options),
@@ -162,6 +173,7 @@ def create(
         schema = build_schema(like, ragged, optional, chunk_records=chunk_records, codec=codec)
         if limit is not None:  # each table's leaves packed, in the table's chunking
             schema = packed_schema(schema, limit, schema.chunk_records)
+    schema = dataclasses.replace(schema, inner_chunk_bytes=inner)
     return create_from_schema(
         location, schema, backend=backend, overwrite=overwrite, cast=cast, keep=keep_versions
     )

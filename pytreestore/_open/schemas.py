@@ -12,8 +12,9 @@ from typing import Any
 
 from jax.tree_util import tree_flatten
 
+from pytreestore import _arguments
 from pytreestore._format import packs as _packs
-from pytreestore._format.columns import default_chunk_records
+from pytreestore._format.columns import INNER_CHUNK_BYTES, default_chunk_records
 from pytreestore._format.schema import TreeSchema
 from pytreestore.errors import ArgumentError, SchemaMismatchError, UnsupportedTreeError
 
@@ -48,6 +49,25 @@ def packed_schema(schema: TreeSchema, limit: int, chunk_records: int | None) -> 
     return dataclasses.replace(schema, packs=packs)
 
 
+#: ``create(inner_chunk_bytes=)``'s default: inner chunks of this many bytes where compressed
+DEFAULT_INNER = "auto"
+
+
+def inner_chunk_bytes(value: Any, codec: str | None) -> int | None:
+    """``create(inner_chunk_bytes=)`` checked: ``"auto"`` (the default) is
+    :data:`~pytreestore._format.columns.INNER_CHUNK_BYTES` for a compressed store and None
+    (plain chunks) for an uncompressed one; 0 or None: plain chunks.
+
+    Raises:
+        ArgumentTypeError: not an int, None or ``"auto"``.
+        ArgumentError: a negative int.
+    """
+    if isinstance(value, str) and value == DEFAULT_INNER:
+        return None if codec is None else INNER_CHUNK_BYTES
+    rule = "inner_chunk_bytes must be 'auto', None or an int >= 0 (bytes; 0: plain chunks)"
+    return _arguments.optional_count(value, rule) or None
+
+
 def check_codec(codec: Any) -> None:
     """Refuses a codec the format does not name."""
     if codec not in CODECS:
@@ -66,4 +86,12 @@ def schema_of(like: Any, **options: Any) -> TreeSchema:
     return TreeSchema.from_example(like, **options)
 
 
-__all__ = ["CODECS", "check_codec", "new_schema", "packed_schema", "schema_of"]
+__all__ = [
+    "CODECS",
+    "DEFAULT_INNER",
+    "check_codec",
+    "inner_chunk_bytes",
+    "new_schema",
+    "packed_schema",
+    "schema_of",
+]

@@ -153,20 +153,22 @@ def read(
     specs: Sequence[ColumnSpec],
     index: Any,
     records: int,
+    unit: Callable[[ColumnSpec], int] | None = None,
 ) -> list[np.ndarray] | None:
     """Rows ``index`` (normalised: a slice or an int array) of every column of ``specs``, from the chunks
     they lie in as store object ``owner`` keeps them in ``cache`` (those missing read whole
     from ``backend``, in one batch, and kept); None when the read is not one the cache
-    serves (see the module)."""
+    serves (see the module). ``unit(spec)``: the records of the chunks kept, the smallest
+    a read decodes (an inner chunk of a sharded column; default: a chunk)."""
     selected = rows(index)
-    if not len(selected) or any(spec.chunks[0] < 1 for spec in specs):
+    sizes = [spec.chunks[0] if unit is None else unit(spec) for spec in specs]
+    if not len(selected) or any(size < 1 for size in sizes):
         return None  # (a chunk of no rows: a damaged schema, which the backend reports)
-    if isinstance(index, slice) and any(len(selected) >= spec.chunks[0] for spec in specs):
+    if isinstance(index, slice) and any(len(selected) >= size for size in sizes):
         return None  # a chunk or more of a slice: the backend reads just what it selects
     grids: dict[int, _Grid] = {}  # the columns' chunks usually share one size
     plans = []
-    for spec in specs:
-        size = spec.chunks[0]
+    for spec, size in zip(specs, sizes):
         if size not in grids:
             grids[size] = _Grid(selected, size, records)
         plans.append(_Plan(spec, grids[size]))
@@ -209,18 +211,22 @@ def _read_whole(
 
 
 def reader(
-    cache: ChunkCache | None, owner: str | None, backend: Backend, columns: Sequence[ColumnSpec]
+    cache: ChunkCache | None,
+    owner: str | None,
+    backend: Backend,
+    columns: Sequence[ColumnSpec],
+    unit: Callable[[ColumnSpec], int] | None = None,
 ) -> Callable[[Sequence[str], Any, int], list[np.ndarray]]:
     """``backend.read`` through ``cache`` (when there is one) for the storage columns
     ``columns``: what a ragged store's gathers read with (each table's committed rows as
-    ``records``)."""
+    ``records``; ``unit`` as for :func:`read`)."""
     if cache is None or owner is None:
         return backend.read
     by_key = {c.key: c for c in columns}
 
     def read_keys(keys: Sequence[str], index: Any, records: int) -> list[np.ndarray]:
         specs = [by_key[k] for k in keys]
-        got = read(cache, owner, backend, specs, index, records)
+        got = read(cache, owner, backend, specs, index, records, unit)
         return got if got is not None else backend.read(keys, index, records)
 
     return read_keys

@@ -190,7 +190,13 @@ def _read(
         arrays = None
         if context.cache is not None and context.cache_id is not None:
             arrays = _cache.read(
-                context.cache, context.cache_id, backend, specs, selection.index, records
+                context.cache,
+                context.cache_id,
+                backend,
+                specs,
+                selection.index,
+                records,
+                request.schema.read_unit,
             )
         if arrays is None:
             arrays = backend.read([c.key for c in specs], selection.index, records)

@@ -86,6 +86,9 @@ class ColumnLayout:
         codec: ``"zstd"``, ``"blosc"``, ``"gzip"`` or None.
         dimension_names: zarr ``dimension_names``, ``"record"`` first.
         fill_value: zarr ``fill_value`` JSON.
+        inner: records per inner chunk: each chunk is then a zarr v3 shard
+            (``sharding_indexed``) of inner chunks of that many records, each compressed and
+            checksummed on its own; None: plain chunks.
     """
 
     key: str
@@ -95,6 +98,7 @@ class ColumnLayout:
     codec: str | None
     dimension_names: tuple[str, ...]
     fill_value: Any
+    inner: int | None = None
 
 
 class ColumnShape(Protocol):

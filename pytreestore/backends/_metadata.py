@@ -69,9 +69,27 @@ def array_metadata(layout: ColumnLayout) -> dict[str, Any]:
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
         "data_type": layout.dtype.name,
         "fill_value": layout.fill_value,
-        "codecs": codec_json(layout.codec, layout.dtype),
+        "codecs": _codecs(layout),
         "dimension_names": list(layout.dimension_names),
     }
+
+
+def _codecs(layout: ColumnLayout) -> list[dict[str, Any]]:
+    """A column's codec chain: :func:`codec_json`, or, with inner chunks, one
+    ``sharding_indexed`` codec applying it to each inner chunk, whose index (at the end of
+    the shard, the zarr v3 default) is checksummed too."""
+    chain = codec_json(layout.codec, layout.dtype)
+    if layout.inner is None:
+        return chain
+    configuration = {
+        "chunk_shape": [layout.inner, *layout.chunks[1:]],
+        "codecs": chain,
+        "index_codecs": [
+            {"name": "bytes", "configuration": {"endian": "little"}},
+            {"name": "crc32c"},
+        ],
+    }
+    return [{"name": "sharding_indexed", "configuration": configuration}]
 
 
 def array_document(layout: ColumnLayout, records: int) -> dict[str, Any]:
@@ -88,10 +106,7 @@ def array_document(layout: ColumnLayout, records: int) -> dict[str, Any]:
     encoding = meta["chunk_key_encoding"]
     if encoding.get("configuration") == {"separator": "/"}:  # the default; TensorStore omits it
         encoding = {"name": encoding["name"]}
-    codecs = [
-        {"name": "bytes"} if c["name"] == "bytes" and layout.dtype.itemsize == 1 else c
-        for c in meta["codecs"]
-    ]  # TensorStore drops the endianness of one-byte types
+    codecs = _as_written(meta["codecs"], layout.dtype)
     return {
         **meta,
         "codecs": codecs,
@@ -100,6 +115,20 @@ def array_document(layout: ColumnLayout, records: int) -> dict[str, Any]:
         "node_type": "array",
         "zarr_format": 3,
     }
+
+
+def _as_written(codecs: list[dict[str, Any]], dtype: np.dtype) -> list[dict[str, Any]]:
+    """``codecs`` as TensorStore writes them: the endianness of one-byte types dropped, also
+    in a shard's inner chunks (the index keeps it: its entries are 8-byte integers)."""
+    out = []
+    for c in codecs:
+        if c["name"] == "bytes" and dtype.itemsize == 1:
+            c = {"name": "bytes"}
+        elif c["name"] == "sharding_indexed":
+            inner = _as_written(c["configuration"]["codecs"], dtype)
+            c = {**c, "configuration": {**c["configuration"], "codecs": inner}}
+        out.append(c)
+    return out
 
 
 def encode_document(document: dict[str, Any]) -> bytes:

@@ -75,6 +75,8 @@ class Recipe:
     #: the commit record keeps at most ``history`` releases apart (``horizon`` past that)
     reruns: tuple[int, ...] = ()
     history: int | None = None
+    #: format 3 (issue 31): ``create(inner_chunk_bytes=)``
+    inner_chunk_bytes: Any = "auto"
 
     def records(self) -> list[Any]:
         return [self.record(i) for i in range(self.n)]
@@ -217,6 +219,30 @@ RECIPES: dict[str, Recipe] = {
         optional=static_trees.DECLARATIONS["golden"]["optional"],
     ),
     "int-keys": Recipe(static_trees.layers_record, 3, chunk_records=2, codec=None),
+    # issue 31: chunks as shards of inner chunks (4 bytes: one float32 or int32 per inner
+    # chunk of a scalar leaf, a wider leaf's chunks stay plain), written in two sessions
+    "inner-chunks": Recipe(
+        seed_record, 3, chunk_records=2, codec="zstd", sessions=(1,), inner_chunk_bytes=4
+    ),
+    "inner-chunks-zarr": Recipe(
+        seed_record,
+        3,
+        chunk_records=2,
+        codec="zstd",
+        backend="zarr",
+        sessions=(1,),
+        inner_chunk_bytes=4,
+    ),
+    "inner-ragged": Recipe(
+        ragged_record,
+        5,
+        chunk_records=4,
+        codec=None,
+        sessions=(2,),
+        ragged=trees.EVENT_RAGGED,
+        optional=trees.EVENT_OPTIONAL,
+        inner_chunk_bytes=8,
+    ),
 }
 
 
@@ -240,6 +266,7 @@ def write(name: str, path: Path) -> None:
                 backend=recipe.backend,
                 ragged=recipe.ragged,
                 optional=recipe.optional,
+                inner_chunk_bytes=recipe.inner_chunk_bytes,
             )
         else:
             store = pytreestore.open(path, "a", backend=recipe.backend)
