@@ -415,8 +415,9 @@ async def _read(
 def _chunk_error(
     key: str, array: AsyncArray[ArrayV3Metadata], index: Any, err: Exception
 ) -> CorruptChunkError:
-    """The error of a damaged chunk, naming the chunk when the read touched only one."""
-    chunks = array.chunks
+    """The error of a damaged chunk, naming the chunk (a shard's: the key it is stored at)
+    when the read touched only one."""
+    chunks = tuple(array.metadata.chunk_grid.chunk_shape)  # type: ignore[attr-defined]
     rows = range(*index.indices(array.shape[0])) if isinstance(index, slice) else index
     first = {int(r) // chunks[0] for r in rows}
     whole_leaf = all(c >= n for c, n in zip(chunks[1:], array.shape[1:]))
