@@ -1,5 +1,6 @@
-"""The decoded-chunk cache: whole chunks kept in memory, so that reading a record whose chunk
-was read recently costs a copy, not a read and a decode.
+"""The decoded-chunk cache: whole chunks (a sharded column's inner chunks: the smallest piece a
+read decodes) kept in memory, so that reading a record whose chunk was read recently costs a
+copy, not a read and a decode.
 
 A chunk is kept under its store object (a random id each ``TreeStore`` makes when it opens,
 so no two open stores share entries, whatever their paths or store ids), its column's storage
