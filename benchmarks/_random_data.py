@@ -95,6 +95,7 @@ class _Data:
     names: list[str]  # leaf names in the order of ``expected``
     expected: list[np.ndarray]  # every leaf's column
     store: Path
+    inner: Path  # the same records, created with ``inner_chunk_bytes="auto"``
     arecord: Path | None
     lance: Path | None
     skipped: dict[str, str]  # anchor -> why it is not there
@@ -145,7 +146,9 @@ def _data(n: int) -> _Data:
     atexit.register(stack.close)
     with pytreestore.create(str(root / "store"), like) as store:
         store.extend_batch(batch)
-    data = _Data(root, n, like, names, expected, root / "store", None, None, {})
+    with pytreestore.create(str(root / "inner"), like, inner_chunk_bytes="auto") as store:
+        store.extend_batch(batch)
+    data = _Data(root, n, like, names, expected, root / "store", root / "inner", None, None, {})
     try:
         data.arecord = _write_arecord(data)
     except _Skip as why:

@@ -98,13 +98,19 @@ QUICK = Sizes(8_192, 1, 3, 1, 5, 1, 1)
 
 
 @contextlib.contextmanager
-def _opened(sizes: Sizes) -> Iterator[tuple[_Data, Any, list[str]]]:
-    """The data, its store opened as the rows read it, and notes on both."""
+def _opened(sizes: Sizes, inner: bool = False) -> Iterator[tuple[_Data, Any, list[str]]]:
+    """The data, its store (``inner``: the one with inner chunks) opened as the rows read
+    it, and notes on both."""
     with contextlib.ExitStack() as stack:
         cache_bytes, how = stack.enter_context(_bounded_cache(_cache_bytes(sizes.records)))
         data = _data(sizes.records)  # written on first use, under the bound
-        store = stack.enter_context(pytreestore.open(str(data.store), cache_bytes=cache_bytes))
+        path = data.inner if inner else data.store
+        store = stack.enter_context(pytreestore.open(str(path), cache_bytes=cache_bytes))
         yield data, store, [_about(data, store), how]
+
+
+#: what the rows of the store with inner chunks add to their case's name
+_INNER = " [inner chunks]"
 
 
 # --- checks (outside the timed regions) ---------------------------------------------------------
@@ -314,10 +320,10 @@ def _cold(store: Any, n: int, limit: int) -> Callable[[], int]:
     return draw
 
 
-def _case_cold_record(sizes: Sizes) -> list[Result]:
+def _case_cold_record(sizes: Sizes, inner: bool = False) -> list[Result]:
     timed: dict[str, Timed] = {}
     skipped: dict[str, str] = {}
-    with _opened(sizes) as (data, store, notes), contextlib.ExitStack() as stack:
+    with _opened(sizes, inner) as (data, store, notes), contextlib.ExitStack() as stack:
         n = data.n
         timed["ours"] = Timed(
             lambda i: store.load(i, as_numpy=True),
@@ -346,7 +352,7 @@ def _case_cold_record(sizes: Sizes) -> list[Result]:
     goals = {"arrayrecord": at_least(0.5), "lance": at_least(2.0)}
     rows = []
     for anchor, name in _NAMES.items():
-        case, goal = f"cold-record ({name})", goals[anchor]
+        case, goal = f"cold-record ({name}){_INNER if inner else ''}", goals[anchor]
         if anchor in skipped:
             rows.append(_skipped(case, n, goal, skipped[anchor]))
             continue
@@ -372,8 +378,8 @@ def _case_cold_record(sizes: Sizes) -> list[Result]:
 # --- full load ----------------------------------------------------------------------------------
 
 
-def _case_full_load(sizes: Sizes) -> list[Result]:
-    with _opened(sizes) as (data, store, notes):
+def _case_full_load(sizes: Sizes, inner: bool = False) -> list[Result]:
+    with _opened(sizes, inner) as (data, store, notes):
         by_path = {
             jax.tree_util.keystr(p): e
             for (p, _), e in zip(
@@ -382,7 +388,7 @@ def _case_full_load(sizes: Sizes) -> list[Result]:
         }
         columns = store.schema.columns
         raw_expected = [by_path[c.path] for c in columns]
-        arrays = _raw_open(data.store, [c.key for c in columns])
+        arrays = _raw_open(data.inner if inner else data.store, [c.key for c in columns])
         ours, raw = side_by_side(
             Timed(
                 lambda _: store.load(as_numpy=True),
@@ -400,7 +406,7 @@ def _case_full_load(sizes: Sizes) -> list[Result]:
     mib = data.nbytes / 2**20
     return [
         Result(
-            case="full-load",
+            case="full-load" + (_INNER if inner else ""),
             n=data.n,
             ours=ours,
             baseline=raw,
@@ -424,11 +430,11 @@ def _case_full_load(sizes: Sizes) -> list[Result]:
 # --- a gather of 1,000 records without a cache --------------------------------------------------
 
 
-def _case_gather(sizes: Sizes) -> list[Result]:
+def _case_gather(sizes: Sizes, inner: bool = False) -> list[Result]:
     data = _data(sizes.records)
     lance, dataset = _lance_dataset(data)
     k = min(GATHER, data.n)
-    with pytreestore.open(str(data.store), cache_bytes=0) as store:
+    with pytreestore.open(str(data.inner if inner else data.store), cache_bytes=0) as store:
         ours, theirs = side_by_side(
             Timed(
                 lambda idx: store.load(idx, as_numpy=True),
@@ -448,7 +454,7 @@ def _case_gather(sizes: Sizes) -> list[Result]:
         about = _about(data, store)
     return [
         Result(
-            case="gather-1000",
+            case="gather-1000" + (_INNER if inner else ""),
             n=data.n,
             ours=ours,
             baseline=theirs,
@@ -480,4 +486,8 @@ def cases(quick: bool) -> list[Case]:
         case("cold-record", at_least(0.5), _case_cold_record),
         case("full-load", at_least(1.0), _case_full_load),
         case("gather-1000", at_least(2.0), _case_gather),
+        # the same reads of the store created with inner_chunk_bytes="auto"
+        case("cold-record-inner", at_least(0.5), lambda s: _case_cold_record(s, inner=True)),
+        case("full-load-inner", at_least(1.0), lambda s: _case_full_load(s, inner=True)),
+        case("gather-1000-inner", at_least(2.0), lambda s: _case_gather(s, inner=True)),
     ]

@@ -121,15 +121,7 @@ def test_root_zarr_json(tmp_path):
     assert meta["zarr_format"] == 3 and meta["node_type"] == "group"
     assert set(meta["attributes"]) == {"pytreestore"}
     info = meta["attributes"]["pytreestore"]
-    assert set(info) == {
-        "format_version",
-        "chunk_records",
-        "codec",
-        "tree",
-        "columns",
-        "inner_chunk_bytes",
-        "digest",
-    }
+    assert set(info) == {"format_version", "chunk_records", "codec", "tree", "columns", "digest"}
     assert info["format_version"] == pytreestore.FORMAT_VERSION == 3
     assert info["chunk_records"] == CHUNK
     assert info["codec"] == "zstd"
@@ -211,8 +203,7 @@ GOLDEN_ROOT = {
                     "chunks": [8],
                 },
             ],
-            "inner_chunk_bytes": 32768,
-            "digest": "blake2b-160:073bd5394ddf5a9195a304d54c90807e4d4d41e7",
+            "digest": "blake2b-160:979f370866bc96c6c641ab7a8f517f6a49d3802e",
         }
     },
 }
@@ -292,7 +283,7 @@ def test_golden_small_store(tmp_path):
     assert walk_files(root) == [
         ".pytreestore/commit.json",
         ".pytreestore/lock",
-        ".pytreestore/schemas/073bd5394ddf5a9195a304d54c90807e4d4d41e7.json",
+        ".pytreestore/schemas/979f370866bc96c6c641ab7a8f517f6a49d3802e.json",
         ".pytreestore/versions/00000000000000000000.json",
         ".pytreestore/versions/00000000000000000001.json",
         "a/0/c/0/0",
@@ -308,7 +299,7 @@ def test_golden_small_store(tmp_path):
     ]  # chunks holding only fill values are stored too
     commit = read_json(root / ".pytreestore" / "commit.json")
     assert re.fullmatch("[0-9a-f]{32}", commit.pop("store"))
-    digest = "blake2b-160:073bd5394ddf5a9195a304d54c90807e4d4d41e7"
+    digest = "blake2b-160:979f370866bc96c6c641ab7a8f517f6a49d3802e"
     assert commit_core(commit, digest) == {
         "format_version": 3,
         "records": 3,

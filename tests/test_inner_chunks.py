@@ -51,8 +51,8 @@ def test_inner_records_rule(dtype, shape, chunks, target, inner):
     assert inner_records(column, target) == inner
 
 
-def test_a_compressed_store_has_inner_chunks_by_default(path):
-    with pytreestore.create(path, LIKE, chunk_records=4096) as s:
+def test_auto_is_32_kib_inner_chunks_for_a_compressed_store(path):
+    with pytreestore.create(path, LIKE, chunk_records=4096, inner_chunk_bytes="auto") as s:
         s.extend_batch(records(N))
     schema = pytreestore.open(path).schema
     assert schema.inner_chunk_bytes == 32 << 10
@@ -67,10 +67,11 @@ def test_a_compressed_store_has_inner_chunks_by_default(path):
 
 @pytest.mark.parametrize(
     ("options", "has"),
-    [({"codec": None}, None), ({"inner_chunk_bytes": 0}, None), ({"inner_chunk_bytes": None}, None),
-     ({"codec": None, "inner_chunk_bytes": 64}, 64), ({"inner_chunk_bytes": 64}, 64)],
+    [({}, None), ({"codec": None, "inner_chunk_bytes": "auto"}, None),
+     ({"inner_chunk_bytes": 0}, None), ({"codec": None, "inner_chunk_bytes": 64}, 64),
+     ({"inner_chunk_bytes": 64}, 64)],
 )  # fmt: skip
-def test_plain_chunks_when_asked_or_uncompressed(path, options, has):
+def test_plain_chunks_by_default_when_asked_or_uncompressed(path, options, has):
     with pytreestore.create(path, LIKE, chunk_records=128, **options) as s:
         s.extend_batch(records(N))
     assert pytreestore.open(path).schema.inner_chunk_bytes == has

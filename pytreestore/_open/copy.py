@@ -81,8 +81,7 @@ def copy(
             False gives every leaf its own array (what plain zarr readers expect); True or
             an int packs small leaves as :func:`pytreestore.create`'s ``pack=`` does.
         inner_chunk_bytes: as :func:`pytreestore.create`'s; ``"keep"`` (the default): the
-            source's when the codec is kept, ``"auto"`` for a new ``codec``. ``"auto"``
-            moves a store written before inner chunks to them.
+            source's (with a new ``codec``: plain chunks for None, else the source's).
 
     Returns:
         The number of records copied.
@@ -128,8 +127,9 @@ def _copy(
         source.schema, chunk_records, source.schema.codec if codec == KEEP else codec
     )
     schema = repacked(schema, source.schema.packs, pack)
-    if inner != KEEP or codec != KEEP:
-        inner = _schemas.DEFAULT_INNER if inner == KEEP else inner
+    if inner == KEEP and codec is None:
+        schema = dataclasses.replace(schema, inner_chunk_bytes=None)
+    elif inner != KEEP:
         schema = dataclasses.replace(
             schema, inner_chunk_bytes=_schemas.inner_chunk_bytes(inner, schema.codec)
         )

@@ -49,14 +49,14 @@ def packed_schema(schema: TreeSchema, limit: int, chunk_records: int | None) -> 
     return dataclasses.replace(schema, packs=packs)
 
 
-#: ``create(inner_chunk_bytes=)``'s default: inner chunks of this many bytes where compressed
+#: ``inner_chunk_bytes="auto"``: inner chunks of this many bytes where compressed
 DEFAULT_INNER = "auto"
 
 
 def inner_chunk_bytes(value: Any, codec: str | None) -> int | None:
-    """``create(inner_chunk_bytes=)`` checked: ``"auto"`` (the default) is
+    """``create(inner_chunk_bytes=)`` checked: ``"auto"`` is
     :data:`~pytreestore._format.columns.INNER_CHUNK_BYTES` for a compressed store and None
-    (plain chunks) for an uncompressed one; 0 or None: plain chunks.
+    (plain chunks) for an uncompressed one; 0 or None (the default): plain chunks.
 
     Raises:
         ArgumentTypeError: not an int, None or ``"auto"``.

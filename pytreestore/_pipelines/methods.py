@@ -289,7 +289,8 @@ def _shuffled(
     if order.mode == "uniform" or context.location.kind == "memory":
         return order, context
     cache = ChunkCache(_shuffle.cache_bytes(order, nbytes, batch_size))
-    return order, dataclasses.replace(context, cache=cache, cache_id=uuid.uuid4().hex)
+    private = {"cache": cache, "cache_id": uuid.uuid4().hex, "whole_chunks": True}
+    return order, dataclasses.replace(context, **private)
 
 
 def _check_out(out: Any) -> None:

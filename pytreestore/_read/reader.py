@@ -69,6 +69,9 @@ class ReadContext:
         cache: the decoded-chunk cache the store reads through (:mod:`pytreestore._read.cache`;
             None: none).
         cache_id: the store object's own key in the cache (a random id made when it opened).
+        whole_chunks: the cache keeps whole chunks even of columns with inner chunks (a
+            pipeline that reads every record of the chunks it touches: each chunk is then
+            read in one piece); by default it keeps the inner chunks a read touches.
     """
 
     location: Location
@@ -79,6 +82,12 @@ class ReadContext:
     ahead: ReadAhead | None = None
     cache: ChunkCache | None = None
     cache_id: str | None = None
+    whole_chunks: bool = False
+
+    def unit(self, schema: TreeSchema) -> Callable[[Any], int] | None:
+        """The records of each piece the cache keeps of a column of ``schema`` (None: a
+        chunk)."""
+        return None if self.whole_chunks else schema.read_unit
 
     @property
     def path(self) -> str:
@@ -196,7 +205,7 @@ def _read(
                 specs,
                 selection.index,
                 records,
-                request.schema.read_unit,
+                context.unit(request.schema),
             )
         if arrays is None:
             arrays = backend.read([c.key for c in specs], selection.index, records)

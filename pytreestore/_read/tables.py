@@ -299,7 +299,7 @@ def _gather(
 ) -> dict[str | None, Rows]:
     with explained(context, request.schema), context.reading() as backend:
         columns = request.schema.table_columns  # packed leaves by their own keys
-        unit = request.schema.read_unit
+        unit = context.unit(request.schema)
         read = _cache.reader(context.cache, context.cache_id, backend, columns, unit)
         chosen = request.specs if leaves is None else leaves
         out = gather(request.schema, commit, records, read, leaves=chosen)

@@ -76,7 +76,7 @@ class Recipe:
     reruns: tuple[int, ...] = ()
     history: int | None = None
     #: format 3 (issue 31): ``create(inner_chunk_bytes=)``
-    inner_chunk_bytes: Any = "auto"
+    inner_chunk_bytes: Any = None
 
     def records(self) -> list[Any]:
         return [self.record(i) for i in range(self.n)]
