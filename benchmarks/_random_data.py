@@ -87,6 +87,13 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
 # --- the store, the ArrayRecord file and the Lance dataset, written once per run ----------------
 
 
+#: the stores of other layouts the rows also read, by folder: their ``create`` options
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "inner": {"inner_chunk_bytes": "auto"},
+    "packed": {"pack": True, "inner_chunk_bytes": "auto"},
+}
+
+
 @dataclass
 class _Data:
     root: Path
@@ -96,6 +103,7 @@ class _Data:
     expected: list[np.ndarray]  # every leaf's column
     store: Path
     inner: Path  # the same records, created with ``inner_chunk_bytes="auto"``
+    packed: Path  # and with ``pack=True, inner_chunk_bytes="auto"``
     arecord: Path | None
     lance: Path | None
     skipped: dict[str, str]  # anchor -> why it is not there
@@ -111,6 +119,10 @@ class _Data:
     @property
     def index_leaf(self) -> int:
         return self.names.index(INDEX)
+
+    def path(self, layout: str) -> Path:
+        """The store of ``layout``: "" (defaults), "inner" or "packed" (:data:`LAYOUTS`)."""
+        return {"": self.store, "inner": self.inner, "packed": self.packed}[layout]
 
     def picked(self, idx: Any) -> list[np.ndarray]:
         return [e[idx] for e in self.expected]
@@ -146,9 +158,22 @@ def _data(n: int) -> _Data:
     atexit.register(stack.close)
     with pytreestore.create(str(root / "store"), like) as store:
         store.extend_batch(batch)
-    with pytreestore.create(str(root / "inner"), like, inner_chunk_bytes="auto") as store:
-        store.extend_batch(batch)
-    data = _Data(root, n, like, names, expected, root / "store", root / "inner", None, None, {})
+    for name, options in LAYOUTS.items():
+        with pytreestore.create(str(root / name), like, **options) as store:
+            store.extend_batch(batch)
+    data = _Data(
+        root,
+        n,
+        like,
+        names,
+        expected,
+        root / "store",
+        root / "inner",
+        root / "packed",
+        None,
+        None,
+        {},
+    )
     try:
         data.arecord = _write_arecord(data)
     except _Skip as why:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import itertools
 import math
 import time
@@ -98,19 +99,19 @@ QUICK = Sizes(8_192, 1, 3, 1, 5, 1, 1)
 
 
 @contextlib.contextmanager
-def _opened(sizes: Sizes, inner: bool = False) -> Iterator[tuple[_Data, Any, list[str]]]:
-    """The data, its store (``inner``: the one with inner chunks) opened as the rows read
-    it, and notes on both."""
+def _opened(sizes: Sizes, layout: str = "") -> Iterator[tuple[_Data, Any, list[str]]]:
+    """The data, its store of ``layout`` (``_Data.path``) opened as the rows read it, and
+    notes on both."""
     with contextlib.ExitStack() as stack:
         cache_bytes, how = stack.enter_context(_bounded_cache(_cache_bytes(sizes.records)))
         data = _data(sizes.records)  # written on first use, under the bound
-        path = data.inner if inner else data.store
+        path = data.path(layout)
         store = stack.enter_context(pytreestore.open(str(path), cache_bytes=cache_bytes))
         yield data, store, [_about(data, store), how]
 
 
-#: what the rows of the store with inner chunks add to their case's name
-_INNER = " [inner chunks]"
+#: what the rows of the stores of other layouts add to their case's name
+_SUFFIX = {"": "", "inner": " [inner chunks]", "packed": " [pack + inner chunks]"}
 
 
 # --- checks (outside the timed regions) ---------------------------------------------------------
@@ -320,10 +321,10 @@ def _cold(store: Any, n: int, limit: int) -> Callable[[], int]:
     return draw
 
 
-def _case_cold_record(sizes: Sizes, inner: bool = False) -> list[Result]:
+def _case_cold_record(sizes: Sizes, layout: str = "") -> list[Result]:
     timed: dict[str, Timed] = {}
     skipped: dict[str, str] = {}
-    with _opened(sizes, inner) as (data, store, notes), contextlib.ExitStack() as stack:
+    with _opened(sizes, layout) as (data, store, notes), contextlib.ExitStack() as stack:
         n = data.n
         timed["ours"] = Timed(
             lambda i: store.load(i, as_numpy=True),
@@ -352,7 +353,7 @@ def _case_cold_record(sizes: Sizes, inner: bool = False) -> list[Result]:
     goals = {"arrayrecord": at_least(0.5), "lance": at_least(2.0)}
     rows = []
     for anchor, name in _NAMES.items():
-        case, goal = f"cold-record ({name}){_INNER if inner else ''}", goals[anchor]
+        case, goal = f"cold-record ({name}){_SUFFIX[layout]}", goals[anchor]
         if anchor in skipped:
             rows.append(_skipped(case, n, goal, skipped[anchor]))
             continue
@@ -378,17 +379,18 @@ def _case_cold_record(sizes: Sizes, inner: bool = False) -> list[Result]:
 # --- full load ----------------------------------------------------------------------------------
 
 
-def _case_full_load(sizes: Sizes, inner: bool = False) -> list[Result]:
-    with _opened(sizes, inner) as (data, store, notes):
+def _case_full_load(sizes: Sizes, layout: str = "") -> list[Result]:
+    with _opened(sizes, layout) as (data, store, notes):
         by_path = {
             jax.tree_util.keystr(p): e
             for (p, _), e in zip(
                 jax.tree_util.tree_leaves_with_path(data.like), data.expected, strict=True
             )
         }
-        columns = store.schema.columns
-        raw_expected = [by_path[c.path] for c in columns]
-        arrays = _raw_open(data.inner if inner else data.store, [c.key for c in columns])
+        packed = bool(store.schema.packs)  # raw reads give the pack arrays, not the leaves
+        columns = store.schema.storage_columns if packed else store.schema.columns
+        raw_expected = None if packed else [by_path[c.path] for c in columns]
+        arrays = _raw_open(data.path(layout), [c.key for c in columns])
         ours, raw = side_by_side(
             Timed(
                 lambda _: store.load(as_numpy=True),
@@ -400,13 +402,13 @@ def _case_full_load(sizes: Sizes, inner: bool = False) -> list[Result]:
                 lambda _: _raw_read(arrays, data.n),
                 sizes.load_repeats,
                 warmup=1,
-                teardown=lambda _, got: _check_leaves("raw tensorstore", got, raw_expected),
+                teardown=lambda _, got: _check_raw(got, raw_expected, data.n),
             ),
         )
     mib = data.nbytes / 2**20
     return [
         Result(
-            case="full-load" + (_INNER if inner else ""),
+            case="full-load" + _SUFFIX[layout],
             n=data.n,
             ours=ours,
             baseline=raw,
@@ -427,14 +429,23 @@ def _case_full_load(sizes: Sizes, inner: bool = False) -> list[Result]:
     ]
 
 
+def _check_raw(got: Sequence[np.ndarray], expected: list[np.ndarray] | None, n: int) -> None:
+    """The raw reads' arrays: the leaves' columns, or (``expected`` None: pack arrays) N rows
+    each."""
+    if expected is not None:
+        _check_leaves("raw tensorstore", got, expected)
+    elif any(len(a) != n for a in got):
+        raise RuntimeError(f"raw tensorstore: pack arrays of {[len(a) for a in got]} rows, not {n}")
+
+
 # --- a gather of 1,000 records without a cache --------------------------------------------------
 
 
-def _case_gather(sizes: Sizes, inner: bool = False) -> list[Result]:
+def _case_gather(sizes: Sizes, layout: str = "") -> list[Result]:
     data = _data(sizes.records)
     lance, dataset = _lance_dataset(data)
     k = min(GATHER, data.n)
-    with pytreestore.open(str(data.inner if inner else data.store), cache_bytes=0) as store:
+    with pytreestore.open(str(data.path(layout)), cache_bytes=0) as store:
         ours, theirs = side_by_side(
             Timed(
                 lambda idx: store.load(idx, as_numpy=True),
@@ -454,7 +465,7 @@ def _case_gather(sizes: Sizes, inner: bool = False) -> list[Result]:
         about = _about(data, store)
     return [
         Result(
-            case="gather-1000" + (_INNER if inner else ""),
+            case="gather-1000" + _SUFFIX[layout],
             n=data.n,
             ours=ours,
             baseline=theirs,
@@ -486,8 +497,14 @@ def cases(quick: bool) -> list[Case]:
         case("cold-record", at_least(0.5), _case_cold_record),
         case("full-load", at_least(1.0), _case_full_load),
         case("gather-1000", at_least(2.0), _case_gather),
-        # the same reads of the store created with inner_chunk_bytes="auto"
-        case("cold-record-inner", at_least(0.5), lambda s: _case_cold_record(s, inner=True)),
-        case("full-load-inner", at_least(1.0), lambda s: _case_full_load(s, inner=True)),
-        case("gather-1000-inner", at_least(2.0), lambda s: _case_gather(s, inner=True)),
+        # the same reads of the stores of the other layouts (_random_data.LAYOUTS)
+        *(
+            case(f"{name}-{layout}", goal, functools.partial(run, layout=layout))
+            for layout in ("inner", "packed")
+            for name, goal, run in (
+                ("cold-record", at_least(0.5), _case_cold_record),
+                ("full-load", at_least(1.0), _case_full_load),
+                ("gather-1000", at_least(2.0), _case_gather),
+            )
+        ),
     ]

@@ -209,13 +209,24 @@ class TreeSchema:
         )
 
     def inner(self, column: ColumnSpec) -> int | None:
-        """Records per inner chunk of ``column`` (one of :attr:`storage_columns`), or None
-        for plain chunks: the unit a read of a few records decodes."""
-        return inner_records(column, self.inner_chunk_bytes)
+        """Records per inner chunk of ``column`` (a packed leaf's: its pack array's), or
+        None for plain chunks: the unit a read of a few records decodes."""
+        return inner_records(self._stored_in.get(column.key, column), self.inner_chunk_bytes)
 
     def read_unit(self, column: ColumnSpec) -> int:
-        """Records a read decodes at least, in ``column``: an inner chunk, or a chunk."""
-        return self.inner(column) or column.chunks[0]
+        """Records a read decodes at least, in ``column``: an inner chunk, or a chunk (a
+        packed leaf's: its pack array's)."""
+        array = self._stored_in.get(column.key, column)
+        return inner_records(array, self.inner_chunk_bytes) or array.chunks[0]
+
+    @functools.cached_property
+    def _stored_in(self) -> dict[str, ColumnSpec]:
+        """The pack array of each packed leaf, by the leaf's key (none: no packs)."""
+        if not self.packs:
+            return {}
+        arrays = {c.key: c for c in self.storage_columns}
+        kept = [p for p in self.packs if p.key in arrays]  # (a pack of dropped leaves: none)
+        return {key: arrays[p.key] for p in kept for key, *_ in p.members}
 
     @property
     def pending(self) -> tuple[str, ...]:
