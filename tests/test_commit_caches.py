@@ -66,5 +66,32 @@ def test_atomic_tells_transactions_once_per_backend_class(monkeypatch):
         with _atomic.atomic(backend):  # type: ignore[arg-type]
             pass
     assert txn.entered == 2
-    assert _atomic._HAS_TRANSACTIONS[Plain] is False
-    assert _atomic._HAS_TRANSACTIONS[WithTransactions] is True
+    from pytreestore.backends import Transactions, _base
+
+    assert _base._CAPABLE[(Transactions, Plain)] is False
+    assert _base._CAPABLE[(Transactions, WithTransactions)] is True
+
+
+def test_a_wrapper_is_told_by_what_it_wraps():
+    from pytreestore.backends import Transactions, capable
+
+    class Wrapper:
+        def __init__(self, inner) -> None:
+            self._inner = inner
+
+        @property
+        def inner(self):
+            return self._inner
+
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+
+    class Plain:
+        pass
+
+    class WithTransactions:
+        def transaction(self): ...
+
+    assert capable(Wrapper(WithTransactions()), Transactions)
+    assert not capable(Wrapper(Plain()), Transactions)  # not the first answer, kept by class
+    assert capable(Wrapper(WithTransactions()), Transactions)

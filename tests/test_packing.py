@@ -391,3 +391,17 @@ def test_a_pack_across_two_tables_is_damage(tmp_path):
     edit_packs(path, lambda packs: packs[0]["columns"].append(["p/-2A/x", 2, 1]))
     with pytest.raises(errors.CorruptStoreError, match="a pack holds the columns of one table"):
         pytreestore.open(path).schema
+
+
+def test_packed_stores_on_backends_with_and_without_transactions_in_one_process(tmp_path):
+    """Regression: whether a backend has transactions was remembered by its class, and a
+    packed store's backend is one class (``PackedColumns``) whatever it wraps: after a packed
+    OCDBT store (transactions), a packed file store's append asked its TensorStore backend
+    for a transaction it lacks (AttributeError)."""
+    like = {"a": np.zeros(2, np.float32), "b": np.float32(0)}
+    for backend in ("ocdbt", "tensorstore", "ocdbt", "zarr"):
+        path = tmp_path / backend
+        with pytreestore.create(path, like, pack=True, backend=backend, overwrite=True) as s:
+            s.extend([{"a": np.full(2, i, np.float32), "b": np.float32(i)} for i in range(3)])
+        got = pytreestore.open(path, backend=backend).load(as_numpy=True)
+        assert got["b"].tolist() == [0.0, 1.0, 2.0]

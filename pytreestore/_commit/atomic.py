@@ -27,23 +27,15 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import cast
 
-from pytreestore.backends import Backend, Transactions
+from pytreestore.backends import Backend, Transactions, capable
 
 _OPEN = threading.local()  # this thread's outermost blocks: id(backend) -> their undos
-#: per backend class, whether it has transactions: ``isinstance`` of a runtime Protocol checks
-#: every member by name (about 60 us), once per class here (a backend declares the capability
-#: by its class, :class:`~pytreestore.backends.Transactions`)
-_HAS_TRANSACTIONS: dict[type, bool] = {}
 
 
 def transactions(backend: Backend) -> Transactions | None:
     """``backend`` where it is :class:`~pytreestore.backends.Transactions` (told once per
-    class), else None."""
-    kind = type(backend)
-    known = _HAS_TRANSACTIONS.get(kind)
-    if known is None:
-        known = _HAS_TRANSACTIONS[kind] = isinstance(backend, Transactions)
-    return cast(Transactions, backend) if known else None
+    chain of classes, :func:`~pytreestore.backends.capable`), else None."""
+    return cast(Transactions, backend) if capable(backend, Transactions) else None
 
 
 def _blocks() -> dict[int, list[Callable[[], None]]]:

@@ -215,9 +215,19 @@ class TreeSchema:
 
     def read_unit(self, column: ColumnSpec) -> int:
         """Records a read decodes at least, in ``column``: an inner chunk, or a chunk (a
-        packed leaf's: its pack array's)."""
-        array = self._stored_in.get(column.key, column)
-        return inner_records(array, self.inner_chunk_bytes) or array.chunks[0]
+        packed leaf's: its pack array's); worked out once per column."""
+        units = self._units
+        unit = units.get(column.key)
+        if unit is None:
+            array = self._stored_in.get(column.key, column)
+            unit = inner_records(array, self.inner_chunk_bytes) or array.chunks[0]
+            units[column.key] = unit
+        return unit
+
+    @functools.cached_property
+    def _units(self) -> dict[str, int]:
+        """:meth:`read_unit` of the columns asked about so far, by storage key (unique)."""
+        return {}
 
     @functools.cached_property
     def _stored_in(self) -> dict[str, ColumnSpec]:

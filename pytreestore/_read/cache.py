@@ -42,7 +42,7 @@ import numpy as np
 from pytreestore._format.schema import ColumnSpec
 from pytreestore._location import Location
 from pytreestore._read.index import rows
-from pytreestore.backends import Backend, BatchedReads
+from pytreestore.backends import Backend, BatchedReads, capable
 from pytreestore.errors import PyTreeStoreError
 
 SHARED_BYTES = 256 << 20  # the shared cache's bound unless PYTREESTORE_CACHE_BYTES says
@@ -198,7 +198,7 @@ def _read_whole(
     else one ``read`` per distinct slice (the columns' chunks usually share it)."""
     if not requests:
         return []
-    if isinstance(backend, BatchedReads):
+    if capable(backend, BatchedReads):
         return backend.read_many(requests, records)
     by_slice: dict[tuple[int, int], list[int]] = {}
     for i, (_, where) in enumerate(requests):

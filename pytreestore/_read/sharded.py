@@ -35,7 +35,7 @@ from jax.sharding import Sharding
 from pytreestore._format.schema import ColumnSpec
 from pytreestore._read import device as _device
 from pytreestore._read.index import Selection
-from pytreestore.backends import Backend, BatchedReads
+from pytreestore.backends import Backend, BatchedReads, capable
 from pytreestore.errors import ShardingError
 
 
@@ -253,7 +253,7 @@ def read_many(
     """
     if not requests:
         return []
-    if isinstance(backend, BatchedReads):
+    if capable(backend, BatchedReads):
         return backend.read_many(requests, records)
     groups: dict[Any, list[int]] = {}
     for i, (_, index) in enumerate(requests):

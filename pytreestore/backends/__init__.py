@@ -32,6 +32,7 @@ from pytreestore.backends._base import (
     Snapshots,
     TensorStoreKvStore,
     Transactions,
+    capable,
 )
 from pytreestore.backends._registry import (
     BackendFactory,
@@ -68,6 +69,7 @@ __all__ = [
     "TensorStoreKvStore",
     "Transactions",
     "ZarrBackend",
+    "capable",
     "default_backend",
     "get_backend",
     "is_ocdbt",

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pytreestore.backends._base import Backend, BatchedReads, PartialReads
+from pytreestore.backends._base import Backend, BatchedReads, PartialReads, capable
 from pytreestore.errors import CorruptChunkError
 
 
@@ -138,12 +138,12 @@ class PackedColumns:
         where the backend reads parts (:class:`PartialReads`) only the span of elements of
         the columns asked for: one leaf of a wide pack costs the leaf's rows in memory, not
         the pack's."""
-        spans: dict[tuple[str, int], tuple[Any, int, int]] = {}
+        spans: dict[tuple[str, Any], tuple[Any, int, int]] = {}
         for key, index in requests:
             m = self._members.get(key)
             k, low, high = (m.pack, m.offset, m.offset + m.count) if m else (key, 0, 0)
-            _, was_low, was_high = spans.get((k, id(index)), (index, low, high))
-            spans[(k, id(index))] = (index, min(low, was_low), max(high, was_high))
+            _, was_low, was_high = spans.get((k, _same(index)), (index, low, high))
+            spans[(k, _same(index))] = (index, min(low, was_low), max(high, was_high))
         order = list(spans)
         arrays = self._read_stored([(k, *spans[(k, i)]) for k, i in order], records)
         got = dict(zip(order, arrays))
@@ -151,9 +151,9 @@ class PackedColumns:
         for key, index in requests:
             m = self._members.get(key)
             if m is None:
-                out.append(got[(key, id(index))][0])
+                out.append(got[(key, _same(index))][0])
                 continue
-            rows, low = got[(m.pack, id(index))]
+            rows, low = got[(m.pack, _same(index))]
             part = rows[..., m.offset - low : m.offset - low + m.count]
             out.append(np.ascontiguousarray(part).reshape(*rows.shape[:-1], *m.shape))
         return out
@@ -164,7 +164,7 @@ class PackedColumns:
         """Each ``(key, index, low, high)``: a pack's elements ``[low, high)`` where the
         backend reads parts, else whole rows; with the first element read."""
         inner = self._inner
-        if isinstance(inner, PartialReads):
+        if capable(inner, PartialReads):
             parts = [(k, index, self._part(k, low, high)) for k, index, low, high in requests]
             arrays = inner.read_parts(parts, records)
             return [
@@ -172,7 +172,7 @@ class PackedColumns:
                 for a, (_, _, p), (_, _, low, _) in zip(arrays, parts, requests)
             ]
         whole = [(k, index) for k, index, _, _ in requests]
-        if isinstance(inner, BatchedReads):
+        if capable(inner, BatchedReads):
             arrays = inner.read_many(whole, records)
         else:
             arrays = [inner.read([k], index, records)[0] for k, index in whole]
@@ -184,6 +184,14 @@ class PackedColumns:
         if key not in self._packs or (low, high) == (0, self._packs[key][1]):
             return None
         return slice(low, high)
+
+
+def _same(index: Any) -> Any:
+    """What makes requests of one pack one read: an equal slice (the cache asks for each
+    leaf's chunk with a slice of its own), or the same index array."""
+    if isinstance(index, slice):
+        return ("slice", index.start, index.stop, index.step)
+    return ("array", id(index))
 
 
 def packed(inner: Backend, packs: Sequence[Any], columns: Sequence[Any]) -> Backend:
