@@ -66,10 +66,10 @@ def test_atomic_tells_transactions_once_per_backend_class(monkeypatch):
         with _atomic.atomic(backend):  # type: ignore[arg-type]
             pass
     assert txn.entered == 2
-    from pytreestore.backends import Transactions, _base
+    from pytreestore.backends import Transactions, _capable
 
-    assert _base._CAPABLE[(Transactions, Plain)] is False
-    assert _base._CAPABLE[(Transactions, WithTransactions)] is True
+    assert _capable._CAPABLE[(Transactions, Plain)] is False
+    assert _capable._CAPABLE[(Transactions, WithTransactions)] is True
 
 
 def test_a_wrapper_is_told_by_what_it_wraps():

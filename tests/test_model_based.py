@@ -36,6 +36,7 @@ import shutil
 import tempfile
 from typing import Any
 
+import jax
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -99,9 +100,14 @@ class StoreMachine(RuleBasedStateMachine):
 
     # ---- setting up ----------------------------------------------------------------------------
 
-    @initialize(chunk=st.sampled_from([2, 3, 5]), keep=st.sampled_from([None, 3, 1000]))
-    def create(self, chunk: int, keep: int | None) -> None:
+    @initialize(
+        chunk=st.sampled_from([2, 3, 5]),
+        keep=st.sampled_from([None, 3, 1000]),
+        inner=st.sampled_from([None, 4, 8]),  # issue 31: chunks as shards of inner chunks
+    )
+    def create(self, chunk: int, keep: int | None, inner: int | None) -> None:
         self.keep = keep
+        self.inner = inner
         self.store = self.make(chunk)
         self.settle(m.State(self.state.columns, ()), None)
 
@@ -215,6 +221,24 @@ class StoreMachine(RuleBasedStateMachine):
         reader = pytreestore.open(self.path, backend=self.backend, version=number)
         self.pinned.append((reader, number))
 
+    @rule(window=st.sampled_from([1, 4]), size=st.sampled_from([1, 3]))
+    def shuffled_batches(self, window: int, size: int) -> None:
+        """A block-shuffled epoch of the writer (buffered records committed first) visits
+        every record once: the model's rows, in some order."""
+        before = self.state
+        self.store.flush()
+        seen: list[Any] = []
+        options = {"shuffle": True, "seed": size, "shuffle_window": window, "cast": True}
+        for batch in self.store.batches(size, **options):
+            values = batch[0] if isinstance(batch, tuple) else batch  # (batch, mask): ragged
+            seen += np.asarray(jax.tree.leaves(values)[0]).tolist()
+        assert len(seen) == len(self.state.rows)
+        whole = self.store.load(cast=True)  # the model's rows (check_contents says so), cast
+        if not isinstance(whole, tuple):  # a fixed store: the same rows, each once
+            rows = np.asarray(jax.tree.leaves(whole)[0]).tolist()
+            assert sorted(map(repr, seen)) == sorted(map(repr, rows))
+        self.settle(before, None)
+
     @rule()
     def read(self) -> None:
         """The writer's own reads: every record, buffered ones committed first."""
@@ -299,6 +323,7 @@ class FixedMachine(StoreMachine):
             chunk_records=chunk,
             backend=self.backend,
             keep_versions=self.keep,
+            inner_chunk_bytes=self.inner,
         )
 
     def records(self, data: st.DataObject, n: int) -> list[Any]:
@@ -374,6 +399,7 @@ class RaggedMachine(StoreMachine):
             chunk_records=chunk,
             backend=self.backend,
             keep_versions=self.keep,
+            inner_chunk_bytes=self.inner,
             **m.RAGGED_DECL,
         )
 

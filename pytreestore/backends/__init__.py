@@ -32,8 +32,8 @@ from pytreestore.backends._base import (
     Snapshots,
     TensorStoreKvStore,
     Transactions,
-    capable,
 )
+from pytreestore.backends._capable import capable
 from pytreestore.backends._registry import (
     BackendFactory,
     default_backend,

@@ -66,7 +66,7 @@ import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeGuard, TypeVar, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -477,37 +477,3 @@ def delete_folder(root: str) -> None:
             else:
                 entry.unlink(missing_ok=True)
     shutil.rmtree(folder, ignore_errors=True)
-
-
-_C = TypeVar("_C")
-
-#: whether a backend of each class chain (a wrapper's class, then what it wraps: see
-#: :func:`capable`) has each capability: ``isinstance`` of a runtime Protocol checks every
-#: member by name (about 60 us), once per chain here
-_CAPABLE: dict[tuple[type, ...], bool] = {}
-
-
-def capable(backend: Any, capability: type[_C]) -> TypeGuard[_C]:
-    """Whether ``backend`` is ``capability`` (a ``runtime_checkable`` Protocol above), told
-    once per class. A wrapper (a class with an ``inner`` property, such as the packed
-    columns' backend) answers as what it wraps does, so the answer is kept per chain of
-    classes, not per the wrapper's class alone.
-
-    Example:
-        >>> class Plain:
-        ...     def read_many(self, requests, records): ...
-        >>> capable(Plain(), BatchedReads), capable(object(), BatchedReads)
-        (True, False)
-    """
-    chain: list[type] = [capability]
-    seen = backend
-    while True:
-        chain.append(type(seen))
-        if not isinstance(getattr(type(seen), "inner", None), property):
-            break
-        seen = seen.inner
-    key = tuple(chain)
-    known = _CAPABLE.get(key)
-    if known is None:
-        known = _CAPABLE[key] = isinstance(backend, capability)
-    return known

@@ -28,7 +28,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pytreestore.backends._base import Backend, BatchedReads, PartialReads, capable
+from pytreestore.backends._base import Backend, BatchedReads, PartialReads
+from pytreestore.backends._capable import capable
 from pytreestore.errors import CorruptChunkError
 
 
