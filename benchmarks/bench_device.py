@@ -38,7 +38,9 @@ limit; throughput ratios are ``baseline time / our time`` (1.0: as fast as the f
   on one side only.
 
 ``python benchmarks/device_check.py`` lists the devices and runs one small load: try it first
-on a new machine.
+on a new machine. On an accelerator, run this module on its own (``python benchmarks/run.py
+--only device``): the other modules run JAX in the parent process, which then holds the chip,
+and the workers refuse to start with an error that says so.
 """
 
 from __future__ import annotations
@@ -130,7 +132,9 @@ def _worker(name: str, *args: Any, devices: int = 1, cpu: bool = False) -> dict[
     flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(HOST_DEVICES)]
     if devices > 1:
         flags.append(f"{HOST_DEVICES}={devices}")
-    env["XLA_FLAGS"] = " ".join(flags)
+    env.pop("XLA_FLAGS", None)
+    if flags:
+        env["XLA_FLAGS"] = " ".join(flags)
     if cpu:
         env["JAX_PLATFORMS"] = "cpu"
     cmd = [sys.executable, str(HERE), name, *map(str, args)]
