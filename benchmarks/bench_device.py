@@ -1,10 +1,33 @@
-"""Device-ready loading on CPU with simulated devices, each case in fresh subprocesses.
+"""Loading onto the default JAX device (a TPU or GPU when there is one, else the CPU), each
+case in fresh subprocesses that run one after another.
 
+The parent process never initialises a JAX backend: on an accelerator only one process at a
+time may hold the chip. ``JAX_PLATFORMS`` is left as the user set it (unset: JAX's default,
+the accelerator when present). Each row's notes name the platform and device kind it ran on.
+Every worker checks what it loaded against the arrays it wrote, outside the timed regions.
+The baselines are ``jax.device_put`` of the same bytes from host memory, the host-to-device
+limit; throughput ratios are ``baseline time / our time`` (1.0: as fast as the floor).
+
+* **bulk load**: ``store.load()`` (every leaf a ``jax.Array``, ``block_until_ready``) of a
+  4-leaf zstd store of about 512 MiB (quick: 9 MiB), against raw TensorStore reads of every
+  column issued together into numpy, then ``jax.device_put`` of them. The notes give
+  ``device_put`` of the same numpy arrays alone (already in host memory) as a second floor.
+* **record**: a cold ``store[i]`` (the store opened with ``cache_bytes=0``) of random ``i``
+  on a 128 MiB zstd store, against ``jax.device_put`` of that record's numpy leaves. A cold
+  record decodes a whole chunk of every column, so this row is not expected to meet the goal.
+* **shuffled batches**: one epoch of ``store.batches(1024, shuffle=True)`` (the default block
+  shuffle) feeding a jitted MLP step (matmul, tanh, matmul, mean-squared loss, gradient
+  update), blocking on each step's loss, against the same step over the same number of
+  shuffled batches already in host memory, each ``jax.device_put`` and then run.
+* **ragged load**: ``store.load(pad_to=32)`` of a ragged store (``{"id", "hits": list of
+  float32[16]}``, 0-32 hits per record): the padded batch and mask on the device, against
+  ``jax.device_put`` of the same padded numpy arrays and mask.
 * **sharded load**: every record of a 4-column, 256 MiB store (uncompressed) as global arrays
-  split over 8 simulated CPU devices (``--xla_force_host_platform_device_count=8``), against
-  the floor a user would write: raw TensorStore reads of every column issued together on
-  handles opened beforehand, then one ``jax.device_put(arrays, sharding)``. Both sides run
-  side by side in one 8-device subprocess.
+  split over every device of the default platform: 8 simulated CPU devices on a CPU-only
+  machine (``--xla_force_host_platform_device_count=8``, which affects only the host
+  platform), the chips on an accelerator. Against the floor a user would write: raw
+  TensorStore reads of every column issued together, then one ``jax.device_put(arrays,
+  sharding)``.
 * **batches**: one epoch of a jitted least-squares gradient step per batch, streaming with
   ``store.batches(batch_size, prefetch=2)``, against loading everything with ``store.load()``
   first and running the same steps on slices of it (``lax.dynamic_slice`` inside the jitted
@@ -14,27 +37,29 @@
   (``ru_maxrss``) is its own; times are not interleaved, so a slow spell of the machine falls
   on one side only.
 
-No GPU was available to this benchmark; the GPU case of issue 4 (bytes per second of a load
-to the GPU against ``jax.device_put``) is not measured here.
+``python benchmarks/device_check.py`` lists the devices and runs one small load: try it first
+on a new machine. On an accelerator, run this module on its own (``python benchmarks/run.py
+--only device``): the other modules run JAX in the parent process, which then holds the chip,
+and the workers refuse to start with an error that says so.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
-import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import Case, Result, Timing, at_least, at_most, measure_side_by_side
+from _common import Case, Result, Timing, at_least, at_most
 
-TITLE = "Device: sharded loads and streaming batches"
+TITLE = "Device: bulk, record, shuffled, ragged and sharded loads, streaming batches"
 HERE = Path(__file__).resolve()
+HOST_DEVICES = "--xla_force_host_platform_device_count"
 
 
 @dataclass(frozen=True)
@@ -44,19 +69,49 @@ class Sizes:
     batch_records: int  # float32[512] + float32[]: about 2 KiB per record
     batch_size: int
     batch_repeats: int
+    bulk_records: int  # obs float32[512], act float32[64], rew, step: 2,312 bytes per record
+    record_records: int
+    record_repeats: int
+    shuffled_records: int  # x float32[512], y, id: 2,056 bytes per record
+    ragged_records: int  # id, 0-32 hits of float32[16]: about 1 KiB per record stored
 
 
 FULL = Sizes(
-    load_records=16_384, load_repeats=5, batch_records=131_072, batch_size=4096, batch_repeats=3
+    load_records=16_384,
+    load_repeats=5,
+    batch_records=131_072,
+    batch_size=4096,
+    batch_repeats=3,
+    bulk_records=229_376,
+    record_records=57_344,
+    record_repeats=40,
+    shuffled_records=131_072,
+    ragged_records=65_536,
 )
 QUICK = Sizes(
-    load_records=1_024, load_repeats=3, batch_records=8_192, batch_size=1024, batch_repeats=2
+    load_records=1_024,
+    load_repeats=3,
+    batch_records=8_192,
+    batch_size=1024,
+    batch_repeats=2,
+    bulk_records=4_096,
+    record_records=4_096,
+    record_repeats=5,
+    shuffled_records=8_192,
+    ragged_records=2_048,
 )
+SHUFFLED_BATCH = 1024
+RAGGED_PAD_TO = 32
 
 
 def cases(quick: bool) -> list[Case]:
     sizes = QUICK if quick else FULL
+    repeats = 2 if quick else 3
     return [
+        Case("bulk load", lambda: [_bulk(sizes.bulk_records, repeats)]),
+        Case("record", lambda: [_record(sizes.record_records, sizes.record_repeats)]),
+        Case("shuffled batches", lambda: [_shuffled(sizes.shuffled_records, repeats)]),
+        Case("ragged load", lambda: [_ragged(sizes.ragged_records, repeats)]),
         Case("sharded load", lambda: [_sharded_load(sizes)]),
         Case("batches", lambda: [_batches(sizes)]),
     ]
@@ -65,11 +120,23 @@ def cases(quick: bool) -> list[Case]:
 # --- parent side: run workers, build rows ---------------------------------------------------------
 
 
-def _worker(name: str, *args: Any, devices: int = 1) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
+def _worker(name: str, *args: Any, devices: int = 1, cpu: bool = False) -> dict[str, Any]:
+    """Runs ``WORKERS[name](*args)`` in a fresh process, on JAX's default platform.
+
+    ``devices`` > 1 simulates that many host devices (it changes nothing on an accelerator);
+    ``cpu`` keeps a worker that only writes a store off the accelerator, so that it does not
+    pay for opening the chip.
+    """
+    _check_no_device_held()
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(HOST_DEVICES)]
     if devices > 1:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+        flags.append(f"{HOST_DEVICES}={devices}")
+    env.pop("XLA_FLAGS", None)
+    if flags:
+        env["XLA_FLAGS"] = " ".join(flags)
+    if cpu:
+        env["JAX_PLATFORMS"] = "cpu"
     cmd = [sys.executable, str(HERE), name, *map(str, args)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, check=False)
     if done.returncode != 0:
@@ -77,12 +144,135 @@ def _worker(name: str, *args: Any, devices: int = 1) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _check_no_device_held() -> None:
+    """Refuses to start a worker while this process holds an accelerator (only one process
+    may): an earlier benchmark of the same run initialised JAX here."""
+    if "jax" not in sys.modules:
+        return
+    from jax._src import xla_bridge  # only asks whether a backend exists; creates none
+
+    if xla_bridge.backends_are_initialized():
+        platform = sys.modules["jax"].default_backend()
+        if platform != "cpu":
+            raise RuntimeError(
+                f"this process already holds the {platform} (an earlier benchmark ran JAX in "
+                "it), so the device workers cannot open it: run "
+                "`python benchmarks/run.py --only device` on its own"
+            )
+
+
+def _on(got: dict[str, Any]) -> str:
+    n = got["devices"]
+    return f"Ran on {got['platform']} ({got['device_kind']}; {n} device{'s' * (n != 1)})."
+
+
+def _gib_s(nbytes: float, seconds: Sequence[float]) -> str:
+    return f"{nbytes / 2**30 / Timing(tuple(seconds)).median:.2f} GiB/s"
+
+
+def _bulk(records: int, repeats: int) -> Result:
+    with tempfile.TemporaryDirectory(prefix="bench-device-bulk-") as tmp:
+        got = _worker("bulk", tmp, records, repeats)
+    nbytes = got["nbytes"]
+    put = Timing(tuple(got["put"]))
+    ours = Timing(tuple(got["ours"]))
+    return Result(
+        case="bulk load",
+        n=records,
+        ours=ours,
+        baseline=Timing(tuple(got["baseline"])),
+        goal=at_least(0.5),
+        higher_is_better=True,
+        ours_label="`store.load()` of a zstd store + `block_until_ready`",
+        baseline_label="raw TensorStore reads of the 4 columns issued together into numpy, "
+        "then `jax.device_put` + `block_until_ready`",
+        notes=(
+            _on(got),
+            f"{nbytes / 2**20:.0f} MiB in 4 columns. Throughput: ours "
+            f"{_gib_s(nbytes, ours.times)}, read + device_put {_gib_s(nbytes, got['baseline'])}"
+            f", `jax.device_put` alone from host memory {_gib_s(nbytes, put.times)} (median "
+            f"{put.median:.3g} s, runs {put}); ours against device_put alone: "
+            f"{put.median / ours.median:.2f}x.",
+        ),
+    )
+
+
+def _record(records: int, repeats: int) -> Result:
+    with tempfile.TemporaryDirectory(prefix="bench-device-record-") as tmp:
+        got = _worker("record", tmp, records, repeats)
+    return Result(
+        case="record (cold store[i])",
+        n=repeats,
+        ours=Timing(tuple(got["ours"])),
+        baseline=Timing(tuple(got["baseline"])),
+        goal=at_least(0.5),
+        higher_is_better=True,
+        ours_label="`store[i]` of a random `i`, store opened with `cache_bytes=0`, "
+        "+ `block_until_ready`",
+        baseline_label="`jax.device_put` of the same record's numpy leaves + `block_until_ready`",
+        notes=(
+            _on(got),
+            f"{records:,} records of {got['nbytes']:,} bytes in a zstd store; N is the number "
+            "of random records timed (each a run).",
+        ),
+    )
+
+
+def _shuffled(records: int, repeats: int) -> Result:
+    with tempfile.TemporaryDirectory(prefix="bench-device-shuffled-") as tmp:
+        got = _worker("shuffled", tmp, records, SHUFFLED_BATCH, repeats)
+    ours, base = Timing(tuple(got["ours"])), Timing(tuple(got["baseline"]))
+    steps = got["steps"]
+    return Result(
+        case="shuffled batches",
+        n=records,
+        ours=ours,
+        baseline=base,
+        goal=at_least(0.5),
+        higher_is_better=True,
+        ours_label=f"one epoch of `store.batches({SHUFFLED_BATCH}, shuffle=True)`, each batch "
+        "into a jitted MLP step, blocking on its loss",
+        baseline_label=f"the same step over {steps} shuffled batches already in host memory, "
+        "each `jax.device_put` then run",
+        notes=(
+            _on(got),
+            f"{got['nbytes'] / 2**20:.0f} MiB zstd store, {steps} steps per epoch: ours "
+            f"{steps / ours.median:.1f} steps/s, from memory {steps / base.median:.1f} steps/s.",
+        ),
+    )
+
+
+def _ragged(records: int, repeats: int) -> Result:
+    with tempfile.TemporaryDirectory(prefix="bench-device-ragged-") as tmp:
+        got = _worker("ragged", tmp, records, RAGGED_PAD_TO, repeats)
+    ours = Timing(tuple(got["ours"]))
+    return Result(
+        case="ragged load",
+        n=records,
+        ours=ours,
+        baseline=Timing(tuple(got["baseline"])),
+        goal=at_least(0.5),
+        higher_is_better=True,
+        ours_label=f"`store.load(pad_to={RAGGED_PAD_TO})` of a ragged store (padded batch and "
+        "mask) + `block_until_ready`",
+        baseline_label="`jax.device_put` of the same padded numpy batch and mask "
+        "+ `block_until_ready`",
+        notes=(
+            _on(got),
+            f"Records `{{'id': int32, 'hits': [float32[16]] * L}}`, L uniform in 0-"
+            f"{RAGGED_PAD_TO}, zstd: {got['stored_bytes'] / 2**20:.0f} MiB of values, "
+            f"{got['padded_bytes'] / 2**20:.0f} MiB padded with masks; ours "
+            f"{_gib_s(got['padded_bytes'], ours.times)} of padded output.",
+        ),
+    )
+
+
 def _sharded_load(sizes: Sizes) -> Result:
     with tempfile.TemporaryDirectory(prefix="bench-device-") as tmp:
         got = _worker("sharded", tmp, sizes.load_records, sizes.load_repeats, devices=8)
     mib = got["nbytes"] / 2**20
     return Result(
-        case="sharded load (8 devices)",
+        case=f"sharded load ({got['devices']} {got['platform']} devices)",
         n=sizes.load_records,
         ours=Timing(tuple(got["ours"])),
         baseline=Timing(tuple(got["baseline"])),
@@ -91,13 +281,13 @@ def _sharded_load(sizes: Sizes) -> Result:
         ours_label="`store.load(sharding=NamedSharding(mesh, P('data')))` + `block_until_ready`",
         baseline_label="raw TensorStore reads of the 4 columns issued together, then "
         "`jax.device_put(arrays, sharding)` + `block_until_ready`",
-        notes=(f"{mib:.0f} MiB in 4 columns over {got['devices']} devices.",),
+        notes=(_on(got), f"{mib:.0f} MiB in 4 columns over {got['devices']} devices."),
     )
 
 
 def _batches(sizes: Sizes) -> Result:
     with tempfile.TemporaryDirectory(prefix="bench-batches-") as tmp:
-        _worker("make-batches-store", tmp, sizes.batch_records)
+        _worker("make-batches-store", tmp, sizes.batch_records, cpu=True)
         args = (tmp, sizes.batch_size, sizes.batch_repeats)
         ours = _worker("stream", *args)
         base = _worker("preload", *args)
@@ -115,6 +305,7 @@ def _batches(sizes: Sizes) -> Result:
         baseline_label="`store.load()` of everything, then the same jitted step on "
         "`lax.dynamic_slice`s of it",
         notes=(
+            _on(ours),
             f"{mib:.0f} MiB store, {batch_mib:.1f} MiB per batch. Peak RSS: batches() "
             f"{ours['rss_mib']:.0f} MiB, load-all {base['rss_mib']:.0f} MiB (after imports "
             f"and opening the store: {ours['rss_start_mib']:.0f} and "
@@ -123,136 +314,13 @@ def _batches(sizes: Sizes) -> Result:
     )
 
 
-# --- worker side ----------------------------------------------------------------------------------
+def _main(argv: list[str]) -> None:
+    sys.path.insert(0, str(HERE.parent))
+    from _device_workers import WORKERS  # JAX's backends start here, in the worker only
 
+    worker: Callable[..., dict[str, Any]] = WORKERS[argv[0]]
+    print(json.dumps(worker(*argv[1:])))
 
-def _rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def work_sharded(root: str, records: str, repeats: str) -> dict[str, Any]:
-    import jax
-    import numpy as np
-    import tensorstore as ts
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    import pytreestore
-
-    n, path = int(records), Path(root) / "load"
-    like = {f"c{k}": np.zeros(1024, np.float32) for k in range(4)}
-    with pytreestore.create(path, like, codec=None) as store:
-        block = np.random.default_rng(0).random((n, 1024), np.float32)
-        store.extend_batch({k: block + i for i, k in enumerate(like)})
-    store = pytreestore.open(path)
-    sharding = NamedSharding(jax.make_mesh((8,), ("data",)), P("data"))
-    handles = [
-        ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": f"{path}/{k}/"}}).result()
-        for k in like
-    ]
-
-    def ours(_: Any) -> Any:
-        return jax.block_until_ready(store.load(sharding=sharding))
-
-    def baseline(_: Any) -> Any:
-        futures = [h[0:n].read() for h in handles]
-        return jax.block_until_ready(jax.device_put([f.result() for f in futures], sharding))
-
-    check = ours(None)
-    np.testing.assert_array_equal(np.asarray(check["c2"]), block + 2)
-    from _common import Timed
-
-    t_ours, t_base = measure_side_by_side(
-        Timed(ours, int(repeats), warmup=1), Timed(baseline, int(repeats), warmup=1)
-    )
-    return {
-        "ours": list(t_ours.times),
-        "baseline": list(t_base.times),
-        "nbytes": 4 * n * 1024 * 4,
-        "devices": jax.device_count(),
-    }
-
-
-def work_make_batches_store(root: str, records: str) -> dict[str, Any]:
-    import numpy as np
-
-    import pytreestore
-
-    n, rng = int(records), np.random.default_rng(1)
-    like = {"x": np.zeros(512, np.float32), "y": np.float32(0)}
-    with pytreestore.create(Path(root) / "batches", like, codec=None) as store:
-        for lo in range(0, n, 16_384):
-            k = min(16_384, n - lo)
-            x = rng.standard_normal((k, 512), np.float32)
-            store.extend_batch({"x": x, "y": x[:, :8].sum(axis=1)})
-    return {}
-
-
-def _step_fns() -> tuple[Any, Any]:
-    import jax
-    import jax.numpy as jnp
-
-    def loss(w: Any, x: Any, y: Any) -> Any:
-        hidden = jnp.tanh(x @ w)
-        return jnp.mean((hidden.sum(axis=1) - y) ** 2)
-
-    @jax.jit
-    def step(w: Any, batch: Any) -> Any:
-        return w - 1e-4 * jax.grad(loss)(w, batch["x"], batch["y"])
-
-    @jax.jit
-    def step_at(w: Any, data: Any, start: Any, size: int = 0) -> Any:
-        cut = {k: jax.lax.dynamic_slice_in_dim(v, start, size) for k, v in data.items()}
-        return step(w, cut)
-
-    return step, step_at
-
-
-def work_stream(root: str, batch_size: str, repeats: str) -> dict[str, Any]:
-    return _epochs(root, int(batch_size), int(repeats), stream=True)
-
-
-def work_preload(root: str, batch_size: str, repeats: str) -> dict[str, Any]:
-    return _epochs(root, int(batch_size), int(repeats), stream=False)
-
-
-def _epochs(root: str, size: int, repeats: int, *, stream: bool) -> dict[str, Any]:
-    import functools
-
-    import jax
-    import jax.numpy as jnp
-
-    import pytreestore
-
-    store = pytreestore.open(Path(root) / "batches")
-    step, step_at = _step_fns()
-    step_at = jax.jit(functools.partial(step_at.__wrapped__, size=size))
-    rss_start = _rss_mib()
-    times = []
-    for _ in range(repeats + 1):  # the first run compiles; it is not timed
-        w = jnp.full((512, 64), 0.01, jnp.float32)
-        start = time.perf_counter()
-        if stream:
-            for batch in store.batches(size, drop_last=True, prefetch=2):
-                w = step(w, batch).block_until_ready()
-        else:
-            data = store.load()
-            for k in range(len(store) // size):
-                w = step_at(w, data, k * size).block_until_ready()
-            del data
-        jax.block_until_ready(w)
-        times.append(time.perf_counter() - start)
-    nbytes = len(store) * (512 + 1) * 4
-    return {"times": times[1:], "rss_mib": _rss_mib(), "rss_start_mib": rss_start, "nbytes": nbytes}
-
-
-WORKERS = {
-    "sharded": work_sharded,
-    "make-batches-store": work_make_batches_store,
-    "stream": work_stream,
-    "preload": work_preload,
-}
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(HERE.parent))
-    print(json.dumps(WORKERS[sys.argv[1]](*sys.argv[2:])))
+    _main(sys.argv[1:])

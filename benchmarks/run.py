@@ -158,10 +158,21 @@ def machine() -> list[tuple[str, str]]:
     for dist in VERSIONED:
         rows.append((dist, _version(dist)))
     rows.append(("pytreestore checkout", _git_revision()))
-    jax = sys.modules.get("jax")
-    if jax is not None:
-        rows.append(("jax devices", ", ".join(str(d) for d in jax.devices())))
+    rows.append(("jax devices", _jax_devices()))
     return rows
+
+
+def _jax_devices() -> str:
+    """The devices of a JAX backend this process already started, without starting one: on
+    an accelerator only one process may hold the chip, and bench_device's workers need it."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return "JAX not imported"
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():
+        return "not started in this process (bench_device's rows name theirs)"
+    return ", ".join(str(d) for d in jax.devices())
 
 
 def _version(dist: str) -> str:
