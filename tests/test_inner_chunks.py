@@ -234,3 +234,31 @@ def test_a_damaged_inner_chunk_bytes_is_refused_on_open(path, value):
     root.write_text(json.dumps(doc))
     with pytest.raises(CorruptStoreError):
         pytreestore.open(path).load(0)
+
+
+def test_a_packed_store_appends_past_a_dropped_leaf_in_a_partly_written_shard(path, backend):
+    """A pack with a member dropped by ``evolve`` is written by reading the pack's old rows
+    in the tail chunk (older versions still read the dropped member there): with inner
+    chunks, the shard's inner chunks past the last write are absent, which is no damage."""
+    like = {"a": np.int32(0), "b": np.zeros(2, np.float32), "d": np.float32(0)}
+
+    def batch(n: int, start: int = 0, drop: bool = False) -> dict[str, np.ndarray]:
+        k = np.arange(start, start + n)
+        out = {"a": k.astype(np.int32), "d": k.astype(np.float32)}
+        return out if drop else {**out, "b": np.stack([k, k + 1], 1).astype(np.float32)}
+
+    options = {"chunk_records": 32, "inner_chunk_bytes": 64, "pack": True, "backend": backend}
+    with pytreestore.create(path, like, **options) as s:
+        s.extend_batch(batch(50))
+        s.evolve(drop=["['b']"])
+        s.extend_batch(batch(30, 50, drop=True))
+        s.flush()
+        s.append({"a": np.int32(80), "d": np.float32(80)})
+    s = pytreestore.open(path, backend=backend, cache_bytes=0)
+    got = s.load(as_numpy=True)
+    np.testing.assert_array_equal(got["d"], np.arange(81, dtype=np.float32))
+    np.testing.assert_array_equal(got["a"], np.arange(81, dtype=np.int32))
+    assert "b" not in got and s.verify().ok
+    version = min(v.version for v in s.versions() if v.records == 50)  # before the drop
+    before = pytreestore.open(path, backend=backend, version=version, cache_bytes=0)
+    np.testing.assert_array_equal(before.load(as_numpy=True)["b"], batch(50)["b"])
