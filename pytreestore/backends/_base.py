@@ -434,12 +434,17 @@ def symlink_loop(doing: str, err: BaseException) -> CorruptStoreError | None:
     )
 
 
+class MissingChunkError(CorruptChunkError):
+    """:func:`missing_chunk`'s error: a chunk (or a shard's inner chunk) is absent, rather
+    than damaged."""
+
+
 def missing_chunk(column: str, chunk: tuple[int, ...] | None, why: object) -> CorruptChunkError:
     """The error of a committed chunk of ``column`` (a storage key) whose object is gone: its
     records are lost, and are never read as the fill value (zeros)."""
     key = chunk_key(column, chunk) if chunk else None
     where = f"chunk {chunk} ({key})" if chunk else "a chunk"
-    return CorruptChunkError(
+    return MissingChunkError(
         f"column {column}: {where} is missing, so committed records in it cannot be read "
         f"({why}); they are not returned as zeros. Restore the chunk from a backup, or copy "
         "the records before it to a new store. Run store.verify() to list every problem.",

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pytreestore.backends._base import Backend, BatchedReads, PartialReads
+from pytreestore.backends._base import Backend, BatchedReads, MissingChunkError, PartialReads
 from pytreestore.backends._capable import capable
 from pytreestore.errors import CorruptChunkError
 
@@ -126,10 +126,29 @@ class PackedColumns:
         try:  # the writer resized the pack first, so these rows exist
             old = self._inner.read([pack], slice(start, stop), stop)[0]
         except CorruptChunkError as err:
-            if err.key is None or self._inner.read_bytes(err.key) is not None:
+            if err.key is None:
                 raise
-            return
-        out[: stop - start] = old
+            if self._inner.read_bytes(err.key) is None:
+                return
+            if not isinstance(err, MissingChunkError):
+                raise
+            old = self._read_written(pack, start, stop)  # a shard's absent inner chunks
+        out[: len(old)] = old
+
+    def _read_written(self, pack: str, start: int, stop: int) -> np.ndarray:
+        """The pack's rows ``[start, w)`` for the largest ``w < stop`` it holds: the inner
+        chunks of a shard past its last write are absent (a damaged one raises)."""
+        low, high = start, stop - 1  # rows [start, low) are held; rows from high + 1 not all
+        while low < high:
+            mid = (low + high + 1) // 2
+            try:
+                self._inner.read([pack], slice(start, mid), mid)
+                low = mid
+            except MissingChunkError:
+                high = mid - 1
+        if low == start:
+            return np.empty((0,))
+        return self._inner.read([pack], slice(start, low), low)[0]
 
     def read(self, keys: Sequence[str], index: Any, records: int) -> list[np.ndarray]:
         return self.read_many([(k, index) for k in keys], records)
