@@ -116,6 +116,21 @@ def test_appending_again_after_reopen(tmp_path, backend):
     )
 
 
+def test_an_older_version_reads_its_packed_leaves(tmp_path, backend):
+    """``version=`` pins the store (on OCDBT, a backend at that generation): the pinned
+    backend must still read packed leaves out of their packs."""
+    path = make(tmp_path / "s", backend, n=5)
+    with pytreestore.open(path, "a", backend=backend) as s:
+        s.extend(record(i) for i in range(5, N))
+    version = max(v.version for v in pytreestore.open(path).versions() if v.records == 5)
+    old = pytreestore.open(path, backend=backend, version=version)
+    assert len(old) == 5
+    assert_trees_equal(
+        old.load(as_numpy=True), pytreestore.stack([record(i) for i in range(5)], as_numpy=True)
+    )
+    assert_trees_equal(jax_to_numpy(old[3]), record(3))
+
+
 @pytest.mark.plain_files
 def test_plain_zarr_python_sees_the_pack_arrays(tmp_path, backend):
     path = make(tmp_path / "s", backend)
