@@ -23,7 +23,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -73,7 +73,18 @@ class PackedColumns:
     def __getattr__(self, name: str) -> Any:  # every other method and capability: the inner's
         if name == "read_parts":  # of the packs' keys only, not of the packed columns' keys
             raise AttributeError(name)
+        if name == "at_generation":  # (Snapshots) a pinned backend still reads the packs
+            return self._at_generation(self._inner.at_generation)  # type: ignore[attr-defined]
         return getattr(self._inner, name)
+
+    def _at_generation(self, pin: Callable[[int], Backend]) -> Callable[[int], Backend]:
+        """The inner's ``at_generation`` whose backends are packed as this one."""
+
+        def at_generation(generation: int, /) -> Backend:
+            inner = pin(generation)
+            return PackedColumns(inner, self._members, self._packs, self._chunk_rows)  # type: ignore[return-value]
+
+        return at_generation
 
     # ---- the contract's column calls -------------------------------------------------------
 
