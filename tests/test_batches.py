@@ -262,6 +262,31 @@ def test_a_state_from_before_block_shuffles_is_a_uniform_one(blocks):
     assert rest == ids(blocks.batches(4, shuffle="uniform", seed=1))[3:]
 
 
+def test_a_range_shuffled_in_one_window_resumes_after_a_ragged_store_grows(tmp_path, monkeypatch):
+    """A range that fitted one window was shuffled uniformly; records appended past ``stop``
+    change a ragged store's bytes per record, and with them the default window, but the
+    same arguments still resume the same order."""
+    monkeypatch.setattr("pytreestore._pipelines.shuffle.WINDOW_BYTES", 2048)
+
+    def record(i: int, rows: int) -> dict:
+        return {"t": np.int32(i), "x": np.full((rows, 4), i, np.float32)}
+
+    path = tmp_path / "s"
+    with pytreestore.create(path, record(0, 1), ragged=["['x']"], chunk_records=8) as s:
+        s.extend([record(i, 1) for i in range(40)])
+    options = {"shuffle": True, "stop": 40, "seed": 1, "epochs": 2}
+    every = [b[0]["t"].tolist() for b in pytreestore.open(path).batches(4, **options)]
+    it = pytreestore.open(path).batches(4, **options)
+    next(it)
+    state = it.state()
+    it.close()
+    assert (state["shuffle"], state["window"]) == ("uniform", None)
+    with pytreestore.open(path, "a") as s:
+        s.extend([record(i, 20) for i in range(40, 80)])  # 20 rows each: a smaller window
+    rest = pytreestore.open(path).batches(4, **options, state=state)
+    assert [b[0]["t"].tolist() for b in rest] == every[1:]
+
+
 def test_a_block_order_is_the_same_in_memory(blocks):
     memory = pytreestore.create(
         f"memory://block-order-{uuid.uuid4().hex}", {"i": np.int32(0)}, chunk_records=4
