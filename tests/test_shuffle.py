@@ -89,6 +89,15 @@ def test_a_resumed_state_keeps_its_window():
     assert given.window == 16  # what the caller asks wins (and the state check reports it)
 
 
+def test_a_resumed_state_of_one_window_stays_uniform():
+    options = {"chunk": 8, "record_nbytes": 1024, "start": 0, "count": 10**6}
+    fitted = {"shuffle": "uniform", "window": None}  # a range that fitted one window
+    assert shuffle.resolve(True, None, resumed=fitted, **options).mode == "uniform"
+    assert shuffle.resolve(True, 16, resumed=fitted, **options).mode == "block"  # asked
+    before = {"shuffle": True}  # saved before block shuffles: no window, not resumed as one
+    assert shuffle.resolve(True, None, resumed=before, **options).mode == "block"
+
+
 def test_in_order_is_no_order():
     plan = shuffle.resolve(False, None, chunk=8, record_nbytes=4, start=0, count=10)
     assert plan.order(seed=0, epoch=0, start=0, count=10) is None and plan.state is False

@@ -106,7 +106,9 @@ def resolve(
     ``True`` is a block shuffle. A block shuffle's window is ``window`` records rounded up to
     whole chunks, by default the whole chunks of about :data:`WINDOW_BYTES` of decoded records
     of ``record_nbytes`` (at least one chunk), or the window of the state being ``resumed``;
-    a block shuffle whose range fits in one window is the uniform shuffle.
+    a block shuffle whose range fits in one window is the uniform shuffle, and so is one
+    resumed without ``window`` from the state of such a shuffle (the store's bytes per
+    record, and with them the default window, may have changed since).
 
     Raises:
         ArgumentTypeError: ``shuffle`` is not a bool or a mode, ``window`` not an int.
@@ -124,6 +126,8 @@ def resolve(
         return Shuffle(mode, chunk=chunk)
     if window is None and resumed is not None and isinstance(resumed.get("window"), int):
         window = resumed["window"]
+    if window is None and _fitted_one_window(resumed):
+        return Shuffle("uniform", chunk=chunk)  # the order it was saved in, whatever it weighs now
     if window is None:
         window = max(1, -(-WINDOW_BYTES // max(int(record_nbytes), 1)))
     window = -(-window // chunk) * chunk
@@ -139,6 +143,18 @@ def cache_bytes(plan: Shuffle, record_nbytes: float, batch_size: int) -> int:
     read whose missing chunks fill at most half of it)."""
     window = plan.window or plan.chunk
     return int((CACHED_WINDOWS * window + 2 * batch_size) * max(record_nbytes, 1))
+
+
+def _fitted_one_window(resumed: dict[str, Any] | None) -> bool:
+    """Whether ``resumed`` is the state of a block shuffle whose range fitted one window (so
+    shuffled uniformly): it says ``"uniform"`` and has a ``"window"`` (None); a state saved
+    before block shuffles has none."""
+    return (
+        resumed is not None
+        and resumed.get("shuffle") == "uniform"
+        and "window" in resumed
+        and resumed["window"] is None
+    )
 
 
 def _edges(start: int, count: int, chunk: int) -> np.ndarray:
