@@ -256,17 +256,23 @@ def _ragged_columns(n: int, pad_to: int) -> tuple[dict[str, np.ndarray], dict[st
     return batch, {"id": np.ones(n, bool), "hits": mask}
 
 
-def work_ragged(root: str, records: str, pad_to: str, repeats: str) -> dict[str, Any]:
-    """``store.load(pad_to=...)`` of a ragged store against ``device_put`` of the pair."""
-    n, pad, path = int(records), int(pad_to), Path(root) / "ragged"
-    batch, mask = _ragged_columns(n, pad)
+def write_ragged(path: Path, batch: dict[str, np.ndarray], mask: dict[str, np.ndarray]) -> None:
+    """A ragged store of the records of :func:`_ragged_columns`' padded ``batch`` and ``mask``
+    at ``path``, appended 8,192 at a time."""
     like = {"id": np.int32(0), "hits": [np.zeros(16, np.float32)]}
     with pytreestore.create(path, like, ragged=["['hits']"]) as store:
-        for lo in range(0, n, 8_192):
+        for lo in range(0, len(batch["id"]), 8_192):
             cut = slice(lo, lo + 8_192)
             store.extend_batch(
                 {k: v[cut] for k, v in batch.items()}, {k: v[cut] for k, v in mask.items()}
             )
+
+
+def work_ragged(root: str, records: str, pad_to: str, repeats: str) -> dict[str, Any]:
+    """``store.load(pad_to=...)`` of a ragged store against ``device_put`` of the pair."""
+    n, pad, path = int(records), int(pad_to), Path(root) / "ragged"
+    batch, mask = _ragged_columns(n, pad)
+    write_ragged(path, batch, mask)
     store = pytreestore.open(path)
 
     def ours(_: Any) -> Any:

@@ -32,6 +32,8 @@ import numpy as np
 from _anchors_common import _scratch
 from _common import Case, Result, Timed, at_least
 from _common import measure_side_by_side as side_by_side
+from _device_workers import _ragged_columns as ragged_columns
+from _device_workers import write_ragged
 from _random_data import _bounded_cache
 
 import pytreestore
@@ -52,29 +54,12 @@ FULL = Sizes(150_000, 2)
 QUICK = Sizes(6_000, 1)
 
 
-def _columns(n: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    rng = np.random.default_rng(31)
-    lengths = rng.integers(0, PAD + 1, size=n)
-    mask = np.arange(PAD)[None, :] < lengths[:, None]
-    hits = rng.standard_normal((n, PAD, 16), np.float32) * mask[:, :, None]
-    return {"id": np.arange(n, dtype=np.int32), "hits": hits}, {
-        "id": np.ones(n, bool),
-        "hits": mask,
-    }
-
-
 @functools.cache
 def _written(n: int) -> tuple[Path, dict[str, np.ndarray], dict[str, np.ndarray]]:
-    batch, mask = _columns(n)
+    batch, mask = ragged_columns(n, PAD)
     root = _ROOTS.enter_context(_scratch("pytreestore-random-ragged-"))
     path = root / "ragged"
-    like = {"id": np.int32(0), "hits": [np.zeros(16, np.float32)]}
-    with pytreestore.create(path, like, ragged=["['hits']"]) as store:
-        for lo in range(0, n, 8_192):
-            cut = slice(lo, lo + 8_192)
-            store.extend_batch(
-                {k: v[cut] for k, v in batch.items()}, {k: v[cut] for k, v in mask.items()}
-            )
+    write_ragged(path, batch, mask)
     return path, batch, mask
 
 
@@ -83,7 +68,7 @@ _ROOTS = contextlib.ExitStack()
 
 @contextlib.contextmanager
 def _opened(n: int) -> Iterator[tuple[Any, dict[str, np.ndarray], dict[str, np.ndarray], str]]:
-    batch, mask = _columns(n)
+    batch, mask = ragged_columns(n, PAD)
     decoded = int(mask["hits"].sum()) * 64 + n * 4
     with _bounded_cache(decoded // 8) as (cache_bytes, how):
         path, batch, mask = _written(n)
