@@ -219,8 +219,7 @@ class TreeSchema:
         units = self._units
         unit = units.get(column.key)
         if unit is None:
-            array = self._stored_in.get(column.key, column)
-            unit = inner_records(array, self.inner_chunk_bytes) or array.chunks[0]
+            unit = self.inner(column) or self._stored_in.get(column.key, column).chunks[0]
             units[column.key] = unit
         return unit
 
