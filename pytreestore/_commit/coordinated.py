@@ -53,7 +53,7 @@ from pytreestore._commit.committer import Committer
 from pytreestore._commit.lock import WriterLock
 from pytreestore._commit.protocol import check_starts, check_tables, detach, prepare_append
 from pytreestore._commit.record import Commit
-from pytreestore._commit.writer import FixedTreeRows
+from pytreestore._commit.rows import FixedTreeRows
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import version_key
 from pytreestore._format.schema import TreeSchema
@@ -113,7 +113,7 @@ class CoordinatedRows(FixedTreeRows):
     table's committed rows. It buffers as a table writer of
     :class:`~pytreestore._commit.records.RecordWriter` does (``append``, ``append_many``,
     ``write_batch``, ``snapshot``, ``rollback``), and takes a fixed tree's records as rows
-    (:class:`~pytreestore._commit.writer.FixedTreeRows`); it writes nothing by itself.
+    (:class:`~pytreestore._commit.rows.FixedTreeRows`); it writes nothing by itself.
     """
 
     def __init__(self, schema: TreeSchema) -> None:

@@ -9,7 +9,7 @@ removed by the repair of the next writer.
 
 A fixed store is the case of one table whose rows are the records: its ``append_record``,
 ``extend``, ``extend_batch`` and ``flush`` are the table writer's own, bound once at
-construction (:class:`~pytreestore._commit.writer.FixedTreeRows`), and that writer commits.
+construction (:class:`~pytreestore._commit.rows.FixedTreeRows`), and that writer commits.
 
 A record is walked once along the layout: each ragged list's elements become rows of its
 table (their leaves side by side: struct of arrays), each ragged leading axis a block of rows,
@@ -143,7 +143,7 @@ class RecordWriter:
 
     def _fast_path(self, table: Any) -> None:
         """Binds the calls of a fixed tree's records to ``table``, its one table's writer (a
-        :class:`~pytreestore._commit.writer.FixedTreeRows`, which commits): no walk, and no
+        :class:`~pytreestore._commit.rows.FixedTreeRows`, which commits): no walk, and no
         cost per call."""
         self.append_record = table.append_record
         self.extend = table.extend
