@@ -32,6 +32,7 @@ import contextlib
 import os
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -105,7 +106,14 @@ class StoreCore:
         self._writer = writer
         self._closed = False
         self._pid = os.getpid()  # a writer serves only the process that opened it
+        self._forked = False  # set in a child made by os.fork (_after_fork)
         self._mutex = threading.RLock()  # one append, flush, commit or close at a time
+        #: the writer's append_record once an append found the store appendable (None: ask
+        #: appendable() again); dropped by whatever changes that answer
+        self._append: Callable[[Any], None] | None = None
+        self._used: TreeSchema | None = None  # the schema use_schema was last given
+        if writer is not None:
+            _WRITERS.add(self)
         self._reads = 0  # reads in flight, which close() waits for
         self._reads_done = threading.Condition()
         self._cache_id = uuid.uuid4().hex  # this object's chunks in the cache
@@ -161,10 +169,11 @@ class StoreCore:
     def use_schema(self, schema: TreeSchema) -> None:
         """Reads and appends with ``schema`` from now on (a refresh, a commit's new schema)."""
         self._opened = Deferred.ready(schema, self.backend)
+        self._used, self._append = schema, None
 
     def use_multihost(self, multihost: Any) -> None:
         """Appends through ``multihost`` (``open(multihost=True)``): every process appends."""
-        self.multihost, self._mode = multihost, "a"
+        self.multihost, self._mode, self._append = multihost, "a", None
 
     def head(self) -> Commit:
         """The latest commit this object knows: its writer's, or the one a reader sees."""
@@ -218,6 +227,24 @@ class StoreCore:
             )
         return writer
 
+    def append(self, record: Any) -> None:
+        """Appends one record: the hot path of ``TreeStore.append``, which costs what a lock
+        and two attribute lookups cost. The guards of :meth:`writing` (the writing process,
+        closed, read-only, generic, multi-host) are asked once and their answer kept until
+        something changes it (a fork, close, a new writer or schema); afterwards the store
+        reads with the writer's schema (a ragged store learns)."""
+        if self._forked:
+            raise forked_writer(self.path, self._pid)
+        with self._mutex:
+            append = self._append
+            if append is None:
+                writer = self.appendable()
+                append = self._append = writer.append_record
+            append(record)
+            writer = self._writer
+            if writer is not None and writer.schema is not self._used:
+                self.use_schema(writer.schema)
+
     @contextlib.contextmanager
     def writing(self, *, append: bool = False) -> Iterator[AnyWriter]:
         """The writer, held by this thread for one append (``append=True``), flush or commit;
@@ -260,6 +287,7 @@ class StoreCore:
             self.backend.open_columns(schema.storage_columns)  # added, or starts lowered
             self.use_schema(schema)
         self._writer = new_writer(self.backend, schema, committer.commit, committer.keep)
+        self._append = None
         self.forget_reads()
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -284,7 +312,7 @@ class StoreCore:
         if self._closed:
             return
         if self._writer is not None and os.getpid() != self._pid:
-            self._closed = True  # the parent's writer: no flush, no unlock, no cleanup
+            self._closed, self._append = True, None  # the parent's writer: no flush, no unlock
             if self._lock is not None:
                 self._lock.release()
             return
@@ -301,6 +329,7 @@ class StoreCore:
             self._shut()
 
     def _shut(self) -> None:
+        self._append = None
         self.settle()
         with self._reads_done:
             self._closed = True  # no read starts from now on
@@ -412,5 +441,18 @@ class StoreCore:
             backend.open_columns(lowered.storage_columns)
             self.use_schema(lowered)
 
+
+#: the store objects holding a writer, marked forked in a child made by os.fork
+_WRITERS: weakref.WeakSet[StoreCore] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    """In a child made by ``os.fork``: every writer is the parent's (``append`` refuses it
+    without asking for the process id each time)."""
+    for core in list(_WRITERS):
+        core._forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 __all__ = ["AnyWriter", "StoreCore"]

@@ -20,11 +20,11 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from pytreestore import _arguments
+from pytreestore import _threads as background
 from pytreestore._commit import placing
 from pytreestore._commit.fragment import Fragment
 from pytreestore._fragments import remove as _remove
 from pytreestore._fragments.commit import PlaceFragments
-from pytreestore._pipelines import background
 from pytreestore.errors import PyTreeStoreError
 
 if TYPE_CHECKING:

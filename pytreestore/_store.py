@@ -167,8 +167,7 @@ class TreeStore(Pipelines, Reads[T], Versioning, Fragmenting, Generic[T]):
             SchemaMismatchError: the record's structure, a shape or a dtype differs from the
                 schema. Nothing is appended.
         """
-        with self._core.writing(append=True) as writer:
-            writer.append_record(record)
+        self._core.append(record)
 
     def extend(self, records: Iterable[Any], *, progress: bool = False) -> None:
         """Appends every record of an iterable (a list, a generator, ...), all or none.

@@ -24,6 +24,7 @@ __all__ = [
     "CommitConflictError",
     "CorruptChunkError",
     "CorruptStoreError",
+    "DeletedArrayError",
     "ForkedBackendError",
     "ForkedIteratorError",
     "ForkedWriterError",
@@ -189,6 +190,12 @@ class ForkedBackendError(PyTreeStoreError, RuntimeError):
 class ForkedIteratorError(PyTreeStoreError, RuntimeError):
     """An iterator that loads ahead (``batches``, ``map``) made before ``os.fork`` was used in
     the child past what it had loaded: its loading thread stayed in the parent."""
+
+
+class DeletedArrayError(PyTreeStoreError, RuntimeError):
+    """A ``jax.Array`` appended to a store was deleted (donated to a jitted function, or
+    ``.delete()``-d) before the store fetched its values; the message names the records kept
+    and dropped, and how to append a copy instead."""
 
 
 class ForkedWriterError(PyTreeStoreError, RuntimeError):

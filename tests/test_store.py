@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import jax
 import jax.numpy as jnp
@@ -142,6 +143,10 @@ def test_full_chunks_commit_without_flush(tmp_path):
     store = pytreestore.create(tmp_path / "s", {"n": 0}, chunk_records=4)
     for i in range(9):
         store.append({"n": i})
+    # full chunks are written and committed by the background writer: soon, not at once
+    deadline = time.monotonic() + 60
+    while store.committed < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert store.committed == 8
     assert len(pytreestore.open(tmp_path / "s")) == 8
     store.close()

@@ -123,7 +123,9 @@ class RecordWriter:
         """The writer of one table (``schema``: its columns) at ``commit``; ``committer``
         commits its rows (a fixed tree's one table), else this writer commits every table."""
         rows = Commit(commit.rows(table), 0)
-        return Writer(self._backend, schema, rows, committer or _TableCommitter(self, table))
+        if committer is not None:  # a fixed tree's one table, committing: in the background
+            return Writer(self._backend, schema, rows, committer, background=True)
+        return Writer(self._backend, schema, rows, _TableCommitter(self, table))
 
     def _open_tables(self, schema: TreeSchema, commit: Commit) -> None:
         self.schema = schema

@@ -28,6 +28,8 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import itertools
 import os
 from collections.abc import Iterator, Sequence
@@ -36,15 +38,18 @@ from typing import Any
 import numpy as np
 
 from pytreestore._commit.atomic import atomic
+from pytreestore._commit.chunk_writes import ChunkWrites
 from pytreestore._commit.committer import Committer
 from pytreestore._commit.record import Commit
 from pytreestore._commit.rows import FixedTreeRows
 from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import LeafCaster, RecordError, RowFiller, casters
+from pytreestore._tree.device import DeletedLeaf, DeviceLeaves, Kept, deleted_error, fetch
 from pytreestore.backends import Backend
 from pytreestore.errors import (
     ChunkSizeError,
+    DeletedArrayError,
     ForkedWriterError,
     StorageError,
 )
@@ -99,17 +104,31 @@ class Writer(FixedTreeRows):
     """Appends rows to a store's columns through ``backend``, committing as it goes."""
 
     def __init__(
-        self, backend: Backend, schema: TreeSchema, commit: Commit, committer: Any = None
+        self,
+        backend: Backend,
+        schema: TreeSchema,
+        commit: Commit,
+        committer: Any = None,
+        *,
+        background: bool = False,
     ) -> None:
         """``committer`` replaces the writer's own :class:`Committer` (the tables of a
-        :class:`~pytreestore._commit.records.RecordWriter` commit together)."""
+        :class:`~pytreestore._commit.records.RecordWriter` commit together); ``background``:
+        full chunks are written and committed on a background thread
+        (:mod:`pytreestore._commit.chunk_writes`), and device arrays appended are fetched there
+        (:mod:`pytreestore._tree.device`)."""
         self._backend = backend
         self.schema = schema
         self._keys = [c.key for c in schema.columns]
+        self._paths = [c.path for c in schema.columns]
         self.chunk = schema.chunk_records
         self.casters: list[LeafCaster] = casters(schema.columns)
         self.buffers = _buffers(schema)
-        self.filler = RowFiller(self.casters, self.buffers)
+        self._background = background
+        self.writes = ChunkWrites()
+        self._spares: list[list[np.ndarray]] = []  # buffers of chunks written, for reuse
+        self._chunks: dict[int, _Chunk] = {}  # chunks handed over, by start, until committed
+        self.filler = RowFiller(self.casters, self.buffers, DeviceLeaves() if background else None)
         self._committer = committer or Committer(
             backend, commit, _validate.id_of(schema), tree=schema
         )
@@ -141,11 +160,126 @@ class Writer(FixedTreeRows):
         return len(self) - self.commit.records
 
     def append(self, leaves: Sequence[Any]) -> None:
-        """Buffers one record's (already structure-checked) leaves."""
-        if self.fill == self.chunk:
-            self._write_chunk(commit=True)
-        self.filler.fill(leaves, self.fill)
+        """Buffers one record's (already structure-checked) leaves.
+
+        Raises:
+            StorageError: (and any failure of a chunk's write on the background thread) a
+                chunk could not be written; this record is not appended, every record before
+                it is kept, and the next call retries the write.
+            DeletedArrayError: a device array appended was deleted before it was fetched.
+        """
+        if self.fill == self.chunk or self.writes.failed is not None:
+            self._full()
+        try:
+            self.filler.fill(leaves, self.fill)
+        except DeletedLeaf as err:
+            raise self._deleted(err) from None
         self.fill += 1
+
+    def _full(self) -> None:
+        """Reports a background write's failure; then, with the chunk full, hands it to the
+        background writer (or writes and commits it here)."""
+        self.check_writes()
+        if self.fill < self.chunk:
+            return
+        if not self._background:
+            self._write_chunk(commit=True)
+            return
+        chunk = _Chunk(
+            self.start, self.buffers, self.filler.device.take() if self.filler.device else []
+        )
+        self._chunks[chunk.start] = chunk
+        self.writes.submit(functools.partial(self._write_handed, chunk))
+        self.buffers = self._spares.pop() if self._spares else _buffers(self.schema)
+        self.filler.use(self.buffers)
+        self.start, self.fill = chunk.start + self.chunk, 0
+
+    def _write_handed(self, chunk: _Chunk) -> None:
+        """The background job of a chunk handed over: its device arrays fetched, then its
+        write and commit, as :meth:`_write_chunk` does them."""
+        if chunk.kept:
+            fetch(chunk.buffers, chunk.kept, self._paths, chunk.start)
+            chunk.kept = []
+        end = chunk.start + self.chunk
+        with atomic(self._backend):
+            self._committer.release()
+            self._backend.resize(self._keys, end)
+            self._backend.write(self._keys, chunk.start, chunk.buffers)
+            self._commit(end)
+        del self._chunks[chunk.start]
+        self._spares.append(chunk.buffers)
+
+    def check_writes(self) -> None:
+        """Raises the failure of a background write no call has reported yet.
+
+        Raises:
+            DeletedArrayError: a chunk's device array was deleted before it was fetched: the
+                records from it on are dropped, those before it kept.
+        """
+        try:
+            self.writes.check()
+        except DeletedLeaf as err:
+            raise self._cut_handed(err) from None
+
+    def settle(self) -> None:
+        """Waits until every chunk handed over is written and committed, and fetches the
+        device arrays of the chunk being filled: afterwards the buffers hold every record.
+
+        Raises:
+            StorageError: a chunk's write failed (kept, retried by the next call).
+            DeletedArrayError: a device array was deleted before it was fetched.
+        """
+        try:
+            self.writes.drain()
+        except DeletedLeaf as err:
+            raise self._cut_handed(err) from None
+        self._fetch_kept()
+
+    def _fetch_kept(self) -> None:
+        """Fetches the device arrays kept for the chunk being filled into its buffers."""
+        device = self.filler.device
+        if device is None or not device.kept:
+            return
+        kept = device.take()
+        try:
+            fetch(self.buffers, kept, self._paths, self.start)
+        except DeletedLeaf as err:
+            device.kept = [k for k in kept if k[0] < err.row]
+            raise self._deleted(err) from None
+
+    def _deleted(self, err: DeletedLeaf) -> DeletedArrayError:
+        """Drops the records of the chunk being filled from ``err.row`` on (a device array of
+        that row was deleted) and returns the error to raise."""
+        dropped = self.fill - err.row
+        path = self._paths[err.column]
+        if dropped <= 0:  # this call's own record
+            return DeletedArrayError(
+                f"this record's jax.Array at {path or 'the root'} is deleted (donated to a "
+                "jitted function, or deleted): its values are gone. Nothing was appended."
+            )
+        self.fill = err.row
+        if self.filler.device is not None:
+            self.filler.device.forget(err.row)
+        return deleted_error(path, self.start + err.row, dropped=dropped, previous=dropped == 1)
+
+    def _cut_handed(self, err: DeletedLeaf) -> DeletedArrayError:
+        """After a handed-over chunk found a deleted device array: its rows before it become
+        the chunk being filled again; every later record is dropped."""
+        jobs = self.writes.discard()
+        failed = min(self._chunks)  # the queue stops at the first failure: the oldest chunk
+        chunk = self._chunks.pop(failed)
+        dropped = self.start + self.fill - (chunk.start + err.row)
+        self._spares.extend(c.buffers for c in self._chunks.values())
+        self._spares.append(self.buffers)
+        self._chunks.clear()
+        del jobs
+        self.buffers, self.start, self.fill = chunk.buffers, chunk.start, err.row
+        self.filler.use(self.buffers)
+        if self.filler.device is not None:
+            self.filler.device.take()
+        return deleted_error(
+            self._paths[err.column], chunk.start + err.row, dropped=dropped, previous=False
+        )
 
     def append_many(self, leaves_iter: Iterator[Sequence[Any]]) -> None:
         """Buffers records from an iterator of leaf lists, committing once at the end.
@@ -155,6 +289,7 @@ class Writer(FixedTreeRows):
         Raises:
             RecordError: a record was refused; ``index`` counts from the iterator's start.
         """
+        self.settle()
         done = 0
         while True:
             if self.fill == self.chunk:
@@ -175,6 +310,7 @@ class Writer(FixedTreeRows):
         """Appends already-checked column blocks with a common leading length (on a backend
         with transactions, as one atomic step: the caller rolls back if it fails)."""
         count = len(blocks[0]) if blocks else 0
+        self.settle()
         if self.fill + count < self.chunk:  # rows that stay buffered: nothing to make atomic,
             for buf, block in zip(self.buffers, blocks):  # nothing written, nothing to commit
                 buf[self.fill : self.fill + count] = block
@@ -210,6 +346,7 @@ class Writer(FixedTreeRows):
 
     def flush(self) -> None:
         """Writes every buffered record and commits them."""
+        self.settle()
         if self.pending == 0:
             return
         end = len(self)
@@ -223,6 +360,7 @@ class Writer(FixedTreeRows):
 
     def snapshot(self) -> tuple[int, int]:
         """The position to :meth:`rollback` to if a multi-record append fails."""
+        self.settle()
         self._snap, self._saved = (self.start, self.fill), None
         return self._snap
 
@@ -248,6 +386,7 @@ class Writer(FixedTreeRows):
             self._backend.resize(self._keys, self.commit.records)
 
     def _write_chunk(self, *, commit: bool) -> None:
+        self._fetch_kept()
         snap = self._snap
         if not commit and snap and snap[1] and snap[0] == self.start and self._saved is None:
             # the rows buffered before an extend are about to be overwritten: keep them, so
@@ -264,6 +403,16 @@ class Writer(FixedTreeRows):
 
     def _commit(self, records: int) -> None:
         self._committer.advance(records)
+
+
+@dataclasses.dataclass
+class _Chunk:
+    """A full chunk handed to the background writer: its first row, its buffers, and the
+    device arrays still to fetch into them."""
+
+    start: int
+    buffers: list[np.ndarray]
+    kept: list[Kept]
 
 
 def forked_writer(path: str, pid: int) -> ForkedWriterError:

@@ -3,7 +3,7 @@
 :class:`~pytreestore._pipelines.batches.BatchIterator` and
 :func:`~pytreestore._pipelines.map.map_records` read their next batches (storage read and
 host-to-device copy) while the caller computes on the current one. The loading job is a
-:mod:`~pytreestore._pipelines.background` job: it is stopped and waited for when the
+:mod:`~pytreestore._threads` job: it is stopped and waited for when the
 prefetcher is closed, when it is dropped (a ``break`` out of a loop over it, an exception),
 and when the interpreter exits, so that no load is still inside TensorStore or XLA as the
 process ends.
@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from threading import Event
 from typing import Any, Generic, TypeVar
 
-from pytreestore._pipelines import background
+from pytreestore import _threads as background
 from pytreestore.errors import ArgumentError, ForkedIteratorError
 
 T = TypeVar("T")
@@ -36,7 +36,7 @@ _POLL_S = 0.05  # how often a waiting put or get looks whether the job was stopp
 class Prefetcher(Generic[T]):
     """Yields ``load(item)`` for each of ``items`` in order, computed ``depth`` ahead.
 
-    The loads run as a background job (:mod:`pytreestore._pipelines.background`); with
+    The loads run as a background job (:mod:`pytreestore._threads`); with
     ``depth == 0`` they run in the caller's thread. An exception raised by ``load`` is re-raised
     by the ``next()`` that would have returned its result. The job holds ``load``, ``items`` and
     the queue, never the prefetcher: when the prefetcher is closed, dropped or the interpreter

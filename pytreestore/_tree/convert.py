@@ -21,6 +21,8 @@ import numpy as np
 
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format import prng as _prng
+from pytreestore._tree.device import DEVICE_TYPES, DeviceLeaves, is_device_array
+from pytreestore._tree.fillcode import compile_fill
 from pytreestore.errors import SchemaMismatchError
 
 _SUFFIX = "Leaf shapes and dtypes are fixed when the store is created."
@@ -152,39 +154,96 @@ def casters(columns: Sequence[Any]) -> list[LeafCaster]:
 
 
 class RowFiller:
-    """Copies one record's leaves into row ``row`` of per-column buffers."""
+    """Copies one record's leaves into row ``row`` of per-column buffers.
 
-    def __init__(self, leaf_casters: Sequence[LeafCaster], buffers: Sequence[np.ndarray]) -> None:
+    With ``device``, a :class:`~pytreestore._tree.device.DeviceLeaves`, a ``jax.Array`` leaf of
+    the column's dtype and shape is kept there instead of copied (its values are fetched when
+    the chunk is written: :func:`~pytreestore._tree.device.fetch`), so that appending a jitted
+    step's result does not wait for the step.
+    """
+
+    def __init__(
+        self,
+        leaf_casters: Sequence[LeafCaster],
+        buffers: Sequence[np.ndarray],
+        device: DeviceLeaves | None = None,
+    ) -> None:
         self._casters = list(leaf_casters)
-        self.buffers = list(buffers)
-        self._fast = [
-            # a key column's values always go through coerce (dtype None skips the fast path)
-            (c.exact, c.dtype if c.key_impl is None else None, c.shape, b, c.coerce)
-            for c, b in zip(leaf_casters, buffers)
-        ]
+        self.device = device
         #: per column, the largest finite value of a narrow float column (None: no check)
         self._tops = [_float_top(c.dtype) for c in leaf_casters]
+        # a Python float into a narrow float column is checked for overflow (top), so it is
+        # not taken as it is; a key column's values always go through coerce (dtype None)
+        self._facts = [
+            (
+                c.exact - {float} if top is not None else c.exact,
+                c.dtype if c.key_impl is None else None,
+                c.shape,
+            )
+            for c, top in zip(self._casters, self._tops)
+        ]
+        self._make = compile_fill(self._facts, f"{len(self._facts)} columns")
+        self.use(buffers)
+
+    def use(self, buffers: Sequence[np.ndarray]) -> None:
+        """Fills ``buffers`` from now on (a writer's next chunk)."""
+        self.buffers = list(buffers)
+        self._fast = [
+            (exact, dtype, shape, b, c.coerce, top, i)
+            for i, ((exact, dtype, shape), c, b, top) in enumerate(
+                zip(self._facts, self._casters, buffers, self._tops)
+            )
+        ]
+        whole = self._make is not None and len(self.buffers) == len(self._facts)
+        self._fill = self._make(buffers, self._slow) if whole else None  # type: ignore[misc]
 
     def fill(self, leaves: Sequence[Any], row: int) -> None:
-        """Writes ``leaves`` into ``row``; raises SchemaMismatchError, leaving other rows intact."""
+        """Writes ``leaves`` into ``row``; raises SchemaMismatchError, leaving other rows intact
+        (and keeping none of this record's device arrays).
+
+        Raises:
+            DeletedLeaf: a device array of this record, or the first of the last record that
+                had one, was deleted (:class:`~pytreestore._tree.device.DeviceLeaves`).
+        """
         try:
-            for (exact, dtype, shape, buf, coerce), top, leaf in zip(
-                self._fast, self._tops, leaves
-            ):
-                if type(leaf) in exact or (
-                    type(leaf) is np.ndarray and leaf.dtype is dtype and leaf.shape == shape
+            if self._fill is not None:
+                self._fill(leaves, row)  # the generated straight-line code (fillcode)
+                return
+            for (exact, dtype, shape, buf, _, _, i), leaf in zip(self._fast, leaves):
+                kind = type(leaf)
+                if kind in exact or (
+                    kind is np.ndarray and leaf.dtype is dtype and leaf.shape == shape
                 ):
-                    if top is not None and type(leaf) is float and abs(leaf) > top:
-                        coerce(leaf)  # a Python float that may overflow to inf: raises if so
                     buf[row] = leaf
                 else:
-                    buf[row] = coerce(leaf)
-        except SchemaMismatchError:
+                    self._slow(i, leaf, row)
+        except BaseException as err:
+            if self.device is not None:
+                self.device.forget(row)
+            if isinstance(err, OverflowError | TypeError | ValueError) and not isinstance(
+                err, SchemaMismatchError
+            ):
+                for caster, leaf in zip(self._casters, leaves):
+                    caster.coerce(leaf)
             raise
-        except (OverflowError, TypeError, ValueError):
-            for caster, leaf in zip(self._casters, leaves):
-                caster.coerce(leaf)
-            raise
+
+    def _slow(self, column: int, leaf: Any, row: int) -> None:
+        """Column ``column``'s leaf that is not taken as it is: a Python float checked against
+        a narrow float column's range, a device array kept, or the casting rule."""
+        _, dtype, shape, buf, coerce, top, _ = self._fast[column]
+        device = self.device
+        if type(leaf) is float and top is not None and shape == () and -top <= leaf <= top:
+            buf[row] = leaf
+        elif (
+            device is not None
+            and (type(leaf) in DEVICE_TYPES or is_device_array(leaf))
+            and leaf.dtype == dtype
+            and leaf.shape == shape
+            and leaf.is_fully_addressable
+        ):
+            device.keep(row, column, leaf)
+        else:
+            buf[row] = coerce(leaf)
 
     def fill_block(self, rows: Sequence[Sequence[Any]], at: int) -> None:
         """Writes many records' leaves into rows ``at, at + 1, ...``, one column at a time.
@@ -200,14 +259,19 @@ class RowFiller:
             with np.errstate(over="ignore"):  # overflows are found below and refused
                 self._fill_columns(rows, at)
         except (OverflowError, TypeError, ValueError):
-            for i, leaves in enumerate(rows):
-                try:
-                    self.fill(leaves, at + i)
-                except SchemaMismatchError as err:
-                    raise RecordError(i, err) from err
+            device, self.device = self.device, None  # many records at once: copied now
+            try:
+                for i, leaves in enumerate(rows):
+                    try:
+                        self.fill(leaves, at + i)
+                    except SchemaMismatchError as err:
+                        raise RecordError(i, err) from err
+            finally:
+                self.device = device
 
     def _fill_columns(self, rows: Sequence[Sequence[Any]], at: int) -> None:
-        for (exact, dtype, shape, buf, _), top, column in zip(self._fast, self._tops, zip(*rows)):
+        for (_, dtype, shape, buf, _, top, i), column in zip(self._fast, zip(*rows)):
+            exact = self._casters[i].exact
             block = buf[at : at + len(rows)]
             _fill_column(block, column, exact, dtype, shape)
             if top is not None and not np.isfinite(block).all():

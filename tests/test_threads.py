@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import pytreestore
-from pytreestore._pipelines import background
+from pytreestore import _threads as background
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent

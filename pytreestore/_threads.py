@@ -18,7 +18,7 @@ threads: it forgets them (and their jobs) and starts its own.
 
 Example:
     >>> import threading
-    >>> from pytreestore._pipelines import background
+    >>> from pytreestore import _threads as background
     >>> seen = []
     >>> job = background.start(lambda stopping: seen.append(stopping.is_set()))
     >>> job.join(); seen
