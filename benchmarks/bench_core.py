@@ -252,7 +252,7 @@ def _case_append(sizes: Sizes) -> list[Result]:
             n=sizes.n,
             ours=ours,
             baseline=floor,
-            goal=at_most(2.0),
+            goal=at_most(1.5),
             higher_is_better=False,
             ours_label="create a local store, N x `store.append(record)`, `flush()`, `close()`",
             baseline_label=(

@@ -463,7 +463,8 @@ def test_commit_record_after_flushes(tmp_path):
     store.flush()  # nothing pending: no new commit
     committed(3, 1)
     store.append({"x": np.int32(3)})
-    store.append({"x": np.int32(4)})  # the full chunk [0, 4) is written and committed
+    store.append({"x": np.int32(4)})  # the full chunk [0, 4) is handed to the background writer
+    store._core.writer.tables[None].writes.drain()  # which writes and commits it
     committed(4, 2)
     store.extend({"x": np.int32(i)} for i in range(5, 14))  # commits whole chunks only
     committed(12, 3)

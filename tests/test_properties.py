@@ -173,7 +173,9 @@ def test_refused_extend_appends_nothing(data: st.DataObject) -> None:
                 else:
                     with pytest.raises(Interrupted):
                         store.extend(_interrupted(piece, at))
-                assert (len(store), store.committed) == (done, committed)
+                # nothing of the refused call is kept; chunks handed to the background writer
+                # before it may have been committed meanwhile (the refused call waits for them)
+                assert len(store) == done and committed <= store.committed <= done
                 if data.draw(st.booleans(), label="read back now"):
                     check_contents(store, schema, xs[:done])
                 _append_piece(store, schema, piece, data.draw(st.sampled_from(PIECES), label="how"))

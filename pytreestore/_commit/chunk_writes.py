@@ -7,8 +7,8 @@ for before the interpreter exits, forgotten by a forked child). At most ``limit`
 a hand-off beyond that waits for the oldest (back-pressure, not unbounded memory).
 
 A job that fails keeps its chunk: the queue stops there (:attr:`ChunkWrites.failed`), the
-failure is raised by the writer's next call (:meth:`ChunkWrites.check`), and the call after that
-retries the job (:meth:`ChunkWrites.submit`, :meth:`ChunkWrites.drain`). Nothing handed over is
+failure is raised by the writer's next call (:meth:`ChunkWrites.check`), and the job is tried
+again from then on, once per failure reported. Nothing handed over is
 dropped by a failure: a chunk leaves the queue only once its commit is written, so records a
 caller was told were appended stay in memory until they are durable.
 
@@ -57,9 +57,12 @@ class ChunkWrites:
 
     def check(self) -> None:
         """Raises the failure of a job that no call has reported yet (once); its chunk stays
-        queued, and the next :meth:`submit` or :meth:`drain` retries it."""
+        queued and is retried from now on (one attempt per failure reported, so a disk that
+        stays full is not hammered)."""
         with self._cond:
             failed, self.failed = self.failed, None
+            if failed is not None:
+                self._resume()
         if failed is not None:
             raise failed
 

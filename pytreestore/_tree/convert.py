@@ -182,7 +182,9 @@ class RowFiller:
             )
             for c, top in zip(self._casters, self._tops)
         ]
-        self._make = compile_fill(self._facts, f"{len(self._facts)} columns")
+        self._make = compile_fill(
+            self._facts, f"{len(self._facts)} columns", DEVICE_TYPES if device else None
+        )
         self.use(buffers)
 
     def use(self, buffers: Sequence[np.ndarray]) -> None:
@@ -195,7 +197,8 @@ class RowFiller:
             )
         ]
         whole = self._make is not None and len(self.buffers) == len(self._facts)
-        self._fill = self._make(buffers, self._slow) if whole else None  # type: ignore[misc]
+        keep = self.device.kept.append if self.device is not None else None
+        self._fill = self._make(buffers, self._slow, keep) if whole else None  # type: ignore[misc]
 
     def fill(self, leaves: Sequence[Any], row: int) -> None:
         """Writes ``leaves`` into ``row``; raises SchemaMismatchError, leaving other rows intact
@@ -205,9 +208,13 @@ class RowFiller:
             DeletedLeaf: a device array of this record, or the first of the last record that
                 had one, was deleted (:class:`~pytreestore._tree.device.DeviceLeaves`).
         """
+        device = self.device
+        mark = len(device.kept) if device is not None else 0
         try:
             if self._fill is not None:
                 self._fill(leaves, row)  # the generated straight-line code (fillcode)
+                if device is not None and len(device.kept) > mark:
+                    device.arrived(row, device.kept[mark])
                 return
             for (exact, dtype, shape, buf, _, _, i), leaf in zip(self._fast, leaves):
                 kind = type(leaf)
@@ -217,9 +224,11 @@ class RowFiller:
                     buf[row] = leaf
                 else:
                     self._slow(i, leaf, row)
+            if device is not None and len(device.kept) > mark:
+                device.arrived(row, device.kept[mark])
         except BaseException as err:
-            if self.device is not None:
-                self.device.forget(row)
+            if device is not None:
+                device.forget(row)
             if isinstance(err, OverflowError | TypeError | ValueError) and not isinstance(
                 err, SchemaMismatchError
             ):
@@ -231,17 +240,10 @@ class RowFiller:
         """Column ``column``'s leaf that is not taken as it is: a Python float checked against
         a narrow float column's range, a device array kept, or the casting rule."""
         _, dtype, shape, buf, coerce, top, _ = self._fast[column]
-        device = self.device
-        if type(leaf) is float and top is not None and shape == () and -top <= leaf <= top:
+        if top is not None and shape == () and type(leaf) is float and -top <= leaf <= top:
             buf[row] = leaf
-        elif (
-            device is not None
-            and (type(leaf) in DEVICE_TYPES or is_device_array(leaf))
-            and leaf.dtype == dtype
-            and leaf.shape == shape
-            and leaf.is_fully_addressable
-        ):
-            device.keep(row, column, leaf)
+        elif self.device is not None and _keeps(leaf, dtype, shape):
+            self.device.keep(row, column, leaf)
         else:
             buf[row] = coerce(leaf)
 
@@ -259,7 +261,8 @@ class RowFiller:
             with np.errstate(over="ignore"):  # overflows are found below and refused
                 self._fill_columns(rows, at)
         except (OverflowError, TypeError, ValueError):
-            device, self.device = self.device, None  # many records at once: copied now
+            # many records at once: device arrays are copied now (the loop, no device)
+            saved, (self.device, self._fill) = (self.device, self._fill), (None, None)
             try:
                 for i, leaves in enumerate(rows):
                     try:
@@ -267,7 +270,7 @@ class RowFiller:
                     except SchemaMismatchError as err:
                         raise RecordError(i, err) from err
             finally:
-                self.device = device
+                self.device, self._fill = saved
 
     def _fill_columns(self, rows: Sequence[Sequence[Any]], at: int) -> None:
         for (_, dtype, shape, buf, _, top, i), column in zip(self._fast, zip(*rows)):
@@ -276,6 +279,15 @@ class RowFiller:
             _fill_column(block, column, exact, dtype, shape)
             if top is not None and not np.isfinite(block).all():
                 raise ValueError("non-finite values: check record by record")
+
+
+def _keeps(leaf: Any, dtype: np.dtype | None, shape: tuple[int, ...]) -> bool:
+    """Whether ``leaf`` is a device array a fill keeps for its column, as it is."""
+    return (
+        (type(leaf) in DEVICE_TYPES or is_device_array(leaf))
+        and leaf.dtype == dtype
+        and leaf.shape == shape
+    )
 
 
 def _fill_column(

@@ -16,7 +16,7 @@ state appended just before) is found by the next ``append``, not a chunk later.
 Example:
     >>> import jax.numpy as jnp, numpy as np
     >>> leaves = DeviceLeaves()
-    >>> leaves.keep(0, 0, jnp.arange(3, dtype=jnp.int32))
+    >>> leaves.keep(0, 0, jnp.arange(3, dtype=jnp.int32)); leaves.arrived(0, leaves.kept[0])
     >>> buf = np.zeros((1, 3), np.int32)
     >>> fetch([buf], leaves.take(), [".x"], 0); buf
     array([[0, 1, 2]], dtype=int32)
@@ -29,10 +29,13 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.core import Tracer
 
 from pytreestore.errors import DeletedArrayError, PyTreeStoreError
 
-#: the concrete classes of ``jax.Array`` met so far (a tracer is never one of them)
+#: the concrete classes of ``jax.Array`` taken by the fast path of a fill (met so far, in a
+#: single process: there every array is fully addressable; with several processes none is
+#: added, and each array is asked)
 DEVICE_TYPES: set[type] = set()
 
 #: a leaf kept for fetching: (row in the chunk, column index, the array)
@@ -40,12 +43,14 @@ Kept = tuple[int, int, Any]
 
 
 def is_device_array(leaf: Any) -> bool:
-    """Whether ``leaf`` is a concrete ``jax.Array`` whose values this process can fetch (its
-    class is remembered in :data:`DEVICE_TYPES` for the fast path)."""
-    if not isinstance(leaf, jax.Array) or isinstance(leaf, jax.core.Tracer):
+    """Whether ``leaf`` is a concrete ``jax.Array`` whose values this process can fetch (in
+    a single process its class joins :data:`DEVICE_TYPES`, the fast path)."""
+    if not isinstance(leaf, jax.Array) or isinstance(leaf, Tracer):
         return False
-    DEVICE_TYPES.add(type(leaf))
-    return True
+    if jax.process_count() == 1:
+        DEVICE_TYPES.add(type(leaf))
+        return True
+    return leaf.is_fully_addressable
 
 
 class DeletedLeaf(Exception):
@@ -69,31 +74,38 @@ class DeviceLeaves:
         self.watch: Kept | None = None
 
     def keep(self, row: int, column: int, leaf: Any) -> None:
-        """Keeps ``leaf`` for row ``row`` of column ``column``; at a record's first, checks
-        that the last record's first array still exists (and this one).
+        """Keeps ``leaf`` for row ``row`` of column ``column`` (the fast path of a fill
+        appends to :attr:`kept` itself; :meth:`arrived` follows either)."""
+        self.kept.append((row, column, leaf))
+
+    def arrived(self, row: int, first: Kept) -> None:
+        """After a record of row ``row`` kept ``first`` and maybe more: checks that the last
+        record's first array still exists, and this one's.
 
         Raises:
             DeletedLeaf: one of them was deleted (a row before ``row``, or ``row`` itself).
         """
-        if self.watch is None or self.watch[0] != row:
-            watch = self.watch
-            if watch is not None and watch[2].is_deleted():
-                raise DeletedLeaf(watch[0], watch[1])
-            if leaf.is_deleted():
-                raise DeletedLeaf(row, column)
-            self.watch = (row, column, leaf)
-        self.kept.append((row, column, leaf))
+        watch = self.watch
+        if watch is not None and watch[0] != row and watch[2].is_deleted():
+            raise DeletedLeaf(watch[0], watch[1])
+        if first[2].is_deleted():
+            raise DeletedLeaf(row, first[1])
+        self.watch = first
 
     def forget(self, row: int) -> None:
         """Drops what was kept for rows from ``row`` on (a refused record, rows cut)."""
-        while self.kept and self.kept[-1][0] >= row:
-            self.kept.pop()
+        kept = self.kept
+        while kept and kept[-1][0] >= row:
+            kept.pop()
         if self.watch is not None and self.watch[0] >= row:
-            self.watch = self.kept[-1] if self.kept else None
+            self.watch = kept[-1] if kept else None
 
     def take(self) -> list[Kept]:
-        """What is kept, handed over for fetching (this object starts empty again)."""
-        kept, self.kept, self.watch = self.kept, [], None
+        """What is kept, handed over for fetching (this object starts empty again; its
+        :attr:`kept` stays the same list, which a fill's generated code appends to)."""
+        kept = list(self.kept)
+        self.kept.clear()
+        self.watch = None
         return kept
 
 
@@ -108,10 +120,32 @@ def fetch(
     """
     if not kept:
         return
-    for _, _, leaf in kept:
-        if leaf.is_deleted():
-            break
-        leaf.copy_to_host_async()  # every copy under way before the first is waited for
+    if not _on_host(kept[0][2]):
+        for _, _, leaf in kept:
+            if leaf.is_deleted():
+                break
+            leaf.copy_to_host_async()  # every copy under way before the first is waited for
+    columns: dict[int, tuple[list[int], list[Any]]] = {}
+    for row, column, leaf in kept:
+        rows, leaves = columns.setdefault(column, ([], []))
+        rows.append(row)
+        leaves.append(leaf)
+    asarray = np.asarray
+    try:
+        values = {
+            column: [asarray(leaf) for leaf in leaves] for column, (_, leaves) in columns.items()
+        }
+    except Exception:
+        _fetch_in_order(buffers, kept, paths, start)
+        raise AssertionError("unreachable: fetching in order raises the same error") from None
+    for column, (rows, _) in columns.items():
+        buffers[column][rows] = values[column]
+
+
+def _fetch_in_order(
+    buffers: Sequence[np.ndarray], kept: Sequence[Kept], paths: Sequence[str], start: int
+) -> None:
+    """Fetches ``kept`` one by one, in row order, up to the first that fails (its error)."""
     for row, column, leaf in kept:
         if leaf.is_deleted():
             raise DeletedLeaf(row, column)
@@ -125,6 +159,14 @@ def fetch(
                 f"record {start + row}'s array at {where} could not be fetched from its "
                 f"device: {type(err).__name__}: {err}"
             ) from err
+
+
+def _on_host(leaf: Any) -> bool:
+    """Whether ``leaf`` lives in this host's memory (a CPU device): no copy to start."""
+    try:
+        return all(d.platform == "cpu" for d in leaf.devices())
+    except Exception:
+        return False
 
 
 def deleted_error(path: str, record: int, *, dropped: int, previous: bool) -> DeletedArrayError:

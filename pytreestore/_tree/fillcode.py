@@ -16,7 +16,7 @@ Example:
     >>> import numpy as np
     >>> buf = np.zeros(2, np.int32)
     >>> make = compile_fill([(frozenset({int}), np.dtype("int32"), ())], "demo")
-    >>> fill = make([buf], lambda column, leaf, row: None)
+    >>> fill = make([buf], lambda column, leaf, row: None, None)
     >>> fill([7], 1); buf
     array([0, 7], dtype=int32)
 """
@@ -35,14 +35,17 @@ MAX_COLUMNS = 256
 Facts = tuple[frozenset | set, np.dtype | None, tuple[int, ...]]
 Fill = Callable[[Sequence[Any], int], None]
 Slow = Callable[[int, Any, int], None]
+Keep = Callable[[tuple[int, int, Any]], None]
 
 
 def compile_fill(
-    facts: Sequence[Facts], name: str
-) -> Callable[[Sequence[np.ndarray], Slow], Fill] | None:
-    """A factory ``make(buffers, slow) -> fill(leaves, row)`` for columns of ``facts`` (None
-    past :data:`MAX_COLUMNS`, or for no column); ``name`` labels the generated code in
-    tracebacks."""
+    facts: Sequence[Facts], name: str, device: set[type] | None = None
+) -> Callable[[Sequence[np.ndarray], Slow, Keep | None], Fill] | None:
+    """A factory ``make(buffers, slow, keep) -> fill(leaves, row)`` for columns of ``facts``
+    (None past :data:`MAX_COLUMNS`, or for no column); ``name`` labels the generated code in
+    tracebacks. With ``device`` (a set of ``jax.Array`` classes, which may grow), a leaf of
+    one of those classes with the column's dtype and shape is given to ``keep((row, column,
+    leaf))`` instead of being assigned."""
     count = len(facts)
     if not 0 < count <= MAX_COLUMNS:
         return None
@@ -52,30 +55,31 @@ def compile_fill(
         test = f"type(v{i}) in E{i}"
         if dtype is not None:
             test += f" or (type(v{i}) is ndarray and v{i}.dtype is D{i} and v{i}.shape == S{i})"
-        body += [
-            f"    if {test}:",
-            f"        B{i}[row] = v{i}",
-            "    else:",
-            f"        slow({i}, v{i}, row)",
-        ]
+        body += [f"    if {test}:", f"        B{i}[row] = v{i}"]
+        if device is not None and dtype is not None:
+            body += [
+                f"    elif type(v{i}) in DEVICE and v{i}.dtype == D{i} and v{i}.shape == S{i}:",
+                f"        keep((row, {i}, v{i}))",
+            ]
+        body += ["    else:", f"        slow({i}, v{i}, row)"]
     buffers = ", ".join(f"B{i}" for i in range(count))
     source = "\n".join(
         [
-            f"def make({buffers}, slow):",
+            f"def make({buffers}, slow, keep):",
             "    def fill(leaves, row):",
             *("    " + line for line in body),
             "    return fill",
         ]
     )
-    scope: dict[str, Any] = {"ndarray": np.ndarray}
+    scope: dict[str, Any] = {"ndarray": np.ndarray, "DEVICE": device}
     for i, (exact, dtype, shape) in enumerate(facts):
         scope[f"E{i}"], scope[f"D{i}"], scope[f"S{i}"] = frozenset(exact), dtype, shape
     code = compile(source, f"<pytreestore fill of {name}>", "exec")
     exec(code, scope)
     factory = scope["make"]
 
-    def make(buffers: Sequence[np.ndarray], slow: Slow) -> Fill:
-        return factory(*buffers, slow)
+    def make(buffers: Sequence[np.ndarray], slow: Slow, keep: Keep | None = None) -> Fill:
+        return factory(*buffers, slow, keep)
 
     return make
 
