@@ -100,7 +100,7 @@ def test_an_array_deleted_before_flush_drops_it_and_what_follows(tmp_path):
     arrays[2].delete()
     with pytest.raises(errors.DeletedArrayError, match=r"record 2.*3 record\(s\) from 2 on"):
         store.flush()
-    assert len(store) == 2 and store.committed == 0
+    assert len(store) == 2 and store.committed == 2  # those before it: committed
     store.append({"x": np.full(3, 9, np.float32)})
     store.close()
     got = pytreestore.open(path).load(as_numpy=True)["x"][:, 0]
@@ -117,12 +117,26 @@ def test_an_array_deleted_in_a_chunk_handed_over_cuts_there(tmp_path):
     store.append({"x": np.full(3, 4, np.float32)})  # hands the chunk over
     with pytest.raises(errors.DeletedArrayError, match=r"record 1.*4 record\(s\) from 1 on"):
         store.flush()
-    assert len(store) == 1 and store.committed == 0
+    assert len(store) == 1 and store.committed == 1
     for i in range(1, 6):
         store.append({"x": np.full(3, 10 + i, np.float32)})
     store.close()
     got = pytreestore.open(path).load(as_numpy=True)["x"][:, 0]
     np.testing.assert_array_equal(got, [0, 11, 12, 13, 14, 15])
+
+
+def test_close_commits_the_records_before_a_deleted_array(tmp_path):
+    path = tmp_path / "s"
+    store = pytreestore.create(path, {"x": np.zeros(3, np.float32)}, chunk_records=100)
+    arrays = [jnp.full(3, i, jnp.float32) for i in range(4)]
+    for a in arrays:
+        store.append({"x": a})
+    arrays[3].delete()
+    with pytest.raises(errors.DeletedArrayError, match="record 3"):
+        store.close()
+    assert store.closed
+    got = pytreestore.open(path).load(as_numpy=True)["x"][:, 0]
+    np.testing.assert_array_equal(got, [0, 1, 2])
 
 
 def test_extend_of_device_arrays_copies_them_at_once(tmp_path):

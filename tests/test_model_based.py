@@ -68,6 +68,14 @@ LONG = settings(
 )
 
 
+def _on_device(leaf: Any) -> Any:
+    """``leaf`` as a jax.Array where JAX keeps its dtype (32 bits or fewer), else as it is."""
+    value = np.asarray(leaf)
+    if value.dtype.itemsize > 4 or value.dtype.kind not in "biuf":
+        return leaf
+    return jax.device_put(value)
+
+
 class StoreMachine(RuleBasedStateMachine):
     """The operations every store takes, and the checks after each; a subclass makes the
     store and its records."""
@@ -131,11 +139,14 @@ class StoreMachine(RuleBasedStateMachine):
 
     # ---- appending -------------------------------------------------------------------------------
 
-    @rule(data=st.data(), n=st.integers(1, 3))
-    def append(self, data: st.DataObject, n: int) -> None:
+    @rule(data=st.data(), n=st.integers(1, 3), device=st.booleans())
+    def append(self, data: st.DataObject, n: int, device: bool) -> None:
+        """``device``: the leaves JAX holds without widening are jax.Arrays, which the store
+        keeps and fetches when their chunk is written (issue 32)."""
         before, rows = self.state, self.records(data, n)
         for row in rows:
-            self.store.append(self.as_record(row))
+            record = self.as_record(row)
+            self.store.append(jax.tree.map(_on_device, record) if device else record)
         self.take(rows)
         self.settle(before, None)
 

@@ -345,8 +345,20 @@ class Writer(FixedTreeRows):
             self._commit(self.start)
 
     def flush(self) -> None:
-        """Writes every buffered record and commits them."""
-        self.settle()
+        """Writes every buffered record and commits them.
+
+        Raises:
+            DeletedArrayError: a device array appended was deleted before it was fetched; the
+                records before it are committed first, it and those after it dropped.
+        """
+        try:
+            self.settle()
+        except DeletedArrayError as err:
+            self._flush()  # what is kept is acknowledged: committed before the error
+            raise err from None
+        self._flush()
+
+    def _flush(self) -> None:
         if self.pending == 0:
             return
         end = len(self)
