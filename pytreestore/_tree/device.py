@@ -125,21 +125,13 @@ def fetch(
             if leaf.is_deleted():
                 break
             leaf.copy_to_host_async()  # every copy under way before the first is waited for
-    columns: dict[int, tuple[list[int], list[Any]]] = {}
-    for row, column, leaf in kept:
-        rows, leaves = columns.setdefault(column, ([], []))
-        rows.append(row)
-        leaves.append(leaf)
     asarray = np.asarray
-    try:
-        values = {
-            column: [asarray(leaf) for leaf in leaves] for column, (_, leaves) in columns.items()
-        }
-    except Exception:
+    try:  # one leaf at a time: cheaper than numpy converting a column's list of arrays
+        for row, column, leaf in kept:
+            buffers[column][row] = asarray(leaf)
+    except Exception:  # noqa: BLE001 (a deleted array, or a failed computation)
         _fetch_in_order(buffers, kept, paths, start)
         raise AssertionError("unreachable: fetching in order raises the same error") from None
-    for column, (rows, _) in columns.items():
-        buffers[column][rows] = values[column]
 
 
 def _fetch_in_order(
@@ -151,7 +143,7 @@ def _fetch_in_order(
             raise DeletedLeaf(row, column)
         try:
             buffers[column][row] = np.asarray(leaf)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 (JAX's own errors have no common base)
             if leaf.is_deleted():
                 raise DeletedLeaf(row, column) from None
             where = paths[column] or "the root"
