@@ -102,9 +102,10 @@ def test_an_array_deleted_before_flush_drops_it_and_what_follows(tmp_path):
         store.flush()
     assert len(store) == 2 and store.committed == 2  # those before it: committed
     store.append({"x": np.full(3, 9, np.float32)})
+    store.append({"x": jnp.full(3, 10, jnp.float32)})  # kept again, and fetched
     store.close()
     got = pytreestore.open(path).load(as_numpy=True)["x"][:, 0]
-    np.testing.assert_array_equal(got, [0, 1, 9])
+    np.testing.assert_array_equal(got, [0, 1, 9, 10])
 
 
 def test_an_array_deleted_in_a_chunk_handed_over_cuts_there(tmp_path):

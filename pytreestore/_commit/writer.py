@@ -240,11 +240,9 @@ class Writer(FixedTreeRows):
         device = self.filler.device
         if device is None or not device.kept:
             return
-        kept = device.take()
         try:
-            fetch(self.buffers, kept, self._paths, self.start)
-        except DeletedLeaf as err:
-            device.kept = [k for k in kept if k[0] < err.row]
+            fetch(self.buffers, device.take(), self._paths, self.start)
+        except DeletedLeaf as err:  # the rows before it are fetched
             raise self._deleted(err) from None
 
     def _deleted(self, err: DeletedLeaf) -> DeletedArrayError:
@@ -265,14 +263,13 @@ class Writer(FixedTreeRows):
     def _cut_handed(self, err: DeletedLeaf) -> DeletedArrayError:
         """After a handed-over chunk found a deleted device array: its rows before it become
         the chunk being filled again; every later record is dropped."""
-        jobs = self.writes.discard()
+        self.writes.discard()  # the jobs of the chunks below, which are dropped
         failed = min(self._chunks)  # the queue stops at the first failure: the oldest chunk
         chunk = self._chunks.pop(failed)
         dropped = self.start + self.fill - (chunk.start + err.row)
         self._spares.extend(c.buffers for c in self._chunks.values())
         self._spares.append(self.buffers)
         self._chunks.clear()
-        del jobs
         self.buffers, self.start, self.fill = chunk.buffers, chunk.start, err.row
         self.filler.use(self.buffers)
         if self.filler.device is not None:
