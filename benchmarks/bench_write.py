@@ -10,7 +10,7 @@ step loop appending its state.
   about 10 KB a step: float32 arrays of 1 to 300 values), 6,000 appends; its default chunk
   holds 2,048 steps, whose write stalled one append by about 70 ms before the background
   writer.
-* **jitted loop**: a loop of 3,000 steps of a jitted function over a flax dataclass of 20
+* **jitted loop**: a loop of 3,000 steps of a jitted function over a registered dataclass of 20
   leaves (10 float32[3], 10 int32 scalars), each step's state appended to a store
   (`state = step(state); store.append(state)`, the store created untimed and closed inside
   the timed region) against the same loop appending the state to a Python list. The appends
@@ -18,7 +18,7 @@ step loop appending its state.
   of the device as the list's does. Goal: at most 1.3x. The step (a sine of ten 3-vectors)
   costs about what dispatching it costs: the cheapest step a loop can have.
 * **jitted training loop**: the same with an Adam step of a 2-layer MLP (32-32-4, a batch of
-  64), its state a flax dataclass of 16 leaves (parameters, both moments, the count, three
+  64), its state a registered dataclass of 16 leaves (parameters, both moments, the count, three
   metrics): a small model's real training step.
 
 Outputs are checked against the expected values outside the timed regions.
@@ -26,6 +26,7 @@ Outputs are checked against the expected values outside the timed regions.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 import time
@@ -37,8 +38,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from _common import Case, Result, Timed, Timing, at_most, format_seconds, measure_side_by_side
-from bench_core import _check_store, _data
-from flax import struct
 
 import pytreestore
 
@@ -130,6 +129,8 @@ def _latency_rows(name: str, records: list[Any], repeats: int, check: Any) -> li
 
 
 def _case_latency(sizes: Sizes) -> list[Result]:
+    from bench_core import _check_store, _data  # flax's records: imported when run
+
     records, expected = _data(sizes.appends)
     if len(records) > sizes.appends:
         records = records[: sizes.appends]
@@ -157,7 +158,8 @@ def _case_latency_wide(sizes: Sizes) -> list[Result]:
 # --- a jitted loop ------------------------------------------------------------------------------
 
 
-@struct.dataclass
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class State:
     pos: dict[str, Any]  # ten float32[3]
     count: tuple[Any, ...]  # ten int32 scalars
@@ -193,7 +195,8 @@ def _loop_store(store: Any, steps: int, start: Any = _start, step: Any = _step) 
     store.close()
 
 
-@struct.dataclass
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class Train:
     params: dict[str, Any]  # a 2-layer MLP: w1 f32[32, 32], b1 f32[32], w2 f32[32, 4], b2 f32[4]
     mu: dict[str, Any]  # Adam's moments, like params
@@ -285,7 +288,7 @@ def _jit_loop_rows(name: str, start: Any, step: Any, steps: int, repeats: int) -
             goal=at_most(1.3),
             higher_is_better=False,
             ours_label=(
-                f"`state = step(state); store.append(state)` ({leaves}-leaf flax dataclass), "
+                f"`state = step(state); store.append(state)` ({leaves}-leaf registered dataclass), "
                 "then `close()`"
             ),
             baseline_label="the same loop appending the state to a Python list",
