@@ -195,3 +195,20 @@ def test_forget_drops_a_refused_record_and_moves_the_watch_back():
     with pytest.raises(DeletedLeaf) as info:
         leaves.arrived(1, leaves.kept[1])
     assert info.value.row == 0
+
+
+def test_stacked_fetch_of_an_accelerator_fills_every_row_exactly(monkeypatch):
+    """The path of arrays off the host (columns stacked on their device, groups padded),
+    forced here on CPU; a deleted array falls back to the in-order fetch, which names it."""
+    monkeypatch.setattr("pytreestore._tree.device._on_host", lambda leaf: False)
+    monkeypatch.setattr("pytreestore._tree.device.STACK", 8)
+    kept = [(r, 0, jnp.full(3, r, jnp.float32)) for r in range(21)]
+    kept += [(r, 1, jnp.int8(r)) for r in range(0, 21, 2)]
+    buffers = [np.zeros((21, 3), np.float32), np.zeros(21, np.int8)]
+    fetch(buffers, kept, [".a", ".b"], 0)
+    np.testing.assert_array_equal(buffers[0][:, 2], np.arange(21))
+    np.testing.assert_array_equal(buffers[1], np.where(np.arange(21) % 2 == 0, np.arange(21), 0))
+    kept[13][2].delete()
+    with pytest.raises(DeletedLeaf) as info:
+        fetch([np.zeros((21, 3), np.float32), np.zeros(21, np.int8)], kept, [".a", ".b"], 0)
+    assert (info.value.row, info.value.column) == (13, 0)

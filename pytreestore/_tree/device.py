@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -120,18 +121,45 @@ def fetch(
     """
     if not kept:
         return
-    if not _on_host(kept[0][2]):
-        for _, _, leaf in kept:
-            if leaf.is_deleted():
-                break
-            leaf.copy_to_host_async()  # every copy under way before the first is waited for
-    asarray = np.asarray
-    try:  # one leaf at a time: cheaper than numpy converting a column's list of arrays
-        for row, column, leaf in kept:
-            buffers[column][row] = asarray(leaf)
-    except Exception:  # noqa: BLE001 (a deleted array, or a failed computation)
+    try:
+        if _on_host(kept[0][2]):  # a view of host memory: one leaf at a time is cheapest
+            asarray = np.asarray
+            for row, column, leaf in kept:
+                buffers[column][row] = asarray(leaf)
+        else:  # a copy per array costs a round trip: columns stacked on the device first
+            _fetch_stacked(buffers, kept)
+    except Exception:  # a deleted array, or a failed computation: found in row order
         _fetch_in_order(buffers, kept, paths, start)
         raise AssertionError("unreachable: fetching in order raises the same error") from None
+
+
+#: arrays stacked on a device per call (a fixed count: one compiled stack per leaf shape)
+STACK = 256
+
+
+@functools.cache
+def _stacker() -> Any:
+    return jax.jit(lambda *arrays: jax.numpy.stack(arrays))
+
+
+def _fetch_stacked(buffers: Sequence[np.ndarray], kept: Sequence[Kept]) -> None:
+    """Each column's kept arrays stacked on their device :data:`STACK` at a time (the last
+    group padded with its last array), every copy to the host started, then waited for."""
+    columns: dict[int, tuple[list[int], list[Any]]] = {}
+    for row, column, leaf in kept:
+        rows, leaves = columns.setdefault(column, ([], []))
+        rows.append(row)
+        leaves.append(leaf)
+    stack, stacked = _stacker(), []
+    for column, (rows, leaves) in columns.items():
+        for i in range(0, len(leaves), STACK):
+            group = leaves[i : i + STACK]
+            group += [group[-1]] * (STACK - len(group))
+            stacked.append((column, rows[i : i + STACK], stack(*group)))
+    for _, _, block in stacked:
+        block.copy_to_host_async()
+    for column, rows, block in stacked:
+        buffers[column][rows] = np.asarray(block)[: len(rows)]
 
 
 def _fetch_in_order(
@@ -143,7 +171,7 @@ def _fetch_in_order(
             raise DeletedLeaf(row, column)
         try:
             buffers[column][row] = np.asarray(leaf)
-        except Exception as err:  # noqa: BLE001 (JAX's own errors have no common base)
+        except Exception as err:
             if leaf.is_deleted():
                 raise DeletedLeaf(row, column) from None
             where = paths[column] or "the root"
