@@ -216,6 +216,11 @@ class Layout:
     #: weak references to the batch's array leaves: only that batch, unchanged, belongs to
     #: this mask (another batch of the same shapes would read its padding as values)
     batch_leaves: tuple[Any, ...] = ()
+    #: the count of records stacked
+    records: int = 0
+    #: the top segment of records stacked column by column (:mod:`pytreestore._tree.gather`),
+    #: with the lengths and present subtrees it kept; None: ``skeletons`` has them
+    gathered: Any = None
 
 
 def leaf_refs(leaves: list[Any]) -> tuple[Any, ...]:
