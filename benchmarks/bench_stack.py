@@ -91,7 +91,9 @@ def make_records(n: int) -> list[Record]:
     lengths = rng.integers(0, PAD + 1, n)
     total = int(lengths.sum())
     fields = [
-        list(rng.standard_normal(total).astype(dt) if dt == F32 else rng.integers(-99, 99, total, dt))
+        list(
+            rng.standard_normal(total).astype(dt) if dt == F32 else rng.integers(-99, 99, total, dt)
+        )
         for dt in DTYPES
     ]
     elements = list(map(Particle, *fields))
@@ -164,9 +166,7 @@ def numpy_unstack(batch: Record, masks: Masks) -> list[Record]:
 def _check_stack(got: tuple[Record, Record], want: tuple[Record, Masks]) -> None:
     batch, mask = got
     expected, masks = want
-    for k, (g, e) in enumerate(
-        zip(jax.tree.leaves(batch), jax.tree.leaves(expected), strict=True)
-    ):
+    for k, (g, e) in enumerate(zip(jax.tree.leaves(batch), jax.tree.leaves(expected), strict=True)):
         if not (type(g) is np.ndarray and g.dtype == e.dtype and np.array_equal(g, e)):
             raise RuntimeError(f"stack: leaf {k}: expected {e.dtype}{list(e.shape)}, got {g!r:.80}")
     want_masks = _as_mask(masks)
@@ -224,7 +224,7 @@ def _case_stack(sizes: Sizes) -> list[Result]:
             goal=at_most(2.0),
             higher_is_better=False,
             ours_label=(
-                f'`stack(records, ragged={RAGGED}, optional={OPTIONAL}, pad_to={PAD}, '
+                f"`stack(records, ragged={RAGGED}, optional={OPTIONAL}, pad_to={PAD}, "
                 "as_numpy=True)`"
             ),
             baseline_label=(

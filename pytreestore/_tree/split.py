@@ -72,7 +72,9 @@ def _axis_rows(leaf: Any, space: Space, column: LeafColumn) -> list[Any]:
     rows = leaf.reshape(math.prod(space.prefix), size, *shape)
     positions = space.positions()
     if isinstance(leaf, jax.Array):
-        flat = rows.reshape(math.prod(space.prefix) * size, *shape)[space.child(lengths, size, trim=False).index]
+        flat = rows.reshape(math.prod(space.prefix) * size, *shape)[
+            space.child(lengths, size, trim=False).index
+        ]
         return jnp.split(flat, np.cumsum(lengths)[:-1].tolist()) if len(lengths) else []
     return [rows[p, :n] for p, n in zip(positions.tolist(), lengths.tolist())]
 
