@@ -154,8 +154,9 @@ def test_python_numpy_and_jax_scalars_in_one_column() -> None:
 
 
 def test_narrow_values_are_cast_to_the_first_records_dtype() -> None:
-    records = [{"p": [np.int32(1)], "a": np.zeros((1, 2), np.float32)}] + [
-        {"p": [np.int8(-3), np.int16(300)], "a": np.full((2, 2), 2.5, np.float16)}
+    records = [
+        {"p": [np.int32(1)], "a": np.zeros((1, 2), np.float32)},
+        {"p": [np.int8(-3), np.int16(300)], "a": np.full((2, 2), 2.5, np.float16)},
     ]
     batch, _ = assert_same_as_per_record(records, ragged=True)
     np.testing.assert_array_equal(batch["p"], [[1, 0], [-3, 300]])
@@ -192,7 +193,7 @@ def test_a_value_that_does_not_fit_is_refused_naming_the_record() -> None:
     ):
         pytreestore.stack(records, ragged=True)
     floats = [{"p": [np.float32(1)]}, {"p": [1e300]}]
-    with pytest.raises(errors.SchemaMismatchError, match="record 1 .* would become infinite"):
+    with pytest.raises(errors.SchemaMismatchError, match=r"record 1 .* would become infinite"):
         pytreestore.stack(floats, ragged=True)
 
 

@@ -158,7 +158,7 @@ def walk(seg: Segment, values: Sequence[Any]) -> None:
         Departs: a value departs from the layout.
     """
     if seg.bare:
-        take(seg.columns[0], values)
+        take(seg.columns[0], list(values))
         return
     flatten = seg.treedef.flatten_up_to
     try:
