@@ -321,3 +321,13 @@ def test_random_records_stack_as_the_per_record_padding(records: list[Any], pad_
             assert (g.x, g.y, g.k) == (np.float32(w.x), w.y, np.int32(w.k))
         assert (got["extra"] is None) == (want["extra"] is None)
         assert got["step"] == want["step"]
+
+
+def test_weakly_typed_leaves_unstack_weakly_typed() -> None:
+    records = [{"p": [1.5, 2.5], "s": 1}, {"p": [], "s": 2}]
+    batch, mask = pytreestore.stack(records, ragged=True)
+    assert batch["p"].weak_type and batch["s"].weak_type
+    back = pytreestore.unstack(batch, mask)
+    assert back[0]["p"][1].weak_type and back[1]["s"].weak_type
+    assert float(back[0]["p"][1]) == 2.5 and int(back[1]["s"]) == 2 and back[1]["p"] == []
+    assert back[0]["p"][0].dtype == jnp.float32

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pytreestore._format.weak import weaken
 from pytreestore._tree.gather import LeafColumn, ListColumn, Segment
 from pytreestore._tree.scatter import Space
 
@@ -58,25 +59,32 @@ def _split_column(column: Any, space: Space, batch: Any) -> list[Any]:
 
 def values(leaf: Any, space: Space, shape: tuple[int, ...]) -> list[Any]:
     """One value per row of ``space`` of a leaf without a ragged axis."""
+    if isinstance(leaf, jax.Array):
+        return on_device(values(np.asarray(leaf), space, shape), leaf)
     if space.index is None:
-        if isinstance(leaf, jax.Array):
-            return list(leaf)
         return [leaf[i, ...] for i in range(space.rows)]
-    flat = leaf.reshape(math.prod(space.prefix), *shape)[space.index]
-    return list(flat)
+    return list(leaf.reshape(math.prod(space.prefix), *shape)[space.index])
 
 
 def _axis_rows(leaf: Any, space: Space, column: LeafColumn) -> list[Any]:
     """Each row's values of a leaf with a ragged leading axis, cut to its length."""
-    lengths, size, shape = column.kept, column.size, column.spec.shape
-    rows = leaf.reshape(math.prod(space.prefix), size, *shape)
-    positions = space.positions()
     if isinstance(leaf, jax.Array):
-        flat = rows.reshape(math.prod(space.prefix) * size, *shape)[
-            space.child(lengths, size, trim=False).index
-        ]
-        return jnp.split(flat, np.cumsum(lengths)[:-1].tolist()) if len(lengths) else []
-    return [rows[p, :n] for p, n in zip(positions.tolist(), lengths.tolist())]
+        return on_device(_axis_rows(np.asarray(leaf), space, column), leaf)
+    lengths, size = column.kept, column.size
+    rows = leaf.reshape(math.prod(space.prefix), size, *column.spec.shape)
+    return [rows[p, :n] for p, n in zip(space.positions().tolist(), lengths.tolist())]
 
 
-__all__ = ["split", "values"]
+def on_device(arrays: list[Any], like: jax.Array) -> list[Any]:
+    """``arrays`` (numpy) as ``jax.Array``s where ``like`` lies, weakly typed as ``like`` is,
+    put in one call (splitting a ``jax.Array`` row by row costs a dispatch per row)."""
+    if not arrays:
+        return []
+    devices = like.devices()
+    if len(devices) != 1:
+        return [jnp.asarray(a) for a in arrays]
+    out = jax.device_put([np.asarray(a) for a in arrays], next(iter(devices)))
+    return weaken(out, [True] * len(out)) if like.weak_type else out
+
+
+__all__ = ["on_device", "split", "values"]
