@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -49,11 +50,20 @@ class Space:
     def positions(self) -> np.ndarray:
         return np.arange(self.rows) if self.index is None else self.index
 
-    def kept(self) -> np.ndarray | None:
+    @functools.cached_property
+    def keep(self) -> np.ndarray | None:
         """Which rows were kept (None: all)."""
         if self.index is None or self.index.size == 0 or self.index.min() >= 0:
             return None
         return self.index >= 0
+
+    @functools.cached_property
+    def mask(self) -> np.ndarray:
+        """True at the kept rows' positions in ``prefix``."""
+        mask = np.zeros(self.prefix, bool)
+        index = self.positions() if self.keep is None else self.positions()[self.keep]
+        mask.reshape(mask.size)[index] = True
+        return mask
 
     def child(self, lengths: np.ndarray, size: int, *, trim: bool) -> Space:
         """The space of ``lengths[i]`` sub-rows per row, padded to ``size``."""
@@ -62,7 +72,7 @@ class Space:
         within = np.arange(total) - np.repeat(starts, lengths)
         parent = np.repeat(self.positions(), lengths)
         index = parent * size + within
-        if trim or self.kept() is not None:
+        if trim or self.keep is not None:
             index[(within >= size) | (parent < 0)] = -1
         return Space(total, (*self.prefix, size), index)
 
@@ -89,7 +99,7 @@ def pad(seg: Segment, space: Space, limit: Limit, trim: bool) -> tuple[Any, Any]
 
 
 def _pad_column(column: Any, space: Space, limit: Limit, trim: bool) -> tuple[Any, Any]:
-    kept = space.kept()
+    kept = space.keep
     if isinstance(column, LeafColumn):
         return _pad_leaf(column, space, limit, trim)
     if isinstance(column, ListColumn):
@@ -123,19 +133,19 @@ def _pad_leaf(column: LeafColumn, space: Space, limit: Limit, trim: bool) -> tup
     lengths = _axis_lengths(column)
     size = _size(lengths, limit, trim)
     spec.axis.longest = int(lengths.max(initial=0))  # type: ignore[union-attr]
-    column.kept, column.size = _kept(np.minimum(lengths, size), space.kept()), size
+    column.kept, column.size = _kept(np.minimum(lengths, size), space.keep), size
     return _scatter(axis_values(column), space.child(lengths, size, trim=trim), spec.shape)
 
 
 def _scatter(values: np.ndarray, space: Space, shape: tuple[int, ...]) -> tuple[Any, Any]:
+    """``values`` (one per row of ``space``) at their positions in zeros, and the mask.
+
+    The positions of a space's rows ascend (records, then each record's elements), so a
+    boolean mask assignment puts the rows in order.
+    """
     out = np.zeros((*space.prefix, *shape), values.dtype)
-    mask = np.zeros(space.prefix, bool)
-    index, keep = space.positions(), space.kept()
-    if keep is not None:
-        index, values = index[keep], values[keep]
-    out.reshape(mask.size, *shape)[index] = values
-    mask.reshape(mask.size)[index] = True
-    return out, mask
+    out[space.mask] = values if space.keep is None else values[space.keep]
+    return out, space.mask.copy()
 
 
 # ---- values: the casting rule, column by column ----------------------------------------------
@@ -155,10 +165,11 @@ def leaf_values(column: LeafColumn) -> np.ndarray:
             out = _scalars(values, dtype, types)
             if out is not None:
                 return out
-    if all(type(v) is np.ndarray and v.dtype == dtype and v.shape == shape for v in values):
-        return np.stack(values) if values else np.zeros((0, *shape), dtype)
-    cast = [_coerce(spec, v, _shape_of(v, spec, ragged=False)) for v in values]
-    return np.stack(cast) if cast else np.zeros((0, *shape), dtype)
+    if not all(type(v) is np.ndarray and v.dtype == dtype and v.shape == shape for v in values):
+        values = [_coerce(spec, v, _shape_of(v, spec, ragged=False)) for v in values]
+    if not values:
+        return np.zeros((0, *shape), dtype)
+    return np.concatenate(values).reshape(len(values), *shape) if shape else np.stack(values)
 
 
 def axis_values(column: LeafColumn) -> np.ndarray:
@@ -178,10 +189,13 @@ def axis_values(column: LeafColumn) -> np.ndarray:
 
 
 def _axis_lengths(column: LeafColumn) -> np.ndarray:
-    spec = column.spec
-    return np.fromiter(
-        (_shape_of(v, spec, ragged=True)[0] for v in column.values), np.intp, len(column.values)
-    )
+    """Each value's leading length (its shape is checked with its values)."""
+    values, spec = column.values, column.spec
+    if all(type(v) is np.ndarray and v.ndim for v in values):
+        lengths = (v.shape[0] for v in values)
+    else:
+        lengths = (_shape_of(v, spec, ragged=True)[0] for v in values)
+    return np.fromiter(lengths, np.intp, len(values))
 
 
 def _exact(dtype: np.dtype) -> frozenset[type]:
