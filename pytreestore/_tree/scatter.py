@@ -124,9 +124,11 @@ def _size(lengths: np.ndarray, limit: Limit, trim: bool) -> int:
 
 
 def _pad_leaf(column: LeafColumn, space: Space, limit: Limit, trim: bool) -> tuple[Any, Any]:
+    """The padded leaf and its mask; the column lets go of the values it gathered."""
     spec = column.spec
     if spec.axis is None:
         values = leaf_values(column)
+        column.values = []
         if space.index is None:
             return values, np.ones(space.rows, bool)
         return _scatter(values, space, spec.shape)
@@ -134,7 +136,9 @@ def _pad_leaf(column: LeafColumn, space: Space, limit: Limit, trim: bool) -> tup
     size = _size(lengths, limit, trim)
     spec.axis.longest = int(lengths.max(initial=0))  # type: ignore[union-attr]
     column.kept, column.size = _kept(np.minimum(lengths, size), space.keep), size
-    return _scatter(axis_values(column), space.child(lengths, size, trim=trim), spec.shape)
+    values = axis_values(column)
+    column.values = []
+    return _scatter(values, space.child(lengths, size, trim=trim), spec.shape)
 
 
 def _scatter(values: np.ndarray, space: Space, shape: tuple[int, ...]) -> tuple[Any, Any]:
