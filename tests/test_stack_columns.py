@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import pytreestore
 from pytreestore import errors
 from pytreestore._tree.layout import build_layout
-from pytreestore._tree.pad import Padder, check_pad_to, recall, stack_trees
+from pytreestore._tree.pad import Padder, check_pad_to, recall, stack_trees, unpad
 from pytreestore._tree.ragged import Declarations
 from pytreestore.testing import assert_trees_equal
 
@@ -46,6 +46,25 @@ def per_record(records: list[Any], **declared: Any) -> tuple[Any, Any]:
     return stack_trees([p[0] for p in parts]), stack_trees([p[1] for p in parts])
 
 
+def per_record_unstack(records: list[Any], **declared: Any) -> list[Any]:
+    """The records back from the per-record padding (numpy), as its skeletons give them."""
+    pad_to, trim = check_pad_to(declared.pop("pad_to", None)), declared.pop("trim", False)
+    decl = Declarations.parse(declared.get("ragged"), declared.get("optional"))
+    spec = build_layout(records, declared.get("like"), decl)
+    padder = Padder(spec, pad_to, trim)
+    parts = [padder.pad(spec, r, i) for i, r in enumerate(records)]
+    batch = stack_trees([p[0] for p in parts])
+    rows = [jax.tree.map(lambda x, i=i: x[i, ...], batch) for i in range(len(records))]
+    return [unpad(spec, p[2], row) for p, row in zip(parts, rows, strict=True)]
+
+
+def assert_same_kinds(got: Any, want: Any) -> None:
+    """One structure, and leaf by leaf the same type (0-d array or numpy scalar) and value."""
+    assert_trees_equal(got, want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert type(a) is type(b), (a, b)
+
+
 def gathered(records: list[Any], **declared: Any) -> tuple[Any, Any]:
     """``stack(..., as_numpy=True)``, asserting that it took the column by column path."""
     batch, mask = pytreestore.stack(records, as_numpy=True, **declared)
@@ -54,10 +73,12 @@ def gathered(records: list[Any], **declared: Any) -> tuple[Any, Any]:
 
 
 def assert_same_as_per_record(records: list[Any], **declared: Any) -> tuple[Any, Any]:
+    """stack and unstack column by column give what the per-record padding gives."""
     batch, mask = gathered(records, **declared)
-    want_batch, want_mask = per_record(records, **declared)
+    want_batch, want_mask = per_record(records, **dict(declared))
     assert_trees_equal(batch, want_batch)
     assert_trees_equal(mask, want_mask)
+    assert_same_kinds(pytreestore.unstack(batch, mask), per_record_unstack(records, **declared))
     return batch, mask
 
 
@@ -168,6 +189,22 @@ def test_an_infinity_given_is_kept() -> None:
     records = [{"p": [np.float32(1)]}, {"p": [float("inf"), float("nan")]}]
     batch, _ = assert_same_as_per_record(records, ragged=True)
     assert batch["p"][1, 0] == np.inf and np.isnan(batch["p"][1, 1])
+
+
+def test_records_of_every_root_and_nesting() -> None:
+    assert_same_as_per_record([[1.0, 2.0], [3.0]], ragged=True)
+    assert_same_as_per_record([np.ones((2, 3)), np.zeros((1, 3))], ragged=True)
+    batch, _ = assert_same_as_per_record(
+        [{"p": [1.0]}, {"p": [2.0, 3.0]}], ragged=True, like={"p": [0.0] * 5}
+    )
+    assert batch["p"].shape == (2, 2)  # like= fixes the structure, the records the lengths
+    assert_same_as_per_record(
+        [{"d": {"e": None, "f": 1}}, {"d": None}],
+        optional=["['d']", "['d']['e']"],
+        like={"d": {"e": np.int8(1), "f": 1}},
+    )
+    assert_same_as_per_record([{"p": [(1, 2.0)], "t": ()}, {"p": [], "t": ()}], ragged=True)
+    assert_same_as_per_record([{"p": [(), ()], "x": 1}, {"p": [()], "x": 2}], ragged=True)
 
 
 def test_jax_batch_unstacks_to_jax_leaves() -> None:

@@ -5,8 +5,8 @@
 Each leaf's real values are taken with one indexing per leaf (the positions that padding
 gave them), split into one value per row, and the rows of a segment rebuilt with its treedef;
 a ragged list is the run of its elements' rows. Leaves keep their kind: numpy gives numpy
-(a scalar leaf of a record: a 0-d array, as ``array[i, ...]`` gives it; of a list element:
-a numpy scalar), ``jax.Array`` gives ``jax.Array``.
+(a scalar leaf of a record or of its optional subtree: a 0-d array, as ``array[i, ...]``
+gives it; of a list element: a numpy scalar), ``jax.Array`` gives ``jax.Array``.
 
 Example:
     >>> import numpy as np
@@ -61,8 +61,8 @@ def values(leaf: Any, space: Space, shape: tuple[int, ...]) -> list[Any]:
     """One value per row of ``space`` of a leaf without a ragged axis."""
     if isinstance(leaf, jax.Array):
         return on_device(values(np.asarray(leaf), space, shape), leaf)
-    if space.index is None:
-        return [leaf[i, ...] for i in range(space.rows)]
+    if len(space.prefix) == 1:  # a record's own leaf (or its optional subtree's)
+        return [leaf[i, ...] for i in space.positions().tolist()]
     return list(leaf.reshape(math.prod(space.prefix), *shape)[space.index])
 
 
