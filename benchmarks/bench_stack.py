@@ -12,6 +12,8 @@ scalars), a ragged leading axis ``pos`` float32[0..64, 3] and an optional subtre
   gathered (``zip(*elements)`` for the list's fields, ``np.concatenate`` for ``pos``,
   ``np.stack`` for the present ``extra``), converted with one ``np.array`` and assigned into a
   zero array through a mask built from the lengths (``np.arange(64) < lengths[:, None]``).
+* **stack (jax.Array leaves)**: the same with ``as_numpy=False`` (the default), against the
+  numpy code followed by one ``jax.device_put`` of its arrays; both wait for the transfers.
 * **unstack**: ``unstack(batch, mask)`` of that result against the user's own slicing loop:
   per record, the list's elements rebuilt from the rows of its leaves cut to its length
   (``map(Particle, *(leaf[i, :n] for leaf in p))``), ``pos[i, :m]``, ``extra`` where present.
@@ -77,7 +79,7 @@ class Record:
     extra: Any  # Extra or None
 
 
-@dataclass(frozen=True)
+@struct.dataclass
 class Masks:
     """The masks a user's numpy code builds: one per ragged axis, one for ``extra``."""
 
@@ -145,8 +147,16 @@ def numpy_stack(records: Sequence[Record]) -> tuple[Record, Masks]:
     return Record(step, v, p, pos, extra), Masks(mask_p, mask_pos, present)
 
 
-def ours_stack(records: Sequence[Record]) -> tuple[Record, Record]:
-    return pytreestore.stack(records, ragged=RAGGED, optional=OPTIONAL, pad_to=PAD, as_numpy=True)
+def ours_stack(records: Sequence[Record], *, as_numpy: bool = True) -> tuple[Record, Record]:
+    out = pytreestore.stack(
+        records, ragged=RAGGED, optional=OPTIONAL, pad_to=PAD, as_numpy=as_numpy
+    )
+    return out if as_numpy else jax.block_until_ready(out)
+
+
+def numpy_stack_on_device(records: Sequence[Record]) -> tuple[Record, Masks]:
+    """:func:`numpy_stack`, its arrays then put on the device in one ``jax.device_put``."""
+    return jax.block_until_ready(jax.device_put(numpy_stack(records)))
 
 
 def numpy_unstack(batch: Record, masks: Masks) -> list[Record]:
@@ -197,27 +207,29 @@ def _check_unstack(got: list[Record], records: Sequence[Record]) -> None:
             raise RuntimeError(f"unstack: record {i} differs from the record stacked")
 
 
-def _case_stack(sizes: Sizes) -> list[Result]:
+def _case_stack(sizes: Sizes, *, as_numpy: bool = True) -> list[Result]:
     records = make_records(sizes.n)
     want = numpy_stack(records)
+    on_host = (lambda t: jax.tree.map(np.asarray, t)) if not as_numpy else (lambda t: t)
     ours, base = measure_side_by_side(
         Timed(
-            lambda _: ours_stack(records),
+            lambda _: ours_stack(records, as_numpy=as_numpy),
             sizes.repeats,
             warmup=1,
-            teardown=lambda _, out: _check_stack(out, want),
+            teardown=lambda _, out: _check_stack(on_host(out), want),
         ),
         Timed(
-            lambda _: numpy_stack(records),
+            lambda _: numpy_stack(records) if as_numpy else numpy_stack_on_device(records),
             sizes.repeats,
             warmup=1,
-            teardown=lambda _, out: _check_stack((out[0], _as_mask(out[1])), want),
+            teardown=lambda _, out: _check_stack(on_host((out[0], _as_mask(out[1]))), want),
         ),
     )
     elements = sum(len(r.p) for r in records)
+    device = "" if as_numpy else ", then `jax.device_put` of the batch and masks"
     return [
         Result(
-            case="stack",
+            case="stack" if as_numpy else "stack (jax.Array leaves)",
             n=sizes.n,
             ours=ours,
             baseline=base,
@@ -225,11 +237,11 @@ def _case_stack(sizes: Sizes) -> list[Result]:
             higher_is_better=False,
             ours_label=(
                 f"`stack(records, ragged={RAGGED}, optional={OPTIONAL}, pad_to={PAD}, "
-                "as_numpy=True)`"
+                f"as_numpy={as_numpy})`"
             ),
             baseline_label=(
                 "numpy fancy-index padding: per leaf, the values gathered, one `np.array`, "
-                "assigned into zeros through a mask built from the lengths"
+                f"assigned into zeros through a mask built from the lengths{device}"
             ),
             notes=(
                 f"{elements:,} list elements in all. Per record: ours "
@@ -294,5 +306,6 @@ def cases(quick: bool) -> list[Case]:
     sizes = QUICK if quick else FULL
     return [
         Case("stack", lambda: _case_stack(sizes)),
+        Case("stack_jax", lambda: _case_stack(sizes, as_numpy=False)),
         Case("unstack", lambda: _case_unstack(sizes)),
     ]

@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -60,14 +61,17 @@ class ListColumn:
     #: after padding: per kept row, the count of elements kept; the padded length
     kept: Any = None
     size: int = 0
-    treedefs: dict[int, Any] = dataclasses.field(default_factory=dict)
 
     def treedef(self, n: int) -> Any:
         """The treedef of a list of ``n`` elements, whose leaves are the element's holes."""
-        found = self.treedefs.get(n)
-        if found is None:
-            found = self.treedefs[n] = tree_structure([self.element.template] * n)
-        return found
+        return list_treedef(self.element.treedef, n)
+
+
+@functools.lru_cache(maxsize=4096)
+def list_treedef(element: Any, n: int) -> Any:
+    """The treedef of a list of ``n`` elements of the treedef ``element`` (cached: a
+    ragged list needs one per length it takes)."""
+    return tree_structure([element.unflatten([_HOLE] * element.num_leaves)] * n)
 
 
 @dataclasses.dataclass(eq=False)
@@ -89,7 +93,6 @@ class Segment:
     """Fixed nodes down to the next holes: ``treedef`` has one leaf per column, in order;
     ``shared``: the columns of each node whose leaves share one ragged leading axis."""
 
-    template: Any
     treedef: Any
     columns: list[Column]
     shared: list[list[LeafColumn]]
@@ -120,7 +123,7 @@ def segment(spec: LayoutNode) -> Segment:
         raise
     except Exception as err:  # a node class whose unflatten checks its children
         raise Departs(f"cannot rebuild {spec.path or 'the root'}") from err
-    return Segment(template, treedef, columns, shared)
+    return Segment(treedef, columns, shared)
 
 
 def _template(
