@@ -123,6 +123,8 @@ def segment(spec: LayoutNode) -> Segment:
         raise
     except Exception as err:  # a node class whose unflatten checks its children
         raise Departs(f"cannot rebuild {spec.path or 'the root'}") from err
+    if treedef.num_leaves != len(columns):  # a node whose children depend on their values
+        raise Departs(f"the nodes at {spec.path or 'the root'} do not rebuild as they flatten")
     return Segment(treedef, columns, shared)
 
 

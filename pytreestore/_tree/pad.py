@@ -1,5 +1,8 @@
 """Padding records of one layout (:mod:`pytreestore._tree.ragged`) to one shape, with masks,
-and cutting them back: the padded form of ``stack(records, ragged=...)`` and its inverse.
+and cutting them back, record by record: the checked path of ``stack(records, ragged=...)``
+and its inverse. ``stack`` first walks the records column by column
+(:mod:`pytreestore._tree.gather`, :mod:`pytreestore._tree.scatter`); when a record departs
+anywhere, this path says which record, where, and what would accept it.
 
 Example:
     >>> from pytreestore._tree.layout import build_layout

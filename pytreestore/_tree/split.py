@@ -11,7 +11,8 @@ gives it; of a list element: a numpy scalar), ``jax.Array`` gives ``jax.Array``.
 Example:
     >>> import numpy as np
     >>> from pytreestore._tree.scatter import Space
-    >>> values(np.array([[1, 2, 0], [3, 0, 0]]), Space.records(2).child(np.array([2, 1]), 3, trim=False), ())
+    >>> elements = Space.records(2).child(np.array([2, 1]), 3, trim=False)
+    >>> values(np.array([[1, 2, 0], [3, 0, 0]]), elements, ())
     [np.int64(1), np.int64(2), np.int64(3)]
 """
 
