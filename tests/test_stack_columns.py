@@ -368,3 +368,16 @@ def test_weakly_typed_leaves_unstack_weakly_typed() -> None:
     assert back[0]["p"][1].weak_type and back[1]["s"].weak_type
     assert float(back[0]["p"][1]) == 2.5 and int(back[1]["s"]) == 2 and back[1]["p"] == []
     assert back[0]["p"][0].dtype == jnp.float32
+
+
+def test_elements_with_unhashable_static_data() -> None:
+    import equinox as eqx
+
+    class Tagged(eqx.Module):
+        w: jax.Array
+        tags: list = eqx.field(static=True)
+
+    records = [{"p": [Tagged(np.float32(i), ["a"])] * (i + 1)} for i in range(3)]
+    batch, mask = assert_same_as_per_record(records, ragged=True)
+    np.testing.assert_array_equal(batch["p"].w, [[0, 0, 0], [1, 1, 0], [2, 2, 2]])
+    assert [len(r["p"]) for r in pytreestore.unstack(batch, mask)] == [1, 2, 3]

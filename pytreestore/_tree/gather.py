@@ -64,14 +64,19 @@ class ListColumn:
 
     def treedef(self, n: int) -> Any:
         """The treedef of a list of ``n`` elements, whose leaves are the element's holes."""
-        return list_treedef(self.element.treedef, n)
+        try:
+            return _cached_list_treedef(self.element.treedef, n)
+        except TypeError:  # static data that cannot be hashed
+            return list_treedef(self.element.treedef, n)
 
 
-@functools.lru_cache(maxsize=4096)
 def list_treedef(element: Any, n: int) -> Any:
-    """The treedef of a list of ``n`` elements of the treedef ``element`` (cached: a
-    ragged list needs one per length it takes)."""
+    """The treedef of a list of ``n`` elements of the treedef ``element``."""
     return tree_structure([element.unflatten([_HOLE] * element.num_leaves)] * n)
+
+
+#: a ragged list needs one treedef per length it takes, in every call
+_cached_list_treedef = functools.lru_cache(maxsize=4096)(list_treedef)
 
 
 @dataclasses.dataclass(eq=False)
