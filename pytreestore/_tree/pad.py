@@ -1,5 +1,8 @@
 """Padding records of one layout (:mod:`pytreestore._tree.ragged`) to one shape, with masks,
-and cutting them back: the padded form of ``stack(records, ragged=...)`` and its inverse.
+and cutting them back, record by record: the checked path of ``stack(records, ragged=...)``
+and its inverse. ``stack`` first walks the records column by column
+(:mod:`pytreestore._tree.gather`, :mod:`pytreestore._tree.scatter`); when a record departs
+anywhere, this path says which record, where, and what would accept it.
 
 Example:
     >>> from pytreestore._tree.layout import build_layout
@@ -216,6 +219,11 @@ class Layout:
     #: weak references to the batch's array leaves: only that batch, unchanged, belongs to
     #: this mask (another batch of the same shapes would read its padding as values)
     batch_leaves: tuple[Any, ...] = ()
+    #: the count of records stacked
+    records: int = 0
+    #: the top segment of records stacked column by column (:mod:`pytreestore._tree.gather`),
+    #: with the lengths and present subtrees it kept; None: ``skeletons`` has them
+    gathered: Any = None
 
 
 def leaf_refs(leaves: list[Any]) -> tuple[Any, ...]:

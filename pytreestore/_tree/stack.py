@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -23,8 +24,9 @@ from pytreestore._format import dtypes as _dtypes
 from pytreestore._format.schema import TreeSchema
 from pytreestore._format.weak import ragged_weak, weaken
 from pytreestore._tree.convert import RowFiller, casters
+from pytreestore._tree.gather import Departs, segment, walk
 from pytreestore._tree.hints import record_problems, with_hints
-from pytreestore._tree.layout import build_layout, weak_paths
+from pytreestore._tree.layout import Walker, build_layout, check_known, check_used, weak_paths
 from pytreestore._tree.pad import (
     Layout,
     Padder,
@@ -32,6 +34,7 @@ from pytreestore._tree.pad import (
     empty_axis,
     is_array,
     leaf_refs,
+    padded_length,
     recall,
     remember,
     same_leaves,
@@ -39,6 +42,9 @@ from pytreestore._tree.pad import (
     unpad,
 )
 from pytreestore._tree.ragged import Declarations
+from pytreestore._tree.scatter import Space
+from pytreestore._tree.scatter import pad as scatter_pad
+from pytreestore._tree.split import split
 from pytreestore.errors import ArgumentError, RaggedDeclarationError, SchemaMismatchError
 
 
@@ -61,6 +67,9 @@ def stack(
     element (struct of arrays, leaves ``[records, L, ...]``), a ragged leading axis is padded
     to ``L``, a missing optional subtree is filled with zeros; ``mask`` has the structure of
     ``batch``, one bool leaf over the padded axes of each leaf, True where a value is real.
+    The records are walked once into one column per leaf and each leaf padded with one numpy
+    assignment; when a record departs anywhere, the records are checked one by one so that
+    the error names the record, the keypath and the declaration that would accept it.
 
     Args:
         records: records of one structure (a list, or any iterable).
@@ -94,8 +103,13 @@ def stack(
                 "pad_to= and trim= apply to records stacked with ragged= or optional="
             )
         return _stack_fixed(records, records[0] if like is None else like, as_numpy)
+    pad_to = check_pad_to(pad_to)
     decl = Declarations.parse(ragged, optional)
-    padder = Padder(build_layout(records, like, decl), check_pad_to(pad_to), trim)
+    gathered = _stack_gathered(records, like, decl, pad_to, trim)
+    if gathered is not None:
+        return _finish(*gathered, as_numpy)
+    decl = Declarations.parse(ragged, optional)  # anew: the checked path finds its own uses
+    padder = Padder(build_layout(records, like, decl), pad_to, trim)
     return _stack_padded(padder, records, as_numpy)
 
 
@@ -125,6 +139,54 @@ def _with_hints(message: str, like: Any, record: Any) -> str:
     return with_hints(message, record_problems(like, record))
 
 
+def _stack_gathered(
+    records: list[Any], like: Any, decl: Declarations, pad_to: Any, trim: bool
+) -> tuple[Any, Any, Layout] | None:
+    """``(batch, mask, layout)`` of ``records`` walked once into columns and padded column by
+    column; None when a record departs from the layout anywhere (or the layout has a node
+    this path leaves alone): the checked per-record path then says what and where."""
+    spec = _known_layout(records, like, decl) if records else None
+    if spec is None:
+        return None
+    try:
+        top = segment(spec)
+        walk(top, records)
+        batch, mask = scatter_pad(top, Space.records(len(records)), _limit(pad_to), trim)
+    except Departs:
+        return None
+    check_used(decl, spec)  # as the checked path would, finding no record that departs
+    return batch, mask, Layout(spec, (), None, records=len(records), gathered=top)
+
+
+def _limit(pad_to: Any) -> Any:
+    return lambda longest: padded_length(pad_to, longest)
+
+
+def _known_layout(records: list[Any], like: Any, decl: Declarations) -> Any:
+    """The layout of ``like`` (or the first record), merged with the records in order (as
+    :func:`build_layout` does) until every ragged list's element and optional subtree is
+    known; None when a record departs from it before that, or none shows one."""
+    walker = Walker(decl)
+    spec = walker.build(like if like is not None else records[0], (), None)
+    for i, record in enumerate(records):
+        if _known(spec):
+            return spec
+        walker.record = i
+        if i > 0 or like is not None:
+            walker.merge(spec, record, ())
+        if walker.problems:
+            return None
+    return spec if _known(spec) else None
+
+
+def _known(spec: Any) -> bool:
+    try:
+        check_known(spec)
+    except RaggedDeclarationError:
+        return False
+    return True
+
+
 def _stack_padded(padder: Padder, records: list[Any], as_numpy: bool) -> tuple[Any, Any]:
     parts = [padder.pad(padder.spec, r, i) for i, r in enumerate(records)]
     if parts:
@@ -132,6 +194,13 @@ def _stack_padded(padder: Padder, records: list[Any], as_numpy: bool) -> tuple[A
         mask = stack_trees([p[1] for p in parts])
     else:
         batch, mask = (empty_axis(t) for t in padder.zeros(padder.spec))
+    skeletons = tuple(p[2] for p in parts)
+    layout = Layout(padder.spec, skeletons, None, records=len(skeletons))
+    return _finish(batch, mask, layout, as_numpy)
+
+
+def _finish(batch: Any, mask: Any, layout: Layout, as_numpy: bool) -> tuple[Any, Any]:
+    """``(batch, mask)`` on the device unless ``as_numpy``, with the mask tied to ``layout``."""
     if not jax.tree.leaves(mask):
         raise SchemaMismatchError(
             "stack() found no leaf in the records (only None and empty nodes): the mask "
@@ -140,12 +209,17 @@ def _stack_padded(padder: Padder, records: list[Any], as_numpy: bool) -> tuple[A
         )
     if not as_numpy:
         batch, mask = (jax.tree.map_with_path(_to_device, t) for t in (batch, mask))
-        batch = _weakened(batch, padder.spec)
+        batch = _weakened(batch, layout.spec)
     leaves, batch_treedef = tree_flatten(batch)
     shapes = tuple(np.shape(x) if is_array(x) else None for x in leaves)
-    skeletons = tuple(p[2] for p in parts)
     refs = leaf_refs([x if is_array(x) else None for x in leaves])
-    layout = Layout(padder.spec, skeletons, jax.tree.structure(mask), batch_treedef, shapes, refs)
+    layout = dataclasses.replace(
+        layout,
+        mask_treedef=jax.tree.structure(mask),
+        batch_treedef=batch_treedef,
+        batch_shapes=shapes,
+        batch_leaves=refs,
+    )
     remember(mask, layout)
     return batch, mask
 
@@ -194,7 +268,9 @@ def unstack(batch: Any, mask: Any = None) -> list[Any]:
     A leaf that is not an array (a function: a constant leaf) is the same in every record.
     With the ``mask`` that ``stack(..., ragged=/optional=)`` returned, each record comes back
     as it was stacked: lists of their own lengths, None where it was None, arrays cut to
-    their real leading length.
+    their real leading length. A numpy batch splits at the speed of a numpy slicing loop;
+    ``jax.Array`` leaves are split on the host and put back with one ``jax.device_put``,
+    which still makes one array per value of each record (``as_numpy=True`` is faster).
 
     Raises:
         SchemaMismatchError: the leaves disagree on the leading (record) length, the batch
@@ -203,7 +279,10 @@ def unstack(batch: Any, mask: Any = None) -> list[Any]:
     """
     if mask is not None:
         layout = recall(mask)
-        rows = _rows(batch, layout)
+        _check_batch(batch, layout)
+        if layout.gathered is not None:
+            return split(layout.gathered, Space.records(layout.records), batch)
+        rows = _rows(batch, layout.records)
         return [unpad(layout.spec, s, row) for s, row in zip(layout.skeletons, rows)]
     leaves, treedef = tree_flatten(batch)
     arrays = [leaf for leaf in leaves if not is_constant(leaf)]
@@ -222,12 +301,12 @@ def unstack(batch: Any, mask: Any = None) -> list[Any]:
     return [treedef.unflatten(row) for row in zip(*columns)]
 
 
-def _rows(batch: Any, layout: Layout) -> list[Any]:
-    """The records of a padded ``batch``, checked to have the structure and leaf shapes of
-    the batch that ``stack`` returned with the mask of ``layout``."""
+def _check_batch(batch: Any, layout: Layout) -> None:
+    """Refuses a ``batch`` other than the one ``stack`` returned with the mask of ``layout``
+    (another structure, other leaf shapes, or other array objects)."""
     leaves, treedef = tree_flatten(batch)
     shapes = tuple(np.shape(x) if is_array(x) else None for x in leaves)
-    n = len(layout.skeletons)
+    n = layout.records
     if treedef != layout.batch_treedef or shapes != layout.batch_shapes:
         counts = sorted({s[0] for s in shapes if s})
         detail = f" (records: {counts}, the mask's: {n})" if counts and counts != [n] else ""
@@ -242,6 +321,11 @@ def _rows(batch: Any, layout: Layout) -> list[Any]:
             "it, and its padding would read as values. Unstack the original batch, or stack "
             "the new records again"
         )
+
+
+def _rows(batch: Any, n: int) -> list[Any]:
+    """The ``n`` records of a padded ``batch``, split leaf by leaf."""
+    leaves, treedef = tree_flatten(batch)
     columns = [list(split_leaves(x)) if is_array(x) else [x] * n for x in leaves]
     return [treedef.unflatten([c[i] for c in columns]) for i in range(n)]
 
