@@ -58,7 +58,8 @@ def compile_fill(
         body += [f"    if {test}:", f"        B{i}[row] = v{i}"]
         if device is not None and dtype is not None:
             body += [
-                f"    elif type(v{i}) in DEVICE and v{i}.dtype == D{i} and v{i}.shape == S{i}:",
+                f"    elif type(v{i}) in DEVICE and v{i}.aval.dtype == D{i}"
+                f" and v{i}.aval.shape == S{i}:",
                 f"        keep((row, {i}, v{i}))",
             ]
         body += ["    else:", f"        slow({i}, v{i}, row)"]
