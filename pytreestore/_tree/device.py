@@ -144,7 +144,8 @@ def _stacker() -> Any:
 
 def _fetch_stacked(buffers: Sequence[np.ndarray], kept: Sequence[Kept]) -> None:
     """Each column's kept arrays stacked on their device :data:`STACK` at a time (the last
-    group padded with its last array), every copy to the host started, then waited for."""
+    group padded with its last array; a column of fewer, one by one), every copy to the host
+    started, then waited for."""
     columns: dict[int, tuple[list[int], list[Any]]] = {}
     for row, column, leaf in kept:
         rows, leaves = columns.setdefault(column, ([], []))
@@ -152,6 +153,9 @@ def _fetch_stacked(buffers: Sequence[np.ndarray], kept: Sequence[Kept]) -> None:
         leaves.append(leaf)
     stack, stacked = _stacker(), []
     for column, (rows, leaves) in columns.items():
+        if len(leaves) < STACK:  # too few to pay for compiling a stack: copied one by one
+            stacked.extend((column, [row], leaf) for row, leaf in zip(rows, leaves))
+            continue
         for i in range(0, len(leaves), STACK):
             group = leaves[i : i + STACK]
             group += [group[-1]] * (STACK - len(group))
@@ -159,7 +163,10 @@ def _fetch_stacked(buffers: Sequence[np.ndarray], kept: Sequence[Kept]) -> None:
     for _, _, block in stacked:
         block.copy_to_host_async()
     for column, rows, block in stacked:
-        buffers[column][rows] = np.asarray(block)[: len(rows)]
+        if len(rows) == 1 and block.shape == buffers[column].shape[1:]:
+            buffers[column][rows[0]] = np.asarray(block)
+        else:
+            buffers[column][rows] = np.asarray(block)[: len(rows)]
 
 
 def _fetch_in_order(
