@@ -1,40 +1,179 @@
 """Ragged lists whose elements are fixed trees (no list, optional subtree, ragged axis or
-constant inside): a writer appends their elements as whole rows, one flatten per list,
-instead of walking each element.
+constant inside): a writer takes their elements column by column, never walking one.
+
+Two ways, tried in this order:
+
+* :meth:`FlatList.exact_rows`: each element's leaves as one tuple, read by one C-level
+  getter per element (``operator.attrgetter`` of a ``register_dataclass``/flax dataclass's
+  fields, ``itemgetter`` of a dict's keys or a tuple's places), in the table's column order;
+  taken only when every element is of the element's class (``type(x) is C``) and every leaf
+  is a numpy scalar of exactly its column's dtype (one comparison of the leaves' types
+  against the expected pattern), so the tuples hold nothing to check or cast: exactly the
+  values stored. Elements one level deep only (a node of leaves, or a leaf).
+* :meth:`FlatList.columns`: one ``tree_flatten`` of the whole list, its treedef compared
+  with a list of ``n`` elements', and the leaves cut into columns, for any other elements
+  (Python scalars, arrays, jax arrays, nested nodes); None when the structure differs.
 
 Example:
     >>> import numpy as np
-    >>> flat = FlatList({"x": np.float32(0), "y": np.int8(0)}, None)
-    >>> flat.width, flat.of_length(2).num_leaves
-    (2, 4)
+    >>> from pytreestore._tree.layout import Fixed, Leaf
+    >>> from jax.tree_util import tree_structure
+    >>> x, y = Leaf("[*]['x']", np.dtype("float32"), ()), Leaf("[*]['y']", np.dtype("int8"), ())
+    >>> spec = Fixed("[*]", tree_structure({"x": 0, "y": 0}), [x, y])
+    >>> flat = FlatList(spec, [0, 1])
+    >>> flat.exact_rows([{"x": np.float32(1), "y": np.int8(2)}])
+    [(np.float32(1.0), np.int8(2))]
+    >>> flat.exact_rows([{"x": 1.0, "y": np.int8(2)}]) is None  # a Python float: columns()
+    True
+    >>> flat.columns([{"x": 1.0, "y": np.int8(2)}])
+    [[1.0], [np.int8(2)]]
 """
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
+from itertools import chain
 from typing import Any
 
-from jax.tree_util import tree_structure
+import numpy as np
+from jax.tree_util import GetAttrKey, tree_flatten, tree_structure
 
 from pytreestore._commit.model import representative
-from pytreestore._tree.layout import Fixed, LayoutNode, Leaf, OptionalTree, RaggedList
+from pytreestore._format import nodes as _nodes
+from pytreestore._tree.layout import Fixed, LayoutNode, Leaf, OptionalTree, RaggedList, node_class
+
+#: one element's leaves in the table's column order (None: not one of the element's class)
+Getter = Callable[[list], "list[tuple] | None"]
 
 
 class FlatList:
-    """A ragged list whose elements are fixed trees: the treedef of a list of ``n`` of
-    them, the leaves per element, and the table columns in flatten order (None: the table's
-    own order)."""
+    """A ragged list whose elements are fixed trees ``spec``; ``slots[j]`` is the table
+    column of the element's ``j``-th leaf in flatten order."""
 
-    def __init__(self, element: Any, order: list[int] | None) -> None:
-        self._element = element
-        self.width = tree_structure(element).num_leaves
-        self.order = order
+    def __init__(self, spec: LayoutNode, slots: list[int]) -> None:
+        self._element = representative(spec)
+        self.width = len(slots)
+        inverse = sorted(range(len(slots)), key=slots.__getitem__)
+        #: flatten position of each table column (None: the same order)
+        self.order = None if inverse == list(range(len(slots))) else inverse
         self._lists: dict[int, Any] = {}
+        level = [spec] if isinstance(spec, Leaf) else getattr(spec, "children", [])
+        #: the numpy scalar type of each column, in table order (None: some column cannot
+        #: hold bare scalars, a shaped leaf or a dtype without its own scalar type, or the
+        #: element is more than one level deep)
+        self.types = (
+            _scalar_types([level[j] for j in inverse]) if len(level) == len(slots) else None
+        )
+        self._rows = _getter(spec, inverse) if self.types is not None else None
+        self._patterns: dict[int, list[type]] = {}
 
     def of_length(self, n: int) -> Any:
+        """The treedef of a list of ``n`` elements."""
         treedef = self._lists.get(n)
         if treedef is None:
             treedef = self._lists[n] = tree_structure([self._element] * n)
         return treedef
+
+    def exact_rows(self, items: list) -> list[tuple] | None:
+        """Each element's leaves in table order, when every element is of the element's
+        class and every leaf a numpy scalar of its column's exact dtype; else None."""
+        if self._rows is None:
+            return None
+        rows = self._rows(items)
+        if rows is None:
+            return None
+        n = len(items)
+        pattern = self._patterns.get(n)
+        if pattern is None:
+            pattern = self._patterns[n] = list(self.types) * n  # type: ignore[arg-type]
+        if list(map(type, chain.from_iterable(rows))) != pattern:
+            return None
+        return rows
+
+    def columns(self, items: list) -> list[list] | None:
+        """Each table column's values (in table order) of the elements ``items``, by one
+        flatten of the list; None when the list is not ``len(items)`` elements of the
+        element's structure."""
+        leaves, got = tree_flatten(items)
+        if got != self.of_length(len(items)):
+            return None
+        k = self.width
+        columns = [leaves[j::k] for j in range(k)]
+        return columns if self.order is None else [columns[i] for i in self.order]
+
+
+def _scalar_types(leaves: list[LayoutNode]) -> tuple[type, ...] | None:
+    out = []
+    for leaf in leaves:
+        if not isinstance(leaf, Leaf) or leaf.shape != () or leaf.axis is not None:
+            return None
+        scalar = leaf.dtype.type
+        if not (isinstance(scalar, type) and issubclass(scalar, np.generic)):
+            return None
+        if np.dtype(scalar) != leaf.dtype or scalar is np.object_:
+            return None
+        out.append(scalar)
+    return tuple(out)
+
+
+def _getter(spec: LayoutNode, inverse: list[int]) -> Getter | None:
+    """The rows of a list of elements ``spec``, by one C-level getter per element; None
+    where the element's class has no getter known to match its flatten."""
+    if isinstance(spec, Leaf):
+        return lambda items: list(zip(items))
+    if not isinstance(spec, Fixed) or not all(isinstance(c, Leaf) for c in spec.children):
+        return None
+    cls = node_class(spec)
+    n = len(spec.children)
+    if n == 0 or not isinstance(cls, type):
+        return None
+    try:
+        probe_leaves = [object() for _ in range(n)]
+        probe = spec.treedef.unflatten(probe_leaves)
+        level = _nodes.one_level(probe)
+    except Exception:  # a class that cannot be built from placeholders: no getter
+        return None
+    if level is None or level[0] != spec.treedef:
+        return None
+    get = _field_getter(cls, level[1], inverse)
+    if get is None:
+        return None
+    want = tuple(probe_leaves[j] for j in inverse)
+    got = get(probe) if n > 1 else (get(probe),)
+    if len(got) != n or any(a is not b for a, b in zip(got, want)):
+        return None  # the getter does not read what the flatten gives
+    return _rows_getter(cls, n, get, check_len=cls in (dict, list, tuple))
+
+
+def _field_getter(cls: type, keys: list[Any], inverse: list[int]) -> Any:
+    """``attrgetter``/``itemgetter`` of the children (keypath entries ``keys``, flatten
+    order) in table order, when ``cls`` flattens to exactly them; else None."""
+    if cls is dict:
+        return operator.itemgetter(*(keys[j].key for j in inverse))
+    if cls in (list, tuple) or _nodes.is_plain_namedtuple(cls):
+        return operator.itemgetter(*inverse)
+    fields = _nodes.dataclass_fields(cls)
+    if fields is None or fields[1] or not all(type(k) is GetAttrKey for k in keys):
+        return None  # static fields, or a flatten of its own: the generic way
+    if tuple(k.name for k in keys) != fields[0]:
+        return None
+    return operator.attrgetter(*(keys[j].name for j in inverse))
+
+
+def _rows_getter(cls: type, n: int, get: Any, *, check_len: bool) -> Getter:
+    only = {cls}
+    sizes = {n}
+
+    def rows(items: list) -> list[tuple] | None:
+        if set(map(type, items)) != only or (check_len and set(map(len, items)) != sizes):
+            return None
+        try:
+            return list(map(get, items)) if n > 1 else list(zip(map(get, items)))
+        except (KeyError, IndexError, AttributeError):  # a dict of other keys
+            return None
+
+    return rows
 
 
 def flat_elements(
@@ -49,10 +188,7 @@ def flat_elements(
             table = slots[spec.axis.path]
             order = [table[("leaf", leaf.path)] for leaf in leaves]
             if len(order) == len(table):
-                inverse = sorted(range(len(order)), key=order.__getitem__)
-                same = inverse == list(range(len(order)))
-                element = representative(spec.element)
-                out[spec.axis.path] = FlatList(element, None if same else inverse)
+                out[spec.axis.path] = FlatList(spec.element, order)
         out.update(flat_elements(spec.element, slots))
     elif isinstance(spec, OptionalTree):
         out.update(flat_elements(spec.inner, slots))
