@@ -3,13 +3,14 @@ constant inside): a writer takes their elements column by column, never walking 
 
 Two ways, tried in this order:
 
-* :meth:`FlatList.exact_rows`: each element's leaves as one tuple, read by one C-level
-  getter per element (``operator.attrgetter`` of a ``register_dataclass``/flax dataclass's
-  fields, ``itemgetter`` of a dict's keys or a tuple's places), in the table's column order;
-  taken only when every element is of the element's class (``type(x) is C``) and every leaf
-  is a numpy scalar of exactly its column's dtype (one comparison of the leaves' types
-  against the expected pattern), so the tuples hold nothing to check or cast: exactly the
-  values stored. Elements one level deep only (a node of leaves, or a leaf).
+* :meth:`FlatList.exact_columns`: each table column's values, read by one C-level getter
+  per column (``operator.attrgetter`` of a ``register_dataclass``/flax dataclass's field,
+  ``itemgetter`` of a dict's key or a tuple's place) mapped over the elements; taken only
+  when every element is of the element's class (``type(x) is C``) and every leaf is a
+  numpy scalar of exactly its column's dtype (one comparison of the leaves' types against
+  the expected pattern), so the columns hold nothing to check or cast, and nothing that
+  can change after the call (numpy scalars are immutable). Elements one level deep only
+  (a node of leaves, or a leaf).
 * :meth:`FlatList.columns`: one ``tree_flatten`` of the whole list, its treedef compared
   with a list of ``n`` elements', and the leaves cut into columns, for any other elements
   (Python scalars, arrays, jax arrays, nested nodes); None when the structure differs.
@@ -21,9 +22,9 @@ Example:
     >>> x, y = Leaf("[*]['x']", np.dtype("float32"), ()), Leaf("[*]['y']", np.dtype("int8"), ())
     >>> spec = Fixed("[*]", tree_structure({"x": 0, "y": 0}), [x, y])
     >>> flat = FlatList(spec, [0, 1])
-    >>> flat.exact_rows([{"x": np.float32(1), "y": np.int8(2)}])
-    [(np.float32(1.0), np.int8(2))]
-    >>> flat.exact_rows([{"x": 1.0, "y": np.int8(2)}]) is None  # a Python float: columns()
+    >>> flat.exact_columns([{"x": np.float32(1), "y": np.int8(2)}])
+    [[np.float32(1.0)], [np.int8(2)]]
+    >>> flat.exact_columns([{"x": 1.0, "y": np.int8(2)}]) is None  # a Python float: columns()
     True
     >>> flat.columns([{"x": 1.0, "y": np.int8(2)}])
     [[1.0], [np.int8(2)]]
@@ -43,8 +44,8 @@ from pytreestore._commit.model import representative
 from pytreestore._format import nodes as _nodes
 from pytreestore._tree.layout import Fixed, LayoutNode, Leaf, OptionalTree, RaggedList, node_class
 
-#: one element's leaves in the table's column order (None: not one of the element's class)
-Getter = Callable[[list], "list[tuple] | None"]
+#: the table columns' values of a list of elements (None: not all of the element's class)
+Getter = Callable[[list], "list[list] | None"]
 
 
 class FlatList:
@@ -65,7 +66,7 @@ class FlatList:
         self.types = (
             _scalar_types([level[j] for j in inverse]) if len(level) == len(slots) else None
         )
-        self._rows = _getter(spec, inverse) if self.types is not None else None
+        self._get = _getter(spec, inverse) if self.types is not None else None
         self._patterns: dict[int, list[type]] = {}
 
     def of_length(self, n: int) -> Any:
@@ -75,21 +76,22 @@ class FlatList:
             treedef = self._lists[n] = tree_structure([self._element] * n)
         return treedef
 
-    def exact_rows(self, items: list) -> list[tuple] | None:
-        """Each element's leaves in table order, when every element is of the element's
-        class and every leaf a numpy scalar of its column's exact dtype; else None."""
-        if self._rows is None:
+    def exact_columns(self, items: list) -> list[list] | None:
+        """Each table column's values (in table order) of the elements ``items``, when
+        every element is of the element's class and every leaf a numpy scalar of its
+        column's exact dtype; else None."""
+        if self._get is None:
             return None
-        rows = self._rows(items)
-        if rows is None:
+        columns = self._get(items)
+        if columns is None:
             return None
         n = len(items)
         pattern = self._patterns.get(n)
         if pattern is None:
-            pattern = self._patterns[n] = list(self.types) * n  # type: ignore[arg-type]
-        if list(map(type, chain.from_iterable(rows))) != pattern:
+            pattern = self._patterns[n] = [t for t in self.types for _ in range(n)]  # type: ignore[union-attr]
+        if list(map(type, chain.from_iterable(columns))) != pattern:
             return None
-        return rows
+        return columns
 
     def columns(self, items: list) -> list[list] | None:
         """Each table column's values (in table order) of the elements ``items``, by one
@@ -118,10 +120,10 @@ def _scalar_types(leaves: list[LayoutNode]) -> tuple[type, ...] | None:
 
 
 def _getter(spec: LayoutNode, inverse: list[int]) -> Getter | None:
-    """The rows of a list of elements ``spec``, by one C-level getter per element; None
-    where the element's class has no getter known to match its flatten."""
+    """The columns of a list of elements ``spec``, by one C-level getter per column; None
+    where the element's class has no getters known to match its flatten."""
     if isinstance(spec, Leaf):
-        return lambda items: list(zip(items))
+        return lambda items: [list(items)]
     if not isinstance(spec, Fixed) or not all(isinstance(c, Leaf) for c in spec.children):
         return None
     cls = node_class(spec)
@@ -136,44 +138,42 @@ def _getter(spec: LayoutNode, inverse: list[int]) -> Getter | None:
         return None
     if level is None or level[0] != spec.treedef:
         return None
-    get = _field_getter(cls, level[1], inverse)
-    if get is None:
+    getters = _field_getters(cls, level[1], inverse)
+    if getters is None:
         return None
-    want = tuple(probe_leaves[j] for j in inverse)
-    got = get(probe) if n > 1 else (get(probe),)
-    if len(got) != n or any(a is not b for a, b in zip(got, want)):
-        return None  # the getter does not read what the flatten gives
-    return _rows_getter(cls, n, get, check_len=cls in (dict, list, tuple))
+    if any(get(probe) is not probe_leaves[j] for get, j in zip(getters, inverse)):
+        return None  # the getters do not read what the flatten gives
+    return _columns_getter(cls, n, getters, check_len=cls in (dict, list, tuple))
 
 
-def _field_getter(cls: type, keys: list[Any], inverse: list[int]) -> Any:
-    """``attrgetter``/``itemgetter`` of the children (keypath entries ``keys``, flatten
+def _field_getters(cls: type, keys: list[Any], inverse: list[int]) -> list[Any] | None:
+    """``attrgetter``/``itemgetter`` of each child (keypath entries ``keys``, flatten
     order) in table order, when ``cls`` flattens to exactly them; else None."""
     if cls is dict:
-        return operator.itemgetter(*(keys[j].key for j in inverse))
+        return [operator.itemgetter(keys[j].key) for j in inverse]
     if cls in (list, tuple) or _nodes.is_plain_namedtuple(cls):
-        return operator.itemgetter(*inverse)
+        return [operator.itemgetter(j) for j in inverse]
     fields = _nodes.dataclass_fields(cls)
     if fields is None or fields[1] or not all(type(k) is GetAttrKey for k in keys):
         return None  # static fields, or a flatten of its own: the generic way
     if tuple(k.name for k in keys) != fields[0]:
         return None
-    return operator.attrgetter(*(keys[j].name for j in inverse))
+    return [operator.attrgetter(keys[j].name) for j in inverse]
 
 
-def _rows_getter(cls: type, n: int, get: Any, *, check_len: bool) -> Getter:
+def _columns_getter(cls: type, n: int, getters: list[Any], *, check_len: bool) -> Getter:
     only = {cls}
     sizes = {n}
 
-    def rows(items: list) -> list[tuple] | None:
+    def columns(items: list) -> list[list] | None:
         if set(map(type, items)) != only or (check_len and set(map(len, items)) != sizes):
             return None
         try:
-            return list(map(get, items)) if n > 1 else list(zip(map(get, items)))
+            return [list(map(get, items)) for get in getters]
         except (KeyError, IndexError, AttributeError):  # a dict of other keys
             return None
 
-    return rows
+    return columns
 
 
 def flat_elements(

@@ -8,7 +8,7 @@ goes in two phases:
 1. :meth:`Plan.stage` walks it and checks everything but the record table's own leaves:
    structure (:class:`Mismatch`, :class:`PendingStructure`), every element's and every
    ragged leading axis's values, cast into column blocks (or, for a list of numpy-scalar
-   elements, kept as tuples: :meth:`~pytreestore._commit.flat.FlatList.exact_rows`), and
+   elements, kept as they are: :meth:`~pytreestore._commit.flat.FlatList.exact_columns`), and
    every offset (each table's rows so far plus those staged). Nothing is written.
 2. :meth:`Plan.write` appends the record table's row first (the one call that checks
    values, and writes nothing if it refuses them), then each axis table's rows. Only a
@@ -42,8 +42,8 @@ from pytreestore._commit.flat import FlatList
 from pytreestore._tree.layout import Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList
 from pytreestore.errors import SchemaMismatchError
 
-#: what a staged entry holds: rows of exact numpy scalars, column blocks, or one table row
-ROWS, BLOCKS, ROW = 0, 1, 2
+#: what a staged entry holds: columns of exact numpy scalars, column blocks, or a table row
+COLUMNS, BLOCKS, ROW = 0, 1, 2
 
 
 class Mismatch(Exception):
@@ -58,12 +58,13 @@ class Stage:
     """One record's rows before any is written: per axis table (by number) the rows staged,
     and the entries to write, in walk order."""
 
-    __slots__ = ("counts", "entries", "rows")
+    __slots__ = ("counts", "entries", "risky", "rows")
 
     def __init__(self, tables: int) -> None:
         self.counts = [0] * tables
         self.entries: list[tuple[int, int, Any]] = []
         self.rows = False  # whether some entry is a ROW (converted at the end of the walk)
+        self.risky = False  # whether some entry goes to a table writer that may write
 
 
 #: a compiled node: (value, the row of its table, the record's stage, a shared-axis node's
@@ -99,7 +100,7 @@ class Plan:
     def push_due(self) -> None:
         """Buffers the rows waiting in a table whose block is due (before a record)."""
         for queue in self._queues:
-            if queue.due:
+            if queue.waiting >= queue.due_at:
                 queue.push()
 
     def stage(self, record: Any) -> tuple[list[Any], Stage]:
@@ -122,8 +123,7 @@ class Plan:
         nothing written), then every table's rows. With ``undo``, a table write that fails
         puts every table back (without, the caller rolls back: ``extend``)."""
         records = self._records
-        risky = undo and any(not self._deferring[i] for i, _, _ in stage.entries)
-        if not risky:
+        if not (undo and stage.risky):
             records.append(row)
             for entry in stage.entries:
                 self._put(*entry)
@@ -134,7 +134,7 @@ class Plan:
         try:
             for i, kind, data in stage.entries:
                 table = self._tables[i]
-                done.append((i, table.mark() if self._deferring[i] else table.snapshot()))
+                done.append((i, table.waiting if self._deferring[i] else table.snapshot()))
                 self._put(i, kind, data)
         except BaseException:
             for i, position in reversed(done):
@@ -146,11 +146,11 @@ class Plan:
     def _put(self, i: int, kind: int, data: Any) -> None:
         table = self._tables[i]
         if self._deferring[i]:
-            table.defer(data) if kind == ROWS else table.defer_blocks(data)
+            table.defer(data) if kind == COLUMNS else table.defer_blocks(data)
             return
-        if kind == ROWS:
+        if kind == COLUMNS:
             flat = self._flat[self._names[i]]
-            data = [np.array(c, t) for c, t in zip(zip(*data), flat.types)]  # type: ignore[arg-type]
+            data = [np.array(c, t) for c, t in zip(data, flat.types)]  # type: ignore[arg-type]
         table.write_batch(data)
 
     def _convert_rows(self, stage: Stage) -> None:
@@ -164,6 +164,7 @@ class Plan:
                 entries.append((i, kind, data))
         for i, table_rows in rows.items():
             entries.append((i, BLOCKS, rows_blocks(self._tables[i].casters, table_rows)))
+            stage.risky = stage.risky or not self._deferring[i]
         stage.entries = entries
 
     # ---- compiling the layout ----------------------------------------------------------------
@@ -217,6 +218,7 @@ class Plan:
             block = block_of(value)
             stage.entries.append((i, BLOCKS, [block]))
             stage.counts[i] += len(block)
+            stage.risky = True
             row[slot] = len(writer) + stage.counts[i]
 
         return leading
@@ -261,6 +263,7 @@ class Plan:
             if mine:
                 stage.entries.append((i, BLOCKS, [mine[j] for j in range(len(mine))]))
                 stage.counts[i] += lengths.pop()
+                stage.risky = True
             row[slot] = len(writer) + stage.counts[i]
 
         return shared_node
@@ -271,17 +274,20 @@ class Plan:
         flat = self._flat.get(axis)
         if flat is not None:
             casters = writer.casters
+            risky = not self._deferring[i]
 
             def flat_list(value: Any, row: list, stage: Stage, blocks: Any) -> None:
                 if type(value) is not list:
                     raise Mismatch
                 if value:
-                    rows = flat.exact_rows(value)
-                    if rows is None:
+                    columns = flat.exact_columns(value)
+                    if columns is None:
                         stage.entries.append((i, BLOCKS, flat_blocks(flat, casters, value)))
                     else:
-                        stage.entries.append((i, ROWS, rows))
+                        stage.entries.append((i, COLUMNS, columns))
                     stage.counts[i] += len(value)
+                    if risky:
+                        stage.risky = True
                 row[slot] = len(writer) + stage.counts[i]
 
             return flat_list
@@ -442,8 +448,8 @@ def flat_blocks(flat: FlatList, casters: Sequence[Any], items: list) -> list[np.
 
 __all__ = [
     "BLOCKS",
+    "COLUMNS",
     "ROW",
-    "ROWS",
     "Mismatch",
     "PendingStructure",
     "Plan",
