@@ -34,7 +34,10 @@ def _table(path: str, backend: str, chunk: int) -> tuple[Any, ElementRows]:
 
 
 def _columns(start: int, n: int) -> list[list[Any]]:
-    return [[F32(i + 0.5) for i in range(start, start + n)], [I32(-i) for i in range(start, start + n)]]
+    return [
+        [F32(i + 0.5) for i in range(start, start + n)],
+        [I32(-i) for i in range(start, start + n)],
+    ]
 
 
 def _written(engine: Any, table: ElementRows) -> list[np.ndarray]:

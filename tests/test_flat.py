@@ -15,7 +15,7 @@ from flax import nnx
 
 from pytreestore._commit.flat import FlatList
 from pytreestore._format.nodes import dataclass_fields
-from pytreestore._tree.layout import Walker
+from pytreestore._tree.layout import Fixed, RaggedList, Walker
 from pytreestore._tree.ragged import Declarations
 
 F32, I8 = np.float32, np.int8
@@ -57,6 +57,7 @@ def _flat(element: Any, slots: list[int] | None = None) -> FlatList:
     """The FlatList of a ragged list of ``element`` (table columns in flatten order, or
     at ``slots``)."""
     spec = Walker(Declarations.parse(["['p']"], None)).build({"p": [element]}, (), None)
+    assert isinstance(spec, Fixed) and isinstance(spec.children[0], RaggedList)
     inner = spec.children[0].element
     n = len(jax.tree_util.tree_leaves(element))
     return FlatList(inner, slots if slots is not None else list(range(n)))

@@ -11,11 +11,15 @@ A fixed store is the case of one table whose rows are the records: its ``append_
 ``extend``, ``extend_batch`` and ``flush`` are the table writer's own, bound once at
 construction (:class:`~pytreestore._commit.rows.FixedTreeRows`), and that writer commits.
 
-A record is walked once along the layout: each ragged list's elements become rows of its
-table (their leaves side by side: struct of arrays), each ragged leading axis a block of rows,
-and the row of the table holding the list gets the running row count of the list's table, its
-offset. A record that does not fit is rolled back from every table and explained with every
-differing keypath.
+A record is walked once along the layout, by closures compiled once per layout
+(:mod:`pytreestore._commit.walk`): each ragged list's elements become rows of its table
+(their leaves side by side: struct of arrays), each ragged leading axis a block of rows, and
+the row of the table holding the list gets the running row count of the list's table, its
+offset. Everything is checked before any table holds a row of the record, so a record that
+does not fit leaves nothing, and is explained with every differing keypath; a structure no
+record had is learnt first (:meth:`RecordWriter.use_schema`). A list of numpy-scalar
+elements waits in its table as the values themselves, converted a block at a time
+(:mod:`pytreestore._commit.elements`).
 
 Example:
     >>> import numpy as np, pytreestore
@@ -274,6 +278,7 @@ class RecordWriter:
     def _rollback(self, position: dict[str | None, tuple[int, int]]) -> None:
         for t, w in self.tables.items():
             w.rollback(position[t])
+
 
 def new_writer(
     backend: Backend, schema: TreeSchema, commit: Commit, keep: int | None = KEEP_VERSIONS

@@ -175,16 +175,18 @@ def dataclass_fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]] | Non
         >>> dataclass_fields(P)
         (('x', 'y'), ())
     """
-    flatten = getattr(registration(cls), "to_iter", None)
+    flatten: Any = getattr(registration(cls), "to_iter", None)
     code = getattr(flatten, "__code__", None)
     if code is None or flatten.__qualname__ != "register_dataclass.<locals>.flatten_func":
         return None
-    cells = dict(zip(code.co_freevars, flatten.__closure__ or ()))
+    cells: dict[str, Any] = dict(zip(code.co_freevars, flatten.__closure__ or ()))
     try:
-        data, meta = cells["data_fields"].cell_contents, cells["meta_fields"].cell_contents
+        data: Any = cells["data_fields"].cell_contents
+        meta: Any = cells["meta_fields"].cell_contents
     except (KeyError, ValueError):  # another JAX's register_dataclass: not recognised
         return None
-    if not all(isinstance(n, str) for n in (*data, *meta)):
+    names: tuple[Any, ...] = (*data, *meta)
+    if not all(isinstance(n, str) for n in names):
         return None
     return tuple(data), tuple(meta)
 
