@@ -100,6 +100,7 @@ def test_columns_come_in_the_tables_order():
         [Point(I8(1), nnx.Param(F32(2)))],  # a node that converts as an array
         [Pair(I8(1), F32(2))],  # another class
         [Point(I8(1), F32(2)), {"y": I8(1), "x": F32(2)}],
+        [Point(I8(1), F32(2)), F32(3)],  # a leaf where an element is
     ],
 )
 def test_anything_but_exact_numpy_scalars_of_the_class_goes_the_generic_way(items):
@@ -111,8 +112,11 @@ def test_dicts_of_other_keys_and_tuples_of_other_lengths_are_not_exact():
     assert dicts.exact_columns([{"y": I8(0), "z": F32(0)}]) is None
     assert dicts.exact_columns([{"y": I8(0)}]) is None
     assert dicts.columns([{"y": I8(0), "z": F32(0)}]) is None
+    assert dicts.exact_columns([{"y": I8(0), "x": F32(0)}, F32(1)]) is None  # no length
+    assert dicts.exact_columns([{"y": I8(0), "x": F32(0)}, [I8(0), F32(0)]]) is None
     tuples = _flat((I8(0), F32(0)))
     assert tuples.exact_columns([(I8(0), F32(0), F32(0))]) is None
+    assert tuples.exact_columns([[I8(0), F32(0)]]) is None  # a list, not a tuple
     assert tuples.columns([(I8(0),)]) is None
 
 

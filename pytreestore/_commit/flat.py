@@ -67,6 +67,8 @@ class FlatList:
             _scalar_types([level[j] for j in inverse]) if len(level) == len(slots) else None
         )
         self._get = _getter(spec, inverse) if self.types is not None else None
+        #: the element's class, checked with the leaves' types (None: a leaf element)
+        self._cls = node_class(spec) if isinstance(spec, Fixed) else None
         self._patterns: dict[int, list[type]] = {}
 
     def of_length(self, n: int) -> Any:
@@ -88,8 +90,11 @@ class FlatList:
         n = len(items)
         pattern = self._patterns.get(n)
         if pattern is None:
-            pattern = self._patterns[n] = [t for t in self.types for _ in range(n)]  # type: ignore[union-attr]
-        if list(map(type, chain.from_iterable(columns))) != pattern:
+            classes = [self._cls] * n if self._cls is not None else []
+            pattern = [*classes, *(t for t in self.types for _ in range(n))]  # type: ignore[union-attr]
+            self._patterns[n] = pattern
+        values = chain(items, *columns) if self._cls is not None else chain(*columns)
+        if list(map(type, values)) != pattern:  # the elements' class, then each leaf's
             return None
         return columns
 
@@ -162,15 +167,16 @@ def _field_getters(cls: type, keys: list[Any], inverse: list[int]) -> list[Any] 
 
 
 def _columns_getter(cls: type, n: int, getters: list[Any], *, check_len: bool) -> Getter:
-    only = {cls}
+    """The columns of elements by ``getters``; their class is checked by the caller, with
+    the leaves' types (a dict's, list's or tuple's length here: a longer one reads too)."""
     sizes = {n}
 
     def columns(items: list) -> list[list] | None:
-        if set(map(type, items)) != only or (check_len and set(map(len, items)) != sizes):
-            return None
         try:
+            if check_len and set(map(len, items)) != sizes:
+                return None
             return [list(map(get, items)) for get in getters]
-        except (KeyError, IndexError, AttributeError):  # a dict of other keys
+        except Exception:  # no length, no such key or field (another class: refused after)
             return None
 
     return columns

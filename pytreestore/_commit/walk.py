@@ -93,6 +93,7 @@ class Plan:
         self._deferring = [isinstance(t, ElementRows) for t in self._tables]
         self._queues = [t for t in self._tables if isinstance(t, ElementRows)]
         self._width = len(slots[None])
+        self._puts = [self._putter(i) for i in range(len(self._tables))]
         self._root = self._compile(spec, None, None)
 
     # ---- the two phases --------------------------------------------------------------------
@@ -125,8 +126,9 @@ class Plan:
         records = self._records
         if not (undo and stage.risky):
             records.append(row)
-            for entry in stage.entries:
-                self._put(*entry)
+            puts = self._puts
+            for i, kind, data in stage.entries:
+                puts[i](kind, data)
             return
         before = records.snapshot()
         records.append(row)
@@ -144,14 +146,27 @@ class Plan:
             raise
 
     def _put(self, i: int, kind: int, data: Any) -> None:
+        self._puts[i](kind, data)
+
+    def _putter(self, i: int) -> Callable[[int, Any], None]:
+        """How table ``i`` takes a staged entry (bound once per layout)."""
         table = self._tables[i]
         if self._deferring[i]:
-            table.defer(data) if kind == COLUMNS else table.defer_blocks(data)
-            return
-        if kind == COLUMNS:
-            flat = self._flat[self._names[i]]
-            data = [np.array(c, t) for c, t in zip(data, flat.types)]  # type: ignore[arg-type]
-        table.write_batch(data)
+            defer, defer_blocks = table.defer, table.defer_blocks
+
+            def queue(kind: int, data: Any) -> None:
+                defer(data) if kind == COLUMNS else defer_blocks(data)
+
+            return queue
+        flat = self._flat.get(self._names[i])
+        types = flat.types if flat is not None else None
+
+        def write(kind: int, data: Any) -> None:
+            if kind == COLUMNS:
+                data = [np.array(c, t) for c, t in zip(data, types)]  # type: ignore[arg-type]
+            table.write_batch(data)
+
+        return write
 
     def _convert_rows(self, stage: Stage) -> None:
         """The ROW entries of each table as one entry of column blocks, checked and cast."""
