@@ -4,9 +4,9 @@ constant inside): a writer takes their elements column by column, never walking 
 Two ways, tried in this order:
 
 * :meth:`FlatList.exact_columns`: each table column's values, read by one C-level getter
-  per column (``operator.attrgetter`` of a ``register_dataclass``/flax dataclass's field,
-  ``itemgetter`` of a dict's key or a tuple's place) mapped over the elements; taken only
-  when every element is of the element's class (``type(x) is C``) and every leaf is a
+  per element (``operator.attrgetter`` of a ``register_dataclass``/flax dataclass's fields,
+  ``itemgetter`` of a dict's keys or a tuple's places), the rows then zipped into columns;
+  taken only when every element is of the element's class (``type(x) is C``) and every leaf is a
   numpy scalar of exactly its column's dtype (one comparison of the leaves' types against
   the expected pattern), so the columns hold nothing to check or cast, and nothing that
   can change after the call (numpy scalars are immutable). Elements one level deep only
@@ -23,7 +23,7 @@ Example:
     >>> spec = Fixed("[*]", tree_structure({"x": 0, "y": 0}), [x, y])
     >>> flat = FlatList(spec, [0, 1])
     >>> flat.exact_columns([{"x": np.float32(1), "y": np.int8(2)}])
-    [[np.float32(1.0)], [np.int8(2)]]
+    [(np.float32(1.0),), (np.int8(2),)]
     >>> flat.exact_columns([{"x": 1.0, "y": np.int8(2)}]) is None  # a Python float: columns()
     True
     >>> flat.columns([{"x": 1.0, "y": np.int8(2)}])
@@ -45,7 +45,7 @@ from pytreestore._format import nodes as _nodes
 from pytreestore._tree.layout import Fixed, LayoutNode, Leaf, OptionalTree, RaggedList, node_class
 
 #: the table columns' values of a list of elements (None: not all of the element's class)
-Getter = Callable[[list], "list[list] | None"]
+Getter = Callable[[list], "list[Any] | None"]
 
 
 class FlatList:
@@ -78,7 +78,7 @@ class FlatList:
             treedef = self._lists[n] = tree_structure([self._element] * n)
         return treedef
 
-    def exact_columns(self, items: list) -> list[list] | None:
+    def exact_columns(self, items: list) -> list[Any] | None:
         """Each table column's values (in table order) of the elements ``items``, when
         every element is of the element's class and every leaf a numpy scalar of its
         column's exact dtype; else None."""
@@ -125,8 +125,8 @@ def _scalar_types(leaves: list[LayoutNode]) -> tuple[type, ...] | None:
 
 
 def _getter(spec: LayoutNode, inverse: list[int]) -> Getter | None:
-    """The columns of a list of elements ``spec``, by one C-level getter per column; None
-    where the element's class has no getters known to match its flatten."""
+    """The columns of a list of elements ``spec``, by one C-level getter per element; None
+    where the element's class has no getter known to match its flatten."""
     if isinstance(spec, Leaf):
         return lambda items: [list(items)]
     if not isinstance(spec, Fixed) or not all(isinstance(c, Leaf) for c in spec.children):
@@ -143,39 +143,45 @@ def _getter(spec: LayoutNode, inverse: list[int]) -> Getter | None:
         return None
     if level is None or level[0] != spec.treedef:
         return None
-    getters = _field_getters(cls, level[1], inverse)
-    if getters is None:
+    fields = _fields(cls, level[1], inverse)
+    if fields is None:
         return None
-    if any(get(probe) is not probe_leaves[j] for get, j in zip(getters, inverse)):
+    getter, names = fields
+    if any(getter(name)(probe) is not probe_leaves[j] for name, j in zip(names, inverse)):
         return None  # the getters do not read what the flatten gives
-    return _columns_getter(cls, n, getters, check_len=cls in (dict, list, tuple))
+    return _columns_getter(getter, names, check_len=cls in (dict, list, tuple))
 
 
-def _field_getters(cls: type, keys: list[Any], inverse: list[int]) -> list[Any] | None:
-    """``attrgetter``/``itemgetter`` of each child (keypath entries ``keys``, flatten
-    order) in table order, when ``cls`` flattens to exactly them; else None."""
+def _fields(cls: type, keys: list[Any], inverse: list[int]) -> tuple[Any, list[Any]] | None:
+    """``operator.attrgetter`` or ``itemgetter``, and the name, key or place of each child
+    (keypath entries ``keys``, flatten order) in table order, when ``cls`` flattens to
+    exactly them; else None."""
     if cls is dict:
-        return [operator.itemgetter(keys[j].key) for j in inverse]
+        return operator.itemgetter, [keys[j].key for j in inverse]
     if cls in (list, tuple) or _nodes.is_plain_namedtuple(cls):
-        return [operator.itemgetter(j) for j in inverse]
+        return operator.itemgetter, list(inverse)
     fields = _nodes.dataclass_fields(cls)
     if fields is None or fields[1] or not all(type(k) is GetAttrKey for k in keys):
         return None  # static fields, or a flatten of its own: the generic way
     if tuple(k.name for k in keys) != fields[0]:
         return None
-    return [operator.attrgetter(keys[j].name) for j in inverse]
+    return operator.attrgetter, [keys[j].name for j in inverse]
 
 
-def _columns_getter(cls: type, n: int, getters: list[Any], *, check_len: bool) -> Getter:
-    """The columns of elements by ``getters``; their class is checked by the caller, with
-    the leaves' types (a dict's, list's or tuple's length here: a longer one reads too)."""
-    sizes = {n}
+def _columns_getter(getter: Any, names: list[Any], *, check_len: bool) -> Getter:
+    """The columns of elements: one C-level ``getter`` of all of an element's children
+    ``names`` (in table order) per element, the rows then turned into columns. The
+    elements' class is checked by the caller, with the leaves' types (a dict's, list's or
+    tuple's length here: a longer one reads too)."""
+    sizes = {len(names)}
+    get = getter(*names)
+    one = len(names) == 1  # the getter gives the value, not a tuple of one
 
-    def columns(items: list) -> list[list] | None:
+    def columns(items: list) -> list[Any] | None:
         try:
             if check_len and set(map(len, items)) != sizes:
                 return None
-            return [list(map(get, items)) for get in getters]
+            return [list(map(get, items))] if one else list(zip(*map(get, items)))
         except Exception:  # no length, no such key or field (another class: refused after)
             return None
 
