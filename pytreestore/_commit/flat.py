@@ -1,40 +1,191 @@
 """Ragged lists whose elements are fixed trees (no list, optional subtree, ragged axis or
-constant inside): a writer appends their elements as whole rows, one flatten per list,
-instead of walking each element.
+constant inside): a writer takes their elements column by column, never walking one.
+
+Two ways, tried in this order:
+
+* :meth:`FlatList.exact_columns`: each table column's values, read by one C-level getter
+  per element (``operator.attrgetter`` of a ``register_dataclass``/flax dataclass's fields,
+  ``itemgetter`` of a dict's keys or a tuple's places), the rows then zipped into columns;
+  taken only when every element is of the element's class (``type(x) is C``) and every leaf is a
+  numpy scalar of exactly its column's dtype (one comparison of the leaves' types against
+  the expected pattern), so the columns hold nothing to check or cast, and nothing that
+  can change after the call (numpy scalars are immutable). Elements one level deep only
+  (a node of leaves, or a leaf).
+* :meth:`FlatList.columns`: one ``tree_flatten`` of the whole list, its treedef compared
+  with a list of ``n`` elements', and the leaves cut into columns, for any other elements
+  (Python scalars, arrays, jax arrays, nested nodes); None when the structure differs.
 
 Example:
     >>> import numpy as np
-    >>> flat = FlatList({"x": np.float32(0), "y": np.int8(0)}, None)
-    >>> flat.width, flat.of_length(2).num_leaves
-    (2, 4)
+    >>> from pytreestore._tree.layout import Fixed, Leaf
+    >>> from jax.tree_util import tree_structure
+    >>> x, y = Leaf("[*]['x']", np.dtype("float32"), ()), Leaf("[*]['y']", np.dtype("int8"), ())
+    >>> spec = Fixed("[*]", tree_structure({"x": 0, "y": 0}), [x, y])
+    >>> flat = FlatList(spec, [0, 1])
+    >>> flat.exact_columns([{"x": np.float32(1), "y": np.int8(2)}])
+    [(np.float32(1.0),), (np.int8(2),)]
+    >>> flat.exact_columns([{"x": 1.0, "y": np.int8(2)}]) is None  # a Python float: columns()
+    True
+    >>> flat.columns([{"x": 1.0, "y": np.int8(2)}])
+    [[1.0], [np.int8(2)]]
 """
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
+from itertools import chain
 from typing import Any
 
-from jax.tree_util import tree_structure
+import numpy as np
+from jax.tree_util import GetAttrKey, tree_flatten, tree_structure
 
 from pytreestore._commit.model import representative
-from pytreestore._tree.layout import Fixed, LayoutNode, Leaf, OptionalTree, RaggedList
+from pytreestore._format import nodes as _nodes
+from pytreestore._tree.layout import Fixed, LayoutNode, Leaf, OptionalTree, RaggedList, node_class
+
+#: the table columns' values of a list of elements (None: not all of the element's class)
+Getter = Callable[[list], "list[Any] | None"]
 
 
 class FlatList:
-    """A ragged list whose elements are fixed trees: the treedef of a list of ``n`` of
-    them, the leaves per element, and the table columns in flatten order (None: the table's
-    own order)."""
+    """A ragged list whose elements are fixed trees ``spec``; ``slots[j]`` is the table
+    column of the element's ``j``-th leaf in flatten order."""
 
-    def __init__(self, element: Any, order: list[int] | None) -> None:
-        self._element = element
-        self.width = tree_structure(element).num_leaves
-        self.order = order
+    def __init__(self, spec: LayoutNode, slots: list[int]) -> None:
+        self._element = representative(spec)
+        self.width = len(slots)
+        inverse = sorted(range(len(slots)), key=slots.__getitem__)
+        #: flatten position of each table column (None: the same order)
+        self.order = None if inverse == list(range(len(slots))) else inverse
         self._lists: dict[int, Any] = {}
+        level = [spec] if isinstance(spec, Leaf) else getattr(spec, "children", [])
+        #: the numpy scalar type of each column, in table order (None: some column cannot
+        #: hold bare scalars, a shaped leaf or a dtype without its own scalar type, or the
+        #: element is more than one level deep)
+        self.types = (
+            _scalar_types([level[j] for j in inverse]) if len(level) == len(slots) else None
+        )
+        self._get = _getter(spec, inverse) if self.types is not None else None
+        #: the element's class, checked with the leaves' types (None: a leaf element)
+        self._cls = node_class(spec) if isinstance(spec, Fixed) else None
+        self._patterns: dict[int, list[type]] = {}
 
     def of_length(self, n: int) -> Any:
+        """The treedef of a list of ``n`` elements."""
         treedef = self._lists.get(n)
         if treedef is None:
             treedef = self._lists[n] = tree_structure([self._element] * n)
         return treedef
+
+    def exact_columns(self, items: list) -> list[Any] | None:
+        """Each table column's values (in table order) of the elements ``items``, when
+        every element is of the element's class and every leaf a numpy scalar of its
+        column's exact dtype; else None."""
+        if self._get is None:
+            return None
+        columns = self._get(items)
+        if columns is None:
+            return None
+        n = len(items)
+        pattern = self._patterns.get(n)
+        if pattern is None:
+            classes = [self._cls] * n if self._cls is not None else []
+            pattern = [*classes, *(t for t in self.types for _ in range(n))]  # type: ignore[union-attr]
+            self._patterns[n] = pattern
+        values = chain(items, *columns) if self._cls is not None else chain(*columns)
+        if list(map(type, values)) != pattern:  # the elements' class, then each leaf's
+            return None
+        return columns
+
+    def columns(self, items: list) -> list[list] | None:
+        """Each table column's values (in table order) of the elements ``items``, by one
+        flatten of the list; None when the list is not ``len(items)`` elements of the
+        element's structure."""
+        leaves, got = tree_flatten(items)
+        if got != self.of_length(len(items)):
+            return None
+        k = self.width
+        columns = [leaves[j::k] for j in range(k)]
+        return columns if self.order is None else [columns[i] for i in self.order]
+
+
+def _scalar_types(leaves: list[LayoutNode]) -> tuple[type, ...] | None:
+    out = []
+    for leaf in leaves:
+        if not isinstance(leaf, Leaf) or leaf.shape != () or leaf.axis is not None:
+            return None
+        scalar = leaf.dtype.type
+        if not (isinstance(scalar, type) and issubclass(scalar, np.generic)):
+            return None
+        if np.dtype(scalar) != leaf.dtype or scalar is np.object_:
+            return None
+        out.append(scalar)
+    return tuple(out)
+
+
+def _getter(spec: LayoutNode, inverse: list[int]) -> Getter | None:
+    """The columns of a list of elements ``spec``, by one C-level getter per element; None
+    where the element's class has no getter known to match its flatten."""
+    if isinstance(spec, Leaf):
+        return lambda items: [list(items)]
+    if not isinstance(spec, Fixed) or not all(isinstance(c, Leaf) for c in spec.children):
+        return None
+    cls = node_class(spec)
+    n = len(spec.children)
+    if n == 0 or not isinstance(cls, type):
+        return None
+    try:
+        probe_leaves = [object() for _ in range(n)]
+        probe = spec.treedef.unflatten(probe_leaves)
+        level = _nodes.one_level(probe)
+    except Exception:  # a class that cannot be built from placeholders: no getter
+        return None
+    if level is None or level[0] != spec.treedef:
+        return None
+    fields = _fields(cls, level[1], inverse)
+    if fields is None:
+        return None
+    getter, names = fields
+    if any(getter(name)(probe) is not probe_leaves[j] for name, j in zip(names, inverse)):
+        return None  # the getters do not read what the flatten gives
+    return _columns_getter(getter, names, check_len=cls in (dict, list, tuple))
+
+
+def _fields(cls: type, keys: list[Any], inverse: list[int]) -> tuple[Any, list[Any]] | None:
+    """``operator.attrgetter`` or ``itemgetter``, and the name, key or place of each child
+    (keypath entries ``keys``, flatten order) in table order, when ``cls`` flattens to
+    exactly them; else None."""
+    if cls is dict:
+        return operator.itemgetter, [keys[j].key for j in inverse]
+    if cls in (list, tuple) or _nodes.is_plain_namedtuple(cls):
+        return operator.itemgetter, list(inverse)
+    fields = _nodes.dataclass_fields(cls)
+    if fields is None or fields[1] or not all(type(k) is GetAttrKey for k in keys):
+        return None  # static fields, or a flatten of its own: the generic way
+    if tuple(k.name for k in keys) != fields[0]:
+        return None
+    return operator.attrgetter, [keys[j].name for j in inverse]
+
+
+def _columns_getter(getter: Any, names: list[Any], *, check_len: bool) -> Getter:
+    """The columns of elements: one C-level ``getter`` of all of an element's children
+    ``names`` (in table order) per element, the rows then turned into columns. The
+    elements' class is checked by the caller, with the leaves' types (a dict's, list's or
+    tuple's length here: a longer one reads too)."""
+    sizes = {len(names)}
+    get = getter(*names)
+    one = len(names) == 1  # the getter gives the value, not a tuple of one
+
+    def columns(items: list) -> list[Any] | None:
+        try:
+            if check_len and set(map(len, items)) != sizes:
+                return None
+            return [list(map(get, items))] if one else list(zip(*map(get, items)))
+        except Exception:  # no length, no such key or field (another class: refused after)
+            return None
+
+    return columns
 
 
 def flat_elements(
@@ -49,10 +200,7 @@ def flat_elements(
             table = slots[spec.axis.path]
             order = [table[("leaf", leaf.path)] for leaf in leaves]
             if len(order) == len(table):
-                inverse = sorted(range(len(order)), key=order.__getitem__)
-                same = inverse == list(range(len(order)))
-                element = representative(spec.element)
-                out[spec.axis.path] = FlatList(element, None if same else inverse)
+                out[spec.axis.path] = FlatList(spec.element, order)
         out.update(flat_elements(spec.element, slots))
     elif isinstance(spec, OptionalTree):
         out.update(flat_elements(spec.inner, slots))

@@ -11,11 +11,15 @@ A fixed store is the case of one table whose rows are the records: its ``append_
 ``extend``, ``extend_batch`` and ``flush`` are the table writer's own, bound once at
 construction (:class:`~pytreestore._commit.rows.FixedTreeRows`), and that writer commits.
 
-A record is walked once along the layout: each ragged list's elements become rows of its
-table (their leaves side by side: struct of arrays), each ragged leading axis a block of rows,
-and the row of the table holding the list gets the running row count of the list's table, its
-offset. A record that does not fit is rolled back from every table and explained with every
-differing keypath.
+A record is walked once along the layout, by closures compiled once per layout
+(:mod:`pytreestore._commit.walk`): each ragged list's elements become rows of its table
+(their leaves side by side: struct of arrays), each ragged leading axis a block of rows, and
+the row of the table holding the list gets the running row count of the list's table, its
+offset. Everything is checked before any table holds a row of the record, so a record that
+does not fit leaves nothing, and is explained with every differing keypath; a structure no
+record had is learnt first (:meth:`RecordWriter.use_schema`). A list of numpy-scalar
+elements waits in its table as the values themselves, converted a block at a time
+(:mod:`pytreestore._commit.elements`).
 
 Example:
     >>> import numpy as np, pytreestore
@@ -32,43 +36,25 @@ import copy
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-from jax.tree_util import tree_flatten
-
 from pytreestore import _arguments
 from pytreestore._commit.committer import Committer
-from pytreestore._commit.flat import FlatList, flat_elements
+from pytreestore._commit.elements import ElementRows
+from pytreestore._commit.flat import flat_elements
 from pytreestore._commit.model import Model, grow_schema
 from pytreestore._commit.protocol import column_layouts, group_json, group_keys, with_info
 from pytreestore._commit.record import Commit
 from pytreestore._commit.tables import table_schemas
 from pytreestore._commit.versions import KEEP_VERSIONS, save_schema
+from pytreestore._commit.walk import Mismatch, PendingStructure, Plan
 from pytreestore._commit.writer import Writer
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY, array_json
 from pytreestore._format.schema import TreeSchema
-from pytreestore._tree.convert import RecordError
 from pytreestore._tree.hints import hinted, layout_problems
-from pytreestore._tree.layout import (
-    Fixed,
-    Kept,
-    LayoutNode,
-    Leaf,
-    OptionalTree,
-    RaggedList,
-    Walker,
-)
+from pytreestore._tree.layout import Walker
 from pytreestore._tree.unpad import unpad_records
 from pytreestore.backends import Backend, KeyListing
 from pytreestore.errors import SchemaMismatchError
-
-
-class _Mismatch(Exception):
-    """A record departs from the layout (internal: explained by :func:`_explain`)."""
-
-
-class PendingStructure(Exception):
-    """A record shows the structure of a list or optional subtree no record had (internal)."""
 
 
 class _TableCommitter:
@@ -136,12 +122,17 @@ class RecordWriter:
             self._fast_path(self.tables[None])
             return
         self.tables = {t: self._table(t, sub, commit) for t, sub in table_schemas(schema).items()}
-        self._slots = {
+        slots = {
             t: {(c.role or "leaf", c.path): i for i, c in enumerate(w.schema.columns)}
             for t, w in self.tables.items()
         }
-        self._width = {t: len(w.schema.columns) for t, w in self.tables.items()}
-        self._flat = flat_elements(self.model.spec, self._slots)
+        flat = flat_elements(self.model.spec, slots)
+        for t, elements in flat.items():
+            # a list of numpy-scalar elements waits as tuples, converted per block; only in
+            # this writer's own table writers (others' tables are read by their owners)
+            if type(self.tables[t]) is Writer and elements.types is not None:
+                self.tables[t] = ElementRows(self.tables[t], elements.types)
+        self._plan = Plan(self.model.spec, self.tables, slots, flat)
 
     def _fast_path(self, table: Any) -> None:
         """Binds the calls of a fixed tree's records to ``table``, its one table's writer (a
@@ -184,21 +175,18 @@ class RecordWriter:
         records = self.tables[None]
         if records.fill == records.chunk:
             self.flush()
-        position = self._snapshot()
+        plan = self._plan
+        plan.push_due()  # before the record: a failed chunk write leaves nothing of it
         try:
-            self._record(record)
+            row, stage = plan.stage(record)
+            plan.write(row, stage, undo=True)
         except PendingStructure:
-            self._rollback(position)
             self._learn(record)
             self.append_record(record)
-            return
-        except BaseException as err:
-            self._rollback(position)
-            if isinstance(err, _Mismatch):
-                raise _explain(self.model, record, "record") from None
-            if isinstance(err, SchemaMismatchError):  # a leaf's shape or dtype
-                raise SchemaMismatchError(_hinted(self.model, err, record)) from None
-            raise
+        except Mismatch:
+            raise _explain(self.model, record, "record") from None
+        except SchemaMismatchError as err:  # a leaf's shape or dtype
+            raise SchemaMismatchError(_hinted(self.model, err, record)) from None
 
     def extend(self, records: Iterable[Any]) -> None:
         """Buffers every record of ``records``, all or none."""
@@ -206,10 +194,13 @@ class RecordWriter:
         if self.model.pending:  # a record may fix a structure: then start again with it
             records = list(records)
         position = self._snapshot()
+        plan = self._plan
         i = 0
         try:
             for i, record in enumerate(records):  # noqa: B007 (i names the refused one)
-                self._record(record)
+                plan.push_due()
+                row, stage = plan.stage(record)
+                plan.write(row, stage, undo=False)
         except PendingStructure:
             self._rollback(position)
             self._learn(record)
@@ -217,10 +208,10 @@ class RecordWriter:
             return
         except BaseException as err:
             self._rollback(position)
-            if isinstance(err, _Mismatch | SchemaMismatchError):
+            if isinstance(err, Mismatch | SchemaMismatchError):
                 cause = (
                     _explain(self.model, record, "record")
-                    if isinstance(err, _Mismatch)
+                    if isinstance(err, Mismatch)
                     else _hinted(self.model, err, record)
                 )
                 raise SchemaMismatchError(f"{self.refusal.format(i=i)}: {cause}") from None
@@ -289,150 +280,6 @@ class RecordWriter:
     def _rollback(self, position: dict[str | None, tuple[int, int]]) -> None:
         for t, w in self.tables.items():
             w.rollback(position[t])
-
-    # ---- one record ----------------------------------------------------------------------------
-
-    def _record(self, record: Any) -> None:
-        row: list[Any] = [None] * self._width[None]
-        self._walk(self.model.spec, record, None, row, None)
-        self.tables[None].append(row)
-
-    def _walk(
-        self, spec: LayoutNode, value: Any, table: str | None, row: list[Any], shared: dict | None
-    ) -> None:
-        kind = type(spec)
-        if kind is Leaf:
-            self._leaf(spec, value, table, row, shared)  # type: ignore[arg-type]
-        elif kind is Fixed:
-            self._node(spec, value, table, row, shared)  # type: ignore[arg-type]
-        elif kind is RaggedList:
-            self._list(spec, value, table, row)  # type: ignore[arg-type]
-        elif kind is OptionalTree:
-            present = value is not None
-            row[self._slots[table][("presence", spec.path)]] = present
-            if spec.inner is None:  # type: ignore[union-attr]
-                if present:
-                    raise PendingStructure(spec.path)
-            elif present:
-                self._walk(spec.inner, value, table, row, shared)  # type: ignore[union-attr]
-            else:
-                self._absent(spec.inner, table, row)  # type: ignore[union-attr]
-        elif kind is Kept and value is not spec.value and value != spec.value:  # type: ignore[union-attr]
-            raise _Mismatch
-
-    def _leaf(
-        self, spec: Leaf, value: Any, table: str | None, row: list[Any], shared: dict | None
-    ) -> None:
-        if spec.axis is None:
-            row[self._slots[table][("leaf", spec.path)]] = value
-            return
-        axis = spec.axis.path
-        writer = self.tables[axis]
-        slot = self._slots[axis][("leaf", spec.path)]
-        shape = np.shape(value)
-        if not shape:
-            raise _Mismatch
-        block = writer.casters[slot].coerce(value, batch=shape[0])
-        if shared is not None and shared["axis"] is spec.axis:
-            shared["blocks"][slot] = block
-            return
-        writer.write_batch([block])
-        row[self._slots[table][("offsets", axis)]] = len(writer)
-
-    def _node(
-        self, spec: Fixed, value: Any, table: str | None, row: list[Any], shared: dict | None
-    ) -> None:
-        try:
-            children = spec.treedef.flatten_up_to(value)
-        except (ValueError, TypeError):
-            raise _Mismatch from None
-        if spec.common_axis is not None:
-            shared = {"axis": spec.common_axis, "blocks": {}}
-        for child, item in zip(spec.children, children):
-            self._walk(child, item, table, row, shared)
-        if spec.common_axis is not None:
-            assert shared is not None
-            self._write_shared(spec, shared["blocks"], table, row)
-
-    def _write_shared(self, spec: Fixed, blocks: dict, table: str | None, row: list[Any]) -> None:
-        axis = spec.common_axis.path  # type: ignore[union-attr]
-        writer = self.tables[axis]
-        lengths = {len(b) for b in blocks.values()}
-        if len(lengths) > 1:
-            paths = [c.path for c in writer.schema.columns]
-            detail = ", ".join(f"{paths[i]}: {len(b)}" for i, b in sorted(blocks.items()))
-            raise SchemaMismatchError(
-                f"the leaves below {spec.path or 'the root'} share one ragged leading axis, "
-                f"but their lengths differ ({detail})"
-            )
-        writer.write_batch([blocks[i] for i in range(len(blocks))])
-        row[self._slots[table][("offsets", axis)]] = len(writer)
-
-    def _list(self, spec: RaggedList, value: Any, table: str | None, row: list[Any]) -> None:
-        if type(value) is not list:
-            raise _Mismatch
-        axis = spec.axis.path
-        writer = self.tables[axis]
-        flat = self._flat.get(axis)
-        if value and flat is not None:
-            self._append_flat(writer, flat, value)
-        elif value:
-            if spec.element is None:
-                raise PendingStructure(spec.path)
-            width = self._width[axis]
-            for item in value:
-                sub: list[Any] = [None] * width
-                self._walk(spec.element, item, axis, sub, None)
-                writer.append(sub)
-        row[self._slots[table][("offsets", axis)]] = len(writer)
-
-    def _append_flat(self, writer: Writer, flat: FlatList, items: list) -> None:
-        """Appends the elements of a list whose elements are fixed trees: one flatten of the
-        whole list, then one conversion per column."""
-        leaves, got = tree_flatten(items)
-        if got != flat.of_length(len(items)):
-            raise _Mismatch
-        k = flat.width
-        columns = [leaves[j::k] for j in range(k)]
-        if flat.order is not None:
-            columns = [columns[i] for i in flat.order]
-        try:
-            arrays = [np.asarray(c) for c in columns]
-        except (ValueError, TypeError):
-            arrays = None  # shapes differ between elements: checked element by element
-        n = len(items)
-        try:
-            if arrays is None or any(a.dtype == object for a in arrays):
-                raise SchemaMismatchError("mixed elements")
-            blocks = [
-                a if a.dtype is c.dtype and a.shape[1:] == c.shape else c.coerce(a, batch=n)
-                for c, a in zip(writer.casters, arrays)
-            ]
-        except SchemaMismatchError:  # element by element, for the error naming one element
-            try:
-                writer.append_many(iter([[c[i] for c in columns] for i in range(n)]))
-            except RecordError as err:
-                raise err.error from None
-            return
-        writer.write_batch(blocks)
-
-    def _absent(self, spec: LayoutNode, table: str | None, row: list[Any]) -> None:
-        """Fills the row of an optional subtree that is None: zeros, no elements."""
-        slots = self._slots[table]
-        if isinstance(spec, Leaf):
-            if spec.axis is None:
-                row[slots[("leaf", spec.path)]] = np.zeros(spec.shape, spec.dtype)
-            else:
-                row[slots[("offsets", spec.axis.path)]] = len(self.tables[spec.axis.path])
-        elif isinstance(spec, RaggedList):
-            row[slots[("offsets", spec.axis.path)]] = len(self.tables[spec.axis.path])
-        elif isinstance(spec, OptionalTree):
-            row[slots[("presence", spec.path)]] = False
-            if spec.inner is not None:
-                self._absent(spec.inner, table, row)
-        elif isinstance(spec, Fixed):
-            for child in spec.children:
-                self._absent(child, table, row)
 
 
 def new_writer(

@@ -160,6 +160,37 @@ def registration(cls: type) -> Any:
     return registry.get(cls) if isinstance(registry, dict) else None
 
 
+def dataclass_fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The data (child) and meta (static) field names of a class registered with JAX's
+    ``register_dataclass`` (flax's ``struct.dataclass`` too), whose flatten is ``getattr`` of
+    each data field in order; None for a class registered any other way, or not at all.
+
+    Example:
+        >>> import dataclasses, jax
+        >>> @jax.tree_util.register_dataclass
+        ... @dataclasses.dataclass
+        ... class P:
+        ...     x: float
+        ...     y: float
+        >>> dataclass_fields(P)
+        (('x', 'y'), ())
+    """
+    flatten: Any = getattr(registration(cls), "to_iter", None)
+    code = getattr(flatten, "__code__", None)
+    if code is None or flatten.__qualname__ != "register_dataclass.<locals>.flatten_func":
+        return None
+    cells: dict[str, Any] = dict(zip(code.co_freevars, flatten.__closure__ or ()))
+    try:
+        data: Any = cells["data_fields"].cell_contents
+        meta: Any = cells["meta_fields"].cell_contents
+    except (KeyError, ValueError):  # another JAX's register_dataclass: not recognised
+        return None
+    names: tuple[Any, ...] = (*data, *meta)
+    if not all(isinstance(n, str) for n in names):
+        return None
+    return tuple(data), tuple(meta)
+
+
 def encode_aux(cls: type, aux: Any, keys: Sequence[Any], where: str) -> Any:
     """The static (aux) data of a ``cls`` node at ``where`` as JSON, or UnsupportedTreeError."""
     try:
