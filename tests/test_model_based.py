@@ -133,6 +133,17 @@ class StoreMachine(RuleBasedStateMachine):
         self.state = after if after is not None else self.state
         self.log.absorb(self.store.versions(), before, self.state, main)
 
+    def quiesce(self) -> None:
+        """Waits for the chunks appends handed to the background writer (issue 32) to be
+        committed, and logs the versions they made: prefixes of the records appended."""
+        writer = self.store._core.writer
+        tables = getattr(writer, "tables", None) or {}
+        for table in tables.values():
+            writes = getattr(table, "writes", None)
+            if writes is not None:
+                writes.drain()
+        self.settle(self.state, None)
+
     def take(self, rows: list[Any]) -> None:
         before = self.state
         self.state = before.with_rows(before.rows + tuple(rows))
@@ -262,6 +273,7 @@ class StoreMachine(RuleBasedStateMachine):
         """The writer's counts; every version, by number and by tag; a reader of the latest."""
         if self.store is None:
             return
+        self.quiesce()
         got, want = len(self.store), len(self.state.rows)
         assert got == want, f"len(store) is {got}; the model holds {want} records"
         listed = {v.version: v for v in self.store.versions()}

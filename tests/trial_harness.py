@@ -88,20 +88,27 @@ def possible_commits(log: list[str], chunk: int) -> tuple[set[int], int]:
     last one it reported.
 
     A finished call reported its committed count; a call cut short may have committed at any
-    chunk boundary it crossed, or (a flush) everything appended so far.
+    chunk boundary it crossed, or (a flush) everything appended so far. Full chunks that
+    ``append`` handed to the background writer may be committed after the call that filled
+    them reported (issue 32): any chunk boundary up to the records appended so far.
     """
-    committed, pending = None, None
+    committed, pending, appended = None, None, 0
     for line in log:
         word, *rest = line.split()
         if word == "ready":
-            committed = int(rest[0])
+            committed = appended = int(rest[0])
         elif word == "op":
             pending = (rest[0], int(rest[1]), int(rest[2]))
         elif word == "done":
-            committed, pending = int(rest[0]), None
+            committed = int(rest[0])
+            if pending is not None:
+                kind, _, upto = pending
+                appended = upto if kind == "truncate" else max(appended, upto)
+            pending = None
     if committed is None:
         raise ValueError("the writer never became ready")
     options = {committed}
+    options.update(range((committed // chunk + 1) * chunk, appended + 1, chunk))
     if pending is not None:
         kind, start, upto = pending
         if kind == "truncate":  # it flushes what is buffered, then commits ``upto`` records
