@@ -16,6 +16,9 @@ Example:
 
 from __future__ import annotations
 
+import collections
+import functools
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -26,6 +29,7 @@ from jax.tree_util import tree_flatten
 from pytreestore import _arguments
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import LeafCaster, RecordError
+from pytreestore._tree.flatten import BlockFlattener, block_flattener
 from pytreestore._tree.hints import hinted, record_problems
 from pytreestore._tree.stack import batch_length
 from pytreestore.errors import SchemaMismatchError
@@ -63,38 +67,30 @@ class FixedTreeRows:
     def extend(self, records: Iterable[Any]) -> None:
         """Buffers every record of ``records``, all or none, committing whole chunks.
 
+        Records are taken :data:`BLOCK` at a time; a block whose records all have the schema's
+        structure is flattened at once (:class:`~pytreestore._tree.flatten.BlockFlattener`),
+        any other record by ``tree_flatten`` and its treedef.
+
         Raises:
             SchemaMismatchError: a record was refused (the error names its position); none
                 of ``records`` is kept.
             ArgumentTypeError: ``records`` is not iterable.
         """
         records = _arguments.iterable(records, "extend()", "records")
-        schema, seen = self.schema, [0]
-        recent: dict[int, Any] = {}  # the records of the block being filled, for hints
-
-        def checked() -> Iterator[list[Any]]:
-            for record in records:
-                leaves, got = tree_flatten(record)
-                if got != schema.treedef:
-                    message = schema.mismatch_message(record)
-                    raise SchemaMismatchError(hints(schema, message, record))
-                if len(recent) >= schema.chunk_records:
-                    recent.pop(next(iter(recent)))
-                recent[seen[0]] = record
-                yield schema.column_leaves(leaves)
-                seen[0] += 1
-
+        schema = self.schema
+        rows = _Rows(schema, records)
         position = self.snapshot()
         try:
-            self.append_many(checked())
+            self.append_many(iter(rows))
         except (SchemaMismatchError, RecordError) as err:
             self.rollback(position)
             index, cause = (
-                (err.index, err.error) if isinstance(err, RecordError) else (seen[0], err)
+                (err.index, err.error) if isinstance(err, RecordError) else (rows.seen, err)
             )
             why = str(cause)
-            if isinstance(err, RecordError) and index in recent:
-                why = hints(schema, why, recent[index])
+            record = rows.record(index) if isinstance(err, RecordError) else None
+            if record is not None:
+                why = hints(schema, why, record[0])
             raise SchemaMismatchError(
                 f"extend() refused record {index} (none of this call's records were "
                 f"appended): {why}"
@@ -136,6 +132,90 @@ class FixedTreeRows:
         except BaseException:
             self.rollback(position)
             raise
+
+
+#: records flattened at once by :meth:`FixedTreeRows.extend` (a block's columns are lists of
+#: this length: large enough to spread a block's fixed cost, small enough to stay in cache)
+BLOCK = 1024
+
+
+class _Rows:
+    """The rows (column values, in column order) of an ``extend()``'s records, checked
+    against ``schema``'s treedef, a block of records at a time; iterate once.
+
+    Attributes:
+        seen: the index of the record being checked (all before it were accepted).
+    """
+
+    def __init__(self, schema: TreeSchema, records: Iterable[Any]) -> None:
+        self.schema = schema
+        self.records = records
+        self.seen = 0
+        self.flat = _flattener(schema.treedef)
+        # the last blocks, (first index, records), for naming a refused record: they cover
+        # every row a row buffer has taken but not yet filled (a chunk at most)
+        self.recent: collections.deque[tuple[int, list[Any]]] = collections.deque(
+            maxlen=schema.chunk_records // BLOCK + 2
+        )
+
+    def record(self, index: int) -> tuple[Any] | None:
+        """``(record,)`` for the record at ``index``, if it is one of the recent blocks'."""
+        for start, block in self.recent:
+            if start <= index < start + len(block):
+                return (block[index - start],)
+        return None
+
+    def __iter__(self) -> Iterator[Sequence[Any]]:
+        records, flat = iter(self.records), self.flat
+        while block := list(itertools.islice(records, BLOCK)):
+            self.recent.append((self.seen, block))
+            columns = flat.columns(block) if flat is not None else None
+            if columns is not None and self.seen == 0 and not self._agrees(block[0], columns):
+                columns = None  # a structure the flattener takes otherwise: never here
+            if columns is None:
+                yield from self._one_by_one(block)
+            elif self.schema.binding is None:
+                yield from zip(*columns)
+                self.seen += len(block)
+            else:
+                yield from self._one_by_one(block, zip(*columns))
+
+    def _agrees(self, record: Any, columns: list[list[Any]]) -> bool:
+        """Whether ``tree_flatten`` of the first record gives the schema's treedef and the
+        leaves that the block flattener gave it (a check of the flattener, once a call)."""
+        leaves, got = tree_flatten(record)
+        return got == self.schema.treedef and all(
+            a is b for a, b in zip(leaves, (c[0] for c in columns), strict=True)
+        )
+
+    def _one_by_one(
+        self, block: list[Any], flattened: Iterator[tuple[Any, ...]] | None = None
+    ) -> Iterator[Sequence[Any]]:
+        """The rows of ``block``, each record flattened and checked by itself (or taken from
+        ``flattened``, already checked), then bound to the columns."""
+        schema = self.schema
+        for record in block:
+            if flattened is not None:
+                leaves = list(next(flattened))
+            else:
+                leaves, got = tree_flatten(record)
+                if got != schema.treedef:
+                    message = schema.mismatch_message(record)
+                    raise SchemaMismatchError(hints(schema, message, record))
+            yield schema.column_leaves(leaves)
+            self.seen += 1
+
+
+def _flattener(treedef: Any) -> BlockFlattener | None:
+    """The block flattener of records of ``treedef`` (None: each record by itself), made once
+    per treedef."""
+    try:
+        return _cached_flattener(treedef)
+    except TypeError:  # static data that cannot be hashed: made for this call
+        return block_flattener(treedef)
+
+
+_cached_flattener = functools.lru_cache(maxsize=64)(block_flattener)
 
 
 def hints(schema: TreeSchema, message: str, record: Any, *, batched: bool = False) -> str:
