@@ -172,7 +172,7 @@ class _Rows:
             columns = flat.columns(block) if flat is not None else None
             if columns is not None and self.seen == 0 and not self._agrees(block[0], columns):
                 columns = None  # a structure the flattener takes otherwise: never here
-            if columns is None:
+            if not columns:  # None: not all of the schema's structure (or no leaves at all)
                 yield from self._one_by_one(block)
             elif self.schema.binding is None:
                 yield from zip(*columns)

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 import ml_dtypes
@@ -223,11 +224,16 @@ def _fill_column(
 ) -> None:
     types = set(map(type, column))
     if types <= exact or (
-        types == {np.ndarray} and all(a.dtype is dtype and a.shape == shape for a in column)
+        types == {np.ndarray}
+        and all(d is dtype and s == shape for d, s in set(map(_DTYPE_SHAPE, column)))
     ):
         out[...] = column
     else:
         raise ValueError("mixed leaf types: convert record by record")
+
+
+#: an array's dtype and shape, taken by one C call per array
+_DTYPE_SHAPE = attrgetter("dtype", "shape")
 
 
 class RecordError(Exception):

@@ -31,7 +31,7 @@ from operator import attrgetter, itemgetter
 from typing import Any
 
 import jax
-from jax.tree_util import default_registry, treedef_is_leaf
+from jax.tree_util import default_registry
 
 from pytreestore._format import nodes as _nodes
 
@@ -76,13 +76,16 @@ def block_flattener(treedef: TreeDef) -> BlockFlattener | None:
 
 
 def _compile(treedef: TreeDef) -> Node | None:
-    if treedef_is_leaf(treedef):
-        return _none if treedef.num_nodes == 1 and treedef.num_leaves == 0 else _leaf
+    data = treedef.node_data()
+    if data is None:  # a leaf
+        return _leaf
+    cls, aux = data
+    if cls is _NONE:
+        return _none
     children = [_compile(c) for c in treedef.children()]
     if any(c is None for c in children):
         return None
     kids: list[Node] = children  # type: ignore[assignment]
-    cls, aux = treedef.node_data()
     if cls is dict:
         return _keyed(dict, [itemgetter(k) for k in aux], kids)
     if cls is list or cls is tuple:
