@@ -71,11 +71,18 @@ STRUCTURES: dict[str, Callable[[int], Any]] = {
     "flax dataclass with static fields": lambda i: WithStatic({"x": i}, name="run", sizes=(1, 2)),
     "one static field": lambda i: Static([np.int8(i)], scale=0.5),
     "register_dataclass": lambda i: Plain(i, [i, Registered(np.int64(i), tag=("t", 1))]),
-    "None leaves and subtrees": lambda i: {"a": None, "b": [None, i], "c": (None,), "d": Pair(None, i)},
+    "None leaves and subtrees": lambda i: {
+        "a": None,
+        "b": [None, i],
+        "c": (None,),
+        "d": Pair(None, i),
+    },
     "7 levels": lambda i: deep_record(i, 7),
     "a leaf at the root": np.float32,
     "jax arrays": lambda i: {"a": jnp.ones(2) * i, "b": (jnp.int32(i),)},
-    "leaves of several classes": lambda i: {"x": [i, np.int8(i), np.zeros((), np.int32), True][i % 4]},
+    "leaves of several classes": lambda i: {
+        "x": [i, np.int8(i), np.zeros((), np.int32), True][i % 4]
+    },
 }
 
 

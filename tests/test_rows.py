@@ -3,8 +3,8 @@ read back exactly, and a refused record is named as append() names it, wherever 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -111,7 +111,7 @@ def _static_differs(i: int) -> Any:
     record = deep_record(i, 7)
     first = record["inner"][0]
     assert isinstance(first, WithStatic)
-    return {**record, "inner": [first.replace(name="other"), *record["inner"][1:]]}
+    return {**record, "inner": [dataclasses.replace(first, name="other"), *record["inner"][1:]]}
 
 
 def _none_for_subtree(i: int) -> Any:

@@ -119,10 +119,7 @@ def _keyed(cls: type, getters: list[Callable[[Any], Any]], children: list[Node])
     def node(xs: list[Any], out: list[list[Any]]) -> bool:
         if set(map(type, xs)) != want or set(map(len, xs)) != count:
             return False
-        for get, child in zip(getters, children):
-            if not child(list(map(get, xs)), out):  # a missing dict key: KeyError, no match
-                return False
-        return True
+        return _children(getters, children, xs, out)  # a missing dict key: KeyError, no match
 
     return node
 
@@ -146,12 +143,16 @@ def _dataclass(
             values = map(static, xs)
             if not all(map(aux.__eq__, zip(values) if one else values)):
                 return False
-        for get, child in zip(getters, children):
-            if not child(list(map(get, xs)), out):
-                return False
-        return True
+        return _children(getters, children, xs, out)
 
     return node
+
+
+def _children(
+    getters: list[Callable[[Any], Any]], children: list[Node], xs: list[Any], out: list[list[Any]]
+) -> bool:
+    """Takes each child of every node in ``xs`` by its getter and flattens it in turn."""
+    return all(child(list(map(get, xs)), out) for get, child in zip(getters, children))
 
 
 def dataclass_fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
