@@ -64,6 +64,19 @@ class FixedTreeRows:
         except SchemaMismatchError as err:
             raise SchemaMismatchError(hints(schema, str(err), record)) from None
 
+    def append_blocks(self, blocks: Iterator[tuple[Sequence[Sequence[Any]], int]]) -> None:
+        """Buffers records given a block at a time as ``(columns, count)``: per column, the
+        values of ``count`` already-checked records, in column order (as
+        :meth:`~pytreestore._tree.convert.RowFiller.fill_columns` takes them).
+
+        This default hands them to ``append_many`` a row at a time; a row buffer that fills
+        its columns from a block's columns directly overrides it.
+
+        Raises:
+            RecordError: a record was refused; ``index`` counts from the first block's first.
+        """
+        self.append_many(row for columns, count in blocks for row in _rows(columns, count))
+
     def extend(self, records: Iterable[Any]) -> None:
         """Buffers every record of ``records``, all or none, committing whole chunks.
 
@@ -78,10 +91,10 @@ class FixedTreeRows:
         """
         records = _arguments.iterable(records, "extend()", "records")
         schema = self.schema
-        rows = _Rows(schema, records)
+        rows = _Blocks(schema, records)
         position = self.snapshot()
         try:
-            self.append_many(iter(rows))
+            self.append_blocks(rows.blocks())
         except (SchemaMismatchError, RecordError) as err:
             self.rollback(position)
             index, cause = (
@@ -139,9 +152,10 @@ class FixedTreeRows:
 BLOCK = 1024
 
 
-class _Rows:
-    """The rows (column values, in column order) of an ``extend()``'s records, checked
-    against ``schema``'s treedef, a block of records at a time; iterate once.
+class _Blocks:
+    """The records of one ``extend()``, a block at a time as the columns of its rows
+    (column order), each block checked against ``schema``'s treedef: flattened at once when
+    every record has its structure, else record by record.
 
     Attributes:
         seen: the index of the record being checked (all before it were accepted).
@@ -165,20 +179,24 @@ class _Rows:
                 return (block[index - start],)
         return None
 
-    def __iter__(self) -> Iterator[Sequence[Any]]:
-        records, flat = iter(self.records), self.flat
+    def blocks(self) -> Iterator[tuple[Sequence[Sequence[Any]], int]]:
+        """``(columns, count)`` for each block of records, once (see ``append_blocks``)."""
+        records = iter(self.records)
         while block := list(itertools.islice(records, BLOCK)):
-            self.recent.append((self.seen, block))
-            columns = flat.columns(block) if flat is not None else None
-            if columns is not None and self.seen == 0 and not self._agrees(block[0], columns):
-                columns = None  # a structure the flattener takes otherwise: never here
-            if not columns:  # None: not all of the schema's structure (or no leaves at all)
-                yield from self._one_by_one(block)
-            elif self.schema.binding is None:
-                yield from zip(*columns)
-                self.seen += len(block)
-            else:
-                yield from self._one_by_one(block, zip(*columns))
+            start = self.seen
+            self.recent.append((start, block))
+            yield self._columns(block), len(block)
+            self.seen = start + len(block)
+
+    def _columns(self, block: list[Any]) -> Sequence[Sequence[Any]]:
+        columns = self.flat.columns(block) if self.flat is not None else None
+        if columns and self.seen == 0 and not self._agrees(block[0], columns):
+            columns = None  # a structure the flattener takes otherwise: never here
+        if not columns:  # None: not all of the schema's structure (or no leaves at all)
+            return list(zip(*self._one_by_one(block)))
+        if self.schema.binding is None:
+            return columns
+        return list(zip(*self._one_by_one(block, zip(*columns))))
 
     def _agrees(self, record: Any, columns: list[list[Any]]) -> bool:
         """Whether ``tree_flatten`` of the first record gives the schema's treedef and the
@@ -204,6 +222,11 @@ class _Rows:
                     raise SchemaMismatchError(hints(schema, message, record))
             yield schema.column_leaves(leaves)
             self.seen += 1
+
+
+def _rows(columns: Sequence[Sequence[Any]], count: int) -> Iterator[Sequence[Any]]:
+    """The ``count`` rows of a block's ``columns`` (rows of nothing: no columns)."""
+    return zip(*columns) if columns else itertools.repeat((), count)
 
 
 def _flattener(treedef: Any) -> BlockFlattener | None:

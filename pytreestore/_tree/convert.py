@@ -188,28 +188,39 @@ class RowFiller:
             raise
 
     def fill_block(self, rows: Sequence[Sequence[Any]], at: int) -> None:
-        """Writes many records' leaves into rows ``at, at + 1, ...``, one column at a time.
+        """Writes many records' leaves into rows ``at, at + 1, ...``, one column at a time
+        (:meth:`fill_columns` of the rows' columns).
+
+        Raises:
+            RecordError: record ``rows[error.index]`` was refused.
+        """
+        self.fill_columns(list(zip(*rows)), at, len(rows))
+
+    def fill_columns(self, columns: Sequence[Sequence[Any]], at: int, count: int) -> None:
+        """Writes ``count`` records given as ``columns`` (per column, each record's value)
+        into rows ``at, at + 1, ...``.
 
         A column whose values are all of an exact type (accepted Python scalars, the column's
         numpy scalar type, or arrays of its dtype and shape) is converted in one numpy call;
         anything else goes record by record.
 
         Raises:
-            RecordError: record ``rows[error.index]`` was refused.
+            RecordError: record ``error.index`` (counted from the first of ``columns``) was
+                refused.
         """
         try:
             with np.errstate(over="ignore"):  # overflows are found below and refused
-                self._fill_columns(rows, at)
+                self._fill_columns(columns, at, count)
         except (OverflowError, TypeError, ValueError):
-            for i, leaves in enumerate(rows):
+            for i, leaves in enumerate(zip(*columns)):
                 try:
                     self.fill(leaves, at + i)
                 except SchemaMismatchError as err:
                     raise RecordError(i, err) from err
 
-    def _fill_columns(self, rows: Sequence[Sequence[Any]], at: int) -> None:
-        for (exact, dtype, shape, buf, _), top, column in zip(self._fast, self._tops, zip(*rows)):
-            block = buf[at : at + len(rows)]
+    def _fill_columns(self, columns: Sequence[Sequence[Any]], at: int, count: int) -> None:
+        for (exact, dtype, shape, buf, _), top, column in zip(self._fast, self._tops, columns):
+            block = buf[at : at + count]
             _fill_column(block, column, exact, dtype, shape)
             if top is not None and not np.isfinite(block).all():
                 raise ValueError("non-finite values: check record by record")
