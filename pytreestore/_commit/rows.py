@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 import collections
-import functools
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -52,6 +51,8 @@ class FixedTreeRows:
     write_batch: Callable[[Sequence[np.ndarray]], None]
     snapshot: Callable[[], tuple[int, int]]
     rollback: Callable[[tuple[int, int]], None]
+    #: the schema the block flattener was made for, and the flattener (see :meth:`extend`)
+    _flattened: tuple[TreeSchema, BlockFlattener | None] | None = None
 
     def append_record(self, record: Any) -> None:
         """Buffers one record after checking its structure against the schema."""
@@ -77,6 +78,15 @@ class FixedTreeRows:
         """
         self.append_many(row for columns, count in blocks for row in _rows(columns, count))
 
+    def _flattener(self) -> BlockFlattener | None:
+        """The block flattener of the schema's records (None: each record by itself), made
+        once per schema (by identity: JAX's treedefs of two dataclasses of the same fields
+        compare equal)."""
+        made = self._flattened
+        if made is None or made[0] is not self.schema:
+            made = self._flattened = (self.schema, block_flattener(self.schema.treedef))
+        return made[1]
+
     def extend(self, records: Iterable[Any]) -> None:
         """Buffers every record of ``records``, all or none, committing whole chunks.
 
@@ -91,7 +101,7 @@ class FixedTreeRows:
         """
         records = _arguments.iterable(records, "extend()", "records")
         schema = self.schema
-        rows = _Blocks(schema, records)
+        rows = _Blocks(schema, records, self._flattener())
         position = self.snapshot()
         try:
             self.append_blocks(rows.blocks())
@@ -161,11 +171,13 @@ class _Blocks:
         seen: the index of the record being checked (all before it were accepted).
     """
 
-    def __init__(self, schema: TreeSchema, records: Iterable[Any]) -> None:
+    def __init__(
+        self, schema: TreeSchema, records: Iterable[Any], flat: BlockFlattener | None
+    ) -> None:
         self.schema = schema
         self.records = records
         self.seen = 0
-        self.flat = _flattener(schema.treedef)
+        self.flat = flat
         # the last blocks, (first index, records), for naming a refused record: they cover
         # every row a row buffer has taken but not yet filled (a chunk at most)
         self.recent: collections.deque[tuple[int, list[Any]]] = collections.deque(
@@ -227,18 +239,6 @@ class _Blocks:
 def _rows(columns: Sequence[Sequence[Any]], count: int) -> Iterator[Sequence[Any]]:
     """The ``count`` rows of a block's ``columns`` (rows of nothing: no columns)."""
     return zip(*columns) if columns else itertools.repeat((), count)
-
-
-def _flattener(treedef: Any) -> BlockFlattener | None:
-    """The block flattener of records of ``treedef`` (None: each record by itself), made once
-    per treedef."""
-    try:
-        return _cached_flattener(treedef)
-    except TypeError:  # static data that cannot be hashed: made for this call
-        return block_flattener(treedef)
-
-
-_cached_flattener = functools.lru_cache(maxsize=64)(block_flattener)
 
 
 def hints(schema: TreeSchema, message: str, record: Any, *, batched: bool = False) -> str:
