@@ -76,7 +76,7 @@ class FixedTreeRows:
         Raises:
             RecordError: a record was refused; ``index`` counts from the first block's first.
         """
-        self.append_many(row for columns, count in blocks for row in _rows(columns, count))
+        self.append_many(itertools.chain.from_iterable(_rows(c, n) for c, n in blocks))
 
     def _flattener(self) -> BlockFlattener | None:
         """The block flattener of the schema's records (None: each record by itself), made
