@@ -27,7 +27,7 @@ from jax.tree_util import tree_flatten
 
 from pytreestore import _arguments
 from pytreestore._format.schema import TreeSchema
-from pytreestore._tree.convert import LeafCaster, RecordError
+from pytreestore._tree.convert import LeafCaster, RecordError, RowFiller
 from pytreestore._tree.flatten import BlockFlattener, block_flattener
 from pytreestore._tree.hints import hinted, record_problems
 from pytreestore._tree.stack import batch_length
@@ -92,7 +92,10 @@ class FixedTreeRows:
 
         Records are taken :data:`BLOCK` at a time; a block whose records all have the schema's
         structure is flattened at once (:class:`~pytreestore._tree.flatten.BlockFlattener`),
-        any other record by ``tree_flatten`` and its treedef.
+        any other record by ``tree_flatten`` and its treedef. A list or tuple of records
+        whose columns take at most :data:`STACKED_BYTES` is stacked into whole columns and
+        written as one batch (``write_batch``, as ``extend_batch`` does); anything else is
+        handed to the row buffer a block at a time (:meth:`append_blocks`).
 
         Raises:
             SchemaMismatchError: a record was refused (the error names its position); none
@@ -104,7 +107,11 @@ class FixedTreeRows:
         rows = _Blocks(schema, records, self._flattener())
         position = self.snapshot()
         try:
-            self.append_blocks(rows.blocks())
+            count = _stackable(records, schema)
+            if count is not None:
+                self._write_stacked(rows, count)
+            else:
+                self.append_blocks(rows.blocks())
         except (SchemaMismatchError, RecordError) as err:
             self.rollback(position)
             index, cause = (
@@ -121,6 +128,25 @@ class FixedTreeRows:
         except BaseException:
             self.rollback(position)
             raise
+
+    def _write_stacked(self, rows: _Blocks, count: int) -> None:
+        """Fills whole columns of ``count`` records from ``rows``' blocks, then writes them
+        as one batch.
+
+        Raises:
+            RecordError: a record was refused (``index`` counted from the first); nothing
+                was written.
+        """
+        columns = [np.empty((count, *c.shape), c.dtype) for c in self.schema.columns]
+        filler, done = RowFiller(self.casters, columns), 0
+        for block, n in rows.blocks():
+            try:
+                filler.fill_columns(block, done, n)
+            except RecordError as err:
+                raise RecordError(done + err.index, err.error) from err.error
+            done += n
+        if done:
+            self.write_batch(columns if done == count else [c[:done] for c in columns])
 
     def extend_batch(self, batch: Any, mask: Any = None, *, where: str = "this store") -> None:
         """Buffers a batched record (leaves with a leading record axis), all or none.
@@ -155,6 +181,21 @@ class FixedTreeRows:
         except BaseException:
             self.rollback(position)
             raise
+
+
+#: the most bytes of column values an ``extend()`` of a list stacks whole before writing them
+#: (more, or records that are not a list or tuple, go to the row buffer a block at a time)
+STACKED_BYTES = 64 * 2**20
+
+
+def _stackable(records: Iterable[Any], schema: TreeSchema) -> int | None:
+    """The number of ``records`` if they are a list or tuple (not a subclass, which may
+    iterate otherwise than its ``len()`` says) whose columns fit :data:`STACKED_BYTES`, else
+    None."""
+    if type(records) is not list and type(records) is not tuple:
+        return None
+    count = len(records)
+    return count if count * sum(c.record_nbytes for c in schema.columns) <= STACKED_BYTES else None
 
 
 #: records flattened at once by :meth:`FixedTreeRows.extend` (a block's columns are lists of
