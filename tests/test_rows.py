@@ -15,6 +15,7 @@ from flax import struct
 
 import pytreestore
 from pytreestore import errors
+from pytreestore._commit import rows
 from pytreestore._commit.rows import BLOCK
 from pytreestore.testing import assert_trees_equal
 from tests.peer_trees import scale_by_two
@@ -138,9 +139,15 @@ REFUSED: dict[str, Callable[[int], Any]] = {
 }
 
 
-@pytest.mark.parametrize("at", [0, BLOCK - 1, BLOCK, COUNT - 1])
+#: how extend() takes its records: a list is stacked whole and written as one batch, any
+#: other iterable (or a list past STACKED_BYTES) goes to the row buffer a block at a time
+HOW: dict[str, Callable[[list[Any]], Any]] = {"list": list, "generator": lambda xs: iter(xs)}
+
+
+@pytest.mark.parametrize("how", HOW.values(), ids=HOW.keys())
+@pytest.mark.parametrize("at", [0, BLOCK, COUNT - 1])
 @pytest.mark.parametrize("bad", REFUSED.values(), ids=REFUSED.keys())
-def test_a_refused_record_is_named_as_append_names_it(tmp_path, bad, at):
+def test_a_refused_record_is_named_as_append_names_it(tmp_path, bad, at, how):
     records = _records(COUNT)
     with pytreestore.create(tmp_path / "s", records[0], chunk_records=300) as store:
         kept = records[:7]
@@ -148,7 +155,7 @@ def test_a_refused_record_is_named_as_append_names_it(tmp_path, bad, at):
         refused = bad(at)
         want = _append_error(store, refused)
         records[at] = refused
-        got = _extend_error(store, records)
+        got = _extend_error(store, how(records))
         assert got == (
             f"extend() refused record {at} (none of this call's records were appended): {want}"
         )
@@ -157,12 +164,13 @@ def test_a_refused_record_is_named_as_append_names_it(tmp_path, bad, at):
         assert_trees_equal(store.load(as_numpy=True), pytreestore.stack(kept, as_numpy=True))
 
 
+@pytest.mark.parametrize("how", HOW.values(), ids=HOW.keys())
 @pytest.mark.parametrize("bad", [_static_differs, _wrong_dtype], ids=["structure", "value"])
-def test_refusals_keep_nothing_on_every_backend(tmp_path, backend, bad):
-    records = _records(BLOCK + 40)  # chunks are written before the refusal, then rolled back
+def test_refusals_keep_nothing_on_every_backend(tmp_path, backend, bad, how):
+    records = _records(BLOCK + 40)  # a generator's chunks are written, then rolled back
     with pytreestore.create(tmp_path / "s", records[0], chunk_records=256, backend=backend) as s:
         records[BLOCK + 20] = bad(BLOCK + 20)
-        message = _extend_error(s, records)
+        message = _extend_error(s, how(records))
         assert message.startswith(f"extend() refused record {BLOCK + 20} (none of this call")
         assert len(s) == 0
         s.extend(records[:3])
@@ -178,3 +186,16 @@ def test_a_refused_record_names_its_fix(tmp_path):
         message = _extend_error(store, records)
     assert f"extend() refused record {BLOCK + 1} " in message
     assert "expected a list of 2, got a list of 3 (declare ragged=[\"['x']\"]" in message
+
+
+def test_a_list_past_the_stacked_size_streams_and_reads_back(tmp_path, backend, monkeypatch):
+    monkeypatch.setattr(rows, "STACKED_BYTES", 1000)  # a few records' worth
+    records = _records(BLOCK + 40)
+    with pytreestore.create(tmp_path / "s", records[0], chunk_records=256, backend=backend) as s:
+        s.extend(records[:2])  # stacked: 2 records fit
+        s.extend(records[2:])  # streamed
+        bad = [*records[:BLOCK], _wrong_dtype(0)]
+        message = _extend_error(s, bad)
+        assert message.startswith(f"extend() refused record {BLOCK} (none of this call")
+    with pytreestore.open(tmp_path / "s", backend=backend) as store:
+        assert_trees_equal(store.load(as_numpy=True), pytreestore.stack(records, as_numpy=True))
