@@ -19,9 +19,9 @@ of records is flattened a block of 1,024 at a time by a flattener compiled from 
 treedef (``pytreestore/_tree/flatten.py``: one C-level ``map`` per node and block, checking the
 structure as it goes), about 0.2 s; its columns are filled into whole arrays (about 0.2 s,
 mostly the five shape-(3,) leaves) and written as one batch (under 0.1 s). The goal (15x the
-recipe) sits within the recipe's own spread. **load**: a full load bypasses the decoded-chunk cache (it
-reads a chunk or more) and goes to TensorStore as before; against raw TensorStore it pays the
-request, the replaced-store check and the unflatten, a millisecond or two.
+recipe) sits within the recipe's own spread. **load**: a full load bypasses the decoded-chunk
+cache (it reads a chunk or more) and goes to TensorStore as before; against raw TensorStore it
+pays the request, the replaced-store check and the unflatten, a millisecond or two.
 """
 
 from __future__ import annotations
