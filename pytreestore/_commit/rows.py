@@ -16,6 +16,8 @@ Example:
 
 from __future__ import annotations
 
+import collections
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -25,7 +27,8 @@ from jax.tree_util import tree_flatten
 
 from pytreestore import _arguments
 from pytreestore._format.schema import TreeSchema
-from pytreestore._tree.convert import LeafCaster, RecordError
+from pytreestore._tree.convert import LeafCaster, RecordError, RowFiller
+from pytreestore._tree.flatten import BlockFlattener, block_flattener
 from pytreestore._tree.hints import hinted, record_problems
 from pytreestore._tree.stack import batch_length
 from pytreestore.errors import SchemaMismatchError
@@ -48,6 +51,8 @@ class FixedTreeRows:
     write_batch: Callable[[Sequence[np.ndarray]], None]
     snapshot: Callable[[], tuple[int, int]]
     rollback: Callable[[tuple[int, int]], None]
+    #: the schema the block flattener was made for, and the flattener (see :meth:`extend`)
+    _flattened: tuple[TreeSchema, BlockFlattener | None] | None = None
 
     def append_record(self, record: Any) -> None:
         """Buffers one record after checking its structure against the schema."""
@@ -60,8 +65,37 @@ class FixedTreeRows:
         except SchemaMismatchError as err:
             raise SchemaMismatchError(hints(schema, str(err), record)) from None
 
+    def append_blocks(self, blocks: Iterator[tuple[Sequence[Sequence[Any]], int]]) -> None:
+        """Buffers records given a block at a time as ``(columns, count)``: per column, the
+        values of ``count`` already-checked records, in column order (as
+        :meth:`~pytreestore._tree.convert.RowFiller.fill_columns` takes them).
+
+        This default hands them to ``append_many`` a row at a time; a row buffer that fills
+        its columns from a block's columns directly overrides it.
+
+        Raises:
+            RecordError: a record was refused; ``index`` counts from the first block's first.
+        """
+        self.append_many(itertools.chain.from_iterable(_rows(c, n) for c, n in blocks))
+
+    def _flattener(self) -> BlockFlattener | None:
+        """The block flattener of the schema's records (None: each record by itself), made
+        once per schema (by identity: JAX's treedefs of two dataclasses of the same fields
+        compare equal)."""
+        made = self._flattened
+        if made is None or made[0] is not self.schema:
+            made = self._flattened = (self.schema, block_flattener(self.schema.treedef))
+        return made[1]
+
     def extend(self, records: Iterable[Any]) -> None:
         """Buffers every record of ``records``, all or none, committing whole chunks.
+
+        Records are taken :data:`BLOCK` at a time; a block whose records all have the schema's
+        structure is flattened at once (:class:`~pytreestore._tree.flatten.BlockFlattener`),
+        any other record by ``tree_flatten`` and its treedef. A list or tuple of records
+        whose columns take at most :data:`STACKED_BYTES` is stacked into whole columns and
+        written as one batch (``write_batch``, as ``extend_batch`` does); anything else is
+        handed to the row buffer a block at a time (:meth:`append_blocks`).
 
         Raises:
             SchemaMismatchError: a record was refused (the error names its position); none
@@ -69,32 +103,24 @@ class FixedTreeRows:
             ArgumentTypeError: ``records`` is not iterable.
         """
         records = _arguments.iterable(records, "extend()", "records")
-        schema, seen = self.schema, [0]
-        recent: dict[int, Any] = {}  # the records of the block being filled, for hints
-
-        def checked() -> Iterator[list[Any]]:
-            for record in records:
-                leaves, got = tree_flatten(record)
-                if got != schema.treedef:
-                    message = schema.mismatch_message(record)
-                    raise SchemaMismatchError(hints(schema, message, record))
-                if len(recent) >= schema.chunk_records:
-                    recent.pop(next(iter(recent)))
-                recent[seen[0]] = record
-                yield schema.column_leaves(leaves)
-                seen[0] += 1
-
+        schema = self.schema
+        rows = _Blocks(schema, records, self._flattener())
         position = self.snapshot()
         try:
-            self.append_many(checked())
+            count = _stackable(records, schema)
+            if count is not None:
+                self._write_stacked(rows, count)
+            else:
+                self.append_blocks(rows.blocks())
         except (SchemaMismatchError, RecordError) as err:
             self.rollback(position)
             index, cause = (
-                (err.index, err.error) if isinstance(err, RecordError) else (seen[0], err)
+                (err.index, err.error) if isinstance(err, RecordError) else (rows.seen, err)
             )
             why = str(cause)
-            if isinstance(err, RecordError) and index in recent:
-                why = hints(schema, why, recent[index])
+            record = rows.record(index) if isinstance(err, RecordError) else None
+            if record is not None:
+                why = hints(schema, why, record[0])
             raise SchemaMismatchError(
                 f"extend() refused record {index} (none of this call's records were "
                 f"appended): {why}"
@@ -102,6 +128,25 @@ class FixedTreeRows:
         except BaseException:
             self.rollback(position)
             raise
+
+    def _write_stacked(self, rows: _Blocks, count: int) -> None:
+        """Fills whole columns of ``count`` records from ``rows``' blocks, then writes them
+        as one batch.
+
+        Raises:
+            RecordError: a record was refused (``index`` counted from the first); nothing
+                was written.
+        """
+        columns = [np.empty((count, *c.shape), c.dtype) for c in self.schema.columns]
+        filler, done = RowFiller(self.casters, columns), 0
+        for block, n in rows.blocks():
+            try:
+                filler.fill_columns(block, done, n)
+            except RecordError as err:
+                raise RecordError(done + err.index, err.error) from err.error
+            done += n
+        if done:
+            self.write_batch(columns if done == count else [c[:done] for c in columns])
 
     def extend_batch(self, batch: Any, mask: Any = None, *, where: str = "this store") -> None:
         """Buffers a batched record (leaves with a leading record axis), all or none.
@@ -136,6 +181,105 @@ class FixedTreeRows:
         except BaseException:
             self.rollback(position)
             raise
+
+
+#: the most bytes of column values an ``extend()`` of a list stacks whole before writing them
+#: (more, or records that are not a list or tuple, go to the row buffer a block at a time)
+STACKED_BYTES = 64 * 2**20
+
+
+def _stackable(records: Iterable[Any], schema: TreeSchema) -> int | None:
+    """The number of ``records`` if they are a list or tuple (not a subclass, which may
+    iterate otherwise than its ``len()`` says) whose columns fit :data:`STACKED_BYTES`, else
+    None."""
+    if type(records) is not list and type(records) is not tuple:
+        return None
+    count = len(records)
+    return count if count * sum(c.record_nbytes for c in schema.columns) <= STACKED_BYTES else None
+
+
+#: records flattened at once by :meth:`FixedTreeRows.extend` (a block's columns are lists of
+#: this length: large enough to spread a block's fixed cost, small enough to stay in cache)
+BLOCK = 1024
+
+
+class _Blocks:
+    """The records of one ``extend()``, a block at a time as the columns of its rows
+    (column order), each block checked against ``schema``'s treedef: flattened at once when
+    every record has its structure, else record by record.
+
+    Attributes:
+        seen: the index of the record being checked (all before it were accepted).
+    """
+
+    def __init__(
+        self, schema: TreeSchema, records: Iterable[Any], flat: BlockFlattener | None
+    ) -> None:
+        self.schema = schema
+        self.records = records
+        self.seen = 0
+        self.flat = flat
+        # the last blocks, (first index, records), for naming a refused record: they cover
+        # every row a row buffer has taken but not yet filled (a chunk at most)
+        self.recent: collections.deque[tuple[int, list[Any]]] = collections.deque(
+            maxlen=schema.chunk_records // BLOCK + 2
+        )
+
+    def record(self, index: int) -> tuple[Any] | None:
+        """``(record,)`` for the record at ``index``, if it is one of the recent blocks'."""
+        for start, block in self.recent:
+            if start <= index < start + len(block):
+                return (block[index - start],)
+        return None
+
+    def blocks(self) -> Iterator[tuple[Sequence[Sequence[Any]], int]]:
+        """``(columns, count)`` for each block of records, once (see ``append_blocks``)."""
+        records = iter(self.records)
+        while block := list(itertools.islice(records, BLOCK)):
+            start = self.seen
+            self.recent.append((start, block))
+            yield self._columns(block), len(block)
+            self.seen = start + len(block)
+
+    def _columns(self, block: list[Any]) -> Sequence[Sequence[Any]]:
+        columns = self.flat.columns(block) if self.flat is not None else None
+        if columns and self.seen == 0 and not self._agrees(block[0], columns):
+            columns = None  # a structure the flattener takes otherwise: never here
+        if not columns:  # None: not all of the schema's structure (or no leaves at all)
+            return list(zip(*self._one_by_one(block)))
+        if self.schema.binding is None:
+            return columns
+        return list(zip(*self._one_by_one(block, zip(*columns))))
+
+    def _agrees(self, record: Any, columns: list[list[Any]]) -> bool:
+        """Whether ``tree_flatten`` of the first record gives the schema's treedef and the
+        leaves that the block flattener gave it (a check of the flattener, once a call)."""
+        leaves, got = tree_flatten(record)
+        return got == self.schema.treedef and all(
+            a is b for a, b in zip(leaves, (c[0] for c in columns), strict=True)
+        )
+
+    def _one_by_one(
+        self, block: list[Any], flattened: Iterator[tuple[Any, ...]] | None = None
+    ) -> Iterator[Sequence[Any]]:
+        """The rows of ``block``, each record flattened and checked by itself (or taken from
+        ``flattened``, already checked), then bound to the columns."""
+        schema = self.schema
+        for record in block:
+            if flattened is not None:
+                leaves = list(next(flattened))
+            else:
+                leaves, got = tree_flatten(record)
+                if got != schema.treedef:
+                    message = schema.mismatch_message(record)
+                    raise SchemaMismatchError(hints(schema, message, record))
+            yield schema.column_leaves(leaves)
+            self.seen += 1
+
+
+def _rows(columns: Sequence[Sequence[Any]], count: int) -> Iterator[Sequence[Any]]:
+    """The ``count`` rows of a block's ``columns`` (rows of nothing: no columns)."""
+    return zip(*columns) if columns else itertools.repeat((), count)
 
 
 def hints(schema: TreeSchema, message: str, record: Any, *, batched: bool = False) -> str:

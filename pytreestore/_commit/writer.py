@@ -303,6 +303,30 @@ class Writer(FixedTreeRows):
         if self.start > self.commit.records:
             self._commit(self.start)
 
+    def append_blocks(self, blocks: Iterator[tuple[Sequence[Sequence[Any]], int]]) -> None:
+        """Buffers records given a block at a time as columns (``(columns, count)``: per
+        column, each record's value), committing once at the end.
+
+        Raises:
+            RecordError: a record was refused; ``index`` counts from the first block's start.
+        """
+        self.settle()
+        done = 0
+        for columns, count in blocks:
+            taken = 0
+            while taken < count:
+                if self.fill == self.chunk:
+                    self._write_chunk(commit=False)
+                take = min(self.chunk - self.fill, count - taken)
+                part = columns if take == count else [c[taken : taken + take] for c in columns]
+                try:
+                    self.filler.fill_columns(part, self.fill, take)
+                except RecordError as err:
+                    raise RecordError(done + err.index, err.error) from err.error
+                self.fill, taken, done = self.fill + take, taken + take, done + take
+        if self.start > self.commit.records:
+            self._commit(self.start)
+
     def write_batch(self, blocks: Sequence[np.ndarray]) -> None:
         """Appends already-checked column blocks with a common leading length (on a backend
         with transactions, as one atomic step: the caller rolls back if it fails)."""

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 import ml_dtypes
@@ -248,23 +249,34 @@ class RowFiller:
             buf[row] = coerce(leaf)
 
     def fill_block(self, rows: Sequence[Sequence[Any]], at: int) -> None:
-        """Writes many records' leaves into rows ``at, at + 1, ...``, one column at a time.
+        """Writes many records' leaves into rows ``at, at + 1, ...``, one column at a time
+        (:meth:`fill_columns` of the rows' columns).
+
+        Raises:
+            RecordError: record ``rows[error.index]`` was refused.
+        """
+        self.fill_columns(list(zip(*rows)), at, len(rows))
+
+    def fill_columns(self, columns: Sequence[Sequence[Any]], at: int, count: int) -> None:
+        """Writes ``count`` records given as ``columns`` (per column, each record's value)
+        into rows ``at, at + 1, ...``.
 
         A column whose values are all of an exact type (accepted Python scalars, the column's
         numpy scalar type, or arrays of its dtype and shape) is converted in one numpy call;
         anything else goes record by record.
 
         Raises:
-            RecordError: record ``rows[error.index]`` was refused.
+            RecordError: record ``error.index`` (counted from the first of ``columns``) was
+                refused.
         """
         try:
             with np.errstate(over="ignore"):  # overflows are found below and refused
-                self._fill_columns(rows, at)
+                self._fill_columns(columns, at, count)
         except (OverflowError, TypeError, ValueError):
             # many records at once: device arrays are copied now (the loop, no device)
             saved, (self.device, self._fill) = (self.device, self._fill), (None, None)
             try:
-                for i, leaves in enumerate(rows):
+                for i, leaves in enumerate(zip(*columns)):
                     try:
                         self.fill(leaves, at + i)
                     except SchemaMismatchError as err:
@@ -272,10 +284,10 @@ class RowFiller:
             finally:
                 self.device, self._fill = saved
 
-    def _fill_columns(self, rows: Sequence[Sequence[Any]], at: int) -> None:
-        for (_, dtype, shape, buf, _, top, i), column in zip(self._fast, zip(*rows)):
+    def _fill_columns(self, columns: Sequence[Sequence[Any]], at: int, count: int) -> None:
+        for (_, dtype, shape, buf, _, top, i), column in zip(self._fast, columns):
             exact = self._casters[i].exact
-            block = buf[at : at + len(rows)]
+            block = buf[at : at + count]
             _fill_column(block, column, exact, dtype, shape)
             if top is not None and not np.isfinite(block).all():
                 raise ValueError("non-finite values: check record by record")
@@ -299,11 +311,16 @@ def _fill_column(
 ) -> None:
     types = set(map(type, column))
     if types <= exact or (
-        types == {np.ndarray} and all(a.dtype is dtype and a.shape == shape for a in column)
+        types == {np.ndarray}
+        and all(d is dtype and s == shape for d, s in set(map(_DTYPE_SHAPE, column)))
     ):
         out[...] = column
     else:
         raise ValueError("mixed leaf types: convert record by record")
+
+
+#: an array's dtype and shape, taken by one C call per array
+_DTYPE_SHAPE = attrgetter("dtype", "shape")
 
 
 class RecordError(Exception):
