@@ -81,9 +81,10 @@ def test_a_commit_is_one_ocdbt_generation(tmp_path: Path) -> None:
     generation = snapshots.generation_of(engine, 2)
     assert generation is not None and generation == before + 2
     at = engine.at_generation(generation)
-    assert at.column_shapes(list(like)) == [(8,)] * 5  # every column resized in it (whole
-    # chunks are committed; the 2 records of the tail wait in the buffer until close)
+    assert at.column_shapes(list(like)) == [(10,)] * 5  # every column resized in it (the
+    # tail chunk is written with the whole ones: all 10 records are committed)
     assert at.read_bytes(version_key(2)) is not None
+    assert at.read(list(like), slice(0, 10), 10)[0].tolist() == [1, *range(9)]
 
 
 def test_a_failed_block_commits_nothing(tmp_path: Path) -> None:

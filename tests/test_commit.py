@@ -122,6 +122,38 @@ def test_clearing_an_empty_location_does_nothing(tmp_path):
     assert engine.is_empty()
 
 
+@pytest.mark.plain_files
+@pytest.mark.parametrize("left", [["lock"], ["lock", "incomplete.__lock"], ["lock", ".x.partial"]])
+def test_what_a_create_killed_before_its_marker_left_counts_as_a_store(tmp_path, backend, left):
+    """Its lock (and a partial write of the marker), nothing else: overwrite=True replaces it."""
+    meta = tmp_path / "s" / ".pytreestore"
+    meta.mkdir(parents=True)
+    for name in left:
+        (meta / name).write_bytes(b"12345\n")
+    location, engine = engine_at(tmp_path / "s", backend)
+    assert protocol.cut_off_create(engine)
+    with pytest.raises(errors.StoreExistsError, match="already holds a store; pass overwrite"):
+        protocol.clear_for_create(engine, location, overwrite=False)
+    with pytreestore.create(str(tmp_path / "s"), LIKE, overwrite=True, backend=backend) as s:
+        s.append(LIKE)
+    assert len(pytreestore.open(str(tmp_path / "s"), backend=backend)) == 1
+
+
+@pytest.mark.plain_files
+def test_pytreestore_files_beside_other_data_are_no_cut_off_create(tmp_path, backend):
+    meta = tmp_path / "s" / ".pytreestore"
+    (meta / "versions").mkdir(parents=True)  # a folder: more than a create before its marker
+    (meta / "lock").write_bytes(b"1\n")
+    location, engine = engine_at(tmp_path / "s", backend)
+    assert not protocol.cut_off_create(engine)
+    (meta / "versions").rmdir()
+    (tmp_path / "s" / "notes.txt").write_text("mine")  # something else beside it
+    assert not protocol.cut_off_create(engine)
+    with pytest.raises(errors.StoreExistsError, match="refusing to delete"):
+        protocol.clear_for_create(engine, location, overwrite=True)
+    assert not protocol.cut_off_create(engine_at("memory://cut-off-create")[1])
+
+
 # ---- opening: the lock handshake and check_starts ------------------------------------------------
 
 

@@ -5,9 +5,10 @@ The writer is a child forked by the trial zygote (:mod:`tests.trial_harness`) ru
 :func:`writer_main` from this module. It appends records ``record(i)`` following a seeded
 plan of append / extend / extend_batch / flush calls and logs ``COMMITTED <n>`` after every
 flush. The parent kills it after a random number of
-commits or a random delay. Commits happen only at flush and at chunk boundaries, so the
-committed count after the kill is the last one reported, a chunk boundary past it, or the
-next flush's count.
+commits or a random delay. Commits happen only at flush, at chunk boundaries and at the end
+of an ``extend_batch`` that reached a chunk boundary (it writes its tail chunk with its whole
+ones and commits everything), so the committed count after the kill is the last one
+reported, one of those points past it, or the next flush's count.
 
 ``pytest -m slow tests/test_crash.py`` runs many more trials.
 """
@@ -28,7 +29,7 @@ import pytest
 import zarr
 
 import pytreestore
-from pytreestore.errors import CorruptStoreError, StoreLockedError
+from pytreestore.errors import CorruptStoreError, PyTreeStoreError, StoreLockedError
 from tests.trial_harness import Log, Zygote, read_log, wait_for
 
 pytest_plugins = ("tests.fixtures",)
@@ -171,6 +172,16 @@ class Writer:
                 points.append(n)
         return [*points, n]
 
+    def batch_points(self) -> list[int]:
+        """The record count after each ``extend_batch`` that reached a chunk boundary: it
+        writes and commits every record it holds (the tail chunk's with the whole ones)."""
+        n, points = self.start, []
+        for op, k in self.plan:
+            if op == "batch" and (n + k) // CHUNK > n // CHUNK:
+                points.append(n + k)
+            n += k
+        return points
+
 
 @pytest.fixture
 def writers(zygote: Zygote) -> Iterator[Callable[..., Writer]]:
@@ -201,11 +212,13 @@ def new_writer(writers: Callable[..., Writer], trial: int, path: Path) -> Writer
 # ---- the trials --------------------------------------------------------------------------------
 
 
-def allowed_counts(last: int, points: list[int]) -> set[int]:
+def allowed_counts(last: int, points: list[int], batches: list[int]) -> set[int]:
     """What a store may hold after the last reported commit ``last``: ``last``, any chunk
-    boundary before the next flush, or the next flush's count."""
+    boundary or end of a chunk-crossing ``extend_batch`` (``batches``) before the next flush,
+    or the next flush's count."""
     nxt = next((p for p in points if p > last), last)
-    return {last, nxt} | {m for m in range(last + 1, nxt) if m % CHUNK == 0}
+    between = {m for m in range(last + 1, nxt) if m % CHUNK == 0 or m in batches}
+    return {last, nxt} | between
 
 
 def kill_at_random(writer: Writer, rng: random.Random) -> tuple[int, list[str]]:
@@ -252,7 +265,8 @@ def test_sigkilled_writer_leaves_a_committed_prefix(
 
     with pytreestore.open(writer.path) as store:
         n = len(store)
-        assert n in allowed_counts(reported, points), f"{context}; store holds {n}"
+        allowed = allowed_counts(reported, points, writer.batch_points())
+        assert n in allowed, f"{context}; store holds {n}"
         check_prefix(store, n)
     assert min(column_lengths(writer.path)) >= n, context
 
@@ -297,7 +311,8 @@ def test_sigkilled_ocdbt_writer_leaves_every_earlier_commit_intact(
     assert writer.returncode in (0, -signal.SIGKILL), f"{context}\n{writer.stderr}"
     with pytreestore.open(str(path)) as store:
         n = len(store)
-        assert n in allowed_counts(reported, writer.flush_points()), f"{context}; holds {n}"
+        allowed = allowed_counts(reported, writer.flush_points(), writer.batch_points())
+        assert n in allowed, f"{context}; holds {n}"
         check_prefix(store, n)
     with pytreestore.open(str(path), mode="a") as store:
         store.extend(records(n, n + 5))
@@ -360,3 +375,86 @@ def test_stale_lock_file_of_the_commit_record_does_not_damage_the_next_commit(
         store.append(record(3))
     with pytreestore.open(path) as store:
         check_prefix(store, 4)
+
+
+# ---- a create and one big extend_batch, killed at any moment -------------------------------------
+# create writes its incomplete marker, then the columns, then the groups, schema, version record
+# and commit record together, the root last, and removes the marker; an extend_batch reaching a
+# chunk boundary writes its tail chunk with its whole ones and commits once.
+
+SAVE_LIKE = {f"g{j}": {f"c{k}": np.zeros(3, np.float32) for k in range(6)} for j in range(4)}
+SAVE_RECORDS = 5 * CHUNK + 7
+
+
+def save_batch(n: int) -> dict[str, Any]:
+    i = np.arange(n, dtype=np.float32)[:, None] + np.arange(3, dtype=np.float32)
+    return {
+        g: {c: i + 100 * j + k for k, c in enumerate(sub)}
+        for j, (g, sub) in enumerate(SAVE_LIKE.items())
+    }
+
+
+def saver_main(path: str, log_file: str, backend: str) -> None:
+    """Runs in the forked child: create, one extend_batch of :data:`SAVE_RECORDS`, close."""
+    log = Log(log_file)
+    store = pytreestore.create(path, SAVE_LIKE, chunk_records=CHUNK, backend=backend)
+    log("CREATED")
+    store.extend_batch(save_batch(SAVE_RECORDS))
+    store.close()
+    log(f"CLOSED {SAVE_RECORDS}")
+
+
+def check_saved(path: str, backend: str, n: int) -> None:
+    with pytreestore.open(path, backend=backend) as store:
+        assert len(store) == n
+        got, want = store.load(as_numpy=True), save_batch(n)
+        for g, sub in want.items():
+            for c, column in sub.items():
+                np.testing.assert_array_equal(got[g][c], column, err_msg=f"{g}/{c}")
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+@pytest.mark.parametrize("trial", range(4))
+def test_a_save_killed_at_any_moment_leaves_an_empty_store_a_whole_one_or_a_marked_one(
+    trial: int, backend: str, zygote: Zygote, tmp_path: Path
+) -> None:
+    """Killed during create: the location holds nothing, or a store being made (its marker
+    there: ``overwrite=True`` replaces it), or the empty store. Killed after create: the
+    store holds 0 records or all of the batch's, never part of them."""
+    path, log = str(tmp_path / "store"), str(tmp_path / "saver.log")
+    rng = random.Random(7000 + trial)
+    pid = zygote.start(
+        kind="call", target="tests.test_crash:saver_main", args=[path, log, backend], log=log
+    )
+    wait_for(log, "CREATED" if trial % 2 else "start")  # odd trials: in the extend_batch
+    delay = rng.uniform(0, 0.3 if trial % 2 else 0.15)
+    time.sleep(delay)
+    status = os.waitstatus_to_exitcode(zygote.kill(pid))
+    lines = read_log(log)
+    assert status in (0, -signal.SIGKILL), lines
+    created = "CREATED" in lines
+    try:
+        with pytreestore.open(path, backend=backend) as store:
+            n = len(store)
+    except PyTreeStoreError:
+        assert not created, f"a created store does not open (log {lines})"
+        left = sorted(str(p.relative_to(path)) for p in Path(path).rglob("*"))
+        try:
+            store = pytreestore.create(path, SAVE_LIKE, overwrite=True, backend=backend)
+        except PyTreeStoreError as err:
+            raise AssertionError(f"killed after {delay:.4f} s, it left {left}") from err
+        with store:
+            store.extend_batch(save_batch(3))
+        check_saved(path, backend, 3)
+        return
+    assert n in ((0, SAVE_RECORDS) if created else (0,)), f"holds {n} (log {lines})"
+    assert n == SAVE_RECORDS or f"CLOSED {SAVE_RECORDS}" not in lines
+    check_saved(path, backend, n)
+    with pytreestore.open(path, mode="a", backend=backend) as store:
+        store.extend_batch(jax_free_tail(n))
+    check_saved(path, backend, n + 2)
+
+
+def jax_free_tail(n: int) -> dict[str, Any]:
+    """Records ``n`` and ``n + 1`` of :func:`save_batch`."""
+    return {g: {c: col[n:] for c, col in sub.items()} for g, sub in save_batch(n + 2).items()}

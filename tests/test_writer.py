@@ -14,7 +14,8 @@ from pytreestore._commit.protocol import layouts, start_store
 from pytreestore._commit.writer import Writer, buffer_nbytes, check_buffer
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
-from pytreestore.backends import TensorStoreBackend
+from pytreestore.backends import TensorStoreBackend, get_backend
+from pytreestore.errors import StorageError
 
 LIKE = {"x": np.int32(0), "v": np.zeros(2, np.float32)}
 
@@ -23,17 +24,17 @@ def rec(i: int) -> dict[str, np.ndarray]:
     return {"x": np.int32(i), "v": np.full(2, i, np.float32)}
 
 
-def writer_at(path: Path, chunk: int = 4) -> Writer:
+def writer_at(path: Path, chunk: int = 4, backend: str = "tensorstore") -> Writer:
     location = Location.parse(str(path))
     schema = TreeSchema.from_example(LIKE, chunk_records=chunk)
-    backend = TensorStoreBackend(location)
-    commit, lock = start_store(backend, location, schema, overwrite=False)
+    engine = get_backend(backend)(location)
+    commit, lock = start_store(engine, location, schema, overwrite=False)
     lock.release()
-    return Writer(backend, schema, commit)
+    return Writer(engine, schema, commit)
 
 
-def stored(path: Path) -> np.ndarray:
-    return pytreestore.open(str(path)).load(as_numpy=True)["x"]
+def stored(path: Path, backend: str = "tensorstore") -> np.ndarray:
+    return pytreestore.open(str(path), backend=backend).load(as_numpy=True)["x"]
 
 
 def test_appends_are_buffered_and_a_full_chunk_commits_at_the_next_append(tmp_path):
@@ -56,14 +57,62 @@ def test_extend_commits_once_at_its_last_whole_chunk(tmp_path):
     assert (w.commit.records, w.commit.generation) == (10, 2)
 
 
-def test_extend_batch_writes_whole_chunks_past_the_buffer(tmp_path):
-    w = writer_at(tmp_path / "s")
+def batch_of(start: int, stop: int) -> dict[str, np.ndarray]:
+    i = np.arange(start, stop)
+    return {"x": i.astype(np.int32), "v": np.repeat(i[:, None], 2, axis=1).astype(np.float32)}
+
+
+def test_an_extend_batch_reaching_a_chunk_boundary_commits_all_its_records(tmp_path, backend):
+    """One resize, one round of chunk writes (the tail chunk's with the whole ones), one
+    commit: nothing is left for flush (or close) to write."""
+    w = writer_at(tmp_path / "s", backend=backend)
     w.append_record(rec(0))
-    batch = {"x": np.arange(1, 11, dtype=np.int32), "v": np.zeros((10, 2), np.float32)}
-    w.extend_batch(batch)
-    assert (w.commit.records, w.fill) == (8, 3)
+    w.extend_batch(batch_of(1, 11))
+    assert (w.commit.records, w.commit.generation, w.pending) == (11, 1, 0)
+    assert (w.start, w.fill) == (8, 3)  # the tail rows stay buffered, committed
     w.flush()
-    np.testing.assert_array_equal(stored(tmp_path / "s"), np.arange(11))
+    assert w.commit.generation == 1  # nothing pending: no second commit
+    np.testing.assert_array_equal(stored(tmp_path / "s", backend), np.arange(11))
+    for i in range(11, 14):  # the tail chunk is written whole again, with its old rows
+        w.append_record(rec(i))
+    w.flush()
+    got = pytreestore.open(str(tmp_path / "s"), backend=backend).load(as_numpy=True)
+    np.testing.assert_array_equal(got["x"], np.arange(14))
+    np.testing.assert_array_equal(got["v"], batch_of(0, 14)["v"])
+
+
+@pytest.mark.parametrize(("count", "start", "fill"), [(8, 8, 0), (9, 8, 1), (3, 0, 3)])
+def test_an_extend_batch_into_an_empty_buffer(tmp_path, backend, count, start, fill):
+    w = writer_at(tmp_path / "s", backend=backend)
+    w.extend_batch(batch_of(0, count))
+    assert (w.start, w.fill) == (start, fill)
+    expect = count if count >= 4 else 0  # within one chunk it stays buffered
+    assert (w.commit.records, w.pending) == (expect, count - expect)
+    w.flush()
+    w.extend_batch(batch_of(count, count + 6))
+    w.flush()
+    assert w.commit.records == count + 6
+    np.testing.assert_array_equal(stored(tmp_path / "s", backend), np.arange(count + 6))
+
+
+def test_a_batch_whose_commit_fails_rolls_back_to_the_rows_buffered_before(
+    tmp_path, backend, monkeypatch
+):
+    w = writer_at(tmp_path / "s", backend=backend)
+    w.extend(rec(i) for i in range(2))
+    failing = StorageError("the commit record could not be written (test)")
+
+    def advance(*args, **kwargs):
+        raise failing
+
+    with monkeypatch.context() as m:
+        m.setattr(w.committer, "advance", advance)
+        with pytest.raises(StorageError, match="could not be written"):
+            w.extend_batch(batch_of(2, 13))
+    assert (len(w), w.start, w.fill, w.commit.records) == (2, 0, 2, 0)
+    w.extend_batch(batch_of(2, 13))  # the retry
+    assert (w.commit.records, w.commit.generation) == (13, 1)
+    np.testing.assert_array_equal(stored(tmp_path / "s", backend), np.arange(13))
 
 
 def test_a_flush_after_a_whole_chunk_starts_the_next_one(tmp_path):

@@ -6,13 +6,16 @@ below leaves the previous commit in force until one atomic put replaces it.
 
 1. **Clearing** (:func:`clear_for_create`, ``create(..., overwrite=True)``). A location that
    holds a store's root ``zarr.json``, a commit record or the incomplete marker is a store (or
-   what a cut-off create or copy left); anything else there is refused, never deleted. A store
+   what a cut-off create or copy left), and so is a local one holding only plain files in
+   ``.pytreestore/`` (a create killed before its marker landed: :func:`cut_off_create`);
+   anything else there is refused, never deleted. A store
    is deleted only once its writer lock has been taken (and given back): a live writer's
    store is never cleared under it.
 2. **The initial commit** (:func:`start_store`). With the writer lock held: the *incomplete
-   marker* ``.pytreestore/incomplete`` is written first; then every column's array, the
-   ``zarr.json`` of every intermediate group, the commit record (0 records, generation 0, a
-   new random store id) and last the root ``zarr.json`` holding the schema. ``create`` then
+   marker* ``.pytreestore/incomplete`` is written first; then every column's array; then, all
+   at once, the ``zarr.json`` of every intermediate group, the schema and the version record
+   and the commit record (0 records, generation 0, a new random store id); and last the root
+   ``zarr.json`` holding the schema. ``create`` then
    deletes the marker; ``copy`` keeps it until the last record is copied, so a copy cut off
    midway is recognised (and replaced by ``overwrite=True``). If any step fails, everything
    written is deleted and the lock given back.
@@ -74,6 +77,7 @@ import errno
 import json
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pytreestore._commit import consolidated, placing, versions
@@ -83,10 +87,10 @@ from pytreestore._commit.record import Commit, now_utc
 from pytreestore._commit.repair import repair
 from pytreestore._commit.tables import table_schemas
 from pytreestore._format import validate as _validate
-from pytreestore._format.names import COMMIT_KEY, INCOMPLETE_KEY, ROOT_KEY, schema_key
+from pytreestore._format.names import COMMIT_KEY, INCOMPLETE_KEY, META_DIR, ROOT_KEY, schema_key
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
-from pytreestore.backends import Backend, PartialWriteCleanup
+from pytreestore.backends import Backend, LocalFiles, PartialWriteCleanup, capable
 from pytreestore.errors import (
     CorruptStoreError,
     PyTreeStoreError,
@@ -110,6 +114,7 @@ def clear_for_create(engine: Backend, location: Location, overwrite: bool) -> No
         engine.read_bytes(ROOT_KEY) is not None
         or engine.read_bytes(COMMIT_KEY) is not None
         or engine.read_bytes(INCOMPLETE_KEY) is not None  # what a cut-off copy or create left
+        or cut_off_create(engine)
     )
     if not overwrite:
         raise StoreExistsError(
@@ -123,6 +128,23 @@ def clear_for_create(engine: Backend, location: Location, overwrite: bool) -> No
         )
     take_lock(location, engine).release()
     engine.delete_all()
+
+
+def cut_off_create(engine: Backend) -> bool:
+    """Whether a local location holds only what a create killed before its incomplete marker
+    landed leaves: plain files inside ``.pytreestore/`` (its lock, a partial write of the
+    marker), nothing else. It counts as a store being made, as a marker does."""
+    root = engine.files_root if capable(engine, LocalFiles) else None
+    if root is None:
+        return False
+    try:
+        entries = list(Path(root).iterdir())
+        inside = list(Path(root, META_DIR).iterdir()) if entries else []
+        return [e.name for e in entries] == [META_DIR] and all(
+            e.is_file() and not e.is_symlink() for e in inside
+        )
+    except OSError:  # not a folder, or gone meanwhile: not this case
+        return False
 
 
 # ---- 2. the initial commit -----------------------------------------------------------------
@@ -167,14 +189,18 @@ def initial_commit(engine: Backend, schema: TreeSchema) -> Commit:
     """Writes an empty store of ``schema`` behind the incomplete marker; its first commit."""
     engine.write_bytes(INCOMPLETE_KEY, b"")
     engine.create_columns(layouts(schema))
-    engine.write_many_bytes({k: group_json({}) for k in group_keys(schema)})
     tables = schema.tables.first_tables()  # None: a fixed store's commits have no tables
     info = _validate.stamped(schema.to_json())  # checked against schema.json, with a digest
-    versions.save_schema(engine, info)
     store = uuid.uuid4().hex  # the store's identity, kept by every commit
     commit = Commit(0, 0, store, tables, info["digest"], now_utc(), "create")
-    versions.publish(engine, commit)
-    engine.write_bytes(COMMIT_KEY, commit.to_bytes())
+    # behind the marker, in any order and all at once: the groups, the schema, the version
+    # record (none can exist: the location was just cleared, and the lock is held) and the
+    # commit record; the root, which makes the store readable, comes last
+    files = {k: group_json({}) for k in group_keys(schema)}
+    files.update(versions.schema_file(info))
+    files.update(versions.record_file(commit))
+    files[COMMIT_KEY] = commit.to_bytes()
+    engine.write_many_bytes(files)
     root = group_document({"pytreestore": info})
     engine.write_bytes(ROOT_KEY, consolidated.with_consolidated(root, schema, commit))
     return commit
@@ -355,6 +381,7 @@ __all__ = [
     "check_tables",
     "clear_for_create",
     "column_layouts",
+    "cut_off_create",
     "detach",
     "discard_new_store",
     "finish_store",

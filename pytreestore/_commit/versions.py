@@ -349,6 +349,19 @@ def save_schema(engine: Backend, info: dict[str, Any]) -> None:
     engine.write_bytes(schema_key(info["digest"]), json.dumps(info).encode())
 
 
+def schema_file(info: dict[str, Any]) -> dict[str, bytes]:
+    """The file :func:`save_schema` writes for the stamped schema ``info``, by its key (for
+    a caller writing it together with other files)."""
+    return {schema_key(info["digest"]): json.dumps(info).encode()}  # as save_schema writes it
+
+
+def record_file(commit: Commit) -> dict[str, bytes]:
+    """The version record of ``commit``, by its key, as :func:`publish` writes it: for a
+    caller that knows no record of its number can exist (a store being created, behind its
+    incomplete marker, with the writer lock held) and writes it with other files."""
+    return {version_key(commit.generation): commit.to_bytes()}
+
+
 def other_schema(engine: Backend, commit: Commit, digest: str | None) -> dict[str, Any] | None:
     """The schema document ``commit`` names, if it is another than the one whose id is
     ``digest`` (a root's) and the log keeps both: two schemas a writer wrote. None: read
@@ -426,8 +439,10 @@ __all__ = [
     "other_schema",
     "publish",
     "read",
+    "record_file",
     "resolve",
     "save_schema",
+    "schema_file",
     "schema_ids",
     "schema_info",
     "stale",

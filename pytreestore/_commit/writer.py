@@ -341,6 +341,42 @@ class Writer(FixedTreeRows):
             self._write_batch(blocks)
 
     def _write_batch(self, blocks: Sequence[np.ndarray]) -> None:
+        if isinstance(self._committer, Committer):  # this writer commits its own records
+            self._write_all(blocks)
+        else:  # a ragged store's table: its record writer commits every table at once
+            self._write_whole_chunks(blocks)
+
+    def _write_all(self, blocks: Sequence[np.ndarray]) -> None:
+        """Writes the buffered rows and every row of ``blocks``, the partial tail chunk with
+        the whole ones, and commits them: one resize, one round of chunk writes, one commit,
+        and nothing left for ``flush``/``close`` to write.
+
+        The tail rows stay buffered (chunks are always written whole: the next write of the
+        tail chunk rewrites them), so a later flush or chunk write is unchanged."""
+        count, start, fill = len(blocks[0]), self.start, self.fill
+        end = start + fill + count
+        head = min(self.chunk - fill, count) if fill else 0  # rows topping up the buffer
+        for buf, block in zip(self.buffers, blocks):
+            buf[fill : fill + head] = block[:head]
+        self._committer.release()
+        self._backend.resize(self._keys, end)
+        if fill:
+            self._backend.write(self._keys, start, [b[: fill + head] for b in self.buffers])
+        if count > head:
+            self._backend.write(self._keys, start + fill + head, [b[head:] for b in blocks])
+        new_start = end - (end - start) % self.chunk if end - start >= self.chunk else start
+        if new_start != start:  # the buffer now covers the tail chunk: its rows from blocks
+            snap = self._snap
+            if snap and snap[1] and snap[0] == start and self._saved is None:
+                self._saved = [b[: snap[1]].copy() for b in self.buffers]  # for a rollback
+            for buf, block in zip(self.buffers, blocks):
+                buf[: end - new_start] = block[count - (end - new_start) :]
+        self.start, self.fill = new_start, end - new_start
+        self._commit(end)
+
+    def _write_whole_chunks(self, blocks: Sequence[np.ndarray]) -> None:
+        """Writes the whole chunks ``blocks`` complete and commits up to them; the rows of a
+        partial tail chunk stay buffered."""
         count = len(blocks[0]) if blocks else 0
         done = 0
         while done < count:

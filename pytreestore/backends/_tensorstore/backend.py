@@ -49,6 +49,7 @@ from pytreestore.backends._tensorstore import checked as _checked
 from pytreestore.backends._tensorstore import direct as _direct
 from pytreestore.backends._tensorstore import fork as _fork
 from pytreestore.backends._tensorstore import futures as _futures
+from pytreestore.backends._tensorstore.documents import create_documents, plain_fill
 from pytreestore.backends._tensorstore.kvstore import kvstore_spec
 from pytreestore.backends._tensorstore.partial import partial_writes, unlink_all
 from pytreestore.backends._unstored import Unstored
@@ -194,7 +195,8 @@ class TensorStoreBackend(
         """Deletes every key of ``keys`` (absent ones too), all at once."""
         futures = [self.kvstore.write(k, None) for k in keys]
         _futures.wait(futures, list(keys), f"deleting from {self._location}", timeout=self._timeout)
-        self._handles.clear()  # their caches may hold the deleted chunks
+        for column in _columns_of(keys, self._handles):  # their caches may hold what is gone
+            del self._handles[column]
 
     def delete_all(self) -> None:
         self._handles.clear()
@@ -230,6 +232,11 @@ class TensorStoreBackend(
 
     def create_columns(self, layouts: Sequence[ColumnLayout]) -> None:
         _fork.check(self._location)
+        if self.files_root is not None:  # documents as files: one round of writes, no reads
+            plain = [lay for lay in layouts if plain_fill(lay)]
+            create_documents(self.kvstore, plain, str(self._location), self._timeout)
+            self._layouts.update((lay.key, lay) for lay in plain)
+            layouts = [lay for lay in layouts if not plain_fill(lay)]
         futures = [
             ts.open(
                 dict(self._spec(lay.key), metadata=array_metadata(lay)),
@@ -459,6 +466,16 @@ class TensorStoreBackend(
         self._handles.clear()
         self._kv = None
         self._cleanup()
+
+
+def _columns_of(keys: Sequence[str], columns: Any) -> set[str]:
+    """The columns among ``columns`` (storage keys) that hold one of ``keys`` (a chunk, the
+    array's ``zarr.json``)."""
+    found = set()
+    for key in keys:
+        parts = key.split("/")
+        found.update(c for i in range(1, len(parts)) if (c := "/".join(parts[:i])) in columns)
+    return found
 
 
 def _part(handle: ts.TensorStore, index: Any, part: slice | None) -> ts.TensorStore:
