@@ -28,8 +28,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
 import itertools
 import os
 from collections.abc import Iterator, Sequence
@@ -40,12 +38,13 @@ import numpy as np
 from pytreestore._commit.atomic import atomic
 from pytreestore._commit.chunk_writes import ChunkWrites
 from pytreestore._commit.committer import Committer
+from pytreestore._commit.handoff import Chunk, HandOff
 from pytreestore._commit.record import Commit
 from pytreestore._commit.rows import FixedTreeRows
 from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import LeafCaster, RecordError, RowFiller, casters
-from pytreestore._tree.device import DeletedLeaf, DeviceLeaves, Kept, deleted_error, fetch
+from pytreestore._tree.device import DeletedLeaf, DeviceLeaves
 from pytreestore.backends import Backend
 from pytreestore.errors import (
     ChunkSizeError,
@@ -100,7 +99,7 @@ def _buffers(schema: TreeSchema) -> list[np.ndarray]:
         ) from err
 
 
-class Writer(FixedTreeRows):
+class Writer(HandOff, FixedTreeRows):
     """Appends rows to a store's columns through ``backend``, committing as it goes."""
 
     def __init__(
@@ -127,7 +126,7 @@ class Writer(FixedTreeRows):
         self._background = background
         self.writes = ChunkWrites()
         self._spares: list[list[np.ndarray]] = []  # buffers of chunks written, for reuse
-        self._chunks: dict[int, _Chunk] = {}  # chunks handed over, by start, until committed
+        self._chunks: dict[int, Chunk] = {}  # chunks handed over, by start, until committed
         self.filler = RowFiller(self.casters, self.buffers, DeviceLeaves() if background else None)
         self._committer = committer or Committer(
             backend, commit, _validate.id_of(schema), tree=schema
@@ -143,6 +142,10 @@ class Writer(FixedTreeRows):
 
     def __len__(self) -> int:
         return self.start + self.fill
+
+    def new_buffers(self) -> list[np.ndarray]:
+        """Fresh buffers of one chunk of every column."""
+        return _buffers(self.schema)
 
     @property
     def committer(self) -> Any:
@@ -175,108 +178,6 @@ class Writer(FixedTreeRows):
         except DeletedLeaf as err:
             raise self._deleted(err) from None
         self.fill += 1
-
-    def _full(self) -> None:
-        """Reports a background write's failure; then, with the chunk full, hands it to the
-        background writer (or writes and commits it here)."""
-        self.check_writes()
-        if self.fill < self.chunk:
-            return
-        if not self._background:
-            self._write_chunk(commit=True)
-            return
-        chunk = _Chunk(
-            self.start, self.buffers, self.filler.device.take() if self.filler.device else []
-        )
-        self._chunks[chunk.start] = chunk
-        self.writes.submit(functools.partial(self._write_handed, chunk))
-        self.buffers = self._spares.pop() if self._spares else _buffers(self.schema)
-        self.filler.use(self.buffers)
-        self.start, self.fill = chunk.start + self.chunk, 0
-
-    def _write_handed(self, chunk: _Chunk) -> None:
-        """The background job of a chunk handed over: its device arrays fetched, then its
-        write and commit, as :meth:`_write_chunk` does them."""
-        if chunk.kept:
-            fetch(chunk.buffers, chunk.kept, self._paths, chunk.start)
-            chunk.kept = []
-        end = chunk.start + self.chunk
-        with atomic(self._backend):
-            self._committer.release()
-            self._backend.resize(self._keys, end)
-            self._backend.write(self._keys, chunk.start, chunk.buffers)
-            self._commit(end)
-        del self._chunks[chunk.start]
-        self._spares.append(chunk.buffers)
-
-    def check_writes(self) -> None:
-        """Raises the failure of a background write no call has reported yet.
-
-        Raises:
-            DeletedArrayError: a chunk's device array was deleted before it was fetched: the
-                records from it on are dropped, those before it kept.
-        """
-        try:
-            self.writes.check()
-        except DeletedLeaf as err:
-            raise self._cut_handed(err) from None
-
-    def settle(self) -> None:
-        """Waits until every chunk handed over is written and committed, and fetches the
-        device arrays of the chunk being filled: afterwards the buffers hold every record.
-
-        Raises:
-            StorageError: a chunk's write failed (kept, retried by the next call).
-            DeletedArrayError: a device array was deleted before it was fetched.
-        """
-        try:
-            self.writes.drain()
-        except DeletedLeaf as err:
-            raise self._cut_handed(err) from None
-        self._fetch_kept()
-
-    def _fetch_kept(self) -> None:
-        """Fetches the device arrays kept for the chunk being filled into its buffers."""
-        device = self.filler.device
-        if device is None or not device.kept:
-            return
-        try:
-            fetch(self.buffers, device.take(), self._paths, self.start)
-        except DeletedLeaf as err:  # the rows before it are fetched
-            raise self._deleted(err) from None
-
-    def _deleted(self, err: DeletedLeaf) -> DeletedArrayError:
-        """Drops the records of the chunk being filled from ``err.row`` on (a device array of
-        that row was deleted) and returns the error to raise."""
-        dropped = self.fill - err.row
-        path = self._paths[err.column]
-        if dropped <= 0:  # this call's own record
-            return DeletedArrayError(
-                f"this record's jax.Array at {path or 'the root'} is deleted (donated to a "
-                "jitted function, or deleted): its values are gone. Nothing was appended."
-            )
-        self.fill = err.row
-        if self.filler.device is not None:
-            self.filler.device.forget(err.row)
-        return deleted_error(path, self.start + err.row, dropped=dropped, previous=dropped == 1)
-
-    def _cut_handed(self, err: DeletedLeaf) -> DeletedArrayError:
-        """After a handed-over chunk found a deleted device array: its rows before it become
-        the chunk being filled again; every later record is dropped."""
-        self.writes.discard()  # the jobs of the chunks below, which are dropped
-        failed = min(self._chunks)  # the queue stops at the first failure: the oldest chunk
-        chunk = self._chunks.pop(failed)
-        dropped = self.start + self.fill - (chunk.start + err.row)
-        self._spares.extend(c.buffers for c in self._chunks.values())
-        self._spares.append(self.buffers)
-        self._chunks.clear()
-        self.buffers, self.start, self.fill = chunk.buffers, chunk.start, err.row
-        self.filler.use(self.buffers)
-        if self.filler.device is not None:
-            self.filler.device.take()
-        return deleted_error(
-            self._paths[err.column], chunk.start + err.row, dropped=dropped, previous=False
-        )
 
     def append_many(self, leaves_iter: Iterator[Sequence[Any]]) -> None:
         """Buffers records from an iterator of leaf lists, committing once at the end.
@@ -472,16 +373,6 @@ class Writer(FixedTreeRows):
 
     def _commit(self, records: int) -> None:
         self._committer.advance(records)
-
-
-@dataclasses.dataclass
-class _Chunk:
-    """A full chunk handed to the background writer: its first row, its buffers, and the
-    device arrays still to fetch into them."""
-
-    start: int
-    buffers: list[np.ndarray]
-    kept: list[Kept]
 
 
 def forked_writer(path: str, pid: int) -> ForkedWriterError:

@@ -40,7 +40,7 @@ def plain_fill(layout: ColumnLayout) -> bool:
     evolve with a default, whose value TensorStore rounds to the dtype as it writes it.
 
     Example:
-        >>> import numpy as np
+        >>> import dataclasses, numpy as np
         >>> lay = ColumnLayout("x", np.dtype("float32"), (), (4,), None, ("record",), 0.0)
         >>> plain_fill(lay), plain_fill(dataclasses.replace(lay, fill_value=0))
         (True, False)

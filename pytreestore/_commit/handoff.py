@@ -1,0 +1,175 @@
+"""A fixed store's full chunks handed to the background writer, and the device arrays kept
+for them: the part of the table writer (:class:`~pytreestore._commit.writer.Writer`) that runs
+off the caller's thread (issue 32).
+
+``append`` hands a full chunk over (:meth:`HandOff._full`) and goes on with a spare buffer; the
+background job (:mod:`pytreestore._commit.chunk_writes`) fetches the chunk's device arrays
+(:mod:`pytreestore._tree.device`), then writes and commits it as the writer's own
+``_write_chunk`` would. A failure is reported by the writer's next call
+(:meth:`HandOff.check_writes`); a device array found deleted cuts the records there, keeping
+those before it (:meth:`HandOff._cut_handed`, :meth:`HandOff._deleted`). :meth:`HandOff.settle`
+waits for everything handed over and fetches the device arrays of the chunk being filled:
+every other write of the writer starts with it.
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> store = pytreestore.create("memory://doc-handoff", {"x": np.int32(0)}, chunk_records=2)
+    >>> for i in range(5):
+    ...     store.append({"x": np.int32(i)})
+    >>> writer = store._core.writer.tables[None]
+    >>> writer.settle(); store.committed
+    4
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pytreestore._commit.atomic import atomic
+from pytreestore._commit.chunk_writes import ChunkWrites
+from pytreestore._tree.convert import RowFiller
+from pytreestore._tree.device import DeletedLeaf, Kept, deleted_error, fetch
+from pytreestore.backends import Backend
+from pytreestore.errors import DeletedArrayError
+
+
+@dataclasses.dataclass
+class Chunk:
+    """A full chunk handed to the background writer: its first row, its buffers, and the
+    device arrays still to fetch into them."""
+
+    start: int
+    buffers: list[np.ndarray]
+    kept: list[Kept]
+
+
+class HandOff:
+    """The background side of a table writer; the writer gives the attributes below."""
+
+    buffers: list[np.ndarray]
+    start: int
+    fill: int
+    chunk: int
+    filler: RowFiller
+    writes: ChunkWrites
+    _background: bool
+    _backend: Backend
+    _committer: Any
+    _keys: list[str]
+    _paths: list[str]
+    _spares: list[list[np.ndarray]]
+    _chunks: dict[int, Chunk]
+
+    new_buffers: Callable[[], list[np.ndarray]]
+    _write_chunk: Callable[..., None]
+    _commit: Callable[[int], None]
+
+    def _full(self) -> None:
+        """Reports a background write's failure; then, with the chunk full, hands it to the
+        background writer (or writes and commits it here)."""
+        self.check_writes()
+        if self.fill < self.chunk:
+            return
+        if not self._background:
+            self._write_chunk(commit=True)
+            return
+        chunk = Chunk(
+            self.start, self.buffers, self.filler.device.take() if self.filler.device else []
+        )
+        self._chunks[chunk.start] = chunk
+        self.writes.submit(functools.partial(self._write_handed, chunk))
+        self.buffers = self._spares.pop() if self._spares else self.new_buffers()
+        self.filler.use(self.buffers)
+        self.start, self.fill = chunk.start + self.chunk, 0
+
+    def _write_handed(self, chunk: Chunk) -> None:
+        """The background job of a chunk handed over: its device arrays fetched, then its
+        write and commit, as :meth:`_write_chunk` does them."""
+        if chunk.kept:
+            fetch(chunk.buffers, chunk.kept, self._paths, chunk.start)
+            chunk.kept = []
+        end = chunk.start + self.chunk
+        with atomic(self._backend):
+            self._committer.release()
+            self._backend.resize(self._keys, end)
+            self._backend.write(self._keys, chunk.start, chunk.buffers)
+            self._commit(end)
+        del self._chunks[chunk.start]
+        self._spares.append(chunk.buffers)
+
+    def check_writes(self) -> None:
+        """Raises the failure of a background write no call has reported yet.
+
+        Raises:
+            DeletedArrayError: a chunk's device array was deleted before it was fetched: the
+                records from it on are dropped, those before it kept.
+        """
+        try:
+            self.writes.check()
+        except DeletedLeaf as err:
+            raise self._cut_handed(err) from None
+
+    def settle(self) -> None:
+        """Waits until every chunk handed over is written and committed, and fetches the
+        device arrays of the chunk being filled: afterwards the buffers hold every record.
+
+        Raises:
+            StorageError: a chunk's write failed (kept, retried by the next call).
+            DeletedArrayError: a device array was deleted before it was fetched.
+        """
+        try:
+            self.writes.drain()
+        except DeletedLeaf as err:
+            raise self._cut_handed(err) from None
+        self._fetch_kept()
+
+    def _fetch_kept(self) -> None:
+        """Fetches the device arrays kept for the chunk being filled into its buffers."""
+        device = self.filler.device
+        if device is None or not device.kept:
+            return
+        try:
+            fetch(self.buffers, device.take(), self._paths, self.start)
+        except DeletedLeaf as err:  # the rows before it are fetched
+            raise self._deleted(err) from None
+
+    def _deleted(self, err: DeletedLeaf) -> DeletedArrayError:
+        """Drops the records of the chunk being filled from ``err.row`` on (a device array of
+        that row was deleted) and returns the error to raise."""
+        dropped = self.fill - err.row
+        path = self._paths[err.column]
+        if dropped <= 0:  # this call's own record
+            return DeletedArrayError(
+                f"this record's jax.Array at {path or 'the root'} is deleted (donated to a "
+                "jitted function, or deleted): its values are gone. Nothing was appended."
+            )
+        self.fill = err.row
+        if self.filler.device is not None:
+            self.filler.device.forget(err.row)
+        return deleted_error(path, self.start + err.row, dropped=dropped, previous=dropped == 1)
+
+    def _cut_handed(self, err: DeletedLeaf) -> DeletedArrayError:
+        """After a handed-over chunk found a deleted device array: its rows before it become
+        the chunk being filled again; every later record is dropped."""
+        self.writes.discard()  # the jobs of the chunks below, which are dropped
+        failed = min(self._chunks)  # the queue stops at the first failure: the oldest chunk
+        chunk = self._chunks.pop(failed)
+        dropped = self.start + self.fill - (chunk.start + err.row)
+        self._spares.extend(c.buffers for c in self._chunks.values())
+        self._spares.append(self.buffers)
+        self._chunks.clear()
+        self.buffers, self.start, self.fill = chunk.buffers, chunk.start, err.row
+        self.filler.use(self.buffers)
+        if self.filler.device is not None:
+            self.filler.device.take()
+        return deleted_error(
+            self._paths[err.column], chunk.start + err.row, dropped=dropped, previous=False
+        )
+
+
+__all__ = ["Chunk", "HandOff"]
