@@ -225,6 +225,8 @@ class Writer(HandOff, FixedTreeRows):
                 except RecordError as err:
                     raise RecordError(done + err.index, err.error) from err.error
                 self.fill, taken, done = self.fill + take, taken + take, done + take
+        if self.fill == self.chunk:  # a full last chunk is written too, as append_many does
+            self._write_chunk(commit=False)
         if self.start > self.commit.records:
             self._commit(self.start)
 
