@@ -455,3 +455,40 @@ def test_a_second_writer_after_the_lock_file_is_deleted_cannot_lose_commits(tmp_
     ids = assert_whole(pytreestore.open(str(path), backend=backend).load(as_numpy=True))
     np.testing.assert_array_equal(ids, np.arange(25))
     assert pytreestore.open(str(path), backend=backend).verify().ok
+
+
+def test_a_fork_while_the_background_writer_writes_leaves_both_whole(tmp_path):
+    """A child forked while a full chunk is being written on the parent's background thread
+    (issue 32): the child's appends are refused and its close returns at once; the parent's
+    chunk lands, and every record is kept."""
+    path = str(tmp_path / "s")
+    store = pytreestore.create(path, LIKE, chunk_records=4, codec=None)
+    backend = store._core.backend
+    real, writing, release = backend.write, threading.Event(), threading.Event()
+
+    def slow_write(keys, start, blocks):
+        writing.set()
+        release.wait(30)
+        return real(keys, start, blocks)
+
+    backend.write = slow_write
+    for i in range(5):  # the fifth hands the first chunk to the background writer
+        store.append(record(i))
+    assert writing.wait(30)
+
+    def child() -> int:
+        refused = 0
+        try:
+            store.append(record(100))
+        except errors.ForkedWriterError:
+            refused = 1
+        store.close()  # the parent's writer and its thread: nothing to wait for here
+        return refused
+
+    try:
+        assert run_in_child(child) == 1
+    finally:
+        release.set()
+    store.close()
+    ids = assert_whole(pytreestore.open(path).load(as_numpy=True))
+    np.testing.assert_array_equal(ids, np.arange(5))
