@@ -22,6 +22,17 @@ step loop appending its state.
   metrics): a small model's real training step.
 
 Outputs are checked against the expected values outside the timed regions.
+
+Before issue 32 (main at f8d3c1c, this module run on it, a quiet machine): the slowest of the
+84-leaf appends 172.6 ms (the chunk written inside `append`), the jitted loop 3.33x and the
+training loop 3.85x (each step's arrays copied to the host by `append`, waiting for the step).
+What is left of the loops is the copy of each kept array to the host, one at a time on the
+CPU (about 2-3 us an array through JAX's own `np.asarray`, under the GIL): 20 arrays cost
+about as much as the cheapest step itself, so 1.3x cannot be reached at this step size (a
+device-side stack of the kept arrays costs about 1 us an array to dispatch, and a compile of
+0.3-2 s per leaf shape). On a TPU, where a copy per array costs a round trip, the kept arrays
+are stacked on the device 256 at a time, then copied: 1.73x and 1.97x there (9.2x and 8.3x
+one at a time).
 """
 
 from __future__ import annotations
