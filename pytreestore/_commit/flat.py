@@ -103,7 +103,7 @@ class FlatList:
         flatten of the list; None when the list is not ``len(items)`` elements of the
         element's structure."""
         leaves, got = tree_flatten(items)
-        if got != self.of_length(len(items)):
+        if not _nodes.same_structure(got, self.of_length(len(items))):
             return None
         k = self.width
         columns = [leaves[j::k] for j in range(k)]

@@ -58,7 +58,7 @@ class FixedTreeRows:
         """Buffers one record after checking its structure against the schema."""
         leaves, treedef = tree_flatten(record)
         schema = self.schema
-        if treedef != schema.treedef:
+        if not schema.holds(treedef):
             raise SchemaMismatchError(hints(schema, schema.mismatch_message(record), record))
         try:
             self.append(schema.column_leaves(leaves))
@@ -162,7 +162,7 @@ class FixedTreeRows:
             )
         leaves, treedef = tree_flatten(batch)
         schema = self.schema
-        if treedef != schema.treedef:
+        if not schema.holds(treedef):
             message = schema.mismatch_message(batch, what="batch")
             raise SchemaMismatchError(hints(schema, message, batch, batched=True))
         leaves = schema.column_leaves(leaves)
@@ -255,7 +255,7 @@ class _Blocks:
         """Whether ``tree_flatten`` of the first record gives the schema's treedef and the
         leaves that the block flattener gave it (a check of the flattener, once a call)."""
         leaves, got = tree_flatten(record)
-        return got == self.schema.treedef and all(
+        return self.schema.holds(got) and all(
             a is b for a, b in zip(leaves, (c[0] for c in columns), strict=True)
         )
 
@@ -270,7 +270,7 @@ class _Blocks:
                 leaves = list(next(flattened))
             else:
                 leaves, got = tree_flatten(record)
-                if got != schema.treedef:
+                if not schema.holds(got):
                     message = schema.mismatch_message(record)
                     raise SchemaMismatchError(hints(schema, message, record))
             yield schema.column_leaves(leaves)

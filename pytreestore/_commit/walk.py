@@ -39,7 +39,15 @@ import numpy as np
 
 from pytreestore._commit.elements import ElementRows
 from pytreestore._commit.flat import FlatList
-from pytreestore._tree.layout import Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList
+from pytreestore._tree.layout import (
+    Fixed,
+    Kept,
+    LayoutNode,
+    Leaf,
+    OptionalTree,
+    RaggedList,
+    node_class,
+)
 from pytreestore.errors import SchemaMismatchError
 
 #: what a staged entry holds: columns of exact numpy scalars, column blocks, or a table row
@@ -250,7 +258,11 @@ class Plan:
             else:
                 steps.append((k, self._compile(child, table, below)))
 
+        cls = node_class(spec)  # flatten_up_to takes a dataclass of another class too
+
         def node(value: Any, row: list, stage: Stage, blocks: Any) -> None:
+            if cls is not None and type(value) is not cls:
+                raise Mismatch
             try:
                 children = flatten(value)
             except (ValueError, TypeError):

@@ -51,6 +51,25 @@ def one_level(node: Any) -> tuple[TreeDef, list[Any], list[Any]] | None:
     return sub, [p[0] for p, _ in flat], [c for _, c in flat]
 
 
+def same_structure(got: TreeDef, want: TreeDef) -> bool:
+    """Whether treedef ``got`` is ``want``, classes included: JAX's treedef equality does not
+    compare the class of a dataclass node (``register_dataclass``, flax ``struct.dataclass``),
+    so two classes with the same fields compare equal; their hashes differ, and are compared
+    too (where the static data hashes).
+
+    Example:
+        >>> from jax.tree_util import tree_structure
+        >>> same_structure(tree_structure({"a": 1}), tree_structure({"a": 2}))
+        True
+    """
+    if got != want:
+        return False
+    try:
+        return hash(got) == hash(want)
+    except TypeError:  # unhashable static data: equality is all there is to go by
+        return True
+
+
 def class_path(cls: type) -> str:
     """``module:qualname`` of a class."""
     return f"{cls.__module__}:{cls.__qualname__}"

@@ -279,6 +279,45 @@ class TreeSchema:
         """Every column's tree path, in column order."""
         return tuple(c.path for c in self.columns)
 
+    def holds(self, treedef: Any) -> bool:
+        """Whether records of ``treedef`` are this schema's: an equal treedef *of the same
+        classes*. JAX's treedef equality does not compare the class of a dataclass node
+        (``register_dataclass``, flax ``struct.dataclass``): a record of another class with
+        the same fields compares equal, and would be read back as the stored class. Its hash
+        does, so it is compared too (where the static data hashes).
+
+        Example:
+            >>> import dataclasses, jax, numpy as np
+            >>> @jax.tree_util.register_dataclass
+            ... @dataclasses.dataclass
+            ... class A:
+            ...     x: np.ndarray
+            >>> @jax.tree_util.register_dataclass
+            ... @dataclasses.dataclass
+            ... class B:
+            ...     x: np.ndarray
+            >>> schema = TreeSchema.from_example(A(np.int32(0)), recorded=False)
+            >>> schema.holds(jax.tree.structure(A(1))), schema.holds(jax.tree.structure(B(1)))
+            (True, False)
+        """
+        if treedef != self.treedef:
+            return False
+        want = self._structure_hash
+        if want is None:
+            return True
+        try:
+            return hash(treedef) == want
+        except TypeError:  # unhashable static data the schema's own does not have
+            return False
+
+    @functools.cached_property
+    def _structure_hash(self) -> int | None:
+        """The hash of :attr:`treedef` (None: its static data does not hash)."""
+        try:
+            return hash(self.treedef)
+        except TypeError:
+            return None
+
     def unflatten(self, leaves: Sequence[Any]) -> Any:
         """Builds a tree of the stored classes (or the generic view) around ``leaves``."""
         if self.binding is not None:

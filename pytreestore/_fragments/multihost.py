@@ -207,7 +207,7 @@ class MultiHost:
                 "mask= (that is for stores created with ragged= or optional=)"
             )
         leaves, treedef = tree_flatten(batch)
-        if treedef != schema.treedef:
+        if not schema.holds(treedef):
             raise SchemaMismatchError(schema.mismatch_message(batch, what="batch"))
         description = describe(leaves, treedef)
         columns = schema.column_leaves(leaves)

@@ -96,7 +96,7 @@ def column_blocks(schema: TreeSchema, data: Any) -> list[np.ndarray]:
         SchemaMismatchError: names the record (or batch leaf) refused.
     """
     leaves, treedef = tree_flatten(data)
-    if treedef == schema.treedef and not isinstance(data, Iterator):
+    if schema.holds(treedef) and not isinstance(data, Iterator):
         leaves = schema.column_leaves(leaves)
         count = batch_length(leaves, schema.paths)
         return [
@@ -111,7 +111,7 @@ def column_blocks(schema: TreeSchema, data: Any) -> list[np.ndarray]:
     rows = []
     for i, record in enumerate(data):
         leaves, got = tree_flatten(record)
-        if got != schema.treedef:
+        if not schema.holds(got):
             raise SchemaMismatchError(
                 f"write_fragment() refused record {i} (nothing was written): "
                 f"{schema.mismatch_message(record)}"

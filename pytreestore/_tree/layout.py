@@ -252,7 +252,7 @@ class Walker:
 
     def merge_node(self, spec: Fixed, value: Any, at: Position) -> None:
         level = _nodes.one_level(value)
-        if level is None or level[0] != spec.treedef:
+        if level is None or not _nodes.same_structure(level[0], spec.treedef):
             want, got = describe_node(spec), _describe(value)
             if level is not None and want == got:  # one class, other static (aux) data
                 want, got = _with_static(spec.treedef), _with_static(level[0])

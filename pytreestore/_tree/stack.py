@@ -119,7 +119,7 @@ def _stack_fixed(records: list[Any], like: Any, as_numpy: bool) -> Any:
     filler = RowFiller(casters(schema.columns), buffers)
     for i, record in enumerate(records):
         leaves, treedef = tree_flatten(record)
-        if treedef != schema.treedef:
+        if not schema.holds(treedef):
             message = schema.mismatch_message(record, what=f"record {i}")
             raise SchemaMismatchError(_with_hints(message, like, record))
         try:
