@@ -214,3 +214,22 @@ def test_site_builds_strictly(tmp_path: Path) -> None:
 if __name__ == "__main__":  # one page in a fresh interpreter: python tests/test_docs.py PAGE
     sys.path.insert(0, str(ROOT))
     run_page(Path(sys.argv[1]).resolve(), Path.cwd())
+
+
+def test_concepts_describe_the_key_escape_the_code_writes():
+    """docs/concepts.md's example escapes (issue 33: it said ``%XX``) are what keys.escape
+    writes."""
+    from pytreestore._format.keys import escape
+
+    text = (ROOT / "docs" / "concepts.md").read_text()
+    assert "`-XX`" in text and "`%XX`" not in text
+    assert escape("-") == "-2D" and escape("é") == "-C3-A9"
+    assert "`-2D`" in text and "`-C3-A9`" in text
+
+
+def test_the_readme_lists_every_guide():
+    """Every page of docs/ but the generated and internal ones is linked from README.md."""
+    readme = (ROOT / "README.md").read_text()
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
+    missing = sorted(p for p in pages if f"docs/{p}" not in readme)
+    assert not missing, f"README.md does not link {missing}"

@@ -169,6 +169,19 @@ def test_bad_mode(tmp_path):
         pytreestore.open(tmp_path / "s", mode="w")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("mode", ["w", "w-", "x"])
+def test_a_write_mode_points_to_create_with_overwrite(tmp_path, mode):
+    """zarr's and h5py's write modes (issue 33): the refusal says how to write a store."""
+    pytreestore.create(tmp_path / "s", LIKE).close()
+    with pytest.raises(
+        ValueError, match=re.escape("pytreestore.create(path, like, overwrite=True)")
+    ):
+        pytreestore.open(tmp_path / "s", mode=mode)  # type: ignore[arg-type]
+    with pytest.raises(ValueError) as info:
+        pytreestore.open(tmp_path / "s", mode="q")  # type: ignore[arg-type]
+    assert "create" not in str(info.value)
+
+
 def test_not_a_store(tmp_path):
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "zarr.json").write_text(

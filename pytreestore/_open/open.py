@@ -436,7 +436,13 @@ def _check_open_options(
     """Refuses options that are not valid or do not go together; ``cache_bytes`` as an int."""
     if not isinstance(mode, str) or mode not in ("r", "a"):
         error = ArgumentError if isinstance(mode, str) else ArgumentTypeError
-        raise error(f"mode must be 'r' (read) or 'a' (append), got {mode!r:.80}")
+        advice = (
+            "; to write a new store (or replace one), use pytreestore.create(path, like, "
+            "overwrite=True)"
+            if mode in ("w", "w+", "w-", "x")
+            else ""
+        )
+        raise error(f"mode must be 'r' (read) or 'a' (append), got {mode!r:.80}{advice}")
     check_cast(cast)
     _check_backend(backend)
     _arguments.flag(break_lock, "break_lock")
