@@ -217,3 +217,21 @@ def test_schema_naming_a_callable_never_calls_it(tmp_path, type_name, kind):
     with pytest.raises(errors.ClassResolutionError):
         pytreestore.open(tmp_path / "s")[0]
     assert CALLED == []
+
+
+def test_str_is_a_line_per_column():
+    """``print(store.schema)`` (issue 33: 2,648 characters for 10 leaves) reads as a list of
+    columns; ``repr`` keeps every field."""
+    import numpy as np
+
+    from pytreestore._format.schema import TreeSchema
+
+    like = {f"leaf{i}": np.zeros(i % 3 + 1, np.float32) for i in range(10)}
+    schema = TreeSchema.from_example(like, recorded=False)
+    text = str(schema)
+    lines = text.splitlines()
+    assert lines[0] == "TreeSchema of 10 columns, 65536 records a chunk, codec zstd:"
+    assert len(lines) == 11 and len(text) < 600
+    for c in schema.columns:
+        assert any(line.split()[0] == c.path for line in lines[1:])
+    assert "float32[3]" in text and "ColumnSpec(" in repr(schema)

@@ -279,6 +279,29 @@ class TreeSchema:
         """Every column's tree path, in column order."""
         return tuple(c.path for c in self.columns)
 
+    def __str__(self) -> str:
+        """The schema as a person reads it: one line per column (its keypath, dtype and
+        per-record shape), then the chunking and codec; ``repr`` keeps every field.
+
+        Example:
+            >>> import numpy as np
+            >>> print(TreeSchema.from_example({"a": np.zeros(3, np.float32)}, recorded=False))
+            TreeSchema of 1 column, 65536 records a chunk, codec zstd:
+              ['a']  float32[3]
+        """
+        columns = [c for c in self.columns if c.role is None]
+        width = max((len(c.path or "(root)") for c in columns), default=0)
+        lines = [
+            f"  {(c.path or '(root)').ljust(width)}  {_dtypes.describe(c.dtype, c.shape)}"
+            + (f"  (table {c.table})" if c.table else "")
+            for c in columns
+        ]
+        head = (
+            f"TreeSchema of {len(columns)} column{'s' * (len(columns) != 1)}, "
+            f"{self.chunk_records} records a chunk, codec {self.codec}:"
+        )
+        return "\n".join([head, *lines])
+
     def holds(self, treedef: Any) -> bool:
         """Whether records of ``treedef`` are this schema's: an equal treedef *of the same
         classes*. JAX's treedef equality does not compare the class of a dataclass node
