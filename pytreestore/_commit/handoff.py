@@ -26,15 +26,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
-from pytreestore._commit.atomic import atomic
 from pytreestore._commit.chunk_writes import ChunkWrites
 from pytreestore._tree.convert import RowFiller
 from pytreestore._tree.device import DeletedLeaf, Kept, deleted_error, fetch
-from pytreestore.backends import Backend
 from pytreestore.errors import DeletedArrayError
 
 
@@ -58,16 +55,13 @@ class HandOff:
     filler: RowFiller
     writes: ChunkWrites
     _background: bool
-    _backend: Backend
-    _committer: Any
-    _keys: list[str]
     _paths: list[str]
     _spares: list[list[np.ndarray]]
     _chunks: dict[int, Chunk]
 
     new_buffers: Callable[[], list[np.ndarray]]
     _write_chunk: Callable[..., None]
-    _commit: Callable[[int], None]
+    _put: Callable[..., None]
 
     def _full(self) -> None:
         """Reports a background write's failure; then, with the chunk full, hands it to the
@@ -78,9 +72,8 @@ class HandOff:
         if not self._background:
             self._write_chunk(commit=True)
             return
-        chunk = Chunk(
-            self.start, self.buffers, self.filler.device.take() if self.filler.device else []
-        )
+        device = self.filler.device
+        chunk = Chunk(self.start, self.buffers, device.take() if device is not None else [])
         self._chunks[chunk.start] = chunk
         self.writes.submit(functools.partial(self._write_handed, chunk))
         self.buffers = self._spares.pop() if self._spares else self.new_buffers()
@@ -89,16 +82,11 @@ class HandOff:
 
     def _write_handed(self, chunk: Chunk) -> None:
         """The background job of a chunk handed over: its device arrays fetched, then its
-        write and commit, as :meth:`_write_chunk` does them."""
+        write and commit (the writer's ``_put``, as its own chunk writes)."""
         if chunk.kept:
             fetch(chunk.buffers, chunk.kept, self._paths, chunk.start)
             chunk.kept = []
-        end = chunk.start + self.chunk
-        with atomic(self._backend):
-            self._committer.release()
-            self._backend.resize(self._keys, end)
-            self._backend.write(self._keys, chunk.start, chunk.buffers)
-            self._commit(end)
+        self._put(chunk.start, chunk.buffers, chunk.start + self.chunk)
         del self._chunks[chunk.start]
         self._spares.append(chunk.buffers)
 

@@ -322,11 +322,7 @@ class Writer(HandOff, FixedTreeRows):
         if self.pending == 0:
             return
         end = len(self)
-        with atomic(self._backend):
-            self._committer.release()
-            self._backend.resize(self._keys, end)
-            self._backend.write(self._keys, self.start, [b[: self.fill] for b in self.buffers])
-            self._commit(end)
+        self._put(self.start, [b[: self.fill] for b in self.buffers], end)
         if self.fill == self.chunk:
             self.start, self.fill = end, 0
 
@@ -365,13 +361,21 @@ class Writer(HandOff, FixedTreeRows):
             # a rollback needs no read (which fails when storage is what failed)
             self._saved = [b[: snap[1]].copy() for b in self.buffers]
         end = self.start + self.chunk
+        self._put(self.start, self.buffers, end, commit=commit)
+        self.start, self.fill = end, 0
+
+    def _put(
+        self, start: int, blocks: Sequence[np.ndarray], end: int, *, commit: bool = True
+    ) -> None:
+        """Step 6 of the commit protocol for rows ``[start, end)`` of ``blocks``: the rows of
+        older versions released if held, the columns grown to ``end``, the rows written, then
+        (``commit``) ``end`` records committed; one atomic step where the backend can."""
         with atomic(self._backend):
             self._committer.release()
             self._backend.resize(self._keys, end)
-            self._backend.write(self._keys, self.start, self.buffers)
+            self._backend.write(self._keys, start, blocks)
             if commit:
                 self._commit(end)
-        self.start, self.fill = end, 0
 
     def _commit(self, records: int) -> None:
         self._committer.advance(records)
