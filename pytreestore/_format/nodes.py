@@ -51,11 +51,25 @@ def one_level(node: Any) -> tuple[TreeDef, list[Any], list[Any]] | None:
     return sub, [p[0] for p, _ in flat], [c for _, c in flat]
 
 
-def same_structure(got: TreeDef, want: TreeDef) -> bool:
+#: :func:`same_structure`'s ``want_hash`` when the caller has not worked it out
+_UNKNOWN: Any = object()
+
+
+def structure_hash(treedef: TreeDef) -> int | None:
+    """The hash of ``treedef``, which tells a dataclass node's class (None: its static data
+    does not hash)."""
+    try:
+        return hash(treedef)
+    except TypeError:
+        return None
+
+
+def same_structure(got: TreeDef, want: TreeDef, want_hash: int | None = _UNKNOWN) -> bool:
     """Whether treedef ``got`` is ``want``, classes included: JAX's treedef equality does not
     compare the class of a dataclass node (``register_dataclass``, flax ``struct.dataclass``),
     so two classes with the same fields compare equal; their hashes differ, and are compared
-    too (where the static data hashes).
+    too where ``want``'s static data hashes. ``want_hash``: :func:`structure_hash` of
+    ``want``, for a caller that keeps it.
 
     Example:
         >>> from jax.tree_util import tree_structure
@@ -64,10 +78,11 @@ def same_structure(got: TreeDef, want: TreeDef) -> bool:
     """
     if got != want:
         return False
-    try:
-        return hash(got) == hash(want)
-    except TypeError:  # unhashable static data: equality is all there is to go by
+    if want_hash is _UNKNOWN:
+        want_hash = structure_hash(want)
+    if want_hash is None:  # unhashable static data: equality is all there is to go by
         return True
+    return structure_hash(got) == want_hash
 
 
 def class_path(cls: type) -> str:

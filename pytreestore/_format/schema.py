@@ -323,23 +323,12 @@ class TreeSchema:
             >>> schema.holds(jax.tree.structure(A(1))), schema.holds(jax.tree.structure(B(1)))
             (True, False)
         """
-        if treedef != self.treedef:
-            return False
-        want = self._structure_hash
-        if want is None:
-            return True
-        try:
-            return hash(treedef) == want
-        except TypeError:  # unhashable static data the schema's own does not have
-            return False
+        return _nodes.same_structure(treedef, self.treedef, self._structure_hash)
 
     @functools.cached_property
     def _structure_hash(self) -> int | None:
-        """The hash of :attr:`treedef` (None: its static data does not hash)."""
-        try:
-            return hash(self.treedef)
-        except TypeError:
-            return None
+        """:func:`~pytreestore._format.nodes.structure_hash` of :attr:`treedef`, kept."""
+        return _nodes.structure_hash(self.treedef)
 
     def unflatten(self, leaves: Sequence[Any]) -> Any:
         """Builds a tree of the stored classes (or the generic view) around ``leaves``."""
