@@ -19,6 +19,7 @@ import numpy as np
 
 from pytreestore import _arguments
 from pytreestore._core import StoreCore
+from pytreestore._format.mask import Columns
 from pytreestore._read.records import record_reads
 
 #: the record type of a store (``TreeStore[T]``): the class of the example it was created with
@@ -38,7 +39,7 @@ class Reads(Generic[T]):
         self,
         index: Any = slice(None),
         *,
-        columns: str | Sequence[str] | None = None,
+        columns: Columns = None,
         device: Any = None,
         as_numpy: bool = False,
         cast: bool | None = None,
@@ -56,7 +57,11 @@ class Reads(Generic[T]):
         Args:
             index: an int (one record), a slice, a list or array of ints, or a bool mask.
             columns: tree-path strings of the columns to load; a node's path selects every
-                column below it (``".p[0]"``). Columns not selected come back as None.
+                column below it (``".p[0]"``). Or a mask: a pytree of bools shaped like a
+                record (or a padded batch, or a prefix of either), True where a column is
+                wanted, e.g. ``jax.tree.map(lambda _: False, record)`` with some leaves set
+                True; under a ragged list any element's True selects that column. Columns not
+                selected come back as None.
             device: a ``jax.Device`` or ``jax.sharding.Sharding`` to place the leaves on
                 (default: JAX's default device).
             as_numpy: return host numpy arrays, with every dtype exactly as stored; a column
@@ -135,7 +140,7 @@ class Reads(Generic[T]):
     def records(
         self,
         *,
-        columns: str | Sequence[str] | None = None,
+        columns: Columns = None,
         as_numpy: bool = False,
         cast: bool | None = None,
     ) -> Iterator[T]:

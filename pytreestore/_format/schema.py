@@ -32,6 +32,7 @@ from pytreestore._format import dtypes as _dtypes
 from pytreestore._format import fields as _fields
 from pytreestore._format import keys as _keys
 from pytreestore._format import kinds as _kinds
+from pytreestore._format import mask as _mask
 from pytreestore._format import mismatch as _mismatch
 from pytreestore._format import nodes as _nodes
 from pytreestore._format import prng as _prng
@@ -347,16 +348,21 @@ class TreeSchema:
         """
         return leaves if self.binding is None else self.binding.columns(leaves)
 
-    def select(self, columns: str | Sequence[str] | None) -> list[int]:
+    def select(self, columns: Any) -> list[int]:
         """Indices of the columns that the tree-path selectors ``columns`` name.
 
         A selector names a column by its path, or every column below a node by the node's
         path (``.p[0]``); ``""`` selects everything. A constant leaf (a function, see
         :mod:`pytreestore._format.consts`) is no column: every load returns it whatever is selected,
         and a selector under which only constants live is refused like one naming nothing.
+        ``columns`` may also be a mask: a pytree of bools shaped like a record
+        (:mod:`pytreestore._format.mask`).
         """
         if columns is None:
             return list(range(len(self.columns)))
+        if _mask.is_mask(columns):
+            consts = [s.path for s in _binding.sources(self.tree) if isinstance(s, _consts.Const)]
+            columns = _mask.selectors(columns, self.paths, consts)
         selectors = [columns] if isinstance(columns, str) else list(_columns(columns))
         chosen: set[int] = set()
         for sel in selectors:

@@ -32,6 +32,7 @@ import numpy as np
 from jax.tree_util import tree_flatten
 
 from pytreestore import _arguments
+from pytreestore._format.mask import Columns
 from pytreestore._pipelines.prefetch import Prefetcher
 from pytreestore._pipelines.shuffle import Shuffle
 from pytreestore._tree.stack import split_leaves
@@ -284,7 +285,7 @@ class GrainSource:
         self,
         store: Any,
         *,
-        columns: str | Sequence[str] | None,
+        columns: Columns,
         load: Callable[[Any], Any],
         padding: GrainPadding | None = None,
     ) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from pytreestore import _arguments
 from pytreestore._core import StoreCore
+from pytreestore._format.mask import Columns
 from pytreestore._pipelines import batches as _batches
 from pytreestore._pipelines import map as _map
 from pytreestore._pipelines import shuffle as _shuffle
@@ -51,7 +52,7 @@ class Pipelines:
         seed: int = 0,
         drop_last: bool = False,
         prefetch: int = 2,
-        columns: str | Sequence[str] | None = None,
+        columns: Columns = None,
         sharding: Any = None,
         start: int = 0,
         stop: int | None = None,
@@ -143,7 +144,7 @@ class Pipelines:
         *,
         batch_size: int | None = None,
         out: Any = None,
-        columns: str | Sequence[str] | None = None,
+        columns: Columns = None,
         sharding: Any = None,
         progress: bool = False,
         prefetch: int = 2,
@@ -206,7 +207,7 @@ class Pipelines:
     def grain_source(
         self,
         *,
-        columns: str | Sequence[str] | None = None,
+        columns: Columns = None,
         padded: bool | None = None,
         pad_to: int | None = None,
         trim: bool = False,

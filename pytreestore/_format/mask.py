@@ -1,0 +1,114 @@
+"""Column masks: ``columns=`` given as a pytree of bools, the optax and equinox habit.
+
+A mask has the structure of a record (or of a padded batch, or a prefix of either) with a bool
+where a leaf is: True selects the column, False leaves it out; a bool at a node stands for every
+column below it. :func:`selectors` turns a mask into the tree-path selectors that
+:meth:`pytreestore.TreeSchema.select` takes.
+
+Under a ragged list, a record's mask holds one element per item (``.p[0]``, ``.p[1]``, ...),
+all of which stand for the same columns (``.p[*]``): a column is selected when any element
+selects it. A padded batch's mask holds the stacked element itself (``batch.p`` is one
+``Params``), which stands for ``.p[*]`` too. An optional subtree that is None in the mask
+selects nothing.
+
+Example:
+    >>> selectors({"a": True, "b": {"c": False, "d": True}}, ("['a']", "['b']['c']", "['b']['d']"))
+    ["['a']", "['b']['d']"]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
+import numpy as np
+
+from pytreestore._format import keys as _keys
+from pytreestore._format import nodes as _nodes
+from pytreestore.errors import ArgumentTypeError, UnknownColumnError
+
+_ANY = "[*]"
+
+#: what ``columns=`` takes: a tree-path string, a list of them, a mask pytree of bools, or None
+#: (every column)
+Columns: TypeAlias = "str | Sequence[str] | Any | None"
+
+
+def is_mask(columns: Any) -> bool:
+    """Whether ``columns=`` is a mask rather than a selector string or a list of them."""
+    if columns is None or isinstance(columns, str):
+        return False
+    if isinstance(columns, list | tuple) and type(columns) in (list, tuple):
+        return any(not isinstance(c, str) for c in columns)
+    return True
+
+
+def selectors(mask: Any, paths: Sequence[str], consts: Sequence[str] = ()) -> list[str]:
+    """The selectors for the True leaves of ``mask``, against a store whose columns are
+    ``paths`` and whose constant leaves are at ``consts``.
+
+    Raises:
+        ArgumentTypeError: a mask leaf that is no bool (its keypath named).
+        UnknownColumnError: a mask node where the store has no column (its keypath named).
+    """
+    chosen: list[str] = []
+    _walk(mask, "", "", (*paths, *consts), chosen)
+    return chosen
+
+
+def _walk(node: Any, where: str, at: str, paths: tuple[str, ...], chosen: list[str]) -> None:
+    """Walks the mask ``node``, found at ``where`` in the mask and standing for the store's
+    node ``at``."""
+    if node is None:
+        return
+    flag = _flag(node, where)
+    if flag is not None:
+        if flag:
+            chosen.append(at)  # select() refuses one that names no column
+        else:
+            _check_exists(at, where, paths)
+        return
+    _check_exists(at, where, paths)
+    ragged = _exists(at + _ANY, paths)
+    level = _nodes.one_level(node)
+    assert level is not None  # a leaf is a flag or refused by _flag
+    _, entries, children = level
+    if ragged and isinstance(node, list | tuple):
+        for entry, child in zip(entries, children):
+            _walk(child, where + _keys.path_str((entry,)), at + _ANY, paths, chosen)
+        return
+    if ragged:  # a padded batch's mask: the stacked element stands for every item
+        at += _ANY
+    for entry, child in zip(entries, children):
+        step = _keys.path_str((entry,))
+        _walk(child, where + step, at + step, paths, chosen)
+
+
+def _flag(node: Any, where: str) -> bool | None:
+    """A mask leaf's bool; None for a node with children."""
+    if isinstance(node, bool | np.bool_):
+        return bool(node)
+    if _nodes.one_level(node) is not None:
+        return None
+    dtype, shape = getattr(node, "dtype", None), getattr(node, "shape", None)
+    if dtype == np.bool_ and shape == ():
+        return bool(node)
+    raise ArgumentTypeError(
+        f"a columns= mask holds bools (True selects the column, False leaves it out); at "
+        f"{where or 'the root'} it holds {type(node).__name__} {node!r:.60}"
+        + (" (a padded batch's data mask is no column mask)" if shape else "")
+    )
+
+
+def _exists(at: str, paths: tuple[str, ...]) -> bool:
+    return any(_keys.is_under(p, at) for p in paths)
+
+
+def _check_exists(at: str, where: str, paths: tuple[str, ...]) -> None:
+    if not _exists(at, paths):
+        raise UnknownColumnError(
+            f"the columns= mask has a subtree at {where or 'the root'}, where the store has no "
+            f"column; build the mask from a record of the store (e.g. "
+            f"jax.tree.map(lambda _: False, store.load(0))). The store's columns are "
+            f"{', '.join(paths)}"
+        )
