@@ -18,7 +18,6 @@ saw (:mod:`pytreestore._commit.protocol`), so two writers can never both commit,
 
 Example:
     >>> from pytreestore._location import Location
-from pytreestore._platform import flock_module
     >>> lock = WriterLock.acquire(Location.parse("memory://doc-lock"))
     >>> lock.release()
 """
