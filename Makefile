@@ -58,5 +58,9 @@ demo: $(STAMP)
 	$(PY) examples/simulation.py
 	$(PY) examples/particles.py
 
+# the site, built strictly (every link and anchor checked); then the API reference's test
+# (tests/test_api_docs.py: every public name rendered, no private one), which needs the docs
+# extra and skips in `make test` where it is not installed
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_api_docs.py

@@ -48,6 +48,7 @@ from pytreestore._commit.writer import forked_writer
 from pytreestore._deferred import Deferred
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
+from pytreestore._platform import at_fork
 from pytreestore._read import reader as _reader
 from pytreestore._read.ahead import ReadAhead
 from pytreestore._read.cache import ChunkCache, for_store
@@ -453,6 +454,6 @@ def _after_fork() -> None:
         core._forked = True
 
 
-os.register_at_fork(after_in_child=_after_fork)
+at_fork(_after_fork)
 
 __all__ = ["AnyWriter", "StoreCore"]

@@ -28,11 +28,12 @@ Example:
 from __future__ import annotations
 
 import atexit
-import os
 import queue
 import sys
 import threading
 from collections.abc import Callable
+
+from pytreestore._platform import at_fork
 
 Work = Callable[[threading.Event], None]
 
@@ -78,7 +79,7 @@ def start(work: Work) -> Job:
     with _LOCK:
         if not _HOOKED:
             atexit.register(stop_all)
-            os.register_at_fork(after_in_child=_forget_threads)
+            at_fork(_forget_threads)
             _HOOKED.append(True)
         _RUNNING.add(job)
         inbox = _IDLE.pop() if _IDLE else None

@@ -50,6 +50,7 @@ __all__ = [
     "UnknownColumnError",
     "UnpicklableStoreError",
     "UnsupportedDtypeError",
+    "UnsupportedPlatformError",
     "UnsupportedTreeError",
     "VersionNotFoundError",
     "X64DisabledError",
@@ -92,6 +93,11 @@ class UnsupportedTreeError(PyTreeStoreError, TypeError):
 
 class UnsupportedDtypeError(UnsupportedTreeError):
     """A leaf has a dtype that no column can hold (object, string, ...)."""
+
+
+class UnsupportedPlatformError(PyTreeStoreError, OSError):
+    """The operating system lacks what an operation needs: writing a local store needs
+    ``fcntl.flock`` (POSIX), see docs/reliability.md, "Platforms"."""
 
 
 class StoreNotFoundError(PyTreeStoreError, FileNotFoundError):

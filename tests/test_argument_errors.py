@@ -294,8 +294,8 @@ def test_the_table_calls_every_public_method_and_function():
     called = " ".join(c[0] for c in CALLS)
     public = [n for n in dir(pytreestore.TreeStore) if not n.startswith("_")]
     takes_nothing = {"close", "closed", "flush", "commit_now", "committed", "mode", "path"}
-    takes_nothing |= {"read_context", "refresh", "reopen_options", "schema", "spec"}
-    takes_nothing |= {"version", "versions", "use_multihost"}
+    takes_nothing |= {"read_context", "refresh", "reopen_options", "schema"}
+    takes_nothing |= {"version", "versions"}
     missing = [n for n in public if n not in takes_nothing and n not in called]
     assert missing == []
     functions = ["create", "open", "copy", "evolve", "stack", "unstack", "write_fragment"]

@@ -24,6 +24,8 @@ from click.testing import CliRunner, Result
 
 import pytreestore
 import pytreestore.testing
+from pytreestore._cli import check as cli_check
+from pytreestore._cli import common as cli_common
 from pytreestore.cli import main
 from tests import trees
 
@@ -100,6 +102,7 @@ def test_console_script(tmp_path: Path, seed: Path) -> None:
         launch("--help"),
         launch("info", seed),
         launch("head", tmp_path / "nothing"),
+        launch("info", tmp_path / ("a" * 300)),  # the system refuses the name: no traceback
         launch("verify", broken),
         launch("copy", seed, tmp_path / "copy", "--progress"),
         subprocess.Popen(
@@ -116,7 +119,7 @@ def test_console_script(tmp_path: Path, seed: Path) -> None:
         stdout=subprocess.DEVNULL,
         stderr=follower,
     )
-    helps, info, missing, verify, copy, module = [finish(p) for p in procs]
+    helps, info, missing, too_long, verify, copy, module = [finish(p) for p in procs]
     assert tty_copy.wait(timeout=120) == 0
     os.close(follower)
     on_terminal = read_all(leader)
@@ -132,6 +135,9 @@ def test_console_script(tmp_path: Path, seed: Path) -> None:
 
     assert (missing.returncode, missing.stdout) == (2, "")
     assert missing.stderr == f"pytreestore: error: no store at {tmp_path / 'nothing'}\n"
+    assert (too_long.returncode, too_long.stdout) == (2, "")
+    assert too_long.stderr.startswith("pytreestore: error: ") and too_long.stderr.count("\n") == 1
+    assert "a" * 300 in too_long.stderr
 
     assert verify.returncode == 1, verify.stderr
     assert "commit.json is missing" in verify.stdout
@@ -280,6 +286,88 @@ def test_errors_exit_2_with_one_line(tmp_path: Path, seed: Path) -> None:
     backend = invoke("copy", seed, tmp_path / "c", "--backend", "floppy")
     assert backend.exit_code == 2 and "unknown backend 'floppy'" in backend.stderr
     assert pytreestore.open(seed).load(as_numpy=True).p[0].x.tolist() == [4, 3, 3]
+
+
+ALL = {  # every command, with the paths it takes
+    "info": ("{src}",),
+    "head": ("{src}", "--full"),
+    "verify": ("{src}",),
+    "versions": ("{src}",),
+    "copy": ("{src}", "{dst}"),
+}
+
+
+def _args(command: str, src: Path, dst: Path) -> list[str]:
+    return [command, *(a.format(src=src, dst=dst) for a in ALL[command])]
+
+
+def test_all_means_every_command() -> None:
+    assert set(ALL) == set(main.commands)
+
+
+def _one_error_line(result: Result) -> str:
+    assert (result.exit_code, result.stdout) == (2, ""), result.output
+    assert result.stderr.startswith("pytreestore: error: ") and result.stderr.count("\n") == 1
+    return result.stderr.removeprefix("pytreestore: error: ").rstrip("\n")
+
+
+@pytest.mark.parametrize("command", sorted(ALL))
+def test_every_command_fails_with_one_line_and_status_2(tmp_path: Path, command: str) -> None:
+    """A missing store, a store whose commit record is damaged, a file that is no store, and a
+    name the operating system refuses (an OSError pytreestore does not turn into its own
+    error): one line on standard error and status 2, never a traceback."""
+    missing = tmp_path / "missing"
+    assert _one_error_line(invoke(*_args(command, missing, tmp_path / "c1"))) == (
+        f"no store at {missing}"
+    )
+    damaged = tmp_path / "damaged"
+    with pytreestore.create(damaged, {"x": np.float32(0)}) as store:
+        store.append({"x": np.float32(1)})
+    (damaged / ".pytreestore" / "commit.json").write_text("{not json")
+    result = invoke(*_args(command, damaged, tmp_path / "c2"))
+    if command == "verify":  # a store too damaged to open is a problem found: status 1
+        assert result.exit_code == 1 and "not a valid commit record" in result.stdout
+    else:
+        assert "commit.json is not a valid commit record" in _one_error_line(result)
+    text = tmp_path / "notes.txt"
+    text.write_text("hi")
+    assert "is a file, not a directory" in _one_error_line(invoke(*_args(command, text, tmp_path)))
+    too_long = tmp_path / ("a" * 300)
+    assert str(too_long) in _one_error_line(invoke(*_args(command, too_long, tmp_path / "c3")))
+
+
+@pytest.mark.parametrize("command", sorted(ALL))
+def test_an_os_error_is_its_file_and_reason(
+    tmp_path: Path, seed: Path, command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(path: object, *args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", f"{path}/zarr.json")
+
+    monkeypatch.setattr(cli_common, "open_without_classes", refused)
+    monkeypatch.setattr(cli_check, "open_without_classes", refused)
+    monkeypatch.setattr(pytreestore, "copy", refused)
+    line = _one_error_line(invoke(*_args(command, seed, tmp_path / "c")))
+    assert line == f"{seed}/zarr.json: Permission denied"
+
+
+def test_an_os_error_without_a_file_names_the_command_paths(
+    tmp_path: Path, seed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pytreestore, "copy", full)
+    line = _one_error_line(invoke("copy", seed, tmp_path / "c"))
+    assert line == f"{seed} -> {tmp_path / 'c'}: No space left on device"
+
+
+def test_a_bug_keeps_its_traceback(seed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli_common, "open_without_classes", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        invoke("info", seed)
 
 
 def test_copy_rechunks_and_recompresses(tmp_path: Path, seed: Path) -> None:

@@ -7,6 +7,7 @@ The command runs in this process through click (tests/test_cli.py runs the conso
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import enum
 import json
@@ -208,6 +209,9 @@ def test_columns_by_node_and_by_leaf(states: Path) -> None:
         lines("head", states, "-n", "1", "--columns", ".step", ".pos"),  # one option, two paths
         lines("head", states, "-n", "1", "-c", ".pos", "-c", ".step"),  # the option twice
         lines("head", states, "--columns", ".step", ".pos", "-n", "1"),  # an option after them
+        lines("head", states, "--columns=.step", ".pos", "-n", "1"),  # the value inline
+        lines("head", states, "-c.step", "-n", "1", "-c", ".pos"),  # the short form, inline
+        lines("head", "-n", "1", "-c", ".step", ".pos", "--", states),  # the path after --
     ]
     for got in several:
         assert got[len(STATICS) :] == [
@@ -265,6 +269,31 @@ def test_full_and_json_keep_every_value(states: Path) -> None:
             "step": 4,
         }
     ]
+
+
+def test_a_stray_keypath_is_a_usage_error(states: Path) -> None:
+    result = invoke("head", states, ".pos")
+    assert result.exit_code == 2 and "Got unexpected extra argument (.pos)" in result.stderr
+
+
+def test_full_prints_every_value_exactly(tmp_path: Path) -> None:
+    """A 2,000-element leaf comes back whole: a fixed store's record as its classes print it
+    (here a dict, which Python reads back), a ragged store's as JSON; every float exactly."""
+    values = np.linspace(0, 1, 2000, dtype=np.float32) / 3
+    with pytreestore.create(tmp_path / "fixed", {"x": values, "n": np.int32(0)}) as fixed:
+        fixed.append({"x": values, "n": np.int32(7)})
+    text = invoke("head", tmp_path / "fixed", "--full").stdout
+    assert text.startswith("[0] {") and "..." not in text
+    record = ast.literal_eval(text.removeprefix("[0] "))
+    assert record["n"] == 7 and np.array_equal(np.array(record["x"], np.float32), values)
+    like = {"p": [np.float32(0)], "t": np.int32(0)}
+    with pytreestore.create(tmp_path / "ragged", like, ragged=True) as ragged:
+        ragged.append({"p": list(values), "t": np.int32(3)})
+    out = invoke("head", tmp_path / "ragged", "--full").stdout.splitlines()
+    assert len(out) == 1 and out[0].startswith("[0] {")
+    record = json.loads(out[0].removeprefix("[0] "))
+    assert record["t"] == 3 and np.array_equal(np.array(record["p"], np.float32), values)
+    assert json.loads(invoke("head", tmp_path / "ragged", "--json").stdout) == [record]
 
 
 def test_the_seed_store_has_no_static_fields(seed: Path) -> None:

@@ -24,8 +24,8 @@ ROOT = Path(pytreestore.__file__).parent
 PUBLIC = {
     "append", "batches", "close", "closed", "commit_fragments", "commit_now", "committed",
     "evolve", "extend", "extend_batch", "flush", "grain_source", "lengths", "load", "map",
-    "mode", "path", "read_context", "records", "refresh", "reopen_options", "schema", "spec",
-    "tag", "truncate", "use_multihost", "vacuum", "verify", "version", "versions",
+    "mode", "path", "read_context", "records", "refresh", "reopen_options", "schema", "tag",
+    "truncate", "vacuum", "verify", "version", "versions",
 }  # fmt: skip
 
 FACES = ["_reads.py", "_versioning.py", "_pipelines/methods.py"]

@@ -13,6 +13,7 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
+from pytreestore._commit import lock as _lock
 from pytreestore._commit.lock import WriterLock, holder_info, holder_is_dead
 from pytreestore._format.names import COMMIT_KEY, LOCK_KEY
 from pytreestore._location import Location
@@ -87,6 +88,51 @@ def test_this_process_is_alive_and_a_gone_pid_is_dead():
     assert not holder_is_dead({})
 
 
+def _fake_proc(root, *, pids=()):
+    """A /proc that shows this boot and pid namespace, and only the processes ``pids``."""
+    (root / "sys" / "kernel" / "random").mkdir(parents=True)
+    (root / "sys" / "kernel" / "random" / "boot_id").write_text("a-boot\n")
+    (root / "self" / "ns").mkdir(parents=True)
+    (root / "self" / "ns" / "pid").symlink_to("pid:[4026531836]")
+    for pid in pids:
+        (root / str(pid)).mkdir()
+        fields = ["S", *["0"] * 18, "4242", "0"]  # state, ..., start time (field 22)
+        (root / str(pid) / "stat").write_text(f"{pid} (python) {' '.join(fields)}\n")
+    return root
+
+
+def test_without_proc_no_holder_is_provably_dead(tmp_path, monkeypatch):
+    """No /proc (not Linux): no boot id or pid namespace to compare, so a lock is never taken
+    over unasked, even from a pid that is gone."""
+    monkeypatch.setattr(_lock, "PROC", str(tmp_path / "no-proc"))
+    me = holder_info()
+    assert (me["boot_id"], me["pid_ns"], me["pid_start"]) == ("", "", None)
+    assert not holder_is_dead(me)
+    assert not holder_is_dead({**me, "pid": 2**22 + 12345})
+
+
+def test_a_process_proc_hides_is_alive(tmp_path, monkeypatch):
+    """/proc mounted with hidepid shows the boot but not other users' processes: a holder that
+    exists but is not shown cannot be told from a reused pid, so it is alive; a pid with no
+    process at all is still provably gone."""
+    monkeypatch.setattr(_lock, "PROC", str(_fake_proc(tmp_path / "proc")))
+    me = holder_info()
+    assert (me["boot_id"], me["pid_ns"]) == ("a-boot", "pid:[4026531836]")
+    assert not holder_is_dead(me)  # alive, and /proc/PID/stat not shown
+    assert holder_is_dead({**me, "pid": 2**22 + 12345})
+
+
+def test_proc_tells_a_reused_pid_and_a_zombie(tmp_path, monkeypatch):
+    proc = _fake_proc(tmp_path / "proc", pids=[os.getpid()])
+    monkeypatch.setattr(_lock, "PROC", str(proc))
+    me = holder_info()
+    assert me["pid_start"] == 4242 and not holder_is_dead(me)
+    assert holder_is_dead({**me, "pid_start": 1})  # this pid now runs another process
+    stat = proc / str(os.getpid()) / "stat"
+    stat.write_text(stat.read_text().replace(") S ", ") Z "))
+    assert holder_is_dead(me)
+
+
 # ---- the S3 lock object --------------------------------------------------------------------------
 
 
@@ -118,4 +164,19 @@ def test_an_s3_lock_of_a_dead_holder_here_is_replaced(s3_server, bucket):
     dead = {**holder_info(), "pid": 2**22 + 12345}
     raw.write_bytes(LOCK_KEY, json.dumps(dead).encode())
     pytreestore.open(url, mode="a", storage_options=opts).close()
+    assert raw.read_bytes(LOCK_KEY) is None
+
+
+@pytest.mark.s3
+def test_without_proc_an_s3_lock_is_taken_over_only_when_asked(s3_server, bucket, monkeypatch):
+    url, opts = f"s3://{bucket}/s", s3_server.options
+    pytreestore.create(url, LIKE, storage_options=opts).close()
+    raw = get_backend("tensorstore")(Location.parse(url, opts))
+    monkeypatch.setattr(_lock, "PROC", "/no-proc-here")
+    dead = {**holder_info(), "pid": 2**22 + 12345}
+    raw.write_bytes(LOCK_KEY, json.dumps(dead).encode())
+    with pytest.raises(errors.StoreLockedError, match="break_lock=True"):
+        pytreestore.open(url, mode="a", storage_options=opts)
+    assert json.loads(raw.read_bytes(LOCK_KEY) or b"{}") == dead
+    pytreestore.open(url, mode="a", storage_options=opts, break_lock=True).close()
     assert raw.read_bytes(LOCK_KEY) is None

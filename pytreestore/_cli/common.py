@@ -1,6 +1,12 @@
 """What every ``pytreestore`` command shares: the command group, its common options, opening
 a store without its classes, failing with a message, and JSON output.
 
+Failing is done in one place: every command is a :class:`Command`, which turns a
+:class:`~pytreestore.errors.PyTreeStoreError` (a store missing, damaged, not a store, refused)
+or an ``OSError`` (permission denied, a name too long, ...) into one line on standard error,
+``pytreestore: error: ...``, and exit status 2. Any other exception is a bug of pytreestore's
+and keeps its traceback.
+
 Example:
     >>> jsonable({"a": (1, 2.5), "b": None})
     {'a': [1, 2.5], 'b': None}
@@ -10,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,7 +41,37 @@ progress_option = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class Command(click.Command):
+    """A ``pytreestore`` command: a store that cannot be opened, read or written ends it with
+    a message and status 2, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PyTreeStoreError as err:
+            fail(str(err))
+        except OSError as err:  # raised by the operating system, not by pytreestore
+            fail(os_message(err, ctx))
+
+
+def os_message(err: OSError, ctx: click.Context) -> str:
+    """``err`` in one line: the file it names (else the command's paths), and its reason."""
+    if err.filename is not None:
+        where = os.fsdecode(err.filename)
+    else:
+        where = " -> ".join(str(ctx.params[k]) for k in ("path", "src", "dst") if k in ctx.params)
+    reason = err.strerror or str(err) or type(err).__name__
+    return f"{where}: {reason}" if where else reason
+
+
+class _Group(click.Group):
+    command_class = Command
+
+
+@click.group(
+    cls=_Group,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(pytreestore.__version__, prog_name="pytreestore")
 def main() -> None:
     """Look into, check and copy pytreestore stores.
@@ -48,11 +85,7 @@ def main() -> None:
 def opened(path: str) -> Iterator[pytreestore.TreeStore]:
     """The store at ``path``, read-only, without its classes (the generic view, or
     stand-ins for a ragged store's classes); a store that won't open is an error."""
-    try:
-        store = open_without_classes(path)
-    except PyTreeStoreError as err:
-        fail(str(err))
-    with store:
+    with open_without_classes(path) as store:
         yield store
 
 
@@ -94,11 +127,13 @@ def jsonable(value: Any) -> Any:
 __all__ = [
     "EXIT_ERROR",
     "EXIT_PROBLEMS",
+    "Command",
     "fail",
     "json_option",
     "jsonable",
     "main",
     "opened",
+    "os_message",
     "print_json",
     "problem_json",
     "progress_option",

@@ -16,13 +16,12 @@ from typing import Any
 import click
 
 import pytreestore
-from pytreestore._cli.common import fail, json_option, jsonable, main, opened, print_json
+from pytreestore._cli.common import Command, json_option, jsonable, main, opened, print_json
 from pytreestore._inspect import repr as _repr
 from pytreestore._inspect.records import format_record, record_items, static_fields, summary_lines
 from pytreestore._open.standins import StandIn, fields_of
 from pytreestore._read.reader import load_leaves
 from pytreestore._read.request import LoadRequest
-from pytreestore.errors import PyTreeStoreError
 
 # ---- info -------------------------------------------------------------------------------------
 
@@ -48,34 +47,48 @@ def info(path: str, as_json: bool) -> None:
 # ---- head -------------------------------------------------------------------------------------
 
 
-class _Several(click.Option):
-    """An option that takes every value up to the next option: ``--columns .a .b['k']``.
+class _Head(Command):
+    """``head``, whose ``--columns`` (``-c``) takes every keypath that follows it.
 
-    The values taken are those that start like a keypath (``.`` or ``[``); the option may
-    also be repeated.
+    ``--columns .a .b['k']`` is read as ``--columns .a --columns .b['k']``: after the option's
+    value, each argument that starts like a keypath (``.`` or ``[``) is one more value. The
+    option may also be repeated. The command line is rewritten before click parses it
+    (:meth:`click.Command.parse_args`), so click's parser itself is used as it comes.
     """
 
-    def add_to_parser(self, parser: Any, ctx: click.Context) -> None:
-        super().add_to_parser(parser, ctx)
-        for name in self.opts:
-            long, short = getattr(parser, "_long_opt", {}), getattr(parser, "_short_opt", {})
-            option = long.get(name) or short.get(name)  # click's parser: repeat if it changed
-            if option is not None:
-                option.process = self._greedy(option.process)
-
-    @staticmethod
-    def _greedy(process: Any) -> Any:
-        def take(value: Any, state: Any) -> None:
-            values = [value]
-            while state.rargs and state.rargs[0][:1] in (".", "["):
-                values.append(state.rargs.pop(0))
-            for v in values:
-                process(v, state)
-
-        return take
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, spread_columns(args))
 
 
-@main.command()
+def spread_columns(args: list[str]) -> list[str]:
+    """``args`` with each keypath after a ``--columns`` value given its own ``--columns``.
+
+    Example:
+        >>> spread_columns(["s", "-c", ".a", ".b['k']", "-n", "1", "--columns=.c", "[0]"])
+        ['s', '-c', '.a', '--columns', ".b['k']", '-n', '1', '--columns=.c', '--columns', '[0]']
+    """
+    out: list[str] = []
+    taking = False  # after the option's value: a keypath is one more value
+    i = 0
+    while i < len(args):
+        arg, i = args[i], i + 1
+        if arg == "--":  # what follows are arguments, not options
+            return [*out, *args[i - 1 :]]
+        if taking and arg[:1] in (".", "["):
+            out += ["--columns", arg]
+            continue
+        out.append(arg)
+        taking = arg.startswith("--columns=") or (arg.startswith("-c") and arg != "-c")
+        if arg in _COLUMNS and i < len(args):
+            out.append(args[i])  # the option's value, whatever it is
+            i, taking = i + 1, True
+    return out
+
+
+_COLUMNS = ("-c", "--columns")
+
+
+@main.command(cls=_Head)
 @click.argument("path")
 @click.option(
     "-n",
@@ -97,13 +110,17 @@ class _Several(click.Option):
     "-c",
     "--columns",
     "columns",
-    cls=_Several,
     multiple=True,
     metavar="KEYPATH...",
     help="Print only these columns: keypaths as load(columns=) takes them; a node's "
     "keypath selects every column below it (.p[0]).",
 )
-@click.option("--full", is_flag=True, help="Print every value, each record as its classes.")
+@click.option(
+    "--full",
+    is_flag=True,
+    help="Print every value: each record as its classes print it (a ragged store's records "
+    "as one line of JSON each).",
+)
 @json_option
 def head(
     path: str, count: int, start: int, columns: tuple[str, ...], full: bool, as_json: bool
@@ -111,18 +128,16 @@ def head(
     """Print records of a store: by default one line per leaf (keypath, dtype and shape, the
     first values), after the store's static fields.
 
-    With --full, each record whole, as the classes the schema names (the classes are not
-    imported: records print the same wherever the store is read). With --json: a JSON list
+    With --full, each record whole, every value, floats as the shortest text that reads back
+    the same: as the classes the schema names (the classes are not imported: records print
+    the same wherever the store is read); a ragged store's records as one line of JSON each. With --json: a JSON list
     with one record per line, every value, as plain objects and lists.
     """
     with opened(path) as store:
         total = len(store)
         first = _first_record(start, total)
         stop = min(first + count, total)
-        try:
-            shown = _read_records(store, range(first, stop), list(columns) or None)
-        except PyTreeStoreError as err:
-            fail(str(err))
+        shown = _read_records(store, range(first, stop), list(columns) or None)
         if as_json:
             lines = [json.dumps(jsonable(record.plain)) for record in shown]
             click.echo("[\n" + ",\n".join(lines) + "\n]" if lines else "[]")
@@ -158,7 +173,8 @@ class _Shown:
     Attributes:
         plain: the record as dicts, lists and leaves (``--json``).
         items: its ``(keypath, leaf)`` pairs (the summary lines).
-        full: its every value as text, given ``width=`` (``--full``).
+        full: its every value as text, given ``width=`` (``--full``): as its classes print
+            it, broken over lines wider than ``width``; a ragged store's, one line of JSON.
     """
 
     plain: Any
@@ -182,7 +198,7 @@ def _read_records(
             plain = _plain(record)
             text = json.dumps(jsonable(plain), separators=(", ", ": "))
             items = record_items(record, schema.tables)
-            shown.append(_Shown(plain, items, functools.partial(_clip, text)))
+            shown.append(_Shown(plain, items, functools.partial(_whole, text)))
         return shown
     request = LoadRequest.build(schema, policy=False, columns=columns, as_numpy=True)
     leaves = load_leaves(store.read_context(), request, slice(indices.start, indices.stop))
@@ -206,8 +222,9 @@ def _root_label(tree: dict[str, Any]) -> str:
     return tree["type"].rpartition(":")[2] if "type" in tree else tree["node"]
 
 
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
+def _whole(text: str, width: int) -> str:
+    """A ragged record's ``--full`` text: one line of JSON, never cut (``width`` is unused)."""
+    return text
 
 
 def _plain(value: Any) -> Any:

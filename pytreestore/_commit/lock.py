@@ -9,6 +9,8 @@
   that process gone) is replaced with a second conditional write, so exactly one of several
   writers racing to break it wins. A holder elsewhere cannot be proven dead; the error says
   who holds the lock and ``pytreestore.open(..., mode="a", break_lock=True)`` takes it over.
+  The proof reads ``/proc`` (Linux): where it is missing, or hides other users' processes,
+  no holder is provably dead and no lock is taken over unasked (see :func:`holder_is_dead`).
 
 The lock keeps a second writer out; it does not by itself make commits safe. That is the
 commit record's job: every commit is a conditional write on the generation the writer last
@@ -23,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import socket
@@ -35,11 +36,15 @@ from typing import Any
 
 from pytreestore._format.names import LOCK_KEY, NO_VALUE
 from pytreestore._location import Location
+from pytreestore._platform import flock_module
 from pytreestore.backends import ConditionalWrites
 from pytreestore.errors import StorageError, StoreLockedError
 
 _HELD: set[str] = set()
 _HELD_LOCK = threading.Lock()
+
+#: where the kernel shows its processes (Linux); read only by :func:`holder_is_dead`'s proof
+PROC = "/proc"
 
 
 class WriterLock:
@@ -119,6 +124,7 @@ class WriterLock:
             raise ValueError(
                 f"only a local writer lock can be shared, not that of {self._location}"
             )
+        fcntl = flock_module(self._location, "sharing the writer lock of")
         try:
             fcntl.flock(self._fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -140,6 +146,7 @@ class WriterLock:
             with _HELD_LOCK:
                 _HELD.discard(self._location.root)
         elif self._fd is not None:
+            fcntl = flock_module(self._location, "releasing the writer lock of")
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
         elif self._backend is not None and self._token is not None:
@@ -157,6 +164,7 @@ SHARE_WAIT = 30.0
 
 
 def _acquire_flock(location: Location, *, shared: bool = False, note: str = "") -> int:
+    fcntl = flock_module(location, "taking the writer lock of")  # before anything is written
     path = Path(location.root) / LOCK_KEY
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -234,7 +242,7 @@ def holder_info() -> dict[str, Any]:
     return {
         "owner": uuid.uuid4().hex,
         "host": socket.gethostname(),
-        "boot_id": _read("/proc/sys/kernel/random/boot_id"),
+        "boot_id": _read(f"{PROC}/sys/kernel/random/boot_id"),
         "pid_ns": _pid_namespace(),
         "pid": pid,
         "pid_start": _start_ticks(pid),
@@ -245,6 +253,11 @@ def holder_info() -> dict[str, Any]:
 def holder_is_dead(holder: dict[str, Any]) -> bool:
     """Whether the lock's holder is provably gone: it ran here (same host, boot and pid
     namespace) and its process no longer exists (or its pid now belongs to another process).
+
+    Anything that cannot be proven counts as alive, so a live writer's lock is never taken
+    over: without ``/proc`` (not Linux) there is no boot id or pid namespace to compare, so
+    no holder is provably gone; where ``/proc`` hides a process that exists (``hidepid``),
+    its pid cannot be told from a reused one, so it is alive.
     """
     me = holder_info()
     same_machine = all(
@@ -258,9 +271,11 @@ def holder_is_dead(holder: dict[str, Any]) -> bool:
     except ProcessLookupError:
         return True
     except PermissionError:
-        pass
+        pass  # the process exists, run by another user
     stat = _stat(pid)
-    if stat is None or stat[0] == "Z":  # gone, or a zombie: dead but not yet reaped
+    if stat is None:  # it exists, but /proc does not show it: whose it is cannot be told
+        return False
+    if stat[0] == "Z":  # a zombie: dead but not yet reaped
         return True
     return holder.get("pid_start") not in (None, stat[1])
 
@@ -282,7 +297,7 @@ def _read(path: str) -> str:
 
 def _pid_namespace() -> str:
     try:
-        return os.readlink("/proc/self/ns/pid")
+        return os.readlink(f"{PROC}/self/ns/pid")
     except OSError:
         return ""
 
@@ -295,7 +310,7 @@ def _start_ticks(pid: int) -> int | None:
 
 def _stat(pid: int) -> tuple[str, int] | None:
     """A process's state letter and start time, from ``/proc/PID/stat``; None if absent."""
-    stat = _read(f"/proc/{pid}/stat")
+    stat = _read(f"{PROC}/{pid}/stat")
     try:
         fields = stat.rsplit(")", 1)[1].split()
         return fields[0], int(fields[19])

@@ -53,7 +53,7 @@ class VacuumReport:
         arrays: arrays of columns no kept version has (each with its chunks).
         chunks: chunks past every kept version's rows.
         fragments: fragment folders (issue 17): committed ones left behind, and abandoned
-            ones (see :mod:`pytreestore._fragments.abandoned`).
+            ones (see docs/scaling.md).
         reclaimed: whether removing them freed their space. False on a backend that keeps
             every generation (OCDBT): they are gone from the latest version, but their bytes
             stay on disk, readable at older generations; ``pytreestore.copy`` to a new store

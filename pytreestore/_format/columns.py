@@ -48,7 +48,7 @@ class ColumnSpec:
         role: ``"offsets"`` or ``"presence"`` for a ragged store's index arrays (described
             by the schema's ``ragged`` section, not listed among its columns); None for a leaf.
         weak_type: whether the leaf was weakly typed (a Python scalar, or a ``jax.Array``
-            with ``weak_type``; see :mod:`pytreestore._format.weak`): reads return it as a
+            with ``weak_type``; see docs/pytrees.md): reads return it as a
             weakly typed ``jax.Array``, so ``jax.jit`` sees the abstract value it saw.
     """
 

@@ -83,14 +83,13 @@ class TreeSchema:
             ``tree`` and ``columns`` then describe a representative record: one element per
             ragged list, every optional subtree present (see docs/format.md).
         packs: with ``create(pack=...)`` (format 3), the shared arrays that hold small leaves
-            side by side (see :mod:`pytreestore._format.packs`); () when every column has
-            its own array.
+            side by side (see docs/format.md); () when every column has its own array.
         inner_chunk_bytes: the decoded bytes an inner chunk of a column holds at most
             (format 3, ``create(inner_chunk_bytes=)``): each column's chunks are zarr v3
-            shards of inner chunks of :func:`~pytreestore._format.columns.inner_records`
-            records, decoded one at a time; None: plain chunks.
+            shards of inner chunks of as many records as fit in those bytes, decoded one at
+            a time; None: plain chunks.
         layout: for a ragged store, the layout of records (today's classes) that
-            :mod:`pytreestore._commit.model` builds on create and open; not stored.
+            pytreestore builds on create and open; not stored.
     """
 
     tree: dict[str, Any]
@@ -261,7 +260,7 @@ class TreeSchema:
     @property
     def tables(self) -> RaggedInfo:
         """The store's axis tables and optional subtrees (the record model): a fixed store's
-        are :data:`~pytreestore._format.ragged.NO_TABLES`, none."""
+        are none."""
         return NO_TABLES if self.ragged is None else self.ragged
 
     def with_tables(self, tables: RaggedInfo) -> TreeSchema:
@@ -270,7 +269,7 @@ class TreeSchema:
 
     @functools.cached_property
     def weak(self) -> tuple[bool, ...] | None:
-        """Each column's ``weak_type`` (see :mod:`pytreestore._format.weak`), or None when
+        """Each column's ``weak_type`` (see :attr:`ColumnSpec.weak_type`), or None when
         no column is weakly typed."""
         flags = tuple(c.weak_type for c in self.columns)
         return flags if any(flags) else None
@@ -353,7 +352,7 @@ class TreeSchema:
 
         A selector names a column by its path, or every column below a node by the node's
         path (``.p[0]``); ``""`` selects everything. A constant leaf (a function, see
-        :mod:`pytreestore._format.consts`) is no column: every load returns it whatever is selected,
+        docs/format.md, "Constant leaves") is no column: every load returns it whatever is selected,
         and a selector under which only constants live is refused like one naming nothing.
         ``columns`` may also be a mask: a pytree of bools shaped like a record
         (:mod:`pytreestore._format.mask`).

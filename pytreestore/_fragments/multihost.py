@@ -305,7 +305,7 @@ def open_everywhere(
             )
             raise _rebuild(error)
     assert store is not None  # every process made one, or all raised above
-    store.use_multihost(host)
+    store._use_multihost(host)
     return store
 
 

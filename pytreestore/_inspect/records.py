@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -91,8 +92,11 @@ def _field_label(entry: Any) -> str:
 
 
 def _format_leaf(value: Any) -> str:
+    """Every value of a leaf, each float as the shortest text that reads back the same."""
     array = np.asarray(value)
-    return np.array2string(array, separator=", ", threshold=16, edgeitems=3, max_line_width=1 << 30)
+    return np.array2string(
+        array, separator=", ", threshold=sys.maxsize, floatmode="unique", max_line_width=1 << 30
+    )
 
 
 def _flat(doc: Any) -> str:

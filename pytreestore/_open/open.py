@@ -85,7 +85,8 @@ def create(
             :func:`pytreestore.backends.register_backend`. Either reads what the other wrote.
         overwrite: replace an existing store at ``path``.
         storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
-            retries (see :class:`pytreestore._location.S3Options` and ``docs/reliability.md``).
+            retries; each key is listed in docs/reliability.md,
+            [S3 and GCS](reliability.md#s3-and-gcs).
         cast: the store's dtype policy for device reads: True loads 64-bit columns as 32 bits
             while x64 is disabled (values that do not fit raise), in ``store[...]``,
             iteration, :meth:`~TreeStore.records`, :meth:`~TreeStore.load`,
@@ -260,7 +261,8 @@ def open(
             ``"ocdbt"`` for a store in an OCDBT database (its ``manifest.ocdbt`` at the
             root), else ``"tensorstore"``.
         storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
-            retries (see :class:`pytreestore._location.S3Options` and ``docs/reliability.md``).
+            retries; each key is listed in docs/reliability.md,
+            [S3 and GCS](reliability.md#s3-and-gcs).
         break_lock: S3 and GCS, ``mode="a"`` only: take the writer lock over even from a
             holder that may be alive (a writer on a host that crashed). A holder on this host
             that has died is detected and replaced without it.

@@ -35,6 +35,7 @@ from pytreestore import _arguments
 from pytreestore._format.mask import Columns
 from pytreestore._pipelines.prefetch import Prefetcher
 from pytreestore._pipelines.shuffle import Shuffle
+from pytreestore._spec import StoreSpec
 from pytreestore._tree.stack import split_leaves
 from pytreestore.errors import ArgumentError
 
@@ -288,11 +289,13 @@ class GrainSource:
         columns: Columns,
         load: Callable[[Any], Any],
         padding: GrainPadding | None = None,
+        spec: StoreSpec,
     ) -> None:
         """``load(index)`` loads records of ``store`` with numpy leaves (padded as
-        ``padding`` says); pickling keeps ``store.spec`` and opens it again where the
-        source is unpickled."""
+        ``padding`` says); pickling keeps ``spec`` (how to open ``store`` again, read-only)
+        and opens it again where the source is unpickled."""
         self._store = store
+        self._spec = spec
         self._columns = columns
         self._load = load
         self._padding = padding or GrainPadding(padded=False)
@@ -324,7 +327,7 @@ class GrainSource:
     def __getstate__(self) -> dict[str, Any]:
         if self._store.mode == "a":
             self._store.flush()  # the reopened reader sees what was appended
-        return {"spec": self._store.spec, "columns": self._columns, "padding": self._padding}
+        return {"spec": self._spec, "columns": self._columns, "padding": self._padding}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         store = state["spec"].open()

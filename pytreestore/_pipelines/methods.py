@@ -26,9 +26,9 @@ from typing import Any
 from pytreestore import _arguments
 from pytreestore._core import StoreCore
 from pytreestore._format.mask import Columns
-from pytreestore._pipelines import batches as _batches
 from pytreestore._pipelines import map as _map
 from pytreestore._pipelines import shuffle as _shuffle
+from pytreestore._pipelines.batches import BatchIterator, GrainPadding, GrainSource
 from pytreestore._read.cache import ChunkCache
 from pytreestore._read.reader import ReadContext
 from pytreestore._read.records import record_reads
@@ -64,7 +64,7 @@ class Pipelines:
         trim: bool = False,
         truncate: bool | None = None,
         shuffle_window: int | None = None,
-    ) -> _batches.BatchIterator:
+    ) -> BatchIterator:
         """Iterates over records ``[start, stop)`` in batches on device, read ahead in the background.
 
         Args:
@@ -85,16 +85,18 @@ class Pipelines:
             epochs: passes over the records; None repeats without end.
             state: a dict from :meth:`BatchIterator.state` to continue from.
             cast: as for :meth:`load`.
-            ragged, pad_to, trim: for a ragged store, as for :meth:`load`: each batch is
-                the pair ``(batch, mask)`` (or ``(values, segments)``); give ``pad_to``
-                buckets so that a jitted step compiles once per bucket.
+            ragged: for a ragged store, as for :meth:`load`: each batch is the pair
+                ``(batch, mask)`` (or ``(values, segments)``).
+            pad_to: as for :meth:`load`; give buckets so that a jitted step compiles once
+                per bucket.
+            trim: as for :meth:`load`.
             truncate: the old name of ``trim`` (an alias).
             shuffle_window: records a block shuffle shuffles together, rounded up to whole
                 chunks (default: about 64 MiB of decoded records); the iterator keeps about
                 2.5 windows of decoded chunks in a cache of its own.
 
         Returns:
-            A :class:`~pytreestore._pipelines.batches.BatchIterator` of batched records; its ``state()``
+            A :class:`~pytreestore.BatchIterator` of batched records; its ``state()``
             reports the position to resume from.
 
         Raises:
@@ -123,7 +125,7 @@ class Pipelines:
         order, context = _shuffled(
             self._core, context, request, (shuffle, shuffle_window), batch_size, lo, hi, state
         )
-        return _batches.BatchIterator(
+        return BatchIterator(
             _loader(
                 self._core, context, request, ragged, pad_to, _arguments.trimmed(trim, truncate)
             ),
@@ -165,9 +167,10 @@ class Pipelines:
             progress: show a progress bar (records and MB/s) on standard error.
             prefetch: batches read ahead while the previous one computes.
             cast: as for :meth:`load`.
-            pad_to, trim: for a ragged store, as for :meth:`load`: ``fn`` is then a
-                function of ``(record, mask)``, one padded record and its mask; with
-                ``pad_to`` fixed every batch has one shape (one compile).
+            pad_to: for a ragged store, as for :meth:`load`: ``fn`` is then a function of
+                ``(record, mask)``, one padded record and its mask; with ``pad_to`` fixed
+                every batch has one shape (one compile).
+            trim: as for :meth:`load`.
             truncate: the old name of ``trim`` (an alias).
 
         Returns:
@@ -212,7 +215,7 @@ class Pipelines:
         pad_to: int | None = None,
         trim: bool = False,
         truncate: bool | None = None,
-    ) -> _batches.GrainSource:
+    ) -> GrainSource:
         """This store as a Grain random-access data source (records with numpy leaves).
 
         Args:
@@ -239,11 +242,11 @@ class Pipelines:
         """
         reads = record_reads(self._core.schema)
         trim = _arguments.trimmed(trim, truncate)
-        padding = reads.grain_padding(_batches.GrainPadding, self, padded, pad_to, trim)
+        padding = reads.grain_padding(GrainPadding, self, padded, pad_to, trim)
         context = self._core.read_context()
         request = context.request(columns=columns, as_numpy=True)
         load = _loader(self._core, context, request, "pad", padding.pad_to, padding.truncate)
-        return _batches.GrainSource(self, columns=columns, load=load, padding=padding)
+        return GrainSource(self, columns=columns, load=load, padding=padding, spec=self._core.spec)
 
 
 #: the largest batch map() compiles a call of (its last batch is padded to it)

@@ -41,6 +41,7 @@ import numpy as np
 
 from pytreestore._format.schema import ColumnSpec
 from pytreestore._location import Location
+from pytreestore._platform import at_fork
 from pytreestore._read.index import rows
 from pytreestore.backends import Backend, BatchedReads, capable
 from pytreestore.errors import PyTreeStoreError
@@ -112,7 +113,7 @@ def _after_fork() -> None:
         cache._lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_after_fork)
+at_fork(_after_fork)
 
 
 def shared() -> ChunkCache | None:

@@ -51,9 +51,10 @@ def register_backend(name: str, factory: BackendFactory, *, replace: bool = Fals
 
     Args:
         name: the name users pass as ``backend=``.
-        factory: called as ``factory(location, **options)`` with a parsed
-            :class:`~pytreestore._location.Location`; returns an object keeping the
-            :class:`Backend` contract (a backend class is such a factory).
+        factory: called as ``factory(location, **options)`` with the parsed location (its
+            ``kind``: ``"file"``, ``"memory"``, ``"s3"`` or ``"gcs"``, its ``path`` and its
+            storage options; docs/architecture.md, "The backend contract"); returns an object
+            keeping the :class:`Backend` contract (a backend class is such a factory).
         replace: allow replacing a backend already registered under ``name``.
 
     Raises:

@@ -54,6 +54,7 @@ from typing import Any, TypeVar
 import google_crc32c
 import numpy as np
 
+from pytreestore._platform import at_fork
 from pytreestore.backends._base import damaged_chunk
 
 _T = TypeVar("_T")
@@ -68,7 +69,7 @@ def _forget_pool() -> None:
     _POOL = None
 
 
-os.register_at_fork(after_in_child=_forget_pool)
+at_fork(_forget_pool)
 
 
 class MissingChunk(Exception):

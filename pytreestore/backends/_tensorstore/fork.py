@@ -13,8 +13,7 @@ Example:
 
 from __future__ import annotations
 
-import os
-
+from pytreestore._platform import at_fork
 from pytreestore.errors import ForkedBackendError
 
 #: whether this process has issued TensorStore I/O, and whether its parent had before a fork
@@ -43,4 +42,4 @@ def _after_fork_in_child() -> None:
     _state["forked"] = _state["forked"] or _state["used"]
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork(_after_fork_in_child)

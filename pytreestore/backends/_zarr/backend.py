@@ -48,7 +48,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import hashlib
 import json
@@ -68,6 +67,7 @@ from zarr.storage._common import StorePath
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import META_DIR, NO_VALUE, array_json
 from pytreestore._location import Location
+from pytreestore._platform import flock_module
 from pytreestore.backends._base import (
     BatchedReads,
     ChunkCopies,
@@ -202,6 +202,7 @@ class ZarrBackend(
                 yield
             return
         folder = Path(self._location.root) / META_DIR
+        fcntl = flock_module(self._location, "committing to")
         try:
             folder.mkdir(parents=True, exist_ok=True)
             fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
