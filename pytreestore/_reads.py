@@ -19,7 +19,6 @@ import numpy as np
 
 from pytreestore import _arguments
 from pytreestore._core import StoreCore
-from pytreestore._format.mask import Columns
 from pytreestore._read.records import record_reads
 
 #: the record type of a store (``TreeStore[T]``): the class of the example it was created with
@@ -39,7 +38,7 @@ class Reads(Generic[T]):
         self,
         index: Any = slice(None),
         *,
-        columns: Columns = None,
+        columns: str | Sequence[str] | Any | None = None,
         device: Any = None,
         as_numpy: bool = False,
         cast: bool | None = None,
@@ -140,7 +139,7 @@ class Reads(Generic[T]):
     def records(
         self,
         *,
-        columns: Columns = None,
+        columns: str | Sequence[str] | Any | None = None,
         as_numpy: bool = False,
         cast: bool | None = None,
     ) -> Iterator[T]:

@@ -19,7 +19,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
 
@@ -28,10 +28,6 @@ from pytreestore._format import nodes as _nodes
 from pytreestore.errors import ArgumentTypeError, UnknownColumnError
 
 _ANY = "[*]"
-
-#: what ``columns=`` takes: a tree-path string, a list of them, a mask pytree of bools, or None
-#: (every column)
-Columns: TypeAlias = "str | Sequence[str] | Any | None"
 
 
 def is_mask(columns: Any) -> bool:

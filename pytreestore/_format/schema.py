@@ -354,8 +354,8 @@ class TreeSchema:
         path (``.p[0]``); ``""`` selects everything. A constant leaf (a function, see
         docs/format.md, "Constant leaves") is no column: every load returns it whatever is selected,
         and a selector under which only constants live is refused like one naming nothing.
-        ``columns`` may also be a mask: a pytree of bools shaped like a record
-        (:mod:`pytreestore._format.mask`).
+        ``columns`` may also be a mask: a pytree of bools shaped like a record, True where a
+        column is wanted (see :meth:`pytreestore.TreeStore.load`).
         """
         if columns is None:
             return list(range(len(self.columns)))

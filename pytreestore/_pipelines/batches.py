@@ -32,7 +32,6 @@ import numpy as np
 from jax.tree_util import tree_flatten
 
 from pytreestore import _arguments
-from pytreestore._format.mask import Columns
 from pytreestore._pipelines.prefetch import Prefetcher
 from pytreestore._pipelines.shuffle import Shuffle
 from pytreestore._spec import StoreSpec
@@ -286,7 +285,7 @@ class GrainSource:
         self,
         store: Any,
         *,
-        columns: Columns,
+        columns: str | Sequence[str] | Any | None,
         load: Callable[[Any], Any],
         padding: GrainPadding | None = None,
         spec: StoreSpec,

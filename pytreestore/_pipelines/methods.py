@@ -25,7 +25,6 @@ from typing import Any
 
 from pytreestore import _arguments
 from pytreestore._core import StoreCore
-from pytreestore._format.mask import Columns
 from pytreestore._pipelines import map as _map
 from pytreestore._pipelines import shuffle as _shuffle
 from pytreestore._pipelines.batches import BatchIterator, GrainPadding, GrainSource
@@ -52,7 +51,7 @@ class Pipelines:
         seed: int = 0,
         drop_last: bool = False,
         prefetch: int = 2,
-        columns: Columns = None,
+        columns: str | Sequence[str] | Any | None = None,
         sharding: Any = None,
         start: int = 0,
         stop: int | None = None,
@@ -146,7 +145,7 @@ class Pipelines:
         *,
         batch_size: int | None = None,
         out: Any = None,
-        columns: Columns = None,
+        columns: str | Sequence[str] | Any | None = None,
         sharding: Any = None,
         progress: bool = False,
         prefetch: int = 2,
@@ -210,7 +209,7 @@ class Pipelines:
     def grain_source(
         self,
         *,
-        columns: Columns = None,
+        columns: str | Sequence[str] | Any | None = None,
         padded: bool | None = None,
         pad_to: int | None = None,
         trim: bool = False,

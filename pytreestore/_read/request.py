@@ -29,7 +29,6 @@ import numpy as np
 from jax.sharding import Sharding
 
 from pytreestore import _arguments
-from pytreestore._format.mask import Columns
 from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._read import sharded as _sharded
 from pytreestore._read.index import Selection, normalize
@@ -77,7 +76,7 @@ class LoadRequest:
         schema: TreeSchema,
         *,
         policy: bool,
-        columns: Columns = None,
+        columns: str | Sequence[str] | Any | None = None,
         device: Any = None,
         as_numpy: bool = False,
         cast: bool | None = None,
