@@ -62,7 +62,7 @@ def fetch(cache: Path = CACHE) -> Path:
     found = executable(cache)
     if found is not None:
         return found
-    with urllib.request.urlopen(URL, timeout=120) as response:
+    with urllib.request.urlopen(URL, timeout=30) as response:
         package = response.read()
     cache.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(package), mode="r:gz") as tgz:
@@ -93,7 +93,9 @@ def _unbrotli(data: bytes) -> bytes:
             "process.stdin.on('end',()=>process.stdout.write(z.brotliDecompressSync("
             "Buffer.concat(c))))"
         )
-        return subprocess.run([node, "-e", script], input=data, capture_output=True, check=True).stdout
+        return subprocess.run(
+            [node, "-e", script], input=data, capture_output=True, check=True
+        ).stdout
     return brotli.decompress(data)
 
 
@@ -226,7 +228,7 @@ def _screenshots() -> None:
     images = ROOT / "docs" / "images"
     images.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp, chromium(fetch()) as page:
-        view = example_view(Path(tmp))
+        view = example_view(Path(tmp)).replace(tmp, "/data")  # no temporary folder's name
         for dark in (False, True):
             page.show(view, dark=dark, width=1000)
             name = f"notebook-view-{'dark' if dark else 'light'}.png"

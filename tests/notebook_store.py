@@ -4,6 +4,7 @@ subtree, a static field and a tag."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +60,8 @@ def frame(i: int) -> Frame:
 
 def example(path: Path, backend: str = "tensorstore") -> pytreestore.TreeStore:
     """The example store at ``path``, written, tagged and opened for reading."""
-    like = frame(1).replace(wind=Wind(np.float32(0), np.float32(0)))
-    with pytreestore.create(
-        path, like, ragged=RAGGED, optional=OPTIONAL, backend=backend
-    ) as store:
+    like = dataclasses.replace(frame(1), wind=Wind(np.float32(0), np.float32(0)))
+    with pytreestore.create(path, like, ragged=RAGGED, optional=OPTIONAL, backend=backend) as store:
         store.extend(frame(i) for i in range(RECORDS - 2))
         store.flush()
         store.tag("first-ten")

@@ -110,13 +110,13 @@ class AxisRange:
 
     @property
     def text(self) -> str:
-        """``0–3 per record · 8 in all`` (the range over the first records says so)."""
+        """``0 to 3 per record · 8 in all`` (the range over the first records says so)."""
         if self.error is not None:
             return self.error
         if self.low is None:
             span = "no records"
         else:
-            span = f"{self.low}–{self.high}" if self.low != self.high else f"{self.low}"
+            span = f"{self.low} to {self.high}" if self.low != self.high else f"{self.low}"
             span += " per record" + ("" if self.over == 0 else f" (first {self.over:,})")
         rows = "" if self.rows is None else f" · {self.rows:,} in all"
         return span + rows
@@ -181,7 +181,7 @@ def _sample(store: Glanced, index: int) -> Sample:
     try:
         record = store.load(index, as_numpy=True)
         return Sample(index, dict(_values(record, "", lists)))
-    except Exception as err:  # noqa: BLE001 -- a display shows any read error, never raises
+    except Exception as err:  # a display shows any read error, never raises
         return Sample(index, {}, one_line(err))
 
 
@@ -218,7 +218,9 @@ def _text(value: Any) -> str:
         same = {(np.shape(v), np.asarray(v).dtype) for v in value if not isinstance(v, list)}
         if len(same) == 1 and not any(isinstance(v, list | _Marker) for v in value):
             return _text(np.stack(value))
-        return "[" + ", ".join(_text(v) for v in value[:16]) + (", ...]" if len(value) > 16 else "]")
+        return (
+            "[" + ", ".join(_text(v) for v in value[:16]) + (", ...]" if len(value) > 16 else "]")
+        )
     with np.printoptions(threshold=16, edgeitems=3, precision=4, linewidth=1 << 20):
         text = np.array2string(np.asarray(value), separator=", ")
     return " ".join(text.split())
@@ -237,7 +239,7 @@ def _axes(store: Glanced, records: int) -> Iterator[AxisRange]:
     try:
         lengths = store.lengths(slice(0, over)) if over else {}
         error = None
-    except Exception as err:  # noqa: BLE001 -- a display shows any read error, never raises
+    except Exception as err:  # a display shows any read error, never raises
         lengths, error = {}, one_line(err)
     cut = over if over < records else 0  # 0: the range covers every record
     for axis in axes:
@@ -255,7 +257,7 @@ def _version_facts(store: Glanced) -> Versions:
             before = [n for n in _versions.numbers(engine) if n < latest.generation]
             tags = _versions.tags(engine, store.path)
         version = store.commit_now().generation
-    except Exception as err:  # noqa: BLE001 -- a display shows any read error, never raises
+    except Exception as err:  # a display shows any read error, never raises
         return Versions(-1, 0, (), one_line(err))
     ordered = tuple(sorted(tags.items(), key=lambda t: (t[1], t[0])))
     return Versions(version, len(before) + 1, ordered)

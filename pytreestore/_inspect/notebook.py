@@ -114,7 +114,9 @@ def _title(info: StoreInfo, seen: Glance) -> str:
     )
 
 
-def _section(name: str, count: int | None, rows: Sequence[str], is_open: bool, note: str = "") -> str:
+def _section(
+    name: str, count: int | None, rows: Sequence[str], is_open: bool, note: str = ""
+) -> str:
     shown = "" if count is None else f"<span class='pts-count'>({count:,})</span>"
     extra = f"<span class='pts-note'>{_esc(note)}</span>" if note else ""
     return (
@@ -159,7 +161,9 @@ def _tree(rows: Sequence[TreeRow], info: StoreInfo, samples: Sequence[Sample], f
         cells = _cells(row, depth, info, samples)
         if i + 1 < len(rows) and depths[i + 1] > depth:
             shown = " open" if depth == 0 or not folded else ""
-            out.append(f"<details class='pts-node'{shown}><summary class='pts-row'>{cells}</summary>")
+            out.append(
+                f"<details class='pts-node'{shown}><summary class='pts-row'>{cells}</summary>"
+            )
             open_at.append(depth)
         else:
             out.append(f"<div class='pts-row'>{cells}</div>")
