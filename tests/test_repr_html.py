@@ -193,6 +193,27 @@ def test_a_writer_with_buffered_records_is_shown_without_a_commit(tmp_path: Path
     store.close()
 
 
+def test_a_root_leaf_a_constant_and_packed_leaves(tmp_path: Path, backend: str) -> None:
+    with pytreestore.create(tmp_path / "r", np.zeros(3, np.float32), backend=backend) as store:
+        store.extend(np.full(3, i, np.float32) for i in range(3))
+    view = _Rows(pytreestore.open(tmp_path / "r")._repr_html_() or "")
+    assert view.rows["(the root leaf)"][1:] == [
+        *("float32", "(3,)", "(65536, 3)", "36 B"),
+        *("[0., 0., 0.]", "[2., 2., 2.]"),
+    ]
+    record = {"f": jax.nn.relu, "a": np.int16(0), "b": np.zeros(2, np.float32), "c": np.int16(0)}
+    with pytreestore.create(tmp_path / "p", record, pack=True, backend=backend) as store:
+        store.extend(
+            {**record, "a": np.int16(i), "b": np.full(2, i / 2, np.float32)} for i in range(4)
+        )
+    page = pytreestore.open(tmp_path / "p")._repr_html_() or ""
+    view = _Rows(page)
+    assert view.rows["['a']"][5:] == ["0", "3"]
+    assert view.rows["['b']"][5:] == ["[0., 0.]", "[1.5, 1.5]"]
+    assert "relu (constant)" in page
+    assert [k for k in view.kv if k.startswith("_pack_")] == ["_pack_int16_0"]
+
+
 def test_user_data_is_escaped(tmp_path: Path) -> None:
     bad = "<script>alert(1)</script>"
     record = {bad: trees.WithStatic(np.float32(1), name=bad)}
