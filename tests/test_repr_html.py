@@ -191,6 +191,24 @@ def test_a_writer_with_buffered_records_is_shown_without_a_commit(tmp_path: Path
     store.flush()
     assert _Rows(store._repr_html_() or "").rows["['x']"][5:] == ["0.", "2."]
     store.close()
+    with kinds.create(tmp_path / "r", "nested", "tensorstore") as ragged:
+        ragged.extend(kinds.records("nested", 3))
+        ragged.flush()
+        ragged.extend(kinds.records("nested", 2, start=3))
+        view = _Rows(ragged._repr_html_() or "")
+        assert ragged.committed == 3 and len(ragged) == 5
+        assert view.kv[".agents[*]"] == "buffered records: lengths are shown once committed"
+
+
+def test_a_long_ragged_list_shows_its_first_elements(tmp_path: Path) -> None:
+    record = {"p": [np.int32(k) for k in range(40)]}
+    with pytreestore.create(tmp_path / "s", record, ragged=["['p']"]) as store:
+        store.append(record)
+        store.append({"p": [np.int32(k) for k in range(3)]})
+    view = _Rows(pytreestore.open(tmp_path / "s")._repr_html_() or "")
+    first = "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, ...]"
+    assert view.rows["['p'][*]"][5:] == [first[: _glance.CELL_WIDTH - 1] + "…", "[0, 1, 2]"]
+    assert f"title='{first}'" in pytreestore.open(tmp_path / "s")._repr_html_()
 
 
 def test_a_root_leaf_a_constant_and_packed_leaves(tmp_path: Path, backend: str) -> None:

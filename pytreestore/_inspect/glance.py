@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -59,7 +60,9 @@ class _Marker(str):
     empty ragged list (every column below it shows it)."""
 
 
-_NONE, _EMPTY = _Marker("None"), _Marker("[]")
+_NONE, _EMPTY, _MORE = _Marker("None"), _Marker("[]"), _Marker("...")
+#: the elements of a ragged list whose values a cell shows, at most (then ``...``)
+ELEMENTS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +101,7 @@ class AxisRange:
             list of each record's elements); None where there is none or the read failed.
         over: the records looked at (the first :data:`LENGTHS_OVER` at most).
         rows: the axis table's committed rows (every element of every record).
-        error: the read's one-line error, or None.
+        error: the read's one-line error (or why nothing was read), or None.
     """
 
     path: str
@@ -192,10 +195,13 @@ def _values(node: Any, pattern: str, lists: frozenset[str]) -> Iterator[tuple[st
         return
     if isinstance(node, list) and pattern in lists:
         elements: dict[str, list[Any]] = {}
-        for element in node:
+        for element in node[:ELEMENTS]:
             for path, value in _values(element, pattern + "[*]", lists):
                 elements.setdefault(path, []).append(value)
-        yield from elements.items() if node else [(pattern + "[*]", _EMPTY)]
+        more = [_MORE] if len(node) > ELEMENTS else []
+        yield from ((p, v + more) for p, v in elements.items())
+        if not node:
+            yield pattern + "[*]", _EMPTY
         return
     flat, sub = tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
     if sub.num_nodes == 1 and sub.num_leaves == 1:
@@ -215,15 +221,15 @@ def _text(value: Any) -> str:
     if isinstance(value, _Marker):
         return str(value)
     if isinstance(value, list):
-        same = {(np.shape(v), np.asarray(v).dtype) for v in value if not isinstance(v, list)}
-        if len(same) == 1 and not any(isinstance(v, list | _Marker) for v in value):
-            return _text(np.stack(value))
-        return (
-            "[" + ", ".join(_text(v) for v in value[:16]) + (", ...]" if len(value) > 16 else "]")
-        )
+        more = ", ...]" if value and value[-1] is _MORE else "]"
+        items = value[:-1] if value and value[-1] is _MORE else value
+        arrays = items and not any(isinstance(v, list | _Marker) for v in items)
+        if arrays and len({(np.shape(v), np.asarray(v).dtype) for v in items}) == 1:
+            return _text(np.stack(items))[:-1] + more  # one array: numpy's summary
+        return "[" + ", ".join(_text(v) for v in items) + more
     with np.printoptions(threshold=16, edgeitems=3, precision=4, linewidth=1 << 20):
         text = np.array2string(np.asarray(value), separator=", ")
-    return " ".join(text.split())
+    return re.sub(r"\[ +| +(?=[,\]])", lambda m: m.group().strip(), " ".join(text.split()))
 
 
 def _cut(text: str, width: int) -> str:
@@ -236,11 +242,14 @@ def _axes(store: Glanced, records: int) -> Iterator[AxisRange]:
         return
     over = min(store.committed, LENGTHS_OVER)
     commit = store.commit_now()
+    lengths, error = {}, None
     try:
-        lengths = store.lengths(slice(0, over)) if over else {}
-        error = None
+        if store.committed != records:  # a read would commit the buffered records first
+            error = "buffered records: lengths are shown once committed"
+        elif over:
+            lengths = store.lengths(slice(0, over))
     except Exception as err:  # a display shows any read error, never raises
-        lengths, error = {}, one_line(err)
+        error = one_line(err)
     cut = over if over < records else 0  # 0: the range covers every record
     for axis in axes:
         got = lengths.get(axis.path, np.zeros(0, np.int64))
@@ -270,6 +279,7 @@ def samples_header(samples: Sequence[Sample]) -> list[str]:
 
 __all__ = [
     "CELL_WIDTH",
+    "ELEMENTS",
     "LENGTHS_OVER",
     "TITLE_WIDTH",
     "AxisRange",
