@@ -281,7 +281,7 @@ def test_the_view_measures_no_chunk(tmp_path: Path) -> None:
     assert (quick.stored, quick.disk_bytes, quick.nbytes) == (None, None, 32)
     assert _repr.describe(store).stored is not None  # pytreestore info still measures
     page = store._repr_html_() or ""
-    assert "32 B uncompressed" in page and "stored" not in page
+    assert "data 32 B" in page and "stored" not in page
 
 
 def test_the_text_fallback_is_the_repr(tmp_path: Path) -> None:

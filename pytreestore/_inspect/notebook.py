@@ -63,10 +63,10 @@ def html_of(store: Viewed) -> str | None:
     if store.closed:
         return None
     try:
-        tree = store.schema.tree
+        tree, info = store.schema.tree, describe(store, measure=False)
     except PyTreeStoreError:
         return None
-    return render(describe(store, measure=False), tree, glance(store), summary(store))
+    return render(info, tree, glance(store), summary(store))
 
 
 def _esc(text: object) -> str:
@@ -106,7 +106,7 @@ def _title(info: StoreInfo, seen: Glance) -> str:
         *([] if seen.versions.error else [f"version {seen.versions.version}"]),
         f"{info.chunk_records:,} records per chunk",
         info.codec or "uncompressed",
-        f"{format_bytes(info.nbytes)} uncompressed",
+        f"data {format_bytes(info.nbytes)}",
     ]
     return (
         f"<div class='pts-title'><b>TreeStore</b><span class='pts-path'>{_esc(info.path)}"
@@ -126,11 +126,15 @@ def _section(
 
 
 def _kv(key: str, value: str, title: str | None = None) -> str:
-    tip = f" title='{_esc(title[:TITLE_WIDTH])}'" if title else ""
+    tip = f" title='{_esc(_clip(title))}'" if title else ""
     return (
         f"<div class='pts-row pts-kv'><span>{_esc(key)}</span>"
-        f"<span class='pts-value'{tip}>{_esc(value)}</span></div>"
+        f"<span class='pts-value'{tip}>{_esc(_clip(value))}</span></div>"
     )
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= TITLE_WIDTH else text[: TITLE_WIDTH - 1] + "…"
 
 
 # ---- the column tree ---------------------------------------------------------------------------
