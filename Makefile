@@ -1,7 +1,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.installed
 
-.PHONY: install test test-long lint bench bench-quick demo docs
+.PHONY: install test test-long lint bench bench-quick demo docs chromium docs-images
 
 $(STAMP): pyproject.toml
 	test -d .venv || python3 -m venv .venv
@@ -34,8 +34,18 @@ IN_MEMORY = tmp=$$(mktemp -d /dev/shm/pts.XXXXXX 2>/dev/null || mktemp -d) && \
 # with pytest-xdist (the test extra), one worker per core, each taking whole modules (their
 # module fixtures, servers and child processes stay together), longest first
 # (tests/durations.py); without it, one process
-test: $(STAMP)
+test: $(STAMP) chromium
 	@$(IN_MEMORY) $(PY) -m pytest -q $$($(PY) -c "import xdist" 2>/dev/null && echo "-n auto --dist loadfile")
+
+# Chromium for the notebook view's browser tests (tests/browser.py; about 70 MB from the npm
+# registry, once, into $$PYTREESTORE_CHROMIUM or .venv/chromium). Offline, the fetch fails
+# without failing make test: those tests then skip, naming the command.
+chromium: $(STAMP)
+	@$(PY) tests/browser.py fetch >/dev/null || echo "Chromium not fetched (offline?): the browser tests will skip"
+
+# the notebook view's screenshots in the docs (docs/images/notebook-view-light.png, -dark.png)
+docs-images: chromium
+	$(PY) tests/browser.py screenshots
 
 # the tests marked slow: among them 200 local and 50 S3 crash trials, 300 truncate crash trials
 # (-rP prints their counts) and the model-based test at over ten times the examples

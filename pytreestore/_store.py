@@ -18,6 +18,7 @@ from pytreestore._core import AnyWriter, StoreCore
 from pytreestore._deferred import Deferred
 from pytreestore._format.schema import TreeSchema
 from pytreestore._fragmenting import Fragmenting
+from pytreestore._inspect import notebook as _notebook
 from pytreestore._inspect import progress as _progress
 from pytreestore._inspect import repr as _repr
 from pytreestore._inspect.verify import VerifyReport, verify_store
@@ -153,8 +154,9 @@ class TreeStore(Pipelines, Reads[T], Versioning, Fragmenting, Generic[T]):
         return _repr.summary(self)
 
     def _repr_html_(self) -> str | None:
-        """The column tree as an HTML table, for notebooks (None once closed: plain repr)."""
-        return _repr.html_of(self)
+        """The notebook view: the column tree with the first and last records' values, static
+        fields, ragged axes, versions (None once closed: the plain repr)."""
+        return _notebook.html_of(self)
 
     # ---- writing -------------------------------------------------------------------------------
 

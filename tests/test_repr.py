@@ -38,29 +38,6 @@ def test_repr_of_a_writer_counts_buffered_records() -> None:
     store.close()
 
 
-def test_html_table_of_the_column_tree(seed: pytreestore.TreeStore) -> None:
-    html = seed._repr_html_()
-    assert html is not None
-    assert html.startswith("<table class='pytreestore' style=")
-    assert "3 records · 4 columns · format 3" in html
-    assert html.count("<tr>") == 1 + 8  # the header, then the root, .p, 2 Params and 4 leaves
-    assert "left'>column</th>" in html and "right'>ratio</th>" in html
-    assert ">    ├── [0]  Params</td>" in html
-    assert (
-        ">    │   ├── .x</td><td style='padding:0.1em 0.6em;white-space:pre;text-align:left'>int32<"
-        in html
-    )
-    seed.close()
-    assert seed._repr_html_() is None  # a notebook then shows the repr
-
-
-def test_html_escapes_keys() -> None:
-    store = pytreestore.create("memory://repr-html", {"<b>&": 0})
-    html = store._repr_html_()
-    assert "['&lt;b&gt;&amp;']" in html and "<b>&" not in html
-    store.close()
-
-
 def test_describe_measures_local_and_memory_stores(seed: pytreestore.TreeStore) -> None:
     local = _repr.describe(seed)
     assert (local.records, local.format_version, local.codec) == (3, 3, "zstd")

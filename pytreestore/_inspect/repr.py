@@ -1,9 +1,9 @@
 """Describing a store to people: its column tree, sizes and compression, as text, HTML or JSON.
 
 :func:`describe` gathers the facts (one :class:`ColumnInfo` per column, bytes on disk where the
-location can tell them cheaply); :func:`render_text` draws them as a tree for a terminal
-(``pytreestore info``), :func:`render_html` as a table for notebooks (``_repr_html_``), and
-:meth:`StoreInfo.to_json` as JSON for scripts.
+location can tell them cheaply, unless told not to measure); :func:`render_text` draws them as
+a tree for a terminal (``pytreestore info``) and :meth:`StoreInfo.to_json` as JSON for scripts.
+The notebook view (``_repr_html_``) is :mod:`pytreestore._inspect.notebook`'s.
 
 Example:
     >>> import numpy as np, pytreestore
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import html
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -192,11 +191,19 @@ class StoreInfo:
         }
 
 
-def describe(store: Described) -> StoreInfo:
-    """Gathers what :func:`render_text` and :func:`render_html` show about ``store``."""
+def describe(store: Described, *, measure: bool = True) -> StoreInfo:
+    """Gathers what :func:`render_text` and the notebook view show about ``store``.
+
+    Args:
+        store: the store.
+        measure: measure the bytes on disk (a walk of every chunk file of a local store, a
+            read of every value of an in-memory one); False leaves them unknown (None), as
+            the notebook view does: it shows the bytes the commit record implies.
+    """
     schema, records, context = store.schema, len(store), store.read_context()
     rows = _rows(store, records)
-    stored = _stored_bytes(context, [c.key for c in schema.storage_columns])
+    keys = [c.key for c in schema.storage_columns]
+    stored = _stored_bytes(context, keys) if measure else {}
     packed = {k: p.key for p in schema.packs for k, _, _ in p.members}
     extra = [c for c in schema.storage_columns if c.role is not None]
     columns = tuple(
@@ -412,44 +419,6 @@ def _aligned(table: list[tuple[str, ...]]) -> list[str]:
     ]
 
 
-_CELL = "padding:0.1em 0.6em;white-space:pre;text-align:"
-
-
-def html_of(store: Described) -> str | None:
-    """``store`` as a notebook shows it, or None (the plain repr) if it is closed or its
-    schema cannot be parsed (the repr says why)."""
-    if store.closed:
-        return None
-    try:
-        schema = store.schema
-    except PyTreeStoreError:
-        return None
-    return render_html(describe(store), schema.tree)
-
-
-def render_html(info: StoreInfo, tree: dict[str, Any]) -> str:
-    """The store as a notebook shows it: a caption, then one table row per node of the tree."""
-
-    def esc(text: str) -> str:
-        return html.escape(text, quote=False)
-
-    def cell(tag: str, text: str, i: int) -> str:
-        return f"<{tag} style='{_CELL}{'left' if i < 4 else 'right'}'>{esc(text)}</{tag}>"
-
-    head = "".join(cell("th", h, i) for i, h in enumerate(_HEADERS))
-    body = []
-    for r in _table_rows(info, tree):
-        cells = ("",) * 7 if r is None else (*r, *("",) * (7 - len(r)))
-        row = "".join(cell("td", c, i) for i, c in enumerate(cells))
-        body.append(f"<tr>{row}</tr>")
-    caption = "<br>".join(esc(line.strip()) for line in _headline(info))
-    return (
-        "<table class='pytreestore' style='font-family:monospace;border-collapse:collapse'>"
-        f"<caption style='text-align:left;font-family:sans-serif'><b>TreeStore</b> {caption}"
-        f"</caption><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-    )
-
-
 __all__ = [
     "ColumnInfo",
     "StoreInfo",
@@ -457,8 +426,6 @@ __all__ = [
     "describe",
     "format_bytes",
     "format_ratio",
-    "html_of",
-    "render_html",
     "render_text",
     "summary",
     "tree_rows",
