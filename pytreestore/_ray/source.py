@@ -27,7 +27,7 @@ Example:
     >>> s.close()
     >>> source = TreeStoreDatasource("/tmp/doc-ray-source")  # ray.data.read_datasource(source)
     >>> source.version, source.columns, [t.metadata.num_rows for t in source.get_read_tasks(2)]
-    (1, ['x'], [4, 6])
+    (2, ['x'], [4, 6])
 """
 
 from __future__ import annotations
