@@ -132,13 +132,13 @@ class TreeStoreDatasink(Datasink[TaskResult]):
         with self._open("r") as reader:
             schema = reader.schema
         names = column_names(schema, self._columns)
-        blocks = blocks_of(schema)
+        kind = blocks_of(schema)
         fragments = []
         for block in blocks:
             rows = BlockAccessor.for_block(block)
             if rows.num_rows() == 0:
                 continue
-            data = blocks.records(schema, rows, names, self.path)
+            data = kind.records(schema, rows, names, self.path)
             fragment = pytreestore.write_fragment(self.path, data, like=self._like, **self._options)
             fragments.append(fragment.to_json())
         return {"task": int(ctx.task_idx), "fragments": fragments}
