@@ -42,7 +42,7 @@ pytestmark = [
 ]
 
 
-def shifted(batch: dict[str, Any]) -> dict[str, Any]:
+def shifted(batch: Any) -> Any:
     """A map_batches function: every record's ``t`` plus 1000, the rest as read."""
     return {**batch, "t": batch["t"] + 1000}
 
@@ -91,13 +91,15 @@ def test_rows_hold_the_leaves_with_their_dtypes(tmp_path):
     src = tmp_path / "src"
     records = stored(src, "tensorstore", "ragged_axis", n=12)
     rows = read_store(src).take_all()
-    assert [sorted(r) for r in rows[:1]] == [
-        ["agents.0.energy", "agents.0.pos", "agents.1.energy", "agents.1.pos"]
-        + ["storm.cells", "storm.strength", "t", "trail", "x"]
-    ]
+    agents = ["agents.0.energy", "agents.0.pos", "agents.1.energy", "agents.1.pos"]
+    assert sorted(rows[0]) == [*agents, "storm.cells", "storm.strength", "t", "trail", "x"]
     for row, record in zip(rows, records, strict=True):
         assert row["t"] == record.t  # a scalar: Ray's rows give it as a Python number
-        for name, want in [("trail", record.trail), ("x", record.x), ("storm.cells", record.storm.cells)]:
+        for name, want in [
+            ("trail", record.trail),
+            ("x", record.x),
+            ("storm.cells", record.storm.cells),
+        ]:
             got = np.asarray(row[name])
             assert got.dtype == want.dtype and got.shape == want.shape, name
             np.testing.assert_array_equal(got, want)
@@ -181,7 +183,9 @@ def test_bad_arguments_fail_on_the_driver(tmp_path):
     like = {"w": np.zeros(2, ml_dtypes.bfloat16), "c": np.complex64(0), "n": np.int8(0)}
     with pytreestore.create(odd, like) as store:
         store.append(like)
-    with pytest.raises(UnsupportedDtypeError, match=re.escape("['c'] (complex64), ['w'] (bfloat16)")):
+    with pytest.raises(
+        UnsupportedDtypeError, match=re.escape("['c'] (complex64), ['w'] (bfloat16)")
+    ):
         read_store(odd)
     assert read_store(odd, columns="['n']").columns() == ["n"]
 

@@ -59,7 +59,9 @@ class FixedBlocks:
     def read(self, store: Any, index: slice, columns: Any) -> dict[str, LeafColumn]:
         schema = store.schema
         batch = store.load(index, columns=columns, as_numpy=True)
-        return dense_columns(schema.paths, schema.column_leaves(schema.treedef.flatten_up_to(batch)))
+        return dense_columns(
+            schema.paths, schema.column_leaves(schema.treedef.flatten_up_to(batch))
+        )
 
 
 class TableBlocks:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -86,7 +87,7 @@ def chunk_ranges(records: int, chunk: int, parallelism: int) -> list[tuple[int, 
     chunks = -(-records // chunk)
     tasks = chunks if parallelism < 1 else min(parallelism, chunks)
     bounds = [i * chunks // tasks for i in range(tasks + 1)] if tasks else []
-    return [(a * chunk, min(b * chunk, records)) for a, b in zip(bounds, bounds[1:])]
+    return [(a * chunk, min(b * chunk, records)) for a, b in itertools.pairwise(bounds)]
 
 
 class TreeStoreDatasource(Datasource):
@@ -167,7 +168,11 @@ class TreeStoreDatasource(Datasource):
 def _record_bytes(schema: TreeSchema, paths: Any) -> int:
     chosen = set(paths)
     return int(
-        sum(np.dtype(c.dtype).itemsize * int(np.prod(c.shape)) for c in schema.columns if c.path in chosen)
+        sum(
+            np.dtype(c.dtype).itemsize * int(np.prod(c.shape))
+            for c in schema.columns
+            if c.path in chosen
+        )
     )
 
 
