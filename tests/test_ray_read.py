@@ -32,6 +32,7 @@ pytest.importorskip("ray.data", reason="Ray Data is not installed (pip install '
 from pytreestore.ray import TreeStoreDatasink, TreeStoreDatasource, read_store  # noqa: E402
 
 N, CHUNK = 40, 8
+pytest_plugins = ("tests.fixtures",)  # the moto S3 server of test_a_store_on_s3_round_trips
 pytestmark = [
     # Ray Data's own DataContext warns of its deprecated options as it is made
     pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.*"),
@@ -200,3 +201,66 @@ def test_the_scaling_page_read_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     exec(compile(found[0].code, found[0].where, "exec"), {"__name__": "docs_scaling_read"})
     assert len(pytreestore.open(tmp_path / "scaled.store")) == 100
+
+
+@pytest.mark.s3
+def test_a_store_on_s3_round_trips(s3_server, bucket):
+    """Every worker reaches the store through the options alone (its own environment has
+    no AWS variables): the credentials travel in ``storage_options``."""
+    from pytreestore.testing.s3 import CLIENT_ENV
+
+    opts = {
+        **s3_server.options,
+        "access_key_id": CLIENT_ENV["AWS_ACCESS_KEY_ID"],
+        "secret_access_key": CLIENT_ENV["AWS_SECRET_ACCESS_KEY"],
+    }
+    src, out = f"s3://{bucket}/src", f"s3://{bucket}/out"
+    records = kinds.records("ragged_list", 20)
+    with kinds.create(
+        src, "ragged_list", "tensorstore", chunk_records=CHUNK, storage_options=opts
+    ) as s:
+        s.extend(records)
+    kinds.create(out, "ragged_list", "tensorstore", storage_options=opts).close()
+    ds = read_store(src, storage_options=opts).map_batches(shifted)
+    ds.write_datasink(TreeStoreDatasink(out, storage_options=opts))
+    got = pytreestore.open(out, storage_options=opts)
+    for i, (record, want) in enumerate(zip(got.records(as_numpy=True), records, strict=True)):
+        assert_trees_equal(record, want.replace(t=np.int32(want.t + 1000)), err_msg=f"record {i}")
+
+
+def test_dtypes_and_values_survive_exactly(tmp_path):
+    """Every dtype Arrow holds, extreme values, in fixed leaves and in a ragged list."""
+    like = {
+        "b": np.bool_(False),
+        "i8": np.int8(0),
+        "u16": np.zeros(2, np.uint16),
+        "u64": np.uint64(0),
+        "i64": np.int64(0),
+        "h": np.zeros((2, 2), np.float16),
+        "d": np.float64(0),
+        "l": [{"flag": np.bool_(False), "h": np.float16(0), "big": np.int64(0)}],
+    }
+
+    def record(i: int) -> dict[str, Any]:
+        return {
+            "b": np.bool_(i % 2),
+            "i8": np.int8(-128 + i),
+            "u16": np.array([65535, i], np.uint16),
+            "u64": np.uint64(2**64 - 1 - i),
+            "i64": np.int64(-(2**62) + i),
+            "h": np.full((2, 2), 1 / (i + 3), np.float16),
+            "d": np.float64(np.pi * i),
+            "l": [
+                {"flag": np.bool_(j % 2), "h": np.float16(j / 7), "big": np.int64(2**40 + j)}
+                for j in range(i % 4)
+            ],
+        }
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    with pytreestore.create(src, like, ragged=["['l']"], chunk_records=4) as s:
+        s.extend(record(i) for i in range(10))
+    pytreestore.create(out, like, ragged=["['l']"]).close()
+    read_store(src).map_batches(lambda b: b).write_datasink(TreeStoreDatasink(out))
+    got = pytreestore.open(out)
+    for i, r in enumerate(got.records(as_numpy=True)):
+        assert_trees_equal(r, record(i), err_msg=f"record {i}")
