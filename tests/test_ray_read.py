@@ -264,3 +264,26 @@ def test_dtypes_and_values_survive_exactly(tmp_path):
     got = pytreestore.open(out)
     for i, r in enumerate(got.records(as_numpy=True)):
         assert_trees_equal(r, record(i), err_msg=f"record {i}")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "inner"), [(np.float32, ()), (np.bool_, ()), (np.int16, (2, 3)), (np.uint64, (1,))]
+)
+def test_variable_shaped_columns_are_rays_own(dtype, inner):
+    """Built from the flat rows at once, a ragged column is what Ray builds row by row."""
+    from ray.data.extensions import ArrowVariableShapedTensorArray
+
+    from pytreestore._ray.arrow import variable_shaped
+
+    counts = np.array([2, 0, 3, 1], np.int64)
+    rows = (np.arange(6 * int(np.prod(inner))) % 3).astype(dtype).reshape(6, *inner)
+    ends = np.cumsum(counts)
+    pieces = np.empty(len(counts), object)
+    for i, (n, e) in enumerate(zip(counts, ends)):
+        pieces[i] = rows[e - n : e]
+    ours, rays = variable_shaped(rows, counts), ArrowVariableShapedTensorArray.from_numpy(pieces)
+    assert ours.type == rays.type
+    assert ours.storage.equals(rays.storage)
+    for got, want in zip(ours.to_pylist(), pieces, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)

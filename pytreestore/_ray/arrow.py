@@ -17,7 +17,7 @@ Example:
     >>> import numpy as np
     >>> from pytreestore._ray.nesting import LeafColumn
     >>> t = block({"x": LeafColumn("dense", np.arange(2, dtype=np.int16)),
-    ...            "p.y": LeafColumn("ragged", [np.ones(2, np.float32), np.ones(0, np.float32)])})
+    ...            "p.y": LeafColumn("ragged", np.ones(2, np.float32), np.array([2, 0]))})
     >>> t.column_names, str(t.schema.field("x").type), t.column("p.y").to_pylist()[1].dtype
     (['x', 'p.y'], 'int16', dtype('float32'))
 """
@@ -32,7 +32,7 @@ import pyarrow as pa
 from ray.data.extensions import (
     ArrowPythonObjectArray,
     ArrowTensorArray,
-    ArrowVariableShapedTensorArray,
+    ArrowVariableShapedTensorType,
 )
 
 from pytreestore._format.schema import TreeSchema
@@ -50,11 +50,28 @@ def _array(column: LeafColumn) -> Any:
     if column.form == DENSE:
         return pa.array(values) if values.ndim == 1 else ArrowTensorArray.from_numpy(values)
     if column.form == RAGGED:
-        rows = np.empty(len(values), object)
-        for i, value in enumerate(values):
-            rows[i] = value
-        return ArrowVariableShapedTensorArray.from_numpy(rows)
+        assert column.counts is not None
+        return variable_shaped(values, column.counts)
     return ArrowPythonObjectArray.from_objects(values)
+
+
+def variable_shaped(rows: np.ndarray, counts: np.ndarray) -> Any:
+    """Ray's variable-shaped tensor column whose row ``i`` is the next ``counts[i]`` of
+    ``rows`` (``(elements, *shape)``): the storage ``ArrowVariableShapedTensorArray.from_numpy``
+    builds (a struct of the raveled values, ``large_list``, and each row's shape,
+    ``list<int64>``), built from the flat rows at once instead of row by row."""
+    inner = rows.shape[1:]
+    ends = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts * int(np.prod(inner)), out=ends[1:])
+    flat = pa.array(np.ascontiguousarray(rows).reshape(-1))
+    data = pa.LargeListArray.from_arrays(pa.array(ends), flat)
+    shapes = np.empty((len(counts), 1 + len(inner)), np.int64)
+    shapes[:, 0] = counts
+    shapes[:, 1:] = inner
+    starts = pa.array(np.arange(len(counts) + 1, dtype=np.int32) * shapes.shape[1])
+    shape = pa.ListArray.from_arrays(starts, pa.array(shapes.reshape(-1)))
+    storage = pa.StructArray.from_arrays([data, shape], ["data", "shape"])
+    return ArrowVariableShapedTensorType(flat.type, shapes.shape[1]).wrap_array(storage)
 
 
 def check_dtypes(schema: TreeSchema, paths: Iterable[str]) -> None:

@@ -26,7 +26,7 @@ Example:
     >>> found = leaf_columns(s.schema, values, segments, 2)
     >>> found["['n']"].form, found["['n']"].values.tolist()
     ('dense', [5, 6])
-    >>> found["['p'][*]"].form, [v.tolist() for v in found["['p'][*]"].values]
+    >>> found["['p'][*]"].form, [v.tolist() for v in found["['p'][*]"].per_record()]
     ('ragged', [[1, 2], []])
 """
 
@@ -49,14 +49,24 @@ _PRESENT = "present"  # a level: an optional subtree, None in the rows where it 
 
 @dataclasses.dataclass(frozen=True)
 class LeafColumn:
-    """One leaf's values, one per record: ``values`` is an array ``(records, *shape)`` in the
-    ``"dense"`` form, else a list of one value per record (module docstring)."""
+    """One leaf's values, one per record (module docstring): ``values`` is an array
+    ``(records, *shape)`` in the ``"dense"`` form; in the ``"ragged"`` form the rows of the
+    leaf's table, ``(elements, *shape)``, of which record ``i`` holds the next
+    ``counts[i]``; in the ``"nested"`` form a list of one value per record."""
 
     form: str
     values: Any
+    counts: np.ndarray | None = None
 
     def __len__(self) -> int:
-        return len(self.values)
+        return len(self.values) if self.counts is None else len(self.counts)
+
+    def per_record(self) -> list[Any]:
+        """The values as a list of one value per record (a ragged column's arrays: views)."""
+        if self.counts is None:
+            return list(self.values)
+        ends = np.cumsum(self.counts)
+        return [self.values[e - n : e] for n, e in zip(self.counts.tolist(), ends.tolist())]
 
 
 def dense_columns(paths: tuple[str, ...], leaves: list[Any]) -> dict[str, LeafColumn]:
@@ -103,25 +113,30 @@ class _Walk:
 
     def column(self, rows: np.ndarray, levels: tuple[Any, ...]) -> LeafColumn:
         """A leaf's rows (along its table) grouped up through its levels, innermost first."""
+        if not levels:
+            return LeafColumn(DENSE, rows)
+        if len(levels) == 1 and levels[0][0] == _AXIS:
+            return LeafColumn(RAGGED, rows, self.counts(levels[0][1]))
         current: Any = rows
         for kind, what in reversed(levels):
             if kind == _PRESENT:
                 current = [row if keep else None for row, keep in zip(current, what)]
             else:
                 current = self.cut(current, what)
-        if not levels:
-            return LeafColumn(DENSE, current)
-        return LeafColumn(RAGGED if levels[0][0] == _AXIS and len(levels) == 1 else NESTED, current)
+        return LeafColumn(NESTED, current)
 
-    def cut(self, rows: Any, axis: str) -> list[Any]:
-        """``rows`` of the table of ``axis``, one piece per row of its parent table."""
+    def counts(self, axis: str) -> np.ndarray:
+        """How many rows of the table of ``axis`` each row of its parent table holds."""
         parent = np.asarray(self.segments[axis].parent)
         table = self.parent_table[axis]
         parents = self.count if table is None else len(self.segments[table].parent)
-        counts = np.bincount(parent, minlength=parents)
+        return np.bincount(parent, minlength=parents).astype(np.int64)
+
+    def cut(self, rows: Any, axis: str) -> list[Any]:
+        """``rows`` of the table of ``axis``, one piece per row of its parent table."""
+        counts = self.counts(axis)
         ends = np.cumsum(counts)
-        starts = ends - counts
-        return [rows[s:e] for s, e in zip(starts.tolist(), ends.tolist())]
+        return [rows[e - n : e] for n, e in zip(counts.tolist(), ends.tolist())]
 
 
 __all__ = ["DENSE", "NESTED", "RAGGED", "LeafColumn", "dense_columns", "leaf_columns"]
