@@ -9,6 +9,7 @@ version resolved on the driver; ``columns=`` projects; bad arguments fail on the
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -64,7 +65,7 @@ def test_a_store_round_trips_through_map_batches(tmp_path, backend, kind):
     got = pytreestore.open(out, backend=backend)
     assert len(got) == N
     for i, (record, want) in enumerate(zip(got.records(as_numpy=True), records)):
-        want = want.replace(t=np.int32(want.t + 1000))
+        want = dataclasses.replace(want, t=np.int32(want.t + 1000))
         assert_trees_equal(record, want, err_msg=f"record {i}")
     assert got.verify().ok
 
@@ -130,19 +131,28 @@ def test_columns_project(tmp_path):
     assert read_store(src, columns=".storm.cells").columns() == ["storm.cells"]
 
 
-def test_every_task_reads_the_version_resolved_on_the_driver(tmp_path):
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr", "ocdbt"])
+def test_every_task_reads_the_version_resolved_on_the_driver(tmp_path, backend):
     src = tmp_path / "src"
-    records = stored(src, "tensorstore", "fixed", n=16)
-    first = pytreestore.open(src).version
-    ds = read_store(src)
-    with pytreestore.open(src, "a") as writer:  # a writer commits after the dataset was made
-        writer.extend(kinds.records("fixed", 16, start=16))
+    records = stored(src, backend, "ragged_list", n=16)
+    first = pytreestore.open(src, backend=backend).version
+    ds = read_store(src, backend=backend)  # planned now; its tasks run after the writes below
+    with pytreestore.open(src, "a", backend=backend) as writer:
+        writer.extend(kinds.records("ragged_list", 16, start=16))
         writer.truncate(20)
-        writer.extend(kinds.records("fixed", 4, start=100))
-    assert pytreestore.open(src).version > first
-    assert [r["t"] for r in ds.take_all()] == [r.t for r in records]
-    assert read_store(src).count() == 24
-    assert [r["t"] for r in read_store(src, version=first).take_all()] == list(range(16))
+        writer.extend(kinds.records("ragged_list", 8, start=100))
+    assert pytreestore.open(src, backend=backend).version > first
+    rows = ds.take_all()
+    assert [r["t"] for r in rows] == [r.t for r in records]
+    assert [len(r["agents.energy"]) for r in rows] == [len(r.agents) for r in records]
+    assert read_store(src, backend=backend).count() == 28
+    older = read_store(src, version=first, backend=backend).take_all()
+    assert [r["t"] for r in older] == list(range(16))
+    with pytreestore.open(src, "a", backend=backend) as writer:  # over records 12-15 of first
+        writer.truncate(12)
+        writer.extend(kinds.records("ragged_list", 8, start=200))
+    with pytest.raises(VersionNotFoundError, match=f"version {first} of .* is gone"):
+        ds.take_all()  # every task refuses the version it was given, none reads another
 
 
 def test_read_tasks_split_on_chunk_boundaries(tmp_path):
@@ -225,7 +235,9 @@ def test_a_store_on_s3_round_trips(s3_server, bucket):
     ds.write_datasink(TreeStoreDatasink(out, storage_options=opts))
     got = pytreestore.open(out, storage_options=opts)
     for i, (record, want) in enumerate(zip(got.records(as_numpy=True), records, strict=True)):
-        assert_trees_equal(record, want.replace(t=np.int32(want.t + 1000)), err_msg=f"record {i}")
+        assert_trees_equal(
+            record, dataclasses.replace(want, t=np.int32(want.t + 1000)), err_msg=f"record {i}"
+        )
 
 
 def test_dtypes_and_values_survive_exactly(tmp_path):
