@@ -299,3 +299,13 @@ def test_variable_shaped_columns_are_rays_own(dtype, inner):
     for got, want in zip(ours.to_pylist(), pieces, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(got, want)
+
+
+def test_read_stores_docstring_row(tmp_path):
+    """The row ``read_store``'s docstring shows: a ragged leaf's array, a scalar's number."""
+    path = tmp_path / "doc"
+    with pytreestore.create(path, {"x": np.int32(0), "p": [np.int8(0)]}, ragged=["['p']"]) as s:
+        s.extend({"x": np.int32(i), "p": [np.int8(i)] * i} for i in range(3))
+    row = read_store(path).take(3)[2]
+    assert sorted(row) == ["p", "x"] and row["x"] == 2 and type(row["x"]) is int
+    assert row["p"].dtype == np.int8 and row["p"].tolist() == [2, 2]

@@ -206,10 +206,16 @@ def read_store(
 
     Example:
         >>> import numpy as np, pytreestore
-        >>> s = pytreestore.create("/tmp/doc-read-store", {"x": np.int32(0)}, overwrite=True)
-        >>> s.extend({"x": np.int32(i)} for i in range(3))
+        >>> s = pytreestore.create("/tmp/doc-read-store", {"x": np.int32(0), "p": [np.int8(0)]},
+        ...                        ragged=["['p']"], overwrite=True)
+        >>> s.extend({"x": np.int32(i), "p": [np.int8(i)] * i} for i in range(3))
         >>> s.close()
-        >>> # read_store("/tmp/doc-read-store").take(1) == [{"x": 0}]
+        >>> TreeStoreDatasource("/tmp/doc-read-store").columns  # read_store's columns
+        ['p', 'x']
+
+        On a Ray cluster (docs/scaling.md runs it):
+        ``read_store("/tmp/doc-read-store").take(3)[2]`` is
+        ``{'p': array([2, 2], dtype=int8), 'x': 2}``.
     """
     source = TreeStoreDatasource(
         path,
