@@ -12,6 +12,12 @@ The parquet anchor holds the same rows, written by Ray from the dataset ``read_s
 run on a local Ray instance of 2 CPUs with the same number of read tasks (one per chunk
 range), each read consumed as numpy batches (``iter_batches``), rows counted; the values are
 checked once, outside the timed runs. Ratio: ours over parquet (a slowdown; lower is better).
+
+At these sizes ``read_parquet``'s time is mostly its own planning, paid per dataset whatever
+the rows (its metadata and in-memory-size sampling tasks): measured here on the same 2-CPU
+instance, reading 1,000 rows took 4-8 s through ``read_parquet`` and 0.1 s through
+``read_store``, 100,000 rows 3.6-12 s against 0.3 s (a loaded machine). ``read_store`` plans
+from the store's schema and commit alone, on the driver.
 """
 
 from __future__ import annotations
