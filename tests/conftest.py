@@ -103,6 +103,42 @@ def pool() -> Iterator[Pool]:
         yield workers
 
 
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """Ray on this machine, every address 127.0.0.1, two worker CPUs, the dataset's order
+    kept; started once per module that uses it (``tests/test_ray*.py``), shut down after."""
+    import ray
+    from ray._private import ray_constants
+
+    saved = {k: os.environ.get(k) for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "PYTHONPATH")}
+    # Ray binds its servers to the node's address, which is 127.0.0.1 only when it believes
+    # it is on a one-machine platform: the variable for the processes it starts, the
+    # constant for this one (read when ray was imported)
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    cluster, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, False
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, saved["PYTHONPATH"]]))
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    context = ray.data.DataContext.get_current()
+    context.execution_options.preserve_order = True
+    context.enable_progress_bars = False
+    assert ray.nodes()[0]["NodeManagerAddress"] == "127.0.0.1"
+    yield
+    ray.shutdown()
+    ray_constants.ENABLE_RAY_CLUSTER = cluster
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Collects the modules longest first (``tests/durations.py``), each module's tests in
     their own order, so the worker that takes the last module has little left to run."""

@@ -184,7 +184,7 @@ DISPATCH_SITES = sorted(
         ("pytreestore._open.open", "create: ragged=/optional= declare tables"),
         ("pytreestore._open.copy", "copy: ragged records are appended one by one"),
         ("pytreestore._cli.look", "CLI head/show: ragged records are read one by one"),
-        ("pytreestore.ray", "Ray blocks: a fixed store's as numpy batches"),
+        ("pytreestore._ray.blocks", "Ray blocks: a fixed store's as numpy batches, both ways"),
         ("pytreestore._fragments.multihost", "multi-host extend_batch: the local step"),
         ("pytreestore._fragments.rows", "fragments: records of one structure as column blocks"),
     ]

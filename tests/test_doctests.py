@@ -23,7 +23,8 @@ MODULES = [
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
-    if name == "pytreestore.ray" and importlib.util.find_spec("ray") is None:
+    ray_part = name == "pytreestore.ray" or name.startswith("pytreestore._ray")
+    if ray_part and importlib.util.find_spec("ray") is None:
         pytest.skip("pytreestore.ray needs the ray extra (pip install 'pytreestore[ray]')")
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)

@@ -8,7 +8,6 @@ the store's leaves is refused before any task runs.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -33,40 +32,8 @@ pytestmark = [
     # ray.init forks helper processes, which exec at once; JAX warns of any fork once it
     # has started (earlier tests in the same run start it)
     pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning"),
+    pytest.mark.usefixtures("local_ray"),  # tests/conftest.py: 2 workers on 127.0.0.1
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray() -> Any:
-    """Ray on this machine, every address 127.0.0.1, two worker CPUs; shut down after."""
-    from ray._private import ray_constants
-
-    saved = {k: os.environ.get(k) for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "PYTHONPATH")}
-    # Ray binds its servers to the node's address, which is 127.0.0.1 only when it believes
-    # it is on a one-machine platform: the variable for the processes it starts, the
-    # constant for this one (read when ray was imported)
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    cluster, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, False
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), saved["PYTHONPATH"]]))
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-        configure_logging=False,
-    )
-    context = ray.data.DataContext.get_current()
-    context.execution_options.preserve_order = True
-    context.enable_progress_bars = False
-    assert ray.nodes()[0]["NodeManagerAddress"] == "127.0.0.1"
-    yield
-    ray.shutdown()
-    ray_constants.ENABLE_RAY_CLUSTER = cluster
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
 
 
 LIKE = {
@@ -229,7 +196,9 @@ def test_the_scaling_page_examples_run(tmp_path, monkeypatch):
     from tests.test_docs import blocks
 
     page = ROOT / "docs" / "scaling.md"
-    found = [b for b in blocks(page) if "TreeStoreDatasink(" in b.code]
+    found = [
+        b for b in blocks(page) if "TreeStoreDatasink(" in b.code and "read_store" not in b.code
+    ]
     assert len(found) == 2
     monkeypatch.chdir(tmp_path)  # the blocks' relative paths: paths the workers never saw
     for block in found:
