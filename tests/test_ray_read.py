@@ -13,6 +13,7 @@ import dataclasses
 import re
 from typing import Any
 
+import jax
 import ml_dtypes
 import numpy as np
 import pytest
@@ -129,6 +130,18 @@ def test_columns_project(tmp_path):
     rows = ds.take_all()
     assert [len(r["agents.energy"]) for r in rows] == [len(r.agents) for r in records]
     assert read_store(src, columns=".storm.cells").columns() == ["storm.cells"]
+
+
+def test_columns_take_a_mask_pytree(tmp_path):
+    src = tmp_path / "src"
+    records = stored(src, "tensorstore", "ragged_list", n=16)
+    longest = max(records, key=lambda r: len(r.agents))
+    mask = jax.tree.map(lambda _: False, longest)
+    mask = mask.replace(t=True, agents=[a.replace(energy=True) for a in mask.agents])
+    ds = read_store(src, columns=mask)
+    assert ds.columns() == ["t", "agents.energy"]
+    rows = ds.take_all()
+    assert [len(r["agents.energy"]) for r in rows] == [len(r.agents) for r in records]
 
 
 @pytest.mark.parametrize("backend", ["tensorstore", "zarr", "ocdbt"])
