@@ -28,7 +28,8 @@ from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
 from pytreestore._open.reader import read_root
-from pytreestore.backends import Backend, default_backend, get_backend
+from pytreestore.backends import Backend, default_backend
+from pytreestore.backends._registry import backend_at
 from pytreestore.backends._packed import packed
 
 
@@ -41,8 +42,9 @@ def evolve_at(location: Location, backend: str | None, **changes: Any) -> None:
         StoreLockedError: another writer holds the store.
         SchemaMismatchError, UnsupportedDtypeError: bad changes; nothing is written.
     """
+    location.check_writable("evolve a store")
     where = str(location)
-    engine: Backend = get_backend(backend or default_backend(location))(location)
+    engine: Backend = backend_at(backend or default_backend(location), location)
     root = _stored(engine, read_root(engine, location), where)
     engine = packed(engine, root.packs, (*root.columns, *root.dropped))  # packs never change
     commit, schema, lock = protocol.attach(

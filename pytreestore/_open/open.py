@@ -45,7 +45,8 @@ from pytreestore._open.schemas import inner_chunk_bytes as inner_chunk_bytes_of
 from pytreestore._read.request import check_cast
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
-from pytreestore.backends import Backend, default_backend, get_backend
+from pytreestore.backends import Backend, default_backend
+from pytreestore.backends._registry import backend_at
 from pytreestore.backends._packed import packed
 from pytreestore.errors import ArgumentError, ArgumentTypeError
 
@@ -141,6 +142,7 @@ def create(
     multihost = _arguments.flag(multihost, "multihost")
     keep_versions = _check_version_options("a", None, keep_versions)[1]
     location = Location.parse(path, storage_options)
+    location.check_writable("create a store")
     ragged, optional = _declared(ragged), _declared(optional)
     limit = _packs.check_threshold(pack)
     inner = inner_chunk_bytes_of(inner_chunk_bytes, codec)
@@ -198,6 +200,7 @@ def create_from_schema(
     incomplete marker (:func:`pytreestore._commit.protocol.finish_store` removes it once they
     are committed), and the store comes back closed.
     """
+    location.check_writable("create a store")
     check_buffer(schema, str(location))
     engine = _engine(backend, location, schema)
     commit, lock = protocol.start_store(
@@ -321,6 +324,8 @@ def open(
     generic = _arguments.flag(generic, "generic")
     multihost = _arguments.flag(multihost, "multihost")
     location = Location.parse(path, storage_options)
+    if mode == "a":
+        location.check_writable("open a store for appending (mode='a')")
     if multihost and coordinator is not None:
         raise ArgumentError(
             "multihost=True and coordinator= are two ways of writing from many processes; "
@@ -348,7 +353,7 @@ def open(
         options = {"like": like, "cache_bytes": cache_bytes, "cast": cast, "keep": keep_versions}
         return open_coordinated(location, address, opener=open, creator=create, **options)
     backend = default_backend(location) if backend is None else backend
-    engine: Backend = get_backend(backend)(location)
+    engine = backend_at(backend, location)
     raw = read_root(engine, location)
     options = {"like": like, "generic": generic, "cache_bytes": cache_bytes, "cast": cast}
     if mode == "r" and version is None and _validate.deferrable(raw, str(location)):
@@ -389,7 +394,7 @@ def open(
 
 def _engine(backend: str, location: Location, schema: TreeSchema) -> Backend:
     """The backend of a new store of ``schema``: its packed columns live in the packs."""
-    return packed(get_backend(backend)(location), schema.packs, schema.columns)
+    return packed(backend_at(backend, location), schema.packs, schema.columns)
 
 
 def _declared(value: Any) -> Any:
