@@ -462,8 +462,6 @@ def _same_bits(a: Any, b: Any) -> bool:
 def _fill_json(value: Any) -> Any:
     """One value as zarr v3 ``fill_value`` JSON."""
     value = np.asarray(value)
-    if value.dtype in _dtypes.FLOAT8:
-        return _dtypes.hex_fill(value)
     kind = _dtypes.kind(value.dtype)
     if kind == "b":
         return bool(value)

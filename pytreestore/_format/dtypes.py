@@ -50,8 +50,6 @@ SUPPORTED: dict[str, np.dtype] = {n: np.dtype(n) for n in _NUMPY} | {
     n: np.dtype(getattr(ml_dtypes, n)) for n in ML_FLOATS
 }
 _ML = frozenset(SUPPORTED[n] for n in ML_FLOATS)
-#: the float8 types: their fill values are written as ``"0x"`` and their bits (:func:`fill_value`)
-FLOAT8 = frozenset(SUPPORTED[n] for n in ML_FLOATS if n.startswith("float8"))
 _PYTHON_SCALARS = (bool, int, float, complex)
 _PYTHON_KIND = {bool: "b", int: "i", float: "f", complex: "c"}
 _X64 = frozenset(np.dtype(n) for n in ("int64", "uint64", "float64", "complex128"))
@@ -141,36 +139,13 @@ def jax_holds(dtype: np.dtype) -> bool:
 
 
 def fill_value(dtype: np.dtype) -> Any:
-    """The zarr v3 ``fill_value`` JSON for a column of ``dtype``: its zero (for a float8
-    type, its zero bits in hex, see :func:`hex_fill`).
-
-    Example:
-        >>> fill_value(np.dtype("float32")), fill_value(SUPPORTED["float8_e4m3fn"])
-        (0.0, '0x00')
-    """
-    if dtype in FLOAT8:
-        return hex_fill(np.zeros((), dtype))
+    """The zarr v3 ``fill_value`` JSON for a column of ``dtype``."""
     k = kind(dtype)
     if k == "b":
         return False
     if k == "c":
         return [0.0, 0.0]
     return 0.0 if k == "f" else 0
-
-
-def hex_fill(value: Any) -> str:
-    """A fill value as zarr v3 writes a float's bits: ``"0x"`` and its bytes in hex,
-    most significant first. The float8 types' fill values are written so: zarr-extensions
-    specifies them as floats (a number, ``"NaN"``, ``"Infinity"``, or the bits in hex), and
-    zarrs (the Rust implementation, as its Python wheel ships) accepts only the bits; a
-    number is also not exact for ``float8_e8m0fnu``, which has no zero (its ``0x00`` is
-    2**-127, ``np.zeros``'s value).
-
-    Example:
-        >>> hex_fill(np.asarray(1.0, SUPPORTED["float8_e5m2"]))
-        '0x3c'
-    """
-    return "0x" + np.asarray(value).tobytes()[::-1].hex()
 
 
 def describe(dtype: np.dtype, shape: tuple[int, ...]) -> str:

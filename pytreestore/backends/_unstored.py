@@ -111,8 +111,6 @@ def default_value(fill: Any, dtype: np.dtype) -> np.ndarray:
     """A zarr v3 ``fill_value`` (JSON) as a 0-d array of ``dtype``."""
     if isinstance(fill, list):  # complex: [real, imag]
         return np.asarray(complex(float(fill[0]), float(fill[1])), dtype)
-    if isinstance(fill, str) and fill.startswith("0x"):  # the bits, most significant first
-        return np.frombuffer(bytes.fromhex(fill[2:])[::-1], dtype).reshape(())
     if isinstance(fill, str):  # "NaN", "Infinity", "-Infinity"
         return np.asarray(float(fill), dtype)
     return np.asarray(fill, dtype)

@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from pytreestore._format.dtypes import FLOAT8, fill_value
 from pytreestore._format.names import NO_VALUE, array_json
 from pytreestore.backends._base import ColumnLayout
 from pytreestore.backends._metadata import array_document, encode_document
@@ -46,10 +45,8 @@ def plain_fill(layout: ColumnLayout) -> bool:
         >>> plain_fill(lay), plain_fill(dataclasses.replace(lay, fill_value=0))
         (True, False)
     """
-    fill = layout.fill_value
-    if layout.dtype in FLOAT8:  # its zero's bits in hex, which TensorStore keeps as written
-        return fill == fill_value(layout.dtype)
     zero = np.zeros((), layout.dtype).item()
+    fill = layout.fill_value
     if isinstance(zero, complex):
         return fill == [0.0, 0.0] and all(type(x) is float for x in fill)
     return fill == zero and type(fill) is type(zero)
