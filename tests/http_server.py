@@ -1,11 +1,13 @@
 """A web server for tests: a folder served by Python's ``http.server`` on 127.0.0.1 in a
-thread, with faults on demand (a path answered 404, a response cut off midway) and a count of
+thread, answering byte ranges, with faults on demand (a path answered 404, a response cut off midway) and a count of
 the requests it was sent."""
 
 from __future__ import annotations
 
 import functools
 import http.server
+import io
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,7 +47,21 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(2)  # the server dies midway through the response
             return None
+        ranged = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+        if ranged and Path(self.translate_path(self.path)).is_file():
+            return self._send_range(int(ranged[1]), ranged[2])
         return super().send_head()
+
+    def _send_range(self, start: int, last: str) -> Any:
+        """A ``Range: bytes=START-[LAST]`` request (OCDBT reads parts of its files)."""
+        body = Path(self.translate_path(self.path)).read_bytes()
+        stop = len(body) if not last else min(len(body), int(last) + 1)
+        part = body[start:stop]
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(body)}")
+        self.send_header("Content-Length", str(len(part)))
+        self.end_headers()
+        return io.BytesIO(part)
 
 
 class Server(http.server.ThreadingHTTPServer):

@@ -19,6 +19,7 @@ from pytreestore.backends._registry import backend_at
 from pytreestore.cli import main
 from pytreestore.errors import (
     CorruptChunkError,
+    NotAStoreError,
     PyTreeStoreError,
     ReadOnlyError,
     StorageError,
@@ -234,6 +235,25 @@ def test_a_reader_refreshing_while_a_writer_commits_reads_whole_versions(backend
             seen.append(n)
         thread.join()
     assert seen[-1] == 24
+
+
+def test_an_ocdbt_store_reads_over_http(tmp_path):
+    """OCDBT reads parts of its files: a server that answers byte ranges serves it."""
+    records = kinds.filled(tmp_path / "o", "nested", "ocdbt")
+    with pytreestore.open(tmp_path / "o", "a") as store:
+        store.extend(kinds.records("nested", 2, start=9))
+        store.flush()
+        store.tag("eleven")
+    with serve(tmp_path) as (url, _):
+        for backend in (None, "ocdbt"):
+            store = pytreestore.open(f"{url}/o", backend=backend)
+            kinds.assert_same(list(store)[:9], records)
+            assert [v.records for v in store.versions()] == [0, 9, 11]
+            assert store.verify().ok
+            kinds.assert_same(list(pytreestore.open(f"{url}/o", version=1)), records)
+            assert len(pytreestore.open(f"{url}/o", version="eleven")) == 11
+        with pytest.raises(NotAStoreError, match="backend='ocdbt'"):
+            pytreestore.open(f"{url}/o", backend="tensorstore")
 
 
 def test_the_cli_reads_over_http(site):
