@@ -426,7 +426,10 @@ def _check_option(path: str, name: str, value: Any, field: dataclasses.Field) ->
         want = "a number of seconds > 0, or None for no limit"
     elif name == "headers":
         ok = isinstance(value, Mapping) and all(
-            isinstance(k, str) and isinstance(v, str) and _HEADER.match(k) and not {"\r", "\n"} & set(v)
+            isinstance(k, str)
+            and isinstance(v, str)
+            and _HEADER.match(k)
+            and not {"\r", "\n"} & set(v)
             for k, v in value.items()
         )
         want = "a dict of header names to str values"

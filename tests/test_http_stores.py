@@ -113,7 +113,7 @@ def test_without_backend_a_plain_store_opens_with_tensorstore(site):
 @pytest.mark.parametrize("backend", READERS)
 def test_a_chunk_the_server_does_not_have_is_a_corrupt_chunk(site, backend):
     url, _, faults, _ = site
-    key = "fixed-{}/x/c/0/0".format(backend)
+    key = f"fixed-{backend}/x/c/0/0"
     faults.missing.add(key)
     try:
         store = pytreestore.open(f"{url}/fixed-{backend}", backend=backend)
@@ -127,7 +127,7 @@ def test_a_chunk_the_server_does_not_have_is_a_corrupt_chunk(site, backend):
 @pytest.mark.parametrize("backend", READERS)
 def test_a_server_that_dies_mid_read_is_a_pytreestore_error(site, backend):
     url, _, faults, _ = site
-    key = "optional-{}/x/c/0/0".format(backend)
+    key = f"optional-{backend}/x/c/0/0"
     faults.cut.add(key)
     try:
         store = pytreestore.open(f"{url}/optional-{backend}", backend=backend, storage_options=FAST)
@@ -195,7 +195,7 @@ def test_a_reader_over_http_sees_committed_versions_while_a_writer_appends(backe
     with serve(tmp_path) as (url, _):
         reader = pytreestore.open(f"{url}/s", backend=backend)
         writer = pytreestore.open(tmp_path / "s", "a", backend=backend)
-        for round in range(3):
+        for _ in range(3):
             more = kinds.records(name, 3, start=len(records))
             writer.extend(more)
             writer.flush()

@@ -76,7 +76,11 @@ def test_secrets_are_not_printed():
         ("s3://Bad_Bucket/x", None, "is not a valid bucket name"),
         ("s3://bucket/a/../b", None, "has an empty, '.' or '..' component"),
         ("s3://bucket/x?versionId=1", None, "holds a query, fragment or backslash"),
-        ("memory://x", {"region": "r"}, "storage_options are for s3://, gs:// and http(s):// stores"),
+        (
+            "memory://x",
+            {"region": "r"},
+            "storage_options are for s3://, gs:// and http(s):// stores",
+        ),
         ("s3://bucket/x", {"colour": "red"}, "unknown storage option(s) 'colour'"),
         ("s3://bucket/x", {"max_retries": -1}, "must be an int >= 0"),
         ("s3://bucket/x", {"total_timeout": 0}, "a number of seconds > 0"),
@@ -170,7 +174,9 @@ def test_http_options_and_their_checks():
     opts = {"headers": {"Authorization": "Bearer s3cret"}, "max_retries": 2, "total_timeout": 5}
     loc = Location.parse("http://example.org/s", opts)
     assert isinstance(loc.options, HTTPOptions)
-    assert loc.options.headers == {"Authorization": "Bearer s3cret"} and loc.options.max_retries == 2
+    assert (
+        loc.options.headers == {"Authorization": "Bearer s3cret"} and loc.options.max_retries == 2
+    )
     assert "s3cret" not in repr(loc.options) and "Authorization" in repr(loc.options)
     for bad, message in [
         ({"headers": {"Bad Name": "x"}}, "a dict of header names to str values"),

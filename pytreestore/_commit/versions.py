@@ -142,12 +142,14 @@ def _probed(engine: Backend, below: int) -> list[int]:
     found = []
     for start in range(0, below, _PROBE):
         keys = [version_key(n) for n in range(start, min(below, start + _PROBE))]
-        if capable(engine, ManyReads):
-            raws = engine.read_many_bytes(keys)
-        else:
-            raws = [engine.read_bytes(k) for k in keys]
-        found += [start + i for i, raw in enumerate(raws) if raw is not None]
+        found += [start + i for i, raw in enumerate(_read_all(engine, keys)) if raw is not None]
     return found
+
+
+def _read_all(engine: Backend, keys: list[str]) -> list[bytes | None]:
+    if capable(engine, ManyReads):
+        return engine.read_many_bytes(keys)
+    return [engine.read_bytes(k) for k in keys]
 
 
 def _listing(engine: KeyListing, folder: str) -> list[str]:

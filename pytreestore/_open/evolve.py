@@ -29,8 +29,8 @@ from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
 from pytreestore._open.reader import read_root
 from pytreestore.backends import Backend, default_backend
-from pytreestore.backends._registry import backend_at
 from pytreestore.backends._packed import packed
+from pytreestore.backends._registry import backend_at
 
 
 def evolve_at(location: Location, backend: str | None, **changes: Any) -> None:

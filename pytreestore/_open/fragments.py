@@ -81,7 +81,9 @@ def write_fragment(
     """
     location = Location.parse(path, storage_options)
     location.check_writable("write a fragment of a store")
-    engine: Backend = backend_at(default_backend(location) if backend is None else backend, location)
+    engine: Backend = backend_at(
+        default_backend(location) if backend is None else backend, location
+    )
     try:
         schema = read_schema(engine, location, like=like, generic=False)
         head = Commit.read(engine, str(location))

@@ -46,8 +46,8 @@ from pytreestore._read.request import check_cast
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
 from pytreestore.backends import Backend, default_backend
-from pytreestore.backends._registry import backend_at
 from pytreestore.backends._packed import packed
+from pytreestore.backends._registry import backend_at
 from pytreestore.errors import ArgumentError, ArgumentTypeError
 
 #: the record type of a store created from an example of it (``TreeStore[T]``)

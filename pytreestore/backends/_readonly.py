@@ -80,7 +80,9 @@ class ReadOnly:
         """Whether none of the objects that make a store (or a store being made) is there:
         the root ``zarr.json``, the commit record, the incomplete marker. A web server lists
         no folders, so other files there are not seen."""
-        return all(self._inner.read_bytes(k) is None for k in (ROOT_KEY, COMMIT_KEY, INCOMPLETE_KEY))
+        return all(
+            self._inner.read_bytes(k) is None for k in (ROOT_KEY, COMMIT_KEY, INCOMPLETE_KEY)
+        )
 
     def close(self) -> None:
         self._inner.close()

@@ -19,10 +19,10 @@ from typing import Any
 
 from pytreestore._location import Location
 from pytreestore.backends._base import Backend
+from pytreestore.backends._readonly import read_only
 from pytreestore.backends._tensorstore.backend import TensorStoreBackend
 from pytreestore.backends._tensorstore.database import is_ocdbt
 from pytreestore.backends._tensorstore.ocdbt import OcdbtBackend
-from pytreestore.backends._readonly import read_only
 from pytreestore.backends._zarr.backend import ZarrBackend
 from pytreestore.backends._zarr.http import ZarrHttpBackend
 from pytreestore.backends._zarr.s3 import ZarrS3Backend

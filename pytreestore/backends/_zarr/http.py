@@ -61,7 +61,9 @@ class ZarrHttpBackend(ZarrBackend):
 
     def _open_store(self, location: Location) -> Store:
         obstore = import_obstore(location)
-        return ObjectStore(obstore.store.HTTPStore.from_url(**http_settings(location)), read_only=True)
+        return ObjectStore(
+            obstore.store.HTTPStore.from_url(**http_settings(location)), read_only=True
+        )
 
 
 __all__ = ["ZarrHttpBackend", "http_settings"]
