@@ -76,7 +76,7 @@ def create(
     """Creates an empty store for records shaped like ``like`` and opens it for appending.
 
     Args:
-        path: a local directory, or ``memory://NAME`` for an in-memory store.
+        path: a directory (or ``file://`` URL), ``memory://NAME``, ``s3://`` or ``gs://``.
         like: an example record; its structure, static fields, leaf dtypes and shapes become
             the schema. Its values are not stored.
         chunk_records: records per chunk; by default chosen so chunks hold about 4 MiB.
@@ -129,6 +129,7 @@ def create(
         UnsupportedTreeError: ``like`` holds a node or leaf a store cannot represent.
         SchemaMismatchError: a leaf whose storage key a pack array would use.
         StoreExistsError: a store (or other data) is at ``path`` and ``overwrite`` is false.
+        ReadOnlyError: ``path`` is an ``http(s)://`` URL (web servers take no writes).
 
     Example:
         >>> import pytreestore
@@ -142,7 +143,6 @@ def create(
     multihost = _arguments.flag(multihost, "multihost")
     keep_versions = _check_version_options("a", None, keep_versions)[1]
     location = Location.parse(path, storage_options)
-    location.check_writable("create a store")
     ragged, optional = _declared(ragged), _declared(optional)
     limit = _packs.check_threshold(pack)
     inner = inner_chunk_bytes_of(inner_chunk_bytes, codec)
@@ -252,7 +252,7 @@ def open(
     """Opens an existing store, at its latest version or (``version=``) at an older one.
 
     Args:
-        path: the store's directory, or ``memory://NAME``.
+        path: a directory (or ``file://`` URL), ``memory://NAME``, ``s3://``, ``gs://``, ``http(s)://``.
         mode: ``"r"`` to read, ``"a"`` to append (takes the store's writer lock).
         like: an example record whose classes to use instead of importing the classes the
             schema names (for classes defined in ``__main__`` or since moved).
@@ -263,7 +263,8 @@ def open(
             ``"ocdbt"`` for a store in an OCDBT database (its ``manifest.ocdbt`` at the
             root), else ``"tensorstore"``.
         storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
-            retries (see :class:`pytreestore._location.S3Options` and ``docs/reliability.md``).
+            retries (see :class:`pytreestore._location.S3Options` and ``docs/reliability.md``);
+            ``http(s)://``: :class:`pytreestore._location.HTTPOptions`.
         break_lock: S3 and GCS, ``mode="a"`` only: take the writer lock over even from a
             holder that may be alive (a writer on a host that crashed). A holder on this host
             that has died is detected and replaced without it.
@@ -308,6 +309,7 @@ def open(
         ClassResolutionError: on first use, a class the schema names cannot be imported.
         SchemaMismatchError: on first use, ``like`` does not have the stored structure.
         StoreLockedError: ``mode="a"`` and another writer holds the store.
+        ReadOnlyError: ``mode="a"`` at an ``http(s)://`` URL (web servers take no writes).
         VersionNotFoundError: ``version`` names no version the store keeps, or one whose
             records were written over after a truncate.
 
