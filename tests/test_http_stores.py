@@ -237,6 +237,19 @@ def test_a_reader_refreshing_while_a_writer_commits_reads_whole_versions(backend
     assert seen[-1] == 24
 
 
+@pytest.mark.parametrize("backend", READERS)
+def test_packed_and_sharded_stores_read_over_http(tmp_path, backend):
+    records = kinds.records("ragged_list", 7)
+    for name, options in (("packed", {"pack": True}), ("sharded", {"inner_chunk_bytes": 64})):
+        with kinds.create(tmp_path / name, "ragged_list", backend, **options) as store:
+            store.extend(records)
+    with serve(tmp_path) as (url, _):
+        for name in ("packed", "sharded"):
+            store = pytreestore.open(f"{url}/{name}", backend=backend)
+            kinds.assert_same(list(store.records(as_numpy=True)), records)
+            kinds.assert_same([store[i] for i in (6, 0, 3)], [records[i] for i in (6, 0, 3)])
+
+
 def test_an_ocdbt_store_reads_over_http(tmp_path):
     """OCDBT reads parts of its files: a server that answers byte ranges serves it."""
     records = kinds.filled(tmp_path / "o", "nested", "ocdbt")

@@ -10,8 +10,9 @@ objects that make a store (no listing). Of the optional capabilities it keeps on
 (``BatchedReads``, ``PartialReads``, ``ManyReads``, ``CheckedReads`` where the wrapped backend
 has them); the others (listing, conditional writes, local files, ...) it does not even name, so
 the package's fallbacks apply: ``verify`` reads every chunk and cannot name chunks that lie
-past the commit, ``versions()`` reads the version log from the commit record, and operations
-that only a writer runs never start (``Location.check_writable`` refuses them first).
+past the commit, ``versions()`` reads the version records one by one up to the latest commit
+(tags are found by name only), and operations that only a writer runs never start
+(``Location.check_writable`` refuses them first).
 
 Example:
     >>> from pytreestore._location import Location
