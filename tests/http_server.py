@@ -21,6 +21,7 @@ class Faults:
 
     def __init__(self) -> None:
         self.missing: set[str] = set()
+        self.ranges = True  # False: Range headers ignored, as Python's http.server does
         self.cut: set[str] = set()
         self.requests: list[str] = []
 
@@ -47,15 +48,20 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(2)  # the server dies midway through the response
             return None
-        ranged = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
-        if ranged and Path(self.translate_path(self.path)).is_file():
-            return self._send_range(int(ranged[1]), ranged[2])
+        ranged = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
+        if ranged and self.faults.ranges and Path(self.translate_path(self.path)).is_file():
+            return self._send_range(ranged[1], ranged[2])
         return super().send_head()
 
-    def _send_range(self, start: int, last: str) -> Any:
-        """A ``Range: bytes=START-[LAST]`` request (OCDBT reads parts of its files)."""
+    def _send_range(self, first: str, last: str) -> Any:
+        """A ``Range: bytes=FIRST-[LAST]`` or ``bytes=-SUFFIX`` request (OCDBT and sharded
+        columns read parts of their files)."""
         body = Path(self.translate_path(self.path)).read_bytes()
-        stop = len(body) if not last else min(len(body), int(last) + 1)
+        if not first:  # the last LAST bytes
+            start, stop = max(0, len(body) - int(last)), len(body)
+        else:
+            start = int(first)
+            stop = len(body) if not last else min(len(body), int(last) + 1)
         part = body[start:stop]
         self.send_response(206)
         self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(body)}")

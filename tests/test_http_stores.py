@@ -250,6 +250,19 @@ def test_packed_and_sharded_stores_read_over_http(tmp_path, backend):
             kinds.assert_same([store[i] for i in (6, 0, 3)], [records[i] for i in (6, 0, 3)])
 
 
+def test_a_server_that_ignores_byte_ranges_is_named_for_a_sharded_store(tmp_path):
+    records = kinds.records("fixed", 5)
+    with kinds.create(tmp_path / "s", "fixed", "tensorstore", inner_chunk_bytes=64) as store:
+        store.extend(records)
+    with serve(tmp_path) as (url, faults):
+        faults.ranges = False
+        store = pytreestore.open(f"{url}/s")
+        with pytest.raises(StorageError, match="serve them from a server that answers Range"):
+            store[0]
+        faults.ranges = True
+        kinds.assert_same(store[4], records[4])
+
+
 def test_an_ocdbt_store_reads_over_http(tmp_path):
     """OCDBT reads parts of its files: a server that answers byte ranges serves it."""
     records = kinds.filled(tmp_path / "o", "nested", "ocdbt")
