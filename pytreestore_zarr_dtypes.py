@@ -4,7 +4,9 @@ zarr-python 3.1 knows none of them, so without these it can neither read nor wri
 bfloat16 or float8 column. Each is a :class:`zarr.core.dtype.ZDType` named as TensorStore
 names it in ``zarr.json`` (``"bfloat16"``, ``"float8_e4m3fn"``, ...), with the zarr v3 float
 rules for fill values: a JSON number, ``"NaN"``, ``"Infinity"``, ``"-Infinity"``, or ``"0x"``
-and the value's bytes in hex, big-endian.
+and the value's bytes in hex, big-endian. A float8 fill value is written as its bits
+(``"0x00"``), the one form zarrs (the Rust implementation) reads, which the zarr v3 spec and
+zarr-extensions allow for every float type.
 
 This module ships in the pytreestore distribution but outside the ``pytreestore`` package: it
 imports only numpy, ml_dtypes and zarr, so zarr-python can load it from an entry point
@@ -82,6 +84,8 @@ class MLFloat(BaseFloat[Any, Any]):
 
     def to_json_scalar(self, data: Any, *, zarr_format: Any) -> float | str:
         value = self.cast_scalar(data)
+        if self.native.itemsize == 1:  # float8: the bits (zarrs reads no other form)
+            return "0x" + np.asarray(value).tobytes().hex()
         if np.isnan(value):
             return "NaN"
         if np.isinf(value):

@@ -22,9 +22,9 @@ from pytreestore._format.schema import ColumnSpec as ColumnSpec
 from pytreestore._format.schema import TreeSchema as TreeSchema
 from pytreestore._inspect.verify import VerifyReport as VerifyReport
 from pytreestore._open.copy import copy as copy
+from pytreestore._open.evolve import evolve as evolve
 from pytreestore._open.fragments import write_fragment as write_fragment
 from pytreestore._open.open import create as create
-from pytreestore._open.open import evolve as evolve
 from pytreestore._open.open import open as open
 from pytreestore._pipelines.batches import BatchIterator as BatchIterator
 from pytreestore._pipelines.batches import GrainSource as GrainSource

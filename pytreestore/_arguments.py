@@ -159,4 +159,22 @@ def _indexed(value: Any) -> bool:
     return True
 
 
-__all__ = ["count", "flag", "iterable", "mapping", "optional_count", "seconds", "strings"]
+def backend_name(backend: Any) -> None:
+    """Refuses a ``backend=`` that is neither a backend's name nor None."""
+    if backend is not None and not isinstance(backend, str):
+        raise ArgumentTypeError(
+            f"backend= takes a backend's name (a str such as 'tensorstore', 'zarr' or "
+            f"'ocdbt') or None, got {type(backend).__name__} {backend!r:.80}"
+        )
+
+
+__all__ = [
+    "backend_name",
+    "count",
+    "flag",
+    "iterable",
+    "mapping",
+    "optional_count",
+    "seconds",
+    "strings",
+]

@@ -1,5 +1,6 @@
-"""Where a store lives: a local directory, ``memory://NAME``, ``s3://BUCKET/PREFIX`` or
-``gs://BUCKET/PREFIX``, with the options that reach it.
+"""Where a store lives: a local directory (or its ``file://`` URL), ``memory://NAME``,
+``s3://BUCKET/PREFIX``, ``gs://BUCKET/PREFIX`` or, read-only, ``http(s)://HOST/PATH``, with the
+options that reach it.
 
 Object-store options come from ``storage_options=`` (a dict) and, where it leaves them out,
 from the usual environment variables: ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``,
@@ -13,6 +14,11 @@ Example:
     >>> loc = Location.parse("s3://my-bucket/runs/a", {"endpoint": "http://127.0.0.1:9000"})
     >>> loc.kind, loc.bucket, loc.prefix, str(loc)
     ('s3', 'my-bucket', 'runs/a', 's3://my-bucket/runs/a')
+    >>> Location.parse("file:///tmp/runs/a%20b").root
+    '/tmp/runs/a b'
+    >>> web = Location.parse("https://example.org/stores/a/")
+    >>> web.kind, str(web), web.read_only
+    ('http', 'https://example.org/stores/a', True)
 """
 
 from __future__ import annotations
@@ -20,15 +26,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pytreestore.errors import BadLocationError
+from pytreestore.errors import BadLocationError, ReadOnlyError
 
 _SCHEMES = {"s3": "s3", "gs": "gcs", "gcs": "gcs"}
 _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _GCS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+_HEADER = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -124,7 +132,41 @@ class GCSOptions:
     total_timeout: float | None = 45.0
 
 
-_OPTION_TYPES: dict[str, type] = {"s3": S3Options, "gcs": GCSOptions}
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HTTPOptions:
+    """Options of an ``http://`` or ``https://`` store (read-only); pass them as
+    ``storage_options={...}``.
+
+    Attributes:
+        headers: HTTP headers sent with every request, such as ``{"Authorization": "Bearer
+            ..."}``.
+        max_retries, retry_delay, retry_max_delay: as for S3.
+        connect_timeout, request_timeout, total_timeout: as for S3.
+    """
+
+    headers: Mapping[str, str] | None = None
+    max_retries: int | None = None
+    retry_delay: float | None = None
+    retry_max_delay: float | None = None
+    connect_timeout: float | None = 10.0
+    request_timeout: float | None = 30.0
+    total_timeout: float | None = 45.0
+
+    def __repr__(self) -> str:  # never print header values (they may hold credentials)
+        shown = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != f.default
+        }
+        if self.headers:
+            shown["headers"] = {k: "***" for k in self.headers}
+        return f"HTTPOptions({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+
+#: what every remote location's options have in common (timeouts and retries)
+RemoteOptions = S3Options | GCSOptions | HTTPOptions
+
+_OPTION_TYPES: dict[str, type] = {"s3": S3Options, "gcs": GCSOptions, "http": HTTPOptions}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,15 +174,18 @@ class Location:
     """A parsed store location.
 
     Attributes:
-        kind: ``"file"``, ``"memory"``, ``"s3"`` or ``"gcs"``.
+        kind: ``"file"``, ``"memory"``, ``"s3"``, ``"gcs"`` or ``"http"`` (``http://`` and
+            ``https://``, read-only).
         root: an absolute directory for ``file``, the store's name for ``memory``,
-            ``BUCKET/PREFIX`` (or ``BUCKET``) for ``s3`` and ``gcs``.
-        options: :class:`S3Options` or :class:`GCSOptions` for object stores, else None.
+            ``BUCKET/PREFIX`` (or ``BUCKET``) for ``s3`` and ``gcs``, the store's URL without
+            a trailing slash for ``http``.
+        options: :class:`S3Options`, :class:`GCSOptions` or :class:`HTTPOptions` for remote
+            stores, else None.
     """
 
     kind: str
     root: str
-    options: S3Options | GCSOptions | None = dataclasses.field(default=None, compare=False)
+    options: RemoteOptions | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
     def parse(
@@ -160,12 +205,17 @@ class Location:
         scheme = path.split("://", 1)[0] if "://" in path else None
         if scheme is not None and scheme.lower() in _SCHEMES:
             return _parse_bucket_url(path, scheme, storage_options)
+        if scheme is not None and scheme.lower() in ("http", "https"):
+            return _parse_http_url(path, scheme, storage_options)
         if storage_options is not None and not (
             isinstance(storage_options, Mapping) and not storage_options
         ):
             raise BadLocationError(
-                f"storage_options are for s3:// and gs:// stores; {path!r} takes none"
+                f"storage_options are for s3://, gs:// and http(s):// stores; {path!r} takes none"
             )
+        if path[:5].lower() == "file:":
+            path = _file_url_path(path)
+            scheme = None
         if scheme == "memory":
             name = path[len("memory://") :].strip("/")
             if not name:
@@ -173,8 +223,9 @@ class Location:
             return cls("memory", name)
         if scheme is not None:
             raise BadLocationError(
-                f"unsupported URL scheme {scheme!r} in {path!r}; use a local directory, "
-                "memory://NAME, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"
+                f"unsupported URL scheme {scheme!r} in {path!r}; use a local directory (or "
+                "file:///PATH), memory://NAME, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or, to "
+                "read, http(s)://HOST/PATH"
             )
         try:
             root = Path(path).expanduser().resolve()
@@ -197,6 +248,31 @@ class Location:
         return self.options.endpoint if isinstance(self.options, S3Options) else None
 
     @property
+    def read_only(self) -> bool:
+        """Whether stores here can only be read (``http://`` and ``https://``: a web server
+        serves files, it takes no writes and lists no folders)."""
+        return self.kind == "http"
+
+    def check_writable(self, doing: str) -> None:
+        """Raises :class:`ReadOnlyError` if ``doing`` (``"create a store"``...) would write
+        to a read-only location: the one refusal of every write to a store on a web server.
+
+        Example:
+            >>> Location.parse("http://example.org/a").check_writable("append to a store")
+            Traceback (most recent call last):
+            ...
+            pytreestore.errors.ReadOnlyError: cannot append to a store at http://example.org/a: ...
+        """
+        if self.read_only:
+            raise ReadOnlyError(
+                f"cannot {doing} at {self}: stores on a web server (http:// and https://) are "
+                "read-only; open them with mode='r'. To publish a store, write it locally "
+                "(pytreestore.create, or pytreestore.copy(SRC, '/var/www/stores/NAME')) and "
+                "copy its folder into the web server's directory whole (docs/interop.md, "
+                '"Stores on a web server")'
+            )
+
+    @property
     def bucket(self) -> str:
         """The bucket of an object store (empty for local stores)."""
         return self.root.split("/", 1)[0] if self.kind in ("s3", "gcs") else ""
@@ -215,6 +291,8 @@ class Location:
 
     def __str__(self) -> str:
         if self.kind == "file":
+            return self.root
+        if self.kind == "http":
             return self.root
         scheme = {"memory": "memory", "s3": "s3", "gcs": "gs"}.get(self.kind, self.kind)
         return f"{scheme}://{self.root}"
@@ -267,7 +345,55 @@ def _parse_bucket_url(
     return Location(kind, "/".join([bucket, *parts]), options)
 
 
-def _parse_options(kind: str, path: str, given: Mapping[str, Any]) -> S3Options | GCSOptions:
+def _file_url_path(url: str) -> str:
+    """The absolute local path of ``file:///PATH`` or ``file://localhost/PATH``,
+    percent-decoded (RFC 8089)."""
+    parts = urllib.parse.urlsplit(url)
+    advice = "give file:///ABSOLUTE/PATH (or the plain path)"
+    if not url.lower().startswith("file://"):
+        raise BadLocationError(f"{url!r} is a relative file: URL; {advice}")
+    if parts.netloc.lower() not in ("", "localhost"):
+        raise BadLocationError(
+            f"{url!r} names the host {parts.netloc!r}; file:// URLs name files of this "
+            f"machine only: {advice}"
+        )
+    if parts.query or parts.fragment or not parts.path.startswith("/"):
+        raise BadLocationError(f"{url!r} is not a plain file:// URL of a folder; {advice}")
+    path = urllib.parse.unquote(parts.path)
+    if "\x00" in path:
+        raise BadLocationError(f"a store path must not contain NUL bytes: {url!r}")
+    return path
+
+
+def _parse_http_url(path: str, scheme: str, storage_options: Mapping[str, Any] | None) -> Location:
+    if scheme not in ("http", "https"):
+        raise BadLocationError(f"write the URL scheme in lower case: {scheme.lower()}://... ")
+    parts = urllib.parse.urlsplit(path)
+    if not parts.hostname:
+        raise BadLocationError(f"{path!r} names no host: use {scheme}://HOST[:PORT]/PATH")
+    if parts.query or parts.fragment or "\\" in path:
+        raise BadLocationError(
+            f"{path!r} holds a query, fragment or backslash; give {scheme}://HOST/PATH of "
+            "the store's folder and pass headers in storage_options"
+        )
+    if parts.username or parts.password:
+        raise BadLocationError(
+            f"{scheme}:// URLs must not hold credentials; pass them as a header, "
+            "storage_options={'headers': {'Authorization': ...}}"
+        )
+    try:
+        parts.port  # noqa: B018 (a bad port raises)
+    except ValueError as err:
+        raise BadLocationError(f"{path!r} has a bad port: {err}") from err
+    steps = [p for p in parts.path.split("/") if p]
+    if any(p in (".", "..") for p in steps):
+        raise BadLocationError(f"the path of {path!r} has a '.' or '..' component")
+    options = _parse_options("http", path, {} if storage_options is None else storage_options)
+    root = f"{scheme}://{parts.netloc}" + "".join("/" + p for p in steps)
+    return Location("http", root, options)
+
+
+def _parse_options(kind: str, path: str, given: Mapping[str, Any]) -> RemoteOptions:
     if not isinstance(given, Mapping):
         raise BadLocationError(
             f"storage_options must be a dict, got {type(given).__name__} for {path!r}"
@@ -298,6 +424,15 @@ def _check_option(path: str, name: str, value: Any, field: dataclasses.Field) ->
     if name.endswith("_timeout"):
         ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
         want = "a number of seconds > 0, or None for no limit"
+    elif name == "headers":
+        ok = isinstance(value, Mapping) and all(
+            isinstance(k, str)
+            and isinstance(v, str)
+            and _HEADER.match(k)
+            and not {"\r", "\n"} & set(v)
+            for k, v in value.items()
+        )
+        want = "a dict of header names to str values"
     elif isinstance(field.default, bool):
         ok = isinstance(value, bool)
         want = "a bool"

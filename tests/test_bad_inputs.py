@@ -537,7 +537,7 @@ LOCATIONS = [
         "storage-options-for-a-local-path",
         lambda s, t: pytreestore.open(t / "s", storage_options={"region": "x"}),
         errors.BadLocationError,
-        "storage_options are for s3:// and gs:// stores",
+        "storage_options are for s3://, gs:// and http(s):// stores",
     ),
     P(
         "open-nothing",

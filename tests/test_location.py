@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pytreestore._location import GCSOptions, Location, S3Options
-from pytreestore.errors import BadLocationError
+from pytreestore._location import GCSOptions, HTTPOptions, Location, S3Options
+from pytreestore.errors import BadLocationError, ReadOnlyError
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +76,11 @@ def test_secrets_are_not_printed():
         ("s3://Bad_Bucket/x", None, "is not a valid bucket name"),
         ("s3://bucket/a/../b", None, "has an empty, '.' or '..' component"),
         ("s3://bucket/x?versionId=1", None, "holds a query, fragment or backslash"),
-        ("memory://x", {"region": "r"}, "storage_options are for s3:// and gs:// stores"),
+        (
+            "memory://x",
+            {"region": "r"},
+            "storage_options are for s3://, gs:// and http(s):// stores",
+        ),
         ("s3://bucket/x", {"colour": "red"}, "unknown storage option(s) 'colour'"),
         ("s3://bucket/x", {"max_retries": -1}, "must be an int >= 0"),
         ("s3://bucket/x", {"total_timeout": 0}, "a number of seconds > 0"),
@@ -120,3 +124,88 @@ def test_overlap_is_the_same_place_or_one_inside_the_other(tmp_path):
     assert bucket.overlaps(Location.parse("s3://bkt/p", s3))
     other_server = Location.parse("s3://bkt/p", {"endpoint": "http://127.0.0.1:2"})
     assert not bucket.overlaps(other_server)
+
+
+# ---- file:// and http(s):// --------------------------------------------------------------------
+
+
+def test_a_file_url_is_its_local_path_percent_decoded(tmp_path):
+    folder = tmp_path / "a b%"
+    for url in (f"file://{tmp_path}/a%20b%25", f"file://localhost{tmp_path}/a%20b%25"):
+        loc = Location.parse(url)
+        assert (loc.kind, loc.root, str(loc)) == ("file", str(folder), str(folder))
+        assert loc == Location.parse(folder) and not loc.read_only
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("file://example.org/x", "names the host 'example.org'"),
+        ("file:relative/x", "is a relative file: URL"),
+        ("file:./x", "is a relative file: URL"),
+        ("file:///x?y=1", "is not a plain file:// URL"),
+        ("file:///x#frag", "is not a plain file:// URL"),
+    ],
+)
+def test_file_urls_that_name_no_local_folder_are_refused(url, message):
+    with pytest.raises(BadLocationError, match=re.escape(message)):
+        Location.parse(url)
+
+
+def test_a_file_url_takes_no_storage_options(tmp_path):
+    with pytest.raises(BadLocationError, match="takes none"):
+        Location.parse(f"file://{tmp_path}", {"headers": {"A": "b"}})
+
+
+def test_http_and_https_urls_are_read_only_locations():
+    loc = Location.parse("https://data.example.org:8443/stores//a/")
+    assert (loc.kind, loc.root, str(loc)) == (
+        "http",
+        "https://data.example.org:8443/stores/a",
+        "https://data.example.org:8443/stores/a",
+    )
+    assert loc.read_only and not loc.is_object_store and loc.bucket == "" and loc.prefix == ""
+    plain = Location.parse("http://127.0.0.1:8000")
+    assert plain.root == "http://127.0.0.1:8000" and isinstance(plain.options, HTTPOptions)
+    assert loc.overlaps(Location.parse("https://data.example.org:8443/stores"))
+
+
+def test_http_options_and_their_checks():
+    opts = {"headers": {"Authorization": "Bearer s3cret"}, "max_retries": 2, "total_timeout": 5}
+    loc = Location.parse("http://example.org/s", opts)
+    assert isinstance(loc.options, HTTPOptions)
+    assert (
+        loc.options.headers == {"Authorization": "Bearer s3cret"} and loc.options.max_retries == 2
+    )
+    assert "s3cret" not in repr(loc.options) and "Authorization" in repr(loc.options)
+    for bad, message in [
+        ({"headers": {"Bad Name": "x"}}, "a dict of header names to str values"),
+        ({"headers": {"A": "x\r\nB: y"}}, "a dict of header names to str values"),
+        ({"headers": ["A: x"]}, "a dict of header names to str values"),
+        ({"region": "eu"}, "unknown storage option(s) 'region'"),
+        ({"total_timeout": 0}, "a number of seconds > 0"),
+    ]:
+        with pytest.raises(BadLocationError, match=re.escape(message)):
+            Location.parse("http://example.org/s", bad)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("http:///s", "names no host"),
+        ("HTTP://example.org/s", "write the URL scheme in lower case"),
+        ("https://user:pw@example.org/s", "must not hold credentials"),
+        ("http://example.org/s?x=1", "holds a query, fragment or backslash"),
+        ("http://example.org/a/../s", "has a '.' or '..' component"),
+        ("http://example.org:99999/s", "has a bad port"),
+    ],
+)
+def test_http_urls_that_name_no_store_are_refused(url, message):
+    with pytest.raises(BadLocationError, match=re.escape(message)):
+        Location.parse(url)
+
+
+def test_writing_to_a_read_only_location_is_refused_by_name(tmp_path):
+    with pytest.raises(ReadOnlyError, match=re.escape("cannot create a store at http://h/s: ")):
+        Location.parse("http://h/s").check_writable("create a store")
+    Location.parse(tmp_path).check_writable("create a store")  # a local one: no error

@@ -48,7 +48,7 @@ from pytreestore._format.names import (
     tag_key,
     version_key,
 )
-from pytreestore.backends import Backend, ConditionalWrites, KeyListing
+from pytreestore.backends import Backend, ConditionalWrites, KeyListing, ManyReads, capable
 from pytreestore.errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -63,6 +63,8 @@ KEEP_VERSIONS = 1000
 _TRIM_EVERY = 64
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _VERSION_FILE = re.compile(r"(\d{20})\.json")
+#: version records read at once where they cannot be listed (:func:`numbers`)
+_PROBE = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,12 +125,31 @@ def read(engine: Backend, version: int, where: str) -> Commit | None:
     return commit
 
 
-def numbers(engine: Backend) -> list[int]:
-    """The numbers of every version record stored, ascending."""
+def numbers(engine: Backend, head: Commit | None = None) -> list[int]:
+    """The numbers of every version record stored, ascending.
+
+    Where keys cannot be listed (a store read over HTTP), the records of the versions
+    before ``head`` are looked for one by one, :data:`_PROBE` at once (one request per
+    commit ever made); without ``head``, none are found."""
     if not isinstance(engine, KeyListing):
-        return []
+        return [] if head is None else _probed(engine, head.generation)
     found = (_VERSION_FILE.fullmatch(k.rpartition("/")[2]) for k in _listing(engine, VERSIONS_DIR))
     return sorted(int(m.group(1)) for m in found if m)
+
+
+def _probed(engine: Backend, below: int) -> list[int]:
+    """The versions before ``below`` whose records ``engine`` holds, found by reading them."""
+    found = []
+    for start in range(0, below, _PROBE):
+        keys = [version_key(n) for n in range(start, min(below, start + _PROBE))]
+        found += [start + i for i, raw in enumerate(_read_all(engine, keys)) if raw is not None]
+    return found
+
+
+def _read_all(engine: Backend, keys: list[str]) -> list[bytes | None]:
+    if capable(engine, ManyReads):
+        return engine.read_many_bytes(keys)
+    return [engine.read_bytes(k) for k in keys]
 
 
 def _listing(engine: KeyListing, folder: str) -> list[str]:
@@ -181,7 +202,7 @@ def resolve(engine: Backend, head: Commit, wanted: int | str, where: str) -> Com
 def _kept(engine: Backend, head: Commit, where: str) -> str:
     """The versions and tags the store keeps, compactly: ``versions 0, 5 to 9 and 64 to
     131; tags 'a' (5), 'b' (7)``; of more than 8 runs or tags, the first and last few."""
-    kept = sorted({n for n in numbers(engine) if n <= head.generation} | {head.generation})
+    kept = sorted({n for n in numbers(engine, head) if n <= head.generation} | {head.generation})
     runs = _runs(kept)
     if len(runs) > 8:
         runs = [*runs[:4], f"... {len(runs) - 7} more runs ...", *runs[-3:]]
@@ -264,7 +285,8 @@ def add_tag(engine: Backend, name: str, version: int, where: str) -> None:
 
 
 def tags(engine: Backend, where: str) -> dict[str, int]:
-    """Every tag of the store: name -> version."""
+    """Every tag of the store: name -> version; none where keys cannot be listed (a store
+    read over HTTP, whose tags are still found by name: :func:`resolve`)."""
     if not isinstance(engine, KeyListing):
         return {}
     names = [k.rpartition("/")[2][: -len(".json")] for k in _listing(engine, TAGS_DIR)]
@@ -305,7 +327,7 @@ def history(engine: Backend, head: Commit, where: str) -> list[Version]:
     named: dict[int, list[str]] = {}
     for name, number in tags(engine, where).items():
         named.setdefault(number, []).append(name)
-    found = [n for n in numbers(engine) if n < head.generation]
+    found = [n for n in numbers(engine, head) if n < head.generation]
     commits = [c for c in (read(engine, n, where) for n in found) if c is not None]
     return [_listed(c, head, named) for c in (*commits, head)]
 
@@ -420,7 +442,7 @@ def schema_ids(engine: Backend) -> list[str]:
 
 def kept_commits(engine: Backend, head: Commit, where: str) -> Sequence[Commit]:
     """The commits of every version still readable, oldest first, ``head`` last."""
-    found = [n for n in numbers(engine) if n < head.generation]
+    found = [n for n in numbers(engine, head) if n < head.generation]
     commits = [c for c in (read(engine, n, where) for n in found) if c is not None]
     return [c for c in commits if head.gone(c) is None] + [head]
 

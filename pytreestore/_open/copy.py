@@ -92,11 +92,12 @@ def copy(
         StoreExistsError: something is at ``dst`` and ``overwrite`` is false.
     """
     progress = _progress.wanted(progress)
+    location = Location.parse(dst, dst_storage_options)
+    location.check_writable("copy a store")
     if isinstance(src, TreeStore):
         source = src
     else:
         source = open_without_classes(src, storage_options=src_storage_options)
-    location = Location.parse(dst, dst_storage_options)
     try:
         options = (backend, overwrite, progress, pack, inner_chunk_bytes)
         return _copy(source, location, chunk_records, codec, *options)

@@ -17,8 +17,11 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pytreestore import _arguments
 from pytreestore._commit import protocol, transaction
 from pytreestore._commit.committer import Committer
 from pytreestore._commit.operations import Evolve
@@ -28,8 +31,38 @@ from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
 from pytreestore._open.reader import read_root
-from pytreestore.backends import Backend, default_backend, get_backend
+from pytreestore.backends import Backend, default_backend
 from pytreestore.backends._packed import packed
+from pytreestore.backends._registry import backend_at
+
+
+def evolve(
+    path: str | os.PathLike[str],
+    *,
+    add: Mapping[str, Any] | None = None,
+    drop: Sequence[str] | None = None,
+    rename: Mapping[str, str] | None = None,
+    rename_class: Mapping[str, str] | None = None,
+    backend: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> None:
+    """Changes the schema of the store at ``path``, without importing its classes.
+
+    The way to evolve a store that today's classes can no longer open, of any kind (ragged
+    and optional stores included: no class is imported). The arguments are
+    those of :meth:`TreeStore.evolve`, plus ``backend`` and ``storage_options`` of
+    :func:`pytreestore.open`.
+
+    Example:
+        >>> import numpy as np, pytreestore
+        >>> pytreestore.create("memory://doc-evolve-fn", {"a": np.int8(1)}).close()
+        >>> pytreestore.evolve("memory://doc-evolve-fn", rename={"['a']": "['b']"})
+        >>> pytreestore.open("memory://doc-evolve-fn").schema.paths
+        ("['b']",)
+    """
+    _arguments.backend_name(backend)
+    location = Location.parse(path, storage_options)
+    evolve_at(location, backend, add=add, drop=drop, rename=rename, rename_class=rename_class)
 
 
 def evolve_at(location: Location, backend: str | None, **changes: Any) -> None:
@@ -41,8 +74,9 @@ def evolve_at(location: Location, backend: str | None, **changes: Any) -> None:
         StoreLockedError: another writer holds the store.
         SchemaMismatchError, UnsupportedDtypeError: bad changes; nothing is written.
     """
+    location.check_writable("evolve a store")
     where = str(location)
-    engine: Backend = get_backend(backend or default_backend(location))(location)
+    engine: Backend = backend_at(backend or default_backend(location), location)
     root = _stored(engine, read_root(engine, location), where)
     engine = packed(engine, root.packs, (*root.columns, *root.dropped))  # packs never change
     commit, schema, lock = protocol.attach(
@@ -85,4 +119,4 @@ def _committed(engine: Backend, root: TreeSchema, commit: Commit, where: str) ->
     return _stored(engine, protocol.group_json({"pytreestore": info}), where)
 
 
-__all__ = ["evolve_at"]
+__all__ = ["evolve", "evolve_at"]

@@ -21,7 +21,8 @@ from pytreestore._commit.record import Commit
 from pytreestore._fragments.write import write
 from pytreestore._location import Location
 from pytreestore._open.reader import read_schema
-from pytreestore.backends import Backend, default_backend, get_backend
+from pytreestore.backends import Backend, default_backend
+from pytreestore.backends._registry import backend_at
 
 
 def write_fragment(
@@ -79,8 +80,9 @@ def write_fragment(
         4
     """
     location = Location.parse(path, storage_options)
-    engine: Backend = get_backend(default_backend(location) if backend is None else backend)(
-        location
+    location.check_writable("write a fragment of a store")
+    engine: Backend = backend_at(
+        default_backend(location) if backend is None else backend, location
     )
     try:
         schema = read_schema(engine, location, like=like, generic=False)

@@ -32,7 +32,6 @@ from pytreestore._fragments import multihost as _multihost
 from pytreestore._fragments.multihost_ragged import write_rows
 from pytreestore._location import Location
 from pytreestore._open.coordinated import check_coordinated_options, open_coordinated
-from pytreestore._open.evolve import evolve_at
 from pytreestore._open.reader import (
     committed_schema,
     deferred_reader,
@@ -45,8 +44,9 @@ from pytreestore._open.schemas import inner_chunk_bytes as inner_chunk_bytes_of
 from pytreestore._read.request import check_cast
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
-from pytreestore.backends import Backend, default_backend, get_backend
+from pytreestore.backends import Backend, default_backend
 from pytreestore.backends._packed import packed
+from pytreestore.backends._registry import backend_at
 from pytreestore.errors import ArgumentError, ArgumentTypeError
 
 #: the record type of a store created from an example of it (``TreeStore[T]``)
@@ -75,7 +75,7 @@ def create(
     """Creates an empty store for records shaped like ``like`` and opens it for appending.
 
     Args:
-        path: a local directory, or ``memory://NAME`` for an in-memory store.
+        path: a directory (or ``file://`` URL), ``memory://NAME``, ``s3://`` or ``gs://``.
         like: an example record; its structure, static fields, leaf dtypes and shapes become
             the schema. Its values are not stored.
         chunk_records: records per chunk; by default chosen so chunks hold about 4 MiB.
@@ -129,6 +129,7 @@ def create(
         UnsupportedTreeError: ``like`` holds a node or leaf a store cannot represent.
         SchemaMismatchError: a leaf whose storage key a pack array would use.
         StoreExistsError: a store (or other data) is at ``path`` and ``overwrite`` is false.
+        ReadOnlyError: ``path`` is an ``http(s)://`` URL (web servers take no writes).
 
     Example:
         >>> import pytreestore
@@ -137,7 +138,7 @@ def create(
         ["['x']"]
     """
     check_cast(cast)
-    _check_backend(backend)
+    _arguments.backend_name(backend)
     overwrite = _arguments.flag(overwrite, "overwrite")
     multihost = _arguments.flag(multihost, "multihost")
     keep_versions = _check_version_options("a", None, keep_versions)[1]
@@ -199,6 +200,7 @@ def create_from_schema(
     incomplete marker (:func:`pytreestore._commit.protocol.finish_store` removes it once they
     are committed), and the store comes back closed.
     """
+    location.check_writable("create a store")
     check_buffer(schema, str(location))
     engine = _engine(backend, location, schema)
     commit, lock = protocol.start_store(
@@ -250,7 +252,7 @@ def open(
     """Opens an existing store, at its latest version or (``version=``) at an older one.
 
     Args:
-        path: the store's directory, or ``memory://NAME``.
+        path: a directory (or ``file://`` URL), ``memory://NAME``, ``s3://``, ``gs://``, ``http(s)://``.
         mode: ``"r"`` to read, ``"a"`` to append (takes the store's writer lock).
         like: an example record whose classes to use instead of importing the classes the
             schema names (for classes defined in ``__main__`` or since moved).
@@ -261,8 +263,8 @@ def open(
             ``"ocdbt"`` for a store in an OCDBT database (its ``manifest.ocdbt`` at the
             root), else ``"tensorstore"``.
         storage_options: for ``s3://`` and ``gs://`` stores: endpoint, region, credentials,
-            retries; each key is listed in docs/reliability.md,
-            [S3 and GCS](reliability.md#s3-and-gcs).
+            retries, each listed in [S3 and GCS](reliability.md#s3-and-gcs); for
+            ``http(s)://`` stores: headers, retries, timeouts ([web servers](interop.md)).
         break_lock: S3 and GCS, ``mode="a"`` only: take the writer lock over even from a
             holder that may be alive (a writer on a host that crashed). A holder on this host
             that has died is detected and replaced without it.
@@ -307,6 +309,7 @@ def open(
         ClassResolutionError: on first use, a class the schema names cannot be imported.
         SchemaMismatchError: on first use, ``like`` does not have the stored structure.
         StoreLockedError: ``mode="a"`` and another writer holds the store.
+        ReadOnlyError: ``mode="a"`` at an ``http(s)://`` URL (web servers take no writes).
         VersionNotFoundError: ``version`` names no version the store keeps, or one whose
             records were written over after a truncate.
 
@@ -323,6 +326,8 @@ def open(
     generic = _arguments.flag(generic, "generic")
     multihost = _arguments.flag(multihost, "multihost")
     location = Location.parse(path, storage_options)
+    if mode == "a":
+        location.check_writable("open a store for appending (mode='a')")
     if multihost and coordinator is not None:
         raise ArgumentError(
             "multihost=True and coordinator= are two ways of writing from many processes; "
@@ -350,7 +355,7 @@ def open(
         options = {"like": like, "cache_bytes": cache_bytes, "cast": cast, "keep": keep_versions}
         return open_coordinated(location, address, opener=open, creator=create, **options)
     backend = default_backend(location) if backend is None else backend
-    engine: Backend = get_backend(backend)(location)
+    engine = backend_at(backend, location)
     raw = read_root(engine, location)
     options = {"like": like, "generic": generic, "cache_bytes": cache_bytes, "cast": cast}
     if mode == "r" and version is None and _validate.deferrable(raw, str(location)):
@@ -391,21 +396,13 @@ def open(
 
 def _engine(backend: str, location: Location, schema: TreeSchema) -> Backend:
     """The backend of a new store of ``schema``: its packed columns live in the packs."""
-    return packed(get_backend(backend)(location), schema.packs, schema.columns)
+    return packed(backend_at(backend, location), schema.packs, schema.columns)
 
 
 def _declared(value: Any) -> Any:
     """``ragged=`` or ``optional=`` with "nothing declared" (False, an empty list) as None:
     such a store is a fixed one, whose loads return a batch, not ``(batch, mask)``."""
     return None if value is False or (isinstance(value, list | tuple) and not value) else value
-
-
-def _check_backend(backend: Any) -> None:
-    if backend is not None and not isinstance(backend, str):
-        raise ArgumentTypeError(
-            f"backend= takes a backend's name (a str such as 'tensorstore', 'zarr' or "
-            f"'ocdbt') or None, got {type(backend).__name__} {backend!r:.80}"
-        )
 
 
 def _check_version_options(mode: str, version: Any, keep: Any) -> tuple[Any, int | None]:
@@ -446,7 +443,7 @@ def _check_open_options(
         )
         raise error(f"mode must be 'r' (read) or 'a' (append), got {mode!r:.80}{advice}")
     check_cast(cast)
-    _check_backend(backend)
+    _arguments.backend_name(backend)
     _arguments.flag(break_lock, "break_lock")
     if break_lock and mode != "a":
         raise ArgumentError("break_lock=True takes the writer lock; open with mode='a'")
@@ -457,39 +454,9 @@ def _check_open_options(
 # ---- evolve by path ------------------------------------------------------------------------
 
 
-def evolve(
-    path: str | os.PathLike[str],
-    *,
-    add: Mapping[str, Any] | None = None,
-    drop: Sequence[str] | None = None,
-    rename: Mapping[str, str] | None = None,
-    rename_class: Mapping[str, str] | None = None,
-    backend: str | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-) -> None:
-    """Changes the schema of the store at ``path``, without importing its classes.
-
-    The way to evolve a store that today's classes can no longer open, of any kind (ragged
-    and optional stores included: no class is imported). The arguments are
-    those of :meth:`TreeStore.evolve`, plus ``backend`` and ``storage_options`` of
-    :func:`pytreestore.open`.
-
-    Example:
-        >>> import numpy as np, pytreestore
-        >>> pytreestore.create("memory://doc-evolve-fn", {"a": np.int8(1)}).close()
-        >>> pytreestore.evolve("memory://doc-evolve-fn", rename={"['a']": "['b']"})
-        >>> pytreestore.open("memory://doc-evolve-fn").schema.paths
-        ("['b']",)
-    """
-    _check_backend(backend)
-    location = Location.parse(path, storage_options)
-    evolve_at(location, backend, add=add, drop=drop, rename=rename, rename_class=rename_class)
-
-
 __all__ = [
     "create",
     "create_from_schema",
-    "evolve",
     "open",
     "open_any",
 ]

@@ -27,6 +27,7 @@ from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
 from pytreestore.backends import Backend, OcdbtDatabase, is_ocdbt
 from pytreestore.backends._packed import packed
+from pytreestore.backends._readonly import ReadOnly
 from pytreestore.errors import NotAStoreError, StoreNotFoundError
 
 
@@ -128,10 +129,11 @@ def read_root(engine: Backend, location: Location) -> bytes:
     """
     raw = engine.read_bytes(ROOT_KEY)
     if raw is None:
-        if not isinstance(engine, OcdbtDatabase) and is_ocdbt(location):
+        reader = engine.inner if isinstance(engine, ReadOnly) else engine  # over HTTP
+        if not isinstance(reader, OcdbtDatabase) and is_ocdbt(location):
             raise NotAStoreError(
                 f"{location} is a store in an OCDBT database, which this backend "
-                f"({type(engine).__name__}) cannot read: open it with backend='ocdbt' (or "
+                f"({type(reader).__name__}) cannot read: open it with backend='ocdbt' (or "
                 "without backend=). zarr-python cannot read OCDBT; for a plain zarr copy run "
                 f"pytreestore.copy({str(location)!r}, DEST, backend='tensorstore') (or "
                 "`pytreestore copy SRC DEST --backend tensorstore`)"

@@ -36,7 +36,8 @@ from pytreestore._format.columns import ColumnSpec
 from pytreestore._location import Location
 from pytreestore._open import open as _open
 from pytreestore._open.reader import read_root
-from pytreestore.backends import default_backend, get_backend
+from pytreestore.backends import default_backend
+from pytreestore.backends._registry import backend_at
 from pytreestore.errors import ClassResolutionError, CorruptStoreError, SchemaMismatchError
 
 
@@ -147,7 +148,7 @@ def stored_like(
 ) -> Any:
     """A record of the store at ``path`` as its root schema describes it, of stand-ins."""
     location = Location.parse(path, storage_options)
-    engine = get_backend(backend or default_backend(location))(location)
+    engine = backend_at(backend or default_backend(location), location)
     info = _validate.root_schema(read_root(engine, location), str(location))
     columns = [ColumnSpec.from_json(c) for c in info["columns"]]
     return like_of(info["tree"], [(c.dtype, c.shape) for c in columns])

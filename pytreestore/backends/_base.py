@@ -8,8 +8,9 @@ conformance suite (:mod:`pytreestore.testing.conformance`) tests only where a ba
 
 Construction:
     ``Backend(location, **options)``: ``location`` is a parsed
-    :class:`~pytreestore._location.Location` (``file``, ``memory``, ``s3`` or ``gcs``, with its
-    storage options); ``options`` are engine settings (the shipped backends take none).
+    :class:`~pytreestore._location.Location` (``file``, ``memory``, ``s3``, ``gcs`` or ``http``,
+    with its storage options; at an ``http`` location, which is read-only, the package wraps
+    the backend in :class:`~pytreestore.backends._readonly.ReadOnly`); ``options`` are engine settings (the shipped backends take none).
     Constructing does no I/O that can fail on a missing store. Register a factory under a name
     with :func:`pytreestore.backends.register_backend` to make ``backend="name"`` work in
     ``create``, ``open`` and ``copy``.

@@ -1,7 +1,10 @@
 """The backend registry: the names ``backend=`` accepts in ``create``, ``open`` and ``copy``.
 
 ``"zarr"`` is a factory, not a class: it makes a :class:`ZarrS3Backend` for an ``s3://``
-location and a :class:`ZarrBackend` elsewhere (which refuses locations it cannot store at).
+location, a :class:`ZarrHttpBackend` for an ``http(s)://`` one and a :class:`ZarrBackend`
+elsewhere (which refuses locations it cannot store at). :func:`backend_at` is how the package
+makes the backend of a location: at a read-only location (``http(s)://``) whatever backend is
+named comes wrapped in :class:`~pytreestore.backends._readonly.ReadOnly`.
 
 Example:
     >>> from pytreestore._location import Location
@@ -16,23 +19,28 @@ from typing import Any
 
 from pytreestore._location import Location
 from pytreestore.backends._base import Backend
+from pytreestore.backends._readonly import read_only
 from pytreestore.backends._tensorstore.backend import TensorStoreBackend
 from pytreestore.backends._tensorstore.database import is_ocdbt
 from pytreestore.backends._tensorstore.ocdbt import OcdbtBackend
 from pytreestore.backends._zarr.backend import ZarrBackend
+from pytreestore.backends._zarr.http import ZarrHttpBackend
 from pytreestore.backends._zarr.s3 import ZarrS3Backend
 from pytreestore.errors import UnknownBackendError
 
 
 def zarr_backend(location: Location, **options: Any) -> ZarrBackend:
-    """The zarr backend of ``location``: :class:`ZarrS3Backend` on ``s3://``, else
-    :class:`ZarrBackend` (local disk, ``memory://``; it refuses ``gs://`` and the like).
+    """The zarr backend of ``location``: :class:`ZarrS3Backend` on ``s3://``,
+    :class:`ZarrHttpBackend` on ``http(s)://``, else :class:`ZarrBackend` (local disk,
+    ``memory://``; it refuses ``gs://`` and the like).
 
     Raises:
         BadLocationError: the zarr backends do not store at ``location``.
     """
     if location.kind == "s3":
         return ZarrS3Backend(location, **options)
+    if location.kind == "http":
+        return ZarrHttpBackend(location, **options)
     return ZarrBackend(location, **options)
 
 
@@ -97,6 +105,16 @@ def default_backend(location: Location) -> str:
     return "ocdbt" if is_ocdbt(location) else "tensorstore"
 
 
+def backend_at(name: str, location: Location) -> Backend:
+    """The backend registered as ``name``, made for ``location``: read-only at a read-only
+    location (:func:`~pytreestore.backends._readonly.read_only`).
+
+    Raises:
+        UnknownBackendError: no backend is registered under ``name``.
+    """
+    return read_only(get_backend(name), location)
+
+
 def get_backend(name: str) -> BackendFactory:
     """The factory registered under ``name``.
 
@@ -114,6 +132,7 @@ def get_backend(name: str) -> BackendFactory:
 
 __all__ = [
     "BackendFactory",
+    "backend_at",
     "default_backend",
     "get_backend",
     "register_backend",

@@ -72,8 +72,9 @@ def is_ocdbt(location: Location) -> bool:
     spec, cleanup = kvstore_spec(location)
     try:
         context = memory_context() if location.kind == "memory" else ts.Context()
-        base = _futures.result(ts.KvStore.open(spec, context=context), None)
-        return _futures.result(base.read(MANIFEST), None).state == "value"
+        timeout = getattr(location.options, "total_timeout", None)
+        base = _futures.result(ts.KvStore.open(spec, context=context), timeout)
+        return _futures.result(base.read(MANIFEST), timeout).state == "value"
     except ValueError:
         return False  # unreachable storage: the store's own open reports it
     finally:

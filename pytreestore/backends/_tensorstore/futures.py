@@ -36,6 +36,8 @@ _DAMAGED = ("DATA_LOSS", "FAILED_PRECONDITION", "INVALID_ARGUMENT", "OUT_OF_RANG
 #: what TensorStore says (FAILED_PRECONDITION) when an OCDBT database's manifest now belongs to
 #: another database than the one a handle opened (``create(overwrite=True)`` put a new one there)
 _OTHER_DATABASE = "Configuration mismatch on uuid"
+#: what TensorStore says when a web server answered a byte-range request with the whole file
+_NO_RANGES = "was ignored by server"
 
 
 def wait(
@@ -82,8 +84,8 @@ def wait(
 def is_damage(err: ValueError) -> bool:
     """Whether a read failed on bytes it could not decode, or on a chunk that is missing."""
     status = str(err).split(":", 1)[0]
-    if _OTHER_DATABASE in str(err):
-        return False  # not damage: another store (storage_error)
+    if _OTHER_DATABASE in str(err) or _NO_RANGES in str(err):
+        return False  # not damage: another store, a web server's limits (storage_error)
     return status in _DAMAGED or (status == "NOT_FOUND" and "is missing" in str(err))
 
 
@@ -120,6 +122,13 @@ def storage_error(doing: str, err: Exception) -> PyTreeStoreError:
     loop = symlink_loop(doing, err)
     if loop is not None:
         return loop
+    if _NO_RANGES in str(err):
+        return StorageError(
+            f"{doing} failed: the web server ignored a byte-range request ({err}). Sharded "
+            "columns (create(inner_chunk_bytes=...)) and OCDBT stores are read in parts: serve "
+            "them from a server that answers Range requests (nginx, Apache, object stores), or "
+            "copy the store to local disk first."
+        )
     if _OTHER_DATABASE in str(err):
         return StoreReplacedError(
             f"{doing} failed: the OCDBT database there was replaced by another since this store "

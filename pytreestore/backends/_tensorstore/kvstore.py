@@ -1,4 +1,5 @@
-"""TensorStore kvstore specs for every kind of location: ``file``, ``memory``, ``s3``, ``gcs``.
+"""TensorStore kvstore specs for every kind of location: ``file``, ``memory``, ``s3``, ``gcs``,
+``http`` (read-only: TensorStore's ``http`` driver reads and never lists or writes).
 
 Example:
     >>> from pytreestore._location import Location
@@ -17,7 +18,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from pytreestore._location import GCSOptions, Location, S3Options
+from pytreestore._location import GCSOptions, HTTPOptions, Location, RemoteOptions, S3Options
 
 _PROFILE = "pytreestore"
 
@@ -31,9 +32,12 @@ def kvstore_spec(location: Location) -> tuple[dict[str, Any], Callable[[], None]
         return {"driver": "memory", "path": location.root + "/"}, _nothing
     if location.kind == "file":
         return {"driver": "file", "path": location.root + "/"}, _nothing
-    path = location.prefix + "/" if location.prefix else ""
-    if isinstance(location.options, S3Options | GCSOptions):
+    if isinstance(location.options, S3Options | GCSOptions | HTTPOptions):
         _set_http_timeouts(location.options)
+    if location.kind == "http":
+        assert isinstance(location.options, HTTPOptions)
+        return _http_spec(location.root, location.options), _nothing
+    path = location.prefix + "/" if location.prefix else ""
     if location.kind == "s3":
         assert isinstance(location.options, S3Options)
         return _s3_spec(location.bucket, path, location.options)
@@ -47,7 +51,7 @@ def _nothing() -> None:
     return None
 
 
-def _set_http_timeouts(opts: S3Options | GCSOptions) -> None:
+def _set_http_timeouts(opts: RemoteOptions) -> None:
     """Sets TensorStore's (process-wide) HTTP timeouts from ``opts``, unless already set."""
     env = os.environ
     if opts.connect_timeout is not None:
@@ -63,7 +67,7 @@ def _whole(seconds: float) -> int:
     return max(1, round(seconds))
 
 
-def _retries(opts: S3Options | GCSOptions) -> dict[str, Any] | None:
+def _retries(opts: RemoteOptions) -> dict[str, Any] | None:
     if opts.max_retries is None and opts.retry_delay is None and opts.retry_max_delay is None:
         return None
     out: dict[str, Any] = {}
@@ -129,6 +133,15 @@ def _gcs_spec(bucket: str, path: str, opts: GCSOptions) -> dict[str, Any]:
         spec["gcs_request_retries"] = retries
     if opts.request_concurrency is not None:
         spec["gcs_request_concurrency"] = {"limit": opts.request_concurrency}
+    return spec
+
+
+def _http_spec(url: str, opts: HTTPOptions) -> dict[str, Any]:
+    spec: dict[str, Any] = {"driver": "http", "base_url": url + "/", "path": ""}
+    if opts.headers:
+        spec["headers"] = [f"{name}: {value}" for name, value in opts.headers.items()]
+    if (retries := _retries(opts)) is not None:
+        spec["http_request_retries"] = retries
     return spec
 
 
