@@ -438,7 +438,8 @@ INDICES = [
         "columns-not-a-string",
         lambda s, t: s.load(columns=[3]),
         TypeError,
-        "columns takes tree-path strings, got 3",
+        "columns= takes tree-path strings, or a mask: a pytree of bools (True selects the "
+        "column, False leaves it out); at [0] it holds int 3",
     ),
 ]
 

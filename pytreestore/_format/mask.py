@@ -90,8 +90,9 @@ def _flag(node: Any, where: str) -> bool | None:
     if dtype == np.bool_ and shape == ():
         return bool(node)
     raise ArgumentTypeError(
-        f"a columns= mask holds bools (True selects the column, False leaves it out); at "
-        f"{where or 'the root'} it holds {type(node).__name__} {node!r:.60}"
+        f"columns= takes tree-path strings, or a mask: a pytree of bools (True selects the "
+        f"column, False leaves it out); at {where or 'the root'} it holds "
+        f"{type(node).__name__} {node!r:.60}"
         + (" (a padded batch's data mask is no column mask)" if shape else "")
     )
 
