@@ -162,8 +162,8 @@ def test_unknown_column(schema):
 
 
 def test_a_selector_must_be_a_string(schema):
-    with pytest.raises(TypeError, match=re.escape("columns takes tree-path strings, got 3")):
-        build(schema, columns=[3])
+    with pytest.raises(TypeError, match=re.escape("tree-path strings, or a mask")):
+        build(schema, columns=[3])  # a list that is no list of strings is read as a mask
 
 
 def test_a_sharding_must_be_a_sharding(schema):
