@@ -177,7 +177,7 @@ CALLS: list[tuple[str, Callable[[Ctx, Any], Any], list[Any]]] = [
     ),
     ("copy-codec", lambda c, v: pytreestore.copy(c.path, c.out, codec=v), [5, "x", True, []]),
     ("load-index", lambda c, v: c.r.load(v), [None, "x", 1.5, N, 2**70, {}, object()]),
-    ("load-columns", lambda c, v: c.r.load(columns=v), [5, 1.5, True, [3], {}, object(), "['z']"]),
+    ("load-columns", lambda c, v: c.r.load(columns=v), [5, 1.5, [3], {}, object(), "['z']"]),
     ("load-cast", lambda c, v: c.r.load(cast=v), [5, "x", 1.5, []]),
     ("load-device", lambda c, v: c.r.load(device=v), [5, "x", [], object()]),
     ("load-sharding", lambda c, v: c.r.load(sharding=v), [5, "x", [], object()]),

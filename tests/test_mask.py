@@ -85,6 +85,12 @@ def test_a_mask_subtree_the_store_lacks_is_refused_with_its_keypath():
         selectors({"a": True, "q": {"z": False}}, ("['a']",))
     with pytest.raises(UnknownColumnError, match=r"subtree at \['q'\]"):
         selectors({"a": True, "q": False}, ("['a']",))
+    with pytest.raises(UnknownColumnError, match=r"empty dict at the root.*columns: \['a'\]"):
+        selectors({}, ("['a']",))
+    with pytest.raises(UnknownColumnError, match=r"empty list at \['b'\]"):
+        selectors({"a": True, "b": []}, ("['a']", "['b'][0]"))  # a list of fixed length
+    # empty matches empty: a ragged list with no items, a node the store holds no column under
+    assert selectors({"a": True, "p": [], "e": {}}, ("['a']", "['p'][*]['x']")) == ["['a']"]
 
 
 # ---- on stores ----------------------------------------------------------------------------------

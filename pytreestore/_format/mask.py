@@ -64,11 +64,20 @@ def _walk(node: Any, where: str, at: str, paths: tuple[str, ...], chosen: list[s
         else:
             _check_exists(at, where, paths)
         return
-    _check_exists(at, where, paths)
-    ragged = _exists(at + _ANY, paths)
     level = _nodes.one_level(node)
     assert level is not None  # a leaf is a flag or refused by _flag
     _, entries, children = level
+    ragged = _exists(at + _ANY, paths)
+    if not children:  # an empty node: a ragged list with no items, or the store's empty node
+        if _exists(at, paths) and not (ragged and isinstance(node, list | tuple)):
+            raise UnknownColumnError(
+                f"the columns= mask has an empty {type(node).__name__} at {where or 'the root'}, "
+                f"where the store has columns: "
+                f"{', '.join(p for p in paths if _keys.is_under(p, at))}; build the mask "
+                f"from a record of the store"
+            )
+        return
+    _check_exists(at, where, paths)
     if ragged and isinstance(node, list | tuple):
         for entry, child in zip(entries, children):
             _walk(child, where + _keys.path_str((entry,)), at + _ANY, paths, chosen)
