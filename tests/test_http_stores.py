@@ -4,6 +4,7 @@ URLs, which name the local store at their path."""
 
 from __future__ import annotations
 
+import html
 import re
 import shutil
 import threading
@@ -71,6 +72,24 @@ def test_every_kind_of_store_reads_over_http(site, name, backend):
     assert report.ok, report
     assert [(v.version, v.records) for v in store.versions()] == [(0, 0), (1, 9), (2, 12)]
     store.close()
+
+
+@pytest.mark.parametrize(("name", "backend"), MATRIX, ids=[f"{k}-{b}" for k, b in MATRIX])
+def test_the_notebook_view_over_http_says_what_it_cannot_list(site, name, backend):
+    """The view shows values read over HTTP, and says that versions and tags are not listed
+    (a web server cannot list; it used to show "1 kept" and no tags)."""
+    url, folder, faults, written = site
+    store = pytreestore.open(f"{url}/{name}-{backend}", backend=backend)
+    sent = len(faults.requests)
+    page = re.sub(r"<style.*?</style>", "", store._repr_html_(), flags=re.S)
+    text = html.unescape(re.sub(r"<[^>]+>", " ", page))
+    assert "version 2 · versions and tags not listed: a web server cannot list them" in text
+    assert "kept" not in text and "pts-error" not in page
+    assert len(faults.requests) - sent < 200  # no request per version
+    local = pytreestore.open(folder / f"{name}-{backend}", backend=backend)._repr_html_()
+    assert "3 kept" in html.unescape(local) and "nine-plus (version 2)" in local
+    assert "record 0" in text and "record 11" in text  # the values were read over HTTP
+    assert len(written[name, backend]) == 12
 
 
 @pytest.mark.parametrize("backend", READERS)

@@ -30,6 +30,7 @@ from pytreestore._commit import versions as _versions
 from pytreestore._commit.record import Commit
 from pytreestore._format.schema import TreeSchema
 from pytreestore._read.reader import ReadContext
+from pytreestore.backends import KeyListing
 
 #: the records whose lengths an axis's range is taken over, at most (the offsets of the
 #: first ones: a read of one chunk of offsets per axis at the default chunk size)
@@ -130,7 +131,7 @@ class Versions:
     """The version the store reads, how many the log keeps, and the tags."""
 
     version: int
-    kept: int
+    kept: int | None  # None: the store's keys cannot be listed (a web server)
     tags: tuple[tuple[str, int], ...]
     error: str | None = None
 
@@ -138,6 +139,11 @@ class Versions:
     def text(self) -> str:
         if self.error is not None:
             return self.error
+        if self.kept is None:
+            return (
+                f"version {self.version} · versions and tags not listed: a web server cannot "
+                "list them (store.versions() looks each one up)"
+            )
         return f"version {self.version} · {self.kept:,} kept"
 
 
@@ -262,6 +268,8 @@ def _version_facts(store: Glanced) -> Versions:
     lists them (those before the latest commit, and it) from a listing, none of them read."""
     try:
         with store.read_context().reading() as engine:
+            if not isinstance(engine, KeyListing):  # a display sends no request per version
+                return Versions(store.commit_now().generation, None, ())
             latest = Commit.read(engine, store.path)
             before = [n for n in _versions.numbers(engine) if n < latest.generation]
             tags = _versions.tags(engine, store.path)
