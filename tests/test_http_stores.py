@@ -8,6 +8,7 @@ import html
 import re
 import shutil
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -335,3 +336,30 @@ def test_a_file_url_is_the_store_at_its_path(tmp_path, backend, name):
     kinds.assert_same([store[i] for i in range(2, 5)], records[2:5])
     assert store.path == str(folder / "s")
     shutil.rmtree(folder)
+
+
+@pytest.mark.parametrize("backend", READERS)
+def test_a_forked_child_gets_a_clear_error_not_a_hang(site, backend):
+    """A child forked after the parent read over HTTP: TensorStore would abort it and obstore
+    (the zarr backend) would wait forever; both raise ForkedBackendError, naming 'spawn'."""
+    from pytreestore.errors import ForkedBackendError
+    from tests.test_misuse import run_in_child
+
+    url, _, _, written = site
+    at = f"{url}/fixed-{backend}"
+    store = pytreestore.open(at, backend=backend)
+    kinds.assert_same(store[3], written["fixed", backend][3])
+
+    def refused(call: Any) -> int:
+        try:
+            call()
+        except ForkedBackendError as err:
+            return int("'spawn'" in str(err) and at in str(err))
+        return 0
+
+    def child() -> int:
+        count = refused(lambda: store.load(slice(0, 12), as_numpy=True))
+        return count + refused(lambda: pytreestore.open(at, backend=backend).load(as_numpy=True))
+
+    assert run_in_child(child) == 2
+    kinds.assert_same(store[7], written["fixed", backend][7])  # the parent reads on

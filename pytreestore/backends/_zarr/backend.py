@@ -86,6 +86,7 @@ from pytreestore.backends._links import link_files
 from pytreestore.backends._metadata import array_document, encode_document
 from pytreestore.backends._unstored import Unstored
 from pytreestore.backends._zarr import dtypes as _zarr_dtypes
+from pytreestore.backends._zarr import forked
 from pytreestore.backends._zarr.aio import collect, gather, run
 from pytreestore.backends._zarr.stores import ChunksRequired, memory_dict, open_local_store
 from pytreestore.errors import (
@@ -113,6 +114,9 @@ class ZarrBackend(
     S3), KeyListing, BatchedReads, ChunkCopies (hard links locally, raw bytes elsewhere),
     PartialReads, ManyReads.
     """
+
+    #: whether requests go through obstore (S3, web servers), which a forked child cannot use
+    _obstore_io = False
 
     def __init__(self, location: Location) -> None:
         _zarr_dtypes.register()
@@ -231,6 +235,8 @@ class ZarrBackend(
         return None if buffer is None else buffer.to_bytes()
 
     def _call(self, coroutine: Awaitable[_T], doing: str) -> _T:
+        if self._obstore_io:
+            forked.check(self._location)
         return run(coroutine, doing, self._errors)
 
     # ---- columns -----------------------------------------------------------------------------

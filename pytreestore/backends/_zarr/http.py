@@ -55,6 +55,8 @@ def http_settings(location: Location) -> dict[str, Any]:
 class ZarrHttpBackend(ZarrBackend):
     """:class:`ZarrBackend` reading a store from a web server (see the module)."""
 
+    _obstore_io = True
+
     def __init__(self, location: Location) -> None:
         super().__init__(location)
         self._errors = (OSError, import_obstore(location).exceptions.BaseError)

@@ -195,6 +195,8 @@ class ZarrS3Backend(ZarrBackend):
     Capabilities (those of :class:`ZarrBackend`): ConditionalWrites, KeyListing, BatchedReads.
     """
 
+    _obstore_io = True
+
     def __init__(self, location: Location) -> None:
         super().__init__(location)
         self._obstore = import_obstore(location)
