@@ -302,7 +302,14 @@ def _check_directory(path: str, root: Path) -> None:
     """Raises :class:`BadLocationError` if ``root``, or the nearest of its parents that
     exists, is not a directory (a store is a directory)."""
     for folder in (root, *root.parents):
-        if folder.exists():
+        try:
+            exists = folder.exists()
+        except OSError as err:  # a name too long for the file system, a path it refuses
+            raise BadLocationError(
+                f"{path!r} cannot be a store's directory: {err.strerror or err} "
+                f"(errno {err.errno}). Choose a shorter path, or one the file system takes."
+            ) from err
+        if exists:
             if not folder.is_dir():
                 what = "is a file" if folder == root else f"is below {folder}, which is a file"
                 raise BadLocationError(

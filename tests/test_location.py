@@ -6,8 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import pytreestore
 from pytreestore._location import GCSOptions, HTTPOptions, Location, S3Options
 from pytreestore.errors import BadLocationError, ReadOnlyError
 
@@ -209,3 +211,16 @@ def test_writing_to_a_read_only_location_is_refused_by_name(tmp_path):
     with pytest.raises(ReadOnlyError, match=re.escape("cannot create a store at http://h/s: ")):
         Location.parse("http://h/s").check_writable("create a store")
     Location.parse(tmp_path).check_writable("create a store")  # a local one: no error
+
+
+@pytest.mark.parametrize("name", ["a" * 300, "/".join(["b" * 200] * 30)])
+def test_a_name_the_file_system_refuses_is_a_bad_location(tmp_path, name):
+    """A name too long (ENAMETOOLONG) raised a raw OSError from every open and create."""
+    path = str(tmp_path / name)
+    with pytest.raises(
+        BadLocationError, match=r"cannot be a store's directory: File name too long"
+    ):
+        Location.parse(path)
+    with pytest.raises(BadLocationError, match="Choose a shorter path"):
+        pytreestore.create(path, {"a": np.int8(1)})
+    assert list(tmp_path.iterdir()) == []
