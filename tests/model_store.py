@@ -17,6 +17,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 import pytreestore
@@ -266,6 +267,14 @@ def check_contents(store: pytreestore.TreeStore, state: State, note: str, exact:
         if state.rows:
             want = nest(state.rows[last])
             assert_trees_equal(store.load(last, as_numpy=True), want, err_msg=f"{note} [{last}]")
+            if exact:  # columns= as a mask shaped like a record: one column, as its keypath
+                one = sorted(c.keypath for c in state.columns)[0]
+                mask = {c.path: c.keypath == one for c in state.columns}
+                assert_trees_equal(
+                    store.load(columns=nest(mask), as_numpy=True),
+                    store.load(columns=one, as_numpy=True),
+                    err_msg=f"{note}, a mask selecting {one}",
+                )
         return
     pending = set(store.schema.pending)
     assert not pending & shown(state.rows), f"{note}: {pending} pending, yet records show it"
@@ -273,6 +282,10 @@ def check_contents(store: pytreestore.TreeStore, state: State, note: str, exact:
         like = full_like(state.extras)
         want = pytreestore.stack(list(state.rows), like=like, as_numpy=True, **RAGGED_DECL)
         assert_trees_equal(store.load(as_numpy=True), want, err_msg=f"{note}, padded load")
+        if exact:  # columns= as a mask shaped like the padded batch: every column
+            mask = jax.tree.map(lambda _: True, want[0])
+            got = store.load(columns=mask, as_numpy=True)
+            assert_trees_equal(got, want, err_msg=f"{note}, a batch-shaped mask of every column")
     if state.rows and not exact:
         got = store.load(last, as_numpy=True)
         assert_trees_equal(got, state.rows[last], err_msg=f"{note}, record {last}")
