@@ -13,33 +13,14 @@ Example:
 
 from __future__ import annotations
 
-from pytreestore._platform import at_fork
-from pytreestore.errors import ForkedBackendError
+from pytreestore.backends._forked import ForkGuard
 
-#: whether this process has issued TensorStore I/O, and whether its parent had before a fork
-_state = {"used": False, "forked": False}
+#: raises ForkedBackendError in a child forked from a process that had used TensorStore
+check = ForkGuard(
+    "TensorStore",
+    "",
+    "it would abort the process",
+    ", or open the store in the child with backend='zarr' (file and S3 stores)",
+).check
 
-
-def check(where: object) -> None:
-    """Raises :class:`ForkedBackendError` if this process was forked from one that had used
-    TensorStore; otherwise notes that this process uses it.
-
-    Args:
-        where: the store (its location) the call was for, named in the error.
-    """
-    if _state["forked"]:
-        raise ForkedBackendError(
-            f"{where}: this process was forked (os.fork, or multiprocessing's 'fork' start "
-            "method) from one that had already used TensorStore, and TensorStore cannot run in "
-            "such a child (it would abort the process). Start worker processes with the "
-            "'spawn' or 'forkserver' start method and pass them the pickled reader, or open "
-            "the store in the child with backend='zarr' (file and S3 stores)"
-        )
-    _state["used"] = True
-
-
-def _after_fork_in_child() -> None:
-    _state["forked"] = _state["forked"] or _state["used"]
-
-
-at_fork(_after_fork_in_child)
+__all__ = ["check"]
