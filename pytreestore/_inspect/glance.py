@@ -24,10 +24,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
-from jax.tree_util import keystr, tree_flatten_with_path
+from jax.tree_util import keystr
 
 from pytreestore._commit import versions as _versions
 from pytreestore._commit.record import Commit
+from pytreestore._format.nodes import one_level
 from pytreestore._format.schema import TreeSchema
 from pytreestore._read.reader import ReadContext
 from pytreestore.backends import KeyListing
@@ -209,12 +210,12 @@ def _values(node: Any, pattern: str, lists: frozenset[str]) -> Iterator[tuple[st
         if not node:
             yield pattern + "[*]", _EMPTY
         return
-    flat, sub = tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
-    if sub.num_nodes == 1 and sub.num_leaves == 1:
+    level = one_level(node)
+    if level is None:
         if isinstance(node, np.ndarray | np.generic):
             yield pattern, node
         return
-    for (entry, *_), child in flat:
+    for entry, child in zip(level[1], level[2]):
         yield from _values(child, pattern + keystr((entry,)), lists)
 
 

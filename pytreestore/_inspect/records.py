@@ -22,10 +22,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from jax.tree_util import keystr, tree_flatten_with_path
+from jax.tree_util import keystr
 
 from pytreestore._format import consts as _consts
 from pytreestore._format.kinds import child_entry
+from pytreestore._format.nodes import one_level
 from pytreestore._format.ragged import NO_TABLES, RaggedInfo
 
 #: How many values a summary line shows of each leaf, at most.
@@ -202,15 +203,15 @@ def _walk(
         if pattern in optional:
             yield where, "None"
         return
-    flat, sub = tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
-    if sub.num_nodes == 1 and sub.num_leaves == 1:
+    level = one_level(node)
+    if level is None:
         if isinstance(node, np.ndarray | np.generic):
             yield where, node
         return
     ragged_list = isinstance(node, list) and pattern in lists
     if ragged_list:
         yield where, f"list[{len(node)}]"
-    for (entry, *_), child in flat:
+    for entry, child in zip(level[1], level[2]):
         step = "[*]" if ragged_list else keystr((entry,))
         yield from _walk(child, (*path, entry), pattern + step, lists, optional)
 
