@@ -48,73 +48,77 @@ def selectors(mask: Any, paths: Sequence[str], consts: Sequence[str] = ()) -> li
         UnknownColumnError: a mask node where the store has no column (its keypath named).
     """
     chosen: list[str] = []
-    _walk(mask, "", "", (*paths, *consts), chosen)
+    _walk(mask, "", "", _Store((*paths, *consts)), chosen)
     return chosen
 
 
-def _walk(node: Any, where: str, at: str, paths: tuple[str, ...], chosen: list[str]) -> None:
+class _Store:
+    """The store's leaves' keypaths, and every node at or above one (each keypath cut where
+    one of its entries starts): :func:`~pytreestore._format.keys.is_under` as a set lookup."""
+
+    def __init__(self, paths: tuple[str, ...]) -> None:
+        self.paths = paths
+        cuts = {p[:i] for p in paths for i, c in enumerate(p) if c in ".["}
+        self.nodes = frozenset(cuts | set(paths))
+
+    def below(self, at: str) -> list[str]:
+        return [p for p in self.paths if _keys.is_under(p, at)]
+
+
+def _walk(node: Any, where: str, at: str, store: _Store, chosen: list[str]) -> None:
     """Walks the mask ``node``, found at ``where`` in the mask and standing for the store's
     node ``at``."""
     if node is None:
         return
-    flag = _flag(node, where)
-    if flag is not None:
-        if flag:
+    level = _nodes.one_level(node)
+    if level is None:
+        if _flag(node, where):
             chosen.append(at)  # select() refuses one that names no column
         else:
-            _check_exists(at, where, paths)
+            _check_exists(at, where, store)
         return
-    level = _nodes.one_level(node)
-    assert level is not None  # a leaf is a flag or refused by _flag
     _, entries, children = level
-    ragged = _exists(at + _ANY, paths)
+    ragged = at + _ANY in store.nodes
     if not children:  # an empty node: a ragged list with no items, or the store's empty node
-        if _exists(at, paths) and not (ragged and isinstance(node, list | tuple)):
+        if at in store.nodes and not (ragged and isinstance(node, list | tuple)):
             raise UnknownColumnError(
                 f"the columns= mask has an empty {type(node).__name__} at {where or 'the root'}, "
-                f"where the store has columns: "
-                f"{', '.join(p for p in paths if _keys.is_under(p, at))}; build the mask "
+                f"where the store has columns: {', '.join(store.below(at))}; build the mask "
                 f"from a record of the store"
             )
         return
-    _check_exists(at, where, paths)
+    _check_exists(at, where, store)
     if ragged and isinstance(node, list | tuple):
         for entry, child in zip(entries, children):
-            _walk(child, where + _keys.path_str((entry,)), at + _ANY, paths, chosen)
+            _walk(child, where + _keys.path_str((entry,)), at + _ANY, store, chosen)
         return
     if ragged:  # a padded batch's mask: the stacked element stands for every item
         at += _ANY
     for entry, child in zip(entries, children):
         step = _keys.path_str((entry,))
-        _walk(child, where + step, at + step, paths, chosen)
+        _walk(child, where + step, at + step, store, chosen)
 
 
-def _flag(node: Any, where: str) -> bool | None:
-    """A mask leaf's bool; None for a node with children."""
-    if isinstance(node, bool | np.bool_):
-        return bool(node)
-    if _nodes.one_level(node) is not None:
-        return None
-    dtype, shape = getattr(node, "dtype", None), getattr(node, "shape", None)
+def _flag(leaf: Any, where: str) -> bool:
+    """A mask leaf's bool."""
+    if isinstance(leaf, bool | np.bool_):
+        return bool(leaf)
+    dtype, shape = getattr(leaf, "dtype", None), getattr(leaf, "shape", None)
     if dtype == np.bool_ and shape == ():
-        return bool(node)
+        return bool(leaf)
     raise ArgumentTypeError(
         f"columns= takes tree-path strings, or a mask: a pytree of bools (True selects the "
         f"column, False leaves it out); at {where or 'the root'} it holds "
-        f"{type(node).__name__} {node!r:.60}"
+        f"{type(leaf).__name__} {leaf!r:.60}"
         + (" (a padded batch's data mask is no column mask)" if shape else "")
     )
 
 
-def _exists(at: str, paths: tuple[str, ...]) -> bool:
-    return any(_keys.is_under(p, at) for p in paths)
-
-
-def _check_exists(at: str, where: str, paths: tuple[str, ...]) -> None:
-    if not _exists(at, paths):
+def _check_exists(at: str, where: str, store: _Store) -> None:
+    if at not in store.nodes:
         raise UnknownColumnError(
             f"the columns= mask has a subtree at {where or 'the root'}, where the store has no "
             f"column; build the mask from a record of the store (e.g. "
             f"jax.tree.map(lambda _: False, store.load(0))). The store's columns are "
-            f"{', '.join(paths)}"
+            f"{', '.join(store.paths)}"
         )
