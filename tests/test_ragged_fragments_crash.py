@@ -83,7 +83,8 @@ def child(path: str, backend: str, point: str, out: str) -> None:
         records = [ragged_record(i) for i in range(start, start + n)]
         fragment = pytreestore.write_fragment(path, records, backend=backend)
         texts.append(fragment.to_json())
-        Path(out).write_text(json.dumps(texts))
+        Path(out + ".tmp").write_text(json.dumps(texts))
+        os.replace(out + ".tmp", out)  # a kill mid-write leaves the last whole list
         start += n
     if point == "before_commit":
         _die()
