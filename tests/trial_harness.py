@@ -13,8 +13,9 @@ Jobs (one JSON object per line on the zygote's stdin):
   ``append`` / ``extend`` / ``extend_batch`` / ``flush`` calls. Before each call it logs
   ``op KIND FROM TO`` (records appended before and after the call) and after it
   ``done COMMITTED``. Commits happen at flush, at chunk boundaries and at the end of an
-  ``extend_batch`` that reaches a chunk boundary (it writes its tail chunk too) only, so a
-  kill in the middle of a call leaves one of :func:`possible_commits`.
+  ``extend_batch`` or a list ``extend`` that reaches a chunk boundary (it writes its tail
+  chunk too) only, so a kill in the middle of a call leaves one of
+  :func:`possible_commits`.
 * ``ragged_writer``: the same for a ragged store (:func:`ragged_record`), with ``append``,
   ``extend`` and ``flush`` calls only; a store created ``pending`` learns the structure of
   its lists and optional subtree from the first records that have them.
@@ -89,8 +90,8 @@ def possible_commits(log: list[str], chunk: int) -> tuple[set[int], int]:
     last one it reported.
 
     A finished call reported its committed count; a call cut short may have committed at any
-    chunk boundary it crossed, or (a flush, an ``extend_batch`` reaching a chunk boundary)
-    everything appended so far. Full chunks that ``append`` handed to the background writer
+    chunk boundary it crossed, or (a flush, an ``extend_batch`` or a list ``extend`` reaching
+    a chunk boundary) everything appended so far. Full chunks that ``append`` handed to the background writer
     may be committed after the call that filled them reported (issue 32): any chunk boundary
     up to the records appended so far.
     """
@@ -120,7 +121,8 @@ def possible_commits(log: list[str], chunk: int) -> tuple[set[int], int]:
         options.update(range((committed // chunk + 1) * chunk, upto + 1, chunk))
         if kind in ("flush", "tag"):  # a tag flushes first
             options.add(upto)
-        if kind == "batch" and upto // chunk > start // chunk:  # its tail with its chunks
+        # a list extend is written as one batch too: its tail with its chunks
+        if kind in ("batch", "extend") and upto // chunk > start // chunk:
             options.add(upto)
     return options, committed
 
