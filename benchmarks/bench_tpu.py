@@ -141,7 +141,7 @@ def case_bulk(tmp: Path, q: bool, repeats: int) -> list[dict]:
         store = _write(tmp / f"bulk-{codec}", data, codec=codec)
         _check(store.load(), data)
         ours, floor = _side_by_side(store.load, lambda: jax.device_put(data), repeats)
-        host, _ = _side_by_side(lambda: store.load(as_numpy=True), lambda: 0, repeats)
+        host, _ = _side_by_side(lambda s=store: s.load(as_numpy=True), lambda: 0, repeats)
         nb = _nbytes(data)
         rows.append(
             _row(
@@ -219,20 +219,19 @@ def case_batches(tmp: Path, q: bool, repeats: int) -> list[dict]:
         )
     )
     # a step as long as one batch's load: find the depth, then prefetch 2 against 0
-    load_one = statistics.median(
-        _timed(lambda: store.load(slice(0, b)), 5 if q else 9)
-    )
+    load_one = statistics.median(_timed(lambda: store.load(slice(0, b)), 5 if q else 9))
     depth = 1
     while depth < 4096:
         heavy = _mlp(256, depth)
         x, y = jax.device_put((data["x"][:b], data["y"][:b]))
         _ready(heavy(params, x, y))
-        if statistics.median(_timed(lambda heavy=heavy, x=x, y=y: heavy(params, x, y), 5)) >= load_one:
+        if (
+            statistics.median(_timed(lambda heavy=heavy, x=x, y=y: heavy(params, x, y), 5))
+            >= load_one
+        ):
             break
         depth *= 2
-    two, zero = _side_by_side(
-        lambda: epoch_ours(heavy, 2), lambda: epoch_ours(heavy, 0), repeats
-    )
+    two, zero = _side_by_side(lambda: epoch_ours(heavy, 2), lambda: epoch_ours(heavy, 0), repeats)
     rows.append(
         _row(
             f"batches, step ~ one load ({load_one * 1e3:.1f} ms, depth {depth}): "
@@ -346,12 +345,18 @@ def case_ragged(tmp: Path, q: bool, repeats: int) -> list[dict]:
 
     batch, mask = store.load(ragged="pad", pad_to=pad_to)
     want_batch, want_mask = floor()
+    np.testing.assert_array_equal(np.asarray(jax.tree.leaves(mask["hits"])[0]), want_mask)
     np.testing.assert_array_equal(np.asarray(batch["id"]), ids)
     leaf = jax.tree.leaves(batch["hits"])[0]
     np.testing.assert_array_equal(np.asarray(leaf), np.asarray(want_batch["hits"]))
     ours, fl = _side_by_side(lambda: store.load(ragged="pad", pad_to=pad_to), floor, repeats)
     return [
-        _row(f"ragged load(pad_to={pad_to}), {flat.nbytes / 1e6:.0f} MB of values", ours, fl, "<= 1.2")
+        _row(
+            f"ragged load(pad_to={pad_to}), {flat.nbytes / 1e6:.0f} MB of values",
+            ours,
+            fl,
+            "<= 1.2",
+        )
     ]
 
 
@@ -385,7 +390,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     f"{r['case']}: ours {r['ours_s'] * 1e3:.2f} ms, floor "
                     f"{r['floor_s'] * 1e3:.2f} ms, ratio {r['ratio']:.2f} (goal {r['goal']})"
                     + "".join(
-                        f", {k} {v:.3g}" for k, v in r.items() if k.endswith(("gb_s", "steps_s", "gain", "host_load_s"))
+                        f", {k} {v:.3g}"
+                        for k, v in r.items()
+                        if k.endswith(("gb_s", "steps_s", "gain", "host_load_s"))
                     ),
                     flush=True,
                 )
@@ -393,7 +400,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(f"  ({name}: {time.perf_counter() - t:.1f} s)", flush=True)
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"platform": device.platform, "kind": device.device_kind, "rows": rows}, indent=1)
+            json.dumps(
+                {"platform": device.platform, "kind": device.device_kind, "rows": rows}, indent=1
+            )
         )
     return rows
 

@@ -38,10 +38,27 @@ def store(tmp_path):
     return s
 
 
-def _job(it: pytreestore.BatchIterator) -> background.Job:
-    job = it._prefetcher._job
-    assert job is not None, "prefetch > 0 runs a background job"
-    return job
+class _Jobs:
+    """The loading jobs of an iterator's prefetcher (several load side by side)."""
+
+    def __init__(self, jobs: list[background.Job]) -> None:
+        assert jobs, "prefetch > 0 runs background jobs"
+        self.jobs = jobs
+
+    @property
+    def ended(self) -> bool:
+        return all(j.ended for j in self.jobs)
+
+    @property
+    def stopping(self) -> threading.Event:
+        stopped = threading.Event()
+        if all(j.stopping.is_set() for j in self.jobs):
+            stopped.set()
+        return stopped
+
+
+def _job(it: pytreestore.BatchIterator) -> _Jobs:
+    return _Jobs(it._prefetcher._jobs)
 
 
 def test_dropping_an_iterator_mid_way_stops_its_job(store):

@@ -1,9 +1,10 @@
-"""Loads computed ahead of the caller on a background job: :class:`Prefetcher`.
+"""Loads computed ahead of the caller on background jobs: :class:`Prefetcher`.
 
 :class:`~pytreestore._pipelines.batches.BatchIterator` and
 :func:`~pytreestore._pipelines.map.map_records` read their next batches (storage read and
-host-to-device copy) while the caller computes on the current one. The loading job is a
-:mod:`~pytreestore._threads` job: it is stopped and waited for when the
+host-to-device copy) while the caller computes on the current one, several side by side so
+that one batch's decode does not wait for the previous one's copy. The loading jobs are
+:mod:`~pytreestore._threads` jobs: they are stopped and waited for when the
 prefetcher is closed, when it is dropped (a ``break`` out of a loop over it, an exception),
 and when the interpreter exits, so that no load is still inside TensorStore or XLA as the
 process ends.
@@ -18,7 +19,7 @@ Example:
 from __future__ import annotations
 
 import functools
-import queue
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from threading import Event
@@ -33,28 +34,38 @@ _ERROR = object()
 _POLL_S = 0.05  # how often a waiting put or get looks whether the job was stopped
 
 
+#: loads run side by side at most (each a storage read, a decode spread over TensorStore's
+#: threads, and a host-to-device copy): enough to keep the cores and the transfer busy
+MAX_LOADERS = 4
+
+
 class Prefetcher(Generic[T]):
     """Yields ``load(item)`` for each of ``items`` in order, computed ``depth`` ahead.
 
-    The loads run as a background job (:mod:`pytreestore._threads`); with
-    ``depth == 0`` they run in the caller's thread. An exception raised by ``load`` is re-raised
-    by the ``next()`` that would have returned its result. The job holds ``load``, ``items`` and
-    the queue, never the prefetcher: when the prefetcher is closed, dropped or the interpreter
-    exits, the job is stopped and waited for, so no load is still running inside TensorStore
-    or XLA when the process ends.
+    The loads run as background jobs (:mod:`pytreestore._threads`), up to
+    ``min(depth, MAX_LOADERS)`` of them side by side, so that reading, decoding and copying
+    one batch to the device overlaps those of the next and the caller's computation; with
+    ``depth == 0`` they run in the caller's thread. At most ``depth`` results are loaded or
+    being loaded beyond those handed out. An exception raised by ``load`` is re-raised by the
+    ``next()`` that would have returned its result. The jobs hold ``load``, ``items`` and the
+    results, never the prefetcher: when the prefetcher is closed, dropped or the interpreter
+    exits, they are stopped and waited for, so no load is still running inside TensorStore or
+    XLA when the process ends.
     """
 
     def __init__(self, load: Callable[[Any], T], items: Iterator[Any], depth: int) -> None:
         if depth < 0:
             raise ArgumentError(f"prefetch must be >= 0, got {depth}")
         self._load, self._items, self._depth = load, items, depth
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(depth, 1))
         self._closed = False
-        self._job: background.Job | None = None
+        self._next = 0  # the position of the next result to hand out
+        self._jobs: list[background.Job] = []
+        self._shared = _Shared(load, items, depth)
         if depth:
-            self._job = background.start(functools.partial(_produce, load, items, self._queue))
-            self._finalizer = weakref.finalize(self, _stop, self._job, self._queue)
-            self._finalizer.atexit = False  # background's exit hook stops the job
+            work = functools.partial(_produce, self._shared)
+            self._jobs = [background.start(work) for _ in range(min(depth, MAX_LOADERS))]
+            self._finalizer = weakref.finalize(self, _stop, self._jobs, self._shared)
+            self._finalizer.atexit = False  # background's exit hook stops the jobs
 
     def __iter__(self) -> Prefetcher[T]:
         return self
@@ -62,9 +73,9 @@ class Prefetcher(Generic[T]):
     def __next__(self) -> T:
         if self._closed:
             raise StopIteration
-        if self._job is None:
+        if not self._jobs:
             return self._load(next(self._items))
-        kind, value = self._take(self._job)
+        kind, value = self._take()
         if kind is _END or kind is _ERROR:
             self._closed = True  # later next() calls stop too
         if kind is _END:
@@ -73,22 +84,40 @@ class Prefetcher(Generic[T]):
             raise value
         return value
 
-    def _take(self, job: background.Job) -> tuple[Any, Any]:
-        """The next entry of the queue; the end, once the job has stopped with none left."""
-        while True:
-            try:
-                return self._queue.get(timeout=_POLL_S)
-            except queue.Empty:
-                if job.ended and self._queue.empty():  # stopped by close() or at exit
-                    if job.forked:
-                        raise _forked() from None
+    def _take(self) -> tuple[Any, Any]:
+        """The next result in order; the end, once the jobs have stopped without it."""
+        shared, position = self._shared, self._next
+        with shared.ready:
+            while position not in shared.results:
+                if all(job.ended for job in self._jobs):  # stopped by close() or at exit
+                    if any(job.forked for job in self._jobs):
+                        raise _forked()
                     return _END, None
+                shared.ready.wait(_POLL_S)
+            entry = shared.results.pop(position)
+        self._next += 1
+        shared.slots.release()
+        return entry
 
     def close(self) -> None:
-        """Stops the background loads, waits for the one under way, drops prefetched results."""
+        """Stops the background loads, waits for those under way, drops prefetched results."""
         self._closed = True
-        if self._job is not None:
+        if self._jobs:
             self._finalizer()
+
+
+class _Shared:
+    """What the loading jobs share: the items (taken in turn under ``ready``'s lock, so each
+    gets the next position), the results by position, and ``slots``, one per result that
+    may be loaded or waiting beyond those handed out."""
+
+    def __init__(self, load: Callable[[Any], Any], items: Iterator[Any], depth: int) -> None:
+        self.load, self.items = load, items
+        self.ready = threading.Condition()
+        self.results: dict[int, tuple[Any, Any]] = {}
+        self.slots = threading.Semaphore(max(depth, 1))
+        self.taken = 0  # positions given to jobs so far
+        self.done = False  # the items ran out, or a load failed: no job takes another
 
 
 def _forked() -> ForkedIteratorError:
@@ -101,36 +130,50 @@ def _forked() -> ForkedIteratorError:
     )
 
 
-def _produce(
-    load: Callable[[Any], Any], items: Iterator[Any], out: queue.Queue[Any], stopping: Event
-) -> None:
-    """The prefetch job: ``load`` each of ``items`` into ``out`` until the end or a stop."""
-    try:
-        for item in items:
-            if stopping.is_set() or not _put(out, (None, load(item)), stopping):
-                return
-        _put(out, (_END, None), stopping)
-    except BaseException as err:  # handed to the consumer, raised there
-        _put(out, (_ERROR, err), stopping)
-
-
-def _put(out: queue.Queue[Any], entry: tuple[Any, Any], stopping: Event) -> bool:
-    """Puts ``entry`` in ``out`` once there is room; False if asked to stop first."""
+def _produce(shared: _Shared, stopping: Event) -> None:
+    """A loading job: takes the next item, loads it and files the result at its position,
+    until the items run out, a load fails, or it is asked to stop."""
     while not stopping.is_set():
-        try:
-            out.put(entry, timeout=_POLL_S)
-            return True
-        except queue.Full:
+        if not shared.slots.acquire(timeout=_POLL_S):
             continue
-    return False
+        with shared.ready:
+            if shared.done:
+                shared.slots.release()
+                return
+            position = shared.taken
+            shared.taken += 1
+            try:
+                item = next(shared.items)
+            except StopIteration:
+                shared.done = True
+                shared.results[position] = (_END, None)
+                shared.ready.notify_all()
+                return
+            except BaseException as err:  # handed to the consumer, raised there
+                shared.done = True
+                shared.results[position] = (_ERROR, err)
+                shared.ready.notify_all()
+                return
+        try:
+            entry: tuple[Any, Any] = (None, shared.load(item))
+        except BaseException as err:  # handed to the consumer, raised there
+            entry = (_ERROR, err)
+        with shared.ready:
+            if entry[0] is _ERROR:
+                shared.done = True
+            shared.results[position] = entry
+            shared.ready.notify_all()
+        del entry, item
 
 
-def _stop(job: background.Job, out: queue.Queue[Any]) -> None:
-    """Stops a prefetch job, waits for it, and drops what it had loaded."""
-    job.stop()
-    job.join()
-    while not out.empty():
-        out.get_nowait()
+def _stop(jobs: list[background.Job], shared: _Shared) -> None:
+    """Stops the prefetch jobs, waits for them, and drops what they had loaded."""
+    for job in jobs:
+        job.stop()
+    for job in jobs:
+        job.join()
+    with shared.ready:
+        shared.results.clear()
 
 
 __all__ = ["Prefetcher"]

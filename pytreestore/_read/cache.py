@@ -64,6 +64,7 @@ class ChunkCache:
         self.nbytes = 0
         self._entries: OrderedDict[_Key, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
+        self._pending: dict[_Key, threading.Event] = {}  # chunks some thread is reading
         _LIVE.add(self)
 
     def get(self, key: _Key) -> np.ndarray | None:
@@ -88,6 +89,30 @@ class ChunkCache:
                 _, dropped = self._entries.popitem(last=False)
                 self.nbytes -= dropped.nbytes
 
+    def claim(self, keys: Sequence[_Key]) -> tuple[list[_Key], list[tuple[_Key, threading.Event]]]:
+        """Of ``keys`` (chunks not cached), those this thread is now to read, and those
+        another thread is reading, each with the event set when that read ends: two
+        prefetched batches that share a chunk decode it once. The claimer calls
+        :meth:`release` when its read ends, whether it succeeded or not."""
+        mine, theirs = [], []
+        with self._lock:
+            for key in dict.fromkeys(keys):
+                event = self._pending.get(key)
+                if event is None:
+                    self._pending[key] = threading.Event()
+                    mine.append(key)
+                else:
+                    theirs.append((key, event))
+        return mine, theirs
+
+    def release(self, keys: Sequence[_Key]) -> None:
+        """Ends the claims on ``keys``: threads waiting for them look in the cache."""
+        with self._lock:
+            events = [self._pending.pop(key, None) for key in keys]
+        for event in events:
+            if event is not None:
+                event.set()
+
     def drop(self, owner: str) -> None:
         """Forgets the chunks of store object ``owner`` (it has closed)."""
         with self._lock:
@@ -111,6 +136,7 @@ def _after_fork() -> None:
     _SHARED_LOCK = threading.Lock()
     for cache in list(_LIVE):
         cache._lock = threading.Lock()
+        cache._pending = {}  # the threads reading them are not in this process
 
 
 at_fork(_after_fork)
@@ -182,6 +208,32 @@ def read(
                 missing.append((p, k, valid))
     if sum(valid * p.spec.record_nbytes for p, _, valid in missing) > cache.limit // 2:
         return None
+    by_key = {(owner, p.spec.key, k, valid): (p, k, valid) for p, k, valid in missing}
+    mine, theirs = cache.claim(list(by_key))
+    try:
+        _fill(cache, backend, [by_key[key] for key in mine], owner, records)
+    finally:
+        cache.release(mine)
+    late = []  # read by another thread: taken from the cache once that read ends
+    for key, event in theirs:
+        event.wait()
+        p, k, _ = by_key[key]
+        p.chunks[k] = cache.get(key)
+        if p.chunks[k] is None:  # that read failed, or its chunk was dropped since
+            late.append(by_key[key])
+    _fill(cache, backend, late, owner, records)
+    return [p.assemble() for p in plans]
+
+
+def _fill(
+    cache: ChunkCache,
+    backend: Backend,
+    missing: list[tuple[_Plan, int, int]],
+    owner: str,
+    records: int,
+) -> None:
+    """Reads the chunks ``missing`` (``(plan, chunk, rows)``) whole, in one batch, into
+    their plans and ``cache``."""
     whole = [
         (p.spec.key, slice(k * p.grid.size, k * p.grid.size + valid)) for p, k, valid in missing
     ]
@@ -189,7 +241,6 @@ def read(
     for (p, k, valid), chunk in zip(missing, arrays):
         p.chunks[k] = chunk
         cache.put((owner, p.spec.key, k, valid), chunk)
-    return [p.assemble() for p in plans]
 
 
 def _read_whole(
@@ -246,6 +297,13 @@ class _Grid:
         touched = sorted(set(chunk_of.tolist()))
         self.chunks_read = {k: min(size, records - k * size) for k in touched}
         self.where = {k: np.flatnonzero(chunk_of == k) for k in touched} if len(touched) > 1 else {}
+        n = len(selected)
+        #: the rows are consecutive (a slice's): a chunk's share of them is one run
+        self.contiguous = (
+            bool(n)
+            and int(selected[-1]) - int(selected[0]) == n - 1
+            and (n < 3 or bool(np.all(np.diff(selected) == 1)))
+        )
 
 
 class _Plan:
@@ -263,12 +321,19 @@ class _Plan:
             ((k, chunk),) = self.chunks.items()
             assert chunk is not None
             local = grid.rows - k * grid.size
-            return chunk[local] if len(local) > 1 else chunk[local[0] : local[0] + 1].copy()
+            first, last = int(local[0]), int(local[-1])
+            if grid.contiguous:  # rows of a slice: one copy of a run, not a gather
+                return chunk[first : last + 1].copy()
+            return chunk[local]
         out = np.empty((len(grid.rows), *self.spec.shape), self.spec.dtype)
         for k, chunk in self.chunks.items():
             assert chunk is not None
             where = grid.where[k]
-            out[where] = chunk[grid.rows[where] - k * grid.size]
+            if grid.contiguous:
+                low = int(grid.rows[where[0]]) - k * grid.size
+                out[where[0] : where[-1] + 1] = chunk[low : low + len(where)]
+            else:
+                out[where] = chunk[grid.rows[where] - k * grid.size]
         return out
 
 

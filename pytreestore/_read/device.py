@@ -29,6 +29,7 @@ from jax.tree_util import keystr, tree_flatten_with_path
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format import keys as _keys
 from pytreestore._format.weak import weaken
+from pytreestore._read import packed as _packed
 from pytreestore.errors import ArgumentError, ArgumentTypeError, X64DisabledError
 
 PMAP_AXIS = "pmap"
@@ -54,7 +55,7 @@ def to_jax(
     if weak is not None:  # a weak scalar goes as a Python scalar: device_put keeps it weak
         ready = [_scalar(a) if w and a is not None else a for a, w in zip(ready, weak)]
     present = [a for a in ready if a is not None]
-    placed = iter(jax.device_put(present, device) if present else [])
+    placed = iter(_packed.device_put(present, device) if present else [])
     out = [next(placed) if a is not None else None for a in ready]
     return out if weak is None else weaken(out, weak)
 

@@ -42,6 +42,7 @@ from pytreestore._read import ahead as _ahead
 from pytreestore._read import cache as _cache
 from pytreestore._read import device as _device
 from pytreestore._read import sharded as _sharded
+from pytreestore._read import slabs as _slabs
 from pytreestore._read.ahead import Block, ReadAhead
 from pytreestore._read.cache import ChunkCache
 from pytreestore._read.index import Selection
@@ -175,6 +176,12 @@ def _key_impls(schema: TreeSchema) -> list[str | None]:
 def _leaves(
     context: ReadContext, request: LoadRequest, selection: Selection, records: int
 ) -> list[Any]:
+    if not request.as_numpy and not selection.scalar:
+        target = _slabs.planned(
+            selection.index, selection.count * request.record_nbytes, request.device
+        )
+        if target is not None:
+            return _slab_leaves(context, request, selection, records, target)
     arrays = _read(context, request, selection, records)
     if selection.scalar:
         arrays = [a[0, ...] for a in arrays]
@@ -186,6 +193,24 @@ def _leaves(
         leaves, schema.paths, device=request.device, cast=request.cast, weak=schema.weak
     )
     return _prng.wrap_columns(placed, _key_impls(schema))
+
+
+def _slab_leaves(
+    context: ReadContext, request: LoadRequest, selection: Selection, records: int, target: Any
+) -> list[Any]:
+    """The leaves of a big load onto one accelerator, read and copied in slabs that overlap
+    (:mod:`pytreestore._read.slabs`)."""
+    paths = [request.schema.paths[i] for i in request.chosen]
+    chunk = max(c.chunks[0] for c in request.specs)
+
+    def read(where: slice) -> list[np.ndarray]:
+        part = Selection(where, where.stop - where.start, False)
+        arrays = _read(context, request, part, records)
+        return [_device.jax_ready(a, p, request.cast) for a, p in zip(arrays, paths)]
+
+    slabs = _slabs.plan_slabs(selection.index, chunk, request.record_nbytes, _slabs.SLAB_BYTES)
+    placed = weaken(_spread(request, _slabs.load(read, slabs, target)), request.schema.weak)
+    return _prng.wrap_columns(placed, _key_impls(request.schema))
 
 
 def _read(

@@ -1,0 +1,177 @@
+"""Big device loads in overlapping slabs (pytreestore/_read/slabs.py).
+
+The slab path serves accelerators only; here the CPU is added to its platforms and the slab
+size made small, so that every load below goes through it, on every backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from pathlib import Path
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+
+import pytreestore
+from pytreestore._read import slabs
+from pytreestore.errors import CorruptChunkError
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    """The slab path on for CPU devices, with 64 KiB slabs; counts the slabs loaded."""
+    monkeypatch.setattr(slabs, "PLATFORMS", {*slabs.PLATFORMS, "cpu"})
+    monkeypatch.setattr(slabs, "SLAB_BYTES", 64 << 10)
+    monkeypatch.setattr(slabs, "MIN_BYTES", 128 << 10)
+    calls: list[int] = []
+    load = slabs.load
+
+    def counted(read, where, device):
+        calls.append(len(where))
+        return load(read, where, device)
+
+    monkeypatch.setattr(slabs, "load", counted)
+    return calls
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Body:
+    pos: np.ndarray
+    flag: np.ndarray
+    half: np.ndarray
+
+
+def _record(i: int) -> dict:
+    return {
+        "body": Body(
+            pos=np.arange(32, dtype=np.float32) + i,
+            flag=np.bool_(i % 3 == 0),
+            half=np.full(4, i, ml_dtypes.bfloat16),
+        ),
+        "step": np.int64(i),
+        "key": jax.random.key(i),
+        "scale": 0.5 * i,  # a weakly typed float
+    }
+
+
+def _store(path: str, backend: str, n: int = 3000, codec: str | None = "zstd"):
+    store = pytreestore.create(
+        path, _record(0), chunk_records=256, backend=backend, codec=codec, cast=True
+    )
+    store.extend(_record(i) for i in range(n))
+    store.flush()
+    return store
+
+
+def _same(got, want) -> None:
+    g, w = jax.tree.leaves(got), jax.tree.leaves(want)
+    assert len(g) == len(w)
+    for x, y in zip(g, w, strict=True):
+        if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x = jax.random.key_data(x)
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize("codec", ["zstd", None])
+def test_a_big_load_in_slabs_equals_the_whole_read(path, backend, codec, on_cpu):
+    store = _store(path, backend, codec=codec)
+    whole = store.load(slice(5, 2990), as_numpy=True)
+    got = store.load(slice(5, 2990))
+    assert on_cpu and on_cpu[-1] > 2, "the load went through the slab path"
+    _same(got, whole)
+    assert isinstance(got["body"], Body)
+    assert got["step"].dtype == np.int32  # cast=True, as a whole read casts
+    assert got["body"].half.dtype == ml_dtypes.bfloat16
+    assert jax.dtypes.issubdtype(got["key"].dtype, jax.dtypes.prng_key)
+    assert got["scale"].weak_type and not got["body"].pos.weak_type
+    assert got["body"].pos.shape == (2985, 32)
+
+
+def test_columns_and_device_are_kept(path, backend, eight_devices, on_cpu):
+    store = _store(path, backend)
+    got = store.load(columns=["['body'].pos", "['step']"], device=eight_devices[3])
+    assert on_cpu
+    assert got["key"] is None and got["body"].flag is None
+    assert got["body"].pos.devices() == {eight_devices[3]}
+    np.testing.assert_array_equal(np.asarray(got["step"]), np.arange(3000))
+
+
+def test_small_loads_index_arrays_and_shardings_are_read_whole(path, eight_devices, on_cpu):
+    store = _store(path, "tensorstore")
+    store.load(slice(0, 2))
+    store.load(np.arange(0, 3000, 2))
+    mesh = jax.make_mesh((8,), ("data",))
+    sharded = store.load(
+        sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    )
+    assert on_cpu == []
+    np.testing.assert_array_equal(np.asarray(sharded["step"]), np.arange(3000))
+
+
+def test_the_slab_path_waits_for_free_device_memory(monkeypatch, on_cpu):
+    device = jax.devices()[0]
+    monkeypatch.setattr(slabs, "_memory_stats", lambda d: {"bytes_limit": 1 << 20})
+    assert slabs.planned(slice(0, 10, 1), 1 << 20, None) is None  # 2x would not fit
+    monkeypatch.setattr(slabs, "_memory_stats", lambda d: {"bytes_limit": 1 << 30})
+    assert slabs.planned(slice(0, 10, 1), 1 << 20, None) == device
+    monkeypatch.setattr(slabs, "PLATFORMS", {"tpu"})
+    assert slabs.planned(slice(0, 10, 1), 1 << 20, None) is None  # the CPU: read whole
+
+
+def test_plan_slabs_cuts_at_chunk_boundaries():
+    cuts = slabs.plan_slabs(slice(100, 1000, 1), chunk=64, record_nbytes=100, slab_bytes=20_000)
+    assert cuts[0].start == 100 and cuts[-1].stop == 1000
+    assert all(a.stop == b.start for a, b in itertools.pairwise(cuts))
+    assert all(c.start % 192 == 0 for c in cuts[1:])  # 200 records rounded down to 3 chunks
+    one = slabs.plan_slabs(slice(0, 10, 1), chunk=64, record_nbytes=1 << 30, slab_bytes=1)
+    assert one == [slice(0, 10, 1)]  # a slab is never less than a chunk
+
+
+def test_a_damaged_chunk_in_one_slab_names_its_column(path, on_cpu):
+    store = _store(path, "tensorstore", codec=None)
+    chunk = Path(path) / store.schema.columns[0].key / "c" / "7" / "0"
+    assert chunk.exists(), sorted(os.listdir(chunk.parent))[:5]
+    data = bytearray(chunk.read_bytes())
+    data[10] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(CorruptChunkError, match=r"body"):
+        pytreestore.open(path, cast=True).load()
+    assert on_cpu  # it was the slab path that raised
+
+
+def test_small_leaves_go_in_one_copy_per_dtype(path, backend, monkeypatch):
+    """A record's small leaves are packed by dtype, placed once and cut on the device: the
+    same values, dtypes, shapes, classes and weak types as leaf by leaf."""
+    from pytreestore._read import packed
+
+    monkeypatch.setattr(slabs, "PLATFORMS", {*slabs.PLATFORMS, "cpu"})
+    puts: list[int] = []
+    real = jax.device_put
+
+    def counting(x, *args, **kwargs):
+        puts.append(len(x) if isinstance(x, list) else 1)
+        return real(x, *args, **kwargs)
+
+    monkeypatch.setattr(packed.jax, "device_put", counting)
+    like = {"a": [np.float32(0)] * 6, "b": np.zeros((2, 3), np.float32), "c": np.zeros(4, bool)}
+    like["d"], like["e"] = [np.zeros(2, np.int32)] * 5, np.zeros(70_000, np.float32)  # too big
+    store = pytreestore.create(path, like, backend=backend)
+    records = [
+        jax.tree.map(lambda x, i=i: (np.asarray(x) + i).astype(np.asarray(x).dtype), like)
+        for i in range(3)
+    ]
+    store.extend(records)
+    store.flush()
+    got = store[1]
+    assert puts == [2, 1, 1]  # c and e alone, then the float32 group, then the int32 group
+    _same(got, records[1])
+    assert [x.dtype for x in jax.tree.leaves(got)] == [
+        np.asarray(x).dtype for x in jax.tree.leaves(like)
+    ]
+    many = store.load(slice(0, 3))
+    _same(many, jax.tree.map(lambda *x: np.stack(x), *records))
