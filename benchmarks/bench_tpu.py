@@ -218,6 +218,17 @@ def case_batches(tmp: Path, q: bool, repeats: int) -> list[dict]:
             floor_steps_s=steps / statistics.median(floor),
         )
     )
+    four, _ = _side_by_side(lambda: epoch_ours(light, 4), lambda: 0, repeats)
+    rows.append(
+        _row(
+            f"batches({b}, prefetch=4) feeding a jitted step, {steps} steps",
+            four,
+            floor,
+            "(prefetch=4: four loads side by side)",
+            ours_steps_s=steps / statistics.median(four),
+            floor_steps_s=steps / statistics.median(floor),
+        )
+    )
     # a step as long as one batch's load: find the depth, then prefetch 2 against 0
     load_one = statistics.median(_timed(lambda: store.load(slice(0, b)), 5 if q else 9))
     depth = 1

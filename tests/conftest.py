@@ -90,9 +90,11 @@ def path(tmp_path) -> str:
 
 @pytest.fixture
 def eight_devices() -> list[jax.Device]:
-    """The 8 simulated CPU devices every test process has."""
-    assert jax.device_count() >= 8, "JAX started before conftest set jax_num_cpu_devices"
-    return jax.devices()[:8]
+    """The 8 simulated CPU devices every test process has (beside the chip, on an
+    accelerator's host)."""
+    devices = jax.devices("cpu")
+    assert len(devices) >= 8, "JAX started before conftest set jax_num_cpu_devices"
+    return devices[:8]
 
 
 @pytest.fixture(scope="session")

@@ -97,3 +97,31 @@ class TestEightDevices:
         got = store.map(energy, batch_size=8, sharding=sharding)
         expected = jax.vmap(energy)(store[:])
         np.testing.assert_array_equal(np.asarray(got["twice"]), np.asarray(expected["twice"]))
+
+
+def test_a_second_map_with_the_same_function_compiles_nothing(tmp_path):
+    """``map`` keeps its compiled steps per function while the function lives: a second
+    call with the same ``fn`` traces nothing (it traced once per call before, which on an
+    accelerator is a compile per call); the kept entry does not keep ``fn`` alive."""
+    import gc
+    import weakref
+
+    store = pytreestore.create(tmp_path / "s", {"x": np.float32(0)})
+    store.extend({"x": np.float32(i)} for i in range(10))
+    store.flush()
+    traces = []
+
+    def f(r):
+        traces.append(1)
+        return r["x"] * 2
+
+    first = store.map(f, batch_size=4)
+    n = len(traces)
+    second = store.map(f, batch_size=4)
+    assert len(traces) == n
+    np.testing.assert_array_equal(np.asarray(first), np.arange(10) * 2)
+    np.testing.assert_array_equal(np.asarray(second), np.asarray(first))
+    ref = weakref.ref(f)
+    del f
+    gc.collect()
+    assert ref() is None
