@@ -164,18 +164,27 @@ def case_bulk(tmp: Path, q: bool, repeats: int) -> list[dict]:
 
 
 def _mlp(width: int, depth: int) -> Callable:
+    """A jitted MLP training step whose hidden layer is applied ``depth`` times; ``depth``
+    0 gives one layer and grads, any other a forward pass looping ``depth`` times (one
+    compile serves every depth: it is an argument, not a constant)."""
+
     def loss(params, x, y):
-        h = x
-        for _ in range(depth):
-            h = jnp.tanh(h @ params["w1"])
+        h = jnp.tanh(x @ params["w1"])
         return jnp.mean((h @ params["w2"] - y) ** 2)
 
     @jax.jit
-    def step(params, x, y):
+    def train(params, x, y):
         value, grads = jax.value_and_grad(loss)(params, x, y)
         return jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads), value
 
-    return step
+    @jax.jit
+    def busy(params, x, y, k):
+        h = jax.lax.fori_loop(0, k, lambda _, h: jnp.tanh(h @ params["w1"]), x)
+        return params, jnp.mean((h @ params["w2"] - y) ** 2)
+
+    if depth == 0:
+        return train
+    return lambda params, x, y: busy(params, x, y, jnp.int32(depth))
 
 
 def case_batches(tmp: Path, q: bool, repeats: int) -> list[dict]:
@@ -206,29 +215,21 @@ def case_batches(tmp: Path, q: bool, repeats: int) -> list[dict]:
 
     steps = n // b
     rows = []
-    light = _mlp(256, 1)
-    ours, floor = _side_by_side(lambda: epoch_ours(light, 2), lambda: epoch_naive(light), repeats)
-    rows.append(
-        _row(
-            f"batches({b}, prefetch=2) feeding a jitted step, {steps} steps",
-            ours,
-            floor,
-            "steps/s >= 1.0x the naive feed (ratio <= 1)",
-            ours_steps_s=steps / statistics.median(ours),
-            floor_steps_s=steps / statistics.median(floor),
+    light = _mlp(256, 0)
+    for prefetch in (None, 2):
+        ours, floor = _side_by_side(
+            lambda p=prefetch: epoch_ours(light, p), lambda: epoch_naive(light), repeats
         )
-    )
-    four, _ = _side_by_side(lambda: epoch_ours(light, 4), lambda: 0, repeats)
-    rows.append(
-        _row(
-            f"batches({b}, prefetch=4) feeding a jitted step, {steps} steps",
-            four,
-            floor,
-            "(prefetch=4: four loads side by side)",
-            ours_steps_s=steps / statistics.median(four),
-            floor_steps_s=steps / statistics.median(floor),
+        rows.append(
+            _row(
+                f"batches({b}, prefetch={prefetch}) feeding a jitted step, {steps} steps",
+                ours,
+                floor,
+                "steps/s >= 1.0x the naive feed (ratio <= 1)",
+                ours_steps_s=steps / statistics.median(ours),
+                floor_steps_s=steps / statistics.median(floor),
+            )
         )
-    )
     # a step as long as one batch's load: find the depth, then prefetch 2 against 0
     load_one = statistics.median(_timed(lambda: store.load(slice(0, b)), 5 if q else 9))
     depth = 1
@@ -387,7 +388,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--json")
     parser.add_argument("--only", nargs="*", default=list(CASES))
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--readers", type=int, help="slab readers side by side (a variant)")
+    parser.add_argument("--slab-mib", type=int, help="bytes of one slab, in MiB (a variant)")
     args = parser.parse_args(argv)
+    from pytreestore._read import slabs
+
+    if args.readers:
+        slabs.READERS = args.readers
+    if args.slab_mib:
+        slabs.SLAB_BYTES = args.slab_mib << 20
+        slabs.MIN_BYTES = 2 * slabs.SLAB_BYTES
     repeats = args.repeats or (2 if args.quick else 5)
     device = jax.devices()[0]
     print(f"# on {device.platform} ({device.device_kind}), jax {jax.__version__}", flush=True)

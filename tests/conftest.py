@@ -88,6 +88,15 @@ def path(tmp_path) -> str:
     return str(tmp_path / "s")
 
 
+def cpu_mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> jax.sharding.Mesh:
+    """``jax.make_mesh`` over the simulated CPU devices: the same mesh on a CPU-only machine
+    and on an accelerator's host, where the default devices are the one chip."""
+    count = 1
+    for n in shape:
+        count *= n
+    return jax.make_mesh(shape, names, devices=jax.devices("cpu")[:count])
+
+
 @pytest.fixture
 def eight_devices() -> list[jax.Device]:
     """The 8 simulated CPU devices every test process has (beside the chip, on an

@@ -13,6 +13,7 @@ from jax.sharding import PartitionSpec as P
 import pytreestore
 from pytreestore._read import device as _device
 from pytreestore.errors import ShardingError
+from tests.conftest import cpu_mesh
 
 
 def make_store(path, n: int):
@@ -38,7 +39,9 @@ class TestEightDevices:
     def test_pmap_runs_on_the_loaded_layout(self, tmp_path, eight_devices):
         store = make_store(tmp_path / "s", 16)
         got = store.load(pmap_devices=eight_devices)
-        out = jax.pmap(lambda r: jax.lax.psum(r["a"].sum(), "i"), axis_name="i")(got)
+        out = jax.pmap(
+            lambda r: jax.lax.psum(r["a"].sum(), "i"), axis_name="i", devices=eight_devices
+        )(got)
         np.testing.assert_allclose(np.asarray(out), np.full(8, sum(range(16))))
 
     def test_pmap_on_some_devices_with_an_index(self, tmp_path, eight_devices):
@@ -64,7 +67,7 @@ class TestEightDevices:
         got, mask = store.load(pmap_devices=eight_devices, pad=True)
         assert got["a"].shape == (8, 3) and mask.shape == (8, 3)
         np.testing.assert_array_equal(np.asarray(mask).ravel(), np.arange(24) < 20)
-        total = jax.pmap(lambda r, m: (r["a"] * m).sum())(got, mask)
+        total = jax.pmap(lambda r, m: (r["a"] * m).sum(), devices=eight_devices)(got, mask)
         assert float(np.asarray(total).sum()) == sum(range(20))
 
 
@@ -83,7 +86,7 @@ def test_pmap_devices_must_be_devices():
 
 
 def test_column_shardings_forms():
-    mesh = jax.make_mesh((1,), ("data",))
+    mesh = cpu_mesh((1,), ("data",))
     data, rep = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
     paths = [".p[0].x", ".p[0].y", ".p[1].x"]
     assert _device.column_shardings(data, paths) == [data] * 3

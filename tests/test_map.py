@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pytreestore
+from tests.conftest import cpu_mesh
 
 
 @pytest.fixture
@@ -93,7 +94,7 @@ def test_map_bad_batch_size(store):
 
 class TestEightDevices:
     def test_sharded_map(self, store, eight_devices):
-        sharding = NamedSharding(jax.make_mesh((8,), ("data",)), P("data"))
+        sharding = NamedSharding(cpu_mesh((8,), ("data",)), P("data"))
         got = store.map(energy, batch_size=8, sharding=sharding)
         expected = jax.vmap(energy)(store[:])
         np.testing.assert_array_equal(np.asarray(got["twice"]), np.asarray(expected["twice"]))

@@ -17,6 +17,7 @@ from pytreestore._read import sharded as _sharded
 from pytreestore._read.index import Selection
 from pytreestore._read.request import LoadRequest, check_cast
 from pytreestore.errors import ShardingError, StoreIndexError, UnknownColumnError
+from tests.conftest import cpu_mesh
 
 LIKE = {"a": np.float32(0), "b": {"c": np.zeros(2, np.int32), "d": np.int64(0)}}
 
@@ -27,7 +28,7 @@ def schema() -> TreeSchema:
 
 
 def data_sharding() -> NamedSharding:
-    return NamedSharding(jax.make_mesh((1,), ("data",)), P("data"))
+    return NamedSharding(cpu_mesh((1,), ("data",)), P("data"))
 
 
 def build(schema: TreeSchema, **options) -> LoadRequest:
@@ -193,7 +194,7 @@ def test_pmap_devices_must_be_devices(schema):
 
 
 def test_batches_that_the_sharding_cannot_split(schema):
-    mesh = jax.make_mesh((1,), ("data",))
+    mesh = cpu_mesh((1,), ("data",))
     request = build(schema, sharding=NamedSharding(mesh, P("data")))
     request.check_batches(4, 10, drop_last=False)  # one device splits anything
     build(schema).check_batches(3, 10, drop_last=False)  # unsplit: nothing to check

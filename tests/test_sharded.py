@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 import pytreestore
 from pytreestore._read import sharded as _sharded
 from pytreestore.errors import ShardingError
+from tests.conftest import cpu_mesh
 
 
 def make_store(path, n: int = 64, chunk: int = 16) -> pytreestore.TreeStore:
@@ -74,7 +75,7 @@ class TestEightDevices:
     )
     def test_sharded_load_equals_plain_load(self, tmp_path, eight_devices, spec, index):
         store = make_store(tmp_path / "s")
-        mesh = jax.make_mesh((4, 2), ("data", "model"))
+        mesh = cpu_mesh((4, 2), ("data", "model"))
         columns = "['x']" if len(spec) > 1 else None  # 2-d specs fit only the x column
         got = store.load(index, sharding=NamedSharding(mesh, spec), columns=columns)
         assert_same(got, store.load(index, columns=columns))
@@ -84,7 +85,7 @@ class TestEightDevices:
     def test_each_row_range_is_read_once(self, tmp_path, eight_devices):
         store = make_store(tmp_path / "s")
         reads = CountingReads(store)
-        mesh = jax.make_mesh((4, 2), ("data", "model"))
+        mesh = cpu_mesh((4, 2), ("data", "model"))
         store.load(slice(0, 64), sharding=NamedSharding(mesh, P("data")))
         per_key = reads.per_key()
         assert sorted(per_key) == ["x", "y", "z"]
@@ -97,13 +98,13 @@ class TestEightDevices:
         calls = []
         original = store._backend.read_many
         store._backend.read_many = lambda req, n: calls.append(len(req)) or original(req, n)
-        mesh = jax.make_mesh((8,), ("data",))
+        mesh = cpu_mesh((8,), ("data",))
         store.load(sharding=NamedSharding(mesh, P("data")))
         assert calls == [3 * 8]
 
     def test_tree_of_shardings_with_none_replicating(self, tmp_path, eight_devices):
         store = make_store(tmp_path / "s")
-        mesh = jax.make_mesh((4, 2), ("data", "model"))
+        mesh = cpu_mesh((4, 2), ("data", "model"))
         tree = {"x": NamedSharding(mesh, P("data", "model")), "y": None, "z": None}
         got = store.load(sharding=tree)
         assert got["x"].sharding.spec == P("data", "model")
@@ -113,7 +114,7 @@ class TestEightDevices:
 
     def test_callable_sharding_by_tree_path(self, tmp_path, eight_devices):
         store = make_store(tmp_path / "s")
-        mesh = jax.make_mesh((8,), ("data",))
+        mesh = cpu_mesh((8,), ("data",))
         seen = []
 
         def choose(path: str):
@@ -127,7 +128,7 @@ class TestEightDevices:
 
     def test_jitted_reduction_over_sharded_load(self, tmp_path, eight_devices):
         store = make_store(tmp_path / "s")
-        mesh = jax.make_mesh((8,), ("data",))
+        mesh = cpu_mesh((8,), ("data",))
         got = store.load(sharding=NamedSharding(mesh, P("data")))
         total = jax.jit(lambda t: jnp.sum(t["x"]) + jnp.sum(t["z"]))(got)
         plain = store.load(as_numpy=True)
@@ -135,7 +136,7 @@ class TestEightDevices:
 
     def test_indivisible_count_says_what_fits(self, tmp_path, eight_devices):
         store = make_store(tmp_path / "s", n=30)
-        mesh = jax.make_mesh((8,), ("data",))
+        mesh = cpu_mesh((8,), ("data",))
         sharding = NamedSharding(mesh, P("data"))
         expected = (
             f"cannot split 30 records over 8 record-axis shards (column ['x'], sharding "
@@ -149,7 +150,7 @@ class TestEightDevices:
 
     def test_pad_returns_records_and_mask(self, tmp_path, eight_devices):
         store = make_store(tmp_path / "s", n=30)
-        mesh = jax.make_mesh((4, 2), ("data", "model"))
+        mesh = cpu_mesh((4, 2), ("data", "model"))
         got, mask = store.load(sharding=NamedSharding(mesh, P("data")), pad=True)
         assert got["x"].shape == (32, 4) and mask.shape == (32,)
         np.testing.assert_array_equal(np.asarray(mask), np.arange(32) < 30)
@@ -161,19 +162,19 @@ class TestEightDevices:
 
     def test_pad_when_divisible_has_an_all_true_mask(self, tmp_path, eight_devices):
         store = make_store(tmp_path / "s", n=16)
-        mesh = jax.make_mesh((8,), ("data",))
+        mesh = cpu_mesh((8,), ("data",))
         got, mask = store.load(sharding=NamedSharding(mesh, P("data")), pad=True)
         assert got["y"].shape == (16,) and bool(jnp.all(mask))
 
     def test_leaf_axis_the_sharding_cannot_split(self, tmp_path, eight_devices):
         store = make_store(tmp_path / "s")
-        mesh = jax.make_mesh((8,), ("data",))
+        mesh = cpu_mesh((8,), ("data",))
         with pytest.raises(ShardingError, match=re.escape("cannot split column ['x'] (float32[4]")):
             store.load(columns="['x']", sharding=NamedSharding(mesh, P(None, "data")))
 
     def test_empty_selection(self, tmp_path, eight_devices):
         store = make_store(tmp_path / "s")
-        mesh = jax.make_mesh((8,), ("data",))
+        mesh = cpu_mesh((8,), ("data",))
         got = store.load(slice(0, 0), sharding=NamedSharding(mesh, P("data")))
         assert got["z"].shape == (0, 2, 3)
 
@@ -184,7 +185,7 @@ class TestEightDevices:
         class OnlyRead:  # a backend offering just the Backend protocol's read
             read = backend.read
 
-        mesh = jax.make_mesh((4, 2), ("data", "model"))
+        mesh = cpu_mesh((4, 2), ("data", "model"))
         specs = list(store.schema.columns)
         selection = pytreestore._read.index.normalize(slice(3, 63, 3), 64)
         shardings = [NamedSharding(mesh, P("data"))] * 3
@@ -198,7 +199,7 @@ class TestEightDevices:
 
 
 def one_device_sharding() -> NamedSharding:
-    return NamedSharding(jax.make_mesh((1,), ("data",)), P("data"))
+    return NamedSharding(cpu_mesh((1,), ("data",)), P("data"))
 
 
 def test_sharded_load_on_one_device(tmp_path):

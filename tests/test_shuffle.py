@@ -71,9 +71,10 @@ def test_the_window_is_whole_chunks_and_by_default_at_least_64_mib():
     assert rounded.window == 24
     default = shuffle.resolve(True, None, chunk=1000, record_nbytes=1024, start=0, count=10**6)
     assert default.window == 66_000  # 64 MiB of 1 KiB records is 65,536: 66 whole chunks
-    assert shuffle.cache_bytes(default, 1024, 100) == int((2.5 * 66_000 + 200) * 1024)
+    assert shuffle.cache_bytes(default, 1024, 100) == int((2.5 * 66_000 + 400) * 1024)
+    assert shuffle.cache_bytes(default, 1024, 100, 8) == int((2.5 * 66_000 + 1000) * 1024)
     in_order = shuffle.resolve(False, None, chunk=1000, record_nbytes=1024, start=0, count=9)
-    assert shuffle.cache_bytes(in_order, 1024, 100) == int((2.5 * 1000 + 200) * 1024)
+    assert shuffle.cache_bytes(in_order, 1024, 100) == int((2.5 * 1000 + 400) * 1024)
     huge = shuffle.resolve(True, None, chunk=4, record_nbytes=1 << 30, start=0, count=100)
     assert huge.window == 4  # at least one chunk
 

@@ -19,6 +19,7 @@ import pytest
 import pytreestore
 from pytreestore._read import slabs
 from pytreestore.errors import CorruptChunkError
+from tests.conftest import cpu_mesh
 
 
 @pytest.fixture
@@ -27,12 +28,13 @@ def on_cpu(monkeypatch):
     monkeypatch.setattr(slabs, "PLATFORMS", {*slabs.PLATFORMS, "cpu"})
     monkeypatch.setattr(slabs, "SLAB_BYTES", 64 << 10)
     monkeypatch.setattr(slabs, "MIN_BYTES", 128 << 10)
+    monkeypatch.setattr(slabs, "WHOLE_BYTES", 32 << 10)
     calls: list[int] = []
     load = slabs.load
 
-    def counted(read, where, device):
-        calls.append(len(where))
-        return load(read, where, device)
+    def counted(read, pieces, columns, device):
+        calls.append(len(pieces))
+        return load(read, pieces, columns, device)
 
     monkeypatch.setattr(slabs, "load", counted)
     return calls
@@ -105,7 +107,7 @@ def test_small_loads_index_arrays_and_shardings_are_read_whole(path, eight_devic
     store = _store(path, "tensorstore")
     store.load(slice(0, 2))
     store.load(np.arange(0, 3000, 2))
-    mesh = jax.make_mesh((8,), ("data",))
+    mesh = cpu_mesh((8,), ("data",))
     sharded = store.load(
         sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
     )
@@ -114,13 +116,13 @@ def test_small_loads_index_arrays_and_shardings_are_read_whole(path, eight_devic
 
 
 def test_the_slab_path_waits_for_free_device_memory(monkeypatch, on_cpu):
-    device = jax.devices()[0]
+    device = jax.devices("cpu")[0]
     monkeypatch.setattr(slabs, "_memory_stats", lambda d: {"bytes_limit": 1 << 20})
-    assert slabs.planned(slice(0, 10, 1), 1 << 20, None) is None  # 2x would not fit
+    assert slabs.planned(slice(0, 10, 1), 1 << 20, device) is None  # 2x would not fit
     monkeypatch.setattr(slabs, "_memory_stats", lambda d: {"bytes_limit": 1 << 30})
-    assert slabs.planned(slice(0, 10, 1), 1 << 20, None) == device
+    assert slabs.planned(slice(0, 10, 1), 1 << 20, device) == device
     monkeypatch.setattr(slabs, "PLATFORMS", {"tpu"})
-    assert slabs.planned(slice(0, 10, 1), 1 << 20, None) is None  # the CPU: read whole
+    assert slabs.planned(slice(0, 10, 1), 1 << 20, device) is None  # the CPU: read whole
 
 
 def test_plan_slabs_cuts_at_chunk_boundaries():
@@ -175,3 +177,25 @@ def test_small_leaves_go_in_one_copy_per_dtype(path, backend, monkeypatch):
     ]
     many = store.load(slice(0, 3))
     _same(many, jax.tree.map(lambda *x: np.stack(x), *records))
+
+
+@pytest.mark.parametrize(
+    "nbytes",
+    [[4] * 151, [256] * 20, [4, 4096, 1, 2048, 8] * 3, [1 << 20], [3]],
+    ids=["wide", "narrow", "mixed", "one-big", "one-small"],
+)
+def test_plan_reads_every_row_of_every_column_once(nbytes, monkeypatch):
+    monkeypatch.setattr(slabs, "WHOLE_BYTES", 64 << 10)
+    index = slice(17, 5000, 1)
+    pieces = slabs.plan(index, nbytes, chunk=64, slab_bytes=256 << 10)
+    seen = np.zeros((len(nbytes), 5000), int)
+    for p in pieces:
+        for c in p.columns:
+            seen[c, p.rows] += 1
+        per = sum(nbytes[c] for c in p.columns)
+        assert per * (p.rows.stop - p.rows.start) <= max(256 << 10, per * 64 + per * 64), (
+            "a piece is about a slab (a chunk, or the part of one the index cuts, at the least)"
+        )
+    assert (seen[:, 17:] == 1).all() and (seen[:, :17] == 0).all()
+    whole = [p for p in pieces if p.rows == index]
+    assert all(nbytes[c] * 4983 <= 64 << 10 for p in whole for c in p.columns) or len(pieces) == 1

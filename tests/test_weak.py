@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 import pytreestore
 from pytreestore._format.columns import ColumnSpec
 from pytreestore._format.weak import is_weak
+from tests.conftest import cpu_mesh
 from tests.data import make_golden
 
 
@@ -122,7 +123,7 @@ def test_load_records_and_batches(store):
 
 
 def test_sharded_and_pmap_loads(store):
-    mesh = jax.make_mesh((1,), ("data",))
+    mesh = cpu_mesh((1,), ("data",))
     sharded = store.load(slice(0, 8), sharding=NamedSharding(mesh, P("data")))
     assert weak_of(sharded) == weak_of(state(0))
     assert weak_of(store.load(slice(0, 8), pmap_devices=jax.devices())) == weak_of(state(0))

@@ -1,10 +1,10 @@
 """Input pipelines: streaming batches with background prefetch, and a Grain data source.
 
-:class:`BatchIterator` walks a range of records in batches. A background job
-(:class:`~pytreestore._pipelines.prefetch.Prefetcher`) loads the next ``prefetch`` batches
-(storage read and host-to-device copy) while the caller computes on the current one, so at most
-``prefetch + 1`` batches beyond the one the caller holds are in memory. The job ends, and is
-waited for, when the iterator is closed, left by its ``with`` block, dropped, or when the
+:class:`BatchIterator` walks a range of records in batches. Background jobs
+(:class:`~pytreestore._pipelines.prefetch.Prefetcher`) load the next ``prefetch`` batches side
+by side (storage read and host-to-device copy) while the caller computes on the current one, so
+at most ``prefetch`` batches beyond the one the caller holds are in memory. The jobs end, and
+are waited for, when the iterator is closed, left by its ``with`` block, dropped, or when the
 interpreter exits.
 A shuffled epoch's order (:mod:`~pytreestore._pipelines.shuffle`: a block shuffle, or an exact
 uniform one) is drawn from ``numpy.random.default_rng((seed, epoch))``, so it depends only on

@@ -28,6 +28,7 @@ from pytreestore._core import StoreCore
 from pytreestore._pipelines import map as _map
 from pytreestore._pipelines import shuffle as _shuffle
 from pytreestore._pipelines.batches import BatchIterator, GrainPadding, GrainSource
+from pytreestore._pipelines.prefetch import auto_depth
 from pytreestore._read.cache import ChunkCache
 from pytreestore._read.reader import ReadContext
 from pytreestore._read.records import record_reads
@@ -50,7 +51,7 @@ class Pipelines:
         shuffle: bool | str = False,
         seed: int = 0,
         drop_last: bool = False,
-        prefetch: int = 2,
+        prefetch: int | None = None,
         columns: str | Sequence[str] | Any | None = None,
         sharding: Any = None,
         start: int = 0,
@@ -75,8 +76,10 @@ class Pipelines:
                 store). See docs/sharding.md, "Shuffling", for what each costs.
             seed: the shuffle seed.
             drop_last: skip the last batch of an epoch when it is short.
-            prefetch: batches read (and copied to device) ahead while the caller computes;
-                0 reads each batch when it is asked for.
+            prefetch: batches read (and copied to device) ahead while the caller computes,
+                that many loads side by side (up to 8); 0 reads each batch when it is asked
+                for. None (default): as many as keep about 256 MiB ahead, 2 to 8 (a small
+                batch decodes on one core per column, so several are read at once).
             columns: columns to load, as for :meth:`load`.
             sharding: as for :meth:`load`; each batch becomes global arrays split this way.
             start: first record (negative counts from the end).
@@ -121,8 +124,17 @@ class Pipelines:
         lo, hi, _ = slice(start, stop).indices(context.readable())
         hi = max(lo, hi)
         request.check_batches(batch_size, hi - lo, drop_last=drop_last)
+        if prefetch is None:
+            prefetch = auto_depth(batch_size * request.record_nbytes)
         order, context = _shuffled(
-            self._core, context, request, (shuffle, shuffle_window), batch_size, lo, hi, state
+            self._core,
+            context,
+            request,
+            (shuffle, shuffle_window),
+            (batch_size, prefetch),
+            lo,
+            hi,
+            state,
         )
         return BatchIterator(
             _loader(
@@ -148,7 +160,7 @@ class Pipelines:
         columns: str | Sequence[str] | Any | None = None,
         sharding: Any = None,
         progress: bool = False,
-        prefetch: int = 2,
+        prefetch: int | None = None,
         cast: bool | None = None,
         pad_to: int | str | Sequence[int] | None = None,
         trim: bool = False,
@@ -164,7 +176,8 @@ class Pipelines:
             columns: columns to load, as for :meth:`load`; ``fn`` sees None for the others.
             sharding: as for :meth:`load`; each batch is split this way.
             progress: show a progress bar (records and MB/s) on standard error.
-            prefetch: batches read ahead while the previous one computes.
+            prefetch: batches read ahead while the previous one computes, as for
+                :meth:`batches` (None: 2 to 8, about 256 MiB ahead).
             cast: as for :meth:`load`.
             pad_to: for a ragged store, as for :meth:`load`: ``fn`` is then a function of
                 ``(record, mask)``, one padded record and its mask; with ``pad_to`` fixed
@@ -186,7 +199,7 @@ class Pipelines:
             raise ArgumentTypeError(f"map() takes a function of a record, got {fn!r:.80}")
         rule = "batch_size must be a positive int (of at most 2**31 - 1 records)"
         batch_size = _arguments.optional_count(batch_size, rule, minimum=1, maximum=_MAP_BATCH)
-        prefetch = _arguments.count(prefetch, "prefetch must be >= 0 (an int)")
+        prefetch = _arguments.optional_count(prefetch, "prefetch must be None or an int >= 0")
         progress = _arguments.flag(progress, "progress")
         _check_out(out)
         core = self._core
@@ -194,6 +207,8 @@ class Pipelines:
         size = batch_size if batch_size is not None else core.schema.chunk_records
         request = context.request(columns=columns, sharding=sharding, cast=cast)
         request.check_batches(size, size, drop_last=True)
+        if prefetch is None:
+            prefetch = auto_depth(size * request.record_nbytes)
         return _map.map_records(
             record_reads(request.schema).on_batch(fn),
             _loader(core, context, request, "pad", pad_to, _arguments.trimmed(trim, truncate)),
@@ -262,7 +277,7 @@ def _batch_arguments(*values: Any) -> tuple[Any, ...]:
             stop, "stop must be None or an int (a record index)", minimum=None
         ),
         _arguments.count(seed, "seed must be an int >= 0"),
-        _arguments.count(prefetch, "prefetch must be >= 0 (an int)"),
+        _arguments.optional_count(prefetch, "prefetch must be None or an int >= 0"),
         _arguments.optional_count(epochs, "epochs must be >= 0 or None (endless)"),
     )
 
@@ -272,12 +287,13 @@ def _shuffled(
     context: ReadContext,
     request: LoadRequest,
     asked: tuple[Any, Any],
-    batch_size: int,
+    batching: tuple[int, int],
     lo: int,
     hi: int,
     state: dict[str, Any] | None,
 ) -> tuple[_shuffle.Shuffle, ReadContext]:
-    """The order of ``batches(shuffle=, shuffle_window=)`` over records ``[lo, hi)``, and
+    """The order of ``batches(shuffle=, shuffle_window=)`` (``batching``: its batch size and
+    prefetch depth) over records ``[lo, hi)``, and
     the context to read with: in order or block-shuffled, the batches read through a cache
     of their own, which keeps the chunks (or windows) they are reading decoded, so that each
     is decoded once per epoch whatever the store's cache holds (a store in memory needs
@@ -291,7 +307,7 @@ def _shuffled(
     )
     if order.mode == "uniform" or context.location.kind == "memory":
         return order, context
-    cache = ChunkCache(_shuffle.cache_bytes(order, nbytes, batch_size))
+    cache = ChunkCache(_shuffle.cache_bytes(order, nbytes, *batching))
     private = {"cache": cache, "cache_id": uuid.uuid4().hex, "whole_chunks": True}
     return order, dataclasses.replace(context, **private)
 

@@ -36,7 +36,21 @@ _POLL_S = 0.05  # how often a waiting put or get looks whether the job was stopp
 
 #: loads run side by side at most (each a storage read, a decode spread over TensorStore's
 #: threads, and a host-to-device copy): enough to keep the cores and the transfer busy
-MAX_LOADERS = 4
+MAX_LOADERS = 8
+AUTO_BYTES = 256 << 20  # what ``prefetch=None`` keeps ahead, about
+
+
+def auto_depth(batch_nbytes: int) -> int:
+    """The depth ``prefetch=None`` reads ahead for batches of ``batch_nbytes``: as many as
+    keep about :data:`AUTO_BYTES` ahead, at least 2 and at most :data:`MAX_LOADERS` (a
+    small batch lies in one chunk per column, which one core decodes, so several batches
+    are decoded side by side).
+
+    Example:
+        >>> auto_depth(4 << 20), auto_depth(64 << 20), auto_depth(1 << 30)
+        (8, 4, 2)
+    """
+    return max(2, min(MAX_LOADERS, AUTO_BYTES // max(batch_nbytes, 1)))
 
 
 class Prefetcher(Generic[T]):
@@ -176,4 +190,4 @@ def _stop(jobs: list[background.Job], shared: _Shared) -> None:
         shared.results.clear()
 
 
-__all__ = ["Prefetcher"]
+__all__ = ["Prefetcher", "auto_depth"]

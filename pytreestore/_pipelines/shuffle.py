@@ -136,13 +136,15 @@ def resolve(
     return Shuffle("block", window, chunk)
 
 
-def cache_bytes(plan: Shuffle, record_nbytes: float, batch_size: int) -> int:
+def cache_bytes(plan: Shuffle, record_nbytes: float, batch_size: int, depth: int = 2) -> int:
     """The bound of the own cache of an iterator in order or block-shuffled:
-    :data:`CACHED_WINDOWS` windows (a chunk, in order) and two batches of decoded records of
-    ``record_nbytes`` (a batch wider than a window spans several, and the cache serves a
-    read whose missing chunks fill at most half of it)."""
+    :data:`CACHED_WINDOWS` windows (a chunk, in order) and ``depth + 2`` batches of decoded
+    records of ``record_nbytes`` (``depth`` batches are read side by side ahead of the one
+    handed out, and may reach into the next windows before the current one is done; a batch
+    wider than a window spans several, and the cache serves a read whose missing chunks fill
+    at most half of it)."""
     window = plan.window or plan.chunk
-    return int((CACHED_WINDOWS * window + 2 * batch_size) * max(record_nbytes, 1))
+    return int((CACHED_WINDOWS * window + (depth + 2) * batch_size) * max(record_nbytes, 1))
 
 
 def _fitted_one_window(resumed: dict[str, Any] | None) -> bool:

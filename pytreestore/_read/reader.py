@@ -198,19 +198,24 @@ def _leaves(
 def _slab_leaves(
     context: ReadContext, request: LoadRequest, selection: Selection, records: int, target: Any
 ) -> list[Any]:
-    """The leaves of a big load onto one accelerator, read and copied in slabs that overlap
+    """The leaves of a big load onto one accelerator, read and copied in pieces that overlap
     (:mod:`pytreestore._read.slabs`)."""
-    paths = [request.schema.paths[i] for i in request.chosen]
-    chunk = max(c.chunks[0] for c in request.specs)
+    specs = request.specs
+    chunk = max(c.chunks[0] for c in specs)
+    nbytes = [c.record_nbytes for c in specs]
 
-    def read(where: slice) -> list[np.ndarray]:
-        part = Selection(where, where.stop - where.start, False)
-        arrays = _read(context, request, part, records)
+    def read(piece: _slabs.Piece) -> list[np.ndarray]:
+        chosen = tuple(request.chosen[i] for i in piece.columns)
+        part = dataclasses.replace(request, chosen=chosen)
+        rows = Selection(piece.rows, piece.rows.stop - piece.rows.start, False)
+        arrays = _read(context, part, rows, records)
+        paths = [request.schema.paths[i] for i in chosen]
         return [_device.jax_ready(a, p, request.cast) for a, p in zip(arrays, paths)]
 
-    slabs = _slabs.plan_slabs(selection.index, chunk, request.record_nbytes, _slabs.SLAB_BYTES)
-    placed = weaken(_spread(request, _slabs.load(read, slabs, target)), request.schema.weak)
-    return _prng.wrap_columns(placed, _key_impls(request.schema))
+    pieces = _slabs.plan(selection.index, nbytes, chunk, _slabs.SLAB_BYTES)
+    placed = _slabs.load(read, pieces, len(specs), target)
+    leaves = weaken(_spread(request, placed), request.schema.weak)
+    return _prng.wrap_columns(leaves, _key_impls(request.schema))
 
 
 def _read(

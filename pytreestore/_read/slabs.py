@@ -1,26 +1,35 @@
-"""Big loads onto an accelerator in slabs: reading, decoding and copying to the device overlap.
+"""Big loads onto an accelerator in pieces: reading, decoding and copying to the device overlap.
 
 A load of every record of a 1 GB store read whole and then copied would spend its time in
 turn: TensorStore decodes into fresh host arrays (on an accelerator's host each new page costs
 a fault, about 1 GB/s on one thread), then ``jax.device_put`` copies them. Here a load of at
-least :data:`MIN_BYTES` onto one accelerator device is read in slabs of whole chunks of about
-:data:`SLAB_BYTES`, :data:`READERS` slabs side by side, and each slab is handed to
-``jax.device_put`` as soon as it is read, so the copy of one slab runs while the next ones are
-decoded; the slabs' arrays are small enough for the allocator to reuse their memory. The
-slabs are joined on the device by one compiled concatenation per column layout (cached by
-JAX), which costs the device's memory bandwidth, not the host's.
+least :data:`MIN_BYTES` onto one accelerator device is cut into *pieces* of about
+:data:`SLAB_BYTES` (:func:`plan`), :data:`READERS` read side by side, and each piece is handed
+to ``jax.device_put`` as soon as it is read, so the copy of one piece runs while the next are
+decoded:
+
+* a column whose rows take at most :data:`WHOLE_BYTES` is read whole, with other such
+  columns (a wide tree of small leaves: a few pieces, nothing to join);
+* a bigger column is read in *slabs* of whole chunks of rows, with the other big columns'
+  rows of that slab; its slabs are joined on the device by one compiled concatenation per
+  layout (cached by JAX), which costs the device's memory bandwidth, not the host's. Each
+  array of a slab is small enough for the allocator to reuse its memory.
 
 Loads onto the CPU, with a sharding (:mod:`pytreestore._read.sharded` splits those by device
-already), as numpy, of an index array, or that the device's free memory could not hold twice
-are read whole as before (:func:`planned` says which).
+already), as numpy, of an index array, or that the device's free memory could not hold (twice,
+for the columns read in slabs) are read whole as before (:func:`planned` says which).
 
 Example:
     >>> plan_slabs(slice(0, 100, 1), chunk=8, record_nbytes=1 << 20, slab_bytes=16 << 20)
     [slice(0, 16, 1), slice(16, 32, 1), slice(32, 48, 1), slice(48, 64, 1), slice(64, 80, 1), slice(80, 96, 1), slice(96, 100, 1)]
+    >>> pieces = plan(slice(0, 1000, 1), [4, 4, 40_000], chunk=100, slab_bytes=8 << 20)
+    >>> [(p.columns, p.rows) for p in pieces][:2], len(pieces)
+    ([((0, 1), slice(0, 1000, 1)), ((2,), slice(0, 200, 1))], 6)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import threading
@@ -34,8 +43,9 @@ import numpy as np
 
 from pytreestore._platform import at_fork
 
-SLAB_BYTES = 64 << 20  # bytes of one slab (every chosen column's rows of it), about
+SLAB_BYTES = 64 << 20  # bytes of one piece, about
 MIN_BYTES = 2 * SLAB_BYTES  # a smaller load is read whole
+WHOLE_BYTES = 8 << 20  # a column whose rows take at most this is read whole, in a group
 READERS = 3  # slabs read side by side (each decodes on TensorStore's own threads too)
 
 #: platforms the slab pipeline serves; tests add "cpu" to run it without an accelerator
@@ -52,6 +62,38 @@ def plan_slabs(index: slice, chunk: int, record_nbytes: int, slab_bytes: int) ->
     return [slice(lo, hi, 1) for lo, hi in itertools.pairwise(cuts) if hi > lo]
 
 
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """Rows ``rows`` of the chosen columns at positions ``columns`` (among the chosen)."""
+
+    columns: tuple[int, ...]
+    rows: slice
+
+
+def plan(index: slice, column_nbytes: Sequence[int], chunk: int, slab_bytes: int) -> list[Piece]:
+    """The pieces of a load of rows ``index`` of columns taking ``column_nbytes`` bytes a
+    record: the columns whose rows take at most :data:`WHOLE_BYTES` in groups of about
+    ``slab_bytes``, whole; the others together in slabs of rows (:func:`plan_slabs`)."""
+    count = index.stop - index.start
+    small = [i for i, b in enumerate(column_nbytes) if b * count <= WHOLE_BYTES]
+    big = [i for i, b in enumerate(column_nbytes) if b * count > WHOLE_BYTES]
+    pieces: list[Piece] = []
+    group: list[int] = []
+    size = 0
+    for i in small:
+        if group and size + column_nbytes[i] * count > slab_bytes:
+            pieces.append(Piece(tuple(group), index))
+            group, size = [], 0
+        group.append(i)
+        size += column_nbytes[i] * count
+    if group:
+        pieces.append(Piece(tuple(group), index))
+    if big:
+        per = sum(column_nbytes[i] for i in big)
+        pieces += [Piece(tuple(big), r) for r in plan_slabs(index, chunk, per, slab_bytes)]
+    return pieces
+
+
 def device_of(device: Any) -> Any:
     """The one device a load with ``device=`` places on, or None if it is a sharding (or
     something else this module does not take)."""
@@ -61,9 +103,9 @@ def device_of(device: Any) -> Any:
 
 
 def planned(index: Any, nbytes: int, device: Any) -> Any:
-    """The device to load ``index`` (``nbytes`` of host arrays) onto in slabs, or None to
+    """The device to load ``index`` (``nbytes`` of host arrays) onto in pieces, or None to
     read it whole: an index array, a small load, a sharding, a CPU device, or too little
-    free device memory for the slabs and their concatenation."""
+    free device memory for the pieces and their concatenation."""
     if not isinstance(index, slice) or index.step != 1 or nbytes < MIN_BYTES:
         return None
     target = device_of(device)
@@ -85,34 +127,33 @@ def _memory_stats(device: Any) -> dict[str, int] | None:
 
 
 def load(
-    read: Callable[[slice], Sequence[np.ndarray]],
-    slabs: Sequence[slice],
+    read: Callable[[Piece], Sequence[np.ndarray]],
+    pieces: Sequence[Piece],
+    columns: int,
     device: Any,
 ) -> list[jax.Array]:
-    """Every slab of ``slabs`` read by ``read`` (host arrays of its rows, one per column, in
-    a dtype JAX holds), :data:`READERS` at a time, each copied to ``device`` as soon as it
-    is read; the columns joined on the device.
+    """Every piece of ``pieces`` read by ``read`` (host arrays of its columns' rows, in a
+    dtype JAX holds), :data:`READERS` at a time, each copied to ``device`` as soon as it is
+    read; the ``columns`` chosen columns, each joined on the device from its slabs.
 
     Raises:
-        Whatever ``read`` raised for the first slab that failed (the others are waited for).
+        Whatever ``read`` raised for the first piece that failed (the others are waited for).
     """
     pool = _pool()
     futures: list[Future[list[jax.Array]]] = []
-    pending = list(slabs)
     window = threading.BoundedSemaphore(READERS)
 
-    def task(where: slice) -> list[jax.Array]:
+    def task(piece: Piece) -> list[jax.Array]:
         try:
-            arrays = read(where)
-            return list(jax.device_put(list(arrays), device))
+            return list(jax.device_put(list(read(piece)), device))
         finally:
             window.release()
 
     try:
-        for where in pending:
+        for piece in pieces:
             window.acquire()
-            futures.append(pool.submit(task, where))
-        parts = [f.result() for f in futures]
+            futures.append(pool.submit(task, piece))
+        placed = [f.result() for f in futures]
     except BaseException:
         for f in futures:
             f.cancel()
@@ -120,14 +161,21 @@ def load(
             if not f.cancelled():
                 f.exception()  # waits: nothing is still reading when this returns
         raise
-    return _join(parts)
+    slabs: list[list[jax.Array]] = [[] for _ in range(columns)]
+    for piece, arrays in zip(pieces, placed):
+        for i, array in zip(piece.columns, arrays):
+            slabs[i].append(array)
+    return _join(slabs)
 
 
-def _join(parts: list[list[jax.Array]]) -> list[jax.Array]:
-    """Each column's slabs concatenated along the record axis (one slab: as it is)."""
-    if len(parts) == 1:
-        return parts[0]
-    return _concatenate(tuple(tuple(column) for column in zip(*parts)))
+def _join(slabs: list[list[jax.Array]]) -> list[jax.Array]:
+    """Each column from its slabs, concatenated along the record axis (one: as it is)."""
+    many = [i for i, s in enumerate(slabs) if len(s) > 1]
+    out = [s[0] for s in slabs]
+    if many:
+        for i, joined in zip(many, _concatenate(tuple(tuple(slabs[i]) for i in many))):
+            out[i] = joined
+    return out
 
 
 @functools.partial(jax.jit)
