@@ -1,7 +1,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.installed
 
-.PHONY: install test test-long lint bench bench-quick demo docs chromium docs-images
+.PHONY: install test test-long lint bench bench-quick bench-tpu demo docs chromium docs-images
 
 $(STAMP): pyproject.toml
 	test -d .venv || python3 -m venv .venv
@@ -63,6 +63,11 @@ bench: $(BENCH_STAMP)
 # small sizes, one repeat (CI); the anchors' libraries are optional: rows without them say skipped
 bench-quick: $(BENCH_STAMP)
 	$(PY) benchmarks/run.py --quick
+	$(PY) benchmarks/bench_tpu.py --quick
+
+# feeding an accelerator (issue 34): run on the accelerator's host, alone (it holds the chip)
+bench-tpu: $(BENCH_STAMP)
+	$(PY) benchmarks/bench_tpu.py --json bench-tpu.json
 
 demo: $(STAMP)
 	$(PY) examples/simulation.py
