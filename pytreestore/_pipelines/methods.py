@@ -78,8 +78,9 @@ class Pipelines:
             drop_last: skip the last batch of an epoch when it is short.
             prefetch: batches read (and copied to device) ahead while the caller computes,
                 that many loads side by side (up to 8); 0 reads each batch when it is asked
-                for. None (default): as many as keep about 256 MiB ahead, 2 to 8 (a small
-                batch decodes on one core per column, so several are read at once).
+                for. None (default): as many as keep about 256 MiB ahead, 2 to 8 and at most
+                one per core (a small batch decodes on one core per column, so several are
+                read at once). See docs/sharding.md, "Feeding an accelerator".
             columns: columns to load, as for :meth:`load`.
             sharding: as for :meth:`load`; each batch becomes global arrays split this way.
             start: first record (negative counts from the end).
@@ -177,7 +178,7 @@ class Pipelines:
             sharding: as for :meth:`load`; each batch is split this way.
             progress: show a progress bar (records and MB/s) on standard error.
             prefetch: batches read ahead while the previous one computes, as for
-                :meth:`batches` (None: 2 to 8, about 256 MiB ahead).
+                :meth:`batches` (None: 2 to 8, about 256 MiB ahead, one per core at most).
             cast: as for :meth:`load`.
             pad_to: for a ragged store, as for :meth:`load`: ``fn`` is then a function of
                 ``(record, mask)``, one padded record and its mask; with ``pad_to`` fixed

@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -40,17 +41,20 @@ MAX_LOADERS = 8
 AUTO_BYTES = 256 << 20  # what ``prefetch=None`` keeps ahead, about
 
 
-def auto_depth(batch_nbytes: int) -> int:
+def auto_depth(batch_nbytes: int, cores: int | None = None) -> int:
     """The depth ``prefetch=None`` reads ahead for batches of ``batch_nbytes``: as many as
-    keep about :data:`AUTO_BYTES` ahead, at least 2 and at most :data:`MAX_LOADERS` (a
-    small batch lies in one chunk per column, which one core decodes, so several batches
-    are decoded side by side).
+    keep about :data:`AUTO_BYTES` ahead, at most :data:`MAX_LOADERS` and one per core
+    (``cores``: this machine's by default), at least 2 (a small batch lies in one chunk per
+    column, which one core decodes, so several batches are decoded side by side).
 
     Example:
-        >>> auto_depth(4 << 20), auto_depth(64 << 20), auto_depth(1 << 30)
-        (8, 4, 2)
+        >>> [auto_depth(n, cores=16) for n in (4 << 20, 64 << 20, 1 << 30)]
+        [8, 4, 2]
+        >>> auto_depth(4 << 20, cores=2)
+        2
     """
-    return max(2, min(MAX_LOADERS, AUTO_BYTES // max(batch_nbytes, 1)))
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    return max(2, min(MAX_LOADERS, cores, AUTO_BYTES // max(batch_nbytes, 1)))
 
 
 class Prefetcher(Generic[T]):
