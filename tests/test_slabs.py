@@ -92,6 +92,7 @@ def test_a_big_load_in_slabs_equals_the_whole_read(path, backend, codec, on_cpu)
     assert jax.dtypes.issubdtype(got["key"].dtype, jax.dtypes.prng_key)
     assert got["scale"].weak_type and not got["body"].pos.weak_type
     assert got["body"].pos.shape == (2985, 32)
+    assert not got["body"].pos.committed  # as a whole read's: device=None commits nothing
 
 
 def test_columns_and_device_are_kept(path, backend, eight_devices, on_cpu):
@@ -100,6 +101,7 @@ def test_columns_and_device_are_kept(path, backend, eight_devices, on_cpu):
     assert on_cpu
     assert got["key"] is None and got["body"].flag is None
     assert got["body"].pos.devices() == {eight_devices[3]}
+    assert got["body"].pos.committed  # a device given is a device kept
     np.testing.assert_array_equal(np.asarray(got["step"]), np.arange(3000))
 
 
@@ -199,3 +201,72 @@ def test_plan_reads_every_row_of_every_column_once(nbytes, monkeypatch):
     assert (seen[:, 17:] == 1).all() and (seen[:, :17] == 0).all()
     whole = [p for p in pieces if p.rows == index]
     assert all(nbytes[c] * 4983 <= 64 << 10 for p in whole for c in p.columns) or len(pieces) == 1
+
+
+def test_threads_loading_in_slabs_at_once_each_get_their_rows(path, on_cpu):
+    import threading
+
+    store = _store(path, "tensorstore")
+    want = store.load(as_numpy=True)
+    out, errors = {}, []
+
+    def work(k):
+        try:
+            lo = 100 * k
+            out[k] = store.load(slice(lo, 3000 - lo))
+        except BaseException as err:  # reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(on_cpu) == 6
+    for k, got in out.items():
+        _same(got, jax.tree.map(lambda x, k=k: x[100 * k : 3000 - 100 * k], want))
+
+
+FORKED = """
+import os, sys
+import numpy as np, jax, pytreestore
+from pytreestore._read import slabs
+from pytreestore.errors import ForkedBackendError
+slabs.PLATFORMS.add("cpu"); slabs.SLAB_BYTES = 64 << 10; slabs.MIN_BYTES = 128 << 10
+store = pytreestore.open(sys.argv[1])
+want = store.load(as_numpy=True)["x"]
+assert (np.asarray(store.load()["x"]) == want).all()  # the readers' pool now exists
+pid = os.fork()
+if pid == 0:
+    try:
+        pytreestore.open(sys.argv[1]).load()
+    except ForkedBackendError as err:
+        os._exit(0 if "spawn" in str(err) else 3)
+    except BaseException:
+        os._exit(4)
+    os._exit(5)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_gets_the_fork_error_not_a_hang(path):
+    """A child forked after slab loads (their readers' threads are not in it) is told to
+    use 'spawn', as for any TensorStore read there, rather than waiting on a dead pool."""
+    import subprocess
+    import sys
+
+    store = pytreestore.create(path, {"x": np.zeros(64, np.float32)}, chunk_records=128)
+    store.extend_batch({"x": np.arange(4096 * 64, dtype=np.float32).reshape(4096, 64)})
+    store.close()
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", FORKED, path],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["child", "0"]

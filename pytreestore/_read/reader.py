@@ -177,11 +177,9 @@ def _leaves(
     context: ReadContext, request: LoadRequest, selection: Selection, records: int
 ) -> list[Any]:
     if not request.as_numpy and not selection.scalar:
-        target = _slabs.planned(
-            selection.index, selection.count * request.record_nbytes, request.device
-        )
-        if target is not None:
-            return _slab_leaves(context, request, selection, records, target)
+        nbytes = selection.count * request.record_nbytes
+        if _slabs.planned(selection.index, nbytes, request.device) is not None:
+            return _slab_leaves(context, request, selection, records)
     arrays = _read(context, request, selection, records)
     if selection.scalar:
         arrays = [a[0, ...] for a in arrays]
@@ -196,7 +194,7 @@ def _leaves(
 
 
 def _slab_leaves(
-    context: ReadContext, request: LoadRequest, selection: Selection, records: int, target: Any
+    context: ReadContext, request: LoadRequest, selection: Selection, records: int
 ) -> list[Any]:
     """The leaves of a big load onto one accelerator, read and copied in pieces that overlap
     (:mod:`pytreestore._read.slabs`)."""
@@ -213,7 +211,7 @@ def _slab_leaves(
         return [_device.jax_ready(a, p, request.cast) for a, p in zip(arrays, paths)]
 
     pieces = _slabs.plan(selection.index, nbytes, chunk, _slabs.SLAB_BYTES)
-    placed = _slabs.load(read, pieces, len(specs), target)
+    placed = _slabs.load(read, pieces, len(specs), request.device)  # None stays uncommitted
     leaves = weaken(_spread(request, placed), request.schema.weak)
     return _prng.wrap_columns(leaves, _key_impls(request.schema))
 

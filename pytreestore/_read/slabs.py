@@ -134,7 +134,9 @@ def load(
 ) -> list[jax.Array]:
     """Every piece of ``pieces`` read by ``read`` (host arrays of its columns' rows, in a
     dtype JAX holds), :data:`READERS` at a time, each copied to ``device`` as soon as it is
-    read; the ``columns`` chosen columns, each joined on the device from its slabs.
+    read; the ``columns`` chosen columns, each joined on the device from its slabs. ``device``
+    is as the load was given it: None places on the default device uncommitted, as
+    ``jax.device_put`` does, so the arrays may join computations on other devices.
 
     Raises:
         Whatever ``read`` raised for the first piece that failed (the others are waited for).
