@@ -44,6 +44,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _device_workers import _assert_tree_equal as _check  # the same check as bench_device
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -85,15 +86,6 @@ def _row(case: str, ours: list[float], floor: list[float], goal: str, **notes: A
         "floor_runs": floor,
         **notes,
     }
-
-
-def _check(got: Any, want: Any) -> None:
-    g, w = jax.tree.leaves(got), jax.tree.leaves(want)
-    assert len(g) == len(w), (len(g), len(w))
-    for x, y in zip(g, w, strict=True):
-        x = np.asarray(x)
-        assert x.dtype == y.dtype and x.shape == y.shape, (x.dtype, x.shape, y.dtype, y.shape)
-        np.testing.assert_array_equal(x, y)
 
 
 # ---- data ----------------------------------------------------------------------------------------
