@@ -59,6 +59,11 @@ class Job:
         """Whether the job has returned (and dropped what it held)."""
         return self._ended.is_set()
 
+    @property
+    def here(self) -> bool:
+        """Whether the caller runs on this job's thread."""
+        return self._thread == threading.get_ident()
+
     def stop(self) -> None:
         """Asks the job to stop; it returns at its next look at :attr:`stopping`."""
         self.stopping.set()

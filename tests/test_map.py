@@ -100,29 +100,33 @@ class TestEightDevices:
         np.testing.assert_array_equal(np.asarray(got["twice"]), np.asarray(expected["twice"]))
 
 
-def test_a_second_map_with_the_same_function_compiles_nothing(tmp_path):
-    """``map`` keeps its compiled steps per function while the function lives: a second
-    call with the same ``fn`` traces nothing (it traced once per call before, which on an
-    accelerator is a compile per call); the kept entry does not keep ``fn`` alive."""
-    import gc
-    import weakref
+def test_each_map_call_sees_what_its_function_reads_now(tmp_path):
+    """Each ``map`` traces ``fn`` afresh: a function that reads a global, a callable whose
+    attribute changed, or an equal-but-different callable gives today's results, never a
+    step compiled by an earlier call (an adversarial review found a per-function cache of
+    compiled steps returning the first epoch's results)."""
+    import dataclasses
 
-    store = pytreestore.create(tmp_path / "s", {"x": np.float32(0)})
-    store.extend({"x": np.float32(i)} for i in range(10))
+    store = pytreestore.create(tmp_path / "s", {"a": np.float32(0)}, chunk_records=8)
+    store.extend({"a": np.float32(i)} for i in range(4))
     store.flush()
-    traces = []
+    scale = {"now": jnp.float32(2.0)}
 
-    def f(r):
-        traces.append(1)
-        return r["x"] * 2
+    def embed(r):
+        return r["a"] * scale["now"]
 
-    first = store.map(f, batch_size=4)
-    n = len(traces)
-    second = store.map(f, batch_size=4)
-    assert len(traces) == n
-    np.testing.assert_array_equal(np.asarray(first), np.arange(10) * 2)
-    np.testing.assert_array_equal(np.asarray(second), np.asarray(first))
-    ref = weakref.ref(f)
-    del f
-    gc.collect()
-    assert ref() is None
+    np.testing.assert_array_equal(np.asarray(store.map(embed, batch_size=4)), [0, 2, 4, 6])
+    scale["now"] = jnp.float32(3.0)
+    np.testing.assert_array_equal(np.asarray(store.map(embed, batch_size=4)), [0, 3, 6, 9])
+
+    @dataclasses.dataclass(frozen=True)
+    class Scaled:
+        name: str
+        w: float = dataclasses.field(compare=False, hash=False)
+
+        def __call__(self, r):
+            return r["a"] * self.w
+
+    two, five = Scaled("m", 2.0), Scaled("m", 5.0)  # equal and same hash, other code
+    np.testing.assert_array_equal(np.asarray(store.map(two, batch_size=4)), [0, 2, 4, 6])
+    np.testing.assert_array_equal(np.asarray(store.map(five, batch_size=4)), [0, 5, 10, 15])

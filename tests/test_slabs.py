@@ -270,3 +270,54 @@ def test_a_forked_child_gets_the_fork_error_not_a_hang(path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["child", "0"]
+
+
+def test_a_failed_piece_stops_the_reading_of_the_others():
+    import threading
+    import time
+
+    seen = []
+    lock = threading.Lock()
+
+    def read(piece):
+        with lock:
+            seen.append(piece.rows.start)
+        if piece.rows.start == 0:
+            raise CorruptChunkError("piece 0 is damaged", path="x", chunk=(0,), key="x/c/0")
+        time.sleep(0.05)
+        return [np.zeros(piece.rows.stop - piece.rows.start, np.float32)]
+
+    pieces = [slabs.Piece((0,), slice(10 * k, 10 * k + 10, 1)) for k in range(40)]
+    with pytest.raises(CorruptChunkError, match="piece 0"):
+        slabs.load(read, pieces, 1, jax.devices("cpu")[0])
+    assert len(seen) <= slabs.READERS + 1  # not the 40 pieces
+
+
+AT_EXIT = """
+import atexit
+import numpy as np, pytreestore
+from pytreestore._read import slabs
+slabs.PLATFORMS.add("cpu"); slabs.SLAB_BYTES = 64 << 10; slabs.MIN_BYTES = 128 << 10
+s = pytreestore.create("memory://at-exit", {"a": np.zeros(256, np.float32)}, chunk_records=64)
+s.extend({"a": np.full(256, i, np.float32)} for i in range(1000))
+s.flush()
+def last():
+    got = np.asarray(s.load(slice(0, 1000))["a"])[:, 0]
+    print("read", int(got.sum()))
+atexit.register(last)
+"""
+
+
+def test_a_slab_load_in_an_exit_handler_reads_in_the_calling_thread():
+    """Python refuses new pool work once it is exiting; a load from an ``atexit`` handler
+    then reads its pieces itself (it raised RuntimeError: cannot schedule new futures)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(
+        [sys.executable, "-c", AT_EXIT], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["read", str(sum(range(1000)))]

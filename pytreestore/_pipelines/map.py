@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 import os
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -64,7 +63,7 @@ def map_records(
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
-    step = _Vmapped.of(fn)
+    step = _Vmapped(fn)
     sink = _Sink(out, create)
     bar = progress_bar(total=count, desc="map", record_nbytes=record_nbytes, enabled=progress)
     batches = Prefetcher(lambda ix: (ix[0], load(ix[1])), _indices(count, batch_size), prefetch)
@@ -86,22 +85,9 @@ class _Vmapped:
     """``jax.jit(jax.vmap(fn))`` of a batched record whose constant leaves (functions, see
     :mod:`pytreestore._format.consts`) are closed over rather than traced, as ``eqx.filter_jit`` does."""
 
-    def __init__(self, fn: Callable[[Any], Any], *, kept: bool = False) -> None:
-        # one kept in _KEPT holds its key weakly (a strong one would keep it forever)
-        self._fn: Callable[[], Any] = weakref.ref(fn) if kept else (lambda: fn)
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self._fn = fn
         self._compiled: dict[Any, Any] = {}
-
-    @classmethod
-    def of(cls, fn: Callable[[Any], Any]) -> _Vmapped:
-        """The one kept for ``fn`` while ``fn`` lives, so that a second ``map`` with the same
-        function reuses its compiled steps (a new ``jax.jit`` per call compiled again)."""
-        try:
-            kept = _KEPT.get(fn)
-        except TypeError:  # not weakly referable, or unhashable: made anew each call
-            return cls(fn)
-        if kept is None:
-            kept = _KEPT[fn] = cls(fn, kept=True)
-        return kept
 
     def _split(self, batch: Any) -> tuple[Callable[[list[Any]], Any], list[Any], Any]:
         leaves, treedef = jax.tree_util.tree_flatten(batch)
@@ -111,7 +97,7 @@ class _Vmapped:
 
         def inner(arrays: list[Any]) -> Any:
             a, k = iter(arrays), iter(consts)
-            return self._fn()(treedef.unflatten([next(k) if c else next(a) for c in mask]))
+            return self._fn(treedef.unflatten([next(k) if c else next(a) for c in mask]))
 
         key = (treedef, mask, tuple(id(c) for c in consts))  # consts live as long as the schema
         return inner, arrays, key
@@ -126,9 +112,6 @@ class _Vmapped:
     def eval_shape(self, batch: Any) -> Any:
         inner, arrays, _ = self._split(batch)
         return jax.eval_shape(jax.vmap(inner), arrays)
-
-
-_KEPT: weakref.WeakKeyDictionary[Any, _Vmapped] = weakref.WeakKeyDictionary()
 
 
 def _indices(count: int, batch_size: int) -> Iterator[tuple[int, Any]]:

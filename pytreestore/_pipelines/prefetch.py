@@ -125,17 +125,25 @@ class Prefetcher(Generic[T]):
 
 
 class _Shared:
-    """What the loading jobs share: the items (taken in turn under ``ready``'s lock, so each
-    gets the next position), the results by position, and ``slots``, one per result that
-    may be loaded or waiting beyond those handed out."""
+    """What the loading jobs share: the items (taken in turn under ``taking``, so each
+    gets the next position, and never under ``ready``, which the consumer waits on), the
+    results by position, and ``slots``, one per result that may be loaded or waiting beyond
+    those handed out."""
 
     def __init__(self, load: Callable[[Any], Any], items: Iterator[Any], depth: int) -> None:
         self.load, self.items = load, items
-        self.ready = threading.Condition()
+        self.taking = threading.RLock()
+        self.ready = threading.Condition(threading.RLock())
         self.results: dict[int, tuple[Any, Any]] = {}
         self.slots = threading.Semaphore(max(depth, 1))
         self.taken = 0  # positions given to jobs so far
         self.done = False  # the items ran out, or a load failed: no job takes another
+
+    def file(self, position: int, entry: tuple[Any, Any]) -> None:
+        """Files ``entry`` at ``position`` for the consumer."""
+        with self.ready:
+            self.results[position] = entry
+            self.ready.notify_all()
 
 
 def _forked() -> ForkedIteratorError:
@@ -154,7 +162,7 @@ def _produce(shared: _Shared, stopping: Event) -> None:
     while not stopping.is_set():
         if not shared.slots.acquire(timeout=_POLL_S):
             continue
-        with shared.ready:
+        with shared.taking:
             if shared.done:
                 shared.slots.release()
                 return
@@ -164,32 +172,34 @@ def _produce(shared: _Shared, stopping: Event) -> None:
                 item = next(shared.items)
             except StopIteration:
                 shared.done = True
-                shared.results[position] = (_END, None)
-                shared.ready.notify_all()
+                shared.file(position, (_END, None))
                 return
             except BaseException as err:  # handed to the consumer, raised there
                 shared.done = True
-                shared.results[position] = (_ERROR, err)
-                shared.ready.notify_all()
+                shared.file(position, (_ERROR, err))
                 return
         try:
             entry: tuple[Any, Any] = (None, shared.load(item))
         except BaseException as err:  # handed to the consumer, raised there
             entry = (_ERROR, err)
-        with shared.ready:
-            if entry[0] is _ERROR:
+            with shared.taking:
                 shared.done = True
-            shared.results[position] = entry
-            shared.ready.notify_all()
+        shared.file(position, entry)
         del entry, item
 
 
 def _stop(jobs: list[background.Job], shared: _Shared) -> None:
-    """Stops the prefetch jobs, waits for them, and drops what they had loaded."""
+    """Stops the prefetch jobs, waits for them, and drops what they had loaded.
+
+    Run on one of the jobs' own threads (a garbage collection there dropped the
+    prefetcher), it asks them to stop and returns: that thread may hold ``taking``, which
+    the others would wait for, so waiting for them there would never end.
+    """
     for job in jobs:
         job.stop()
-    for job in jobs:
-        job.join()
+    if not any(job.here for job in jobs):
+        for job in jobs:
+            job.join()
     with shared.ready:
         shared.results.clear()
 

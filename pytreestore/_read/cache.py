@@ -209,8 +209,9 @@ def read(
     if sum(valid * p.spec.record_nbytes for p, _, valid in missing) > cache.limit // 2:
         return None
     by_key = {(owner, p.spec.key, k, valid): (p, k, valid) for p, k, valid in missing}
-    mine, theirs = cache.claim(list(by_key))
+    mine: list[_Key] = []
     try:
+        mine, theirs = cache.claim(list(by_key))
         _fill(cache, backend, [by_key[key] for key in mine], owner, records)
     finally:
         cache.release(mine)

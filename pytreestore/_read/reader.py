@@ -199,7 +199,8 @@ def _slab_leaves(
     """The leaves of a big load onto one accelerator, read and copied in pieces that overlap
     (:mod:`pytreestore._read.slabs`)."""
     specs = request.specs
-    chunk = max(c.chunks[0] for c in specs)
+    unit = context.unit(request.schema)  # a sharded column decodes an inner chunk at least
+    chunk = max(c.chunks[0] if unit is None else unit(c) for c in specs)
     nbytes = [c.record_nbytes for c in specs]
 
     def read(piece: _slabs.Piece) -> list[np.ndarray]:

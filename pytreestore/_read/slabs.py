@@ -141,22 +141,35 @@ def load(
     Raises:
         Whatever ``read`` raised for the first piece that failed (the others are waited for).
     """
-    pool = _pool()
     futures: list[Future[list[jax.Array]]] = []
     window = threading.BoundedSemaphore(READERS)
+    failed = threading.Event()  # a piece failed: the others are not read
 
     def task(piece: Piece) -> list[jax.Array]:
         try:
+            if failed.is_set():
+                return []
             return list(jax.device_put(list(read(piece)), device))
+        except BaseException:
+            failed.set()
+            raise
         finally:
             window.release()
 
+    pool = _pool()
     try:
         for piece in pieces:
             window.acquire()
-            futures.append(pool.submit(task, piece))
+            if failed.is_set():
+                window.release()
+                break
+            try:
+                futures.append(pool.submit(task, piece))
+            except RuntimeError:  # the interpreter is exiting: no new threads; read here
+                futures.append(_done(task, piece))
         placed = [f.result() for f in futures]
     except BaseException:
+        failed.set()
         for f in futures:
             f.cancel()
         for f in futures:
@@ -168,6 +181,16 @@ def load(
         for i, array in zip(piece.columns, arrays):
             slabs[i].append(array)
     return _join(slabs)
+
+
+def _done(task: Callable[[Piece], list[jax.Array]], piece: Piece) -> Future[list[jax.Array]]:
+    """``task(piece)`` run in this thread, as a finished future."""
+    future: Future[list[jax.Array]] = Future()
+    try:
+        future.set_result(task(piece))
+    except BaseException as err:
+        future.set_exception(err)
+    return future
 
 
 def _join(slabs: list[list[jax.Array]]) -> list[jax.Array]:
