@@ -262,6 +262,26 @@ class StoreMachine(RuleBasedStateMachine):
         self.settle(before, None)
 
     @rule()
+    def device_load(self) -> None:
+        """The writer's records loaded onto the device (64-bit columns cast) hold the values
+        of its numpy load: on an accelerator (or with the accelerator paths forced, see the
+        test below) through the pieces and the packed small leaves."""
+        before = self.state
+        self.store.flush()
+        try:
+            got = self.store.load(cast=True)
+        except errors.X64DisabledError:  # a value beyond 32 bits: refused, by name
+            self.settle(before, None)
+            return
+        want = self.store.load(as_numpy=True)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            if jax.dtypes.issubdtype(g.dtype, jax.dtypes.prng_key):
+                g = jax.random.key_data(g)
+            host = np.asarray(g)
+            np.testing.assert_array_equal(host, np.asarray(w).astype(host.dtype))
+        self.settle(before, None)
+
+    @rule()
     def read(self) -> None:
         """The writer's own reads: every record, buffered ones committed first."""
         before = self.state
@@ -498,3 +518,20 @@ def test_store_follows_the_model(base, backend, tmp_path):
 def test_store_follows_the_model_long(base, backend, tmp_path):
     examples = 60 if base is FixedMachine else 40
     run(base, backend, str(tmp_path), settings(LONG, max_examples=examples))
+
+
+@pytest.mark.parametrize("base", [FixedMachine, RaggedMachine], ids=["fixed", "ragged"])
+def test_store_follows_the_model_through_the_accelerator_paths(
+    base, backend, tmp_path, monkeypatch
+):
+    """The paths only an accelerator takes (loads in pieces, small leaves packed by dtype,
+    see pytreestore/_read/slabs.py and packed.py), forced on the CPU with tiny pieces, among
+    appends, truncates, evolves, versions and fragments: the machine's device loads (a whole
+    load beside an epoch of shuffled batches) go through them."""
+    from pytreestore._read import slabs
+
+    monkeypatch.setattr(slabs, "PLATFORMS", {*slabs.PLATFORMS, "cpu"})
+    monkeypatch.setattr(slabs, "SLAB_BYTES", 16)  # a piece per chunk, at least
+    monkeypatch.setattr(slabs, "MIN_BYTES", 1)  # every device load of a slice
+    monkeypatch.setattr(slabs, "WHOLE_BYTES", 8)
+    run(base, backend, str(tmp_path), settings(DEFAULT, max_examples=3))
