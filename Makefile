@@ -63,11 +63,11 @@ bench: $(BENCH_STAMP)
 # small sizes, one repeat (CI); the anchors' libraries are optional: rows without them say skipped
 bench-quick: $(BENCH_STAMP)
 	$(PY) benchmarks/run.py --quick
-	$(PY) benchmarks/bench_tpu.py --quick
+	$(PY) benchmarks/tpu_feed.py --quick
 
 # feeding an accelerator (issue 34): run on the accelerator's host, alone (it holds the chip)
 bench-tpu: $(BENCH_STAMP)
-	$(PY) benchmarks/bench_tpu.py --json bench-tpu.json
+	$(PY) benchmarks/tpu_feed.py --json bench-tpu.json
 
 demo: $(STAMP)
 	$(PY) examples/simulation.py

@@ -2,7 +2,10 @@
 
 Run it on the accelerator's host, alone (one process at a time may hold the chip)::
 
-    python benchmarks/bench_tpu.py [--quick] [--json OUT.json] [--only CASE ...]
+    python benchmarks/tpu_feed.py [--quick] [--json OUT.json] [--only CASE ...]
+
+It is not a ``bench_*`` module: ``benchmarks/run.py`` imports those into its own process,
+and this one must hold the chip itself.
 
 It runs on any JAX platform (CI runs ``--quick`` on the CPU to keep it working); the figures
 that matter are the TPU's, recorded in docs/benchmarks.md. Each case builds its store in a
