@@ -321,3 +321,13 @@ def test_a_slab_load_in_an_exit_handler_reads_in_the_calling_thread():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["read", str(sum(range(1000)))]
+
+
+def test_the_default_device_is_the_one_jax_is_told_to_use(eight_devices):
+    with jax.default_device(eight_devices[2]):
+        assert slabs.device_of(None) == eight_devices[2]
+    with jax.default_device("cpu"):
+        assert slabs.device_of(None) == jax.devices("cpu")[0]
+    assert slabs.device_of(None) == jax.devices()[0]
+    mesh = cpu_mesh((8,), ("data",))
+    assert slabs.device_of(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())) is None

@@ -97,8 +97,11 @@ def plan(index: slice, column_nbytes: Sequence[int], chunk: int, slab_bytes: int
 def device_of(device: Any) -> Any:
     """The one device a load with ``device=`` places on, or None if it is a sharding (or
     something else this module does not take)."""
-    if device is None:
-        return jax.devices()[0]
+    if device is None:  # JAX's default device: jax_default_device if set, else the first
+        default = getattr(jax.config, "jax_default_device", None)
+        if isinstance(default, str):
+            return jax.devices(default)[0]
+        return default if isinstance(default, jax.Device) else jax.devices()[0]
     return device if isinstance(device, jax.Device) else None
 
 
