@@ -322,9 +322,8 @@ class _Plan:
             ((k, chunk),) = self.chunks.items()
             assert chunk is not None
             local = grid.rows - k * grid.size
-            first, last = int(local[0]), int(local[-1])
             if grid.contiguous:  # rows of a slice: one copy of a run, not a gather
-                return chunk[first : last + 1].copy()
+                return chunk[int(local[0]) : int(local[-1]) + 1].copy()
             return chunk[local]
         out = np.empty((len(grid.rows), *self.spec.shape), self.spec.dtype)
         for k, chunk in self.chunks.items():

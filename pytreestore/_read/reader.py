@@ -213,8 +213,7 @@ def _slab_leaves(
 
     pieces = _slabs.plan(selection.index, nbytes, chunk, _slabs.SLAB_BYTES)
     placed = _slabs.load(read, pieces, len(specs), request.device)  # None stays uncommitted
-    leaves = weaken(_spread(request, placed), request.schema.weak)
-    return _prng.wrap_columns(leaves, _key_impls(request.schema))
+    return _placed_leaves(request, placed)
 
 
 def _read(
@@ -258,10 +257,15 @@ def _load_split(
             pmap=request.pmap,
         )
         context.check_not_replaced()
-    leaves = weaken(_spread(request, arrays), request.schema.weak)
-    leaves = _prng.wrap_columns(leaves, _key_impls(request.schema))
-    tree = request.schema.unflatten(leaves)
+    tree = request.schema.unflatten(_placed_leaves(request, arrays))
     return (tree, mask) if request.pad else tree
+
+
+def _placed_leaves(request: LoadRequest, placed: list[Any]) -> list[Any]:
+    """The leaves of the chosen columns' ``jax.Array``s (None elsewhere), with their
+    columns' weak types and PRNG key types."""
+    leaves = weaken(_spread(request, placed), request.schema.weak)
+    return _prng.wrap_columns(leaves, _key_impls(request.schema))
 
 
 def _spread(request: LoadRequest, arrays: list[Any]) -> list[Any]:
