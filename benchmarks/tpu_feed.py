@@ -190,7 +190,7 @@ def case_batches(tmp: Path, q: bool, repeats: int) -> list[dict]:
         "y": rng.standard_normal((n, 1)).astype(np.float32),
         "meta": {"id": np.arange(n, dtype=np.int32), "w": rng.random(n).astype(np.float32)},
     }
-    store = _write(tmp / "batches", data)
+    store = plain = _write(tmp / "batches", data)
     params = {"w1": jnp.eye(256) * 0.5, "w2": jnp.ones((256, 1)) * 0.01}
 
     def epoch_ours(step, prefetch):
@@ -211,13 +211,15 @@ def case_batches(tmp: Path, q: bool, repeats: int) -> list[dict]:
     steps = n // b
     rows = []
     light = _mlp(256, 0)
-    for prefetch in (None, 2):
+    inner = _write(tmp / "batches-inner", data, inner_chunk_bytes="auto")
+    for prefetch, layout in ((None, ""), (2, ""), (None, ", inner chunks")):
+        store = inner if layout else plain
         ours, floor = _side_by_side(
             lambda p=prefetch: epoch_ours(light, p), lambda: epoch_naive(light), repeats
         )
         rows.append(
             _row(
-                f"batches({b}, prefetch={prefetch}) feeding a jitted step, {steps} steps",
+                f"batches({b}, prefetch={prefetch}){layout} feeding a jitted step, {steps} steps",
                 ours,
                 floor,
                 "steps/s >= 1.0x the naive feed (ratio <= 1)",
@@ -225,6 +227,7 @@ def case_batches(tmp: Path, q: bool, repeats: int) -> list[dict]:
                 floor_steps_s=steps / statistics.median(floor),
             )
         )
+    store = plain
     # a step as long as one batch's load: find the depth, then prefetch 2 against 0
     load_one = statistics.median(_timed(lambda: store.load(slice(0, b)), 5 if q else 9))
     depth = 1
@@ -264,12 +267,17 @@ def _timed(fn: Callable[[], Any], k: int) -> list[float]:
 def case_record(tmp: Path, q: bool, repeats: int) -> list[dict]:
     n = 4_096 if q else 200_000
     data = _leaves(n, 20, 64, 0)
-    path = tmp / "record"
-    _write(path, data)
+    _write(tmp / "record", data)
+    _write(tmp / "record-inner", data, inner_chunk_bytes="auto")
     rng = np.random.default_rng(3)
     picks = rng.integers(0, n, 20 if q else 60)
     rows = []
-    for label, opts, goal in (("cached chunk", {}, "<= 1.2"), ("cold", {"cache_bytes": 0}, "<= 3")):
+    for label, opts, goal in (
+        ("cached chunk", {}, "<= 1.2"),
+        ("cold", {"cache_bytes": 0}, "<= 3"),
+        ("cold, inner chunks", {"cache_bytes": 0}, "<= 3"),
+    ):
+        path = tmp / ("record-inner" if "inner" in label else "record")
         store = pytreestore.open(path, **opts)
         ours, floor = [], []
         for i in picks:
@@ -278,7 +286,7 @@ def case_record(tmp: Path, q: bool, repeats: int) -> list[dict]:
             if label == "cached chunk":
                 _ready(store[i])  # the chunk is now cached
             _check(store[i], want)
-            if label == "cold":
+            if label.startswith("cold"):
                 store.close()
                 store = pytreestore.open(path, **opts)
             t = time.perf_counter()
@@ -287,7 +295,7 @@ def case_record(tmp: Path, q: bool, repeats: int) -> list[dict]:
             t = time.perf_counter()
             _ready(jax.device_put(want))
             floor.append(time.perf_counter() - t)
-            if label == "cold":
+            if label.startswith("cold"):
                 store.close()
                 store = pytreestore.open(path, **opts)
         rows.append(_row(f"store[i], {label}", ours, floor, goal))
@@ -298,37 +306,55 @@ def case_record(tmp: Path, q: bool, repeats: int) -> list[dict]:
 def case_sharded(tmp: Path, q: bool, repeats: int) -> list[dict]:
     n = 2_048 if q else 40_000
     data = _leaves(n, 20, 64, 4)
-    store = _write(tmp / "sharded", data)
     mesh = jax.make_mesh((len(jax.devices()),), ("data",))
     sharding = NamedSharding(mesh, P("data"))
-    _check(store.load(sharding=sharding), data)
-    ours, floor = _side_by_side(
-        lambda: store.load(sharding=sharding), lambda: jax.device_put(data, sharding), repeats
-    )
-    return [_row(f"sharded load, {_nbytes(data) / 1e6:.0f} MB", ours, floor, "<= 1.5")]
+    rows = []
+    for codec in ("zstd", None):
+        store = _write(tmp / f"sharded-{codec}", data, codec=codec)
+        _check(store.load(sharding=sharding), data)
+        ours, floor = _side_by_side(
+            lambda s=store: s.load(sharding=sharding),
+            lambda: jax.device_put(data, sharding),
+            repeats,
+        )
+        label = f"sharded load, {_nbytes(data) / 1e6:.0f} MB, codec={codec}"
+        rows.append(_row(label, ours, floor, "<= 1.5"))
+    return rows
 
 
 def case_map(tmp: Path, q: bool, repeats: int) -> list[dict]:
     n = 4_096 if q else 200_000
     data = _leaves(n, 20, 64, 0)
-    store = _write(tmp / "map", data)
-    b = store.schema.chunk_records if hasattr(store.schema, "chunk_records") else 4096
 
     def f(r):
         return sum(jnp.sum(x) for x in jax.tree.leaves(r))
 
-    fv = jax.jit(jax.vmap(f))
+    rows = []
+    for codec, fn, label in (
+        ("zstd", f, "f"),
+        ("zstd", jax.jit(f), "jax.jit(f)"),
+        (None, jax.jit(f), "jax.jit(f)"),
+    ):
+        where = tmp / f"map-{codec}"
+        store = pytreestore.open(where) if where.exists() else _write(where, data, codec=codec)
+        b = store.schema.chunk_records if hasattr(store.schema, "chunk_records") else 4096
+        fv = jax.jit(jax.vmap(f))
 
-    def floor():
-        outs = []
-        for lo in range(0, n, b):
-            outs.append(fv(jax.device_put(jax.tree.map(lambda v, lo=lo: v[lo : lo + b], data))))
-        return jnp.concatenate(outs)
+        def floor(b=b, fv=fv):
+            outs = []
+            for lo in range(0, n, b):
+                batch = jax.device_put(jax.tree.map(lambda v, lo=lo: v[lo : lo + b], data))
+                outs.append(fv(batch))
+            return jnp.concatenate(outs)
 
-    got = store.map(f, batch_size=b)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(floor()), rtol=1e-5)
-    ours, fl = _side_by_side(lambda: store.map(f, batch_size=b), floor, repeats)
-    return [_row(f"map(f) over {_nbytes(data) / 1e9:.2f} GB, batch {b}", ours, fl, "<= 1.5")]
+        got = store.map(fn, batch_size=b)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(floor()), rtol=1e-5)
+        ours, fl = _side_by_side(
+            lambda s=store, fn=fn, b=b: s.map(fn, batch_size=b), floor, repeats
+        )
+        name = f"map({label}) over {_nbytes(data) / 1e9:.2f} GB, batch {b}, codec={codec}"
+        rows.append(_row(name, ours, fl, "<= 1.5"))
+    return rows
 
 
 def case_ragged(tmp: Path, q: bool, repeats: int) -> list[dict]:
@@ -385,14 +411,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--readers", type=int, help="slab readers side by side (a variant)")
     parser.add_argument("--slab-mib", type=int, help="bytes of one slab, in MiB (a variant)")
+    parser.add_argument("--no-reuse", action="store_true", help="fresh host buffers (a variant)")
+    parser.add_argument("--min-mib", type=int, help="the smallest load read in pieces, in MiB")
+    parser.add_argument("--direct-workers", type=int, help="threads reading plain chunk files")
     args = parser.parse_args(argv)
-    from pytreestore._read import slabs
+    from pytreestore._read import hostpool, slabs
+    from pytreestore.backends._tensorstore import direct
+
+    if args.min_mib is not None:
+        slabs.MIN_BYTES = args.min_mib << 20
+    if args.direct_workers:
+        direct._WORKERS = args.direct_workers
+
+    if args.no_reuse:
+        hostpool.ALIASING.add(jax.devices()[0].platform)
 
     if args.readers:
         slabs.READERS = args.readers
     if args.slab_mib:
         slabs.SLAB_BYTES = args.slab_mib << 20
-        slabs.MIN_BYTES = 2 * slabs.SLAB_BYTES
     repeats = args.repeats or (2 if args.quick else 5)
     device = jax.devices()[0]
     print(f"# on {device.platform} ({device.device_kind}), jax {jax.__version__}", flush=True)

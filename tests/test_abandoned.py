@@ -155,7 +155,11 @@ def _kill_inside_write_fragment(path: str, backend: str) -> int:
     file or folder appears (the fragment folder; on OCDBT a data file); its exit status."""
     watch = Path(path) / ("d" if backend == "ocdbt" else FRAGMENTS_DIR)
     watch.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "JAX_PLATFORMS": "cpu",
+    }
     args = [sys.executable, "-c", CHILD, path, backend, str(watch)]
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode in (-signal.SIGKILL, 0), done.stderr

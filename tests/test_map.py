@@ -130,3 +130,45 @@ def test_each_map_call_sees_what_its_function_reads_now(tmp_path):
     two, five = Scaled("m", 2.0), Scaled("m", 5.0)  # equal and same hash, other code
     np.testing.assert_array_equal(np.asarray(store.map(two, batch_size=4)), [0, 2, 4, 6])
     np.testing.assert_array_equal(np.asarray(store.map(five, batch_size=4)), [0, 5, 10, 15])
+
+
+def test_a_jitted_function_keeps_its_compiled_step_from_call_to_call(tmp_path):
+    """A function given wrapped in ``jax.jit`` is traced once for every ``map`` of the same
+    batches, as ``jax.jit`` itself traces it once; a plain one is traced by each call."""
+    store = pytreestore.create(tmp_path / "s", {"a": np.float32(0)}, chunk_records=8)
+    store.extend({"a": np.float32(i)} for i in range(4))
+    store.flush()
+    traced = []
+
+    def embed(r):
+        traced.append(1)
+        return r["a"] * 2
+
+    jitted = jax.jit(embed)
+    for _ in range(3):
+        np.testing.assert_array_equal(np.asarray(store.map(jitted, batch_size=4)), [0, 2, 4, 6])
+    assert len(traced) == 1
+    for _ in range(2):
+        np.testing.assert_array_equal(np.asarray(store.map(embed, batch_size=4)), [0, 2, 4, 6])
+    assert len(traced) == 3
+    other = pytreestore.create(tmp_path / "t", {"a": np.float32(0), "b": np.int32(0)})
+    other.extend({"a": np.float32(i), "b": np.int32(i)} for i in range(4))
+    got = other.map(jax.jit(lambda r: r["a"] + r["b"]), batch_size=4)
+    np.testing.assert_array_equal(np.asarray(got), [0, 2, 4, 6])
+
+
+def test_a_kept_step_lets_its_function_go(tmp_path):
+    import gc
+    import weakref
+
+    from pytreestore._pipelines import map as _map
+
+    store = pytreestore.create(tmp_path / "s", {"a": np.float32(0)}, chunk_records=8)
+    store.extend({"a": np.float32(i)} for i in range(4))
+    jitted = jax.jit(lambda r: r["a"] * 3)
+    np.testing.assert_array_equal(np.asarray(store.map(jitted, batch_size=4)), [0, 3, 6, 9])
+    gone = weakref.ref(jitted)
+    assert jitted in _map._KEPT
+    del jitted
+    gc.collect()
+    assert gone() is None  # the kept step held no strong reference to it

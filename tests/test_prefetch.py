@@ -182,7 +182,11 @@ def test_a_prefetcher_collected_on_its_own_loader_thread_does_not_hang_the_exit(
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+        "JAX_PLATFORMS": "cpu",
+    }
     done = subprocess.run(
         [sys.executable, "-c", GC_IN_A_LOADER], capture_output=True, text=True, env=env, timeout=60
     )

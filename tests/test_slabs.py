@@ -260,7 +260,11 @@ def test_a_forked_child_gets_the_fork_error_not_a_hang(path):
     store.extend_batch({"x": np.arange(4096 * 64, dtype=np.float32).reshape(4096, 64)})
     store.close()
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+        "JAX_PLATFORMS": "cpu",
+    }
     done = subprocess.run(
         [sys.executable, "-W", "ignore", "-c", FORKED, path],
         capture_output=True,
@@ -279,7 +283,7 @@ def test_a_failed_piece_stops_the_reading_of_the_others():
     seen = []
     lock = threading.Lock()
 
-    def read(piece):
+    def read(piece, buffer):
         with lock:
             seen.append(piece.rows.start)
         if piece.rows.start == 0:
@@ -315,7 +319,11 @@ def test_a_slab_load_in_an_exit_handler_reads_in_the_calling_thread():
     import sys
 
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+        "JAX_PLATFORMS": "cpu",
+    }
     done = subprocess.run(
         [sys.executable, "-c", AT_EXIT], capture_output=True, text=True, env=env, timeout=120
     )
@@ -331,3 +339,170 @@ def test_the_default_device_is_the_one_jax_is_told_to_use(eight_devices):
     assert slabs.device_of(None) == jax.devices()[0]
     mesh = cpu_mesh((8,), ("data",))
     assert slabs.device_of(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())) is None
+
+
+@pytest.fixture
+def copying_cpu(monkeypatch, on_cpu):
+    """The CPU made to copy what it is given, as an accelerator does, so that host buffers are
+    reused between pieces (pytreestore/_read/hostpool.py) and a fresh pool to count them."""
+    from pytreestore._read import hostpool
+
+    monkeypatch.setattr(hostpool, "ALIASING", set())
+    monkeypatch.setattr(
+        slabs,
+        "_put",
+        lambda arrays, device: [jax.device_put(np.array(a, copy=True), device) for a in arrays],
+    )
+    fresh = hostpool.HostBuffers()
+    monkeypatch.setattr(hostpool, "pool", lambda: fresh)
+    return fresh
+
+
+@pytest.mark.parametrize("codec", ["zstd", None])
+def test_reused_host_buffers_give_every_load_its_own_values(path, backend, codec, copying_cpu):
+    store = _store(path, backend, codec=codec)
+    whole = store.load(as_numpy=True)
+    for lo, hi in [(0, 3000), (7, 2900), (1000, 3000), (0, 3000)]:
+        got = store.load(slice(lo, hi))
+        _same(got, jax.tree.map(lambda a, lo=lo, hi=hi: a[lo:hi], whole))
+    pieces = slabs.plan(slice(0, 3000, 1), [136, 1, 8, 8, 8, 4], 256, slabs.SLAB_BYTES)
+    assert len(pieces) > 8 and copying_cpu.made <= slabs.READERS + 2 * 4, copying_cpu.made
+    assert copying_cpu.free_buffers() > 0
+
+
+def test_a_buffer_is_reused_only_when_its_device_arrays_are_ready():
+    import threading
+
+    from pytreestore._read import hostpool
+
+    class Copy:
+        def __init__(self) -> None:
+            self.done = threading.Event()
+
+        def is_deleted(self) -> bool:
+            return False
+
+        def is_ready(self) -> bool:
+            return self.done.is_set()
+
+        def block_until_ready(self) -> None:
+            self.done.wait()
+
+    pool = hostpool.HostBuffers(cap=2)
+    a = pool.take(10_000)
+    copy = Copy()
+    pool.give(a, [copy], reuse=True)
+    b = pool.take(10_000)
+    assert b is not a and pool.made == 2  # the copy from a is not over
+    copy.done.set()
+    assert pool.take(10_000) is a
+    pool.give(b, [], reuse=False)
+    assert pool.free_buffers() == 0  # a buffer a CPU array may alias is never handed out again
+    pool.give(a, [], reuse=True)
+    assert pool.free_buffers() == 1
+
+
+def test_a_piece_waits_for_a_buffer_rather_than_making_more_than_the_cap():
+    import threading
+
+    from pytreestore._read import hostpool
+
+    class Copy:
+        def __init__(self) -> None:
+            self.done = threading.Event()
+
+        def is_deleted(self) -> bool:
+            return False
+
+        def is_ready(self) -> bool:
+            return self.done.is_set()
+
+        def block_until_ready(self) -> None:
+            self.done.wait()
+
+    pool = hostpool.HostBuffers(cap=2)
+    copies = [Copy(), Copy()]
+    buffers = [pool.take(5000), pool.take(5000)]
+    for buffer, copy in zip(buffers, copies):
+        pool.give(buffer, [copy], reuse=True)
+    got = []
+    taker = threading.Thread(target=lambda: got.append(pool.take(5000)))
+    taker.start()
+    taker.join(0.2)
+    assert taker.is_alive() and not got  # both copies running: it waits
+    copies[0].done.set()
+    taker.join(5)
+    assert got[0] is buffers[0] and pool.made == 2
+
+
+def test_a_failed_read_gives_its_buffer_back(monkeypatch):
+    from pytreestore._read import hostpool
+
+    fresh = hostpool.HostBuffers(cap=1)
+    monkeypatch.setattr(hostpool, "pool", lambda: fresh)
+    monkeypatch.setattr(hostpool, "ALIASING", set())
+
+    def read(piece, buffer):
+        buffer(1000)
+        raise CorruptChunkError("damaged", path="x", chunk=(0,), key="x/c/0")
+
+    for _ in range(3):
+        with pytest.raises(CorruptChunkError):
+            slabs.load(read, [slabs.Piece((0,), slice(0, 10, 1))], 1, jax.devices("cpu")[0])
+    assert fresh.made == 1 and fresh.free_buffers() == 1
+
+
+def test_views_begin_on_pages_and_do_not_overlap():
+    from pytreestore._read import hostpool
+
+    shapes = [((3, 5), np.dtype(np.float32)), ((7,), np.dtype(np.int64)), ((0, 2), np.dtype(bool))]
+    buffer = hostpool.pool().take(hostpool.nbytes(shapes))
+    views = hostpool.views(buffer, shapes)
+    assert [(v.shape, v.dtype) for v in views] == [(s, d) for s, d in shapes]
+    assert all(v.ctypes.data % hostpool.ALIGN == 0 for v in views[:2])
+    views[0][:] = 1.5
+    views[1][:] = -1
+    assert (views[0] == 1.5).all() and (views[1] == -1).all()
+    assert views[0].flags.c_contiguous and views[1].flags.writeable
+
+
+def test_packed_and_evolved_columns_read_in_reused_buffers(path, backend, copying_cpu, on_cpu):
+    """A packed leaf (a part of its pack's rows) and a column evolve added (its first rows
+    unstored) are read as a whole read reads them, beside columns read into the buffers."""
+    like = {"a": np.zeros(3, np.float32), "b": np.int32(0), "w": np.zeros(40, np.float32)}
+    rows = [
+        {"a": np.full(3, i, np.float32), "b": np.int32(i), "w": np.full(40, i, np.float32)}
+        for i in range(2000)
+    ]
+    store = pytreestore.create(path, like, chunk_records=128, backend=backend, pack=True)
+    store.extend(rows)
+    store.flush()
+    store.evolve(add={"['n']": np.full(2, 7, np.int16)})
+    store.extend({**r, "n": np.full(2, i, np.int16)} for i, r in enumerate(rows[:500]))
+    store.flush()
+    for _ in range(2):
+        got = store.load()
+        want = store.load(as_numpy=True)
+        _same(got, want)
+    assert on_cpu, "the loads went through the slab path"
+    assert np.asarray(got["n"])[:2000].tolist() == [[7, 7]] * 2000
+    assert np.asarray(got["b"]).tolist() == list(range(2000)) + list(range(500))
+
+
+def test_a_load_of_one_piece_reads_in_the_calling_thread():
+    import threading
+
+    threads = []
+
+    def read(piece, buffer):
+        threads.append(threading.current_thread())
+        return [np.arange(piece.rows.start, piece.rows.stop, dtype=np.float32)]
+
+    one = [slabs.Piece((0,), slice(0, 10, 1))]
+    got = slabs.load(read, one, 1, jax.devices("cpu")[0])
+    assert threads == [threading.current_thread()]  # batches' loads keep their own threads
+    np.testing.assert_array_equal(np.asarray(got[0]), np.arange(10))
+    two = [slabs.Piece((0,), slice(0, 10, 1)), slabs.Piece((0,), slice(10, 20, 1))]
+    got = slabs.load(read, two, 1, jax.devices("cpu")[0])
+    assert threading.current_thread() not in threads[1:]
+    np.testing.assert_array_equal(np.asarray(got[0]), np.arange(20))

@@ -146,7 +146,11 @@ print("child", os.waitstatus_to_exitcode(status))
 
 
 def test_a_forked_child_starts_its_own_threads():
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "JAX_PLATFORMS": "cpu",
+    }
     done = subprocess.run(
         [sys.executable, "-c", FORK], capture_output=True, text=True, env=env, timeout=300
     )
@@ -155,7 +159,11 @@ def test_a_forked_child_starts_its_own_threads():
 
 
 def _run_child(where: str, reader: str, ending: str) -> tuple[str, int, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "JAX_PLATFORMS": "cpu",
+    }
     args = [sys.executable, str(HERE / "exit_child.py"), where, reader, ending]
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
     return f"{where} {reader} {ending}", done.returncode, done.stderr

@@ -17,6 +17,8 @@ Example:
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -81,36 +83,53 @@ def map_records(
     return sink.finish(lambda: step.eval_shape(load(slice(0, 0))))
 
 
+#: the compiled steps of functions given already wrapped in ``jax.jit``, kept while the
+#: function lives: ``(treedef, mask, const ids) -> (consts, step)`` (the consts kept so their
+#: ids stay theirs)
+_KEPT: weakref.WeakKeyDictionary[Any, dict[Any, tuple[tuple[Any, ...], Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+_KEPT_LOCK = threading.Lock()
+_JITTED = type(jax.jit(lambda x: x))
+
+
 class _Vmapped:
     """``jax.jit(jax.vmap(fn))`` of a batched record whose constant leaves (functions, see
-    :mod:`pytreestore._format.consts`) are closed over rather than traced, as ``eqx.filter_jit`` does."""
+    :mod:`pytreestore._format.consts`) are closed over rather than traced, as
+    ``eqx.filter_jit`` does. A plain ``fn`` is traced afresh by each ``map`` (what it reads
+    from outside its argument may have changed); a ``jax.jit``-wrapped one keeps its compiled
+    step from call to call, as ``jax.jit`` keeps its own."""
 
     def __init__(self, fn: Callable[[Any], Any]) -> None:
         self._fn = fn
-        self._compiled: dict[Any, Any] = {}
+        self._compiled: dict[Any, tuple[tuple[Any, ...], Any]] = {}
+        if isinstance(fn, _JITTED):
+            with _KEPT_LOCK:
+                self._compiled = _KEPT.setdefault(fn, {})
 
-    def _split(self, batch: Any) -> tuple[Callable[[list[Any]], Any], list[Any], Any]:
+    def _split(self, batch: Any) -> tuple[Callable[[list[Any]], Any], list[Any], Any, tuple]:
         leaves, treedef = jax.tree_util.tree_flatten(batch)
         mask = tuple(is_constant(leaf) for leaf in leaves)
-        consts = [leaf for leaf, c in zip(leaves, mask) if c]
+        consts = tuple(leaf for leaf, c in zip(leaves, mask) if c)
         arrays = [leaf for leaf, c in zip(leaves, mask) if not c]
+        fn = weakref.ref(self._fn) if isinstance(self._fn, _JITTED) else (lambda f=self._fn: f)
 
-        def inner(arrays: list[Any]) -> Any:
+        def inner(arrays: list[Any]) -> Any:  # (holds no strong reference to a kept fn)
             a, k = iter(arrays), iter(consts)
-            return self._fn(treedef.unflatten([next(k) if c else next(a) for c in mask]))
+            return fn()(treedef.unflatten([next(k) if c else next(a) for c in mask]))  # type: ignore[misc]
 
-        key = (treedef, mask, tuple(id(c) for c in consts))  # consts live as long as the schema
-        return inner, arrays, key
+        key = (treedef, mask, tuple(id(c) for c in consts))
+        return inner, arrays, key, consts
 
     def __call__(self, batch: Any) -> Any:
-        inner, arrays, key = self._split(batch)
-        step = self._compiled.get(key)
-        if step is None:
-            step = self._compiled[key] = jax.jit(jax.vmap(inner))
-        return step(arrays)
+        inner, arrays, key, consts = self._split(batch)
+        kept = self._compiled.get(key)
+        if kept is None or any(a is not b for a, b in zip(kept[0], consts)):
+            kept = self._compiled[key] = (consts, jax.jit(jax.vmap(inner)))
+        return kept[1](arrays)
 
     def eval_shape(self, batch: Any) -> Any:
-        inner, arrays, _ = self._split(batch)
+        inner, arrays, _, _ = self._split(batch)
         return jax.eval_shape(jax.vmap(inner), arrays)
 
 

@@ -170,7 +170,11 @@ class Pipelines:
         """Applies ``jax.jit(jax.vmap(fn))`` to every record, one batch at a time.
 
         Args:
-            fn: a function of one record (leaves without the record axis).
+            fn: a function of one record (leaves without the record axis). Each call traces
+                and compiles it afresh, so what it reads from outside its argument is read
+                now; a function wrapped in ``jax.jit`` keeps its compiled step from call to
+                call instead, as ``jax.jit`` keeps its own (what it read at its first trace
+                stays), which saves the compile of each call.
             batch_size: records per compiled call (default: the store's ``chunk_records``).
             out: None to return the stacked results; a store open for appending (or a path
                 for a new store, created from the first result) to append them to instead.

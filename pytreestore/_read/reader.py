@@ -41,13 +41,14 @@ from pytreestore._location import Location
 from pytreestore._read import ahead as _ahead
 from pytreestore._read import cache as _cache
 from pytreestore._read import device as _device
+from pytreestore._read import hostpool as _hostpool
 from pytreestore._read import sharded as _sharded
 from pytreestore._read import slabs as _slabs
 from pytreestore._read.ahead import Block, ReadAhead
 from pytreestore._read.cache import ChunkCache
 from pytreestore._read.index import Selection
 from pytreestore._read.request import LoadRequest
-from pytreestore.backends import Backend
+from pytreestore.backends import Backend, ReadsInto, capable
 from pytreestore.errors import CorruptChunkError, CorruptStoreError, SchemaMismatchError
 
 
@@ -203,11 +204,14 @@ def _slab_leaves(
     chunk = max(c.chunks[0] if unit is None else unit(c) for c in specs)
     nbytes = [c.record_nbytes for c in specs]
 
-    def read(piece: _slabs.Piece) -> list[np.ndarray]:
+    def read(piece: _slabs.Piece, buffer: Callable[[int], np.ndarray]) -> list[np.ndarray]:
         chosen = tuple(request.chosen[i] for i in piece.columns)
         part = dataclasses.replace(request, chosen=chosen)
-        rows = Selection(piece.rows, piece.rows.stop - piece.rows.start, False)
-        arrays = _read(context, part, rows, records)
+        count = piece.rows.stop - piece.rows.start
+        rows = Selection(piece.rows, count, False)
+        shapes = [((count, *c.shape), np.dtype(c.dtype)) for c in part.specs]
+        outs = _hostpool.views(buffer(_hostpool.nbytes(shapes)), shapes)
+        arrays = _read(context, part, rows, records, outs)
         paths = [request.schema.paths[i] for i in chosen]
         return [_device.jax_ready(a, p, request.cast) for a, p in zip(arrays, paths)]
 
@@ -217,9 +221,15 @@ def _slab_leaves(
 
 
 def _read(
-    context: ReadContext, request: LoadRequest, selection: Selection, records: int
+    context: ReadContext,
+    request: LoadRequest,
+    selection: Selection,
+    records: int,
+    outs: list[np.ndarray] | None = None,
 ) -> list[np.ndarray]:
-    """The chosen columns' rows of ``selection``, read at once, as host arrays."""
+    """The chosen columns' rows of ``selection``, read at once, as host arrays: into
+    ``outs`` (a slice's rows, each of its column's dtype and shape) where the backend
+    reads into the caller's arrays (:class:`~pytreestore.backends.ReadsInto`)."""
     specs = request.specs
     if selection.count == 0:
         return [np.empty((0, *c.shape), c.dtype) for c in specs]
@@ -235,10 +245,22 @@ def _read(
                 records,
                 context.unit(request.schema),
             )
+        keys = [c.key for c in specs]
+        if arrays is None and outs is not None:
+            arrays = _read_into(backend, keys, selection.index, records, outs)
         if arrays is None:
-            arrays = backend.read([c.key for c in specs], selection.index, records)
+            arrays = backend.read(keys, selection.index, records)
     context.check_not_replaced()  # what was read belongs to the store opened
     return arrays
+
+
+def _read_into(
+    backend: Backend, keys: list[str], index: Any, records: int, outs: list[np.ndarray]
+) -> list[np.ndarray] | None:
+    """``backend.read_into`` where the backend reads into the caller's arrays, else None."""
+    if capable(backend, ReadsInto):
+        return backend.read_into(keys, index, records, outs)
+    return None
 
 
 def _load_split(

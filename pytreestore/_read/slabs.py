@@ -1,19 +1,20 @@
-"""Big loads onto an accelerator in pieces: reading, decoding and copying to the device overlap.
+"""Loads onto an accelerator in pieces: reading, decoding and copying to the device overlap.
 
 A load of every record of a 1 GB store read whole and then copied would spend its time in
 turn: TensorStore decodes into fresh host arrays (on an accelerator's host each new page costs
 a fault, about 1 GB/s on one thread), then ``jax.device_put`` copies them. Here a load of at
 least :data:`MIN_BYTES` onto one accelerator device is cut into *pieces* of about
-:data:`SLAB_BYTES` (:func:`plan`), :data:`READERS` read side by side, and each piece is handed
-to ``jax.device_put`` as soon as it is read, so the copy of one piece runs while the next are
-decoded:
+:data:`SLAB_BYTES` (:func:`plan`), :data:`READERS` read side by side (one piece: in the
+calling thread, so that loads run side by side by ``batches`` keep their own threads), each
+into a host buffer reused from load to load (:mod:`pytreestore._read.hostpool`, where the
+backend reads into the caller's arrays), and each is handed to ``jax.device_put`` as soon as
+it is read, so the copy of one piece runs while the next are decoded:
 
 * a column whose rows take at most :data:`WHOLE_BYTES` is read whole, with other such
   columns (a wide tree of small leaves: a few pieces, nothing to join);
 * a bigger column is read in *slabs* of whole chunks of rows, with the other big columns'
   rows of that slab; its slabs are joined on the device by one compiled concatenation per
-  layout (cached by JAX), which costs the device's memory bandwidth, not the host's. Each
-  array of a slab is small enough for the allocator to reuse its memory.
+  layout (cached by JAX), which costs the device's memory bandwidth, not the host's.
 
 Loads onto the CPU, with a sharding (:mod:`pytreestore._read.sharded` splits those by device
 already), as numpy, of an index array, or that the device's free memory could not hold (twice,
@@ -42,9 +43,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from pytreestore._platform import at_fork
+from pytreestore._read import hostpool as _hostpool
 
 SLAB_BYTES = 64 << 20  # bytes of one piece, about
-MIN_BYTES = 2 * SLAB_BYTES  # a smaller load is read whole
+MIN_BYTES = 16 << 20  # a smaller load is read whole (into fresh arrays)
 WHOLE_BYTES = 8 << 20  # a column whose rows take at most this is read whole, in a group
 READERS = 3  # slabs read side by side (each decodes on TensorStore's own threads too)
 
@@ -130,7 +132,7 @@ def _memory_stats(device: Any) -> dict[str, int] | None:
 
 
 def load(
-    read: Callable[[Piece], Sequence[np.ndarray]],
+    read: Callable[[Piece, Callable[[int], np.ndarray]], Sequence[np.ndarray]],
     pieces: Sequence[Piece],
     columns: int,
     device: Any,
@@ -141,6 +143,10 @@ def load(
     is as the load was given it: None places on the default device uncommitted, as
     ``jax.device_put`` does, so the arrays may join computations on other devices.
 
+    ``read(piece, buffer)`` may call ``buffer(nbytes)`` once for a host buffer to read into
+    (:mod:`pytreestore._read.hostpool`): it is reused once the device arrays copied from the
+    piece are ready (never for a CPU device, which may keep referring to it).
+
     Raises:
         Whatever ``read`` raised for the first piece that failed (the others are waited for).
     """
@@ -148,18 +154,31 @@ def load(
     window = threading.BoundedSemaphore(READERS)
     failed = threading.Event()  # a piece failed: the others are not read
 
+    buffers = _hostpool.pool()
+    reuse = device_of(device).platform not in _hostpool.ALIASING
+
     def task(piece: Piece) -> list[jax.Array]:
+        taken: list[np.ndarray] = []
+
+        def buffer(nbytes: int) -> np.ndarray:
+            taken.append(buffers.take(nbytes))
+            return taken[-1]
+
+        placed: list[jax.Array] = []
         try:
             if failed.is_set():
                 return []
-            return list(jax.device_put(list(read(piece)), device))
+            placed = _put(read(piece, buffer), device)
+            return placed
         except BaseException:
             failed.set()
             raise
         finally:
+            for b in taken:  # reused once placed's copies are over (none: at once)
+                buffers.give(b, placed, reuse)
             window.release()
 
-    pool = _pool()
+    pool = _pool() if len(pieces) > 1 else None  # one piece is read here
     try:
         for piece in pieces:
             window.acquire()
@@ -167,7 +186,10 @@ def load(
                 window.release()
                 break
             try:
-                futures.append(pool.submit(task, piece))
+                if pool is None:
+                    futures.append(_done(task, piece))
+                else:
+                    futures.append(pool.submit(task, piece))
             except RuntimeError:  # the interpreter is exiting: no new threads; read here
                 futures.append(_done(task, piece))
         placed = [f.result() for f in futures]
@@ -184,6 +206,11 @@ def load(
         for i, array in zip(piece.columns, arrays):
             slabs[i].append(array)
     return _join(slabs)
+
+
+def _put(arrays: Sequence[np.ndarray], device: Any) -> list[jax.Array]:
+    """``arrays`` copied to ``device`` (None: the default device, uncommitted)."""
+    return list(jax.device_put(list(arrays), device))
 
 
 def _done(task: Callable[[Piece], list[jax.Array]], piece: Piece) -> Future[list[jax.Array]]:

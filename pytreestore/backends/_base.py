@@ -283,6 +283,24 @@ class PartialReads(Protocol):
 
 
 @runtime_checkable
+class ReadsInto(Protocol):
+    """Reading rows into arrays the caller owns: a big load onto an accelerator reads its
+    pieces into host buffers it reuses (:mod:`pytreestore._read.hostpool`), so no fresh
+    memory is faulted in for each piece."""
+
+    def read_into(
+        self, keys: Sequence[str], index: slice, records: int, outs: Sequence[np.ndarray], /
+    ) -> list[np.ndarray]:
+        """Rows ``index`` (a slice of step 1 within ``[0, records)``) of each column
+        ``keys[i]``, as :meth:`Backend.read` reads them, written into ``outs[i]`` (C-ordered,
+        of the column's dtype and of shape ``(rows, *column shape)``). Returns the arrays
+        read: ``outs[i]``, or an array of the backend's own where it could not write into
+        ``outs[i]`` (the caller uses what is returned). Damage is reported as
+        :meth:`Backend.read` reports it; a failed call may have written part of ``outs``."""
+        ...
+
+
+@runtime_checkable
 class PartialWriteCleanup(Protocol):
     """Removing an engine's own leftovers of a killed writer (TensorStore's ``*.__lock``)."""
 

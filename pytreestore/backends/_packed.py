@@ -28,7 +28,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pytreestore.backends._base import Backend, BatchedReads, MissingChunkError, PartialReads
+from pytreestore.backends._base import (
+    Backend,
+    BatchedReads,
+    MissingChunkError,
+    PartialReads,
+    ReadsInto,
+)
 from pytreestore.backends._capable import capable
 from pytreestore.errors import CorruptChunkError
 
@@ -163,6 +169,15 @@ class PackedColumns:
 
     def read(self, keys: Sequence[str], index: Any, records: int) -> list[np.ndarray]:
         return self.read_many([(k, index) for k in keys], records)
+
+    def read_into(
+        self, keys: Sequence[str], index: slice, records: int, outs: Sequence[np.ndarray]
+    ) -> list[np.ndarray]:
+        """(:class:`ReadsInto`) the inner's, for columns that are not packed; a packed column
+        is a part of its pack's rows, so those are read as :meth:`read` reads them."""
+        if any(k in self._members for k in keys) or not capable(self._inner, ReadsInto):
+            return self.read(keys, index, records)
+        return self._inner.read_into(keys, index, records, outs)
 
     def read_many(self, requests: Sequence[tuple[str, Any]], records: int) -> list[np.ndarray]:
         """Each ``(key, index)``; the requests of one pack at one index read it once, and

@@ -7,8 +7,8 @@ backend a store is opened with there and keeps the :class:`~pytreestore.backends
 contract: every read goes to the wrapped backend; every write raises
 :class:`~pytreestore.errors.ReadOnlyError` before anything is sent; ``is_empty`` looks for the
 objects that make a store (no listing). Of the optional capabilities it keeps only the reads
-(``BatchedReads``, ``PartialReads``, ``ManyReads``, ``CheckedReads`` where the wrapped backend
-has them); the others (listing, conditional writes, local files, ...) it does not even name, so
+(``BatchedReads``, ``PartialReads``, ``ReadsInto``, ``ManyReads``, ``CheckedReads`` where the
+wrapped backend has them); the others (listing, conditional writes, local files, ...) it does not even name, so
 the package's fallbacks apply: ``verify`` reads every chunk and cannot name chunks that lie
 past the commit, ``versions()`` reads the version records one by one up to the latest commit
 (tags are found by name only), and operations that only a writer runs never start
@@ -38,7 +38,7 @@ from pytreestore._location import Location
 from pytreestore.backends._base import Backend, ColumnLayout, ColumnShape
 
 #: the optional read capabilities a wrapped backend keeps, by method name
-_READS = ("read_many", "read_parts", "read_many_bytes", "read_checked")
+_READS = ("read_many", "read_parts", "read_into", "read_many_bytes", "read_checked")
 
 
 class ReadOnly:

@@ -6,9 +6,9 @@ elsewhere), and checks what the capability promises, not only that it is there
 :mod:`pytreestore.testing.chunk_copies`).
 
 * **ConditionalWrites**: compare-and-swap on one key; a second writer's commit is refused.
-* **KeyListing**, **BatchedReads**, **CheckedReads**, **PartialReads**: listing by prefix,
-  batched reads equal to single ones, each damaged chunk named, parts of a column's second
-  axis equal to slices of whole reads.
+* **KeyListing**, **BatchedReads**, **CheckedReads**, **PartialReads**, **ReadsInto**:
+  listing by prefix, batched reads equal to single ones, each damaged chunk named, parts of a
+  column's second axis equal to slices of whole reads, rows read into the caller's arrays.
 * **Transactions**: a block's writes (bytes, deletions, resizes, chunks) are invisible to
   another backend on the same store until the block ends, and all visible after; the block
   reads its own writes; a block that raises leaves nothing; an inner block joins the outer
@@ -38,6 +38,7 @@ from pytreestore.backends import (
     ConditionalWrites,
     KeyListing,
     PartialReads,
+    ReadsInto,
     Snapshots,
     Transactions,
 )
@@ -157,6 +158,26 @@ class CapabilityCases:
             backend.write_bytes("p/c/1/0", b"not zstd")
             with pytest.raises(errors.CorruptChunkError, match="p/c/1"):
                 backend.read_parts([("p", slice(4, 8), slice(0, 2))], 10)
+
+    def test_reads_into_fill_the_given_arrays(self) -> None:
+        plain = ColumnLayout("u", np.dtype("float32"), (3,), (4, 3), None, ("record", "u_0"), 0)
+        with self.location() as path:
+            backend = self.capable(path, ReadsInto)
+            backend.create_columns([plain, _LAYOUT])
+            backend.resize(["u", "x"], 10)
+            values = np.arange(30, dtype=np.float32).reshape(10, 3)
+            backend.write(["u", "x"], 0, [values, np.arange(10, dtype=np.int32)])
+            outs = [np.full((7, 3), -1, np.float32), np.full(7, -1, np.int32)]
+            got = backend.read_into(["u", "x"], slice(2, 9, 1), 10, outs)
+            np.testing.assert_array_equal(got[0], values[2:9])
+            np.testing.assert_array_equal(got[1], np.arange(2, 9, dtype=np.int32))
+            assert all(g is o or not np.shares_memory(g, o) for g, o in zip(got, outs))
+            assert backend.read_into(["x"], slice(0, 0, 1), 10, [np.empty(0, np.int32)])[
+                0
+            ].shape == (0,)
+            backend.write_bytes("x/c/1", b"not zstd")
+            with pytest.raises(errors.CorruptChunkError, match="x/c/1"):
+                backend.read_into(["x"], slice(4, 8, 1), 10, [np.empty(4, np.int32)])
 
     # ---- transactions --------------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from pytreestore.backends._base import (
     ManyReads,
     PartialReads,
     PartialWriteCleanup,
+    ReadsInto,
     TensorStoreKvStore,
     delete_folder,
     missing_chunk,
@@ -49,6 +50,7 @@ from pytreestore.backends._tensorstore import checked as _checked
 from pytreestore.backends._tensorstore import direct as _direct
 from pytreestore.backends._tensorstore import fork as _fork
 from pytreestore.backends._tensorstore import futures as _futures
+from pytreestore.backends._tensorstore import reads as _reads
 from pytreestore.backends._tensorstore.documents import create_documents, plain_fill
 from pytreestore.backends._tensorstore.kvstore import kvstore_spec
 from pytreestore.backends._tensorstore.partial import partial_writes, unlink_all
@@ -78,6 +80,7 @@ class TensorStoreBackend(
     ChunkCopies,
     LocalFiles,
     PartialReads,
+    ReadsInto,
     ManyReads,
     FolderDeletes,
 ):
@@ -354,50 +357,22 @@ class TensorStoreBackend(
             return [r if part is None else r[:, part] for r, (_, _, part) in zip(rows, requests)]
         return self._read_parts(requests, records)
 
+    def read_into(
+        self, keys: Sequence[str], index: slice, records: int, outs: Sequence[np.ndarray]
+    ) -> list[np.ndarray]:
+        """(:class:`~pytreestore.backends.ReadsInto`) see :func:`.reads.read_into`."""
+        if any(self._unstored.first_stored(k) for k in keys):  # rare: defaults fill first rows
+            return self.read(keys, index, records)
+        handles = self.column_handles(keys, records)
+        plans = [self.direct_plan(k, h) for k, h in zip(keys, handles)]
+        return _reads.read_into(self._location, handles, plans, keys, index, outs, self._timeout)
+
     def _read_parts(self, requests: Sequence[_Part], records: int) -> list[np.ndarray]:
-        """Reads ``(key, index, part)`` requests, all at once: uncompressed local chunks
-        straight into the outputs (:mod:`._direct`) while TensorStore reads the rest in one
-        batch."""
+        """Reads ``(key, index, part)`` requests, all at once (:func:`.reads.read_parts`)."""
         keys = list(dict.fromkeys(key for key, _, _ in requests))
         handles = dict(zip(keys, self.column_handles(keys, records)))
         plans = {k: self.direct_plan(k, handles[k]) for k in keys}
-        out: list[Any] = [None] * len(requests)
-        mine = [
-            (i, plan, index, p) for i, (k, index, p) in enumerate(requests) if (plan := plans[k])
-        ]
-        engine = self._start_reads(
-            handles, requests, [i for i, (k, _, _) in enumerate(requests) if plans[k] is None]
-        )
-        if mine:
-            try:
-                got = _direct.read([(plan, index, part) for _, plan, index, part in mine])
-                for (i, _, _, _), array in zip(mine, got):
-                    out[i] = array
-            except _direct.MissingChunk:  # TensorStore knows the fill value
-                engine += self._start_reads(handles, requests, [m[0] for m in mine])
-            except PyTreeStoreError:
-                raise
-            except OSError as err:
-                raise _futures.storage_error(f"reading columns of {self._location}", err) from err
-        keys_read = [requests[i][0] for i, _ in engine]
-        done = _futures.wait(
-            [f for _, f in engine], keys_read, "reading column", read=True, timeout=self._timeout
-        )
-        for (i, _), array in zip(engine, done):
-            out[i] = array
-        return out
-
-    def _start_reads(
-        self, handles: dict[str, ts.TensorStore], requests: Sequence[_Part], which: list[int]
-    ) -> list[tuple[int, Any]]:
-        """Issues the reads of ``requests[i]`` for every ``i`` in ``which``, in one batch."""
-        if which:
-            _fork.check(self._location)
-        with ts.Batch() as batch:
-            return [
-                (i, _part(handles[requests[i][0]], *requests[i][1:]).read(batch=batch))
-                for i in which
-            ]
+        return _reads.read_parts(self._location, handles, plans, requests, self._timeout)
 
     def direct_plan(self, key: str, handle: ts.TensorStore) -> _direct.DirectColumn | None:
         """How ``key``'s chunks can be read and written as plain files, or None (not on local
@@ -476,8 +451,3 @@ def _columns_of(keys: Sequence[str], columns: Any) -> set[str]:
         parts = key.split("/")
         found.update(c for i in range(1, len(parts)) if (c := "/".join(parts[:i])) in columns)
     return found
-
-
-def _part(handle: ts.TensorStore, index: Any, part: slice | None) -> ts.TensorStore:
-    """``handle[index]``, restricted to ``part`` of its second axis when one is given."""
-    return handle[index] if part is None else handle[index, part]

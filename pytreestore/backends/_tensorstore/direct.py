@@ -135,10 +135,15 @@ def plan(folder: Path, metadata: dict[str, Any], key: str = "") -> DirectColumn 
 # ---- reads -----------------------------------------------------------------------------------
 
 
-def read(requests: Sequence[tuple[DirectColumn, Any, slice | None]]) -> list[np.ndarray]:
+def read(
+    requests: Sequence[tuple[DirectColumn, Any, slice | None]],
+    into: Sequence[np.ndarray | None] | None = None,
+) -> list[np.ndarray]:
     """Reads ``index`` (a slice with a positive step, or an int array) of each column; with a
     ``part`` (a slice of the second axis), only that part: each chunk is then read whole into
     a scratch buffer, checked, and the part copied out, so the output holds the part alone.
+    ``into[i]``, where given, receives the rows of a request of a slice of step 1 and no part
+    (C-ordered, of the column's dtype and the rows' shape).
 
     Raises:
         MissingChunk: a chunk file is absent (read the request through the engine instead).
@@ -147,10 +152,11 @@ def read(requests: Sequence[tuple[DirectColumn, Any, slice | None]]) -> list[np.
     outs: list[np.ndarray] = []
     tasks: list[Callable[[], None]] = []
     plans: dict[tuple[int, int], tuple[Any, int, list[tuple[int, np.ndarray, np.ndarray]]]] = {}
-    for column, index, part in requests:
+    for i, (column, index, part) in enumerate(requests):
         if part is None and isinstance(index, slice) and (index.step or 1) == 1:
             start, stop = index.start or 0, index.stop
-            out = np.empty((stop - start, *column.shape), column.dtype)
+            given = into[i] if into is not None else None
+            out = np.empty((stop - start, *column.shape), column.dtype) if given is None else given
             tasks.extend(_slice_tasks(column, start, stop, out))
         else:
             key = (id(index), column.chunk)  # the columns of a call share their index
