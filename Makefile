@@ -64,10 +64,12 @@ bench: $(BENCH_STAMP)
 bench-quick: $(BENCH_STAMP)
 	$(PY) benchmarks/run.py --quick
 	$(PY) benchmarks/tpu_feed.py --quick
+	$(PY) benchmarks/host_reads.py --mib 16
 
 # feeding an accelerator (issue 34): run on the accelerator's host, alone (it holds the chip)
 bench-tpu: $(BENCH_STAMP)
 	$(PY) benchmarks/tpu_feed.py --json bench-tpu.json
+	$(PY) benchmarks/host_reads.py
 
 demo: $(STAMP)
 	$(PY) examples/simulation.py
