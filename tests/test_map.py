@@ -172,3 +172,15 @@ def test_a_kept_step_lets_its_function_go(tmp_path):
     del jitted
     gc.collect()
     assert gone() is None  # the kept step held no strong reference to it
+
+
+def test_jax_clear_caches_drops_the_kept_steps(tmp_path):
+    store = pytreestore.create(tmp_path / "s", {"a": np.float32(0)}, chunk_records=8)
+    store.extend({"a": np.float32(i)} for i in range(4))
+    scale = {"now": 2.0}
+    jitted = jax.jit(lambda r: r["a"] * scale["now"])
+    np.testing.assert_array_equal(np.asarray(store.map(jitted, batch_size=4)), [0, 2, 4, 6])
+    scale["now"] = 3.0
+    np.testing.assert_array_equal(np.asarray(store.map(jitted, batch_size=4)), [0, 2, 4, 6])
+    jax.clear_caches()  # as for jitted itself, the way to see the new value
+    np.testing.assert_array_equal(np.asarray(store.map(jitted, batch_size=4)), [0, 3, 6, 9])

@@ -527,9 +527,17 @@ def test_store_follows_the_model_through_the_accelerator_paths(
     """The paths only an accelerator takes (loads in pieces, small leaves packed by dtype,
     see pytreestore/_read/slabs.py and packed.py), forced on the CPU with tiny pieces, among
     appends, truncates, evolves, versions and fragments: the machine's device loads (a whole
-    load beside an epoch of shuffled batches) go through them."""
-    from pytreestore._read import slabs
+    load beside an epoch of shuffled batches) go through them. The CPU is made to copy what
+    it is given, as an accelerator does, so the pieces' host buffers are reused from load
+    to load (pytreestore/_read/hostpool.py)."""
+    from pytreestore._read import hostpool, slabs
 
+    monkeypatch.setattr(hostpool, "ALIASING", set())
+    monkeypatch.setattr(
+        slabs,
+        "_put",
+        lambda arrays, device: [jax.device_put(np.array(a, copy=True), device) for a in arrays],
+    )
     monkeypatch.setattr(slabs, "PLATFORMS", {*slabs.PLATFORMS, "cpu"})
     monkeypatch.setattr(slabs, "SLAB_BYTES", 16)  # a piece per chunk, at least
     monkeypatch.setattr(slabs, "MIN_BYTES", 1)  # every device load of a slice

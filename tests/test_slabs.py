@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import time
 from pathlib import Path
 
 import jax
@@ -435,7 +436,7 @@ def test_a_piece_waits_for_a_buffer_rather_than_making_more_than_the_cap():
     assert got[0] is buffers[0] and pool.made == 2
 
 
-def test_a_failed_read_gives_its_buffer_back(monkeypatch):
+def test_a_failed_read_gives_its_buffer_back_never_to_be_reused(monkeypatch):
     from pytreestore._read import hostpool
 
     fresh = hostpool.HostBuffers(cap=1)
@@ -449,7 +450,9 @@ def test_a_failed_read_gives_its_buffer_back(monkeypatch):
     for _ in range(3):
         with pytest.raises(CorruptChunkError):
             slabs.load(read, [slabs.Piece((0,), slice(0, 10, 1))], 1, jax.devices("cpu")[0])
-    assert fresh.made == 1 and fresh.free_buffers() == 1
+    # each given back (none counted out, so none shrinks the cap), none reused: a failed
+    # read may still have been writing into it
+    assert fresh._out == 0 and fresh.made == 3 and fresh.free_buffers() == 0
 
 
 def test_views_begin_on_pages_and_do_not_overlap():
@@ -506,3 +509,134 @@ def test_a_load_of_one_piece_reads_in_the_calling_thread():
     got = slabs.load(read, two, 1, jax.devices("cpu")[0])
     assert threading.current_thread() not in threads[1:]
     np.testing.assert_array_equal(np.asarray(got[0]), np.arange(20))
+
+
+def _taken(monkeypatch, pool) -> list:
+    """The buffers ``pool`` hands out from now on."""
+    taken = []
+    take = pool.take
+
+    def recorded(nbytes):
+        taken.append(take(nbytes))
+        return taken[-1]
+
+    monkeypatch.setattr(pool, "take", recorded)
+    return taken
+
+
+def _written_after(buffers, seconds: float = 0.4) -> int:
+    """Bytes written into ``buffers`` within ``seconds`` after they are zeroed."""
+    for buffer in buffers:
+        buffer[:] = 0
+    time.sleep(seconds)
+    return sum(int(np.count_nonzero(b)) for b in buffers)
+
+
+def test_a_failed_load_leaves_nothing_writing_into_its_buffers(path, copying_cpu, monkeypatch):
+    """A damaged chunk read from its file fails the piece while TensorStore still decodes a
+    column TensorStore reads (bfloat16) into the same buffer: the load waits for it to stop,
+    and the failed piece's buffer is not handed out again (an adversarial review saw 100 MB
+    land in a buffer after the pool had handed it out again)."""
+    monkeypatch.setattr(slabs, "SLAB_BYTES", 512 << 20)  # one piece
+    like = {"a": np.zeros(64, np.float32), "h": np.zeros(16384, ml_dtypes.bfloat16)}
+    store = pytreestore.create(path, like, chunk_records=256, codec=None)
+    rng = np.random.default_rng(0)
+    store.extend_batch({k: rng.random((4096, *v.shape)).astype(v.dtype) for k, v in like.items()})
+    store.flush()
+    (Path(path) / "a" / "c" / "0" / "0").write_bytes(b"garbage")
+    taken = _taken(monkeypatch, copying_cpu)
+    with pytest.raises(CorruptChunkError, match=r"\['a'\]"):
+        store.load()
+    assert taken and _written_after(taken) == 0
+    assert copying_cpu._out == 0 and copying_cpu.free_buffers() == 0  # not reused
+    assert copying_cpu.take(100) is not taken[0]
+
+
+class _Interrupted(BaseException):
+    pass
+
+
+@pytest.mark.parametrize("codec", [None, "zstd"])
+def test_an_interrupted_load_leaves_nothing_writing_into_its_buffers(
+    path, codec, copying_cpu, monkeypatch
+):
+    """Ctrl-C during a load of one piece (read in the calling thread): once it is raised,
+    no reader thread, file or TensorStore, still writes into the piece's buffer."""
+    import signal
+
+    monkeypatch.setattr(slabs, "SLAB_BYTES", 256 << 20)
+    store = pytreestore.create(
+        path, {"w": np.zeros(8192, np.float32)}, chunk_records=64, codec=codec
+    )
+    store.extend_batch({"w": np.random.default_rng(0).random((2048, 8192), dtype=np.float32)})
+    store.flush()
+    start = time.perf_counter()
+    store.load()
+    took = time.perf_counter() - start
+    taken = _taken(monkeypatch, copying_cpu)
+
+    def interrupt(*_):
+        raise _Interrupted
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    delay, landed = took / 4, False
+    try:
+        for _ in range(8):  # until the interrupt lands while the piece is being read
+            taken.clear()
+            try:
+                signal.setitimer(signal.ITIMER_REAL, delay)
+                store.load()
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                delay /= 2  # the load was faster this time
+            except _Interrupted:
+                if taken:
+                    landed = True
+                    break
+                delay *= 1.5  # before the piece took its buffer
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert landed
+    assert _written_after(taken) == 0
+    assert copying_cpu._out == 0
+
+
+@jax.jit
+def _slow(x):
+    """``x``, ready later: an accelerator's copy, not over when ``device_put`` returns."""
+    y = jax.lax.fori_loop(0, 100, lambda i, a: a @ a / 64.0, jax.numpy.eye(128))
+    return x + 0 * y[0, 0].astype(x.dtype)
+
+
+def test_a_load_returns_once_its_copies_are_over_and_the_pool_holds_no_array(
+    path, copying_cpu, monkeypatch
+):
+    """The pool held the last pieces' device arrays (device memory) until the next load; and
+    a user who deleted (donated) an array before its copy ended freed its buffer early."""
+    put = slabs._put
+    monkeypatch.setattr(
+        slabs, "_put", lambda arrays, device: [_slow(a) for a in put(arrays, device)]
+    )
+    store = pytreestore.create(path, {"w": np.zeros(64, np.float32)}, chunk_records=256)
+    store.extend_batch({"w": np.ones((3000, 64), np.float32)})
+    store.flush()
+    got = store.load()
+    assert not copying_cpu._pending and copying_cpu._out == 0
+    assert copying_cpu.free_buffers() >= 1
+    np.testing.assert_array_equal(np.asarray(got["w"]), np.ones((3000, 64), np.float32))
+
+
+def test_a_failed_allocation_does_not_count_a_buffer_out(monkeypatch):
+    from pytreestore._read import hostpool
+
+    pool = hostpool.HostBuffers(cap=2)
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(hostpool.np, "empty", no_memory)
+    with pytest.raises(MemoryError):
+        pool.take(1 << 20)
+    monkeypatch.undo()
+    assert (pool._out, pool.made) == (0, 0)
+    assert len(pool.take(10)) >= 10

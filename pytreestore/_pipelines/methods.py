@@ -174,7 +174,10 @@ class Pipelines:
                 and compiles it afresh, so what it reads from outside its argument is read
                 now; a function wrapped in ``jax.jit`` keeps its compiled step from call to
                 call instead, as ``jax.jit`` keeps its own (what it read at its first trace
-                stays), which saves the compile of each call.
+                stays), which saves the compile of each call; ``jax.clear_caches()`` drops
+                those steps too (``fn.clear_cache()`` clears only ``fn``'s own). With
+                ``pad_to`` on a ragged store ``fn`` is called through a wrapper, so it is
+                traced by each call.
             batch_size: records per compiled call (default: the store's ``chunk_records``).
             out: None to return the stacked results; a store open for appending (or a path
                 for a new store, created from the first result) to append them to instead.

@@ -81,7 +81,13 @@ class HostBuffers:
                     break
                 waiting = self._pending[0][1]
             _wait(waiting)
-        return np.empty(-(-nbytes // ALIGN) * ALIGN + ALIGN, np.uint8)
+        try:
+            return np.empty(-(-nbytes // ALIGN) * ALIGN + ALIGN, np.uint8)
+        except BaseException:  # MemoryError: the buffer was never made
+            with self._lock:
+                self._out -= 1
+                self.made -= 1
+            raise
 
     def give(self, buffer: np.ndarray, arrays: Sequence[Any], reuse: bool) -> None:
         """Gives ``buffer`` back; it is reused once every one of ``arrays`` (the device arrays
@@ -117,10 +123,13 @@ def _wait(arrays: Sequence[Any]) -> None:
 
 
 def _ready(array: Any) -> bool:
-    """Whether ``array``'s value is computed (a deleted array no longer needs the host's)."""
+    """Whether the copy to ``array`` is over (a failed one too). A deleted array counts as
+    over, so that a buffer is never waited for without end: the loads wait for their copies
+    before they hand out (or drop) an array (:func:`pytreestore._read.slabs.load`), so none
+    is deleted while its copy still reads a buffer."""
     try:
-        return array.is_deleted() or array.is_ready()
-    except Exception:  # an array whose copy failed holds nothing of the buffer any more
+        return bool(array.is_deleted() or array.is_ready())
+    except Exception:  # its copy failed: it reads the buffer no more
         return True
 
 

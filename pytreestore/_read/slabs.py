@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -145,7 +146,10 @@ def load(
 
     ``read(piece, buffer)`` may call ``buffer(nbytes)`` once for a host buffer to read into
     (:mod:`pytreestore._read.hostpool`): it is reused once the device arrays copied from the
-    piece are ready (never for a CPU device, which may keep referring to it).
+    piece are ready (never for a CPU device, which may keep referring to it, nor after a
+    failed piece, whose reads may still be writing into it). The load returns, or raises,
+    only once every copy it started is over, so no array it made is handed out (or dropped)
+    while its copy still reads a buffer, and the pool holds no device array afterwards.
 
     Raises:
         Whatever ``read`` raised for the first piece that failed (the others are waited for).
@@ -165,17 +169,19 @@ def load(
             return taken[-1]
 
         placed: list[jax.Array] = []
+        ok = False
         try:
             if failed.is_set():
                 return []
             placed = _put(read(piece, buffer), device)
+            ok = True
             return placed
         except BaseException:
             failed.set()
             raise
         finally:
-            for b in taken:  # reused once placed's copies are over (none: at once)
-                buffers.give(b, placed, reuse)
+            for b in taken:  # reused once placed's copies are over; a failed piece's never
+                buffers.give(b, placed, reuse and ok)
             window.release()
 
     pool = _pool() if len(pieces) > 1 else None  # one piece is read here
@@ -200,12 +206,24 @@ def load(
         for f in futures:
             if not f.cancelled():
                 f.exception()  # waits: nothing is still reading when this returns
+        _settle([a for f in futures if not f.cancelled() and not f.exception() for a in f.result()])
         raise
     slabs: list[list[jax.Array]] = [[] for _ in range(columns)]
     for piece, arrays in zip(pieces, placed):
         for i, array in zip(piece.columns, arrays):
             slabs[i].append(array)
-    return _join(slabs)
+    joined = _join(slabs)
+    _settle([a for arrays in placed for a in arrays])
+    return joined
+
+
+def _settle(arrays: Sequence[jax.Array]) -> None:
+    """Waits for the copies to ``arrays`` to end (a failed one too), then frees their host
+    buffers for the next pieces."""
+    for array in arrays:
+        with contextlib.suppress(Exception):
+            array.block_until_ready()
+    _hostpool.pool().free_buffers()
 
 
 def _put(arrays: Sequence[np.ndarray], device: Any) -> list[jax.Array]:

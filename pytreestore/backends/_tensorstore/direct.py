@@ -47,7 +47,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -369,7 +369,13 @@ def _run_all(tasks: Sequence[Callable[[], _T]]) -> list[_T]:
     if _POOL is None:
         _POOL = ThreadPoolExecutor(_WORKERS, thread_name_prefix="pytreestore-direct")
     futures = [_POOL.submit(t) for t in tasks]
-    errors = [f.exception() for f in futures]
+    try:
+        errors = [f.exception() for f in futures]
+    except BaseException:  # interrupted: nothing may still write into an output once we raise
+        for f in futures:
+            f.cancel()
+        wait(futures)
+        raise
     for err in errors:
         if err is not None:
             raise err

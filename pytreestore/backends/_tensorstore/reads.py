@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -106,23 +107,37 @@ def read_into(
     column ``i``'s files directly, or None) written into ``outs``, which it returns."""
     mine = [i for i, plan in enumerate(plans) if plan is not None]
     engine = _start(location, handles, index, outs, [i for i, p in enumerate(plans) if p is None])
-    if mine:
-        try:
-            _direct.read([(plans[i], index, None) for i in mine], [outs[i] for i in mine])  # type: ignore[misc]
-        except _direct.MissingChunk:  # TensorStore knows the fill value
-            engine += _start(location, handles, index, outs, mine)
-        except PyTreeStoreError:
-            raise
-        except OSError as err:
-            raise _futures.storage_error(f"reading columns of {location}", err) from err
-    _futures.wait(
-        [f for _, f in engine],
-        [keys[i] for i, _ in engine],
-        "reading column",
-        read=True,
-        timeout=timeout,
-    )
+    try:
+        if mine:
+            try:
+                _direct.read([(plans[i], index, None) for i in mine], [outs[i] for i in mine])  # type: ignore[misc]
+            except _direct.MissingChunk:  # TensorStore knows the fill value
+                engine += _start(location, handles, index, outs, mine)
+            except PyTreeStoreError:
+                raise
+            except OSError as err:
+                raise _futures.storage_error(f"reading columns of {location}", err) from err
+        _futures.wait(
+            [f for _, f in engine],
+            [keys[i] for i, _ in engine],
+            "reading column",
+            read=True,
+            timeout=timeout,
+        )
+    except BaseException:  # a damaged chunk, a timeout, Ctrl-C
+        _stop([f for _, f in engine])  # nothing writes into outs once this raises
+        raise
     return list(outs)
+
+
+def _stop(futures: Sequence[Any]) -> None:
+    """Cancels TensorStore's ``futures`` and waits for each to end."""
+    for future in futures:
+        with contextlib.suppress(Exception):
+            future.cancel()
+    for future in futures:
+        with contextlib.suppress(Exception):
+            future.result()
 
 
 def _start(
