@@ -18,6 +18,7 @@ import multiprocessing
 import os
 from collections.abc import Iterator, Sequence
 from multiprocessing.pool import Pool
+from pathlib import Path
 
 import jax
 import pytest
@@ -86,6 +87,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def path(tmp_path) -> str:
     """Where a test's store goes: ``s`` in its own temporary folder."""
     return str(tmp_path / "s")
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a Python child process of a test: this checkout first on its
+    ``PYTHONPATH`` (which keeps what it held: on an accelerator's host the packages live
+    there), and JAX on the CPU (the parent may hold the chip)."""
+    root = str(Path(__file__).resolve().parent.parent)
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "JAX_PLATFORMS": "cpu"}
 
 
 def cpu_mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> jax.sharding.Mesh:

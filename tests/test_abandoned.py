@@ -29,8 +29,8 @@ import pytreestore
 from pytreestore._format.names import FRAGMENTS_DIR
 from pytreestore._location import Location
 from pytreestore.backends import OcdbtBackend
+from tests.conftest import child_env
 
-ROOT = Path(__file__).resolve().parent.parent
 HOUR = 3600.0
 #: what a killed writer leaves in a local fragment folder, by kind
 LEFTOVERS = {
@@ -155,11 +155,7 @@ def _kill_inside_write_fragment(path: str, backend: str) -> int:
     file or folder appears (the fragment folder; on OCDBT a data file); its exit status."""
     watch = Path(path) / ("d" if backend == "ocdbt" else FRAGMENTS_DIR)
     watch.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "JAX_PLATFORMS": "cpu",
-    }
+    env = child_env()
     args = [sys.executable, "-c", CHILD, path, backend, str(watch)]
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode in (-signal.SIGKILL, 0), done.stderr

@@ -14,6 +14,7 @@ import pytreestore
 from pytreestore._pipelines import prefetch as _prefetch
 from pytreestore._pipelines.prefetch import Prefetcher, auto_depth
 from pytreestore._read import cache as _cache
+from tests.conftest import child_env
 
 
 def test_results_come_in_order_though_loads_end_out_of_order():
@@ -176,17 +177,10 @@ def test_a_prefetcher_collected_on_its_own_loader_thread_does_not_hang_the_exit(
     """A garbage collection on a loader thread, while it takes the next item, may finalize
     the prefetcher there: its stop must not wait for loaders that wait for that thread (an
     adversarial review found the process hanging at exit)."""
-    import os
     import subprocess
     import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
-        "JAX_PLATFORMS": "cpu",
-    }
+    env = child_env()
     done = subprocess.run(
         [sys.executable, "-c", GC_IN_A_LOADER], capture_output=True, text=True, env=env, timeout=60
     )

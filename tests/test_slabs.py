@@ -20,7 +20,7 @@ import pytest
 import pytreestore
 from pytreestore._read import slabs
 from pytreestore.errors import CorruptChunkError
-from tests.conftest import cpu_mesh
+from tests.conftest import child_env, cpu_mesh
 
 
 @pytest.fixture
@@ -260,12 +260,7 @@ def test_a_forked_child_gets_the_fork_error_not_a_hang(path):
     store = pytreestore.create(path, {"x": np.zeros(64, np.float32)}, chunk_records=128)
     store.extend_batch({"x": np.arange(4096 * 64, dtype=np.float32).reshape(4096, 64)})
     store.close()
-    root = Path(__file__).resolve().parent.parent
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
-        "JAX_PLATFORMS": "cpu",
-    }
+    env = child_env()
     done = subprocess.run(
         [sys.executable, "-W", "ignore", "-c", FORKED, path],
         capture_output=True,
@@ -319,12 +314,7 @@ def test_a_slab_load_in_an_exit_handler_reads_in_the_calling_thread():
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parent.parent
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
-        "JAX_PLATFORMS": "cpu",
-    }
+    env = child_env()
     done = subprocess.run(
         [sys.executable, "-c", AT_EXIT], capture_output=True, text=True, env=env, timeout=120
     )
@@ -371,27 +361,31 @@ def test_reused_host_buffers_give_every_load_its_own_values(path, backend, codec
     assert copying_cpu.free_buffers() > 0
 
 
+class _Copy:
+    """A stand-in for a device array whose copy from the host ends when ``done`` is set."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.done = threading.Event()
+
+    def is_deleted(self) -> bool:
+        return False
+
+    def is_ready(self) -> bool:
+        return self.done.is_set()
+
+    def block_until_ready(self) -> None:
+        self.done.wait()
+
+
 def test_a_buffer_is_reused_only_when_its_device_arrays_are_ready():
-    import threading
 
     from pytreestore._read import hostpool
 
-    class Copy:
-        def __init__(self) -> None:
-            self.done = threading.Event()
-
-        def is_deleted(self) -> bool:
-            return False
-
-        def is_ready(self) -> bool:
-            return self.done.is_set()
-
-        def block_until_ready(self) -> None:
-            self.done.wait()
-
     pool = hostpool.HostBuffers(cap=2)
     a = pool.take(10_000)
-    copy = Copy()
+    copy = _Copy()
     pool.give(a, [copy], reuse=True)
     b = pool.take(10_000)
     assert b is not a and pool.made == 2  # the copy from a is not over
@@ -408,21 +402,8 @@ def test_a_piece_waits_for_a_buffer_rather_than_making_more_than_the_cap():
 
     from pytreestore._read import hostpool
 
-    class Copy:
-        def __init__(self) -> None:
-            self.done = threading.Event()
-
-        def is_deleted(self) -> bool:
-            return False
-
-        def is_ready(self) -> bool:
-            return self.done.is_set()
-
-        def block_until_ready(self) -> None:
-            self.done.wait()
-
     pool = hostpool.HostBuffers(cap=2)
-    copies = [Copy(), Copy()]
+    copies = [_Copy(), _Copy()]
     buffers = [pool.take(5000), pool.take(5000)]
     for buffer, copy in zip(buffers, copies):
         pool.give(buffer, [copy], reuse=True)

@@ -23,9 +23,9 @@ import pytest
 
 import pytreestore
 from pytreestore import _threads as background
+from tests.conftest import child_env
 
 HERE = Path(__file__).parent
-ROOT = HERE.parent
 ENDINGS = ("break", "exit", "del", "caught", "raise")
 ABORTS = ("terminate called", "Aborted", "Fatal Python error", "core dumped")
 
@@ -146,11 +146,7 @@ print("child", os.waitstatus_to_exitcode(status))
 
 
 def test_a_forked_child_starts_its_own_threads():
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "JAX_PLATFORMS": "cpu",
-    }
+    env = child_env()
     done = subprocess.run(
         [sys.executable, "-c", FORK], capture_output=True, text=True, env=env, timeout=300
     )
@@ -159,11 +155,7 @@ def test_a_forked_child_starts_its_own_threads():
 
 
 def _run_child(where: str, reader: str, ending: str) -> tuple[str, int, str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "JAX_PLATFORMS": "cpu",
-    }
+    env = child_env()
     args = [sys.executable, str(HERE / "exit_child.py"), where, reader, ending]
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
     return f"{where} {reader} {ending}", done.returncode, done.stderr
