@@ -244,6 +244,11 @@ def test_possible_commits_of_a_list_extend_include_its_tail():
     assert options == {72, 80, 91}
     short, _ = possible_commits([*log[:-1], "op extend 72 78"], 16)
     assert short == {72}  # no chunk boundary reached: nothing of it is committed
+    # appends filled chunk 64-80 (buffered, not committed); a batch from 80 fills no chunk
+    # of its own but commits with them (test_crash's CI failure: 1678 after 1664-1678)
+    filled = [*log[:-1], "op append 72 80", "done 72", "op batch 80 86"]
+    options, _ = possible_commits(filled, 16)
+    assert options == {72, 80, 86}
 
 
 @pytest.mark.parametrize("backend", ["tensorstore", "zarr", "ocdbt"])

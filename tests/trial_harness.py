@@ -121,8 +121,10 @@ def possible_commits(log: list[str], chunk: int) -> tuple[set[int], int]:
         options.update(range((committed // chunk + 1) * chunk, upto + 1, chunk))
         if kind in ("flush", "tag"):  # a tag flushes first
             options.add(upto)
-        # a list extend is written as one batch too: its tail with its chunks
-        if kind in ("batch", "extend") and upto // chunk > start // chunk:
+        # a batch (a list extend is one too) that fills a chunk with the rows buffered since
+        # the tail chunk of the last commit commits its tail with its chunks: one that starts
+        # on a chunk boundary after appends filled a chunk does too
+        if kind in ("batch", "extend") and upto - (committed - committed % chunk) >= chunk:
             options.add(upto)
     return options, committed
 
