@@ -206,24 +206,25 @@ def load(
         for f in futures:
             if not f.cancelled():
                 f.exception()  # waits: nothing is still reading when this returns
-        _settle([a for f in futures if not f.cancelled() and not f.exception() for a in f.result()])
+        done = [f for f in futures if not f.cancelled() and not f.exception()]
+        _settle([a for f in done for a in f.result()], buffers)
         raise
     slabs: list[list[jax.Array]] = [[] for _ in range(columns)]
     for piece, arrays in zip(pieces, placed):
         for i, array in zip(piece.columns, arrays):
             slabs[i].append(array)
     joined = _join(slabs)
-    _settle([a for arrays in placed for a in arrays])
+    _settle([a for arrays in placed for a in arrays], buffers)
     return joined
 
 
-def _settle(arrays: Sequence[jax.Array]) -> None:
+def _settle(arrays: Sequence[jax.Array], buffers: _hostpool.HostBuffers) -> None:
     """Waits for the copies to ``arrays`` to end (a failed one too), then frees their host
     buffers for the next pieces."""
     for array in arrays:
         with contextlib.suppress(Exception):
             array.block_until_ready()
-    _hostpool.pool().free_buffers()
+    buffers.free_buffers()
 
 
 def _put(arrays: Sequence[np.ndarray], device: Any) -> list[jax.Array]:

@@ -360,19 +360,20 @@ class TensorStoreBackend(
     def read_into(
         self, keys: Sequence[str], index: slice, records: int, outs: Sequence[np.ndarray]
     ) -> list[np.ndarray]:
-        """(:class:`~pytreestore.backends.ReadsInto`) see :func:`.reads.read_into`."""
+        """(:class:`~pytreestore.backends.ReadsInto`) see :func:`.reads.read_parts`."""
         if any(self._unstored.first_stored(k) for k in keys):  # rare: defaults fill first rows
             return self.read(keys, index, records)
-        handles = self.column_handles(keys, records)
-        plans = [self.direct_plan(k, h) for k, h in zip(keys, handles)]
-        return _reads.read_into(self._location, handles, plans, keys, index, outs, self._timeout)
+        return self._read_parts([(k, index, None) for k in keys], records, outs)
 
-    def _read_parts(self, requests: Sequence[_Part], records: int) -> list[np.ndarray]:
-        """Reads ``(key, index, part)`` requests, all at once (:func:`.reads.read_parts`)."""
+    def _read_parts(
+        self, requests: Sequence[_Part], records: int, outs: Sequence[np.ndarray] | None = None
+    ) -> list[np.ndarray]:
+        """Reads ``(key, index, part)`` requests, all at once, into new arrays or ``outs``
+        (:func:`.reads.read_parts`)."""
         keys = list(dict.fromkeys(key for key, _, _ in requests))
         handles = dict(zip(keys, self.column_handles(keys, records)))
         plans = {k: self.direct_plan(k, handles[k]) for k in keys}
-        return _reads.read_parts(self._location, handles, plans, requests, self._timeout)
+        return _reads.read_parts(self._location, handles, plans, requests, self._timeout, outs)
 
     def direct_plan(self, key: str, handle: ts.TensorStore) -> _direct.DirectColumn | None:
         """How ``key``'s chunks can be read and written as plain files, or None (not on local
