@@ -89,6 +89,22 @@ def path(tmp_path) -> str:
     return str(tmp_path / "s")
 
 
+def copying_cpu_puts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Makes the CPU copy what a load in pieces gives it, as an accelerator does (a CPU
+    ``device_put`` may alias host memory), so the pieces' host buffers are reused from load
+    to load (pytreestore/_read/hostpool.py)."""
+    import numpy as np
+
+    from pytreestore._read import hostpool, slabs
+
+    monkeypatch.setattr(hostpool, "ALIASING", set())
+    monkeypatch.setattr(
+        slabs,
+        "_put",
+        lambda arrays, device: [jax.device_put(np.array(a, copy=True), device) for a in arrays],
+    )
+
+
 def child_env() -> dict[str, str]:
     """The environment of a Python child process of a test: this checkout first on its
     ``PYTHONPATH`` (which keeps what it held: on an accelerator's host the packages live

@@ -53,6 +53,7 @@ from hypothesis.stateful import (
 import pytreestore
 from pytreestore import errors
 from tests import model_store as m
+from tests.conftest import copying_cpu_puts
 
 DEFAULT = settings(  # examples: 4 of a fixed store, 3 of a ragged one (its reads cost more)
     max_examples=4,
@@ -530,14 +531,9 @@ def test_store_follows_the_model_through_the_accelerator_paths(
     load beside an epoch of shuffled batches) go through them. The CPU is made to copy what
     it is given, as an accelerator does, so the pieces' host buffers are reused from load
     to load (pytreestore/_read/hostpool.py)."""
-    from pytreestore._read import hostpool, slabs
+    from pytreestore._read import slabs
 
-    monkeypatch.setattr(hostpool, "ALIASING", set())
-    monkeypatch.setattr(
-        slabs,
-        "_put",
-        lambda arrays, device: [jax.device_put(np.array(a, copy=True), device) for a in arrays],
-    )
+    copying_cpu_puts(monkeypatch)
     monkeypatch.setattr(slabs, "PLATFORMS", {*slabs.PLATFORMS, "cpu"})
     monkeypatch.setattr(slabs, "SLAB_BYTES", 16)  # a piece per chunk, at least
     monkeypatch.setattr(slabs, "MIN_BYTES", 1)  # every device load of a slice

@@ -20,7 +20,7 @@ import pytest
 import pytreestore
 from pytreestore._read import slabs
 from pytreestore.errors import CorruptChunkError
-from tests.conftest import child_env, cpu_mesh
+from tests.conftest import child_env, copying_cpu_puts, cpu_mesh
 
 
 @pytest.fixture
@@ -338,12 +338,7 @@ def copying_cpu(monkeypatch, on_cpu):
     reused between pieces (pytreestore/_read/hostpool.py) and a fresh pool to count them."""
     from pytreestore._read import hostpool
 
-    monkeypatch.setattr(hostpool, "ALIASING", set())
-    monkeypatch.setattr(
-        slabs,
-        "_put",
-        lambda arrays, device: [jax.device_put(np.array(a, copy=True), device) for a in arrays],
-    )
+    copying_cpu_puts(monkeypatch)
     fresh = hostpool.HostBuffers()
     monkeypatch.setattr(hostpool, "pool", lambda: fresh)
     return fresh
