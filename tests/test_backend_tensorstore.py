@@ -145,9 +145,9 @@ def test_direct_path_only_for_uncompressed_local_chunks(
     calls: list[int] = []
     real = _direct.read
 
-    def counting(requests):
+    def counting(requests, into=None):
         calls.append(len(requests))
-        return real(requests)
+        return real(requests, into)
 
     monkeypatch.setattr(_direct, "read", counting)
     url = str(tmp_path / "s") if where == "file" else f"memory://ts-direct-{codec}"
