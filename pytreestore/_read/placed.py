@@ -261,11 +261,12 @@ class _Layout:
             row += [0] * (size - len(leaves))
             plan.append((c, size, False))
         cut = []
+        scalars = len(column)  # the gather's outputs before its arrays: one per scalar row
         for k, p in enumerate(arrays):
             t = tag_leaves[p]
             c, size = int(t[0]) >> SHIFT, _round(len(t))
             plan.append((c, size, True))
-            pick[p] = len(column) + k
+            pick[p] = scalars + k  # the k-th array's output (its rows are one output)
             column += [c] * len(t) + [pad] * (size - len(t))
             row += ((t & _ROW) - int(starts[c])).tolist() + [0] * (size - len(t))
             if size != len(t):

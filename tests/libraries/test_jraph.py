@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import jax
 import numpy as np
 import pytest
 
 import pytreestore
 from pytreestore.errors import SchemaMismatchError
+from pytreestore.testing import assert_trees_equal
 from tests.libraries.harness import BACKENDS, Case, Results, write_and_read
 from tests.trial_harness import Zygote
 
@@ -87,3 +89,39 @@ def test_without_ragged_the_error_suggests_it(tmp_path: Any, call: str) -> None:
             store.extend([other])
     assert "float32[3,3]" in str(caught.value) and "float32[5,3]" in str(caught.value)
     assert len(store) == 0
+
+
+def without_globals(atoms: int, bonds: int, seed: int) -> Any:
+    """A molecule as jraph's own examples build one: ``globals=None``."""
+    return molecule(atoms, bonds, seed)._replace(globals=None)
+
+
+def test_molecules_read_record_by_record(
+    tmp_path: Any, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Molecules of their own node and edge counts, a one-atom molecule without bonds among
+    them, ``globals=None``: ``store[i]`` in a loop and iteration (blocks placed on the device,
+    each molecule gathered by one compiled call) give each molecule exactly (issue 44, item 7:
+    both raised IndexError)."""
+    from pytreestore._read import placed
+
+    monkeypatch.setattr(placed, "_plans", set())  # plans to compile, whatever ran before
+    rng = np.random.default_rng(44)
+    sizes = [(int(rng.integers(2, 9)), int(rng.integers(1, 12))) for _ in range(100)]
+    sizes[3] = (1, 0)  # one atom, no bond
+    sizes[50] = (1, 1)  # one atom bonded to itself
+    want = [without_globals(a, b, seed) for seed, (a, b) in enumerate(sizes)]
+    with pytreestore.create(
+        tmp_path / "s", want[0], ragged=RAGGED, backend=backend, chunk_records=16
+    ) as store:
+        store.extend(want)
+    with pytreestore.open(tmp_path / "s", backend=backend) as store:
+        by_index = [store[i] for i in range(len(want))]
+        iterated = list(store)
+        as_numpy = list(store.records(as_numpy=True))
+    for got, leaf_type in ((by_index, jax.Array), (iterated, jax.Array), (as_numpy, np.ndarray)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert type(g) is jraph.GraphsTuple and g.globals is None
+            assert isinstance(g.nodes["pos"], leaf_type) and isinstance(g.senders, leaf_type)
+            assert_trees_equal(g, w)

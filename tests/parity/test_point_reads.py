@@ -90,6 +90,29 @@ def test_placed_takes_scalar_and_array_leaves_by_their_tags():
     np.testing.assert_array_equal(np.asarray(got[1]), host[1][2:5])
 
 
+def test_placed_takes_each_of_several_array_leaves_from_its_own_column():
+    """Six array leaves (ragged leading axes) of one row each: each takes its own rows (the
+    k-th leaf's output was looked up past the padded rows of the arrays before it)."""
+    from pytreestore._read import placed as _placed
+
+    host = [np.arange(c * 10, c * 10 + 3, dtype=np.int32) for c in range(6)]
+    tags = [[_placed.tag(c, np.array([1])) for c in range(6)]]
+    starts = np.zeros((1, 6), np.int64)
+    rows = _placed.Placed.of(
+        host,
+        [f"[{c}]" for c in range(6)],
+        starts,
+        lambda: tags,
+        frozenset(),
+        device=None,
+        cast=False,
+    )
+    assert rows is not None
+    got = rows.record(0, [h[1:2] for h in host])
+    assert got is not None
+    assert [np.asarray(g).tolist() for g in got] == [[c * 10 + 1] for c in range(6)]
+
+
 def test_point_read_of_a_record_with_an_empty_list_reads_no_rows(tmp_path, monkeypatch):
     """A table with no rows selected (an empty list) is not read at all: a read of no rows
     still cost a backend call (through TensorStore, a few hundred us) on every such load."""
@@ -131,3 +154,59 @@ def test_later_blocks_take_records_by_the_layouts_of_earlier_ones(tmp_path, kind
         for i in range(n):  # the same blocks read again: every structure has its layout
             _same(store[i], recs[i], jax_leaves=True)
         assert len(built) == first
+
+
+#: ragged leading axes added beside each kind's own leaves: one axis shared by two leaves
+#: (``['nodes']``) and two axes of their own (``['edges']``, ``['senders']``)
+AXES = ["['nodes']", "['edges']", "['senders']"]
+
+
+def _with_axes(kind: str, i: int) -> dict[str, Any]:
+    """Record ``i`` of ``kind`` beside several ragged leading axes: of 1 to 4 rows (one
+    compiled plan serves them), none in every 7th record and one in the next."""
+    rng = np.random.default_rng([7, i])
+    n, m, k = (int(c) for c in rng.integers(1, 5, 3))
+    if i % 7 < 2:
+        n = m = k = i % 7
+    return {
+        "step": kinds.record(kind, i),
+        "nodes": {
+            "z": rng.integers(1, 9, n).astype(np.int32),
+            "pos": rng.standard_normal((n, 3)).astype(np.float32),
+        },
+        "edges": rng.integers(-3, 3, m).astype(np.int8),
+        "senders": rng.integers(0, 50, k).astype(np.int32),
+    }
+
+
+@pytest.mark.parametrize("backend", kinds.BACKENDS)
+@pytest.mark.parametrize("kind", kinds.KINDS)
+def test_several_ragged_axes_in_a_loop_and_iteration(tmp_path, kind, backend, monkeypatch):
+    """Records with several ragged leading axes (issue 44, item 7): the k-th array leaf of a
+    record's gather was looked up past the rows of the arrays before it, so ``store[i]`` in a
+    loop and iteration raised IndexError. Blocks cross many chunks; every record comes back
+    exactly."""
+    from pytreestore._read import placed as _placed
+
+    monkeypatch.setattr(_placed, "_plans", set())  # plans to compile, whatever ran before
+    n = 2 * 64 + 2  # past JIT_MIN (64): the loop's block is placed on the device
+    recs = [_with_axes(kind, i) for i in range(n)]
+    ragged = [f"['step']{k}" for k in kinds.kind(kind).ragged] + AXES
+    optional = [f"['step']{k}" for k in kinds.kind(kind).optional]
+    like = {**_with_axes(kind, 2), "step": kinds.like(kind)}
+    with pytreestore.create(
+        tmp_path / "s", like, ragged=ragged, optional=optional, backend=backend, chunk_records=8
+    ) as store:
+        store.extend(recs[: n // 2])
+        for r in recs[n // 2 :]:
+            store.append(r)
+    with pytreestore.open(tmp_path / "s", backend=backend) as store:
+        for i in range(n):
+            _same(store[i], recs[i], jax_leaves=True)
+        assert _placed._plans  # the records were taken by compiled gathers
+        for i in range(n):
+            _same(store.load(i, as_numpy=True), recs[i], jax_leaves=False)
+        for got, want in zip(store, recs, strict=True):
+            _same(got, want, jax_leaves=True)
+        for got, want in zip(store.records(as_numpy=True), recs, strict=True):
+            _same(got, want, jax_leaves=False)
