@@ -1,6 +1,6 @@
 """A web server for tests: a folder served by Python's ``http.server`` on 127.0.0.1 in a
-thread, answering byte ranges, with faults on demand (a path answered 404, a response cut off midway) and a count of
-the requests it was sent."""
+thread, answering byte ranges, with faults on demand (a path answered 404, a response cut off midway, a path answered
+only after a delay) and a count of the requests it was sent."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import http.server
 import io
 import re
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,12 +18,15 @@ from typing import Any
 
 class Faults:
     """What the server does wrong: paths (below its folder, no leading slash) it answers with
-    404 or with half the body and a closed connection; the requests it was sent."""
+    404, with half the body and a closed connection, or only after ``stall_seconds``; the
+    requests it was sent."""
 
     def __init__(self) -> None:
         self.missing: set[str] = set()
         self.ranges = True  # False: Range headers ignored, as Python's http.server does
         self.cut: set[str] = set()
+        self.stalled: set[str] = set()
+        self.stall_seconds = 5.0
         self.requests: list[str] = []
 
 
@@ -38,6 +42,8 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         if path in self.faults.missing:
             self.send_error(404, "gone")
             return None
+        if path in self.faults.stalled:
+            time.sleep(self.faults.stall_seconds)
         if path in self.faults.cut:
             body = Path(self.translate_path(self.path)).read_bytes()
             self.send_response(200)

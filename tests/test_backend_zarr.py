@@ -7,6 +7,9 @@ import asyncio
 import json
 import os
 import re
+import subprocess
+import sys
+import time
 
 import ml_dtypes
 import numpy as np
@@ -217,6 +220,88 @@ def test_damaged_chunk_is_named(tmp_path):
         store.load(as_numpy=True)
     report = store.verify()
     assert [(p.key, p.chunk) for p in report.problems] == [("x/c/1", (1,))]
+
+
+# ---- shards rewritten beside a read ----------------------------------------------------------------
+
+#: a process rewriting one file in a loop, the way a writer's flush rewrites a store's tail
+#: shard: each time a temporary file renamed over it, alternating between two versions
+REWRITER = """
+import os, sys, time
+shard, end = sys.argv[1], time.monotonic() + float(sys.argv[4])
+versions = [open(v, "rb").read() for v in sys.argv[2:4]]
+print("ready", flush=True)
+k = 0
+while time.monotonic() < end:
+    tmp = f"{shard}.{k}.partial"
+    with open(tmp, "wb") as f:
+        f.write(versions[k % 2])
+    os.replace(tmp, shard)
+    k += 1
+print(k, flush=True)
+"""
+
+
+def _rows(start: int, stop: int) -> dict[str, np.ndarray]:
+    k = np.arange(start, stop)
+    return {"x": (k[:, None] + np.arange(8) / 8).astype(np.float32)}
+
+
+def _inner_chunk_store(path):
+    """A store of inner chunks of 8 records whose one shard has two versions, as a writer's
+    flushes leave it: 20 records (its third inner chunk partly filled), then 24. Returns the
+    shard's path and the files of its two versions."""
+    like = {"x": np.zeros(8, np.float32)}
+    shard = path / "s" / "x" / "c" / "0" / "0"
+    with pytreestore.create(
+        path / "s", like, backend="zarr", chunk_records=4096, inner_chunk_bytes=256
+    ) as s:
+        s.extend_batch(_rows(0, 20))
+        s.flush()
+        (path / "old").write_bytes(shard.read_bytes())
+        s.extend_batch(_rows(20, 24))
+    (path / "new").write_bytes(shard.read_bytes())
+    return shard, path / "old", path / "new"
+
+
+@pytest.mark.parametrize("reader", ["zarr", "tensorstore"])
+def test_a_shard_rewritten_beside_reads_gives_every_read_whole(tmp_path, reader):
+    """Issue 44, item 10: a shard's index and its inner chunks are separate reads; with
+    zarr-python, a rename between them paired the old index with the new inner chunks, a
+    false CorruptChunkError. Each read now reads the file it first opened. (TensorStore reads
+    the inner chunks only if the shard's generation is the index's.)"""
+    shard, old, new = _inner_chunk_store(tmp_path)
+    args = [sys.executable, "-c", REWRITER, str(shard), str(old), str(new), "3"]
+    rewriter = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    try:
+        assert rewriter.stdout is not None and rewriter.stdout.readline() == "ready\n"
+        store = pytreestore.open(tmp_path / "s", backend=reader, cache_bytes=0)
+        end, reads, damaged = time.monotonic() + 2.5, 0, []
+        while time.monotonic() < end:
+            i = 16 + reads % 4  # the partly filled inner chunk, which the versions differ in
+            try:
+                got = store.load(i, as_numpy=True)["x"]
+            except errors.CorruptChunkError as err:
+                damaged.append(str(err))
+            else:
+                np.testing.assert_array_equal(got, _rows(i, i + 1)["x"][0])
+            reads += 1
+    finally:
+        rewrites = int(rewriter.communicate(timeout=30)[0])
+    assert rewrites > 100 and reads > 100
+    assert damaged == [], f"{len(damaged)} of {reads} reads: {damaged[0]}"
+
+
+def test_a_damaged_inner_chunk_still_raises(tmp_path):
+    shard, _, _ = _inner_chunk_store(tmp_path)
+    raw = bytearray(shard.read_bytes())
+    raw[160] ^= 0xFF  # in the second inner chunk (records 8-15)
+    shard.write_bytes(bytes(raw))
+    store = pytreestore.open(tmp_path / "s", backend="zarr", cache_bytes=0)
+    np.testing.assert_array_equal(store.load(17, as_numpy=True)["x"], _rows(17, 18)["x"][0])
+    with pytest.raises(errors.CorruptChunkError, match=re.escape("(x/c/0/0) is damaged")):
+        store.load(9, as_numpy=True)
+    assert [p.key for p in store.verify().problems] == ["x/c/0/0"]
 
 
 # ---- ml_dtypes in zarr-python ----------------------------------------------------------------------

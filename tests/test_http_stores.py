@@ -363,3 +363,23 @@ def test_a_forked_child_gets_a_clear_error_not_a_hang(site, backend):
 
     assert run_in_child(child) == 2
     kinds.assert_same(store[7], written["fixed", backend][7])  # the parent reads on
+
+
+@pytest.mark.parametrize("backend", READERS)
+def test_a_read_past_the_total_timeout_is_a_storage_error(site, backend):
+    """Issue 44, item 11: a TensorStore read timed out raised a raw asyncio.CancelledError (a
+    BaseException): stopping the cancelled reads waited on them with ``result()``. Every
+    backend gives StorageError, and the store reads again once the server answers."""
+    url, folder, faults, written = site
+    opts = {**FAST, "total_timeout": 1, "request_timeout": 1}
+    store = pytreestore.open(f"{url}/fixed-{backend}", backend=backend, storage_options=opts)
+    chunks = sorted(p for p in (folder / f"fixed-{backend}" / "t" / "c").rglob("*") if p.is_file())
+    stalled = {str(p.relative_to(folder)) for p in chunks}
+    faults.stall_seconds = 3.0
+    faults.stalled |= stalled
+    try:
+        with pytest.raises(StorageError, match=r"total_timeout|error sending request"):
+            store.load(slice(0, 12), as_numpy=True)
+    finally:
+        faults.stalled -= stalled
+    kinds.assert_same(list(store.records(as_numpy=True)), written["fixed", backend])

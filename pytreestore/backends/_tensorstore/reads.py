@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -112,12 +113,14 @@ def _source(handles: Mapping[str, ts.TensorStore], request: _Part) -> ts.TensorS
 
 
 def _stop(futures: Sequence[Any]) -> None:
-    """Cancels TensorStore's ``futures`` and waits for each to end."""
+    """Cancels TensorStore's ``futures`` and waits for each to end. A cancelled future's
+    ``result()`` raises ``asyncio.CancelledError``, a ``BaseException``: it is the end
+    waited for, not an error (the caller raises its own: a timeout's ``StorageError``)."""
     for future in futures:
         with contextlib.suppress(Exception):
             future.cancel()
     for future in futures:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception, asyncio.CancelledError):
             future.result()
 
 

@@ -26,6 +26,16 @@ async def gather(aws: Iterable[Awaitable[_T]]) -> list[_T]:
     return list(await asyncio.gather(*aws))
 
 
+async def settle(aws: Iterable[Awaitable[_T]]) -> list[_T]:
+    """Awaits every awaitable at once; their results in order, or, once every one has ended,
+    the first error (what they hold may be released after this returns)."""
+    results = await asyncio.gather(*aws, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results  # type: ignore[return-value]
+
+
 async def collect(items: AsyncIterator[_T]) -> list[_T]:
     """Every item of an async iterator, in a list."""
     return [item async for item in items]
@@ -56,4 +66,4 @@ def run(
         ) from err
 
 
-__all__ = ["collect", "gather", "run"]
+__all__ = ["collect", "gather", "run", "settle"]

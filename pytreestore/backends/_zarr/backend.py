@@ -87,8 +87,13 @@ from pytreestore.backends._metadata import array_document, encode_document
 from pytreestore.backends._unstored import Unstored
 from pytreestore.backends._zarr import dtypes as _zarr_dtypes
 from pytreestore.backends._zarr import forked
-from pytreestore.backends._zarr.aio import collect, gather, run
-from pytreestore.backends._zarr.stores import ChunksRequired, memory_dict, open_local_store
+from pytreestore.backends._zarr.aio import collect, gather, run, settle
+from pytreestore.backends._zarr.stores import (
+    ChunksRequired,
+    PinnedReads,
+    memory_dict,
+    open_local_store,
+)
 from pytreestore.errors import (
     CommitConflictError,
     CorruptChunkError,
@@ -127,7 +132,6 @@ class ZarrBackend(
         self._layouts: dict[str, ColumnShape] = {}
         self._documents: dict[str, dict[str, Any]] = {}
         self._arrays: dict[str, AsyncArray[ArrayV3Metadata]] = {}
-        self._required = ChunksRequired(self._store)  # what reads go through
         self._attempted: dict[str, int] = {}  # grows whose write failed: maybe on disk
 
     def _open_store(self, location: Location) -> Store:
@@ -283,10 +287,7 @@ class ZarrBackend(
 
     def _read_stored(self, requests: Sequence[tuple[str, Any]], records: int) -> list[np.ndarray]:
         """Reads ``index`` of column ``key`` for every ``(key, index)`` pair, all at once."""
-        keys = list(dict.fromkeys(key for key, _ in requests))
-        arrays = dict(zip(keys, self._handles(keys, records)))
-        reads = (_read(key, self._reader(arrays[key], key), index) for key, index in requests)
-        return self._call(gather(reads), f"reading columns of {self._location}")
+        return self._read_columns([(key, index, None) for key, index in requests], records)
 
     def read_parts(
         self, requests: Sequence[tuple[str, Any, slice | None]], records: int
@@ -297,10 +298,40 @@ class ZarrBackend(
         if any(self._unstored.first_stored(k) for k, _, _ in requests):  # rare: evolve's
             rows = self.read_many([(k, index) for k, index, _ in requests], records)
             return [r if part is None else r[:, part] for r, (_, _, part) in zip(rows, requests)]
+        return self._read_columns(requests, records)
+
+    def _read_columns(
+        self, requests: Sequence[tuple[str, Any, slice | None]], records: int
+    ) -> list[np.ndarray]:
+        """``index`` of column ``key`` (``part`` of its second axis; None: whole rows) for
+        every ``(key, index, part)``, all at once, each object read as one version
+        (:class:`PinnedReads`). A chunk that fails its checksum or decoding is read once more,
+        from fresh reads, before it is reported damaged: where reads cannot be pinned (S3,
+        HTTP), a writer's rename may have landed between a shard's index and its inner chunks.
+        """
         keys = list(dict.fromkeys(key for key, _, _ in requests))
         arrays = dict(zip(keys, self._handles(keys, records)))
-        reads = (_read(k, self._reader(arrays[k], k), i, part) for k, i, part in requests)
-        return self._call(gather(reads), f"reading columns of {self._location}")
+        doing = f"reading columns of {self._location}"
+        try:
+            return self._call(self._read_pinned(arrays, requests), doing)
+        except CorruptChunkError:
+            return self._call(self._read_pinned(arrays, requests), doing)
+
+    async def _read_pinned(
+        self,
+        arrays: dict[str, AsyncArray[ArrayV3Metadata]],
+        requests: Sequence[tuple[str, Any, slice | None]],
+    ) -> list[np.ndarray]:
+        """The reads of :meth:`_read_columns` through one :class:`PinnedReads`, released once
+        every read has ended."""
+        pinned = PinnedReads(self._store)
+        store = ChunksRequired(pinned)  # a missing chunk raises
+        try:
+            return await settle(
+                _read(k, _reading(arrays[k], store, k), i, part) for k, i, part in requests
+            )
+        finally:
+            pinned.release()
 
     def close(self) -> None:
         self._documents.clear()
@@ -382,10 +413,6 @@ class ZarrBackend(
             out.append(array)
         return out
 
-    def _reader(self, array: AsyncArray[ArrayV3Metadata], key: str) -> AsyncArray[ArrayV3Metadata]:
-        """``array`` reading through :class:`ChunksRequired`: a missing chunk raises."""
-        return AsyncArray(array.metadata, StorePath(self._required, key), config=_CONFIG)  # type: ignore[arg-type]
-
     def _make_array(self, key: str, shape: tuple[int, ...]) -> AsyncArray[ArrayV3Metadata]:
         document = self._documents[key]
         file = f"{self._location}/{array_json(key)}"
@@ -397,6 +424,13 @@ class ZarrBackend(
             ) from err
         path = StorePath(self._store, key)
         return AsyncArray(metadata.update_shape(shape), path, config=_CONFIG)  # type: ignore[arg-type]
+
+
+def _reading(
+    array: AsyncArray[ArrayV3Metadata], store: Store, key: str
+) -> AsyncArray[ArrayV3Metadata]:
+    """``array`` reading through ``store`` (one read's :class:`ChunksRequired`)."""
+    return AsyncArray(array.metadata, StorePath(store, key), config=_CONFIG)  # type: ignore[arg-type]
 
 
 @functools.lru_cache(maxsize=4096)

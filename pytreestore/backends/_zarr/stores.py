@@ -1,5 +1,5 @@
-"""The zarr stores under the zarr backend: durable local files, shared in-memory dicts, and
-reads that refuse a missing chunk.
+"""The zarr stores under the zarr backend: durable local files, shared in-memory dicts, reads
+that refuse a missing chunk, and reads that see one version of each object.
 
 Example:
     >>> from pytreestore._location import Location
@@ -17,7 +17,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from zarr.abc.store import ByteRequest, Store
+from zarr.abc.store import (
+    ByteRequest,
+    OffsetByteRequest,
+    RangeByteRequest,
+    Store,
+    SuffixByteRequest,
+)
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import LocalStore, MemoryStore, WrapperStore
 
@@ -53,6 +59,107 @@ class ChunksRequired(WrapperStore[Store]):
             if value is None:
                 _raise_missing(key)
         return values
+
+
+class PinnedReads(WrapperStore[Store]):
+    """The store as one read sees it: every ranged read of a key (a shard's index, then its
+    inner chunks, each a read of its own) reads the object that the first of them found, so a
+    writer's rename between them cannot pair one version's index with another's inner chunks
+    (a false checksum failure, or an inner chunk missed and read as the fill value).
+
+    On local disk the first ranged read opens the file and the later ones read that open file
+    (a rename leaves it as it was); past :data:`MAX_OPEN` open files a read takes the whole
+    object's bytes instead. In memory the first read takes the key's value (values are never
+    changed in place). Elsewhere (S3, HTTP) reads pass through: the backend reads again once
+    when a checksum fails. Whole-object reads of keys not read by ranges pass through
+    everywhere (one read sees one version). Made for one read; :meth:`release` after it.
+    """
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self._local = isinstance(store, LocalStore)
+        self._pinned = self._local or isinstance(store, MemoryStore)
+        self._files: dict[str, int | None] = {}  # open files, by key (None: absent)
+        self._values: dict[str, bytes | None] = {}  # whole objects, by key (None: absent)
+
+    async def get(
+        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        if not self._pinned or (byte_range is None and not self._holds(key)):
+            return await self._store.get(key, prototype, byte_range)
+        if self._local and key not in self._values:
+            raw = await asyncio.to_thread(self._read_file, key, byte_range)
+        else:
+            whole = await self._value(key, prototype)
+            raw = None if whole is None else whole[_bounds(byte_range, len(whole))]
+        return None if raw is None else prototype.buffer.from_bytes(raw)
+
+    def release(self) -> None:
+        """Closes the files this read opened, and forgets what it pinned."""
+        files, self._files = self._files, {}
+        self._values = {}
+        for fd in files.values():
+            if fd is not None:
+                os.close(fd)
+
+    def _holds(self, key: str) -> bool:
+        return key in self._files or key in self._values
+
+    async def _value(self, key: str, prototype: BufferPrototype) -> bytes | None:
+        if key not in self._values:
+            value = await self._store.get(key, prototype)
+            self._values.setdefault(key, None if value is None else value.to_bytes())
+        return self._values[key]
+
+    def _read_file(self, key: str, byte_range: ByteRequest | None) -> bytes | None:
+        """``byte_range`` of the file at ``key`` as this read first opened it (runs in a
+        worker thread; the event loop's coroutines share the dict of open files)."""
+        if key not in self._files:
+            if len(self._files) >= MAX_OPEN:
+                self._values[key] = _read_whole(Path(self._store.root) / key)  # type: ignore[attr-defined]
+                whole = self._values[key]
+                return None if whole is None else whole[_bounds(byte_range, len(whole))]
+            fd = _open_file(Path(self._store.root) / key)  # type: ignore[attr-defined]
+            if self._files.setdefault(key, fd) != fd and fd is not None:
+                os.close(fd)  # another read of the key opened it first
+        fd = self._files[key]
+        if fd is None:
+            return None
+        size = os.fstat(fd).st_size
+        bounds = _bounds(byte_range, size)
+        return os.pread(fd, max(0, min(bounds.stop, size) - bounds.start), bounds.start)
+
+
+#: files one read keeps open at most (beyond, ranged reads of a key take its whole bytes)
+MAX_OPEN = 64
+
+
+def _open_file(path: Path) -> int | None:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+
+
+def _read_whole(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def _bounds(byte_range: ByteRequest | None, size: int) -> slice:
+    """The bytes ``byte_range`` asks of an object of ``size`` bytes (as zarr's stores read
+    them: a range past the end is cut short)."""
+    if byte_range is None:
+        return slice(0, size)
+    if isinstance(byte_range, RangeByteRequest):
+        return slice(byte_range.start, byte_range.end)
+    if isinstance(byte_range, OffsetByteRequest):
+        return slice(byte_range.offset, size)
+    if isinstance(byte_range, SuffixByteRequest):
+        return slice(max(0, size - byte_range.suffix), size)
+    raise TypeError(f"unexpected byte range {byte_range!r}")
 
 
 def _raise_missing(key: str) -> None:
@@ -135,4 +242,12 @@ def durable_put(path: Path, data: bytes, exclusive: bool = False) -> None:
         os.close(folder)
 
 
-__all__ = ["ChunksRequired", "DurableLocalStore", "durable_put", "memory_dict", "open_local_store"]
+__all__ = [
+    "MAX_OPEN",
+    "ChunksRequired",
+    "DurableLocalStore",
+    "PinnedReads",
+    "durable_put",
+    "memory_dict",
+    "open_local_store",
+]
