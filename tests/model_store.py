@@ -251,6 +251,11 @@ def shown(rows: Sequence[dict[str, Any]]) -> set[str]:
     return out
 
 
+def cast(record: Any) -> Any:
+    """``record`` as a read with ``cast=True`` gives it: 64-bit leaves as JAX's 32-bit ones."""
+    return jax.tree.map(lambda v: np.asarray(v, jax.dtypes.canonicalize_dtype(v.dtype)), record)
+
+
 # ---- reading a store and comparing it with a state ------------------------------------------------
 
 

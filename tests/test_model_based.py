@@ -35,6 +35,7 @@ import dataclasses
 import shutil
 import tempfile
 from typing import Any
+from unittest import mock
 
 import jax
 import numpy as np
@@ -52,6 +53,9 @@ from hypothesis.stateful import (
 
 import pytreestore
 from pytreestore import errors
+from pytreestore._read import ahead
+from pytreestore.testing import assert_trees_equal
+from tests import model_device as md
 from tests import model_store as m
 from tests.conftest import copying_cpu_puts
 
@@ -69,20 +73,13 @@ LONG = settings(
 )
 
 
-def _on_device(leaf: Any) -> Any:
-    """``leaf`` as a jax.Array where JAX keeps its dtype (32 bits or fewer), else as it is."""
-    value = np.asarray(leaf)
-    if value.dtype.itemsize > 4 or value.dtype.kind not in "biuf":
-        return leaf
-    return jax.device_put(value)
-
-
 class StoreMachine(RuleBasedStateMachine):
     """The operations every store takes, and the checks after each; a subclass makes the
     store and its records."""
 
     backend = "tensorstore"
     folder = ""
+    pool: Any = None  # two other processes (the ``pool`` fixture), for fragments
 
     def __init__(self) -> None:
         super().__init__()
@@ -153,12 +150,13 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(data=st.data(), n=st.integers(1, 3), device=st.booleans())
     def append(self, data: st.DataObject, n: int, device: bool) -> None:
-        """``device``: the leaves JAX holds without widening are jax.Arrays, which the store
-        keeps and fetches when their chunk is written (issue 32)."""
+        """``device``: the leaves JAX holds without widening are jax.Arrays, spread over
+        several devices, which the store keeps and fetches when their chunk is written
+        (issue 32)."""
         before, rows = self.state, self.records(data, n)
-        for row in rows:
+        for k, row in enumerate(rows):
             record = self.as_record(row)
-            self.store.append(jax.tree.map(_on_device, record) if device else record)
+            self.store.append(md.place(record, k) if device else record)
         self.take(rows)
         self.settle(before, None)
 
@@ -188,6 +186,120 @@ class StoreMachine(RuleBasedStateMachine):
             rows += part
         self.store.commit_fragments(frags)
         self.take(rows)
+        self.settle(before, None)
+
+    # ---- device arrays, threads, other processes (issue 44) --------------------------------------
+
+    @rule(data=st.data(), n=st.integers(1, 3), fate=st.sampled_from(md.FATES), spread=st.booleans())
+    def device_append(self, data: st.DataObject, n: int, fate: str, spread: bool) -> None:
+        """Records of jax.Arrays (on several devices where ``spread``) appended, then donated,
+        deleted, stepped on or their host buffers overwritten: an append that returned is
+        kept, whatever the caller does with its arrays afterwards."""
+        before, rows = self.state, self.records(data, n)
+        for k, row in enumerate(rows):
+            record = md.place(self.as_record(row), k if spread else 0)
+            self.store.append(record)
+            self.take([row])
+            md.meet(record, fate)
+        self.settle(before, None)
+
+    @rule(data=st.data(), n=st.integers(1, 4), at=st.integers(0, 3))
+    def failed_append(self, data: st.DataObject, n: int, at: int) -> None:
+        """Device records, one holding an array whose computation failed. Assumed (issue 44,
+        item 5): the call that meets it (an append or the flush) raises a PyTreeStoreError
+        naming the record; every record before it is kept; a later one is kept exactly or
+        dropped, never read as garbage; the next flush succeeds."""
+        before, rows = self.state, self.records(data, n)
+        records = [md.place(self.as_record(r), k) for k, r in enumerate(rows)]
+        at, bad = min(at, n - 1), None
+        for k in range(at, n):
+            bad = md.with_failed_leaf(records[k])
+            if bad is not None:
+                records[k], at = bad[0], k
+                break
+        tried: list[Any] = []
+        try:
+            for row, record in zip(rows, records, strict=True):
+                tried.append(row)
+                self.store.append(record)
+            self.store.flush()
+        except errors.PyTreeStoreError as err:
+            assert bad is not None, f"no array failed, yet {err!r}"
+            assert f"record {len(before.rows) + at}" in str(err), f"{err}"
+        else:
+            assert bad is None, f"record {len(before.rows) + at} failed, yet nothing raised"
+        self.store.flush()
+        kept = [r for k, r in enumerate(tried) if bad is None or k != at]
+        self.resync(before, [*before.rows, *kept], len(before.rows) + at)
+
+    def resync(self, before: m.State, candidates: list[Any], least: int) -> None:
+        """The model takes the prefix of ``candidates`` the store holds (at least ``least``
+        records): the records that the invariant then checks exactly."""
+        held = len(self.store)
+        assert least <= held <= len(candidates), f"{held} records, {least} kept at least"
+        self.settle(before, None, before.with_rows(candidates[:held]))
+
+    @rule(placed=st.booleans())
+    def indexed_reads(self, placed: bool) -> None:
+        """``store[i]`` in a loop and ``for r in store`` (a fresh reader casting the 64-bit
+        columns, so JAX takes every record), each record exactly the model's, cast. Where
+        ``placed``, a block of read-ahead records is placed on the device whatever its size
+        (as one of ``ahead.JIT_MIN`` records or more is), so the model's small stores take
+        that path too."""
+        before = self.state
+        self.store.flush()
+        want = [m.cast(self.as_record(r)) for r in self.state.rows]
+        with (
+            mock.patch.object(ahead, "JIT_MIN", 1 if placed else ahead.JIT_MIN),
+            pytreestore.open(self.path, backend=self.backend, cast=True) as reader,
+        ):
+            got = [reader[i] for i in range(len(reader))]
+            assert len(got) == len(want), f"read {len(got)} records of {len(want)}"
+            for i, (g, w) in enumerate(zip(got, want)):
+                assert_trees_equal(g, w, err_msg=f"store[{i}]")
+            for i, (g, w) in enumerate(zip(reader, want, strict=True)):
+                assert_trees_equal(g, w, err_msg=f"for r in store: record {i}")
+        self.settle(before, None)
+
+    @rule(data=st.data(), n=st.integers(2, 8), device=st.booleans())
+    def appends_beside_a_reader(self, data: st.DataObject, n: int, device: bool) -> None:
+        """Another thread reads (the writer's records, a reader's) while this one appends:
+        each read is a prefix of the model's records, at least those committed before."""
+        before, rows = self.state, self.records(data, n)
+        committed = self.store.committed
+        readers = md.Readers(self.store, lambda: pytreestore.open(self.path, backend=self.backend))
+        try:
+            for k, row in enumerate(rows):
+                record = self.as_record(row)
+                self.store.append(md.place(record, k) if device else record)
+                self.take([row])
+        finally:
+            results = readers.join()
+        for who, got in results:
+            assert committed <= len(got) <= len(self.state.rows), f"{who}: {len(got)} records"
+            for i, (g, w) in enumerate(zip(got, self.state.rows)):
+                assert_trees_equal(g, self.as_record(w), err_msg=f"{who}: record {i}")
+        self.settle(before, None)
+
+    @rule(data=st.data(), sizes=st.lists(st.integers(1, 4), min_size=1, max_size=2))
+    def fragments_from_another_process(self, data: st.DataObject, sizes: list[int]) -> None:
+        """Fragments written by another process while this one appends and commits, then
+        committed after what it appended."""
+        before, parts = self.state, [self.records(data, n) for n in sizes]
+        jobs = [
+            self.pool.apply_async(
+                md.fragment_json, ((self.path, self.backend, [self.as_record(r) for r in p]),)
+            )
+            for p in parts
+        ]
+        rows = self.records(data, 3)
+        for row in rows:
+            self.store.append(self.as_record(row))
+            self.take([row])
+            self.store.flush()
+        texts = [job.get(timeout=120) for job in jobs]
+        self.store.commit_fragments([pytreestore.Fragment.from_json(t) for t in texts])
+        self.take([r for p in parts for r in p])
         self.settle(before, None)
 
     # ---- versions --------------------------------------------------------------------------------
@@ -500,42 +612,47 @@ class RaggedMachine(StoreMachine):
         self.settle(before, "evolve", m.ragged_renamed(before, extra, new))
 
 
-def machine(base: type[StoreMachine], backend: str, folder: str) -> type[StoreMachine]:
-    return type(base.__name__, (base,), {"backend": backend, "folder": folder})
+def machine(base: type[StoreMachine], backend: str, folder: str, pool: Any) -> type[StoreMachine]:
+    return type(base.__name__, (base,), {"backend": backend, "folder": folder, "pool": pool})
 
 
-def run(base: type[StoreMachine], backend: str, folder: str, profile: settings) -> None:
-    run_state_machine_as_test(machine(base, backend, folder), settings=profile)
+def run(base: type[StoreMachine], backend: str, folder: str, pool: Any, profile: settings) -> None:
+    run_state_machine_as_test(machine(base, backend, folder, pool), settings=profile)
 
 
 @pytest.mark.parametrize("base", [FixedMachine, RaggedMachine], ids=["fixed", "ragged"])
-def test_store_follows_the_model(base, backend, tmp_path):
+def test_store_follows_the_model(base, backend, tmp_path, pool):
     examples = 4 if base is FixedMachine else 3  # a ragged store's reads cost more
-    run(base, backend, str(tmp_path), settings(DEFAULT, max_examples=examples))
+    run(base, backend, str(tmp_path), pool, settings(DEFAULT, max_examples=examples))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("base", [FixedMachine, RaggedMachine], ids=["fixed", "ragged"])
-def test_store_follows_the_model_long(base, backend, tmp_path):
+def test_store_follows_the_model_long(base, backend, tmp_path, pool):
     examples = 60 if base is FixedMachine else 40
-    run(base, backend, str(tmp_path), settings(LONG, max_examples=examples))
+    run(base, backend, str(tmp_path), pool, settings(LONG, max_examples=examples))
 
 
 @pytest.mark.parametrize("base", [FixedMachine, RaggedMachine], ids=["fixed", "ragged"])
 def test_store_follows_the_model_through_the_accelerator_paths(
-    base, backend, tmp_path, monkeypatch
+    base, backend, tmp_path, monkeypatch, pool
 ):
     """The paths only an accelerator takes (loads in pieces, small leaves packed by dtype,
     see pytreestore/_read/slabs.py and packed.py), forced on the CPU with tiny pieces, among
     appends, truncates, evolves, versions and fragments: the machine's device loads (a whole
     load beside an epoch of shuffled batches) go through them. The CPU is made to copy what
     it is given, as an accelerator does, so the pieces' host buffers are reused from load
-    to load (pytreestore/_read/hostpool.py)."""
+    to load (pytreestore/_read/hostpool.py). Device arrays appended are fetched as off an
+    accelerator (stacked on their device, a few at a time), spread over several devices."""
     from pytreestore._read import slabs
+    from pytreestore._tree import device
+
+    monkeypatch.setattr(device, "_on_host", lambda leaf: False)
+    monkeypatch.setattr(device, "STACK", 2)  # a stack as soon as a column keeps 2 arrays
 
     copying_cpu_puts(monkeypatch)
     monkeypatch.setattr(slabs, "PLATFORMS", {*slabs.PLATFORMS, "cpu"})
     monkeypatch.setattr(slabs, "SLAB_BYTES", 16)  # a piece per chunk, at least
     monkeypatch.setattr(slabs, "MIN_BYTES", 1)  # every device load of a slice
     monkeypatch.setattr(slabs, "WHOLE_BYTES", 8)
-    run(base, backend, str(tmp_path), settings(DEFAULT, max_examples=3))
+    run(base, backend, str(tmp_path), pool, settings(DEFAULT, max_examples=3))
