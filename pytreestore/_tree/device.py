@@ -31,8 +31,8 @@ Example:
     >>> buf = np.zeros((1, 3), np.int32)
     >>> leaves = DeviceLeaves()
     >>> leaves.keep(0, 0, jnp.arange(3, dtype=jnp.int32)); leaves.own(0, [buf])
-    >>> fetch([buf], leaves.take(), [".x"], 0); buf
-    array([[0, 1, 2]], dtype=int32)
+    >>> buf, leaves.take()  # a CPU array: copied into its row at once, nothing left to fetch
+    (array([[0, 1, 2]], dtype=int32), [])
 """
 
 from __future__ import annotations
