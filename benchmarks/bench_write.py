@@ -14,8 +14,8 @@ step loop appending its state.
   leaves (10 float32[3], 10 int32 scalars), each step's state appended to a store
   (`state = step(state); store.append(state)`, the store created untimed and closed inside
   the timed region) against the same loop appending the state to a Python list. The appends
-  keep the device arrays and fetch them when their chunk is written, so the loop runs ahead
-  of the device as the list's does. Goal: at most 1.3x. The step (a sine of ten 3-vectors)
+  make the device arrays their own (on the CPU copied into their rows, on an accelerator
+  copied on the device and fetched when their chunk is written: issue 44, `bench_donate`). Goal: at most 1.3x. The step (a sine of ten 3-vectors)
   costs about what dispatching it costs: the cheapest step a loop can have.
 * **jitted training loop**: the same with an Adam step of a 2-layer MLP (32-32-4, a batch of
   64), its state a registered dataclass of 16 leaves (parameters, both moments, the count, three

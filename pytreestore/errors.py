@@ -25,6 +25,7 @@ __all__ = [
     "CorruptChunkError",
     "CorruptStoreError",
     "DeletedArrayError",
+    "DeviceFetchError",
     "ForkedBackendError",
     "ForkedIteratorError",
     "ForkedWriterError",
@@ -202,6 +203,12 @@ class DeletedArrayError(PyTreeStoreError, RuntimeError):
     """A ``jax.Array`` appended to a store was deleted (donated to a jitted function, or
     ``.delete()``-d) before the store fetched its values; the message names the records kept
     and dropped, and how to append a copy instead."""
+
+
+class DeviceFetchError(PyTreeStoreError, RuntimeError):
+    """A ``jax.Array`` appended to a store could not be fetched from its device (the
+    computation that made it failed); the message names the record, the keypath and the
+    records dropped with it."""
 
 
 class ForkedWriterError(PyTreeStoreError, RuntimeError):

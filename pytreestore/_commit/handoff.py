@@ -6,8 +6,10 @@ off the caller's thread (issue 32).
 background job (:mod:`pytreestore._commit.chunk_writes`) fetches the chunk's device arrays
 (:mod:`pytreestore._tree.device`), then writes and commits it as the writer's own
 ``_write_chunk`` would. A failure is reported by the writer's next call
-(:meth:`HandOff.check_writes`); a device array found deleted cuts the records there, keeping
-those before it (:meth:`HandOff._cut_handed`, :meth:`HandOff._deleted`). :meth:`HandOff.settle`
+(:meth:`HandOff.check_writes`); a device array that cannot be fetched (its computation
+failed, or it was deleted) cuts the records there: it and every record after it are dropped,
+those before it kept and committed (:meth:`HandOff._cut_handed`, :meth:`HandOff._lost`); the
+error names the record, the keypath and the records dropped. :meth:`HandOff.settle`
 waits for everything handed over and fetches the device arrays of the chunk being filled:
 every other write of the writer starts with it.
 
@@ -31,8 +33,11 @@ import numpy as np
 
 from pytreestore._commit.chunk_writes import ChunkWrites
 from pytreestore._tree.convert import RowFiller
-from pytreestore._tree.device import DeletedLeaf, Kept, deleted_error, fetch
-from pytreestore.errors import DeletedArrayError
+from pytreestore._tree.device import Kept, LostLeaf, fetch, lost_error
+from pytreestore.errors import DeletedArrayError, DeviceFetchError
+
+#: the errors of a record whose device array could not be fetched
+LOST = (DeletedArrayError, DeviceFetchError)
 
 
 @dataclasses.dataclass
@@ -66,7 +71,7 @@ class HandOff:
     def _full(self) -> None:
         """Reports a background write's failure; then, with the chunk full, hands it to the
         background writer (or writes and commits it here)."""
-        self.check_writes()
+        self.check_writes(refused=True)
         if self.fill < self.chunk:
             return
         if not self._background:
@@ -84,23 +89,25 @@ class HandOff:
         """The background job of a chunk handed over: its device arrays fetched, then its
         write and commit (the writer's ``_put``, as its own chunk writes)."""
         if chunk.kept:
-            fetch(chunk.buffers, chunk.kept, self._paths, chunk.start)
+            fetch(chunk.buffers, chunk.kept)
             chunk.kept = []
         self._put(chunk.start, chunk.buffers, chunk.start + self.chunk)
         del self._chunks[chunk.start]
         self._spares.append(chunk.buffers)
 
-    def check_writes(self) -> None:
-        """Raises the failure of a background write no call has reported yet.
+    def check_writes(self, *, refused: bool = False) -> None:
+        """Raises the failure of a background write no call has reported yet (``refused``:
+        the caller's record is not appended, and the error says so).
 
         Raises:
-            DeletedArrayError: a chunk's device array was deleted before it was fetched: the
-                records from it on are dropped, those before it kept.
+            DeviceFetchError: a chunk's device array could not be fetched (or
+                DeletedArrayError: it was deleted): the records from it on are dropped, those
+                before it kept.
         """
         try:
             self.writes.check()
-        except DeletedLeaf as err:
-            raise self._cut_handed(err) from None
+        except LostLeaf as err:
+            raise self._cut_handed(err, refused=refused) from None
 
     def settle(self) -> None:
         """Waits until every chunk handed over is written and committed, and fetches the
@@ -108,46 +115,48 @@ class HandOff:
 
         Raises:
             StorageError: a chunk's write failed (kept, retried by the next call).
-            DeletedArrayError: a device array was deleted before it was fetched.
+            DeviceFetchError: a device array could not be fetched (DeletedArrayError: it was
+                deleted): the records from it on are dropped, those before it kept.
         """
         try:
             self.writes.drain()
-        except DeletedLeaf as err:
+        except LostLeaf as err:
             raise self._cut_handed(err) from None
         self._fetch_kept()
 
     def _fetch_kept(self) -> None:
-        """Fetches the device arrays kept for the chunk being filled into its buffers."""
+        """Fetches the device arrays kept for the chunk being filled into its buffers; one
+        that cannot be fetched cuts the chunk there (:meth:`_lost`)."""
         device = self.filler.device
         if device is None or not device.kept:
             return
+        kept = device.take()
         try:
-            fetch(self.buffers, device.take(), self._paths, self.start)
-        except DeletedLeaf as err:  # the rows before it are fetched
-            raise self._deleted(err) from None
+            fetch(self.buffers, kept)
+        except LostLeaf as err:  # the rows before it are fetched
+            raise self._lost(err) from None
 
-    def _deleted(self, err: DeletedLeaf) -> DeletedArrayError:
-        """Drops the records of the chunk being filled from ``err.row`` on (a device array of
-        that row was deleted) and returns the error to raise."""
-        dropped = self.fill - err.row
-        path = self._paths[err.column]
-        if dropped <= 0:  # this call's own record
-            return DeletedArrayError(
-                f"this record's jax.Array at {path or 'the root'} is deleted (donated to a "
-                "jitted function, or deleted): its values are gone. Nothing was appended."
-            )
+    def _lost(self, err: LostLeaf) -> DeletedArrayError | DeviceFetchError:
+        """The error for a device array of row ``err.row`` of the chunk being filled that
+        could not be read; a row already appended is dropped with the rows after it."""
+        path, record = self._paths[err.column], self.start + err.row
+        if err.row >= self.fill:  # this call's own record: nothing to drop
+            return lost_error(err, path, record, dropped=range(0))
+        dropped = range(record, self.start + self.fill)
         self.fill = err.row
         if self.filler.device is not None:
             self.filler.device.forget(err.row)
-        return deleted_error(path, self.start + err.row, dropped=dropped, previous=dropped == 1)
+        return lost_error(err, path, record, dropped=dropped)
 
-    def _cut_handed(self, err: DeletedLeaf) -> DeletedArrayError:
-        """After a handed-over chunk found a deleted device array: its rows before it become
-        the chunk being filled again; every later record is dropped."""
+    def _cut_handed(
+        self, err: LostLeaf, *, refused: bool = False
+    ) -> DeletedArrayError | DeviceFetchError:
+        """After a handed-over chunk found a device array it could not fetch: its rows
+        before it become the chunk being filled again; every later record is dropped."""
         self.writes.discard()  # the jobs of the chunks below, which are dropped
         failed = min(self._chunks)  # the queue stops at the first failure: the oldest chunk
         chunk = self._chunks.pop(failed)
-        dropped = self.start + self.fill - (chunk.start + err.row)
+        dropped = range(chunk.start + err.row, self.start + self.fill)
         self._spares.extend(c.buffers for c in self._chunks.values())
         self._spares.append(self.buffers)
         self._chunks.clear()
@@ -155,9 +164,8 @@ class HandOff:
         self.filler.use(self.buffers)
         if self.filler.device is not None:
             self.filler.device.take()
-        return deleted_error(
-            self._paths[err.column], chunk.start + err.row, dropped=dropped, previous=False
-        )
+        path = self._paths[err.column]
+        return lost_error(err, path, dropped.start, dropped=dropped, refused=refused)
 
 
-__all__ = ["Chunk", "HandOff"]
+__all__ = ["LOST", "Chunk", "HandOff"]

@@ -38,20 +38,15 @@ import numpy as np
 from pytreestore._commit.atomic import atomic
 from pytreestore._commit.chunk_writes import ChunkWrites
 from pytreestore._commit.committer import Committer
-from pytreestore._commit.handoff import Chunk, HandOff
+from pytreestore._commit.handoff import LOST, Chunk, HandOff
 from pytreestore._commit.record import Commit
 from pytreestore._commit.rows import FixedTreeRows
 from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import LeafCaster, RecordError, RowFiller, casters
-from pytreestore._tree.device import DeletedLeaf, DeviceLeaves
+from pytreestore._tree.device import DeviceLeaves, LostLeaf
 from pytreestore.backends import Backend
-from pytreestore.errors import (
-    ChunkSizeError,
-    DeletedArrayError,
-    ForkedWriterError,
-    StorageError,
-)
+from pytreestore.errors import ChunkSizeError, ForkedWriterError, StorageError
 
 
 def buffer_nbytes(schema: TreeSchema) -> int:
@@ -169,14 +164,16 @@ class Writer(HandOff, FixedTreeRows):
             StorageError: (and any failure of a chunk's write on the background thread) a
                 chunk could not be written; this record is not appended, every record before
                 it is kept, and the next call retries the write.
-            DeletedArrayError: a device array appended was deleted before it was fetched.
+            DeviceFetchError: a device array of this record, or of a chunk written in the
+                background, could not be fetched (DeletedArrayError: this record's is
+                deleted); the records from that one on are dropped, and this one too.
         """
         if self.fill == self.chunk or self.writes.failed is not None:
             self._full()
         try:
             self.filler.fill(leaves, self.fill)
-        except DeletedLeaf as err:
-            raise self._deleted(err) from None
+        except LostLeaf as err:
+            raise self._lost(err) from None
         self.fill += 1
 
     def append_many(self, leaves_iter: Iterator[Sequence[Any]]) -> None:
@@ -308,12 +305,13 @@ class Writer(HandOff, FixedTreeRows):
         """Writes every buffered record and commits them.
 
         Raises:
-            DeletedArrayError: a device array appended was deleted before it was fetched; the
-                records before it are committed first, it and those after it dropped.
+            DeviceFetchError: a device array appended could not be fetched (its computation
+                failed; DeletedArrayError: it was deleted); the records before it are
+                committed first, it and those after it dropped.
         """
         try:
             self.settle()
-        except DeletedArrayError as err:
+        except LOST as err:
             self._flush()  # what is kept is acknowledged: committed before the error
             raise err from None
         self._flush()

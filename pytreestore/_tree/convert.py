@@ -158,9 +158,10 @@ class RowFiller:
     """Copies one record's leaves into row ``row`` of per-column buffers.
 
     With ``device``, a :class:`~pytreestore._tree.device.DeviceLeaves`, a ``jax.Array`` leaf of
-    the column's dtype and shape is kept there instead of copied (its values are fetched when
-    the chunk is written: :func:`~pytreestore._tree.device.fetch`), so that appending a jitted
-    step's result does not wait for the step.
+    the column's dtype and shape goes there instead (a CPU array is copied into its row; an
+    accelerator's is copied on its device and fetched when the chunk is written:
+    :func:`~pytreestore._tree.device.fetch`), so that appending a jitted step's result does
+    not wait for the step, and survives the step donating it.
     """
 
     def __init__(
@@ -206,8 +207,8 @@ class RowFiller:
         (and keeping none of this record's device arrays).
 
         Raises:
-            DeletedLeaf: a device array of this record, or the first of the last record that
-                had one, was deleted (:class:`~pytreestore._tree.device.DeviceLeaves`).
+            LostLeaf: a device array of this record is deleted, or (on the host) its
+                computation failed (:meth:`~pytreestore._tree.device.DeviceLeaves.own`).
         """
         device = self.device
         mark = len(device.kept) if device is not None else 0
@@ -215,7 +216,7 @@ class RowFiller:
             if self._fill is not None:
                 self._fill(leaves, row)  # the generated straight-line code (fillcode)
                 if device is not None and len(device.kept) > mark:
-                    device.arrived(row, device.kept[mark])
+                    device.own(mark, self.buffers)
                 return
             for (exact, dtype, shape, buf, _, _, i), leaf in zip(self._fast, leaves):
                 kind = type(leaf)
@@ -226,7 +227,7 @@ class RowFiller:
                 else:
                     self._slow(i, leaf, row)
             if device is not None and len(device.kept) > mark:
-                device.arrived(row, device.kept[mark])
+                device.own(mark, self.buffers)
         except BaseException as err:
             if device is not None:
                 device.forget(row)

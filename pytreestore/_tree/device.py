@@ -1,25 +1,38 @@
-"""Device arrays appended without waiting: their values are fetched when their chunk is written.
+"""Device arrays appended without waiting: the store copies them at ``append`` and fetches the
+copies' values when their chunk is written.
 
-``store.append(state)`` right after a jitted step would wait for the step to finish if it copied
-the state's ``jax.Array`` leaves to the host at once, so a loop could never run ahead of the
-device. A writer's row filler instead keeps such a leaf (a fully addressable array of the
-column's dtype and shape) in :class:`DeviceLeaves`, and :func:`fetch` copies the values into
-the rows when the chunk is written (on the writer's background thread) or flushed: the copies
-to the host are started together, then waited for.
+``store.append(state)`` right after a jitted step must not wait for the step, and must keep
+the record whatever the caller does with ``state`` afterwards: a training step that donates
+it (``jax.jit(step, donate_argnums=0)``), ``.delete()``, reuse. A writer's row filler gives
+the record's ``jax.Array`` leaves (fully addressable, of the column's dtype and shape) to
+:meth:`DeviceLeaves.own`, which makes them the store's own before ``append`` returns:
 
-A kept array must still exist when it is fetched. One deleted meanwhile (donated to a jitted
-function with ``donate_argnums``, or ``.delete()``-d) is never read: JAX refuses to, and the
-store raises :class:`~pytreestore.errors.DeletedArrayError` naming the record and keypath.
-The first kept array of each record is watched, so that the usual case (a step donating the
-state appended just before) is found by the next ``append``, not a chunk later.
+- a leaf on a CPU device is copied into its row at once (its memory is the host's: one
+  ``np.asarray`` per leaf, about 1 us, after the step that made it has run; a view would not
+  do, since a donated buffer's memory is reused);
+- a leaf on an accelerator is copied on its device by one jitted copy of the record's leaves
+  per device set, dispatched without waiting (the copy is the store's: nothing the caller
+  does can delete it; JAX orders a donation or deletion after a read dispatched before it).
+  :func:`fetch` copies those to the host when the chunk is written (on the writer's
+  background thread) or flushed, each column's arrays of a device stacked first.
+
+``copy_to_host_async`` at ``append`` would not survive: deleting or donating an array drops
+the host copy it started (``PyArray::Delete`` resets its host value, and ``np.asarray`` of a
+deleted array raises), and the stack of the kept states (one jitted update per record) cost
+2.4x the jitted copy on a TPU v5e (docs/benchmarks.md, "Donated training loop").
+
+An array deleted before its ``append`` is refused by that ``append`` (nothing appended). A
+copy whose values cannot be fetched later (the computation that made it failed) raises
+:class:`LostLeaf` from :func:`fetch`, which the writer turns into
+:class:`~pytreestore.errors.DeviceFetchError`, dropping that record and the ones after it.
 
 Example:
     >>> import jax.numpy as jnp, numpy as np
-    >>> leaves = DeviceLeaves()
-    >>> leaves.keep(0, 0, jnp.arange(3, dtype=jnp.int32)); leaves.arrived(0, leaves.kept[0])
     >>> buf = np.zeros((1, 3), np.int32)
-    >>> fetch([buf], leaves.take(), [".x"], 0); buf
-    array([[0, 1, 2]], dtype=int32)
+    >>> leaves = DeviceLeaves()
+    >>> leaves.keep(0, 0, jnp.arange(3, dtype=jnp.int32)); leaves.own(0, [buf])
+    >>> buf, leaves.take()  # a CPU array: copied into its row at once, nothing left to fetch
+    (array([[0, 1, 2]], dtype=int32), [])
 """
 
 from __future__ import annotations
@@ -32,7 +45,7 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
-from pytreestore.errors import DeletedArrayError, PyTreeStoreError
+from pytreestore.errors import DeletedArrayError, DeviceFetchError
 
 #: the concrete classes of ``jax.Array`` taken by the fast path of a fill (met so far, in a
 #: single process: there every array is fully addressable; with several processes none is
@@ -54,83 +67,110 @@ def is_device_array(leaf: Any) -> bool:
     return leaf.is_fully_addressable
 
 
-class DeletedLeaf(Exception):
-    """Row ``row``'s array of column ``column`` was deleted before it was fetched (internal:
-    the writer turns it into :class:`DeletedArrayError` with the record's number)."""
+class LostLeaf(Exception):
+    """Row ``row``'s array of column ``column`` could not be read: deleted (``cause`` None)
+    or its computation failed (``cause``). Internal: the writer turns it into
+    :class:`DeletedArrayError` or :class:`DeviceFetchError` with the record's number."""
 
-    def __init__(self, row: int, column: int) -> None:
-        super().__init__(row, column)
+    def __init__(self, row: int, column: int, cause: BaseException | None = None) -> None:
+        super().__init__(row, column, cause)
         self.row = row
         self.column = column
+        self.cause = cause
 
 
 class DeviceLeaves:
-    """The device arrays of one chunk's rows, kept until they are fetched."""
+    """The store's copies of device arrays of one chunk's rows, kept until they are fetched."""
 
-    __slots__ = ("kept", "watch")
+    __slots__ = ("kept",)
 
     def __init__(self) -> None:
+        #: the copies, in row order (a fill's generated code appends the caller's arrays
+        #: here first, :meth:`own` replaces them)
         self.kept: list[Kept] = []
-        #: the first kept array of the last record that had one: (row, column, array)
-        self.watch: Kept | None = None
 
     def keep(self, row: int, column: int, leaf: Any) -> None:
-        """Keeps ``leaf`` for row ``row`` of column ``column`` (the fast path of a fill
-        appends to :attr:`kept` itself; :meth:`arrived` follows either)."""
+        """Keeps ``leaf`` for row ``row`` of column ``column`` until :meth:`own` (the fast
+        path of a fill appends to :attr:`kept` itself)."""
         self.kept.append((row, column, leaf))
 
-    def arrived(self, row: int, first: Kept) -> None:
-        """After a record of row ``row`` kept ``first`` and maybe more: checks that the last
-        record's first array still exists, and this one's.
+    def own(self, mark: int, buffers: Sequence[np.ndarray]) -> None:
+        """After a fill kept ``kept[mark:]`` (the caller's arrays of one record): copies those
+        on the host into ``buffers`` and replaces the others by the store's own copies.
 
         Raises:
-            DeletedLeaf: one of them was deleted (a row before ``row``, or ``row`` itself).
+            LostLeaf: an array is deleted, or (on the host) its computation failed: the
+                record is not appended.
         """
-        watch = self.watch
-        if watch is not None and watch[0] != row and watch[2].is_deleted():
-            raise DeletedLeaf(watch[0], watch[1])
-        if first[2].is_deleted():
-            raise DeletedLeaf(row, first[1])
-        self.watch = first
+        record = self.kept[mark:]
+        del self.kept[mark:]
+        device = []
+        for row, column, leaf in record:
+            if leaf.is_deleted():
+                raise LostLeaf(row, column)
+            if _on_host(leaf):
+                try:
+                    buffers[column][row] = np.asarray(leaf)
+                except Exception as err:
+                    raise LostLeaf(row, column, None if leaf.is_deleted() else err) from err
+            else:
+                device.append((row, column, leaf))
+        if device:
+            self.kept.extend(_copied(device))
 
     def forget(self, row: int) -> None:
         """Drops what was kept for rows from ``row`` on (a refused record, rows cut)."""
         kept = self.kept
         while kept and kept[-1][0] >= row:
             kept.pop()
-        if self.watch is not None and self.watch[0] >= row:
-            self.watch = kept[-1] if kept else None
 
     def take(self) -> list[Kept]:
         """What is kept, handed over for fetching (this object starts empty again; its
         :attr:`kept` stays the same list, which a fill's generated code appends to)."""
         kept = list(self.kept)
         self.kept.clear()
-        self.watch = None
         return kept
 
 
-def fetch(
-    buffers: Sequence[np.ndarray], kept: Sequence[Kept], paths: Sequence[str], start: int
-) -> None:
-    """Copies ``kept`` device arrays into their rows of ``buffers`` (rows ``start + row``).
+@functools.cache
+def _copier() -> Any:
+    return jax.jit(lambda leaves: [jax.numpy.copy(x) for x in leaves])
+
+
+def _copied(record: Sequence[Kept]) -> list[Kept]:
+    """The store's copies of ``record``'s arrays: one jitted copy per sharding, dispatched
+    without waiting (one record's arrays: they share a row).
 
     Raises:
-        DeletedLeaf: an array was deleted; the rows before its row were filled.
-        PyTreeStoreError: an array's values could not be fetched (its computation failed).
+        LostLeaf: a copy could not be dispatched (found leaf by leaf).
+    """
+    groups: dict[Any, list[Kept]] = {}
+    for kept in record:
+        groups.setdefault(kept[2].sharding, []).append(kept)
+    out: list[Kept] = []
+    for group in groups.values():
+        try:
+            copies = _copier()([leaf for _, _, leaf in group])
+        except Exception:
+            _fetch_in_order(None, group)
+            raise
+        out.extend((row, column, copy) for (row, column, _), copy in zip(group, copies))
+    return out
+
+
+def fetch(buffers: Sequence[np.ndarray], kept: Sequence[Kept]) -> None:
+    """Copies ``kept`` device arrays into their rows of ``buffers``.
+
+    Raises:
+        LostLeaf: an array could not be fetched (deleted, or its computation failed); every
+            row before its row is filled.
     """
     if not kept:
         return
     try:
-        if _on_host(kept[0][2]):  # a view of host memory: one leaf at a time is cheapest
-            asarray = np.asarray
-            for row, column, leaf in kept:
-                buffers[column][row] = asarray(leaf)
-        else:  # a copy per array costs a round trip: columns stacked on the device first
-            _fetch_stacked(buffers, kept)
-    except Exception:  # a deleted array, or a failed computation: found in row order
-        _fetch_in_order(buffers, kept, paths, start)
-        raise AssertionError("unreachable: fetching in order raises the same error") from None
+        _fetch_stacked(buffers, kept)
+    except Exception:  # a failed array: found in row order (rows before it filled)
+        _fetch_in_order(buffers, kept)
 
 
 #: arrays stacked on a device per call (a fixed count: one compiled stack per leaf shape)
@@ -143,16 +183,16 @@ def _stacker() -> Any:
 
 
 def _fetch_stacked(buffers: Sequence[np.ndarray], kept: Sequence[Kept]) -> None:
-    """Each column's kept arrays stacked on their device :data:`STACK` at a time (the last
-    group padded with its last array; a column of fewer, one by one), every copy to the host
+    """Each column's kept arrays of one sharding stacked on it :data:`STACK` at a time
+    (the last group padded with its last array; fewer, one by one), every copy to the host
     started, then waited for."""
-    columns: dict[int, tuple[list[int], list[Any]]] = {}
+    columns: dict[tuple[int, Any], tuple[list[int], list[Any]]] = {}
     for row, column, leaf in kept:
-        rows, leaves = columns.setdefault(column, ([], []))
+        rows, leaves = columns.setdefault((column, leaf.sharding), ([], []))
         rows.append(row)
         leaves.append(leaf)
     stack, stacked = _stacker(), []
-    for column, (rows, leaves) in columns.items():
+    for (column, _), (rows, leaves) in columns.items():
         if len(leaves) < STACK:  # too few to pay for compiling a stack: copied one by one
             stacked.extend((column, [row], leaf) for row, leaf in zip(rows, leaves))
             continue
@@ -169,55 +209,76 @@ def _fetch_stacked(buffers: Sequence[np.ndarray], kept: Sequence[Kept]) -> None:
             buffers[column][rows] = np.asarray(block)[: len(rows)]
 
 
-def _fetch_in_order(
-    buffers: Sequence[np.ndarray], kept: Sequence[Kept], paths: Sequence[str], start: int
-) -> None:
-    """Fetches ``kept`` one by one, in row order, up to the first that fails (its error)."""
+def _fetch_in_order(buffers: Sequence[np.ndarray] | None, kept: Sequence[Kept]) -> None:
+    """Fetches ``kept`` one by one, in row order, up to the first that fails (``buffers``
+    None: only looks for it).
+
+    Raises:
+        LostLeaf: the first array that could not be fetched.
+    """
     for row, column, leaf in kept:
         if leaf.is_deleted():
-            raise DeletedLeaf(row, column)
+            raise LostLeaf(row, column)
         try:
-            buffers[column][row] = np.asarray(leaf)
+            value = np.asarray(leaf)
         except Exception as err:
-            if leaf.is_deleted():
-                raise DeletedLeaf(row, column) from None
-            where = paths[column] or "the root"
-            raise PyTreeStoreError(
-                f"record {start + row}'s array at {where} could not be fetched from its "
-                f"device: {type(err).__name__}: {err}"
-            ) from err
+            raise LostLeaf(row, column, None if leaf.is_deleted() else err) from err
+        if buffers is not None:
+            buffers[column][row] = value
 
 
 def _on_host(leaf: Any) -> bool:
-    """Whether ``leaf`` lives in this host's memory (a CPU device): no copy to start."""
-    try:
-        return all(d.platform == "cpu" for d in leaf.devices())
-    except Exception:
-        return False
+    """Whether ``leaf`` lives in this host's memory (CPU devices only): no copy to start."""
+    return _host_sharding(leaf.sharding)
 
 
-def deleted_error(path: str, record: int, *, dropped: int, previous: bool) -> DeletedArrayError:
-    """The error for record ``record``'s array at keypath ``path``, deleted before it was
-    fetched; ``dropped``: the records dropped with it (it and those appended after it)."""
-    which = "the record appended before this one" if previous else f"record {record}"
-    return DeletedArrayError(
-        f"{which} (record {record}) held a jax.Array at {path or 'the root'} that was deleted "
-        "before the store fetched its values: it was donated to a jitted function "
-        "(donate_argnums) or deleted. The store fetches device arrays when their chunk is "
-        f"written, so it cannot keep that record: {dropped} record(s) from {record} on were "
-        "dropped (those before it are kept"
-        + (", and this call's record was not appended" if previous else "")
-        + "). Append a copy that stays alive (store.append(jax.tree.map(jnp.copy, state))), "
-        "or the host values (store.append(jax.device_get(state)), which waits for the step), "
-        "or stop donating the state you append."
+@functools.lru_cache(maxsize=256)
+def _host_sharding(sharding: Any) -> bool:
+    return all(d.platform == "cpu" for d in sharding.device_set)
+
+
+def lost_error(
+    err: LostLeaf, path: str, record: int, *, dropped: range, refused: bool = False
+) -> DeletedArrayError | DeviceFetchError:
+    """The error for record ``record``'s array at keypath ``path`` that could not be read;
+    ``dropped``: the records dropped with it (empty: the record was not appended);
+    ``refused``: the call that reports it appended nothing either."""
+    where = path or "the root"
+    if err.cause is None:
+        what = (
+            f"record {record}'s jax.Array at {where} is deleted (donated to a jitted "
+            "function, or deleted)"
+        )
+        kind: type[DeletedArrayError | DeviceFetchError] = DeletedArrayError
+    else:
+        first = str(err.cause).strip().splitlines()[0][:200] if str(err.cause) else ""
+        what = (
+            f"record {record}'s jax.Array at {where} could not be fetched from its device: "
+            f"the computation that made it failed ({type(err.cause).__name__}: {first})"
+        )
+        kind = DeviceFetchError
+    if not dropped:
+        return kind(f"{what}. Nothing was appended: append a record whose arrays are valid.")
+    return kind(
+        f"{what}. {_records(dropped)} dropped: record {record} and the ones appended after "
+        f"it (records before {record} are kept, and committed by flush() or close()); the "
+        f"store holds {dropped.start} records, so the next append is record {dropped.start}"
+        + (". This call's record was not appended." if refused else ".")
     )
+
+
+def _records(dropped: range) -> str:
+    if len(dropped) == 1:
+        return f"Record {dropped.start} (1 record) was"
+    return f"Records {dropped.start} to {dropped.stop - 1} ({len(dropped)} records) were"
 
 
 __all__ = [
     "DEVICE_TYPES",
-    "DeletedLeaf",
     "DeviceLeaves",
-    "deleted_error",
+    "Kept",
+    "LostLeaf",
     "fetch",
     "is_device_array",
+    "lost_error",
 ]
