@@ -13,10 +13,16 @@ The column's declared ``weak_type`` wins on read: appending a strongly typed val
 column's dtype to a weak column (or the reverse) is accepted, and reads back as the column
 declares.
 
+A bool is weakly typed where JAX makes it so: a comparison of weakly typed operands
+(gymnax's ``truncated = state.time >= max_steps``) is a weak ``bool``. An abstract example
+(``jax.ShapeDtypeStruct``, what ``jax.eval_shape`` gives) carries its ``weak_type`` too.
+
 Example:
-    >>> import jax.numpy as jnp, numpy as np
+    >>> import jax, jax.numpy as jnp, numpy as np
     >>> [is_weak(x) for x in (0.5, 1, True, np.float32(0.5), jnp.asarray(0.5), jnp.float32(0.5))]
     [True, True, False, False, True, False]
+    >>> is_weak(jnp.asarray(1) >= 2), is_weak(jax.eval_shape(lambda: jnp.asarray(1) >= 2))
+    (True, True)
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ def is_weak(value: Any) -> bool:
         return False
     if isinstance(value, int | float | complex):
         return True
+    if isinstance(value, jax.ShapeDtypeStruct):  # an abstract value (jax.eval_shape) says it
+        return bool(value.weak_type)
     return isinstance(value, jax.Array) and bool(getattr(value, "weak_type", False))
 
 

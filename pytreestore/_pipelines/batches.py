@@ -32,13 +32,12 @@ import numpy as np
 from jax.tree_util import tree_flatten
 
 from pytreestore import _arguments
+from pytreestore._pipelines import resume
 from pytreestore._pipelines.prefetch import Prefetcher
 from pytreestore._pipelines.shuffle import Shuffle
 from pytreestore._spec import StoreSpec
 from pytreestore._tree.stack import split_leaves
 from pytreestore.errors import ArgumentError
-
-_STATE_KEYS = ("records", "batch_size", "shuffle", "window", "seed", "drop_last")
 
 
 class BatchIterator:
@@ -143,29 +142,35 @@ class _Plan:
         }
 
     def resume(self, state: dict[str, Any]) -> tuple[int, int]:
-        """``(epoch, batch)`` to continue from ``state``, checked against these settings."""
+        """``(epoch, batch)`` to continue from ``state``: its fields checked
+        (:func:`~pytreestore._pipelines.resume.checked`), then against these settings.
+
+        Raises:
+            ArgumentTypeError, ArgumentError: a field of the wrong type or range, unknown or
+                missing; a setting other than this iterator's; a position outside its epochs.
+        """
+        state = resume.checked(state)
         ours = self.settings()
         if state.get("shuffle") is True and "window" not in state:
             state = {**state, "shuffle": "uniform"}  # saved before block shuffles: uniform
-        differ = [k for k in _STATE_KEYS if k in state and state[k] != ours[k]]
+        differ = [k for k in resume.SETTINGS if k in state and state[k] != ours[k]]
         if differ:
             detail = ", ".join(f"{k}: state {state[k]!r}, now {ours[k]!r}" for k in differ)
             raise ArgumentError(
                 f"batches(state=...) was saved with other settings ({detail}); resume with "
                 "the arguments (and store length) the state was taken with"
             )
-        try:
-            epoch, batch = (
-                _arguments.count(state[k], f"state {k!r} must be an int >= 0")
-                for k in ("epoch", "batch")
+        epoch, batch = state["epoch"], state["batch"]
+        if batch > self.per_epoch:
+            raise ArgumentError(
+                f"batches(state=...)['batch'] is {batch}, outside an epoch of "
+                f"{self.per_epoch} batches; pass the dict BatchIterator.state() returned"
             )
-        except KeyError as err:
+        if self.epochs is not None and (epoch, batch) > (self.epochs, 0):
             raise ArgumentError(
-                f"batches(state=...) lacks {err}; pass what BatchIterator.state() returned"
-            ) from None
-        if not 0 <= batch <= self.per_epoch:
-            raise ArgumentError(
-                f"state batch {batch} is outside an epoch of {self.per_epoch} batches"
+                f"batches(state=...) is at epoch {epoch}, batch {batch}: past the end of "
+                f"epochs={self.epochs}; resume with the epochs the state was taken with, "
+                "or more (None: endless)"
             )
         return epoch, batch
 

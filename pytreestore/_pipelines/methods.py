@@ -26,6 +26,7 @@ from typing import Any
 from pytreestore import _arguments
 from pytreestore._core import StoreCore
 from pytreestore._pipelines import map as _map
+from pytreestore._pipelines import resume as _resume
 from pytreestore._pipelines import shuffle as _shuffle
 from pytreestore._pipelines.batches import BatchIterator, GrainPadding, GrainSource
 from pytreestore._pipelines.prefetch import auto_depth
@@ -105,6 +106,9 @@ class Pipelines:
         Raises:
             ShardingError: ``sharding`` cannot split ``batch_size`` (or, without
                 ``drop_last``, the last short batch).
+            ArgumentError: a ``state`` field of the wrong type or range, unknown or missing,
+                or one that does not fit these arguments or the store's length (the
+                message names the field); ``columns`` that select no column.
 
         Example:
             >>> import numpy as np, pytreestore
@@ -119,7 +123,7 @@ class Pipelines:
         )
         drop_last = _arguments.flag(drop_last, "drop_last")
         if state is not None:
-            state = dict(_arguments.mapping(state, "batches(state=...)", "what state() returned"))
+            state = _resume.checked(state)  # before anything is read
         context = self._core.read_context()
         request = context.request(columns=columns, sharding=sharding, cast=cast)
         lo, hi, _ = slice(start, stop).indices(context.readable())
@@ -262,11 +266,11 @@ class Pipelines:
             >>> len(src), int(src[1]["x"])
             (3, 1)
         """
-        reads = record_reads(self._core.schema)
+        context = self._core.read_context()
+        request = context.request(columns=columns, as_numpy=True)  # before lengths are read
+        reads = record_reads(request.schema)
         trim = _arguments.trimmed(trim, truncate)
         padding = reads.grain_padding(GrainPadding, self, padded, pad_to, trim)
-        context = self._core.read_context()
-        request = context.request(columns=columns, as_numpy=True)
         load = _loader(self._core, context, request, "pad", padding.pad_to, padding.truncate)
         return GrainSource(self, columns=columns, load=load, padding=padding, spec=self._core.spec)
 

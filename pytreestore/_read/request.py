@@ -94,8 +94,9 @@ class LoadRequest:
         Raises:
             ArgumentTypeError: ``cast`` is not a bool or None, a selector is not a string, or a
                 sharding is not a ``jax.sharding.Sharding``.
-            ArgumentError: placements that exclude each other, or a sharding tree that does
-                not match the schema.
+            ArgumentError: placements that exclude each other, a sharding tree that does
+                not match the schema, or ``columns`` that select no column (an empty list, a
+                mask of False leaves, empty ragged lists and ``None`` optional subtrees).
             UnknownColumnError: a selector names no column.
         """
         resolved = policy if cast is None else check_cast(cast)
@@ -104,6 +105,8 @@ class LoadRequest:
         if split:
             _check_split(sharding, pmap_devices, device=device, as_numpy=as_numpy)
         chosen = tuple(schema.select(columns))
+        if columns is not None and not chosen:
+            raise ArgumentError(_selects_nothing(columns, schema.paths))
         shardings = None
         if split:
             every = _sharded.resolve(sharding, pmap_devices, schema.paths)
@@ -150,6 +153,26 @@ class LoadRequest:
             _sharded.check_batches(
                 self.specs, self.shardings, batch_size, count, drop_last=drop_last
             )
+
+
+def _selects_nothing(columns: Any, paths: Sequence[str]) -> str:
+    """The message of a ``columns=`` that selects no column: what was given, the store's
+    columns, and what a mask selects (offsets and presence are no columns of their own: they
+    come with the leaves they shape)."""
+    shown = ", ".join(paths[:_LISTED]) + (
+        f", ... ({len(paths)} in all)" if len(paths) > _LISTED else ""
+    )
+    return (
+        f"columns={columns!r:.120} selects no column, and a read loads at least one. "
+        f"Select some of the store's columns: {shown or 'none'}. A mask selects a column where "
+        "its leaf is True; an empty ragged list or a None optional subtree in it selects "
+        "nothing (the lengths and presence come with the leaves they shape; store.lengths() "
+        "reads the ragged axes' lengths alone)"
+    )
+
+
+#: the store's columns an error lists before it cuts the list short
+_LISTED = 12
 
 
 def _check_placement(device: Any, as_numpy: Any, pad: Any) -> None:

@@ -4,6 +4,7 @@ map, and four weakly typed ints)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -11,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import pytreestore
 from tests.libraries.harness import BACKENDS, Case, Results, write_and_read
 from tests.trial_harness import Zygote
 
@@ -118,3 +120,57 @@ def test_resumed_step_does_not_recompile_here(results: Results, case: str, backe
             jax.tree.leaves(jax.tree.map(lambda a, b: a.tobytes() == b.tobytes(), got, want))
         )
     assert len(traces) == 1, "a state read back traced the jitted step again"
+
+
+# ---- weak types of a whole transition (issue 44, item 14) ----------------------------------------
+
+
+@functools.cache
+def transitions(name: str) -> list[Any]:
+    """``(state, reward, terminated, truncated, info)`` of :data:`STEPS` jitted steps: the
+    states' weak ints, a weak ``reward``, and ``truncated`` (``time >= max_steps``), a
+    weakly typed *bool*."""
+    env, params = gymnax.make(ENVS[name])
+    step = jax.jit(lambda key, state, act: env.step(key, state, act, params))
+    state, out = reset(name), []
+    for i in range(STEPS + 4):
+        _, state, reward, terminated, truncated, info = step(jax.random.key(i), state, action(i))
+        out.append((state, reward, terminated, truncated, dict(info)))
+    return out
+
+
+def kinds_of(tree: Any) -> dict[str, tuple[str, bool]]:
+    """``{keypath: (dtype, weak_type)}`` of every leaf."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {jax.tree_util.keystr(k): (str(v.dtype), bool(v.weak_type)) for k, v in flat}
+
+
+@pytest.mark.parametrize("like", ["record", "eval_shape"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_weak_type_of_a_transition_round_trips(tmp_path, backend, case, like):
+    """Every leaf's dtype and ``weak_type`` (the weak bool ``truncated`` too) read back as
+    appended, by ``store[i]``, iteration, ``load`` and ``batches``, whether the store was
+    created from a record or from its abstract shape (``jax.eval_shape``)."""
+    records = transitions(case)
+    want = kinds_of(records[0])
+    assert want["[3]"] == ("bool", True) and want["[4]['truncated']"] == ("bool", True)
+    example = records[0] if like == "record" else jax.eval_shape(lambda: records[0])
+    with pytreestore.create(tmp_path / "s", example, backend=backend, chunk_records=4) as s:
+        for record in records:
+            s.append(record)
+    store = pytreestore.open(tmp_path / "s", backend=backend)
+    assert [kinds_of(store[i]) for i in range(len(store))] == [want] * len(records)
+    assert [kinds_of(r) for r in store] == [want] * len(records)
+    assert kinds_of(store.load()) == want
+    assert [kinds_of(b) for b in store.batches(3)] == [want] * 3
+    seen: list[int] = []
+
+    @jax.jit
+    def use(transition: Any) -> Any:
+        seen.append(1)
+        return transition[1] * 2 + transition[3]
+
+    use(records[0])
+    for record in store:
+        use(record)
+    assert len(seen) == 1, "a transition read back traced the jitted function again"
