@@ -168,7 +168,8 @@ def failed() -> Iterator[jax.Array]:
     """A float32[3] array whose computation failed: ``np.asarray`` of it raises. Its input is
     still being computed when it is dispatched, so the failure is found when it is read (a
     dispatch that runs at once, and raises, is tried again)."""
-    square = jnp.eye(256, dtype=jnp.float32) * 0.5
+    # on the CPU, also on an accelerator's host: the host path's array
+    square = jax.device_put(np.eye(256, dtype=np.float32) * 0.5, jax.devices("cpu")[0])
     for _ in range(20):
         try:
             out = _fail(_slow(square))
@@ -184,7 +185,7 @@ def failed() -> Iterator[jax.Array]:
     # a good callback, so that JAX's exit does not raise the failed one's error: a new jit
     # each time (a cached one takes a fast path, which leaves the last callback's token)
     ok = jax.jit(lambda x: jax.pure_callback(np.asarray, jax.ShapeDtypeStruct((3,), x.dtype), x))
-    np.asarray(ok(jnp.ones(3, jnp.float32)))
+    np.asarray(ok(jax.device_put(np.ones(3, np.float32), jax.devices("cpu")[0])))
 
 
 def _full(i: int) -> dict[str, jax.Array]:
