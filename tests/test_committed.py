@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 import pytreestore
+from pytreestore import errors
 from pytreestore._commit import versions
 from pytreestore.testing import assert_trees_equal
 from tests.trial_harness import Zygote, read_log
@@ -202,7 +203,7 @@ def test_a_reader_thread_loading_during_appends_never_fails(
                 got = store.load(as_numpy=True)
                 tree = got[0] if isinstance(got, tuple) else got  # a ragged store: (batch, mask)
                 np.testing.assert_array_equal(tree["i"], np.arange(len(tree["i"])))
-            except BaseException as err:  # noqa: BLE001 (every failure is reported)
+            except BaseException as err:
                 failures.append(err)
             loads[0] += 1
 
@@ -232,7 +233,7 @@ def write_fragments(path: str, backend: str, out: str) -> None:
         try:
             fragment = pytreestore.write_fragment(path, [record("fixed", 1000 + k, 8)])
             results.append({"fragment": fragment.to_json()})
-        except pytreestore.PyTreeStoreError as err:
+        except errors.PyTreeStoreError as err:
             results.append({"error": str(err)[:300]})
     Path(out).write_text(json.dumps(results))
 
@@ -260,8 +261,8 @@ def test_write_fragment_beside_a_writer_reopening_the_store(
         thread.join()
     assert code == 0, (read_log(log)[-3:], read_log(log + ".stderr")[-20:])
     results = json.loads(Path(out).read_text())
-    errors = [r["error"] for r in results if "error" in r]
-    assert not errors, f"{len(errors)} of {FRAGMENTS} fragments failed: {errors[:3]}"
+    failed = [r["error"] for r in results if "error" in r]
+    assert not failed, f"{len(failed)} of {FRAGMENTS} fragments failed: {failed[:3]}"
     assert appended[0] > 0
     with pytreestore.open(path, "a", backend=backend) as store:
         assert len(store) == appended[0]

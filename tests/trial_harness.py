@@ -538,7 +538,9 @@ class Zygote:
     def __init__(self, env: dict[str, str] | None = None) -> None:
         full = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", **(env or {}))
         # this checkout first: the zygote imports pytreestore before run_call adds it
-        full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent), full.get("PYTHONPATH")]))
+        full["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(HERE.parent), full.get("PYTHONPATH")])
+        )
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE / "trial_harness.py")],
             stdin=subprocess.PIPE,

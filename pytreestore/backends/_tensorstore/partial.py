@@ -29,8 +29,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-from pytreestore._platform import flock_module
-
 from pytreestore._format.names import (
     COMMIT_KEY,
     ROOT_KEY,
@@ -39,6 +37,7 @@ from pytreestore._format.names import (
     VERSIONS_DIR,
     array_json,
 )
+from pytreestore._platform import flock_module
 
 
 def partial_writes(root: Path, keys: Sequence[str], tail_chunk: int) -> list[Path]:
