@@ -30,6 +30,7 @@ from pytreestore.backends import (
     register_backend,
 )
 from pytreestore.testing import assert_trees_equal
+from tests.test_backend_tensorstore import held
 
 pytest_plugins = ("tests.fixtures",)
 
@@ -221,6 +222,23 @@ def test_repair_removes_what_a_killed_writer_left(tmp_path: Path) -> None:
         s.append({"n": np.int32(2)})
     assert not any(p.exists() for p in leftovers)
     assert _numbers(pytreestore.open(str(path))) == [1, 2]
+
+
+def test_repair_keeps_the_files_of_a_write_in_flight(tmp_path: Path) -> None:
+    """write_fragment writes into the database without the writer lock (issue 44): the lock
+    files of its writes in flight (the shared manifest's, a data file's) are kept."""
+    path = tmp_path / "s"
+    with pytreestore.create(str(path), {"n": np.int32(0)}, backend="ocdbt") as s:
+        s.append({"n": np.int32(1)})
+    busy = [path / "manifest.ocdbt.__lock", path / "d" / "0123abcd.__lock"]
+    left = path / "d" / "4567ef01.__lock"
+    for name in [*busy, left]:
+        name.write_bytes(b"half a write")
+    engine = OcdbtBackend(Location.parse(str(path)))
+    with held(busy[0]), held(busy[1]):
+        assert engine.remove_partial_writes([], 0) == [str(left)]
+        assert all(p.read_bytes() == b"half a write" for p in busy)
+    assert sorted(engine.remove_partial_writes([], 0)) == sorted(map(str, busy))
 
 
 def test_two_writers_never_both_commit(tmp_path: Path) -> None:

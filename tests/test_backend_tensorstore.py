@@ -4,8 +4,12 @@ take the direct-I/O path."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import stat
+import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +73,38 @@ def test_s3_explicit_keys_go_to_a_private_file_removed_on_cleanup() -> None:
 def _layout(key: str, shape: tuple[int, ...], chunks: tuple[int, ...], codec: str | None = None):
     names = ("record", *[f"{key}_{i}" for i in range(len(shape))])
     return ColumnLayout(key, np.dtype("int32"), shape, chunks, codec, names, 0)
+
+
+@contextlib.contextmanager
+def held(path: Path) -> Iterator[None]:
+    """``path`` held as TensorStore's file kvstore holds a key's lock file while it writes the
+    key (an exclusive lock on the whole file: an open file description lock on Linux, flock
+    elsewhere), through a descriptor of its own, as another process's write would."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        if hasattr(fcntl, "F_OFD_SETLK"):
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0))
+        else:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield
+    finally:
+        os.close(fd)
+
+
+def test_remove_partial_writes_keeps_a_lock_file_whose_write_is_in_flight(tmp_path: Path) -> None:
+    """Only the holder of a lock file's lock may remove it (TensorStore's rule): another
+    process writing beside the writer keeps its file; a killed writer's goes."""
+    root = tmp_path / "s"
+    backend = TensorStoreBackend(Location.parse(str(root)))
+    backend.create_columns([_layout("x", (), (2,))])
+    busy, left = root / ".pytreestore" / "commit.json.__lock", root / "x" / "c" / "0.__lock"
+    for name in (busy, left):
+        name.parent.mkdir(parents=True, exist_ok=True)
+        name.write_bytes(b"partial")
+    with held(busy):
+        assert backend.remove_partial_writes(["x"], 0) == [str(left)]
+        assert busy.read_bytes() == b"partial"
+    assert backend.remove_partial_writes(["x"], 0) == [str(busy)]
 
 
 def test_remove_partial_writes_removes_lock_files_from_the_tail_chunk_on(tmp_path: Path) -> None:

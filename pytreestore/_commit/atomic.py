@@ -7,8 +7,10 @@ writes land one by one, in the commit protocol's order, which keeps every crash 
 (:mod:`pytreestore._commit.protocol`). :func:`transactional` tells the two apart.
 
 Blocks nest: an inner block joins the outer one, and only the outermost commits. What a block
-changed in memory before it committed (a committer's last commit and token) is given back
-with :func:`on_abort` when the outermost block commits nothing.
+changed in memory before it committed (a committer's token) is given back with
+:func:`on_abort` when the outermost block commits nothing; what may be told only once its
+writes are in storage (a committer's commit, which other threads read as the records a crash
+keeps) is told by :func:`on_commit` when the outermost block has committed.
 
 Example:
     >>> from pytreestore._location import Location
@@ -23,13 +25,23 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from typing import cast
 
 from pytreestore.backends import Backend, Transactions, capable
 
-_OPEN = threading.local()  # this thread's outermost blocks: id(backend) -> their undos
+_OPEN = threading.local()  # this thread's outermost blocks: id(backend) -> _Block
+
+
+@dataclasses.dataclass
+class _Block:
+    """An outermost block's calls: ``undos`` if it commits nothing, ``landed`` once it has
+    committed."""
+
+    undos: list[Callable[[], None]] = dataclasses.field(default_factory=list)
+    landed: list[Callable[[], None]] = dataclasses.field(default_factory=list)
 
 
 def transactions(backend: Backend) -> Transactions | None:
@@ -38,7 +50,7 @@ def transactions(backend: Backend) -> Transactions | None:
     return cast(Transactions, backend) if capable(backend, Transactions) else None
 
 
-def _blocks() -> dict[int, list[Callable[[], None]]]:
+def _blocks() -> dict[int, _Block]:
     if not hasattr(_OPEN, "blocks"):
         _OPEN.blocks = {}
     return _OPEN.blocks
@@ -58,16 +70,18 @@ def atomic(backend: Backend) -> Iterator[None]:
         with txn.transaction():
             yield
         return
-    undos = blocks[id(backend)] = []
+    block = blocks[id(backend)] = _Block()
     try:
         with txn.transaction():
             yield
     except BaseException:
-        for undo in reversed(undos):
+        for undo in reversed(block.undos):
             undo()
         raise
     finally:
         del blocks[id(backend)]
+    for landed in block.landed:
+        landed()
 
 
 def transactional(backend: Backend) -> bool:
@@ -79,6 +93,17 @@ def transactional(backend: Backend) -> bool:
 def on_abort(backend: Backend, undo: Callable[[], None]) -> None:
     """Calls ``undo`` if the atomic block open on ``backend`` in this thread commits nothing
     (it raised, or its commit failed); nothing when no block is open."""
-    undos = _blocks().get(id(backend))
-    if undos is not None:
-        undos.append(undo)
+    block = _blocks().get(id(backend))
+    if block is not None:
+        block.undos.append(undo)
+
+
+def on_commit(backend: Backend, landed: Callable[[], None]) -> None:
+    """Calls ``landed`` once the atomic block open on ``backend`` in this thread has
+    committed (its writes are in storage), or at once when no transaction is open (writes
+    land as they are made)."""
+    block = _blocks().get(id(backend))
+    if block is None:
+        landed()
+    else:
+        block.landed.append(landed)

@@ -12,10 +12,11 @@ Example:
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 
 from pytreestore._commit import consolidated, versions
-from pytreestore._commit.atomic import atomic, on_abort, transactional
+from pytreestore._commit.atomic import atomic, on_abort, on_commit, transactional
 from pytreestore._commit.record import Commit
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import COMMIT_KEY
@@ -51,6 +52,13 @@ class Committer:
     """Writes a writer's commits: each one a new version record, then the commit record,
     conditional on the token of the last.
 
+    Its :attr:`commit` acknowledges records: it counts only what is in storage, what a fresh
+    process reads after a crash. Inside a backend transaction (OCDBT) a commit is written
+    into the transaction and lands when the transaction commits, after the table writer's
+    chunks; until then only the thread writing it sees it (its next steps build on it),
+    and every other thread (``store.committed``, a reader thread, the writer's own thread
+    while the background chunk writer commits) sees the commit before.
+
     Attributes:
         schema: the id of the schema commits are made with (the writer's; see
             :func:`pytreestore._format.validate.id_of`).
@@ -77,12 +85,22 @@ class Committer:
         tree: TreeSchema | None = None,
     ) -> None:
         self._backend = backend
-        self.commit = commit
+        self._durable = commit  # the last commit in storage
+        self._staged: tuple[int, Commit] | None = None  # (thread, commit) of an open transaction
         self.schema = schema
         self.keep = keep
         self.tree = tree
         self._token = commit_token(backend, commit, "this store")
         self._uncertain: Commit | None = None  # a commit whose write failed midway
+
+    @property
+    def commit(self) -> Commit:
+        """The last commit in storage; to the thread writing a newer one inside a backend
+        transaction, that one (see the class)."""
+        staged = self._staged
+        if staged is not None and staged[0] == threading.get_ident():
+            return staged[1]
+        return self._durable
 
     def advance(
         self,
@@ -109,21 +127,36 @@ class Committer:
         if self._uncertain is not None and self._uncertain == commit:
             commit = self._uncertain  # a retry: the same record, byte for byte
         with atomic(self._backend):  # on OCDBT: one generation with the writer's chunks
-            on_abort(self._backend, functools.partial(self._undo, self.commit, self._token, commit))
+            on_abort(self._backend, functools.partial(self._undo, self._token, commit))
             self._publish(commit)
             if self._token is None:
                 self._backend.write_bytes(COMMIT_KEY, commit.to_bytes())
             else:
                 self._token = self._write_if_unchanged(commit)
-            self.commit = commit
+            self._stage(commit)
             self._consolidate(commit)
             versions.trim(self._backend, commit, self.keep)
         return commit
 
-    def _undo(self, commit: Commit, token: bytes | None, attempted: Commit) -> None:
-        """Back to ``commit`` after the transaction holding ``attempted`` committed nothing;
-        a retry writes ``attempted`` again, byte for byte."""
-        self.commit, self._token, self._uncertain = commit, token, attempted
+    def _stage(self, commit: Commit) -> None:
+        """``commit`` becomes :attr:`commit`: at once where its write has landed, else to this
+        thread now and to every thread once the transaction holding it has committed."""
+        if transactional(self._backend):
+            self._staged = (threading.get_ident(), commit)
+            on_commit(self._backend, self._land)
+        else:
+            self._durable = commit
+
+    def _land(self) -> None:
+        """The transaction holding the staged commit has committed: it is in storage."""
+        staged = self._staged
+        if staged is not None:
+            self._durable, self._staged = staged[1], None
+
+    def _undo(self, token: bytes | None, attempted: Commit) -> None:
+        """Back to the commit in storage after the transaction holding ``attempted``
+        committed nothing; a retry writes ``attempted`` again, byte for byte."""
+        self._staged, self._token, self._uncertain = None, token, attempted
 
     def _consolidate(self, commit: Commit) -> None:
         """Writes the root's consolidated metadata of ``commit`` (with :attr:`tree`).

@@ -53,7 +53,7 @@ from pytreestore.backends._tensorstore import futures as _futures
 from pytreestore.backends._tensorstore import reads as _reads
 from pytreestore.backends._tensorstore.documents import create_documents, plain_fill
 from pytreestore.backends._tensorstore.kvstore import kvstore_spec
-from pytreestore.backends._tensorstore.partial import partial_writes, unlink_all
+from pytreestore.backends._tensorstore.partial import partial_writes, remove_abandoned
 from pytreestore.backends._unstored import Unstored
 from pytreestore.errors import PyTreeStoreError
 
@@ -400,8 +400,9 @@ class TensorStoreBackend(
         """Deletes the ``<key>.__lock`` files a killed writer left behind; the paths removed.
 
         TensorStore's file kvstore writes a key through ``<key>.__lock`` and renames it over
-        the key; a writer killed in between leaves that file, and the next write of the key
-        would reuse it without truncating it (a damaged chunk or commit record). Only the
+        the key; a writer killed in between leaves that file. A file whose lock a live
+        process holds (a write in flight) is kept
+        (:func:`~pytreestore.backends._tensorstore.partial.remove_abandoned`). Only the
         holder of the writer lock may call this. Chunks below ``tail_chunk`` (on the record
         axis) are never written again, so only the chunks from there on are looked at.
         (Repair on open for append, step 4 of :mod:`pytreestore._commit.protocol`.)
@@ -409,7 +410,7 @@ class TensorStoreBackend(
         if self._location.kind != "file":
             return []
         try:
-            return unlink_all(partial_writes(Path(self._location.root), keys, tail_chunk))
+            return remove_abandoned(partial_writes(Path(self._location.root), keys, tail_chunk))
         except OSError as err:  # a symlink loop in the store, a folder we may not read
             raise _futures.storage_error(f"cleaning up {self._location}", err) from err
 

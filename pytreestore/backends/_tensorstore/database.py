@@ -55,7 +55,7 @@ from pytreestore.backends._tensorstore.backend import (
 )
 from pytreestore.backends._tensorstore.direct import DirectColumn
 from pytreestore.backends._tensorstore.kvstore import kvstore_spec
-from pytreestore.backends._tensorstore.partial import unlink_all
+from pytreestore.backends._tensorstore.partial import remove_abandoned
 from pytreestore.errors import PyTreeStoreError, ReadOnlyError
 
 #: the files of an OCDBT database in its base folder
@@ -241,8 +241,10 @@ class OcdbtDatabase(TensorStoreBackend, Snapshots):
 
         TensorStore's file kvstore writes the manifest and each data file through
         ``<name>.__lock`` and renames it over the name; a writer killed in between leaves that
-        file (a later write must not reuse it). Data files of a commit that never reached the
-        manifest are unreferenced and harmless. Chunks are keys inside the database, so
+        file. Another process may be writing the database now (``write_fragment`` needs no
+        writer lock): a file whose lock a live process holds is its write in flight, and is
+        kept (:func:`~pytreestore.backends._tensorstore.partial.remove_abandoned`). Data files
+        of a commit that never reached the manifest are unreferenced and harmless. Chunks are keys inside the database, so
         ``keys`` and ``tail_chunk`` need no look. Only the holder of the writer lock may call
         this.
         """
@@ -253,7 +255,7 @@ class OcdbtDatabase(TensorStoreBackend, Snapshots):
         try:
             found = [root / f"{MANIFEST}{_LOCK_SUFFIX}"]
             found.extend((root / DATA_DIR).glob(f"*{_LOCK_SUFFIX}"))
-            return unlink_all(found)
+            return remove_abandoned(found)
         except OSError as err:  # a symlink loop in the database's folder
             raise _futures.storage_error(f"cleaning up {self._location}", err) from err
 
