@@ -50,6 +50,7 @@ from pytreestore._commit.writer import Writer
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY, array_json
 from pytreestore._format.schema import TreeSchema
+from pytreestore._tree.device import VALID, refuse_unreadable
 from pytreestore._tree.hints import hinted, layout_problems
 from pytreestore._tree.layout import Walker
 from pytreestore._tree.unpad import unpad_records
@@ -87,6 +88,7 @@ class RecordWriter:
 
     #: how a refused record of :meth:`extend` is reported (``{i}``: its position)
     refusal = "extend() refused record {i} (none of this call's records were appended)"
+    batch_refusal = "extend_batch() refused the batch (none of its records were appended)"
 
     def __init__(
         self,
@@ -187,6 +189,9 @@ class RecordWriter:
             raise _explain(self.model, record, "record") from None
         except SchemaMismatchError as err:  # a leaf's shape or dtype
             raise SchemaMismatchError(_hinted(self.model, err, record)) from None
+        except Exception as err:  # JAX's, reading a jax.Array: deleted, or its computation failed
+            refuse_unreadable(err, record, "", whose=f"record {len(self)}'s")
+            raise
 
     def extend(self, records: Iterable[Any]) -> None:
         """Buffers every record of ``records``, all or none."""
@@ -195,7 +200,7 @@ class RecordWriter:
             records = list(records)
         position = self._snapshot()
         plan = self._plan
-        i = 0
+        i, record = 0, None
         try:
             for i, record in enumerate(records):  # noqa: B007 (i names the refused one)
                 plan.push_due()
@@ -215,6 +220,7 @@ class RecordWriter:
                     else _hinted(self.model, err, record)
                 )
                 raise SchemaMismatchError(f"{self.refusal.format(i=i)}: {cause}") from None
+            refuse_unreadable(err, record, f"{self.refusal.format(i=i)}: ", fix=VALID)
             raise
         self._commit_whole_chunks()
 
@@ -227,7 +233,11 @@ class RecordWriter:
                 "extend_batch(batch, mask=mask) (the pair load() returns): the batch alone "
                 "cannot show list lengths or None"
             )
-        self.extend(unpad_records(self.model.spec, batch, mask))
+        try:
+            self.extend(unpad_records(self.model.spec, batch, mask))
+        except Exception as err:  # JAX's, reading a jax.Array of the batch
+            refuse_unreadable(err, batch, f"{self.batch_refusal}: ", fix=VALID)
+            raise
 
     def flush(self) -> None:
         """Writes every table's buffered rows, then commits them all in one commit record."""

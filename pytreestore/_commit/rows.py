@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -28,6 +28,7 @@ from jax.tree_util import tree_flatten
 from pytreestore import _arguments
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import LeafCaster, RecordError, RowFiller
+from pytreestore._tree.device import VALID, refuse_unreadable
 from pytreestore._tree.flatten import BlockFlattener, block_flattener
 from pytreestore._tree.hints import hinted, record_problems
 from pytreestore._tree.stack import batch_length
@@ -64,6 +65,9 @@ class FixedTreeRows:
             self.append(schema.column_leaves(leaves))
         except SchemaMismatchError as err:
             raise SchemaMismatchError(hints(schema, str(err), record)) from None
+        except Exception as err:  # JAX's, reading a jax.Array: deleted, or its computation failed
+            refuse_unreadable(err, record, "", whose=f"record {len(cast(Sized, self))}'s")
+            raise
 
     def append_blocks(self, blocks: Iterator[tuple[Sequence[Sequence[Any]], int]]) -> None:
         """Buffers records given a block at a time as ``(columns, count)``: per column, the
@@ -125,8 +129,11 @@ class FixedTreeRows:
                 f"extend() refused record {index} (none of this call's records were "
                 f"appended): {why}"
             ) from cause
-        except BaseException:
+        except BaseException as err:
             self.rollback(position)
+            rows.refuse_unreadable(
+                err, "extend() refused record {i} (none of this call's records were appended): "
+            )
             raise
 
     def _write_stacked(self, rows: _Blocks, count: int) -> None:
@@ -173,6 +180,10 @@ class FixedTreeRows:
             ]
         except SchemaMismatchError as err:
             raise SchemaMismatchError(hints(schema, str(err), batch, batched=True)) from None
+        except Exception as err:  # JAX's, reading a jax.Array of the batch
+            head = "extend_batch() refused the batch (none of its records were appended): "
+            refuse_unreadable(err, batch, head, fix=VALID)
+            raise
         if count == 0:
             return
         position = self.snapshot()
@@ -240,6 +251,15 @@ class _Blocks:
             self.recent.append((start, block))
             yield self._columns(block), len(block)
             self.seen = start + len(block)
+
+    def refuse_unreadable(self, err: BaseException, head: str) -> None:
+        """After taking the records raised ``err``: raises the error for the first record of
+        the recent blocks with a ``jax.Array`` that cannot be read (``head`` formatted with
+        its index ``i``), if ``err`` is JAX's
+        (:func:`~pytreestore._tree.device.refuse_unreadable`)."""
+        for start, block in self.recent:
+            for i, record in enumerate(block, start):
+                refuse_unreadable(err, record, head.format(i=i), fix=VALID)
 
     def _columns(self, block: list[Any]) -> Sequence[Sequence[Any]]:
         columns = self.flat.columns(block) if self.flat is not None else None

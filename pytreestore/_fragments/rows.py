@@ -33,6 +33,7 @@ from pytreestore._commit.record import Commit
 from pytreestore._commit.records import RecordWriter
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import RecordError, RowFiller, casters
+from pytreestore._tree.device import VALID, refuse_unreadable
 from pytreestore._tree.stack import batch_length
 from pytreestore.backends import Backend
 from pytreestore.errors import FragmentError, SchemaMismatchError
@@ -99,16 +100,20 @@ def column_blocks(schema: TreeSchema, data: Any) -> list[np.ndarray]:
     if schema.holds(treedef) and not isinstance(data, Iterator):
         leaves = schema.column_leaves(leaves)
         count = batch_length(leaves, schema.paths)
-        return [
-            c.coerce(leaf, batch=count, what="batch")
-            for c, leaf in zip(casters(schema.columns), leaves)
-        ]
+        try:
+            return [
+                c.coerce(leaf, batch=count, what="batch")
+                for c, leaf in zip(casters(schema.columns), leaves)
+            ]
+        except Exception as err:  # JAX's, reading a jax.Array of the batch
+            refuse_unreadable(err, data, FragmentRows.batch_refusal + ": ", fix=VALID)
+            raise
     if isinstance(data, Mapping | np.ndarray) or not isinstance(data, Iterable):
         raise SchemaMismatchError(
             "write_fragment() takes an iterable of records or a batch of the store's "
             f"structure; {schema.mismatch_message(data, what='batch')} Nothing was written."
         )
-    rows = []
+    rows, records = [], []
     for i, record in enumerate(data):
         leaves, got = tree_flatten(record)
         if not schema.holds(got):
@@ -117,6 +122,7 @@ def column_blocks(schema: TreeSchema, data: Any) -> list[np.ndarray]:
                 f"{schema.mismatch_message(record)}"
             )
         rows.append(schema.column_leaves(leaves))
+        records.append(record)
     buffers = [np.empty((len(rows), *c.shape), c.dtype) for c in schema.columns]
     try:
         RowFiller(casters(schema.columns), buffers).fill_block(rows, 0)
@@ -124,6 +130,10 @@ def column_blocks(schema: TreeSchema, data: Any) -> list[np.ndarray]:
         raise SchemaMismatchError(
             f"write_fragment() refused record {err.index} (nothing was written): {err.error}"
         ) from err.error
+    except Exception as err:  # JAX's, reading a jax.Array of a record
+        for i, record in enumerate(records):
+            refuse_unreadable(err, record, FragmentRows.refusal.format(i=i) + ": ", fix=VALID)
+        raise
     return buffers
 
 
@@ -222,6 +232,7 @@ class FragmentRows(RecordWriter):
     of the store of ``schema`` whose latest commit is ``head``, checked and cast."""
 
     refusal = "write_fragment() refused record {i} (nothing was written)"
+    batch_refusal = "write_fragment() refused the batch (nothing was written)"
 
     def __init__(self, engine: Backend, schema: TreeSchema, head: Commit) -> None:
         super().__init__(engine, schema, Commit(0, 0), _NoCommits(head))

@@ -26,6 +26,12 @@ copy whose values cannot be fetched later (the computation that made it failed) 
 :class:`LostLeaf` from :func:`fetch`, which the writer turns into
 :class:`~pytreestore.errors.DeviceFetchError`, dropping that record and the ones after it.
 
+Every other path copies a ``jax.Array`` to the host at once (a ragged or optional store's
+walk, ``extend``, ``extend_batch``, ``write_fragment``, ``stack``, a cast): when that copy
+raises JAX's error, :func:`refuse_unreadable` finds the record's first array that cannot be
+read (:func:`unreadable`) and raises the same error as a fixed store's ``append``, naming
+the record and the keypath; nothing is appended.
+
 Example:
     >>> import jax.numpy as jnp, numpy as np
     >>> buf = np.zeros((1, 3), np.int32)
@@ -45,7 +51,7 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
-from pytreestore.errors import DeletedArrayError, DeviceFetchError
+from pytreestore.errors import DeletedArrayError, DeviceFetchError, PyTreeStoreError
 
 #: the concrete classes of ``jax.Array`` taken by the fast path of a fill (met so far, in a
 #: single process: there every array is fully addressable; with several processes none is
@@ -237,34 +243,79 @@ def _host_sharding(sharding: Any) -> bool:
     return all(d.platform == "cpu" for d in sharding.device_set)
 
 
+#: how a refused append ends
+NOT_APPENDED = "Nothing was appended: append a record whose arrays are valid."
+#: how a refused call of many records ends (extend, extend_batch, write_fragment, stack)
+VALID = "Pass records whose arrays are valid."
+
+
 def lost_error(
     err: LostLeaf, path: str, record: int, *, dropped: range, refused: bool = False
 ) -> DeletedArrayError | DeviceFetchError:
     """The error for record ``record``'s array at keypath ``path`` that could not be read;
     ``dropped``: the records dropped with it (empty: the record was not appended);
     ``refused``: the call that reports it appended nothing either."""
-    where = path or "the root"
-    if err.cause is None:
-        what = (
-            f"record {record}'s jax.Array at {where} is deleted (donated to a jitted "
-            "function, or deleted)"
-        )
-        kind: type[DeletedArrayError | DeviceFetchError] = DeletedArrayError
-    else:
-        first = str(err.cause).strip().splitlines()[0][:200] if str(err.cause) else ""
-        what = (
-            f"record {record}'s jax.Array at {where} could not be fetched from its device: "
-            f"the computation that made it failed ({type(err.cause).__name__}: {first})"
-        )
-        kind = DeviceFetchError
+    kind, what = _described(err, path, f"record {record}'s")
     if not dropped:
-        return kind(f"{what}. Nothing was appended: append a record whose arrays are valid.")
+        return kind(f"{what}. {NOT_APPENDED}")
     return kind(
         f"{what}. {_records(dropped)} dropped: record {record} and the ones appended after "
         f"it (records before {record} are kept, and committed by flush() or close()); the "
         f"store holds {dropped.start} records, so the next append is record {dropped.start}"
         + (". This call's record was not appended." if refused else ".")
     )
+
+
+def _described(
+    err: LostLeaf, path: str, whose: str
+) -> tuple[type[DeletedArrayError | DeviceFetchError], str]:
+    """The error class and the description of ``whose`` array at ``path`` (``err``)."""
+    where = path or "the root"
+    if err.cause is None:
+        what = f"{whose} jax.Array at {where} is deleted (donated to a jitted function, or deleted)"
+        return DeletedArrayError, what
+    first = str(err.cause).strip().splitlines()[0][:200] if str(err.cause) else ""
+    return DeviceFetchError, (
+        f"{whose} jax.Array at {where} could not be fetched from its device: the computation "
+        f"that made it failed ({type(err.cause).__name__}: {first})"
+    )
+
+
+def unreadable(tree: Any) -> tuple[str, LostLeaf] | None:
+    """The keypath of the first ``jax.Array`` leaf of ``tree`` that cannot be read, and why
+    (a :class:`LostLeaf` of row and column 0: deleted, or its computation failed); None if
+    every one can. Waits for each array's computation: for an error path."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if not is_device_array(leaf):
+            continue
+        if leaf.is_deleted():
+            return jax.tree_util.keystr(path), LostLeaf(0, 0)
+        try:
+            leaf.block_until_ready()
+        except Exception as err:
+            return jax.tree_util.keystr(path), LostLeaf(0, 0, None if leaf.is_deleted() else err)
+    return None
+
+
+def refuse_unreadable(
+    err: BaseException, tree: Any, head: str, *, whose: str = "its", fix: str = NOT_APPENDED
+) -> None:
+    """After taking ``tree`` raised ``err``: if ``err`` is no pytreestore error and a
+    ``jax.Array`` leaf of ``tree`` cannot be read, raises the error of the fixed path's
+    ``append`` (:func:`lost_error`) for it instead of JAX's; else returns (the caller
+    raises ``err``). The message is ``head``, ``whose`` array described, then ``fix``.
+
+    Raises:
+        DeletedArrayError: the first such leaf is deleted (donated, or ``.delete()``).
+        DeviceFetchError: the computation that made it failed.
+    """
+    if isinstance(err, PyTreeStoreError) or not isinstance(err, Exception):
+        return
+    found = unreadable(tree)
+    if found is None:
+        return
+    kind, what = _described(found[1], found[0], whose)
+    raise kind(f"{head}{what}. {fix}") from None
 
 
 def _records(dropped: range) -> str:
@@ -275,10 +326,14 @@ def _records(dropped: range) -> str:
 
 __all__ = [
     "DEVICE_TYPES",
+    "NOT_APPENDED",
+    "VALID",
     "DeviceLeaves",
     "Kept",
     "LostLeaf",
     "fetch",
     "is_device_array",
     "lost_error",
+    "refuse_unreadable",
+    "unreadable",
 ]

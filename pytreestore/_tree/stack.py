@@ -24,6 +24,7 @@ from pytreestore._format import dtypes as _dtypes
 from pytreestore._format.schema import TreeSchema
 from pytreestore._format.weak import ragged_weak, weaken
 from pytreestore._tree.convert import RowFiller, casters
+from pytreestore._tree.device import VALID, refuse_unreadable
 from pytreestore._tree.gather import Departs, segment, walk
 from pytreestore._tree.hints import record_problems, with_hints
 from pytreestore._tree.layout import Walker, build_layout, check_known, check_used, weak_paths
@@ -92,16 +93,36 @@ def stack(
         RaggedDeclarationError: a bad ``ragged=``, ``optional=`` or ``pad_to=``.
         ArgumentError: no records and no ``like`` (ArgumentTypeError: ``records`` is not
             iterable).
+        DeviceFetchError: a record's ``jax.Array`` could not be fetched from its device (the
+            computation that made it failed; DeletedArrayError: it is deleted).
     """
     records = list(_arguments.iterable(records, "stack()", "records"))
     trim = _arguments.trimmed(trim, truncate)
     if like is None and not records:
         raise ArgumentError("stack() needs at least one record, or like= to fix the schema")
+    if ragged is None and optional is None and (pad_to is not None or trim):
+        raise RaggedDeclarationError(
+            "pad_to= and trim= apply to records stacked with ragged= or optional="
+        )
+    try:
+        return _stacked(records, like, as_numpy, ragged, optional, pad_to, trim)
+    except Exception as err:  # JAX's, reading a jax.Array: deleted, or its computation failed
+        for i, record in enumerate(records):
+            refuse_unreadable(err, record, f"stack() refused record {i}: ", fix=VALID)
+        raise
+
+
+def _stacked(
+    records: list[Any],
+    like: Any,
+    as_numpy: bool,
+    ragged: bool | Sequence[str] | None,
+    optional: Sequence[str] | None,
+    pad_to: int | str | Sequence[int] | None,
+    trim: bool,
+) -> Any:
+    """:func:`stack` of the arguments it checked."""
     if ragged is None and optional is None:
-        if pad_to is not None or trim:
-            raise RaggedDeclarationError(
-                "pad_to= and trim= apply to records stacked with ragged= or optional="
-            )
         return _stack_fixed(records, records[0] if like is None else like, as_numpy)
     pad_to = check_pad_to(pad_to)
     decl = Declarations.parse(ragged, optional)
