@@ -540,14 +540,14 @@ class Zygote:
         # runs as a script; an installed pytreestore may be another checkout's, or none, as on
         # an accelerator's host), and JAX on the CPU (the test process may hold the chip)
         path = os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))
-        full = dict(
-            os.environ,
-            PYTHONPATH=path,
-            JAX_PLATFORMS="cpu",
-            OPENBLAS_NUM_THREADS="1",
-            OMP_NUM_THREADS="1",
+        full = {
+            **os.environ,
+            "PYTHONPATH": path,
+            "JAX_PLATFORMS": "cpu",
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
             **(env or {}),
-        )
+        }
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE / "trial_harness.py")],
             stdin=subprocess.PIPE,
