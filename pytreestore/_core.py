@@ -7,7 +7,8 @@ one and its faces (the reads of :mod:`pytreestore._reads`, the versions of
 only its public interface below. It holds
 
 - the **lifecycle**: open, closing (a flush that may fail and be retried), closed; the jobs
-  ``close()`` waits for (:meth:`StoreCore.on_close`);
+  ``close()`` waits for (:meth:`StoreCore.on_close`); the last flush of a writer never closed,
+  at the interpreter's exit (:meth:`StoreCore.hold_at_exit`);
 - the **guards**: one append, flush or close at a time (:meth:`StoreCore.writing`), the
   process that may write, read-only and generic views;
 - the **writer** and the one commit sequence every change of a store goes through
@@ -32,10 +33,10 @@ import contextlib
 import os
 import threading
 import uuid
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from pytreestore import _exiting
 from pytreestore._commit import transaction as _transaction
 from pytreestore._commit import truncate as _truncate
 from pytreestore._commit.lock import WriterLock
@@ -114,7 +115,7 @@ class StoreCore:
         self._append: Callable[[Any], None] | None = None
         self._used: TreeSchema | None = None  # the schema use_schema was last given
         if writer is not None:
-            _WRITERS.add(self)
+            _exiting.track(self)
         self._reads = 0  # reads in flight, which close() waits for
         self._reads_done = threading.Condition()
         self._cache_id = uuid.uuid4().hex  # this object's chunks in the cache
@@ -329,6 +330,32 @@ class StoreCore:
                 raise
             self._shut()
 
+    def hold_at_exit(self, wait: float) -> bool | None:
+        """At the interpreter's exit (:mod:`pytreestore._exiting`): takes the writer for good
+        (a thread still appending waits, and ends with the process); False if another thread
+        held it ``wait`` seconds, None if there is none here."""
+        if self._closed or self._forked or self._writer is None or os.getpid() != self._pid:
+            return None
+        return self._mutex.acquire(timeout=wait)
+
+    def committed_records(self) -> int:
+        """The records committed (:meth:`head`'s), for the exit's report."""
+        return self.head().records
+
+    def flush_at_exit(self) -> str | None:
+        """The last flush of a writer held at the exit, twice if need be (the first may raise
+        a background write's earlier failure); what went wrong, or None."""
+        if self._writer is None or self.location.kind == "memory":
+            return None  # a memory store's records end with the process
+        try:
+            try:
+                self._writer.flush()
+            except StorageError:
+                self._writer.flush()
+        except Exception as err:  # said on standard error; the exit goes on
+            return f"{type(err).__name__}: {err}"
+        return None
+
     def _shut(self) -> None:
         self._append = None
         self.settle()
@@ -443,15 +470,12 @@ class StoreCore:
             self.use_schema(lowered)
 
 
-#: the store objects holding a writer, marked forked in a child made by os.fork
-_WRITERS: weakref.WeakSet[StoreCore] = weakref.WeakSet()
-
-
 def _after_fork() -> None:
     """In a child made by ``os.fork``: every writer is the parent's (``append`` refuses it
     without asking for the process id each time)."""
-    for core in list(_WRITERS):
-        core._forked = True
+    for core in _exiting.tracked():
+        if isinstance(core, StoreCore):
+            core._forked = True
 
 
 at_fork(_after_fork)

@@ -4,9 +4,15 @@ A daemon thread still inside TensorStore or XLA when Python finalizes is ended a
 GIL back (CPython ends it with ``pthread_exit``), and that unwinding through C++ frames calls
 ``std::terminate``: "terminate called without an active exception", the process killed with
 SIGABRT (exit 134) after the script's last line. So every job started here is asked to stop,
-and waited for, while the interpreter is still whole: by an ``atexit`` hook registered when the
-first job starts (after JAX's own hooks, hence run before JAX tears its backends down), and by
-whoever holds its :class:`Job` (:meth:`Job.stop`, :meth:`Job.join`).
+and waited for, while the interpreter is still whole: by the exit hook (:func:`stop_all`), and
+by whoever holds its :class:`Job` (:meth:`Job.stop`, :meth:`Job.join`).
+
+The exit hook runs first of all ``atexit`` hooks: ``threading`` calls its own exit hooks
+(``threading._register_atexit``) before it waits for the non-daemon threads and before any
+``atexit`` hook, and the one registered here then registers the exit hook with ``atexit``, last,
+hence run first. So it runs once the program's own threads have ended, and before JAX tears its
+backends down or zarr-python closes its event loop. The work registered with :func:`at_exit`
+(the writers' last flush) runs in it before the jobs are stopped.
 
 A job is a function of one argument, a :class:`threading.Event` that is set when it should
 stop; it polls the event between steps (each load of a prefetch, say) and returns. Threads are
@@ -31,6 +37,7 @@ import atexit
 import queue
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 
 from pytreestore._platform import at_fork
@@ -40,8 +47,9 @@ Work = Callable[[threading.Event], None]
 _LOCK = threading.Lock()
 _IDLE: list[queue.SimpleQueue[tuple[Work, Job]]] = []  # the inboxes of idle threads
 _RUNNING: set[Job] = set()  # jobs started and not yet ended
-_HOOKED: list[bool] = []  # the exit and fork hooks are registered (once, at the first job)
+_HOOKED: list[bool] = []  # the exit and fork hooks are registered (once, at first use)
 _EXITING = threading.Event()
+_AT_EXIT: list[Callable[[], None]] = []  # run by the exit hook before the jobs are stopped
 
 
 class Job:
@@ -82,10 +90,7 @@ def start(work: Work) -> Job:
     """
     job = Job()
     with _LOCK:
-        if not _HOOKED:
-            atexit.register(stop_all)
-            at_fork(_forget_threads)
-            _HOOKED.append(True)
+        _hook()
         _RUNNING.add(job)
         inbox = _IDLE.pop() if _IDLE else None
     if _EXITING.is_set():
@@ -98,15 +103,55 @@ def start(work: Work) -> Job:
     return job
 
 
-def stop_all() -> None:
-    """Asks every running job to stop, then waits for each (the exit hook)."""
-    _EXITING.set()
+def at_exit(work: Callable[[], None]) -> None:
+    """Runs ``work()`` at the interpreter's exit, before the jobs are stopped (once, however
+    often it is registered); an exception it raises is printed, and the exit goes on."""
     with _LOCK:
-        jobs = list(_RUNNING)
-    for job in jobs:
-        job.stop()
-    for job in jobs:
-        job.join()
+        _hook()
+        if work not in _AT_EXIT:
+            _AT_EXIT.append(work)
+
+
+def stop_all() -> None:
+    """Asks every running job to stop, then waits for each, and for jobs started meanwhile
+    (each asked to stop before it begins)."""
+    _EXITING.set()
+    while True:
+        with _LOCK:
+            jobs = list(_RUNNING)
+        if not jobs:
+            return
+        for job in jobs:
+            job.stop()
+        for job in jobs:
+            job.join()
+
+
+def _hook() -> None:
+    """Under the lock: registers the exit and fork hooks, once."""
+    if _HOOKED:
+        return
+    try:
+        threading._register_atexit(_arm)  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):  # another Python, or its exit has begun
+        atexit.register(_exit)
+    at_fork(_forget_threads)
+    _HOOKED.append(True)
+
+
+def _arm() -> None:
+    """``threading``'s exit hook: registers :func:`_exit` with ``atexit``, last (so first)."""
+    atexit.register(_exit)
+
+
+def _exit() -> None:
+    """The exit hook: the work of :func:`at_exit`, then every job stopped and waited for."""
+    for work in list(_AT_EXIT):
+        try:
+            work()
+        except BaseException:  # the exit goes on; the failure is shown
+            traceback.print_exc()
+    stop_all()
 
 
 def _forget_threads() -> None:
@@ -141,4 +186,4 @@ def _serve(inbox: queue.SimpleQueue[tuple[Work, Job]]) -> None:
             del job
 
 
-__all__ = ["Job", "Work", "start", "stop_all"]
+__all__ = ["Job", "Work", "at_exit", "start", "stop_all"]

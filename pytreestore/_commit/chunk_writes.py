@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 from collections.abc import Callable
 
@@ -107,7 +108,8 @@ class ChunkWrites:
     def _serve(self, stopping: threading.Event) -> None:
         """The worker: the head job, again and again, until the queue is empty or a job
         fails. It does not stop early at the interpreter's exit: what is queued was
-        acknowledged, and is written first."""
+        acknowledged, and is written first. A failure then is printed: no call of the
+        writer may come to report it (the writers still open have had their last flush)."""
         while True:
             with self._cond:
                 if not self._jobs or self._held:
@@ -120,10 +122,23 @@ class ChunkWrites:
             except BaseException as err:  # kept for the writer's next call
                 with self._cond:
                     self.failed, self._held = err, True
+                if stopping.is_set():
+                    _lost_at_exit(err, len(self._jobs))
                 continue
             with self._cond:
                 self._jobs.popleft()
                 self._cond.notify_all()
+
+
+def _lost_at_exit(err: BaseException, chunks: int) -> None:
+    """Says on standard error that ``chunks`` chunks handed over are lost at the exit."""
+    print(
+        f"pytreestore: at the interpreter's exit, a store's background writer could not write "
+        f"the {chunks} full chunk(s) handed to it ({type(err).__name__}: {err}); their "
+        "records are lost. close() a store (or flush() it) before the program ends to see "
+        "such a failure where it happens.",
+        file=sys.stderr,
+    )
 
 
 __all__ = ["LIMIT", "ChunkWrites"]

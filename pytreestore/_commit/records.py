@@ -36,7 +36,7 @@ import copy
 from collections.abc import Iterable
 from typing import Any
 
-from pytreestore import _arguments
+from pytreestore import _arguments, _exiting
 from pytreestore._commit.committer import Committer
 from pytreestore._commit.elements import ElementRows
 from pytreestore._commit.flat import flat_elements
@@ -202,7 +202,9 @@ class RecordWriter:
         plan = self._plan
         i, record = 0, None
         try:
-            for i, record in enumerate(records):  # noqa: B007 (i names the refused one)
+            for i, record in enumerate(records):  # i names the refused one
+                if _exiting.STOPPING.is_set():  # an endless extend must not hold the exit
+                    raise _exiting.stopped(i)
                 plan.push_due()
                 row, stage = plan.stage(record)
                 plan.write(row, stage, undo=False)

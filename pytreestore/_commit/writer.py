@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from pytreestore import _exiting
 from pytreestore._commit.atomic import atomic
 from pytreestore._commit.chunk_writes import ChunkWrites
 from pytreestore._commit.committer import Committer
@@ -214,6 +215,8 @@ class Writer(HandOff, FixedTreeRows):
             taken = 0
             while taken < count:
                 if self.fill == self.chunk:
+                    if _exiting.STOPPING.is_set():  # an endless extend must not hold the exit
+                        raise _exiting.stopped(done + taken)
                     self._write_chunk(commit=False)
                 take = min(self.chunk - self.fill, count - taken)
                 part = columns if take == count else [c[taken : taken + take] for c in columns]

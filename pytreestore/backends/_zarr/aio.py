@@ -1,5 +1,12 @@
 """Running zarr-python's coroutines from the zarr backends' synchronous calls.
 
+zarr-python's files and codecs work in its event loop's default executor
+(``asyncio.to_thread``), a ``ThreadPoolExecutor``, which refuses new work once the interpreter
+exits (``concurrent.futures`` shuts down before any ``atexit`` hook runs): the chunks a store
+commits at the exit (its last flush, the chunks handed to the background writer) failed with
+"cannot schedule new futures after shutdown". So the loop's default executor is an
+:class:`ExitSafePool`, which then runs the work on the loop's own thread.
+
 Example:
     >>> import asyncio
     >>> async def one(x): return x
@@ -10,15 +17,47 @@ Example:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Iterable
-from typing import TypeVar
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
+import zarr
 from zarr.core.sync import sync
 
 from pytreestore.backends._base import symlink_loop
 from pytreestore.errors import PyTreeStoreError, StorageError
 
 _T = TypeVar("_T")
+
+#: the event loops whose default executor is an ExitSafePool
+_SAFE: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
+class ExitSafePool(ThreadPoolExecutor):
+    """A thread pool that runs work on the caller's thread once it refuses new work (the
+    interpreter exits, or the pool was shut down): the work is done, slower, never dropped."""
+
+    def submit(self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> Future[_T]:
+        try:
+            return super().submit(fn, *args, **kwargs)
+        except RuntimeError:  # "cannot schedule new futures after (interpreter) shutdown"
+            done: Future[_T] = Future()
+            try:
+                done.set_result(fn(*args, **kwargs))
+            except BaseException as err:  # the future carries it
+                done.set_exception(err)
+            return done
+
+
+async def _exit_safe(coroutine: Awaitable[_T]) -> _T:
+    """Awaits ``coroutine`` on a loop whose default executor is an :class:`ExitSafePool`."""
+    loop = asyncio.get_running_loop()
+    if loop not in _SAFE:
+        workers = zarr.config.get("threading.max_workers", None)
+        loop.set_default_executor(ExitSafePool(workers, thread_name_prefix="zarr_pool"))
+        _SAFE.add(loop)
+    return await coroutine
 
 
 async def gather(aws: Iterable[Awaitable[_T]]) -> list[_T]:
@@ -51,7 +90,7 @@ def run(
             ``errors`` (``OSError``, and obstore's errors on S3).
     """
     try:
-        return sync(coroutine)  # type: ignore[arg-type]
+        return sync(_exit_safe(coroutine))
     except PyTreeStoreError:
         raise
     except errors as err:
@@ -66,4 +105,4 @@ def run(
         ) from err
 
 
-__all__ = ["collect", "gather", "run", "settle"]
+__all__ = ["ExitSafePool", "collect", "gather", "run", "settle"]
