@@ -1,8 +1,9 @@
 """The writers still open at the interpreter's exit: each is held, then commits what was
 appended, as ``close()`` would (issue 44).
 
-A store never closed loses nothing it acknowledged. At the exit (the first ``atexit`` hook, see
-:mod:`pytreestore._threads`, once the program's non-daemon threads have ended) an ``extend``
+A store still open at the exit loses nothing it acknowledged. At the exit (the ``atexit`` hook of
+:mod:`pytreestore._threads`: once the program's non-daemon threads have ended, after the
+program's own hooks registered since the store was opened, before JAX's) an ``extend``
 still running on another thread stops at its next chunk, appending none of its records
 (:data:`STOPPING`); every writer still open is then taken for good, so that a daemon thread
 still appending waits there (and ends with the process) instead of refilling the background

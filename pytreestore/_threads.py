@@ -7,12 +7,13 @@ SIGABRT (exit 134) after the script's last line. So every job started here is as
 and waited for, while the interpreter is still whole: by the exit hook (:func:`stop_all`), and
 by whoever holds its :class:`Job` (:meth:`Job.stop`, :meth:`Job.join`).
 
-The exit hook runs first of all ``atexit`` hooks: ``threading`` calls its own exit hooks
-(``threading._register_atexit``) before it waits for the non-daemon threads and before any
-``atexit`` hook, and the one registered here then registers the exit hook with ``atexit``, last,
-hence run first. So it runs once the program's own threads have ended, and before JAX tears its
-backends down or zarr-python closes its event loop. The work registered with :func:`at_exit`
-(the writers' last flush) runs in it before the jobs are stopped.
+The exit hook is registered with ``atexit`` at first use (the first job, or the first writer
+opened): ``atexit`` runs its hooks last registered first, after the program's non-daemon
+threads have ended, so it runs before the hooks JAX and zarr-python register when they are
+imported (JAX tearing its backends down, zarr-python closing its event loop), and after the
+program's own hooks registered later (one that hands a last record to a thread appending,
+joins it and closes the store, say). The work registered with :func:`at_exit` (the writers'
+last flush) runs in it before the jobs are stopped.
 
 A job is a function of one argument, a :class:`threading.Event` that is set when it should
 stop; it polls the event between steps (each load of a prefetch, say) and returns. Threads are
@@ -112,11 +113,16 @@ def at_exit(work: Callable[[], None]) -> None:
             _AT_EXIT.append(work)
 
 
+#: rounds of :func:`stop_all` for jobs started while it waits (a thread still appending to a
+#: store the exit could not hold keeps starting them: the exit does not wait for it forever)
+ROUNDS = 4
+
+
 def stop_all() -> None:
     """Asks every running job to stop, then waits for each, and for jobs started meanwhile
-    (each asked to stop before it begins)."""
+    (each asked to stop before it begins), :data:`ROUNDS` times at most."""
     _EXITING.set()
-    while True:
+    for _ in range(ROUNDS):
         with _LOCK:
             jobs = list(_RUNNING)
         if not jobs:
@@ -131,17 +137,9 @@ def _hook() -> None:
     """Under the lock: registers the exit and fork hooks, once."""
     if _HOOKED:
         return
-    try:
-        threading._register_atexit(_arm)  # type: ignore[attr-defined]
-    except (AttributeError, RuntimeError):  # another Python, or its exit has begun
-        atexit.register(_exit)
+    atexit.register(_exit)
     at_fork(_forget_threads)
     _HOOKED.append(True)
-
-
-def _arm() -> None:
-    """``threading``'s exit hook: registers :func:`_exit` with ``atexit``, last (so first)."""
-    atexit.register(_exit)
 
 
 def _exit() -> None:

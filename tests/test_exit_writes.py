@@ -137,3 +137,38 @@ def test_the_zarr_pool_runs_work_here_once_it_refuses_it():
     assert pool.submit(sum, [3, 4]).result() == 7  # a ThreadPoolExecutor raises RuntimeError
     failed = pool.submit(int, "x")
     assert isinstance(failed.exception(), ValueError)
+
+
+#: a program's own exit hook, registered after its store was opened: it hands a last record to
+#: the daemon thread appending, joins that thread, which closes the store
+_HANDS_OVER = """
+import atexit, queue, sys, threading
+import numpy as np, pytreestore
+store = pytreestore.create(sys.argv[1], {"x": np.float32(0)}, chunk_records=4, backend=sys.argv[2])
+inbox = queue.Queue()
+def worker():
+    while (item := inbox.get()) is not None:
+        store.append(item)
+    store.close()
+thread = threading.Thread(target=worker, daemon=True)
+thread.start()
+def finish():
+    inbox.put({"x": np.float32(99)}); inbox.put(None)
+    thread.join(timeout=20)
+    print("joined" if not thread.is_alive() else "still appending")
+atexit.register(finish)
+for i in range(10):
+    inbox.put({"x": np.float32(i)})
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_exit_hook_of_the_program_hands_a_thread_its_last_record(tmp_path, backend):
+    """The store's exit hook took the store for good before the program's own hook ran, so the
+    thread appending its last record waited forever (the join timed out, the record lost)."""
+    path = tmp_path / "s"
+    args = [sys.executable, "-c", _HANDS_OVER, str(path), backend]
+    done = subprocess.run(args, capture_output=True, text=True, env=child_env(), timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "joined", done.stdout + done.stderr
+    got = pytreestore.open(path).load(as_numpy=True)["x"]
+    assert got.tolist() == [*range(10), 99]
