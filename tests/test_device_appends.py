@@ -323,3 +323,34 @@ def test_stacked_fetch_fills_every_row_exactly(monkeypatch, eight_devices):
     with pytest.raises(LostLeaf) as info:
         fetch([np.zeros((21, 3), np.float32), np.zeros(21, np.int8)], kept)
     assert (info.value.row, info.value.column) == (13, 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_fetch_interrupted_by_ctrl_c_is_done_again_by_the_next_call(
+    tmp_path, backend, monkeypatch
+):
+    """Accelerator path: a KeyboardInterrupt while ``flush`` fetches the chunk being filled
+    left its arrays taken and its rows unfilled, and ``close`` committed them uninitialised."""
+    from pytreestore._commit import handoff
+
+    monkeypatch.setattr("pytreestore._tree.device._on_host", lambda leaf: False)
+    calls = []
+
+    def interrupted_once(buffers, kept):
+        calls.append(len(kept))
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        fetch(buffers, kept)
+
+    monkeypatch.setattr(handoff, "fetch", interrupted_once)
+    path = tmp_path / "s"
+    store = pytreestore.create(
+        path, {"x": np.zeros(3, np.float32)}, chunk_records=8, backend=backend
+    )
+    for i in range(5):
+        store.append(_full(i))
+    with pytest.raises(KeyboardInterrupt):
+        store.flush()
+    store.close()
+    assert calls == [5, 5]
+    np.testing.assert_array_equal(pytreestore.open(path).load(as_numpy=True)["x"][:, 0], range(5))

@@ -135,6 +135,9 @@ class HandOff:
             fetch(self.buffers, kept)
         except LostLeaf as err:  # the rows before it are fetched
             raise self._lost(err) from None
+        except BaseException:  # interrupted (Ctrl-C): kept again, for the next call to fetch
+            device.kept[:0] = kept
+            raise
 
     def _lost(self, err: LostLeaf) -> DeletedArrayError | DeviceFetchError:
         """The error for a device array of row ``err.row`` of the chunk being filled that
