@@ -187,3 +187,12 @@ def test_a_fuzzed_state_is_refused_by_name_or_resumes_exactly(shared, taken, fie
     every = ids(shared.batches(BATCH, **{**OPTIONS, "shuffle_window": window}))
     at = checked["epoch"] * len(every) // EPOCHS + checked["batch"]
     assert got == every[at:]
+
+
+def test_a_state_of_zero_d_arrays_resumes_as_python_values(store):
+    """A state kept in a store (or a checkpoint) comes back as 0-d arrays: ``drop_last`` as a
+    0-d bool array was refused."""
+    every = ids(store.batches(BATCH, **OPTIONS))
+    state = state_at(store, 21)
+    as_arrays = {k: np.asarray(v) if type(v) in (int, bool) else v for k, v in state.items()}
+    assert resumed(store, as_arrays) == every[21:]

@@ -108,6 +108,8 @@ def _shuffle(name: str, value: Any) -> bool | str:
 def _flag(name: str, value: Any) -> bool:
     if isinstance(value, bool | np.bool_):
         return bool(value)
+    if getattr(value, "shape", None) == () and getattr(value, "dtype", None) == np.bool_:
+        return bool(value)  # a 0-d array: a state kept in a store or a checkpoint comes so
     raise ArgumentTypeError(f"{_rule(name, 'True or False')}, got {value!r:.80}; {_FIX}")
 
 
