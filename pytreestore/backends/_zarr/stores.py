@@ -116,8 +116,9 @@ class PinnedReads(WrapperStore[Store]):
         worker thread; the event loop's coroutines share the dict of open files)."""
         if key not in self._files:
             if len(self._files) >= MAX_OPEN:
-                self._values[key] = _read_whole(Path(self._store.root) / key)  # type: ignore[attr-defined]
-                whole = self._values[key]
+                root = Path(self._store.root)  # type: ignore[attr-defined]
+                # the first whole read of the key is the one every read of it sees
+                whole = self._values.setdefault(key, _read_whole(root / key))
                 return None if whole is None else whole[_bounds(byte_range, len(whole))]
             fd = _open_file(Path(self._store.root) / key)  # type: ignore[attr-defined]
             if self._files.setdefault(key, fd) != fd and fd is not None:
@@ -130,8 +131,9 @@ class PinnedReads(WrapperStore[Store]):
         return os.pread(fd, max(0, min(bounds.stop, size) - bounds.start), bounds.start)
 
 
-#: files one read keeps open at most (beyond, ranged reads of a key take its whole bytes)
-MAX_OPEN = 64
+#: files one read keeps open at most (beyond, ranged reads of a key take its whole bytes; a
+#: point read of a wide store opens one shard per column)
+MAX_OPEN = 256
 
 
 def _open_file(path: Path) -> int | None:
