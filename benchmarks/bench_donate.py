@@ -21,7 +21,6 @@ Run it alone on an accelerator's host (one process at a time may hold the chip):
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shutil
 import sys
@@ -43,22 +42,13 @@ from _common import (  # noqa: E402
     format_seconds,
     measure_side_by_side,
 )
+from bench_write import Train, train_step  # noqa: E402  (the state and step of its jitted loop)
 
 import pytreestore  # noqa: E402
 
 TITLE = "A training loop donating its state, appending each state"
 
 STEPS, QUICK_STEPS = 3_000, 200
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Train:
-    params: dict[str, Any]  # w1 f32[32, 32], b1 f32[32], w2 f32[32, 4], b2 f32[4]
-    mu: dict[str, Any]  # Adam's moments, like params
-    nu: dict[str, Any]
-    count: Any  # int32
-    metrics: dict[str, Any]  # loss, grad_norm: float32; ok: bool
 
 
 def start() -> Train:
@@ -80,32 +70,7 @@ def start() -> Train:
     )
 
 
-_X = np.random.default_rng(1).standard_normal((64, 32)).astype(np.float32)
-_Y = np.random.default_rng(2).standard_normal((64, 4)).astype(np.float32)
-
-
-def _train_step(s: Train) -> Train:
-    def loss(p: dict[str, Any]) -> Any:
-        h = jnp.tanh(_X @ p["w1"] + p["b1"])
-        return jnp.mean((h @ p["w2"] + p["b2"] - _Y) ** 2)
-
-    value, grads = jax.value_and_grad(loss)(s.params)
-    count = s.count + 1
-    mu = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g, s.mu, grads)
-    nu = jax.tree.map(lambda v, g: 0.999 * v + 0.001 * g * g, s.nu, grads)
-    t = count.astype(jnp.float32)
-    params = jax.tree.map(
-        lambda p, m, v: p - 1e-3 * (m / (1 - 0.9**t)) / (jnp.sqrt(v / (1 - 0.999**t)) + 1e-8),
-        s.params,
-        mu,
-        nu,
-    )
-    norm = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree.leaves(grads)))
-    metrics = {"loss": value, "grad_norm": norm, "ok": jnp.isfinite(value)}
-    return Train(params, mu, nu, count, metrics)
-
-
-step = jax.jit(_train_step, donate_argnums=0)
+step = jax.jit(train_step, donate_argnums=0)
 
 
 def loop_copies(steps: int) -> list[Train]:
