@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,18 +31,13 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]  # `_common`; this checkout's pytre
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 from _common import (  # noqa: E402
     Case,
     Result,
-    Timed,
     at_most,
     format_seconds,
-    measure_side_by_side,
 )
-from bench_write import Train, train_step  # noqa: E402  (the state and step of its jitted loop)
-
-import pytreestore  # noqa: E402
+from bench_write import Train, measure_loops, train_step  # noqa: E402  (its jitted loop)
 
 TITLE = "A training loop donating its state, appending each state"
 
@@ -97,26 +90,14 @@ def loop_store(store: Any, steps: int) -> None:
 def run_case(steps: int, repeats: int) -> list[Result]:
     """The donated loop against the anchor, side by side; every record checked."""
     expected = loop_copies(steps)  # also compiles the step
-    want = jax.tree.map(lambda *v: np.stack([np.asarray(x) for x in v]), *expected)
-    with tempfile.TemporaryDirectory(prefix="pytreestore-bench-") as tmp:
-        count = [0]
-
-        def new_store() -> tuple[Path, Any]:
-            count[0] += 1
-            path = Path(tmp) / f"store-{count[0]}"
-            return path, pytreestore.create(str(path), start())
-
-        def check(state: tuple[Path, Any], _: object) -> None:
-            got = pytreestore.open(str(state[0])).load(as_numpy=True)
-            for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-                if not np.array_equal(g, w):
-                    raise RuntimeError("donated training loop: the store lost or changed states")
-            shutil.rmtree(state[0])
-
-        ours, base = measure_side_by_side(
-            Timed(lambda s: loop_store(s[1], steps), repeats, 1, new_store, check),
-            Timed(lambda _: loop_copies(steps), repeats, 1),
-        )
+    ours, base = measure_loops(
+        "donated training loop",
+        start,
+        expected,
+        lambda store: loop_store(store, steps),
+        lambda: loop_copies(steps),
+        repeats,
+    )
     per = (ours.median - base.median) / (steps + 1)
     return [
         Result(

@@ -270,8 +270,12 @@ def _case_train_loop(sizes: Sizes) -> list[Result]:
     )
 
 
-def _jit_loop_rows(name: str, start: Any, step: Any, steps: int, repeats: int) -> list[Result]:
-    expected = _loop_list(steps, start, step)  # also compiles the step
+def measure_loops(
+    name: str, start: Any, expected: list[Any], ours: Any, anchor: Any, repeats: int
+) -> tuple[Timing, Timing]:
+    """``ours(store)`` (a loop appending to a new store created like ``start()``, then
+    closing it) against ``anchor()``, side by side; each store checked to hold the states of
+    ``expected``, in order (bench_donate.py measures its loop with it too)."""
     want = jax.tree.map(lambda *v: np.stack([np.asarray(x) for x in v]), *expected)
     with tempfile.TemporaryDirectory(prefix="pytreestore-bench-") as tmp:
         count = [0]
@@ -288,10 +292,22 @@ def _jit_loop_rows(name: str, start: Any, step: Any, steps: int, repeats: int) -
                     raise RuntimeError(f"{name}: the store does not hold the states")
             shutil.rmtree(state[0])
 
-        ours, base = measure_side_by_side(
-            Timed(lambda s: _loop_store(s[1], steps, start, step), repeats, 1, new_store, check),
-            Timed(lambda _: _loop_list(steps, start, step), repeats, 1),
+        return measure_side_by_side(
+            Timed(lambda s: ours(s[1]), repeats, 1, new_store, check),
+            Timed(lambda _: anchor(), repeats, 1),
         )
+
+
+def _jit_loop_rows(name: str, start: Any, step: Any, steps: int, repeats: int) -> list[Result]:
+    expected = _loop_list(steps, start, step)  # also compiles the step
+    ours, base = measure_loops(
+        name,
+        start,
+        expected,
+        lambda store: _loop_store(store, steps, start, step),
+        lambda: _loop_list(steps, start, step),
+        repeats,
+    )
     per = (ours.median - base.median) / steps
     leaves = len(jax.tree.leaves(start()))
     return [
