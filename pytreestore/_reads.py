@@ -73,13 +73,19 @@ class Reads(Generic[T]):
                 one ``jax.sharding.Sharding`` for every column, a pytree of them shaped like
                 the schema (None replicates), or a callable from tree path to sharding. Each
                 device's rows are read once, for that device only (under ``jax.distributed``,
-                each process reads only its own devices' rows). See docs/sharding.md.
+                each process reads only its own devices' rows). A ragged store's padded
+                leaves and masks split the same way, records first, each mask by its leaf's
+                sharding cut to its axes (``ragged="segments"`` takes one sharding for every
+                leaf). See docs/sharding.md.
             pad: with ``sharding`` or ``pmap_devices``, pad a record count that does not split
                 evenly with fill values (zeros) and return ``(records, mask)``, where ``mask``
-                is a bool ``jax.Array`` over the padded records, True for real ones.
+                is a bool ``jax.Array`` over the padded records, True for real ones (a
+                ragged store's pair ``(batch, mask)`` keeps its form, its masks False in the
+                padding records).
             pmap_devices: devices (e.g. ``jax.local_devices()``) to lay the records out for
                 ``jax.pmap``: leaves shaped ``(len(devices), count // len(devices), ...)``,
-                slice ``i`` already on ``devices[i]``.
+                slice ``i`` already on ``devices[i]`` (a ragged store's padded leaves and
+                masks too).
             ragged: for a store created with ``ragged=``/``optional=`` (docs/ragged.md):
                 ``"pad"`` (default) returns ``(batch, mask)``, each ragged list stacked into
                 one element padded to ``L``, ``mask`` True where a value is real;

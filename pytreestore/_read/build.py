@@ -18,12 +18,14 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from pytreestore._format.ragged import LEAF, OFFSETS, PRESENCE
-from pytreestore._read.gather import Rows
+from pytreestore._format.schema import TreeSchema
+from pytreestore._read.gather import Rows, record_of
 from pytreestore._tree.layout import Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList
 from pytreestore._tree.pad import padded_length
 from pytreestore.errors import RaggedLengthError
@@ -50,7 +52,9 @@ class Place:
 
 
 class Padded:
-    """Builds ``(batch, mask)`` of the padded form from gathered rows."""
+    """Builds ``(batch, mask)`` of the padded form from gathered rows; ``lengths`` gives each
+    axis's longest list (what ``pad_to`` pads from), ``zeros`` makes the zeroed arrays of the
+    element tables' leaves and masks (by default fresh ones)."""
 
     def __init__(
         self,
@@ -60,8 +64,10 @@ class Padded:
         pad_to: Any,
         truncate: bool,
         chosen: set[str] | None,
+        zeros: Callable[[tuple[int, ...], np.dtype], np.ndarray] = np.zeros,
     ) -> None:
         self.rows = gathered
+        self.zeros = zeros  # where the padded arrays are made (a reused host buffer)
         self.longest = lengths
         self.pad_to = pad_to
         self.truncate = truncate
@@ -103,7 +109,7 @@ class Padded:
                 values = values.copy()
                 values[~place.valid] = 0  # an absent subtree's rows: stored zeros, or the
             return values, self.mask(place)  # default of a column added later: padding
-        out = np.zeros((*place.shape, *spec.shape), values.dtype)
+        out = self.zeros((*place.shape, *spec.shape), values.dtype)
         index, valid = place.kept()
         out[index] = values if place.keep is None else values[place.keep]
         if valid is not True and not valid.all():
@@ -113,7 +119,7 @@ class Padded:
     def mask(self, place: Place) -> np.ndarray:
         if len(place.index) == 1 and place.valid is None:
             return np.ones(place.shape, bool)
-        mask = np.zeros(place.shape, bool)
+        mask = self.zeros(place.shape, np.dtype(bool))
         index, valid = place.kept()
         mask[index] = valid
         return mask
@@ -140,6 +146,89 @@ class Padded:
         place = Place(index, (*parent.shape, size), None if keep.all() else keep, valid)
         self.places[axis] = place
         return place
+
+
+# ---- the segments form ---------------------------------------------------------------------
+
+#: the key of an optional subtree's presence in the segments form: ``"present" + keypath``
+#: (an axis's keypath never starts with a letter, so the two never meet)
+PRESENT = "present"
+
+
+class Segments(NamedTuple):
+    """The elements of one ragged axis in the flat form, one entry per element.
+
+    Attributes:
+        record: the record (index into the selection) each element belongs to: the
+            ``segment_ids`` of ``jax.ops.segment_sum(values, record, num_segments=records)``.
+        parent: the row of the parent table (the element of the enclosing ragged list, or the
+            record for a top-level axis) each element belongs to.
+        position: each element's position in its list.
+        valid: True for real elements, False for the padding that ``size=`` adds (whose
+            ``record`` is the record count, out of range, so ``segment_sum`` drops them).
+    """
+
+    record: Any
+    parent: Any
+    position: Any
+    valid: Any
+
+
+class Flat:
+    """Builds ``(values, segments)``: each leaf's gathered rows as they are, per ragged axis
+    the record, parent and position of each element (padded to ``size``), and per optional
+    subtree its presence in each row of its table, under ``"present" + keypath``."""
+
+    def __init__(self, gathered: dict[str | None, Rows], schema: TreeSchema, size: int | None):
+        self.rows = gathered
+        self.size = size
+        self.segments: dict[str, Any] = {}
+        n = gathered[None].count
+        records = record_of(schema, gathered)
+        for a in schema.tables.axes:
+            rows = gathered[a.path]
+            assert rows.parent is not None and rows.position is not None
+            self.segments[a.path] = Segments(  # int32: JAX's index type without x64
+                self._pad(records[a.path].astype(np.int32), n, a.path),
+                self._pad(rows.parent.astype(np.int32), gathered[a.table].count, a.path),
+                self._pad(rows.position.astype(np.int32), 0, a.path),
+                self._pad(np.ones(rows.count, bool), False, a.path),
+            )
+
+    def _pad(self, values: np.ndarray, fill: Any, axis: str) -> np.ndarray:
+        if self.size is None:
+            return values
+        if len(values) > self.size:
+            raise RaggedLengthError(
+                f"the selection holds {len(values)} elements at {axis or 'the root'}, more "
+                f"than size={self.size}; raise size, or load fewer records"
+            )
+        out = np.full((self.size, *values.shape[1:]), fill, values.dtype)
+        out[: len(values)] = values
+        return out
+
+    def build(self, spec: LayoutNode) -> tuple[Any, dict[str, Any]]:
+        return self.node(spec, None), self.segments
+
+    def node(self, spec: LayoutNode | None, table: str | None) -> Any:
+        if isinstance(spec, Leaf):
+            table = table if spec.axis is None else spec.axis.path
+            values = self.rows[table].values.get((LEAF, spec.path))
+            if values is None or table is None:
+                return values
+            return self._pad(values, 0, table)
+        if isinstance(spec, Kept):
+            return spec.value
+        if isinstance(spec, RaggedList):
+            return None if spec.element is None else self.node(spec.element, spec.axis.path)
+        if isinstance(spec, OptionalTree):
+            present = self.rows[table].values[(PRESENCE, spec.path)]
+            self.segments[PRESENT + spec.path] = (
+                present if table is None else self._pad(present, False, table)
+            )
+            return None if spec.inner is None else self.node(spec.inner, table)
+        assert isinstance(spec, Fixed), spec
+        return spec.treedef.unflatten([self.node(c, table) for c in spec.children])
 
 
 # ---- exact records ------------------------------------------------------------------------------
@@ -189,4 +278,4 @@ def _split(
     return [list(items[cuts[i] : cuts[i + 1]]) for i in range(count)]
 
 
-__all__ = ["Padded", "Place", "exact"]
+__all__ = ["PRESENT", "Flat", "Padded", "Place", "Segments", "exact"]

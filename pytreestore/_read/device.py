@@ -175,6 +175,23 @@ def record_axis_sharding(like: Sharding) -> Sharding:
     return replicated(like)
 
 
+def fitted(sharding: Sharding, ndim: int) -> Sharding:
+    """``sharding`` for an array of ``ndim`` axes that shares the leading axes of the arrays
+    it was given for (a ragged leaf's mask, which lacks the leaf's own axes): a
+    ``NamedSharding``'s spec cut to ``ndim`` entries; another sharding as it is where it
+    splits such an array, else replicated."""
+    if isinstance(sharding, NamedSharding):
+        spec = tuple(sharding.spec)
+        if len(spec) <= ndim:
+            return sharding
+        return NamedSharding(sharding.mesh, PartitionSpec(*spec[:ndim]))
+    try:
+        sharding.shard_shape((len(sharding.device_set),) * ndim)
+    except ValueError:
+        return replicated(sharding)
+    return sharding
+
+
 def pmap_sharding(devices: Sequence[Any]) -> NamedSharding:
     """Splits a leading axis of length ``len(devices)`` one slice per device, in order."""
     devices = list(devices) if isinstance(devices, Iterable) else []

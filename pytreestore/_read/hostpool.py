@@ -152,6 +152,26 @@ def nbytes(shapes: Sequence[tuple[tuple[int, ...], np.dtype]]) -> int:
     return sum(-(-n // ALIGN) * ALIGN for n in sizes)
 
 
+class Arena:
+    """Zeroed arrays cut one after another from ``buffer``, each from a page (a piece's
+    padded arrays, made where :func:`views` would lay them); fresh ones once it is full."""
+
+    def __init__(self, buffer: np.ndarray) -> None:
+        self._buffer = buffer
+        self._offset = _first(buffer)
+
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A zeroed array of ``shape`` and ``dtype``."""
+        dtype = np.dtype(dtype)
+        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if self._offset + size > len(self._buffer):
+            return np.zeros(shape, dtype)
+        out = self._buffer[self._offset : self._offset + size].view(dtype).reshape(shape)
+        out.fill(0)
+        self._offset += -(-size // ALIGN) * ALIGN
+        return out
+
+
 def _first(buffer: np.ndarray) -> int:
     """The offset of the first page boundary in ``buffer``."""
     return -buffer.ctypes.data % ALIGN
@@ -180,4 +200,4 @@ def _after_fork() -> None:
 at_fork(_after_fork)
 
 
-__all__ = ["ALIASING", "ALIGN", "CAP", "HostBuffers", "nbytes", "pool", "views"]
+__all__ = ["ALIASING", "ALIGN", "CAP", "Arena", "HostBuffers", "nbytes", "pool", "views"]

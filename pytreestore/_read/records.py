@@ -4,10 +4,13 @@ pipelines' loads all enter here, through the reads of the store's schema (:func:
 A read takes three steps: the record table's rows of the selected records, then the rows
 each axis table holds for them (offsets -> element rows), then the records built from those
 rows. A fixed store has no axis table, so its reads are the first step alone, as stacked
-leaves whose build is one ``unflatten`` (:mod:`pytreestore._read.reader`, the fast path:
-each column read straight into the result, sharded and pmap layouts included). A ragged or
-optional store's reads take every step (:mod:`pytreestore._read.tables`): each record
-exactly as appended, or a batch padded along every ragged axis with its mask. The read face
+leaves whose build is one ``unflatten`` (:mod:`pytreestore._read.reader`: each column read
+straight into the result, each device's rows read for it alone). A ragged or optional
+store's reads take every step (:mod:`pytreestore._read.tables`): each record exactly as
+appended, or a batch padded along every ragged axis with its mask. Both kinds take the same
+fast paths and placements: slabs onto an accelerator in reused host buffers
+(:mod:`pytreestore._read.slabs`), and ``sharding=`` (one, or one per column),
+``pmap_devices=`` and ``pad=`` (:mod:`pytreestore._read.sharded`). The read face
 (``load``, ``records``, ``lengths``) and the pipelines (``map``, ``batches``,
 ``grain_source``) ask the object :func:`record_reads` gives instead of testing the schema.
 

@@ -38,6 +38,9 @@ from pytreestore._read.index import Selection
 from pytreestore.backends import Backend, BatchedReads, capable
 from pytreestore.errors import ShardingError
 
+#: an array's column path, dtype and per-record shape (what a split count checks)
+Column = tuple[str, np.dtype, tuple[int, ...]]
+
 
 @dataclasses.dataclass(frozen=True)
 class Piece:
@@ -135,6 +138,73 @@ def load(
     return arrays, mask
 
 
+def place(
+    arrays: Sequence[np.ndarray],
+    columns: Sequence[Column],
+    shardings: Sequence[Sharding],
+    *,
+    pad: bool,
+    pmap: bool = False,
+) -> list[jax.Array]:
+    """Host arrays of one record count (a ragged load's padded leaves and masks), each placed
+    as a global array split along the record axis by its sharding, as a sharded load places
+    columns: with ``pad``, padded with zeros (``False`` in a mask) to a count that every
+    sharding splits; for ``pmap``, laid out as ``(n_devices, per_device, ...)``.
+
+    Args:
+        arrays: the host arrays, records first, in a dtype JAX holds.
+        columns: each array's ``(path, dtype, per-record shape)``, for the split check.
+        shardings: one per array (the pmap sharding for every array of a ``pmap`` load).
+        pad: pad a count the shardings cannot split instead of raising.
+        pmap: lay the records out for ``jax.pmap``.
+
+    Raises:
+        ShardingError: as :func:`split_count`.
+    """
+    count = len(arrays[0]) if arrays else 0
+    total = split_count(columns, count, shardings, pad=pad, pmap=pmap)
+    shaped = [_laid_out(_rows(a, total), s, pmap) for a, s in zip(arrays, shardings)]
+    if all(s.is_fully_addressable for s in shardings):  # one process: JAX cuts the blocks
+        return list(jax.device_put(shaped, list(shardings)))
+    return assemble(shaped, shardings)
+
+
+def _rows(array: np.ndarray, total: int) -> np.ndarray:
+    """``array`` with zero rows added up to ``total`` records."""
+    if len(array) == total:
+        return array
+    out = np.zeros((total, *array.shape[1:]), array.dtype)
+    out[: len(array)] = array
+    return out
+
+
+def _laid_out(array: np.ndarray, sharding: Sharding, pmap: bool) -> np.ndarray:
+    """``array`` shaped ``(n_devices, per_device, ...)`` for a pmap load; else as it is."""
+    if not pmap:
+        return array
+    devices = len(sharding.device_set)
+    return array.reshape(devices, len(array) // devices, *array.shape[1:])
+
+
+def assemble(arrays: Sequence[np.ndarray], shardings: Sequence[Sharding]) -> list[jax.Array]:
+    """Each host array as the global array of its sharding: every block this process's
+    devices hold cut from it, all placed by one ``jax.device_put``, then joined (under
+    ``jax.distributed`` each process places only its own devices' blocks)."""
+    pieces = [
+        (i, device, tuple(index) if index is not None else ())
+        for i, (array, sharding) in enumerate(zip(arrays, shardings))
+        for device, index in sharding.addressable_devices_indices_map(array.shape).items()
+    ]
+    placed = jax.device_put([arrays[i][index] for i, _, index in pieces], [d for _, d, _ in pieces])
+    parts: list[list[jax.Array]] = [[] for _ in arrays]
+    for (i, _, _), block in zip(pieces, placed):
+        parts[i].append(block)
+    return [
+        jax.make_array_from_single_device_arrays(a.shape, s, p)
+        for a, s, p in zip(arrays, shardings, parts)
+    ]
+
+
 def padded_count(
     specs: Sequence[ColumnSpec],
     count: int,
@@ -149,33 +219,53 @@ def padded_count(
         ShardingError: the shardings cannot split ``count`` and ``pad`` is false, or a
             sharding cannot split a column's leaf axes.
     """
-    parts = [_record_parts(c, s, pmap) for c, s in zip(specs, shardings)]
+    columns = [(c.path, np.dtype(c.dtype), c.shape) for c in specs]
+    return split_count(columns, count, shardings, pad=pad, pmap=pmap)
+
+
+def split_count(
+    columns: Sequence[Column],
+    count: int,
+    shardings: Sequence[Sharding],
+    *,
+    pad: bool,
+    pmap: bool = False,
+) -> int:
+    """``count``, or with ``pad`` the next count that splits over every sharding, for arrays
+    ``(count, *shape)`` of the ``(path, dtype, shape)`` of ``columns`` (a fixed column's
+    leaf shape, or a ragged leaf's padded one).
+
+    Raises:
+        ShardingError: as :func:`padded_count`.
+    """
+    parts = [_record_parts(c, s, pmap) for c, s in zip(columns, shardings)]
     step = math.lcm(*parts) if parts else 1
     if count % step == 0:
         return count
     if pad:
         return -(-count // step) * step
-    worst = next(c for c, p in zip(specs, parts) if count % p)
+    worst = next(i for i, p in enumerate(parts) if count % p)
     what = "devices" if pmap else "record-axis shards"
     raise ShardingError(
-        f"cannot split {count} records over {step} {what} (column {worst.path}, sharding "
-        f"{shardings[specs.index(worst)]}): the record count must be a multiple of {step}. "
+        f"cannot split {count} records over {step} {what} (column {columns[worst][0]}, "
+        f"sharding {shardings[worst]}): the record count must be a multiple of {step}. "
         f"Load {count // step * step} records (e.g. index 0:{count // step * step}), or pass "
         f"pad=True to pad to {-(-count // step) * step} with fill values and get a mask."
     )
 
 
-def _record_parts(spec: ColumnSpec, sharding: Sharding, pmap: bool) -> int:
-    """Into how many parts ``sharding`` splits the record axis of column ``spec``."""
+def _record_parts(column: Column, sharding: Sharding, pmap: bool) -> int:
+    """Into how many parts ``sharding`` splits the record axis of ``column``'s arrays."""
+    path, dtype, shape = column
     if pmap:
         return len(sharding.device_set)
     probe = len(sharding.device_set)
     try:
-        return probe // sharding.shard_shape((probe, *spec.shape))[0]
+        return probe // sharding.shard_shape((probe, *shape))[0]
     except ValueError as err:
         raise ShardingError(
-            f"sharding {sharding} cannot split column {spec.path} "
-            f"({spec.dtype.name}[{','.join(map(str, spec.shape))}] per record): {err}"
+            f"sharding {sharding} cannot split column {path} "
+            f"({dtype.name}[{','.join(map(str, shape))}] per record): {err}"
         ) from err
 
 

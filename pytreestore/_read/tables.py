@@ -24,17 +24,20 @@ from jax.tree_util import keystr, tree_flatten_with_path
 from pytreestore._commit.record import Commit
 from pytreestore._format.ragged import LEAF, PRESENCE
 from pytreestore._format.schema import TreeSchema
-from pytreestore._format.weak import ragged_weak
+from pytreestore._format.weak import ragged_weak, weaken
 from pytreestore._read import cache as _cache
+from pytreestore._read import hostpool as _hostpool
+from pytreestore._read import sharded as _sharded
+from pytreestore._read import slabs as _slabs
 from pytreestore._read.ahead import JIT_MIN, RecordsBlock
-from pytreestore._read.build import Padded, exact
-from pytreestore._read.device import to_jax
+from pytreestore._read.build import PRESENT, Flat, Padded, Segments, exact
+from pytreestore._read.device import fitted, jax_ready, to_jax
 from pytreestore._read.gather import Rows, gather, lengths, record_of
-from pytreestore._read.index import rows
+from pytreestore._read.index import Selection, rows
 from pytreestore._read.placed import Placed, layouts_of, tags
 from pytreestore._read.reader import ReadContext, explained
 from pytreestore._read.request import LoadRequest
-from pytreestore._tree.layout import Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList
+from pytreestore._tree.layout import LayoutNode
 from pytreestore._tree.pad import check_pad_to
 from pytreestore.errors import (
     ArgumentTypeError,
@@ -45,29 +48,7 @@ from pytreestore.errors import (
 )
 
 FORMS = ("pad", "segments")
-#: the key of an optional subtree's presence in the segments form: ``"present" + keypath``
-#: (an axis's keypath never starts with a letter, so the two never meet)
-PRESENT = "present"
 ITER_BLOCK = 1024  # records gathered at once by iteration
-
-
-class Segments(NamedTuple):
-    """The elements of one ragged axis in the flat form, one entry per element.
-
-    Attributes:
-        record: the record (index into the selection) each element belongs to: the
-            ``segment_ids`` of ``jax.ops.segment_sum(values, record, num_segments=records)``.
-        parent: the row of the parent table (the element of the enclosing ragged list, or the
-            record for a top-level axis) each element belongs to.
-        position: each element's position in its list.
-        valid: True for real elements, False for the padding that ``size=`` adds (whose
-            ``record`` is the record count, out of range, so ``segment_sum`` drops them).
-    """
-
-    record: Any
-    parent: Any
-    position: Any
-    valid: Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,22 +87,27 @@ def check_fixed(path: str, ragged: Any, pad_to: Any, truncate: Any, size: Any) -
         )
 
 
-def unsplit(request: LoadRequest) -> LoadRequest:
-    """A sharded load of a ragged store as a load placed on that one sharding: the padded
-    leaves (records first) are split along the record axis.
+def split_form(request: LoadRequest, form: str) -> LoadRequest:
+    """THE ONE REFUSAL of a split load (``sharding=``, ``pmap_devices=``, ``pad=``) of a
+    ragged store. ``ragged="pad"`` takes them all, as a fixed store does: its leaves and
+    masks are records first (:func:`_split`). The segments form's leaves are flat along
+    each ragged axis, with no record axis to split per device or to pad, so it takes one
+    sharding, on which every flat array is placed (as ``device=`` places them).
 
     Raises:
-        ShardingError: ``pmap_devices=``, ``pad=``, or a sharding per column.
+        ShardingError: ``ragged="segments"`` with ``pmap_devices=``, ``pad=`` or a sharding
+            per column.
     """
-    if not request.split:
+    if not request.split or form == "pad":
         return request
     assert request.shardings is not None
     shardings = set(request.shardings)
-    if request.pmap or request.pad or len(shardings) != 1 or None in shardings:
+    if request.pmap or request.pad or len(shardings) != 1:
         raise ShardingError(
-            "a ragged store's loads take one jax.sharding.Sharding for every leaf (sharding="
-            "NamedSharding(mesh, P('data')) splits the padded records); pmap_devices=, pad= "
-            "and a sharding per column apply to fixed stores only"
+            "ragged='segments' gives each leaf flat along its ragged axis, with no record "
+            "axis to split per device or pad, so it takes one jax.sharding.Sharding for every "
+            "leaf; pmap_devices=, pad= and a sharding per column apply to ragged='pad' loads "
+            "(the padded leaves and masks are records first)"
         )
     return dataclasses.replace(request, device=shardings.pop(), shardings=None)
 
@@ -135,7 +121,7 @@ def load(
 ) -> Any:
     """Records ``index``: one record exactly for an int, else the padded ``(batch, mask)``
     or the flat ``(values, segments)``."""
-    request = unsplit(request)
+    request = split_form(request, options.form)
     now = _commit(context, commit)
     selection = request.selection(index, now.records)
     if selection.scalar and context.ahead is not None:
@@ -145,28 +131,158 @@ def load(
         if hit:
             context.check_not_replaced()  # the block belongs to the store opened
             return record
-    records = rows(selection.index)
-    gathered = _gather(context, request, now, records)
+    if not selection.scalar and options.form == "pad":
+        return _padded(context, request, now, selection, options)
+    gathered = _gather(context, request, now, rows(selection.index))
     spec = request.schema.layout.spec
     if selection.scalar:
         (record,) = exact(spec, gathered, None, 1)
         return _placed(record, request)
-    if options.form == "segments":
-        return _placed(Flat(gathered, request.schema, options.size).build(spec), request, True)
-    longest = {a: int(v.max(initial=0)) for a, v in lengths(request.schema, gathered).items()}
+    return _placed(Flat(gathered, request.schema, options.size).build(spec), request, True)
+
+
+def _padded(
+    context: ReadContext, request: LoadRequest, now: Commit, selection: Selection, options: Any
+) -> Any:
+    """The padded ``(batch, mask)`` of ``selection``: as numpy, placed (in slabs when big,
+    :func:`_in_slabs`), or split over the request's shardings (:func:`_split`)."""
+    slabbed = _in_slabs(context, request, now, selection, options)
+    if slabbed is not None:
+        return slabbed
+    gathered = _gather(context, request, now, rows(selection.index))
+    pair = _build(gathered, _longest(request.schema, gathered), request, options)
+    if request.split:
+        return _split(pair, request)
+    return _placed(pair, request, True)
+
+
+def _longest(schema: TreeSchema, gathered: dict[str | None, Rows]) -> dict[str, int]:
+    """Per ragged axis, the longest list among the gathered records."""
+    return {a: int(v.max(initial=0)) for a, v in lengths(schema, gathered).items()}
+
+
+def _build(
+    gathered: dict[str | None, Rows],
+    longest: dict[str, int],
+    request: LoadRequest,
+    options: Any,
+    zeros: Callable[[tuple[int, ...], np.dtype], np.ndarray] = np.zeros,
+) -> Any:
+    """``(batch, mask)`` of the gathered rows, padded to ``longest`` as ``pad_to`` says."""
     chosen = {c.path for c in request.specs}
     padder = Padded(
-        gathered, longest, pad_to=options.pad_to, truncate=options.truncate, chosen=chosen
+        gathered,
+        longest,
+        pad_to=options.pad_to,
+        truncate=options.truncate,
+        chosen=chosen,
+        zeros=zeros,
     )
     try:
-        padded = padder.build(spec)
+        return padder.build(request.schema.layout.spec)
     except MemoryError as err:
         raise RaggedLengthError(
-            f"padding {len(records)} records to pad_to={options.pad_to!r} needs more memory "
-            f"than this machine has ({err}); choose a smaller pad_to, or load "
+            f"padding {gathered[None].count} records to pad_to={options.pad_to!r} needs more "
+            f"memory than this machine has ({err}); choose a smaller pad_to, or load "
             "ragged='segments'"
         ) from None
-    return _placed(padded, request, True)
+
+
+class Outputs(NamedTuple):
+    """A padded pair's leaves, and which of them carry the record axis (:func:`outputs`)."""
+
+    treedef: Any
+    leaves: list[Any]
+    keypaths: list[tuple[Any, ...]]
+    placed: list[int]  # the leaves placed: the chosen columns' values, and the masks
+    columns: list[int | None]  # each one's position among the chosen columns (None: none)
+
+
+def outputs(pair: Any, request: LoadRequest) -> Outputs:
+    """The leaves of a padded ``(batch, mask)``: a leaf placed with the record axis is a
+    chosen column's values (its keypath the column's without ``[*]``) or a mask; a kept
+    (constant) value stays as it is."""
+    flat, treedef = tree_flatten_with_path(pair, is_leaf=lambda x: x is None)
+    columns = request.schema.columns
+    of_path = {columns[i].path.replace("[*]", ""): k for k, i in enumerate(request.chosen)}
+    placed, chosen = [], []
+    for n, (keypath, leaf) in enumerate(flat):
+        column = of_path.get(keystr(keypath[1:]))
+        if isinstance(leaf, np.ndarray) and (column is not None or keypath[0].idx == 1):
+            placed.append(n)
+            chosen.append(column)
+    return Outputs(treedef, [x for _, x in flat], [k for k, _ in flat], placed, chosen)
+
+
+def _split(pair: Any, request: LoadRequest) -> Any:
+    """``(batch, mask)`` split over the request's shardings as a fixed store's columns are:
+    each leaf and its mask by its column's sharding (the mask's cut to its axes), the record
+    axis padded with ``pad=`` (mask False there), laid out per device with ``pmap_devices=``."""
+    out = outputs(pair, request)
+    assert request.shardings is not None
+    arrays, columns, shardings = [], [], []
+    for n, column in zip(out.placed, out.columns):
+        path = keystr(out.keypaths[n][1:]) if column is None else request.specs[column].path
+        array = jax_ready(out.leaves[n], path, request.cast)
+        sharding = request.shardings[column or 0]
+        arrays.append(array)
+        columns.append((path, array.dtype, array.shape[1:]))
+        shardings.append(sharding if request.pmap else fitted(sharding, array.ndim))
+    placed = _sharded.place(arrays, columns, shardings, pad=request.pad, pmap=request.pmap)
+    return _rebuilt(out, placed, request)
+
+
+def _rebuilt(out: Outputs, placed: Sequence[Any], request: LoadRequest) -> Any:
+    """The pair of ``out`` with its placed leaves replaced by ``placed``, weak types kept."""
+    leaves = list(out.leaves)
+    for n, array in zip(out.placed, placed):
+        leaves[n] = array
+    leaves = weaken(leaves, _weak(request.schema, out.keypaths, True))
+    return out.treedef.unflatten(leaves)
+
+
+def _in_slabs(
+    context: ReadContext, request: LoadRequest, now: Commit, selection: Selection, options: Any
+) -> Any | None:
+    """A big padded load onto one accelerator in slabs of records (:mod:`pytreestore._read.
+    slabs`), as a fixed store's: the lengths read first (offsets only), then each slab's
+    rows gathered and padded to them in a reused host buffer, copied while the next slabs
+    are read, and the slabs joined on the device. None: read whole."""
+    index = selection.index
+    if request.as_numpy or request.split:
+        return None
+    if _slabs.planned(index, _slabs.MIN_BYTES, request.device) is None:
+        return None  # an index array, or not onto an accelerator
+    if _stored_nbytes(request, now, selection.count) < _slabs.MIN_BYTES // 2:
+        return None
+    schema = request.schema
+    longest = _longest(schema, _gather(context, request, now, rows(index), leaves=[]))
+    empty = _gather(context, request, now, np.arange(0))
+    out = outputs(_build(empty, longest, request, options), request)
+    shapes = [(out.leaves[n].shape[1:], out.leaves[n].dtype) for n in out.placed]
+    per_record = sum(int(np.prod(s, dtype=np.int64)) * d.itemsize for s, d in shapes)
+    if _slabs.planned(index, per_record * selection.count, request.device) is None:
+        return None
+
+    def read(piece: _slabs.Piece, buffer: Callable[[int], np.ndarray]) -> list[np.ndarray]:
+        count = piece.rows.stop - piece.rows.start
+        arena = _hostpool.Arena(buffer(_hostpool.nbytes([((count, *s), d) for s, d in shapes])))
+        gathered = _gather(context, request, now, np.arange(piece.rows.start, piece.rows.stop))
+        got = outputs(_build(gathered, longest, request, options, arena.zeros), request)
+        paths = [keystr(out.keypaths[n][1:]) for n in out.placed]
+        return [jax_ready(got.leaves[n], p, request.cast) for n, p in zip(got.placed, paths)]
+
+    chosen = tuple(range(len(out.placed)))
+    slabs = _slabs.plan_slabs(index, schema.chunk_records, per_record, _slabs.SLAB_BYTES)
+    pieces = [_slabs.Piece(chosen, r) for r in slabs]
+    return _rebuilt(out, _slabs.load(read, pieces, len(chosen), request.device), request)
+
+
+def _stored_nbytes(request: LoadRequest, now: Commit, count: int) -> float:
+    """About the bytes ``count`` records of the chosen columns take as stored (each table's
+    rows per record on average)."""
+    per = max(now.records, 1)
+    return count * sum(c.record_nbytes * now.rows(c.table) / per for c in request.specs)
 
 
 def record_lengths(
@@ -345,65 +461,9 @@ def _weak(schema: TreeSchema, keypaths: list[tuple[Any, ...]], pair: bool) -> li
     return [w and kp[0].idx == 0 for w, kp in zip(values or (), keypaths)]  # [1]: mask
 
 
-class Flat:
-    """Builds ``(values, segments)``: each leaf's gathered rows as they are, per ragged axis
-    the record, parent and position of each element (padded to ``size``), and per optional
-    subtree its presence in each row of its table, under ``"present" + keypath``."""
-
-    def __init__(self, gathered: dict[str | None, Rows], schema: TreeSchema, size: int | None):
-        self.rows = gathered
-        self.size = size
-        self.segments: dict[str, Any] = {}
-        n = gathered[None].count
-        records = record_of(schema, gathered)
-        for a in schema.tables.axes:
-            rows = gathered[a.path]
-            assert rows.parent is not None and rows.position is not None
-            self.segments[a.path] = Segments(  # int32: JAX's index type without x64
-                self._pad(records[a.path].astype(np.int32), n, a.path),
-                self._pad(rows.parent.astype(np.int32), gathered[a.table].count, a.path),
-                self._pad(rows.position.astype(np.int32), 0, a.path),
-                self._pad(np.ones(rows.count, bool), False, a.path),
-            )
-
-    def _pad(self, values: np.ndarray, fill: Any, axis: str) -> np.ndarray:
-        if self.size is None:
-            return values
-        if len(values) > self.size:
-            raise RaggedLengthError(
-                f"the selection holds {len(values)} elements at {axis or 'the root'}, more "
-                f"than size={self.size}; raise size, or load fewer records"
-            )
-        out = np.full((self.size, *values.shape[1:]), fill, values.dtype)
-        out[: len(values)] = values
-        return out
-
-    def build(self, spec: LayoutNode) -> tuple[Any, dict[str, Any]]:
-        return self.node(spec, None), self.segments
-
-    def node(self, spec: LayoutNode | None, table: str | None) -> Any:
-        if isinstance(spec, Leaf):
-            table = table if spec.axis is None else spec.axis.path
-            values = self.rows[table].values.get((LEAF, spec.path))
-            if values is None or table is None:
-                return values
-            return self._pad(values, 0, table)
-        if isinstance(spec, Kept):
-            return spec.value
-        if isinstance(spec, RaggedList):
-            return None if spec.element is None else self.node(spec.element, spec.axis.path)
-        if isinstance(spec, OptionalTree):
-            present = self.rows[table].values[(PRESENCE, spec.path)]
-            self.segments[PRESENT + spec.path] = (
-                present if table is None else self._pad(present, False, table)
-            )
-            return None if spec.inner is None else self.node(spec.inner, table)
-        assert isinstance(spec, Fixed), spec
-        return spec.treedef.unflatten([self.node(c, table) for c in spec.children])
-
-
 __all__ = [
     "FORMS",
+    "PRESENT",
     "RaggedRead",
     "Segments",
     "check_fixed",
