@@ -19,6 +19,7 @@ import os
 from collections.abc import Iterator, Sequence
 from multiprocessing.pool import Pool
 from pathlib import Path
+from typing import Any
 
 import jax
 import pytest
@@ -62,6 +63,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     """Skips a test marked ``slow`` unless the run selects it with ``-m slow``."""
     if item.get_closest_marker("slow") and "slow" not in (item.config.getoption("markexpr") or ""):
         pytest.skip("a slow test: it runs with make test-long (pytest -m slow)")
+
+
+def trials(default: int, full: int) -> list[Any]:
+    """``range(full)`` as ``pytest.mark.parametrize`` values: the first ``default`` run in
+    ``make test``, the rest are marked ``slow`` (``make test-long`` runs them all).
+
+    Example:
+        >>> [getattr(p, "values", (p,))[0] for p in trials(1, 3)]
+        [0, 1, 2]
+    """
+    return [t if t < default else pytest.param(t, marks=pytest.mark.slow) for t in range(full)]
 
 
 def _parametrized(names: str | Sequence[str]) -> list[str]:

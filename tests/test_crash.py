@@ -30,6 +30,7 @@ import zarr
 
 import pytreestore
 from pytreestore.errors import CorruptStoreError, PyTreeStoreError, StoreLockedError
+from tests.conftest import trials
 from tests.trial_harness import Log, Zygote, read_log, wait_for
 
 pytest_plugins = ("tests.fixtures",)
@@ -41,7 +42,7 @@ STALE_LOCK_BUG = (
     "without truncating, so the key ends with stale bytes (a damaged chunk, or a commit "
     "record that is not JSON). Opening for append should remove stale '*.__lock' files."
 )
-DEFAULT_TRIALS = 8
+DEFAULT_TRIALS = 4
 SLOW_TRIALS = 48
 OUTPUT = ("COMMITTED", "DONE")  # the lines a writer logs after READY
 
@@ -305,7 +306,7 @@ def test_sigkilled_writer_leaves_a_committed_prefix(
 OCDBT_TRIALS = 4
 
 
-@pytest.mark.parametrize("trial", range(OCDBT_TRIALS))
+@pytest.mark.parametrize("trial", trials(2, OCDBT_TRIALS))
 def test_sigkilled_ocdbt_writer_leaves_every_earlier_commit_intact(
     trial: int, writers: Callable[..., Writer], tmp_path: Path
 ) -> None:
@@ -431,7 +432,7 @@ def check_saved(path: str, backend: str, n: int) -> None:
 
 
 @pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
-@pytest.mark.parametrize("trial", range(4))
+@pytest.mark.parametrize("trial", trials(2, 4))
 def test_a_save_killed_at_any_moment_leaves_an_empty_store_a_whole_one_or_a_marked_one(
     trial: int, backend: str, zygote: Zygote, tmp_path: Path
 ) -> None:

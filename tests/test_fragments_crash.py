@@ -23,7 +23,7 @@ import pytest
 import pytreestore
 from pytreestore import errors
 from pytreestore._format.names import FRAGMENTS_DIR, PLACING_KEY
-from tests.conftest import FILE_BACKENDS
+from tests.conftest import FILE_BACKENDS, trials
 from tests.test_fragments import CHUNK, batch, rec
 from tests.trial_harness import Zygote, read_log
 
@@ -188,7 +188,7 @@ def test_a_writer_killed_while_moving_rows_back_loses_nothing(zygote, tmp_path, 
     assert not (path / PLACING_KEY).exists()
 
 
-@pytest.mark.parametrize("trial", range(4))
+@pytest.mark.parametrize("trial", trials(2, 4))
 def test_a_writer_killed_at_a_random_moment_loses_nothing(zygote, tmp_path, trial):
     rng = random.Random(trial)
     backend = FILE_BACKENDS[trial % 2]

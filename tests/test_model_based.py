@@ -59,9 +59,9 @@ from tests import model_device as md
 from tests import model_store as m
 from tests.conftest import copying_cpu_puts
 
-DEFAULT = settings(  # examples: 4 of a fixed store, 3 of a ragged one (its reads cost more)
-    max_examples=4,
-    stateful_step_count=16,
+DEFAULT = settings(  # examples: 2 of each store (``make test-long`` runs 60 and 40)
+    max_examples=2,
+    stateful_step_count=12,
     deadline=None,
     derandomize=True,
     database=None,
@@ -631,8 +631,7 @@ def run(base: type[StoreMachine], backend: str, folder: str, pool: Any, profile:
 
 @pytest.mark.parametrize("base", [FixedMachine, RaggedMachine], ids=["fixed", "ragged"])
 def test_store_follows_the_model(base, backend, tmp_path, pool):
-    examples = 4 if base is FixedMachine else 3  # a ragged store's reads cost more
-    run(base, backend, str(tmp_path), pool, settings(DEFAULT, max_examples=examples))
+    run(base, backend, str(tmp_path), pool, DEFAULT)
 
 
 @pytest.mark.slow
@@ -642,9 +641,14 @@ def test_store_follows_the_model_long(base, backend, tmp_path, pool):
     run(base, backend, str(tmp_path), pool, settings(LONG, max_examples=examples))
 
 
+@pytest.mark.parametrize(
+    "profile",
+    [DEFAULT, pytest.param(settings(LONG, max_examples=20), marks=pytest.mark.slow)],
+    ids=["default", "long"],
+)
 @pytest.mark.parametrize("base", [FixedMachine, RaggedMachine], ids=["fixed", "ragged"])
 def test_store_follows_the_model_through_the_accelerator_paths(
-    base, backend, tmp_path, monkeypatch, pool
+    base, backend, tmp_path, monkeypatch, pool, profile
 ):
     """The paths only an accelerator takes (loads in pieces, small leaves packed by dtype,
     see pytreestore/_read/slabs.py and packed.py), forced on the CPU with tiny pieces, among
@@ -664,4 +668,4 @@ def test_store_follows_the_model_through_the_accelerator_paths(
     monkeypatch.setattr(slabs, "SLAB_BYTES", 16)  # a piece per chunk, at least
     monkeypatch.setattr(slabs, "MIN_BYTES", 1)  # every device load of a slice
     monkeypatch.setattr(slabs, "WHOLE_BYTES", 8)
-    run(base, backend, str(tmp_path), pool, settings(DEFAULT, max_examples=3))
+    run(base, backend, str(tmp_path), pool, profile)

@@ -14,8 +14,8 @@ opening the store. Then this process reopens the store and checks that
 
 After the last trial of a chain this process appends more records and checks them all.
 
-The default suite runs 16 local and 4 S3 trials; ``make test-long`` (``pytest -m slow``) runs
-200 local and 50 on S3. Counts are printed at the end of each test (``pytest -s``).
+The default suite runs 8 local, 4 OCDBT and 2 S3 trials; ``make test-long`` (``pytest -m slow``)
+runs 250 local, 50 on OCDBT and 50 on S3. Counts are printed at the end of each test (``pytest -s``).
 """
 
 from __future__ import annotations
@@ -184,10 +184,10 @@ def _seed() -> int:
 def test_crash_trials_local(zygote, tmp_path):
     seed = _seed()
     tally = run_trials(
-        zygote, tmp_path, seed, 4, 4, lambda c: str(tmp_path / f"store{c}"), {}, 0.25
+        zygote, tmp_path, seed, 2, 4, lambda c: str(tmp_path / f"store{c}"), {}, 0.25
     )
     print(f"\nlocal crash trials (seed {seed}): {tally}")
-    assert tally.trials == 16
+    assert tally.trials == 8
 
 
 def test_crash_trials_ocdbt(zygote, tmp_path):
@@ -196,19 +196,29 @@ def test_crash_trials_ocdbt(zygote, tmp_path):
     their OCDBT snapshots."""
     seed = _seed()
     tally = run_trials(
-        zygote, tmp_path, seed, 2, 4, lambda c: str(tmp_path / f"store{c}"), {}, 0.25, "ocdbt"
+        zygote, tmp_path, seed, 2, 2, lambda c: str(tmp_path / f"store{c}"), {}, 0.25, "ocdbt"
     )
     print(f"\nOCDBT crash trials (seed {seed}): {tally}")
-    assert tally.trials == 8
+    assert tally.trials == 4
+
+
+@pytest.mark.slow
+def test_crash_trials_ocdbt_long(zygote, tmp_path):
+    seed = _seed()
+    tally = run_trials(
+        zygote, tmp_path, seed, 5, 10, lambda c: str(tmp_path / f"store{c}"), {}, 0.25, "ocdbt"
+    )
+    print(f"\nOCDBT crash trials, long (seed {seed}): {tally}")
+    assert tally.trials == 50
 
 
 @pytest.mark.s3
 def test_crash_trials_s3(zygote, s3_server, tmp_path):
     seed, bucket = _seed(), s3_server.make_bucket()
     opts = {"storage_options": s3_server.options}
-    tally = run_trials(zygote, tmp_path, seed, 1, 4, lambda c: f"s3://{bucket}/chain{c}", opts, 0.6)
+    tally = run_trials(zygote, tmp_path, seed, 1, 2, lambda c: f"s3://{bucket}/chain{c}", opts, 0.6)
     print(f"\nS3 crash trials (seed {seed}): {tally}")
-    assert tally.trials == 4
+    assert tally.trials == 2
 
 
 @pytest.mark.slow
