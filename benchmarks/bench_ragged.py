@@ -12,6 +12,7 @@ TensorStore backend, default chunking.
   and `codec=None`, each opened with `cache_bytes=0` (no cache) and with
   `cache_bytes=256 << 20`, all against the same Lance runs.
 * **append**: N x `store.append(record)` of the ragged records, then `flush` + `close`,
+  timed side by side with the wall clock and with CPU time (every thread; the notes),
   against the same into a fixed-structure store whose record has the same columns and about
   the same values: `step`, `v` and 8 leaves of shape [16] (float32 and int32 alternating),
   i.e. the ragged record's 8 element columns at 16 elements (the mean list length is 16.5).
@@ -51,6 +52,7 @@ from _common import (
     at_most,
     measure_side_by_side,
 )
+from bench_ragged_fixed import _timed_pair as timed_pair  # the CPU time beside the wall clock
 from flax import struct
 
 import pytreestore
@@ -369,19 +371,18 @@ def _case_append(sizes: Sizes, *, scalars: bool = False) -> list[Result]:
                     raise RuntimeError("fixed append: the store does not hold the records")
             shutil.rmtree(path)
 
-        ragged, flat = measure_side_by_side(
-            Timed(
-                lambda path: _append_all(path, data.records, ragged=[".p"]),
+        runs = {
+            "ragged": (lambda path: _append_all(path, data.records, ragged=[".p"]), check_ragged),
+            "fixed": (lambda path: _append_all(path, fixed), check_fixed),
+        }
+        ragged, flat, cpu = timed_pair(
+            lambda kind: Timed(
+                runs[kind][0],
                 sizes.append_repeats,
                 setup=scratch.new,
-                teardown=check_ragged,
+                teardown=runs[kind][1],
             ),
-            Timed(
-                lambda path: _append_all(path, fixed),
-                sizes.append_repeats,
-                setup=scratch.new,
-                teardown=check_fixed,
-            ),
+            0,
         )
     mean = float(data.lengths.mean())
     fixed_label = (
@@ -406,7 +407,9 @@ def _case_append(sizes: Sizes, *, scalars: bool = False) -> list[Result]:
             baseline_label=f"the same into a fixed-structure store: {fixed_label}",
             notes=(
                 f"Per record: ragged {ragged.median / sizes.n * 1e6:.1f} us, fixed "
-                f"{flat.median / sizes.n * 1e6:.1f} us.",
+                f"{flat.median / sizes.n * 1e6:.1f} us. CPU time (`time.process_time`, all "
+                f"threads, median): ragged {cpu[0] / sizes.n * 1e6:.1f} us, fixed "
+                f"{cpu[1] / sizes.n * 1e6:.1f} us a record, ratio {cpu[0] / cpu[1]:.2f}x.",
             ),
         )
     ]

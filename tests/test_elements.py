@@ -33,11 +33,9 @@ def _table(path: str, backend: str, chunk: int) -> tuple[Any, ElementRows]:
     return engine, ElementRows(Writer(engine, schema, Commit(0, 0)), (F32, I32))
 
 
-def _columns(start: int, n: int) -> list[list[Any]]:
-    return [
-        [F32(i + 0.5) for i in range(start, start + n)],
-        [I32(-i) for i in range(start, start + n)],
-    ]
+def _columns(start: int, n: int) -> list[Any]:
+    """The values of rows ``start`` to ``start + n`` (a: i + 0.5, b: -i), row after row."""
+    return [v for i in range(start, start + n) for v in (F32(i + 0.5), I32(-i))]
 
 
 def _written(engine: Any, table: ElementRows) -> list[np.ndarray]:

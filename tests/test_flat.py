@@ -64,11 +64,18 @@ def _flat(element: Any, slots: list[int] | None = None) -> FlatList:
 
 
 def _exact(flat: FlatList, items: list) -> list[list[Any]] | None:
-    got = flat.exact_columns(items)
-    return None if got is None else [list(c) for c in got]
+    """The columns of ``items``' exact values (from the values, element after element)."""
+    got = flat.exact_values(items)
+    if got is None:
+        return None
+    columns = [got[j :: flat.width] for j in range(flat.width)]
+    blocks = flat.blocks(got)  # the same values, one array per column
+    assert [b.tolist() for b in blocks] == [[v.item() for v in c] for c in columns]
+    assert [b.dtype for b in blocks] == [np.dtype(t) for t in flat.types or ()]
+    return columns
 
 
-def test_exact_columns_of_each_element_class():
+def test_exact_values_of_each_element_class():
     dicts = _flat({"y": I8(0), "x": F32(0)})  # a dict flattens in key order: x, y
     assert _exact(dicts, [{"x": F32(1), "y": I8(2)}, {"y": I8(3), "x": F32(4)}]) == [
         [F32(1), F32(4)],
@@ -85,8 +92,8 @@ def test_exact_columns_of_each_element_class():
     ]
     scalars = _flat(F32(0))
     items = [F32(1), F32(2)]
-    got = scalars.exact_columns(items)
-    assert got == [items] and got is not None and got[0] is not items  # a copy of the list
+    got = scalars.exact_values(items)
+    assert got == items and got is not items  # a copy of the list
 
 
 def test_columns_come_in_the_tables_order():
@@ -109,29 +116,29 @@ def test_columns_come_in_the_tables_order():
     ],
 )
 def test_anything_but_exact_numpy_scalars_of_the_class_goes_the_generic_way(items):
-    assert _flat(Point(I8(0), F32(0))).exact_columns(items) is None
+    assert _flat(Point(I8(0), F32(0))).exact_values(items) is None
 
 
 def test_dicts_of_other_keys_and_tuples_of_other_lengths_are_not_exact():
     dicts = _flat({"y": I8(0), "x": F32(0)})
-    assert dicts.exact_columns([{"y": I8(0), "z": F32(0)}]) is None
-    assert dicts.exact_columns([{"y": I8(0)}]) is None
+    assert dicts.exact_values([{"y": I8(0), "z": F32(0)}]) is None
+    assert dicts.exact_values([{"y": I8(0)}]) is None
     assert dicts.columns([{"y": I8(0), "z": F32(0)}]) is None
-    assert dicts.exact_columns([{"y": I8(0), "x": F32(0)}, F32(1)]) is None  # no length
-    assert dicts.exact_columns([{"y": I8(0), "x": F32(0)}, [I8(0), F32(0)]]) is None
+    assert dicts.exact_values([{"y": I8(0), "x": F32(0)}, F32(1)]) is None  # no length
+    assert dicts.exact_values([{"y": I8(0), "x": F32(0)}, [I8(0), F32(0)]]) is None
     tuples = _flat((I8(0), F32(0)))
-    assert tuples.exact_columns([(I8(0), F32(0), F32(0))]) is None
-    assert tuples.exact_columns([[I8(0), F32(0)]]) is None  # a list, not a tuple
+    assert tuples.exact_values([(I8(0), F32(0), F32(0))]) is None
+    assert tuples.exact_values([[I8(0), F32(0)]]) is None  # a list, not a tuple
     assert tuples.columns([(I8(0),)]) is None
 
 
 def test_classes_without_known_getters_go_the_generic_way():
     tagged = _flat(Tagged(F32(0)))  # a static field: its value is part of the structure
-    assert tagged.exact_columns([Tagged(F32(1))]) is None
+    assert tagged.exact_values([Tagged(F32(1))]) is None
     assert tagged.columns([Tagged(F32(1))]) == [[F32(1)]]
     assert tagged.columns([Tagged(F32(1), tag="b")]) is None
     custom = _flat(Custom(I8(0), F32(0)))
-    assert custom.exact_columns([Custom(I8(1), F32(2))]) is None
+    assert custom.exact_values([Custom(I8(1), F32(2))]) is None
     assert custom.columns([Custom(I8(1), F32(2))]) == [[F32(2)], [I8(1)]]
 
 

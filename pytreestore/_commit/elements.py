@@ -2,10 +2,10 @@
 as they are until a block is due, then converted one column at a time.
 
 An element's leaves that are numpy scalars of exactly their columns' dtypes
-(:meth:`~pytreestore._commit.flat.FlatList.exact_columns`) need no check and no cast, and
+(:meth:`~pytreestore._commit.flat.FlatList.exact_values`) need no check and no cast, and
 numpy scalars cannot change once made: :class:`ElementRows` keeps each record's values
-as they are, one list per column, and converts a block of them when it is due
-(:meth:`ElementRows.push`: one ``np.array`` per column of about 20 ns a value, against
+as they are, element after element in one list, and converts a block of them when it is
+due (:meth:`ElementRows.push`: one ``np.fromiter`` per column of about 20 ns a value, against
 about 0.5 us per column and record for one record's handful). Anything else appended to the table (blocks already checked and
 cast) waits in the same queue, in order.
 
@@ -28,7 +28,7 @@ Example:
     >>> backend = TensorStoreBackend(Location.parse("memory://doc-elements"))
     >>> backend.create_columns(layouts(schema))
     >>> rows = ElementRows(Writer(backend, schema, Commit(0, 0)), (np.float32,))
-    >>> rows.defer([[np.float32(1), np.float32(2)]]); len(rows), rows.waiting
+    >>> rows.defer([np.float32(1), np.float32(2)]); len(rows), rows.waiting
     (2, 2)
     >>> rows.push(); len(rows), rows.waiting, rows.writer.buffers[0][:2].tolist()
     (2, 0, [1.0, 2.0])
@@ -37,7 +37,6 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -56,10 +55,10 @@ class ElementRows:
         self.schema = writer.schema
         self.casters = writer.casters
         self._dtypes = [np.dtype(t) for t in types]
-        #: what waits, in order: blocks (one array per column), then the columns of each
-        #: record deferred since (one list of values per column)
+        #: what waits, in order: blocks (one array per column), then the values of the
+        #: records deferred since (element after element, each element's in column order)
         self._blocks: list[list[np.ndarray]] = []
-        self._columns: list[list[list[Any]]] = []
+        self._values: list[Any] = []
         self._counts: list[int] = []  # rows of each of those records
         self.waiting = 0  # rows waiting, in both
         self.due_at = 0  # rows waiting from which a push is due (see due)
@@ -75,11 +74,11 @@ class ElementRows:
 
     # ---- what a record's walk appends (never any I/O, never a failure) -------------------
 
-    def defer(self, columns: list[list[Any]]) -> None:
-        """Queues rows of exact numpy scalars given column by column (values in order);
-        the lists are the table's from now on."""
-        n = len(columns[0])
-        self._columns.append(columns)
+    def defer(self, values: list[Any]) -> None:
+        """Queues rows of exact numpy scalars given row after row (each row's values in
+        column order)."""
+        n = len(values) // len(self._dtypes)
+        self._values += values
         self._counts.append(n)
         self.waiting += n
 
@@ -92,10 +91,11 @@ class ElementRows:
     def forget(self, waiting: int) -> None:
         """Forgets the rows queued last, down to ``waiting`` rows (:attr:`waiting` before)."""
         drop = self.waiting - waiting
-        while drop and self._counts:  # whole records' columns, the last first
+        while drop and self._counts:  # whole records' values, the last first
             assert self._counts[-1] <= drop, "forget() never cuts one deferral's rows"
-            drop -= self._counts.pop()
-            self._columns.pop()
+            count = self._counts.pop()
+            del self._values[len(self._values) - count * len(self._dtypes) :]
+            drop -= count
         while drop:
             last = self._blocks[-1]
             if len(last[0]) <= drop:
@@ -106,17 +106,17 @@ class ElementRows:
         self.waiting = waiting
 
     def _close_columns(self) -> None:
-        """The records' columns waiting, as one block (one ``np.fromiter`` per column)."""
-        if not self._columns:
+        """The records' values waiting, as one block (one ``np.fromiter`` per column)."""
+        if not self._counts:
             return
-        records, count = self._columns, sum(self._counts)
+        values, count, k = self._values, sum(self._counts), len(self._dtypes)
         self._blocks.append(
             [
-                np.fromiter(chain.from_iterable(r[j] for r in records), dtype, count)
-                for j, dtype in enumerate(self._dtypes)
+                np.fromiter(values[j::k] if k > 1 else values, t, count)
+                for j, t in enumerate(self._dtypes)
             ]
         )
-        self._columns, self._counts = [], []
+        self._values, self._counts = [], []
 
     # ---- the table writer's calls ----------------------------------------------------------
 
@@ -173,7 +173,7 @@ class ElementRows:
 
     def rollback(self, position: tuple[int, int]) -> None:
         """Forgets the queue, and the writer's rows since ``position``."""
-        self._blocks, self._columns, self._counts, self.waiting = [], [], [], 0
+        self._blocks, self._values, self._counts, self.waiting = [], [], [], 0
         self.writer.rollback(position)
         self._due()
 

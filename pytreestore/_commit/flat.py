@@ -3,14 +3,16 @@ constant inside): a writer takes their elements column by column, never walking 
 
 Two ways, tried in this order:
 
-* :meth:`FlatList.exact_columns`: each table column's values, read by one C-level getter
-  per element (``operator.attrgetter`` of a ``register_dataclass``/flax dataclass's fields,
-  ``itemgetter`` of a dict's keys or a tuple's places), the rows then zipped into columns;
-  taken only when every element is of the element's class (``type(x) is C``) and every leaf is a
-  numpy scalar of exactly its column's dtype (one comparison of the leaves' types against
-  the expected pattern), so the columns hold nothing to check or cast, and nothing that
-  can change after the call (numpy scalars are immutable). Elements one level deep only
-  (a node of leaves, or a leaf).
+* :meth:`FlatList.exact_values`: the elements' leaves, element after element (each
+  element's in table order), read by one C-level getter per element
+  (``operator.attrgetter`` of a ``register_dataclass``/flax dataclass's fields,
+  ``itemgetter`` of a dict's keys or a tuple's places) and chained into one list, never
+  turned into columns (a table turns a whole block of them into columns at once:
+  :meth:`FlatList.blocks`); taken only when every element is of the element's class
+  (``type(x) is C``) and every leaf is a numpy scalar of exactly its column's dtype (one
+  comparison of the elements' and leaves' types against the expected pattern), so the values
+  hold nothing to check or cast, and nothing that can change after the call (numpy scalars
+  are immutable). Elements one level deep only (a node of leaves, or a leaf).
 * :meth:`FlatList.columns`: one ``tree_flatten`` of the whole list, its treedef compared
   with a list of ``n`` elements', and the leaves cut into columns, for any other elements
   (Python scalars, arrays, jax arrays, nested nodes); None when the structure differs.
@@ -22,9 +24,11 @@ Example:
     >>> x, y = Leaf("[*]['x']", np.dtype("float32"), ()), Leaf("[*]['y']", np.dtype("int8"), ())
     >>> spec = Fixed("[*]", tree_structure({"x": 0, "y": 0}), [x, y])
     >>> flat = FlatList(spec, [0, 1])
-    >>> flat.exact_columns([{"x": np.float32(1), "y": np.int8(2)}])
-    [(np.float32(1.0),), (np.int8(2),)]
-    >>> flat.exact_columns([{"x": 1.0, "y": np.int8(2)}]) is None  # a Python float: columns()
+    >>> values = flat.exact_values([{"x": np.float32(1), "y": np.int8(2)}] * 2); values
+    [np.float32(1.0), np.int8(2), np.float32(1.0), np.int8(2)]
+    >>> [b.tolist() for b in flat.blocks(values)]
+    [[1.0, 1.0], [2, 2]]
+    >>> flat.exact_values([{"x": 1.0, "y": np.int8(2)}]) is None  # a Python float: columns()
     True
     >>> flat.columns([{"x": 1.0, "y": np.int8(2)}])
     [[1.0], [np.int8(2)]]
@@ -44,7 +48,8 @@ from pytreestore._commit.model import representative
 from pytreestore._format import nodes as _nodes
 from pytreestore._tree.layout import Fixed, LayoutNode, Leaf, OptionalTree, RaggedList, node_class
 
-#: the table columns' values of a list of elements (None: not all of the element's class)
+#: the leaves of a list of elements, element after element (None: not all of the element's
+#: class)
 Getter = Callable[[list], "list[Any] | None"]
 
 
@@ -69,7 +74,7 @@ class FlatList:
         self._get = _getter(spec, inverse) if self.types is not None else None
         #: the element's class, checked with the leaves' types (None: a leaf element)
         self._cls = node_class(spec) if isinstance(spec, Fixed) else None
-        self._patterns: dict[int, list[type]] = {}
+        self._patterns: dict[int, tuple[list[Any], list[type]]] = {}
 
     def of_length(self, n: int) -> Any:
         """The treedef of a list of ``n`` elements."""
@@ -78,25 +83,36 @@ class FlatList:
             treedef = self._lists[n] = tree_structure([self._element] * n)
         return treedef
 
-    def exact_columns(self, items: list) -> list[Any] | None:
-        """Each table column's values (in table order) of the elements ``items``, when
-        every element is of the element's class and every leaf a numpy scalar of its
-        column's exact dtype; else None."""
+    def exact_values(self, items: list) -> list[Any] | None:
+        """The leaves of the elements ``items``, element after element (each element's in
+        table order), when every element is of the element's class and every leaf a numpy
+        scalar of its column's exact dtype; else None."""
         if self._get is None:
             return None
-        columns = self._get(items)
-        if columns is None:
+        values = self._get(items)
+        if values is None:
             return None
         n = len(items)
-        pattern = self._patterns.get(n)
-        if pattern is None:
-            classes = [self._cls] * n if self._cls is not None else []
-            pattern = [*classes, *(t for t in self.types for _ in range(n))]  # type: ignore[union-attr]
-            self._patterns[n] = pattern
-        values = chain(items, *columns) if self._cls is not None else chain(*columns)
-        if list(map(type, values)) != pattern:  # the elements' class, then each leaf's
+        classes, leaves = self._patterns.get(n) or self._pattern(n)
+        if self._cls is not None and list(map(type, items)) != classes:
+            return None  # an element of another class
+        if list(map(type, values)) != leaves:  # a leaf of another type
             return None
-        return columns
+        return values
+
+    def _pattern(self, n: int) -> tuple[list[Any], list[type]]:
+        """The types of ``n`` elements and of their leaves, when every one is exact."""
+        pattern = self._patterns[n] = ([self._cls] * n, [*self.types] * n)  # type: ignore[misc]
+        return pattern
+
+    def blocks(self, values: list[Any]) -> list[np.ndarray]:
+        """The column blocks of :meth:`exact_values`' ``values`` (of one or more calls),
+        one ``np.fromiter`` per column."""
+        k, types = self.width, self.types
+        n = len(values) // k
+        if k == 1:
+            return [np.fromiter(values, types[0], n)]  # type: ignore[index]
+        return [np.fromiter(values[j::k], t, n) for j, t in enumerate(types)]  # type: ignore[arg-type]
 
     def columns(self, items: list) -> list[list] | None:
         """Each table column's values (in table order) of the elements ``items``, by one
@@ -128,7 +144,7 @@ def _getter(spec: LayoutNode, inverse: list[int]) -> Getter | None:
     """The columns of a list of elements ``spec``, by one C-level getter per element; None
     where the element's class has no getter known to match its flatten."""
     if isinstance(spec, Leaf):
-        return lambda items: [list(items)]
+        return list
     if not isinstance(spec, Fixed) or not all(isinstance(c, Leaf) for c in spec.children):
         return None
     cls = node_class(spec)
@@ -169,23 +185,23 @@ def _fields(cls: type, keys: list[Any], inverse: list[int]) -> tuple[Any, list[A
 
 
 def _columns_getter(getter: Any, names: list[Any], *, check_len: bool) -> Getter:
-    """The columns of elements: one C-level ``getter`` of all of an element's children
-    ``names`` (in table order) per element, the rows then turned into columns. The
+    """The leaves of elements, element after element: one C-level ``getter`` of all of an
+    element's children ``names`` (in table order) per element, chained into one list. The
     elements' class is checked by the caller, with the leaves' types (a dict's, list's or
     tuple's length here: a longer one reads too)."""
     sizes = {len(names)}
     get = getter(*names)
     one = len(names) == 1  # the getter gives the value, not a tuple of one
 
-    def columns(items: list) -> list[Any] | None:
+    def values(items: list) -> list[Any] | None:
         try:
             if check_len and set(map(len, items)) != sizes:
                 return None
-            return [list(map(get, items))] if one else list(zip(*map(get, items)))
+            return list(map(get, items)) if one else list(chain.from_iterable(map(get, items)))
         except Exception:  # no length, no such key or field (another class: refused after)
             return None
 
-    return columns
+    return values
 
 
 def flat_elements(

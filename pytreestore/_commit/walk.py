@@ -8,7 +8,7 @@ goes in two phases:
 1. :meth:`Plan.stage` walks it and checks everything but the record table's own leaves:
    structure (:class:`Mismatch`, :class:`PendingStructure`), every element's and every
    ragged leading axis's values, cast into column blocks (or, for a list of numpy-scalar
-   elements, kept as they are: :meth:`~pytreestore._commit.flat.FlatList.exact_columns`), and
+   elements, kept as they are: :meth:`~pytreestore._commit.flat.FlatList.exact_values`), and
    every offset (each table's rows so far plus those staged). Nothing is written.
 2. :meth:`Plan.write` appends the record table's row first (the one call that checks
    values, and writes nothing if it refuses them), then each axis table's rows. Only a
@@ -50,8 +50,8 @@ from pytreestore._tree.layout import (
 )
 from pytreestore.errors import SchemaMismatchError
 
-#: what a staged entry holds: columns of exact numpy scalars, column blocks, or a table row
-COLUMNS, BLOCKS, ROW = 0, 1, 2
+#: what a staged entry holds: exact numpy scalars (row after row), column blocks, or a table row
+VALUES, BLOCKS, ROW = 0, 1, 2
 
 
 class Mismatch(Exception):
@@ -163,16 +163,13 @@ class Plan:
             defer, defer_blocks = table.defer, table.defer_blocks
 
             def queue(kind: int, data: Any) -> None:
-                defer(data) if kind == COLUMNS else defer_blocks(data)
+                defer(data) if kind == VALUES else defer_blocks(data)
 
             return queue
         flat = self._flat.get(self._names[i])
-        types = flat.types if flat is not None else None
 
         def write(kind: int, data: Any) -> None:
-            if kind == COLUMNS:
-                data = [np.array(c, t) for c, t in zip(data, types)]  # type: ignore[arg-type]
-            table.write_batch(data)
+            table.write_batch(flat.blocks(data) if kind == VALUES else data)  # type: ignore[union-attr]
 
         return write
 
@@ -307,11 +304,11 @@ class Plan:
                 if type(value) is not list:
                     raise Mismatch
                 if value:
-                    columns = flat.exact_columns(value)
-                    if columns is None:
+                    values = flat.exact_values(value)
+                    if values is None:
                         stage.entries.append((i, BLOCKS, flat_blocks(flat, casters, value)))
                     else:
-                        stage.entries.append((i, COLUMNS, columns))
+                        stage.entries.append((i, VALUES, values))
                     stage.counts[i] += len(value)
                     if risky:
                         stage.risky = True
@@ -475,8 +472,8 @@ def flat_blocks(flat: FlatList, casters: Sequence[Any], items: list) -> list[np.
 
 __all__ = [
     "BLOCKS",
-    "COLUMNS",
     "ROW",
+    "VALUES",
     "Mismatch",
     "PendingStructure",
     "Plan",
