@@ -81,7 +81,7 @@ def create(
             the schema. Its values are not stored.
         chunk_records: records per chunk; by default chosen so chunks hold about 4 MiB.
         codec: the compression of every column: ``"zstd"`` (default), ``"blosc"``,
-            ``"gzip"``, or None for uncompressed (docs/format.md, "Codecs").
+            ``"gzip"``, or None for uncompressed (docs/format.md#codecs).
         backend: the storage engine: ``"tensorstore"`` (default), ``"zarr"`` (zarr-python;
             local directories, ``memory://`` and ``s3://``), or a name registered with
             :func:`pytreestore.backends.register_backend`. Either reads what the other wrote.
