@@ -6,8 +6,10 @@ registered in :data:`CODECS` says which zarr v3 codec follows ``bytes`` (little-
 column's chunks, with its configuration; ``crc32c`` ends every chain. :func:`chain` writes the
 chain of a column's ``zarr.json`` (one ``sharding_indexed`` codec around it with inner
 chunks); :func:`parse` reads one back, for the direct reader (plain chunks are read as files)
-and ``verify`` (unchecksummed chunks are reported). Adding a codec, or an option of one (a
-zstd level), is one entry here, its row in docs/format.md and a test.
+and ``verify`` (unchecksummed chunks are reported). Adding a codec (a compressor, or another
+configuration of one, such as a zstd level) is one entry here, its row in docs/format.md
+("Codecs") and its name in the shipped JSON Schema (``pytreestore/schema.json``, which
+docs/format.md renders): ``tests/test_compression.py`` checks that the three agree.
 
 Example:
     >>> import numpy as np
@@ -31,12 +33,8 @@ import numpy as np
 
 from pytreestore.errors import ArgumentError, FormatVersionError
 
-#: in a compressor's configuration, stands for the column's itemsize (blosc's ``typesize``)
-ITEMSIZE = "<itemsize>"
 #: ``create(codec=)``'s default
 DEFAULT = "zstd"
-_BYTES = MappingProxyType({"name": "bytes", "configuration": {"endian": "little"}})
-_CRC32C = MappingProxyType({"name": "crc32c"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,62 +43,50 @@ class Codec:
 
     Attributes:
         name: the codec's name in the schema and in ``create(codec=)``; None: uncompressed.
-        compressor: the zarr v3 codec that follows ``bytes``, its ``name`` and
-            ``configuration``, with :data:`ITEMSIZE` where the column's itemsize goes; None:
-            none (the chunk is its elements' bytes, then their checksum).
+        compressor: the name of the zarr v3 codec that follows ``bytes``; None: none (the
+            chunk is its elements' bytes, then their checksum).
+        configuration: the compressor's ``configuration``, as ``(member, value)`` pairs.
+        itemsize: the member of the configuration that takes the column's itemsize
+            (blosc's ``typesize``), if any.
     """
 
     name: str | None
-    compressor: Mapping[str, Any] | None = None
+    compressor: str | None = None
+    configuration: tuple[tuple[str, Any], ...] = ()
+    itemsize: str | None = None
 
     def compressor_json(self, dtype: np.dtype) -> dict[str, Any] | None:
         """The compressor's zarr v3 JSON for a column of ``dtype`` (None: no compressor)."""
         if self.compressor is None:
             return None
-        config = {
-            k: dtype.itemsize if v == ITEMSIZE else v
-            for k, v in self.compressor["configuration"].items()
-        }
-        return {"name": self.compressor["name"], "configuration": config}
-
-    def chunk_chain(self, dtype: np.dtype) -> list[dict[str, Any]]:
-        """The zarr v3 codecs of one (inner) chunk: ``bytes``, the compressor, ``crc32c``."""
-        compressor = self.compressor_json(dtype)
-        middle = [] if compressor is None else [compressor]
-        return [_json(_BYTES), *middle, _json(_CRC32C)]
+        config = dict(self.configuration)
+        if self.itemsize is not None:
+            config[self.itemsize] = dtype.itemsize
+        return {"name": self.compressor, "configuration": config}
 
 
-def _json(codec: Mapping[str, Any]) -> dict[str, Any]:
-    """A fresh, mutable copy of a codec's JSON (callers may edit what they are given)."""
-    return {k: dict(v) if isinstance(v, Mapping) else v for k, v in codec.items()}
-
-
-def _codec(name: str | None, compressor: str | None = None, **configuration: Any) -> Codec:
-    if compressor is None:
-        return Codec(name)
-    return Codec(name, MappingProxyType({"name": compressor, "configuration": configuration}))
-
-
-#: every codec the format names, the default first, by name (docs/format.md, "codec")
-CODECS: Mapping[str | None, Codec] = MappingProxyType(
-    {
-        c.name: c
-        for c in (
-            _codec("zstd", "zstd", level=3, checksum=False),
-            _codec(
-                "blosc",
-                "blosc",
-                cname="lz4",
-                clevel=5,
-                shuffle="shuffle",
-                typesize=ITEMSIZE,
-                blocksize=0,
+_BY_NAME: dict[str | None, Codec] = {
+    c.name: c
+    for c in (
+        Codec("zstd", "zstd", (("level", 3), ("checksum", False))),
+        Codec(
+            "blosc",
+            "blosc",
+            (
+                ("cname", "lz4"),
+                ("clevel", 5),
+                ("shuffle", "shuffle"),
+                ("typesize", 0),
+                ("blocksize", 0),
             ),
-            _codec("gzip", "gzip", level=5),
-            _codec(None),
-        )
-    }
-)
+            itemsize="typesize",
+        ),
+        Codec("gzip", "gzip", (("level", 5),)),
+        Codec(None),
+    )
+}
+#: every codec the format names, the default first, by name (docs/format.md#codecs)
+CODECS: Mapping[str | None, Codec] = MappingProxyType(_BY_NAME)
 
 
 def choices() -> str:
@@ -111,9 +97,9 @@ def choices() -> str:
 
 def _lookup(name: Any) -> Codec | None:
     """The codec called ``name`` (a str, or None), or None (an unhashable ``name`` too)."""
-    if name is not None and not isinstance(name, str):
-        return None
-    return CODECS.get(name)
+    if name is None or isinstance(name, str):
+        return _BY_NAME.get(name)
+    return None
 
 
 def named(name: Any) -> Codec:
@@ -148,22 +134,30 @@ def stored(name: Any) -> Codec:
 def chain(
     codec: Codec, dtype: np.dtype, inner: Sequence[int] | None = None
 ) -> list[dict[str, Any]]:
-    """The zarr v3 ``codecs`` of a column of ``dtype`` compressed with ``codec``: its
-    :meth:`~Codec.chunk_chain`, or, with ``inner`` (an inner chunk's shape), one
-    ``sharding_indexed`` codec applying that chain to each inner chunk, whose index (at the
-    end of the shard, the zarr v3 default) is checksummed too.
+    """The zarr v3 ``codecs`` of a column of ``dtype`` compressed with ``codec``: ``bytes``
+    (little-endian), the compressor, ``crc32c``; or, with ``inner`` (an inner chunk's shape),
+    one ``sharding_indexed`` codec applying that chain to each inner chunk, whose index (at
+    the end of the shard, the zarr v3 default) is checksummed too.
 
     Example:
         >>> chain(named(None), np.dtype("float32"))
         [{'name': 'bytes', 'configuration': {'endian': 'little'}}, {'name': 'crc32c'}]
     """
-    chunk = codec.chunk_chain(dtype)
+    compressor = codec.compressor_json(dtype)
+    plain = {"name": "bytes", "configuration": {"endian": "little"}}
+    if compressor is None:
+        chunk = [plain, {"name": "crc32c"}]
+    else:
+        chunk = [plain, compressor, {"name": "crc32c"}]
     if inner is None:
         return chunk
     configuration = {
         "chunk_shape": list(inner),
         "codecs": chunk,
-        "index_codecs": [_json(_BYTES), _json(_CRC32C)],
+        "index_codecs": [
+            {"name": "bytes", "configuration": {"endian": "little"}},
+            {"name": "crc32c"},
+        ],
     }
     return [{"name": "sharding_indexed", "configuration": configuration}]
 
@@ -218,7 +212,7 @@ def _is_chain(chunk: list[dict[str, Any]], codec: Codec, dtype: np.dtype) -> boo
     be left out, as it is for one-byte types), the compressor as configured, ``crc32c``."""
     compressor = codec.compressor_json(dtype)
     middle = [] if compressor is None else [compressor]
-    if len(chunk) != len(middle) + 2 or chunk[1:] != [*middle, dict(_CRC32C)]:
+    if len(chunk) != len(middle) + 2 or chunk[1:] != [*middle, {"name": "crc32c"}]:
         return False
     first = chunk[0]
     config = first.get("configuration", {})
@@ -229,7 +223,6 @@ def _is_chain(chunk: list[dict[str, Any]], codec: Codec, dtype: np.dtype) -> boo
 __all__ = [
     "CODECS",
     "DEFAULT",
-    "ITEMSIZE",
     "Chain",
     "Codec",
     "chain",
