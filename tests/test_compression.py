@@ -5,6 +5,7 @@ the choices, by ``create``, ``copy`` and ``pytreestore copy``."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytreestore
 from pytreestore import errors
 from pytreestore._format import compression
 from pytreestore._format import validate as _validate
+from pytreestore._format.schema import TreeSchema
 from pytreestore.backends import ColumnLayout
 from pytreestore.backends._metadata import array_document, array_metadata
 from pytreestore.backends._tensorstore import direct
@@ -36,7 +38,8 @@ def layout(name: str | None, dtype: str, inner: int | None = None) -> ColumnLayo
 
 def test_the_registry_holds_the_formats_codecs_default_first():
     assert NAMES == ["zstd", "blosc", "gzip", None]
-    assert NAMES[0] == compression.DEFAULT
+    for make in (pytreestore.create, TreeSchema.from_example):
+        assert inspect.signature(make).parameters["codec"].default == NAMES[0]
     assert compression.choices() == "'zstd', 'blosc', 'gzip' or None"
 
 

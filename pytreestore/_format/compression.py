@@ -33,9 +33,6 @@ import numpy as np
 
 from pytreestore.errors import ArgumentError, FormatVersionError
 
-#: ``create(codec=)``'s default
-DEFAULT = "zstd"
-
 
 @dataclasses.dataclass(frozen=True)
 class Codec:
@@ -85,7 +82,8 @@ _BY_NAME: dict[str | None, Codec] = {
         Codec(None),
     )
 }
-#: every codec the format names, the default first, by name (docs/format.md#codecs)
+#: every codec the format names, by name, ``create(codec=)``'s default first
+#: (docs/format.md#codecs)
 CODECS: Mapping[str | None, Codec] = MappingProxyType(_BY_NAME)
 
 
@@ -222,7 +220,6 @@ def _is_chain(chunk: list[dict[str, Any]], codec: Codec, dtype: np.dtype) -> boo
 
 __all__ = [
     "CODECS",
-    "DEFAULT",
     "Chain",
     "Codec",
     "chain",
