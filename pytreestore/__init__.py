@@ -16,10 +16,10 @@ from pytreestore import errors as errors
 from pytreestore._commit.fragment import Fragment as Fragment
 from pytreestore._commit.vacuum import VacuumReport as VacuumReport
 from pytreestore._commit.versions import Version as Version
-from pytreestore._format.codecs import register_static_codec as register_static_codec
 from pytreestore._format.schema import FORMAT_VERSION as FORMAT_VERSION
 from pytreestore._format.schema import ColumnSpec as ColumnSpec
 from pytreestore._format.schema import TreeSchema as TreeSchema
+from pytreestore._format.statics import register_static_codec as register_static_codec
 from pytreestore._inspect.verify import VerifyReport as VerifyReport
 from pytreestore._open.copy import copy as copy
 from pytreestore._open.evolve import evolve as evolve

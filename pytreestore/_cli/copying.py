@@ -16,11 +16,14 @@ from pytreestore._cli.common import (
     progress_option,
     show_progress,
 )
+from pytreestore._format.compression import CODECS
 from pytreestore._format.packs import PACK_LEAF_BYTES
 from pytreestore._open.copy import KEEP
 from pytreestore.errors import PyTreeStoreError
 
-_CODECS = ("zstd", "blosc", "gzip", "none", KEEP)
+#: ``--codec``: a codec's name; ``none`` for no codec (None), ``keep`` for the source's
+_NONE = "none"
+_CODECS = (*(name for name in CODECS if name is not None), _NONE, KEEP)
 _PACK_WORDS: dict[str, bool | str] = {"keep": KEEP, "off": False, "on": True}  # --pack N too
 
 
@@ -98,7 +101,7 @@ def copy(
 
     The copy has the same schema and records; only its chunking, codec, packing or place differ.
     """
-    chosen = None if codec == "none" else codec
+    chosen = None if codec == _NONE else codec
     try:
         records = pytreestore.copy(
             src,

@@ -31,8 +31,8 @@ from jax.tree_util import (
     tree_structure,
 )
 
-from pytreestore._format import codecs as _codecs
 from pytreestore._format import keys as _keys
+from pytreestore._format import statics as _statics
 from pytreestore._format import values as _values
 from pytreestore.errors import ClassResolutionError, UnsupportedTreeError
 
@@ -144,7 +144,7 @@ def _imported_as(path: str) -> Any:
     if "<" in path.partition(":")[2]:
         return None
     try:
-        obj: Any = _codecs.import_path(path)
+        obj: Any = _statics.import_path(path)
     except Exception:  # an import that fails in any way gives the reader nothing either
         return None
     return obj
@@ -157,7 +157,7 @@ def resolve_class(name: str, *, namedtuple: bool = False) -> type:
         "or open with generic=True to get dicts and lists instead."
     )
     try:
-        obj: Any = _codecs.import_path(name)
+        obj: Any = _statics.import_path(name)
     except (ImportError, AttributeError, ValueError) as err:
         raise ClassResolutionError(
             f"cannot import class {name} named in the schema ({err}). {advice}"

@@ -10,7 +10,7 @@ object: ``{"tuple": [...]}``, ``{"dict": {...}}``, ``{"float": "nan"}``, ``{"com
 ``{"dataclass": {"type": ..., "fields": {...}}}`` (a frozen dataclass of static values),
 ``{"bytes": <base64>}``, ``{"ndarray": {"dtype": "int32", "shape": [2], "data": <base64>}}``
 (a numpy array: its C-order little-endian bytes) and ``{"wrapped": {"type": ..., "value": ...}}``
-(an object a static codec stores by its inner value, :mod:`pytreestore._format.codecs`).
+(an object a static codec stores by its inner value, :mod:`pytreestore._format.statics`).
 
 A numpy array is a static value only inside a wrapper that a codec stores (such as MJX's
 hashable wrapper): JAX can neither hash nor compare a bare array in static data.
@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from pytreestore._format import codecs as _codecs
 from pytreestore._format import dtypes as _dtypes
+from pytreestore._format import statics as _statics
 from pytreestore.errors import ClassResolutionError, CorruptStoreError
 
 
@@ -99,7 +99,7 @@ def _encode_array(value: np.ndarray, allowed: bool) -> dict[str, Any]:
     }
 
 
-def _encode_wrapped(value: Any, codec: _codecs.StaticCodec) -> dict[str, Any]:
+def _encode_wrapped(value: Any, codec: _statics.StaticCodec) -> dict[str, Any]:
     """A value stored by its codec, checked to come back equal (so treedefs compare equal)."""
     try:
         inner = encode(codec.encode(value), arrays=True)
@@ -118,7 +118,7 @@ def _encode_wrapped(value: Any, codec: _codecs.StaticCodec) -> dict[str, Any]:
 
 
 def _encode_object(value: Any) -> Any:
-    codec = _codecs.for_value(value)
+    codec = _statics.for_value(value)
     if codec is not None:
         return _encode_wrapped(value, codec)
     if isinstance(value, np.generic) and _dtypes.is_supported(value.dtype):
@@ -159,7 +159,7 @@ def describe(value: Any, width: int = 200) -> str:
         text = (
             f"({items}{',' if len(value) == 1 else ''})" if type(value) is tuple else f"[{items}]"
         )
-    elif _codecs.for_value(value) is not None:
+    elif _statics.for_value(value) is not None:
         text = f"{type(value).__qualname__}({_describe_inner(value, width)})"
     else:
         text = " ".join(repr(value).split())
@@ -172,7 +172,7 @@ def describe(value: Any, width: int = 200) -> str:
 
 def _describe_inner(value: Any, width: int) -> str:
     try:
-        return describe(_codecs.for_value(value).encode(value), width)  # type: ignore[union-attr]
+        return describe(_statics.for_value(value).encode(value), width)  # type: ignore[union-attr]
     except Exception:  # the codec is user code; a message must still be made
         return "..."
 
@@ -219,7 +219,7 @@ def _path_of(obj: Any) -> str:
         )
     path = f"{module}:{qualname}"
     try:
-        same = _codecs.import_path(path) is obj
+        same = _statics.import_path(path) is obj
     except (ImportError, AttributeError, ValueError):
         same = False
     if not same:
@@ -326,7 +326,7 @@ def _decode_array(inner: dict[str, Any]) -> np.ndarray:
 
 def _decode_wrapped(inner: dict[str, Any]) -> Any:
     try:
-        codec = _codecs.for_path(inner["type"])
+        codec = _statics.for_path(inner["type"])
     except LookupError as err:
         raise ClassResolutionError(
             f"cannot rebuild the static value of class {inner['type']} stored in the schema: "
@@ -343,9 +343,9 @@ def _decode_wrapped(inner: dict[str, Any]) -> Any:
 
 def _decode_object(tag: str, inner: Any) -> Any:
     if tag == "ref":
-        return _codecs.import_path(inner)
+        return _statics.import_path(inner)
     if tag == "enum":
-        cls = _codecs.import_path(inner["type"])
+        cls = _statics.import_path(inner["type"])
         if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
             raise ValueError(f"{inner['type']} is not an Enum class")
         if "name" in inner:
@@ -364,7 +364,7 @@ def _decode_object(tag: str, inner: Any) -> Any:
 
 
 def _decode_dataclass(inner: dict[str, Any]) -> Any:
-    cls = _codecs.import_path(inner["type"])
+    cls = _statics.import_path(inner["type"])
     if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
         raise ValueError(f"{inner['type']} is not a dataclass")
     names = {f.name for f in dataclasses.fields(cls)}

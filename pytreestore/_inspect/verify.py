@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytreestore._commit.record import COMMIT_KEY, Commit
+from pytreestore._format import compression as _compression
 from pytreestore._format.names import ROOT_KEY, chunk_key, chunk_prefix
 from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._inspect import progress as _progress
@@ -169,7 +170,7 @@ def verify(
             meta = _check_metadata(backend, column, rows, problems)
             if meta is None:
                 continue
-            if not _checksummed(meta.get("codecs", [])):
+            if not _compression.parse(meta.get("codecs"), column.dtype).checksummed:
                 plain.append(column.path or "the root")
             _check_present(backend, column, rows, problems, past)
             first = column.start // column.chunks[0]  # chunks wholly before start: unstored
@@ -366,16 +367,3 @@ def _problem(column: ColumnSpec, i: int, error: PyTreeStoreError) -> Problem:
     chunk = getattr(error, "chunk", None) or (i,)
     key = getattr(error, "key", None) or chunk_key(column.key, chunk)
     return Problem(column.path, key, tuple(chunk), f"damaged: {error.__cause__ or error}")
-
-
-def _checksummed(codecs: Any) -> bool:
-    """Whether a codec chain ends its chunks (or a shard's inner chunks) in ``crc32c``."""
-    for c in codecs if isinstance(codecs, list) else []:
-        if not isinstance(c, dict):
-            continue
-        if c.get("name") == "crc32c":
-            return True
-        if c.get("name") == "sharding_indexed":
-            inner = (c.get("configuration") or {}).get("codecs", [])
-            return _checksummed(inner)
-    return False

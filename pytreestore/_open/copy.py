@@ -30,6 +30,7 @@ from typing import Any
 
 from pytreestore import _arguments
 from pytreestore._commit.records import RecordWriter
+from pytreestore._format import compression as _compression
 from pytreestore._format import packs as _packs
 from pytreestore._format.columns import ColumnSpec, leaf_chunks
 from pytreestore._format.packs import Pack
@@ -42,10 +43,9 @@ from pytreestore._open.standins import open_without_classes
 from pytreestore._read.reader import load_leaves
 from pytreestore._read.request import LoadRequest
 from pytreestore._store import TreeStore
-from pytreestore.errors import ArgumentError, BadLocationError
+from pytreestore.errors import BadLocationError
 
 KEEP = "keep"
-_CODECS = ("zstd", "blosc", "gzip", None)
 _SLICE_BYTES = 64 << 20  # bytes of all columns read and written per step, about
 
 
@@ -69,8 +69,8 @@ def copy(
         src: the source store's path, or an open store (a writer's buffered records included).
         dst: where to create the copy.
         chunk_records: records per chunk of the copy (default: the source's).
-        codec: the copy's codec, ``"zstd"``, ``"blosc"``, ``"gzip"`` or None; ``"keep"``
-            (the default) keeps the source's.
+        codec: the copy's codec, as :func:`pytreestore.create`'s (``"zstd"``, ``"blosc"``,
+            ``"gzip"`` or None); ``"keep"`` (the default) keeps the source's.
         backend: the copy's storage engine.
         overwrite: replace a store already at ``dst``.
         progress: show a progress bar (records and MB/s) on standard error.
@@ -92,6 +92,8 @@ def copy(
         StoreExistsError: something is at ``dst`` and ``overwrite`` is false.
     """
     progress = _progress.wanted(progress)
+    if not (isinstance(codec, str) and codec == KEEP):
+        codec = _compression.named(codec).name
     location = Location.parse(dst, dst_storage_options)
     location.check_writable("copy a store")
     if isinstance(src, TreeStore):
@@ -181,8 +183,6 @@ def _unstarted(schema: TreeSchema) -> TreeSchema:
 def rechunked(schema: TreeSchema, chunk_records: int | None, codec: str | None) -> TreeSchema:
     """``schema`` with ``chunk_records`` records per chunk (None: unchanged) and ``codec``;
     in a ragged store, the record table's chunks only."""
-    if codec not in _CODECS:
-        raise ArgumentError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
     schema = _unstarted(schema)
     if chunk_records is None:  # a copy has no dropped columns: their data is not copied
         return dataclasses.replace(schema, codec=codec, dropped=())

@@ -25,6 +25,7 @@ from pytreestore._commit.model import GenericViewError, build_schema
 from pytreestore._commit.records import new_writer
 from pytreestore._commit.versions import KEEP_VERSIONS
 from pytreestore._commit.writer import check_buffer
+from pytreestore._format import compression as _compression
 from pytreestore._format import packs as _packs
 from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
@@ -39,8 +40,8 @@ from pytreestore._open.reader import (
     read_root,
     version_schema,
 )
-from pytreestore._open.schemas import check_codec, new_schema, packed_schema
 from pytreestore._open.schemas import inner_chunk_bytes as inner_chunk_bytes_of
+from pytreestore._open.schemas import new_schema, packed_schema
 from pytreestore._read.request import check_cast
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
@@ -79,7 +80,8 @@ def create(
         like: an example record; its structure, static fields, leaf dtypes and shapes become
             the schema. Its values are not stored.
         chunk_records: records per chunk; by default chosen so chunks hold about 4 MiB.
-        codec: ``"zstd"`` (default), ``"blosc"``, ``"gzip"``, or None for uncompressed.
+        codec: the compression of every column: ``"zstd"`` (default), ``"blosc"``,
+            ``"gzip"``, or None for uncompressed (docs/format.md#codecs).
         backend: the storage engine: ``"tensorstore"`` (default), ``"zarr"`` (zarr-python;
             local directories, ``memory://`` and ``s3://``), or a name registered with
             :func:`pytreestore.backends.register_backend`. Either reads what the other wrote.
@@ -126,6 +128,7 @@ def create(
             default): plain chunks.
 
     Raises:
+        ArgumentError: an unknown ``codec`` (the message lists the choices).
         UnsupportedTreeError: ``like`` holds a node or leaf a store cannot represent.
         SchemaMismatchError: a leaf whose storage key a pack array would use.
         StoreExistsError: a store (or other data) is at ``path`` and ``overwrite`` is false.
@@ -145,6 +148,7 @@ def create(
     location = Location.parse(path, storage_options)
     ragged, optional = _declared(ragged), _declared(optional)
     limit = _packs.check_threshold(pack)
+    codec = _compression.named(codec).name
     inner = inner_chunk_bytes_of(inner_chunk_bytes, codec)
     if multihost:
         options = {"backend": backend, "storage_options": storage_options, "cast": cast}
@@ -172,7 +176,6 @@ def create(
         if limit is not None:
             schema = packed_schema(schema, limit, chunk_records)
     else:
-        check_codec(codec)
         schema = build_schema(like, ragged, optional, chunk_records=chunk_records, codec=codec)
         if limit is not None:  # each table's leaves packed, in the table's chunking
             schema = packed_schema(schema, limit, schema.chunk_records)

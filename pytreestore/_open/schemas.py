@@ -16,20 +16,17 @@ from pytreestore import _arguments
 from pytreestore._format import packs as _packs
 from pytreestore._format.columns import INNER_CHUNK_BYTES, default_chunk_records
 from pytreestore._format.schema import TreeSchema
-from pytreestore.errors import ArgumentError, SchemaMismatchError, UnsupportedTreeError
-
-CODECS = ("zstd", "blosc", "gzip", None)
+from pytreestore.errors import SchemaMismatchError, UnsupportedTreeError
 
 
 def new_schema(like: Any, *, chunk_records: int | None, codec: str | None) -> TreeSchema:
-    """The schema of a new store of records like ``like`` (refused: no leaves, a bad codec)."""
+    """The schema of a new store of records like ``like`` (refused: no leaves)."""
     schema = schema_of(like, chunk_records=chunk_records, codec=codec)
     if not schema.columns:
         raise SchemaMismatchError(
             "the example record has no leaves, so a store would have no columns; "
             "give like= at least one array or scalar"
         )
-    check_codec(codec)
     return schema
 
 
@@ -68,12 +65,6 @@ def inner_chunk_bytes(value: Any, codec: str | None) -> int | None:
     return _arguments.optional_count(value, rule) or None
 
 
-def check_codec(codec: Any) -> None:
-    """Refuses a codec the format does not name."""
-    if codec not in CODECS:
-        raise ArgumentError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
-
-
 def schema_of(like: Any, **options: Any) -> TreeSchema:
     """``TreeSchema.from_example``, with JAX's flattening errors said in our words."""
     try:
@@ -87,9 +78,7 @@ def schema_of(like: Any, **options: Any) -> TreeSchema:
 
 
 __all__ = [
-    "CODECS",
     "DEFAULT_INNER",
-    "check_codec",
     "inner_chunk_bytes",
     "new_schema",
     "packed_schema",

@@ -16,43 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from pytreestore._format import compression as _compression
 from pytreestore.backends._base import ColumnLayout
-
-
-def codec_json(codec: str | None, dtype: np.dtype) -> list[dict[str, Any]]:
-    """zarr v3 codec chain for ``codec``, ending in a ``crc32c`` checksum of every chunk.
-
-    Example:
-        >>> codec_json(None, np.dtype("float32"))
-        [{'name': 'bytes', 'configuration': {'endian': 'little'}}, {'name': 'crc32c'}]
-    """
-    return [*_compression_chain(codec, dtype), {"name": "crc32c"}]
-
-
-def _compression_chain(codec: str | None, dtype: np.dtype) -> list[dict[str, Any]]:
-    chain: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
-    if codec is None:
-        return chain
-    if codec == "zstd":
-        chain.append({"name": "zstd", "configuration": {"level": 3, "checksum": False}})
-    elif codec == "gzip":
-        chain.append({"name": "gzip", "configuration": {"level": 5}})
-    elif codec == "blosc":
-        chain.append(
-            {
-                "name": "blosc",
-                "configuration": {
-                    "cname": "lz4",
-                    "clevel": 5,
-                    "shuffle": "shuffle",
-                    "typesize": dtype.itemsize,
-                    "blocksize": 0,
-                },
-            }
-        )
-    else:
-        raise ValueError(f"unknown codec {codec!r}; choose 'zstd', 'blosc', 'gzip' or None")
-    return chain
 
 
 def array_metadata(layout: ColumnLayout) -> dict[str, Any]:
@@ -75,21 +40,10 @@ def array_metadata(layout: ColumnLayout) -> dict[str, Any]:
 
 
 def _codecs(layout: ColumnLayout) -> list[dict[str, Any]]:
-    """A column's codec chain: :func:`codec_json`, or, with inner chunks, one
-    ``sharding_indexed`` codec applying it to each inner chunk, whose index (at the end of
-    the shard, the zarr v3 default) is checksummed too."""
-    chain = codec_json(layout.codec, layout.dtype)
-    if layout.inner is None:
-        return chain
-    configuration = {
-        "chunk_shape": [layout.inner, *layout.chunks[1:]],
-        "codecs": chain,
-        "index_codecs": [
-            {"name": "bytes", "configuration": {"endian": "little"}},
-            {"name": "crc32c"},
-        ],
-    }
-    return [{"name": "sharding_indexed", "configuration": configuration}]
+    """A column's codec chain (:func:`pytreestore._format.compression.chain`): plain chunks,
+    or shards of inner chunks of ``layout.inner`` records."""
+    inner = None if layout.inner is None else (layout.inner, *layout.chunks[1:])
+    return _compression.chain(_compression.stored(layout.codec), layout.dtype, inner)
 
 
 def array_document(layout: ColumnLayout, records: int) -> dict[str, Any]:
@@ -141,4 +95,4 @@ def encode_document(document: dict[str, Any]) -> bytes:
     return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-__all__ = ["array_document", "array_metadata", "codec_json", "encode_document"]
+__all__ = ["array_document", "array_metadata", "encode_document"]

@@ -34,7 +34,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from pytreestore._format.codecs import register_static_codec
+from pytreestore._format.statics import register_static_codec
 
 __all__ = [
     "DATACLASSES",

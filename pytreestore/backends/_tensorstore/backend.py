@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
+from pytreestore._format import compression as _compression
 from pytreestore._format import validate as _validate
 from pytreestore._location import Location
 from pytreestore.backends._base import (
@@ -382,7 +383,8 @@ class TensorStoreBackend(
             plan = None
             codec = handle.codec if self._location.kind == "file" else None
             codecs = codec.to_json()["codecs"] if codec is not None else []
-            chunks = handle.chunk_layout.write_chunk.shape if len(codecs) == 2 else None
+            plain = _compression.parse(codecs, handle.dtype.numpy_dtype).plain
+            chunks = handle.chunk_layout.write_chunk.shape if plain else None
             if chunks is not None:  # bytes and a checksum, or nothing plain files can do
                 metadata = {
                     "data_type": handle.dtype.name,

@@ -54,6 +54,7 @@ from typing import Any, TypeVar
 import google_crc32c
 import numpy as np
 
+from pytreestore._format import compression as _compression
 from pytreestore._platform import at_fork
 from pytreestore.backends._base import damaged_chunk
 
@@ -108,20 +109,19 @@ class DirectColumn:
 
 def plan(folder: Path, metadata: dict[str, Any], key: str = "") -> DirectColumn | None:
     """The :class:`DirectColumn` of the array whose ``zarr.json`` is ``metadata``, or None
-    when its chunks are not plain bytes plus a ``crc32c`` checksum on this machine."""
+    when its chunks are not plain bytes plus a ``crc32c`` checksum on this machine (the
+    codec registry reads its ``codecs``: :attr:`pytreestore._format.compression.Chain.plain`)."""
     try:
         dtype = np.dtype(metadata["data_type"])
         shape = tuple(int(n) for n in metadata["shape"][1:])
         chunks = [int(n) for n in metadata["chunk_grid"]["configuration"]["chunk_shape"]]
         encoding = metadata["chunk_key_encoding"]
-        codecs = [c["name"] for c in metadata["codecs"]]
-        endian = metadata["codecs"][0].get("configuration", {}).get("endian", "little")
+        codecs = metadata["codecs"]
     except (KeyError, TypeError, ValueError, IndexError):
         return None
     plain = (
         _LITTLE
-        and codecs == ["bytes", "crc32c"]
-        and (endian == "little" or dtype.itemsize == 1)
+        and _compression.parse(codecs, dtype).plain
         and encoding.get("name") == "default"
         and encoding.get("configuration", {}).get("separator", "/") == "/"
         and tuple(chunks[1:]) == shape

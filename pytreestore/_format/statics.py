@@ -13,8 +13,6 @@ register their own classes with :func:`pytreestore.register_static_codec`.
 
 Example:
     >>> import numpy as np
-
-from pytreestore.errors import ArgumentTypeError
     >>> class Box:
     ...     def __init__(self, a): self.a = a
     >>> def encode(box): return box.a
