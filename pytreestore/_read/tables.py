@@ -26,7 +26,7 @@ from pytreestore._format.ragged import LEAF, PRESENCE
 from pytreestore._format.schema import TreeSchema
 from pytreestore._format.weak import ragged_weak
 from pytreestore._read import cache as _cache
-from pytreestore._read.ahead import JIT_MIN, RecordsBlock
+from pytreestore._read.ahead import RecordsBlock
 from pytreestore._read.build import Padded, exact
 from pytreestore._read.device import to_jax
 from pytreestore._read.gather import Rows, gather, lengths, record_of
@@ -34,6 +34,7 @@ from pytreestore._read.index import rows
 from pytreestore._read.placed import Placed, layouts_of, tags
 from pytreestore._read.reader import ReadContext, explained
 from pytreestore._read.request import LoadRequest
+from pytreestore._runtime import RUNTIME
 from pytreestore._tree.layout import Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList
 from pytreestore._tree.pad import check_pad_to
 from pytreestore.errors import (
@@ -48,7 +49,6 @@ FORMS = ("pad", "segments")
 #: the key of an optional subtree's presence in the segments form: ``"present" + keypath``
 #: (an axis's keypath never starts with a letter, so the two never meet)
 PRESENT = "present"
-ITER_BLOCK = 1024  # records gathered at once by iteration
 
 
 class Segments(NamedTuple):
@@ -182,10 +182,10 @@ def record_lengths(
 def iterate(
     context: ReadContext, commit: Callable[[], Commit], request: LoadRequest
 ) -> Iterator[Any]:
-    """Every record exactly, gathered :data:`ITER_BLOCK` records at a time: the blocks
+    """Every record exactly, gathered ``RUNTIME.reads.iter_block`` records at a time: the blocks
     ``store[i]`` in a loop reads (as numpy, the records built from the block's reads)."""
     now = _commit(context, commit)
-    for start in range(0, now.records, ITER_BLOCK):
+    for start in range(0, now.records, RUNTIME.reads.iter_block):
         block = _block(context, request, now, start)
         if request.as_numpy:
             yield from block.records  # each record's arrays are its own rows of the reads
@@ -194,10 +194,10 @@ def iterate(
 
 
 def _block(context: ReadContext, request: LoadRequest, now: Commit, start: int) -> RecordsBlock:
-    """Records from ``start`` (:data:`ITER_BLOCK` of them, fewer at the end), exactly, for
+    """Records from ``start`` (``RUNTIME.reads.iter_block`` of them, fewer at the end), exactly, for
     ``store[i]`` in a loop to read from; their rows placed on the device once when the
     records are wanted there (:mod:`pytreestore._read.placed`)."""
-    records = np.arange(start, min(start + ITER_BLOCK, now.records))
+    records = np.arange(start, min(start + RUNTIME.reads.iter_block, now.records))
     gathered = _gather(context, request, now, records)
     spec = request.schema.layout.spec
     exact_records = exact(spec, gathered, None, len(records))
@@ -205,7 +205,7 @@ def _block(context: ReadContext, request: LoadRequest, now: Commit, start: int) 
     placed = None
     if (
         not request.as_numpy
-        and len(records) >= JIT_MIN
+        and len(records) >= RUNTIME.reads.ahead_jit_min
         and (device is None or isinstance(device, jax.Device))
     ):
         placed = _on_device(request, spec, gathered, len(records))
