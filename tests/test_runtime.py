@@ -95,6 +95,7 @@ print("child", os.waitstatus_to_exitcode(status))
 """
 
 
+@pytest.mark.slow  # a child interpreter importing JAX; forget_pools is tested above
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
 def test_a_forked_child_gets_pools_of_its_own():
     done = subprocess.run(
