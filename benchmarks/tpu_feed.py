@@ -52,6 +52,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pytreestore
+from pytreestore._runtime import RUNTIME
 
 GIB = 2**30
 
@@ -415,21 +416,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--min-mib", type=int, help="the smallest load read in pieces, in MiB")
     parser.add_argument("--direct-workers", type=int, help="threads reading plain chunk files")
     args = parser.parse_args(argv)
-    from pytreestore._read import hostpool, slabs
-    from pytreestore.backends._tensorstore import direct
+    from pytreestore._read import hostpool
 
     if args.min_mib is not None:
-        slabs.MIN_BYTES = args.min_mib << 20
+        RUNTIME.reads.slab_min_bytes = args.min_mib << 20
     if args.direct_workers:
-        direct._WORKERS = args.direct_workers
+        RUNTIME.threads.direct = args.direct_workers
 
     if args.no_reuse:
         hostpool.ALIASING.add(jax.devices()[0].platform)
 
     if args.readers:
-        slabs.READERS = args.readers
+        RUNTIME.threads.slab_readers = args.readers
     if args.slab_mib:
-        slabs.SLAB_BYTES = args.slab_mib << 20
+        RUNTIME.reads.slab_bytes = args.slab_mib << 20
     repeats = args.repeats or (2 if args.quick else 5)
     device = jax.devices()[0]
     print(f"# on {device.platform} ({device.device_kind}), jax {jax.__version__}", flush=True)

@@ -26,10 +26,9 @@ import weakref
 from typing import Protocol
 
 from pytreestore import _threads as background
+from pytreestore._runtime import RUNTIME
 from pytreestore.errors import ClosedStoreError
 
-#: seconds the exit waits for another thread's append (or extend) before it gives a store up
-WAIT = 10.0
 #: set as the exit begins: an ``extend`` still running stops (it appends none of its records)
 STOPPING = threading.Event()
 
@@ -66,11 +65,11 @@ def end_writers() -> None:
     """The exit hook: every writer still open is held (no thread appends any more), then
     commits what was appended; what could not be is said on standard error."""
     STOPPING.set()
-    held = {core: core.hold_at_exit(WAIT) for core in tracked()}
+    held = {core: core.hold_at_exit(RUNTIME.waits.exit_wait_s) for core in tracked()}
     for core, hold in held.items():
         if hold is None:
             continue  # closed, or another process's
-        busy = f"another thread held it {WAIT:g} s: an extend still running?"
+        busy = f"another thread held it {RUNTIME.waits.exit_wait_s:g} s: an extend still running?"
         problem = core.flush_at_exit() if hold else busy
         if problem is not None:
             print(
@@ -92,4 +91,4 @@ def stopped(i: int) -> ClosedStoreError:
     )
 
 
-__all__ = ["STOPPING", "WAIT", "Writing", "end_writers", "stopped", "track", "tracked"]
+__all__ = ["STOPPING", "Writing", "end_writers", "stopped", "track", "tracked"]

@@ -42,6 +42,7 @@ import traceback
 from collections.abc import Callable
 
 from pytreestore._platform import at_fork
+from pytreestore._runtime import RUNTIME, thread
 
 Work = Callable[[threading.Event], None]
 
@@ -98,8 +99,7 @@ def start(work: Work) -> Job:
         job.stop()
     if inbox is None:
         inbox = queue.SimpleQueue()
-        name = "pytreestore-background"
-        threading.Thread(target=_serve, args=(inbox,), name=name, daemon=True).start()
+        thread(_serve, (inbox,), "pytreestore-background")
     inbox.put((work, job))
     return job
 
@@ -113,16 +113,13 @@ def at_exit(work: Callable[[], None]) -> None:
             _AT_EXIT.append(work)
 
 
-#: rounds of :func:`stop_all` for jobs started while it waits (a thread still appending to a
-#: store the exit could not hold keeps starting them: the exit does not wait for it forever)
-ROUNDS = 4
-
-
 def stop_all() -> None:
     """Asks every running job to stop, then waits for each, and for jobs started meanwhile
-    (each asked to stop before it begins), :data:`ROUNDS` times at most."""
+    (each asked to stop before it begins), ``RUNTIME.waits.exit_rounds`` times at most (a
+    thread still appending to a store the exit could not hold keeps starting them: the exit
+    does not wait for it forever)."""
     _EXITING.set()
-    for _ in range(ROUNDS):
+    for _ in range(RUNTIME.waits.exit_rounds):
         with _LOCK:
             jobs = list(_RUNNING)
         if not jobs:

@@ -14,6 +14,7 @@ import pytest
 
 import pytreestore
 from pytreestore._read import ahead as _ahead
+from pytreestore._runtime import RUNTIME
 from pytreestore.errors import StoreReplacedError, X64DisabledError
 from tests.reads import count_reads
 
@@ -52,10 +53,10 @@ def store(backend: str, tmp_path: Path) -> Any:
 
 
 def test_block_size_is_a_power_of_two_within_bounds() -> None:
-    assert _ahead.block_size(1) == _ahead.MAX_BLOCK
+    assert _ahead.block_size(1) == RUNTIME.reads.ahead_max_records
     assert _ahead.block_size(14_500) == 1024
-    assert _ahead.block_size(_ahead.BLOCK_BYTES + 1) == 1
-    assert _ahead.block_size(0) == _ahead.MAX_BLOCK
+    assert _ahead.block_size(RUNTIME.caches.ahead_block_bytes + 1) == 1
+    assert _ahead.block_size(0) == RUNTIME.reads.ahead_max_records
 
 
 @pytest.mark.parametrize("as_numpy", [True, False])
@@ -116,9 +117,9 @@ def test_iteration_places_blocks_and_takes_each_record_in_one_call(store: Any) -
 
 def test_iteration_of_fewer_records_than_a_compiled_block(tmp_path: Path) -> None:
     with pytreestore.create(tmp_path / "s", _record(0)) as s:
-        s.extend(_record(i) for i in range(_ahead.JIT_MIN - 1))
+        s.extend(_record(i) for i in range(RUNTIME.reads.ahead_jit_min - 1))
         got = list(s)
-    assert len(got) == _ahead.JIT_MIN - 1
+    assert len(got) == RUNTIME.reads.ahead_jit_min - 1
     for i, record in enumerate(got):
         _check(record, i)
 

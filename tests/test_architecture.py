@@ -219,3 +219,50 @@ def test_the_dispatch_check_sees_a_new_site():
     assert DISPATCH.search("if schema.is_ragged:")
     assert not DISPATCH.search("for axis in schema.tables.axes:")
     assert not DISPATCH.search("if isinstance(spec, RaggedList):")
+
+
+#: the one module that makes threads: thread pools and the background jobs' threads
+THREADS_MADE_IN = "pytreestore._runtime"
+#: what makes a thread or a pool, called or subclassed
+THREAD_MAKERS = re.compile(r"(^|\.)(Thread|ThreadPoolExecutor|ProcessPoolExecutor|ExitSafePool)$")
+
+
+def _thread_makers(source: str) -> list[str]:
+    """The calls in ``source`` that make a thread or a thread pool, and the classes that
+    subclass one (``ast.unparse`` of each)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and THREAD_MAKERS.search(ast.unparse(node.func)):
+            found.append(ast.unparse(node))
+        if isinstance(node, ast.ClassDef):
+            found += [
+                f"class {node.name}({ast.unparse(b)})"
+                for b in node.bases
+                if THREAD_MAKERS.search(ast.unparse(b))
+            ]
+    return found
+
+
+def test_threads_are_made_only_by_the_runtime():
+    found = [
+        f"{name}: {call}"
+        for name, path in sorted(MODULES.items())
+        if name != THREADS_MADE_IN
+        for call in _thread_makers(path.read_text())
+    ]
+    assert found == [], (
+        "a thread or thread pool is made outside pytreestore/_runtime.py; take a kept pool "
+        "(RUNTIME.slab_pool()), a pool for the call (RUNTIME.call_pool(n)) or a thread "
+        "(_runtime.thread) from there, with its size as a knob of RUNTIME.threads:\n"
+        + "\n".join(f"  {line}" for line in found)
+    )
+    assert _thread_makers(MODULES[THREADS_MADE_IN].read_text())
+
+
+def test_the_thread_check_sees_a_new_pool():
+    assert _thread_makers("with ThreadPoolExecutor(4) as pool: pass")
+    assert _thread_makers("import threading\nthreading.Thread(target=f).start()")
+    assert _thread_makers("class P(futures.ThreadPoolExecutor): pass")
+    assert _thread_makers("loop.set_default_executor(ExitSafePool(2))")
+    assert not _thread_makers("with RUNTIME.call_pool(4) as pool: pass")
+    assert not _thread_makers("threading.Event()")

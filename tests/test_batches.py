@@ -19,6 +19,7 @@ import pytreestore
 from pytreestore._pipelines.batches import BatchIterator
 from pytreestore._pipelines.prefetch import Prefetcher
 from pytreestore._pipelines.shuffle import Shuffle
+from pytreestore._runtime import RUNTIME
 from pytreestore.errors import ArgumentError, ShardingError
 from tests.conftest import cpu_mesh
 
@@ -267,7 +268,7 @@ def test_a_range_shuffled_in_one_window_resumes_after_a_ragged_store_grows(tmp_p
     """A range that fitted one window was shuffled uniformly; records appended past ``stop``
     change a ragged store's bytes per record, and with them the default window, but the
     same arguments still resume the same order."""
-    monkeypatch.setattr("pytreestore._pipelines.shuffle.WINDOW_BYTES", 2048)
+    monkeypatch.setattr(RUNTIME.pipelines, "shuffle_window_bytes", 2048)
 
     def record(i: int, rows: int) -> dict:
         return {"t": np.int32(i), "x": np.full((rows, 4), i, np.float32)}

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 import pytreestore
 from pytreestore._open import copy as _copy
+from pytreestore._runtime import RUNTIME
 from pytreestore.cli import main
 from pytreestore.testing import assert_trees_equal
 from tests import trees
@@ -49,7 +50,7 @@ def test_copy_keeps_records_classes_and_schema(tmp_path: Path, chunk: int | None
 
 
 def test_copy_in_many_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_copy, "_SLICE_BYTES", 1)  # one source chunk per step
+    monkeypatch.setattr(RUNTIME.reads, "copy_slice_bytes", 1)  # one source chunk per step
     make_source(tmp_path / "src", n=101, chunk=7).close()
     pytreestore.copy(tmp_path / "src", tmp_path / "dst", chunk_records=3, codec="blosc")
     src, dst = pytreestore.open(tmp_path / "src"), pytreestore.open(tmp_path / "dst")

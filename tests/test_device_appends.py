@@ -21,6 +21,7 @@ from jax import lax
 
 import pytreestore
 from pytreestore import errors
+from pytreestore._runtime import RUNTIME
 from pytreestore._tree.device import DeviceLeaves, LostLeaf, fetch
 from tests.parity import kinds
 
@@ -309,7 +310,7 @@ def test_own_copies_a_record_on_the_accelerator_path(monkeypatch):
 def test_stacked_fetch_fills_every_row_exactly(monkeypatch, eight_devices):
     """Columns stacked on their device (groups padded; one column on two devices, stacked
     per device), then the rest one by one; a deleted array is found in row order."""
-    monkeypatch.setattr("pytreestore._tree.device.STACK", 8)
+    monkeypatch.setattr(RUNTIME.writes, "device_stack", 8)
     kept = [
         (r, 0, jax.device_put(jnp.full(3, r, jnp.float32), eight_devices[r % 2])) for r in range(21)
     ]

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 import pytreestore
-from pytreestore._commit import elements
 from pytreestore._commit.elements import ElementRows
 from pytreestore._commit.protocol import layouts
 from pytreestore._commit.record import Commit
 from pytreestore._commit.writer import Writer
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends import get_backend
 from pytreestore.errors import StorageError
 
@@ -83,7 +83,7 @@ def test_due_at_a_block_or_the_chunks_end(backend, path, monkeypatch):
     assert table.due
     table.push()
     assert (table.writer.start, table.writer.fill, table.due_at) == (5, 0, 5)
-    monkeypatch.setattr(elements, "BLOCK_ROWS", 2)
+    monkeypatch.setattr(RUNTIME.writes, "table_block_rows", 2)
     table.flush()
     assert table.due_at == 2
     engine.close()

@@ -53,7 +53,7 @@ from hypothesis.stateful import (
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._read import ahead
+from pytreestore._runtime import RUNTIME
 from pytreestore.testing import assert_trees_equal
 from tests import model_device as md
 from tests import model_store as m
@@ -253,13 +253,15 @@ class StoreMachine(RuleBasedStateMachine):
         """``store[i]`` in a loop and ``for r in store`` (a fresh reader casting the 64-bit
         columns, so JAX takes every record), each record exactly the model's, cast. Where
         ``placed``, a block of read-ahead records is placed on the device whatever its size
-        (as one of ``ahead.JIT_MIN`` records or more is), so the model's small stores take
-        that path too."""
+        (as one of ``RUNTIME.reads.ahead_jit_min`` records or more is), so the model's small
+        stores take that path too."""
         before = self.state
         self.store.flush()
         want = [m.cast(self.as_record(r)) for r in self.state.rows]
         with (
-            mock.patch.object(ahead, "JIT_MIN", 1 if placed else ahead.JIT_MIN),
+            mock.patch.object(
+                RUNTIME.reads, "ahead_jit_min", 1 if placed else RUNTIME.reads.ahead_jit_min
+            ),
             pytreestore.open(self.path, backend=self.backend, cast=True) as reader,
         ):
             got = [reader[i] for i in range(len(reader))]
@@ -661,11 +663,13 @@ def test_store_follows_the_model_through_the_accelerator_paths(
     from pytreestore._tree import device
 
     monkeypatch.setattr(device, "_on_host", lambda leaf: False)
-    monkeypatch.setattr(device, "STACK", 2)  # a stack as soon as a column keeps 2 arrays
+    monkeypatch.setattr(
+        RUNTIME.writes, "device_stack", 2
+    )  # a stack as soon as a column keeps 2 arrays
 
     copying_cpu_puts(monkeypatch)
     monkeypatch.setattr(slabs, "PLATFORMS", {*slabs.PLATFORMS, "cpu"})
-    monkeypatch.setattr(slabs, "SLAB_BYTES", 16)  # a piece per chunk, at least
-    monkeypatch.setattr(slabs, "MIN_BYTES", 1)  # every device load of a slice
-    monkeypatch.setattr(slabs, "WHOLE_BYTES", 8)
+    monkeypatch.setattr(RUNTIME.reads, "slab_bytes", 16)  # a piece per chunk, at least
+    monkeypatch.setattr(RUNTIME.reads, "slab_min_bytes", 1)  # every device load of a slice
+    monkeypatch.setattr(RUNTIME.reads, "whole_column_bytes", 8)
     run(base, backend, str(tmp_path), pool, profile)

@@ -19,6 +19,7 @@ import pytreestore
 from pytreestore import errors
 from pytreestore._commit import committer, placing, versions
 from pytreestore._format.names import FRAGMENTS_DIR, PLACING_KEY
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends import _links
 from tests.test_fragments import CHUNK, batch, make, same_records
 
@@ -204,12 +205,12 @@ def test_a_destination_already_there_gets_the_files_linked(tmp_path):
 def test_many_folders_are_synced_in_one_call(tmp_path):
     folders = set()
     pairs = []
-    for i in range(_links.FEW_FOLDERS + 8):
+    for i in range(RUNTIME.writes.few_folders + 8):
         (tmp_path / "f" / str(i)).mkdir(parents=True)
         (tmp_path / "f" / str(i) / "0").write_bytes(b"x")
         pairs.append((f"f/{i}/0", f"x/{i}/0"))
     _links.link_all(str(tmp_path), pairs, folders)
-    assert len(folders) > _links.FEW_FOLDERS
+    assert len(folders) > RUNTIME.writes.few_folders
     _links.sync_folders(folders)  # one syncfs on Linux, else each folder
     assert os.listdir(tmp_path / "x" / "3") == ["0"]
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import pytreestore
-from pytreestore._pipelines import prefetch as _prefetch
 from pytreestore._pipelines.prefetch import Prefetcher, auto_depth
 from pytreestore._read import cache as _cache
+from pytreestore._runtime import RUNTIME
 from tests.conftest import child_env
 
 
@@ -105,7 +105,7 @@ def test_close_waits_for_every_load_under_way():
 def test_auto_depth(nbytes, depth):
     assert auto_depth(nbytes, cores=13) == depth  # the TPU v5e host's cores
     assert auto_depth(nbytes, cores=1) == 2
-    assert 2 <= auto_depth(nbytes) <= _prefetch.MAX_LOADERS
+    assert 2 <= auto_depth(nbytes) <= RUNTIME.pipelines.prefetch_loaders
 
 
 def test_two_threads_reading_one_chunk_decode_it_once(tmp_path, monkeypatch):

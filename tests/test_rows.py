@@ -15,12 +15,13 @@ from flax import struct
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._commit import rows
-from pytreestore._commit.rows import BLOCK
+from pytreestore._runtime import RUNTIME
 from pytreestore.testing import assert_trees_equal
 from tests.peer_trees import scale_by_two
 from tests.trees import Pair, WithStatic, deep_record
 
+#: records taken at once by a fixed store's extend
+BLOCK = RUNTIME.writes.extend_block
 #: records past the second block, so a chunk and a block end at different records
 COUNT = 2 * BLOCK + 37
 
@@ -189,7 +190,7 @@ def test_a_refused_record_names_its_fix(tmp_path):
 
 
 def test_a_list_past_the_stacked_size_streams_and_reads_back(tmp_path, backend, monkeypatch):
-    monkeypatch.setattr(rows, "STACKED_BYTES", 1000)  # a few records' worth
+    monkeypatch.setattr(RUNTIME.writes, "stacked_bytes", 1000)  # a few records' worth
     records = _records(BLOCK + 40)
     with pytreestore.create(tmp_path / "s", records[0], chunk_records=256, backend=backend) as s:
         s.extend(records[:2])  # stacked: 2 records fit

@@ -19,6 +19,7 @@ import pytest
 
 import pytreestore
 from pytreestore._read import slabs
+from pytreestore._runtime import RUNTIME
 from pytreestore.errors import CorruptChunkError
 from tests.conftest import child_env, copying_cpu_puts, cpu_mesh
 
@@ -27,9 +28,9 @@ from tests.conftest import child_env, copying_cpu_puts, cpu_mesh
 def on_cpu(monkeypatch):
     """The slab path on for CPU devices, with 64 KiB slabs; counts the slabs loaded."""
     monkeypatch.setattr(slabs, "PLATFORMS", {*slabs.PLATFORMS, "cpu"})
-    monkeypatch.setattr(slabs, "SLAB_BYTES", 64 << 10)
-    monkeypatch.setattr(slabs, "MIN_BYTES", 128 << 10)
-    monkeypatch.setattr(slabs, "WHOLE_BYTES", 32 << 10)
+    monkeypatch.setattr(RUNTIME.reads, "slab_bytes", 64 << 10)
+    monkeypatch.setattr(RUNTIME.reads, "slab_min_bytes", 128 << 10)
+    monkeypatch.setattr(RUNTIME.reads, "whole_column_bytes", 32 << 10)
     calls: list[int] = []
     load = slabs.load
 
@@ -188,7 +189,7 @@ def test_small_leaves_go_in_one_copy_per_dtype(path, backend, monkeypatch):
     ids=["wide", "narrow", "mixed", "one-big", "one-small"],
 )
 def test_plan_reads_every_row_of_every_column_once(nbytes, monkeypatch):
-    monkeypatch.setattr(slabs, "WHOLE_BYTES", 64 << 10)
+    monkeypatch.setattr(RUNTIME.reads, "whole_column_bytes", 64 << 10)
     index = slice(17, 5000, 1)
     pieces = slabs.plan(index, nbytes, chunk=64, slab_bytes=256 << 10)
     seen = np.zeros((len(nbytes), 5000), int)
@@ -232,8 +233,10 @@ FORKED = """
 import os, sys
 import numpy as np, jax, pytreestore
 from pytreestore._read import slabs
+from pytreestore._runtime import RUNTIME
 from pytreestore.errors import ForkedBackendError
-slabs.PLATFORMS.add("cpu"); slabs.SLAB_BYTES = 64 << 10; slabs.MIN_BYTES = 128 << 10
+slabs.PLATFORMS.add("cpu")
+RUNTIME.reads.slab_bytes, RUNTIME.reads.slab_min_bytes = 64 << 10, 128 << 10
 store = pytreestore.open(sys.argv[1])
 want = store.load(as_numpy=True)["x"]
 assert (np.asarray(store.load()["x"]) == want).all()  # the readers' pool now exists
@@ -290,14 +293,16 @@ def test_a_failed_piece_stops_the_reading_of_the_others():
     pieces = [slabs.Piece((0,), slice(10 * k, 10 * k + 10, 1)) for k in range(40)]
     with pytest.raises(CorruptChunkError, match="piece 0"):
         slabs.load(read, pieces, 1, jax.devices("cpu")[0])
-    assert len(seen) <= slabs.READERS + 1  # not the 40 pieces
+    assert len(seen) <= RUNTIME.threads.slab_readers + 1  # not the 40 pieces
 
 
 AT_EXIT = """
 import atexit
 import numpy as np, pytreestore
 from pytreestore._read import slabs
-slabs.PLATFORMS.add("cpu"); slabs.SLAB_BYTES = 64 << 10; slabs.MIN_BYTES = 128 << 10
+from pytreestore._runtime import RUNTIME
+slabs.PLATFORMS.add("cpu")
+RUNTIME.reads.slab_bytes, RUNTIME.reads.slab_min_bytes = 64 << 10, 128 << 10
 s = pytreestore.create("memory://at-exit", {"a": np.zeros(256, np.float32)}, chunk_records=64)
 s.extend({"a": np.full(256, i, np.float32)} for i in range(1000))
 s.flush()
@@ -351,8 +356,10 @@ def test_reused_host_buffers_give_every_load_its_own_values(path, backend, codec
     for lo, hi in [(0, 3000), (7, 2900), (1000, 3000), (0, 3000)]:
         got = store.load(slice(lo, hi))
         _same(got, jax.tree.map(lambda a, lo=lo, hi=hi: a[lo:hi], whole))
-    pieces = slabs.plan(slice(0, 3000, 1), [136, 1, 8, 8, 8, 4], 256, slabs.SLAB_BYTES)
-    assert len(pieces) > 8 and copying_cpu.made <= slabs.READERS + 2 * 4, copying_cpu.made
+    pieces = slabs.plan(slice(0, 3000, 1), [136, 1, 8, 8, 8, 4], 256, RUNTIME.reads.slab_bytes)
+    assert len(pieces) > 8 and copying_cpu.made <= RUNTIME.threads.slab_readers + 2 * 4, (
+        copying_cpu.made
+    )
     assert copying_cpu.free_buffers() > 0
 
 
@@ -438,7 +445,7 @@ def test_views_begin_on_pages_and_do_not_overlap():
     buffer = hostpool.pool().take(hostpool.nbytes(shapes))
     views = hostpool.views(buffer, shapes)
     assert [(v.shape, v.dtype) for v in views] == [(s, d) for s, d in shapes]
-    assert all(v.ctypes.data % hostpool.ALIGN == 0 for v in views[:2])
+    assert all(v.ctypes.data % RUNTIME.reads.host_align == 0 for v in views[:2])
     views[0][:] = 1.5
     views[1][:] = -1
     assert (views[0] == 1.5).all() and (views[1] == -1).all()
@@ -513,7 +520,7 @@ def test_a_failed_load_leaves_nothing_writing_into_its_buffers(path, copying_cpu
     column TensorStore reads (bfloat16) into the same buffer: the load waits for it to stop,
     and the failed piece's buffer is not handed out again (an adversarial review saw 100 MB
     land in a buffer after the pool had handed it out again)."""
-    monkeypatch.setattr(slabs, "SLAB_BYTES", 512 << 20)  # one piece
+    monkeypatch.setattr(RUNTIME.reads, "slab_bytes", 512 << 20)  # one piece
     like = {"a": np.zeros(64, np.float32), "h": np.zeros(16384, ml_dtypes.bfloat16)}
     store = pytreestore.create(path, like, chunk_records=256, codec=None)
     rng = np.random.default_rng(0)
@@ -540,7 +547,7 @@ def test_an_interrupted_load_leaves_nothing_writing_into_its_buffers(
     no reader thread, file or TensorStore, still writes into the piece's buffer."""
     import signal
 
-    monkeypatch.setattr(slabs, "SLAB_BYTES", 256 << 20)
+    monkeypatch.setattr(RUNTIME.reads, "slab_bytes", 256 << 20)
     store = pytreestore.create(
         path, {"w": np.zeros(8192, np.float32)}, chunk_records=64, codec=codec
     )

@@ -28,9 +28,7 @@ import threading
 from collections.abc import Callable
 
 from pytreestore import _threads as background
-
-#: chunks that may wait for their write besides the one being filled
-LIMIT = 2
+from pytreestore._runtime import RUNTIME
 
 
 class ChunkWrites:
@@ -44,7 +42,7 @@ class ChunkWrites:
             (:meth:`check`); read without the lock by the writer's hot path.
     """
 
-    def __init__(self, limit: int = LIMIT) -> None:
+    def __init__(self, limit: int = RUNTIME.writes.chunk_writes_waiting) -> None:
         self.failed: BaseException | None = None
         self._limit = limit
         self._cond = threading.Condition()
@@ -141,4 +139,4 @@ def _lost_at_exit(err: BaseException, chunks: int) -> None:
     )
 
 
-__all__ = ["LIMIT", "ChunkWrites"]
+__all__ = ["ChunkWrites"]

@@ -11,7 +11,7 @@ namespace, pid and start time, as the writer lock of object stores does,
 :mod:`pytreestore._commit.lock`) and when it expires.
 
 A claim whose holder is provably dead (same host, boot and pid namespace, process gone) is
-taken over at once; any other claim after it expires (:data:`CLAIM_SECONDS`). Two writers
+taken over at once; any other claim after it expires (``RUNTIME.waits.claim_s``). Two writers
 racing to take a dead claim over both write conditionally on its token: one wins.
 
 Example:
@@ -34,14 +34,9 @@ from typing import Any
 
 from pytreestore._commit.lock import holder_info, holder_is_dead
 from pytreestore._format.names import CLAIM_KEY, NO_VALUE
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends import ConditionalWrites
 from pytreestore.errors import CommitConflictError, StorageError
-
-#: how long a claim stands before another writer may take it over (a holder on this host
-#: that died is replaced at once); a commit through it must finish well within this
-CLAIM_SECONDS = 60.0
-#: how long a writer waits for the claim by default before CommitConflictError
-WAIT_SECONDS = 120.0
 
 
 class CommitClaim:
@@ -60,7 +55,7 @@ class CommitClaim:
         backend: ConditionalWrites,
         where: str,
         *,
-        wait: float = WAIT_SECONDS,
+        wait: float = RUNTIME.waits.claim_wait_s,
         leftover: bytes | None = None,
     ) -> CommitClaim:
         """Takes the claim, waiting up to ``wait`` seconds while a live writer holds it;
@@ -114,7 +109,7 @@ class CommitClaim:
 
 
 def _claim_json() -> bytes:
-    return json.dumps({**holder_info(), "expires": time.time() + CLAIM_SECONDS}).encode()
+    return json.dumps({**holder_info(), "expires": time.time() + RUNTIME.waits.claim_s}).encode()
 
 
 def _parse(raw: bytes | None) -> dict[str, Any]:
@@ -143,8 +138,8 @@ def _busy(where: str, holder: dict[str, Any], wait: float) -> CommitConflictErro
         f"by {who}, and writers sharing a store commit one at a time. Nothing was committed by "
         "this writer and its records are still buffered: flush() tries again (a close() "
         "that fails so gives them up). A claim whose holder died on this host is taken over at once, any other "
-        f"after {CLAIM_SECONDS:g} s"
+        f"after {RUNTIME.waits.claim_s:g} s"
     )
 
 
-__all__ = ["CLAIM_SECONDS", "WAIT_SECONDS", "CommitClaim"]
+__all__ = ["CommitClaim"]

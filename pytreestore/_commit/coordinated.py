@@ -20,7 +20,8 @@ commits them as one block, every commit in turn under the commit claim
 A writer's records therefore land in the order it appended them, each commit's rows together,
 after every record committed before it; none is lost or duplicated. A conditional write that
 still fails (a claim taken over from a writer presumed dead) is retried from step 1, up to
-:data:`RETRIES` times, then :class:`~pytreestore.errors.CommitConflictError`; the records stay
+``RUNTIME.waits.commit_retries`` times, then :class:`~pytreestore.errors.CommitConflictError`; the
+records stay
 buffered. A storage failure (the coordinator gone) raises
 :class:`~pytreestore.errors.StorageError` with the records kept; the next commit first finds
 out whether the failed one landed (its version record, byte for byte) so nothing is written
@@ -58,6 +59,7 @@ from pytreestore._format import validate as _validate
 from pytreestore._format.names import version_key
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
+from pytreestore._runtime import RUNTIME
 from pytreestore._tree.convert import RecordError, RowFiller, casters
 from pytreestore.backends import Backend, ConditionalWrites
 from pytreestore.errors import (
@@ -67,9 +69,6 @@ from pytreestore.errors import (
     StoreLockedError,
     StoreReplacedError,
 )
-
-#: how many times a commit is tried again after a conditional write found the record changed
-RETRIES = 5
 
 
 def attach_coordinated(
@@ -248,7 +247,7 @@ class CoordinatedCommits:
     def commit_all(self) -> None:
         """Commits every buffered row (one commit), retrying a commit that found the commit
         record changed under the claim."""
-        for _ in range(RETRIES):
+        for _ in range(RUNTIME.waits.commit_retries):
             try:
                 claim = CommitClaim.take(
                     self._backend, self._where, wait=self._wait, leftover=self._left
@@ -266,8 +265,8 @@ class CoordinatedCommits:
                     f"coordinator at {self._via} failed (is it running?): {err}"
                 ) from err
         raise CommitConflictError(
-            f"{RETRIES} commits to {self._where} in a row found the commit record changed "
-            "under this writer's commit claim (a claim taken over from a writer presumed "
+            f"{RUNTIME.waits.commit_retries} commits to {self._where} in a row found the commit "
+            "record changed under this writer's commit claim (a claim taken over from a writer presumed "
             f"dead). Nothing was committed by this writer; its {self.pending} records are "
             "still buffered: flush() tries again (a close() that fails so gives them up)"
         )
@@ -339,7 +338,6 @@ def shared_only(where: str) -> ReadOnlyError:
 
 
 __all__ = [
-    "RETRIES",
     "CoordinatedCommits",
     "CoordinatedRows",
     "attach_coordinated",

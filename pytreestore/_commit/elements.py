@@ -41,8 +41,7 @@ from typing import Any
 
 import numpy as np
 
-#: rows a table keeps waiting before it converts and buffers them (at most)
-BLOCK_ROWS = 2048
+from pytreestore._runtime import RUNTIME
 
 
 class ElementRows:
@@ -147,7 +146,7 @@ class ElementRows:
 
     def _due(self) -> None:
         writer = self.writer
-        self.due_at = max(1, min(BLOCK_ROWS, writer.chunk - writer.fill))
+        self.due_at = max(1, min(RUNTIME.writes.table_block_rows, writer.chunk - writer.fill))
 
     def append(self, leaves: Sequence[Any]) -> None:
         self.push()
@@ -178,4 +177,4 @@ class ElementRows:
         self._due()
 
 
-__all__ = ["BLOCK_ROWS", "ElementRows"]
+__all__ = ["ElementRows"]

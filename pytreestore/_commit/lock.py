@@ -37,6 +37,7 @@ from typing import Any
 from pytreestore._format.names import LOCK_KEY, NO_VALUE
 from pytreestore._location import Location
 from pytreestore._platform import flock_module
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends import ConditionalWrites
 from pytreestore.errors import StorageError, StoreLockedError
 
@@ -84,7 +85,7 @@ class WriterLock:
                 store through an OCDBT coordinator (:mod:`pytreestore._commit.coordinated`): they
                 keep each other in, and an exclusive writer out (and are kept out by one).
                 While the exclusive holder is a sharing writer repairing the store (``sharing``
-                below), it is waited for (up to :data:`SHARE_WAIT` seconds).
+                below), it is waited for (up to ``RUNTIME.waits.share_wait_s`` seconds).
             sharing: local disk only: exclusive, for a sharing writer that opens the store
                 alone, repairs it and then calls :meth:`share`; the lock file says so.
         """
@@ -158,11 +159,6 @@ class WriterLock:
         self._location = Location("released", "")
 
 
-#: how long a sharing writer waits for another sharing writer that opened the store alone
-#: and is repairing it (an exclusive writer's lock is refused at once)
-SHARE_WAIT = 30.0
-
-
 def _acquire_flock(location: Location, *, shared: bool = False, note: str = "") -> int:
     fcntl = flock_module(location, "taking the writer lock of")  # before anything is written
     path = Path(location.root) / LOCK_KEY
@@ -182,7 +178,7 @@ def _acquire_flock(location: Location, *, shared: bool = False, note: str = "") 
 
 def _acquire_shared(location: Location) -> int:
     """A shared ``flock``, waiting while a sharing writer holds it exclusively to repair."""
-    deadline = time.monotonic() + SHARE_WAIT
+    deadline = time.monotonic() + RUNTIME.waits.share_wait_s
     while True:
         try:
             return _acquire_flock(location, shared=True)

@@ -28,6 +28,7 @@ from pytreestore._commit.record import COMMIT_KEY, Commit
 from pytreestore._format.names import chunk_key, chunk_prefix
 from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._location import Location
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends import Backend, KeyListing, LocalFiles, PartialWriteCleanup
 from pytreestore.errors import (
     CorruptChunkError,
@@ -192,7 +193,6 @@ def check_not_replaced(
 #: per location, the commit record's bytes read last and the commit parsed from them: a read
 #: checks the bytes it reads now against them (exact), and parses only bytes that changed
 _PARSED: dict[str, tuple[bytes, Commit]] = {}
-_PARSED_MAX = 64  # locations kept, at most (then the cache starts again)
 #: per backend class, whether its keys may be plain files (:class:`LocalFiles`, a runtime
 #: Protocol, whose ``isinstance`` costs tens of microseconds a call)
 _LOCAL: dict[type, bool] = {}
@@ -211,7 +211,7 @@ def _parsed(raw: bytes | None, where: str) -> Commit:
     if hit is not None and hit[0] == raw:
         return hit[1]
     commit = Commit.from_bytes(raw, where)
-    if len(_PARSED) >= _PARSED_MAX:
+    if len(_PARSED) >= RUNTIME.caches.parsed_commits:
         _PARSED.clear()
     _PARSED[where] = (raw, commit)
     return commit

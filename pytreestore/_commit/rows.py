@@ -27,6 +27,7 @@ from jax.tree_util import tree_flatten
 
 from pytreestore import _arguments
 from pytreestore._format.schema import TreeSchema
+from pytreestore._runtime import RUNTIME
 from pytreestore._tree.convert import LeafCaster, RecordError, RowFiller
 from pytreestore._tree.device import VALID, refuse_unreadable
 from pytreestore._tree.flatten import BlockFlattener, block_flattener
@@ -94,10 +95,12 @@ class FixedTreeRows:
     def extend(self, records: Iterable[Any]) -> None:
         """Buffers every record of ``records``, all or none, committing whole chunks.
 
-        Records are taken :data:`BLOCK` at a time; a block whose records all have the schema's
+        Records are taken ``RUNTIME.writes.extend_block`` at a time; a block whose records all have
+        the schema's
         structure is flattened at once (:class:`~pytreestore._tree.flatten.BlockFlattener`),
         any other record by ``tree_flatten`` and its treedef. A list or tuple of records
-        whose columns take at most :data:`STACKED_BYTES` is stacked into whole columns and
+        whose columns take at most ``RUNTIME.writes.stacked_bytes`` is stacked into whole columns
+        and
         written as one batch (``write_batch``, as ``extend_batch`` does); anything else is
         handed to the row buffer a block at a time (:meth:`append_blocks`).
 
@@ -194,24 +197,19 @@ class FixedTreeRows:
             raise
 
 
-#: the most bytes of column values an ``extend()`` of a list stacks whole before writing them
-#: (more, or records that are not a list or tuple, go to the row buffer a block at a time)
-STACKED_BYTES = 64 * 2**20
-
-
 def _stackable(records: Iterable[Any], schema: TreeSchema) -> int | None:
     """The number of ``records`` if they are a list or tuple (not a subclass, which may
-    iterate otherwise than its ``len()`` says) whose columns fit :data:`STACKED_BYTES`, else
+    iterate otherwise than its ``len()`` says) whose columns fit ``RUNTIME.writes.stacked_bytes``,
+    else
     None."""
     if type(records) is not list and type(records) is not tuple:
         return None
     count = len(records)
-    return count if count * sum(c.record_nbytes for c in schema.columns) <= STACKED_BYTES else None
-
-
-#: records flattened at once by :meth:`FixedTreeRows.extend` (a block's columns are lists of
-#: this length: large enough to spread a block's fixed cost, small enough to stay in cache)
-BLOCK = 1024
+    return (
+        count
+        if count * sum(c.record_nbytes for c in schema.columns) <= RUNTIME.writes.stacked_bytes
+        else None
+    )
 
 
 class _Blocks:
@@ -233,7 +231,7 @@ class _Blocks:
         # the last blocks, (first index, records), for naming a refused record: they cover
         # every row a row buffer has taken but not yet filled (a chunk at most)
         self.recent: collections.deque[tuple[int, list[Any]]] = collections.deque(
-            maxlen=schema.chunk_records // BLOCK + 2
+            maxlen=schema.chunk_records // RUNTIME.writes.extend_block + 2
         )
 
     def record(self, index: int) -> tuple[Any] | None:
@@ -246,7 +244,7 @@ class _Blocks:
     def blocks(self) -> Iterator[tuple[Sequence[Sequence[Any]], int]]:
         """``(columns, count)`` for each block of records, once (see ``append_blocks``)."""
         records = iter(self.records)
-        while block := list(itertools.islice(records, BLOCK)):
+        while block := list(itertools.islice(records, RUNTIME.writes.extend_block)):
             start = self.seen
             self.recent.append((start, block))
             yield self._columns(block), len(block)

@@ -48,6 +48,7 @@ from pytreestore._format.names import (
     tag_key,
     version_key,
 )
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends import Backend, ConditionalWrites, KeyListing, ManyReads, capable
 from pytreestore.errors import (
     ArgumentError,
@@ -59,12 +60,8 @@ from pytreestore.errors import (
 
 #: versions a writer keeps by default (besides tagged ones)
 KEEP_VERSIONS = 1000
-#: a writer trims the log once every this many commits
-_TRIM_EVERY = 64
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _VERSION_FILE = re.compile(r"(\d{20})\.json")
-#: version records read at once where they cannot be listed (:func:`numbers`)
-_PROBE = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +126,8 @@ def numbers(engine: Backend, head: Commit | None = None) -> list[int]:
     """The numbers of every version record stored, ascending.
 
     Where keys cannot be listed (a store read over HTTP), the records of the versions
-    before ``head`` are looked for one by one, :data:`_PROBE` at once (one request per
+    before ``head`` are looked for one by one, ``RUNTIME.writes.version_probe`` at once (one
+    request per
     commit ever made); without ``head``, none are found."""
     if not isinstance(engine, KeyListing):
         return [] if head is None else _probed(engine, head.generation)
@@ -140,8 +138,10 @@ def numbers(engine: Backend, head: Commit | None = None) -> list[int]:
 def _probed(engine: Backend, below: int) -> list[int]:
     """The versions before ``below`` whose records ``engine`` holds, found by reading them."""
     found = []
-    for start in range(0, below, _PROBE):
-        keys = [version_key(n) for n in range(start, min(below, start + _PROBE))]
+    for start in range(0, below, RUNTIME.writes.version_probe):
+        keys = [
+            version_key(n) for n in range(start, min(below, start + RUNTIME.writes.version_probe))
+        ]
         found += [start + i for i, raw in enumerate(_read_all(engine, keys)) if raw is not None]
     return found
 
@@ -347,7 +347,9 @@ def _listed(commit: Commit, head: Commit, named: dict[int, list[str]]) -> Versio
     )
 
 
-def trim(engine: Backend, head: Commit, keep: int | None, *, every: int = _TRIM_EVERY) -> None:
+def trim(
+    engine: Backend, head: Commit, keep: int | None, *, every: int = RUNTIME.writes.trim_every
+) -> None:
     """Deletes the records of versions older than the last ``keep`` (tagged ones stay), once
     every ``every`` commits; ``keep=None`` keeps every version."""
     if keep is None or head.generation % every:

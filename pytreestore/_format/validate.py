@@ -45,6 +45,7 @@ import jsonschema.exceptions
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.nodes import resolve_class
 from pytreestore._format.schema import FORMAT_VERSION, TreeSchema
+from pytreestore._runtime import RUNTIME
 from pytreestore.errors import (
     CorruptStoreError,
     FormatVersionError,
@@ -58,12 +59,10 @@ if TYPE_CHECKING:
 
 DIGEST_KEY = "digest"
 _DIGEST_PREFIX = "blake2b-160:"
-_CACHE_SIZE = 256
 _VALIDATED: dict[bytes, None] = {}
 _VALIDATED_LOCK = threading.Lock()
 #: parsed schemas by (document digest, generic): the schema and the classes its treedef holds
 _SCHEMAS: dict[tuple[bytes, bool], tuple[TreeSchema, tuple[tuple[str, type], ...]]] = {}
-_SCHEMA_CACHE_SIZE = 32
 
 
 @functools.cache
@@ -148,7 +147,7 @@ def load_schema(raw: bytes, where: str, *, like: Any = None, generic: bool = Fal
     if like is None:
         classes = () if generic else tuple((n, resolve_class(n)) for n in _class_names(schema.tree))
         with _VALIDATED_LOCK:
-            if len(_SCHEMAS) >= _SCHEMA_CACHE_SIZE:
+            if len(_SCHEMAS) >= RUNTIME.caches.parsed_schemas:
                 _SCHEMAS.pop(next(iter(_SCHEMAS)))
             _SCHEMAS[key] = (schema, classes)
     return schema
@@ -341,7 +340,7 @@ def _validate_root(document: Any, file: str) -> None:
 
 def _remember(digest: bytes) -> None:
     with _VALIDATED_LOCK:
-        if len(_VALIDATED) >= _CACHE_SIZE:
+        if len(_VALIDATED) >= RUNTIME.caches.validated_documents:
             _VALIDATED.pop(next(iter(_VALIDATED)))
         _VALIDATED[digest] = None
 

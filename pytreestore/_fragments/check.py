@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pytreestore._commit import versions
@@ -27,6 +26,7 @@ from pytreestore._commit.record import Commit
 from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends import Backend, ManyReads
 from pytreestore.errors import FragmentError, StorageError
 
@@ -119,7 +119,7 @@ def _check_written(
     elif isinstance(engine, ManyReads):  # each read waits on storage: all at once
         found = engine.read_many_bytes(keys)
     elif len(keys) > 8:
-        with ThreadPoolExecutor(16) as pool:
+        with RUNTIME.call_pool(RUNTIME.threads.fragment_checks) as pool:
             found = list(pool.map(engine.read_bytes, keys))
     else:
         found = [engine.read_bytes(k) for k in keys]

@@ -21,7 +21,8 @@ files linked on local disk, keys copied inside an OCDBT database, raw bytes else
 offsets array is read and written with ``base[k][axis]`` added (offsets are absolute rows
 of the axis's table); any other array is read and written again; an array the fragment
 lacks (a structure it never saw) gets what an absent subtree or an empty list gets: zeros,
-False, offsets that add no element. Rewrites go :data:`_WINDOW` fragments at a time: their
+False, offsets that add no element. Rewrites go ``RUNTIME.writes.fragment_window`` fragments at a
+time: their
 arrays read on threads, the rows of consecutive fragments of one table written in one call.
 
 Example:
@@ -41,7 +42,6 @@ import contextlib
 import dataclasses
 import json
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -54,14 +54,9 @@ from pytreestore._format.ragged import OFFSETS, slot
 from pytreestore._format.schema import TreeSchema
 from pytreestore._fragments import remove
 from pytreestore._fragments.fastpath import Aligned, place_aligned
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends import Backend, ColumnLayout
 from pytreestore.errors import CorruptChunkError, CorruptStoreError, FragmentError, PyTreeStoreError
-
-#: fragments whose rewritten rows are held in memory together
-_WINDOW = 32
-#: fragments' arrays read at once
-_THREADS = 8
-
 
 # ---- written -------------------------------------------------------------------------------
 
@@ -172,8 +167,8 @@ def place(
     ]
     with _owned(parts):
         _place_aligned(engine, [a for p in plans for a in p.aligned], version)
-    for i in range(0, len(plans), _WINDOW * len(tables)):
-        _rewrite(engine, tables, plans[i : i + _WINDOW * len(tables)])
+    for i in range(0, len(plans), RUNTIME.writes.fragment_window * len(tables)):
+        _rewrite(engine, tables, plans[i : i + RUNTIME.writes.fragment_window * len(tables)])
     return sum(len(p.aligned) for p in plans), sum(len(p.read) + len(p.made) for p in plans)
 
 
@@ -191,7 +186,9 @@ def _rewrite(
     if lays:
         with _owned([p.part for p in reading]):
             engine.open_columns(lays)
-    with ThreadPoolExecutor(_THREADS) as pool:  # reads of the fragments' own arrays only
+    with RUNTIME.call_pool(
+        RUNTIME.threads.fragment_reads
+    ) as pool:  # reads of the fragments' own arrays only
         blocks = dict(zip(map(id, reading), pool.map(lambda plan: _read(engine, plan), reading)))
     for table in tables:
         _write_table(engine, [p for p in plans if p.table == table], blocks)

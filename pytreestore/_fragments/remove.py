@@ -20,11 +20,11 @@ import contextlib
 import os
 import shutil
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from pytreestore._commit.fragment import MANIFEST, begun_key, manifest_key
 from pytreestore._commit.placing import local_root
 from pytreestore._format.names import fragment_folder
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends import Backend, FolderDeletes, KeyListing
 
 
@@ -33,7 +33,7 @@ def purge(root: str, ids: Sequence[str]) -> int:
     ``root`` (a thread's work after the commit); how many were there."""
     folders = [os.path.join(root, fragment_folder(i)) for i in ids]
     try:
-        with ThreadPoolExecutor(4) as pool:
+        with RUNTIME.call_pool(RUNTIME.threads.fragment_deletes) as pool:
             return sum(pool.map(_delete_folder, folders))
     except RuntimeError:  # the interpreter is exiting: it starts no new threads
         return sum(map(_delete_folder, folders))

@@ -30,10 +30,9 @@ from pytreestore._format.names import ROOT_KEY, chunk_key, chunk_prefix
 from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._inspect import progress as _progress
 from pytreestore._read.reader import ReadContext
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends import CheckedReads, KeyListing
 from pytreestore.errors import CorruptStoreError, PyTreeStoreError
-
-_READ_BUDGET = 256 << 20  # bytes of chunks decoded in one batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -334,7 +333,7 @@ def _batches(
     size = 0
     for column, i in requests:
         nbytes = _chunk_nbytes(column)
-        if out[-1] and size + nbytes > _READ_BUDGET:
+        if out[-1] and size + nbytes > RUNTIME.reads.verify_batch_bytes:
             out.append([])
             size = 0
         out[-1].append((column, i))

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pytreestore._commit import versions
-from pytreestore._commit.claim import WAIT_SECONDS
 from pytreestore._commit.coordinated import (
     CoordinatedCommits,
     CoordinatedRows,
@@ -34,6 +33,7 @@ from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
 from pytreestore._open.reader import committed_schema
+from pytreestore._runtime import RUNTIME
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
 from pytreestore.backends import Backend
@@ -154,7 +154,7 @@ class CoordinatedRecordWriter(RecordWriter):
         *,
         where: str,
         keep: int | None = versions.KEEP_VERSIONS,
-        wait: float = WAIT_SECONDS,
+        wait: float = RUNTIME.waits.claim_wait_s,
         via: str = "",
     ) -> None:
         """``where`` names the store in errors, ``via`` the coordinator's address."""

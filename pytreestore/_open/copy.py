@@ -42,11 +42,11 @@ from pytreestore._open.open import create_from_schema
 from pytreestore._open.standins import open_without_classes
 from pytreestore._read.reader import load_leaves
 from pytreestore._read.request import LoadRequest
+from pytreestore._runtime import RUNTIME
 from pytreestore._store import TreeStore
 from pytreestore.errors import BadLocationError
 
 KEEP = "keep"
-_SLICE_BYTES = 64 << 20  # bytes of all columns read and written per step, about
 
 
 def copy(
@@ -234,7 +234,7 @@ def keep_packs(packs: tuple[Pack, ...], columns: tuple[ColumnSpec, ...]) -> tupl
 
 def _step(dst_chunk: int, src_chunk: int, row_bytes: int) -> int:
     """Records per step: whole destination chunks, at least one source chunk, about 64 MiB."""
-    want = max(src_chunk, _SLICE_BYTES // max(row_bytes, 1), 1)
+    want = max(src_chunk, RUNTIME.reads.copy_slice_bytes // max(row_bytes, 1), 1)
     return -(-want // dst_chunk) * dst_chunk
 
 

@@ -27,23 +27,18 @@ from threading import Event
 from typing import Any, Generic, TypeVar
 
 from pytreestore import _threads as background
+from pytreestore._runtime import RUNTIME
 from pytreestore.errors import ArgumentError, ForkedIteratorError
 
 T = TypeVar("T")
 _END = object()
 _ERROR = object()
-_POLL_S = 0.05  # how often a waiting put or get looks whether the job was stopped
-
-
-#: loads run side by side at most (each a storage read, a decode spread over TensorStore's
-#: threads, and a host-to-device copy): enough to keep the cores and the transfer busy
-MAX_LOADERS = 8
-AUTO_BYTES = 256 << 20  # what ``prefetch=None`` keeps ahead, about
 
 
 def auto_depth(batch_nbytes: int, cores: int | None = None) -> int:
     """The depth ``prefetch=None`` reads ahead for batches of ``batch_nbytes``: as many as
-    keep about :data:`AUTO_BYTES` ahead, at most :data:`MAX_LOADERS` and one per core
+    keep about ``RUNTIME.pipelines.prefetch_bytes`` ahead, at most
+    ``RUNTIME.pipelines.prefetch_loaders`` and one per core
     (``cores``: this machine's by default), at least 2 (a small batch lies in one chunk per
     column, which one core decodes, so several batches are decoded side by side).
 
@@ -54,14 +49,22 @@ def auto_depth(batch_nbytes: int, cores: int | None = None) -> int:
         2
     """
     cores = cores if cores is not None else (os.cpu_count() or 1)
-    return max(2, min(MAX_LOADERS, cores, AUTO_BYTES // max(batch_nbytes, 1)))
+    return max(
+        2,
+        min(
+            RUNTIME.pipelines.prefetch_loaders,
+            cores,
+            RUNTIME.pipelines.prefetch_bytes // max(batch_nbytes, 1),
+        ),
+    )
 
 
 class Prefetcher(Generic[T]):
     """Yields ``load(item)`` for each of ``items`` in order, computed ``depth`` ahead.
 
     The loads run as background jobs (:mod:`pytreestore._threads`), up to
-    ``min(depth, MAX_LOADERS)`` of them side by side, so that reading, decoding and copying
+    ``min(depth, RUNTIME.pipelines.prefetch_loaders)`` of them side by side, so that reading,
+    decoding and copying
     one batch to the device overlaps those of the next and the caller's computation; with
     ``depth == 0`` they run in the caller's thread. At most ``depth`` results are loaded or
     being loaded beyond those handed out. An exception raised by ``load`` is re-raised by the
@@ -81,7 +84,10 @@ class Prefetcher(Generic[T]):
         self._shared = _Shared(load, items, depth)
         if depth:
             work = functools.partial(_produce, self._shared)
-            self._jobs = [background.start(work) for _ in range(min(depth, MAX_LOADERS))]
+            self._jobs = [
+                background.start(work)
+                for _ in range(min(depth, RUNTIME.pipelines.prefetch_loaders))
+            ]
             self._finalizer = weakref.finalize(self, _stop, self._jobs, self._shared)
             self._finalizer.atexit = False  # background's exit hook stops the jobs
 
@@ -111,7 +117,7 @@ class Prefetcher(Generic[T]):
                     if any(job.forked for job in self._jobs):
                         raise _forked()
                     return _END, None
-                shared.ready.wait(_POLL_S)
+                shared.ready.wait(RUNTIME.waits.prefetch_poll_s)
             entry = shared.results.pop(position)
         self._next += 1
         shared.slots.release()
@@ -160,7 +166,7 @@ def _produce(shared: _Shared, stopping: Event) -> None:
     """A loading job: takes the next item, loads it and files the result at its position,
     until the items run out, a load fails, or it is asked to stop."""
     while not stopping.is_set():
-        if not shared.slots.acquire(timeout=_POLL_S):
+        if not shared.slots.acquire(timeout=RUNTIME.waits.prefetch_poll_s):
             continue
         with shared.taking:
             if shared.done:

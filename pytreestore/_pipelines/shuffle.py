@@ -32,13 +32,8 @@ from typing import Any
 import numpy as np
 
 from pytreestore import _arguments
+from pytreestore._runtime import RUNTIME
 from pytreestore.errors import ArgumentError, ArgumentTypeError
-
-#: the decoded bytes of a block shuffle's window unless ``shuffle_window`` says
-WINDOW_BYTES = 64 << 20
-#: a block-shuffled iterator's own cache holds this many windows (the one being read, the
-#: next, and room for chunks shared at the edges)
-CACHED_WINDOWS = 2.5
 
 _MODES = ("block", "uniform")
 
@@ -104,7 +99,8 @@ def resolve(
     ``[start, start + count)``.
 
     ``True`` is a block shuffle. A block shuffle's window is ``window`` records rounded up to
-    whole chunks, by default the whole chunks of about :data:`WINDOW_BYTES` of decoded records
+    whole chunks, by default the whole chunks of about ``RUNTIME.pipelines.shuffle_window_bytes``
+    of decoded records
     of ``record_nbytes`` (at least one chunk), or the window of the state being ``resumed``;
     a block shuffle whose range fits in one window is the uniform shuffle, and so is one
     resumed without ``window`` from the state of such a shuffle (the store's bytes per
@@ -129,7 +125,7 @@ def resolve(
     if window is None and _fitted_one_window(resumed):
         return Shuffle("uniform", chunk=chunk)  # the order it was saved in, whatever it weighs now
     if window is None:
-        window = max(1, -(-WINDOW_BYTES // max(int(record_nbytes), 1)))
+        window = max(1, -(-RUNTIME.pipelines.shuffle_window_bytes // max(int(record_nbytes), 1)))
     window = -(-window // chunk) * chunk
     if len(_edges(start, count, chunk)) - 1 <= window // chunk:
         return Shuffle("uniform", chunk=chunk)
@@ -138,13 +134,16 @@ def resolve(
 
 def cache_bytes(plan: Shuffle, record_nbytes: float, batch_size: int, depth: int = 2) -> int:
     """The bound of the own cache of an iterator in order or block-shuffled:
-    :data:`CACHED_WINDOWS` windows (a chunk, in order) and ``depth + 2`` batches of decoded
+    ``RUNTIME.caches.shuffle_windows`` windows (a chunk, in order) and ``depth + 2`` batches of
+    decoded
     records of ``record_nbytes`` (``depth`` batches are read side by side ahead of the one
     handed out, and may reach into the next windows before the current one is done; a batch
     wider than a window spans several, and the cache serves a read whose missing chunks fill
     at most half of it)."""
     window = plan.window or plan.chunk
-    return int((CACHED_WINDOWS * window + (depth + 2) * batch_size) * max(record_nbytes, 1))
+    return int(
+        (RUNTIME.caches.shuffle_windows * window + (depth + 2) * batch_size) * max(record_nbytes, 1)
+    )
 
 
 def _fitted_one_window(resumed: dict[str, Any] | None) -> bool:
@@ -180,4 +179,4 @@ def _mode(shuffle: Any) -> str | None:
     )
 
 
-__all__ = ["CACHED_WINDOWS", "WINDOW_BYTES", "Shuffle", "block_order", "cache_bytes", "resolve"]
+__all__ = ["Shuffle", "block_order", "cache_bytes", "resolve"]

@@ -3,13 +3,15 @@
 A chunk of a column holds thousands of records, and reading one record costs decoding its
 whole chunk, so a loop of ``store[i]`` over consecutive ``i`` would decode each chunk once
 per record. Instead, record iteration and ``store[i]`` in such a loop read a *block* of
-consecutive records at once (:func:`block_size` records, about :data:`BLOCK_BYTES`), and
+consecutive records at once (:func:`block_size` records, about
+``RUNTIME.caches.ahead_block_bytes``), and
 serve each record from it:
 
 * as numpy, a record is a copy of its rows in the block (the caller may write to it);
 * as ``jax.Array`` leaves, the block is placed on the device once and each record is taken
   from it by one compiled call (:func:`take`) for the whole tree: one dispatch per record,
-  not one per leaf. Blocks of fewer than :data:`JIT_MIN` records (and reads with a sharding
+  not one per leaf. Blocks of fewer than ``RUNTIME.reads.ahead_jit_min`` records (and reads with a
+  sharding
   for ``device``) place each record's rows from the host instead, which compiles nothing.
 
 :class:`ReadAhead` keeps a store's last block: ``store[i]`` reads one when ``i`` follows the
@@ -40,22 +42,26 @@ from pytreestore._format import prng as _prng
 from pytreestore._read import device as _device
 from pytreestore._read.placed import Placed
 from pytreestore._read.request import LoadRequest
+from pytreestore._runtime import RUNTIME
 from pytreestore.errors import X64DisabledError
-
-BLOCK_BYTES = 16 << 20  # bytes of one read-ahead block of records (host copy)
-MAX_BLOCK = 4096  # records of one block, at most
-JIT_MIN = 64  # a block of fewer records is placed record by record (no compile)
 
 
 def block_size(record_nbytes: int) -> int:
     """Records per block for records of ``record_nbytes``: a power of two of about
-    :data:`BLOCK_BYTES`, at least 1 and at most :data:`MAX_BLOCK`.
+    ``RUNTIME.caches.ahead_block_bytes``, at least 1 and at most
+    ``RUNTIME.reads.ahead_max_records``.
 
     Example:
         >>> block_size(4), block_size(14_500), block_size(1 << 30)
         (4096, 1024, 1)
     """
-    n = max(1, min(MAX_BLOCK, BLOCK_BYTES // max(record_nbytes, 1)))
+    n = max(
+        1,
+        min(
+            RUNTIME.reads.ahead_max_records,
+            RUNTIME.caches.ahead_block_bytes // max(record_nbytes, 1),
+        ),
+    )
     return 1 << (n.bit_length() - 1)
 
 
@@ -183,7 +189,7 @@ def _place(request: LoadRequest, host: Sequence[np.ndarray | None], count: int) 
     device = request.device
     if (
         request.as_numpy
-        or count < JIT_MIN
+        or count < RUNTIME.reads.ahead_jit_min
         or not (device is None or isinstance(device, jax.Device))
     ):
         return None
@@ -236,4 +242,4 @@ class ReadAhead:
             self._last = None
 
 
-__all__ = ["BLOCK_BYTES", "Block", "ReadAhead", "RecordsBlock", "block_size", "take"]
+__all__ = ["Block", "ReadAhead", "RecordsBlock", "block_size", "take"]

@@ -13,7 +13,8 @@ used without a look at storage; a reader that sees more records (``refresh``) re
 chunk again. A store object's entries are dropped when it closes.
 
 Every store opened without ``cache_bytes`` shares one cache of the process
-(:func:`shared`), bounded by ``PYTREESTORE_CACHE_BYTES`` (default :data:`SHARED_BYTES`;
+(:func:`shared`), bounded by ``PYTREESTORE_CACHE_BYTES`` (default
+``RUNTIME.caches.chunk_cache_bytes``;
 ``0`` turns it off); ``open(cache_bytes=N)`` gives a store a cache of its own.
 
 A read goes through the cache (:func:`read`) when it selects fewer records than a chunk holds
@@ -43,10 +44,9 @@ from pytreestore._format.schema import ColumnSpec
 from pytreestore._location import Location
 from pytreestore._platform import at_fork
 from pytreestore._read.index import rows
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends import Backend, BatchedReads, capable
 from pytreestore.errors import PyTreeStoreError
-
-SHARED_BYTES = 256 << 20  # the shared cache's bound unless PYTREESTORE_CACHE_BYTES says
 
 _Key = tuple[str, str, int, int]  # (store object's id, column key, chunk, rows a read sees)
 
@@ -151,7 +151,7 @@ def shared() -> ChunkCache | None:
     """
     with _SHARED_LOCK:
         if not _SHARED:
-            limit = _env_bytes("PYTREESTORE_CACHE_BYTES", SHARED_BYTES)
+            limit = _env_bytes("PYTREESTORE_CACHE_BYTES", RUNTIME.caches.chunk_cache_bytes)
             _SHARED.append(ChunkCache(limit) if limit else None)
         return _SHARED[0]
 
@@ -337,4 +337,4 @@ class _Plan:
         return out
 
 
-__all__ = ["SHARED_BYTES", "ChunkCache", "for_store", "read", "reader", "shared"]
+__all__ = ["ChunkCache", "for_store", "read", "reader", "shared"]

@@ -8,9 +8,9 @@ host, into reused ones at about 5.5 GB/s (see docs/benchmarks.md). A piece of a 
 (:mod:`pytreestore._read.slabs`) takes a buffer here (:meth:`HostBuffers.take`), reads its
 columns into it, hands it to ``jax.device_put``, and gives it back with the device arrays made
 from it (:meth:`HostBuffers.give`); it is reused only once every one of them is ready, when the
-copy to the device is over. At most :data:`CAP` buffers are made (the process keeps them:
-about 384 MiB after a load of more than that); a piece that finds none free waits for the
-copies from the oldest one to end.
+copy to the device is over. At most ``RUNTIME.caches.host_buffers`` buffers are made (the
+process keeps them: about 384 MiB after a load of more than that); a piece that finds none
+free waits for the copies from the oldest one to end.
 
 A CPU device may keep referring to the host memory it was given (``jax.device_put`` of an
 aligned numpy array can alias it), so buffers handed to a CPU device are never reused.
@@ -33,9 +33,8 @@ from typing import Any
 import numpy as np
 
 from pytreestore._platform import at_fork
+from pytreestore._runtime import RUNTIME
 
-CAP = 6  # buffers made (about 64 MiB each) before waiting: 3 read while 3 are copied
-ALIGN = 4096  # each column's rows begin on a page
 #: platforms whose arrays may refer to the host memory they were made from: never reused
 ALIASING = {"cpu"}
 
@@ -49,8 +48,8 @@ class HostBuffers:
             (more are made only when none is being copied: many loads at once).
     """
 
-    def __init__(self, cap: int = CAP) -> None:
-        self._cap = cap
+    def __init__(self, cap: int | None = None) -> None:
+        self._cap = RUNTIME.caches.host_buffers if cap is None else cap
         self._lock = threading.Lock()
         self._free: list[np.ndarray] = []
         self._pending: list[tuple[np.ndarray, Sequence[Any]]] = []
@@ -82,7 +81,8 @@ class HostBuffers:
                 waiting = self._pending[0][1]
             _wait(waiting)
         try:
-            return np.empty(-(-nbytes // ALIGN) * ALIGN + ALIGN, np.uint8)
+            align = RUNTIME.reads.host_align
+            return np.empty(-(-nbytes // align) * align + align, np.uint8)
         except BaseException:  # MemoryError: the buffer was never made
             with self._lock:
                 self._out -= 1
@@ -142,14 +142,14 @@ def views(
     for shape, dtype in shapes:
         size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         out.append(buffer[offset : offset + size].view(dtype).reshape(shape))
-        offset += -(-size // ALIGN) * ALIGN
+        offset += -(-size // RUNTIME.reads.host_align) * RUNTIME.reads.host_align
     return out
 
 
 def nbytes(shapes: Sequence[tuple[tuple[int, ...], np.dtype]]) -> int:
     """The bytes :func:`views` lays ``shapes`` out in, from a page."""
     sizes = (int(np.prod(s, dtype=np.int64)) * d.itemsize for s, d in shapes)
-    return sum(-(-n // ALIGN) * ALIGN for n in sizes)
+    return sum(-(-n // RUNTIME.reads.host_align) * RUNTIME.reads.host_align for n in sizes)
 
 
 class Arena:
@@ -168,13 +168,14 @@ class Arena:
             return np.zeros(shape, dtype)
         out = self._buffer[self._offset : self._offset + size].view(dtype).reshape(shape)
         out.fill(0)
-        self._offset += -(-size // ALIGN) * ALIGN
+        align = RUNTIME.reads.host_align
+        self._offset += -(-size // align) * align
         return out
 
 
 def _first(buffer: np.ndarray) -> int:
     """The offset of the first page boundary in ``buffer``."""
-    return -buffer.ctypes.data % ALIGN
+    return -buffer.ctypes.data % RUNTIME.reads.host_align
 
 
 _POOL: list[HostBuffers] = []
@@ -200,4 +201,4 @@ def _after_fork() -> None:
 at_fork(_after_fork)
 
 
-__all__ = ["ALIASING", "ALIGN", "CAP", "Arena", "HostBuffers", "nbytes", "pool", "views"]
+__all__ = ["ALIASING", "Arena", "HostBuffers", "nbytes", "pool", "views"]

@@ -2,7 +2,8 @@
 
 Each ``jax.device_put`` of an array to an accelerator pays a fixed cost (on a TPU v5e about
 0.1 ms, so a record of 60 small leaves spent 6 ms in transfers of 720 bytes). Here the small
-arrays of one dtype (at most :data:`SMALL_BYTES` each, at least :data:`MIN_PACKED` of them)
+arrays of one dtype (at most ``RUNTIME.reads.pack_small_bytes`` each, at least
+``RUNTIME.reads.pack_min_arrays`` of them)
 are copied into one host buffer, placed with one ``device_put``, and cut back into their
 shapes on the device by one compiled call (cached by JAX per layout). Larger arrays, and
 everything placed on the CPU, go as they are.
@@ -25,22 +26,24 @@ import numpy as np
 from jax import lax
 
 from pytreestore._read import slabs as _slabs
-
-SMALL_BYTES = 1 << 16  # an array of at most this many bytes may be packed
-MIN_PACKED = 4  # fewer small arrays of one dtype go one by one
+from pytreestore._runtime import RUNTIME
 
 
 def device_put(arrays: Sequence[Any], device: Any) -> list[Any]:
     """``jax.device_put(arrays, device)``, the small arrays of each dtype placed in one copy
     when ``device`` (None: the default one) is an accelerator."""
     target = _slabs.device_of(device)
-    if target is None or target.platform not in _slabs.PLATFORMS or len(arrays) < MIN_PACKED:
+    if (
+        target is None
+        or target.platform not in _slabs.PLATFORMS
+        or len(arrays) < RUNTIME.reads.pack_min_arrays
+    ):
         return list(jax.device_put(list(arrays), device))
     groups: dict[np.dtype, list[int]] = {}
     for i, a in enumerate(arrays):
-        if isinstance(a, np.ndarray) and a.nbytes <= SMALL_BYTES:
+        if isinstance(a, np.ndarray) and a.nbytes <= RUNTIME.reads.pack_small_bytes:
             groups.setdefault(a.dtype, []).append(i)
-    packed = [g for g in groups.values() if len(g) >= MIN_PACKED]
+    packed = [g for g in groups.values() if len(g) >= RUNTIME.reads.pack_min_arrays]
     if not packed:
         return list(jax.device_put(list(arrays), device))
     out: list[Any] = [None] * len(arrays)

@@ -9,9 +9,11 @@ its *tags*: the record built again from the same rows with each leaf column's va
 by :func:`tag` numbers (column number and row), so the tags have the record's structure.
 
 A record's gather is compiled once per *plan*: per column, how many scalar rows the record
-takes (rounded up to a power of two, at least :data:`MIN_ROWS`, so a few plans serve every
+takes (rounded up to a power of two, at least ``RUNTIME.reads.plan_min_rows``, so a few plans serve
+every
 length) and the padded length of each array leaf (a ragged leading axis). Records whose plan
-would be compiled past :data:`MAX_PLANS` plans are placed leaf by leaf from the host.
+would be compiled past ``RUNTIME.caches.placement_plans`` plans are placed leaf by leaf from the
+host.
 
 A record's rows in each table are consecutive, and which of them each leaf holds depends
 only on the record's structure (its lists' lengths and which optional subtrees it holds: its
@@ -44,11 +46,10 @@ import jax
 import numpy as np
 
 from pytreestore._read import device as _device
+from pytreestore._runtime import RUNTIME
 from pytreestore.errors import X64DisabledError
 
 SHIFT = 32  # a tag: (column << SHIFT) | row
-MIN_ROWS = 4  # scalar rows of a column a plan takes, at least (unless the column's max is 1)
-MAX_PLANS = 64  # compiled plans, at most, in a process
 
 #: a plan: per entry (column, rows, array): ``rows`` scalar leaves of the column, or one array
 #: leaf of ``rows`` rows (padded) when ``array``
@@ -83,7 +84,7 @@ def take_rows(columns: list[jax.Array], index: jax.Array, plan: Plan) -> list[ja
 
 
 def _round(rows: int) -> int:
-    return max(MIN_ROWS, 1 << (rows - 1).bit_length())
+    return max(RUNTIME.reads.plan_min_rows, 1 << (rows - 1).bit_length())
 
 
 class Placed:
@@ -184,7 +185,7 @@ class Placed:
         with _plans_lock:
             if plan in _plans:
                 return True
-            if len(_plans) >= MAX_PLANS:
+            if len(_plans) >= RUNTIME.caches.placement_plans:
                 return False
             _plans.add(plan)
             return True
@@ -297,4 +298,4 @@ def layouts_of(owner: Any, key: Any) -> dict[Any, Any]:
 _LAYOUTS: dict[int, tuple[weakref.ref[Any], dict[Any, dict[Any, Any]]]] = {}
 
 
-__all__ = ["MAX_PLANS", "Placed", "layouts_of", "tag", "tags", "take_rows"]
+__all__ = ["Placed", "layouts_of", "tag", "tags", "take_rows"]

@@ -48,6 +48,7 @@ from pytreestore._read.ahead import Block, ReadAhead
 from pytreestore._read.cache import ChunkCache
 from pytreestore._read.index import Selection
 from pytreestore._read.request import LoadRequest
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends import Backend, ReadsInto, capable
 from pytreestore.errors import CorruptChunkError, CorruptStoreError, SchemaMismatchError
 
@@ -215,7 +216,7 @@ def _slab_leaves(
         paths = [request.schema.paths[i] for i in chosen]
         return [_device.jax_ready(a, p, request.cast) for a, p in zip(arrays, paths)]
 
-    pieces = _slabs.plan(selection.index, nbytes, chunk, _slabs.SLAB_BYTES)
+    pieces = _slabs.plan(selection.index, nbytes, chunk, RUNTIME.reads.slab_bytes)
     placed = _slabs.load(read, pieces, len(specs), request.device)  # None stays uncommitted
     return _placed_leaves(request, placed)
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -35,6 +34,7 @@ from jax.sharding import Sharding
 from pytreestore._format.schema import ColumnSpec
 from pytreestore._read import device as _device
 from pytreestore._read.index import Selection
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends import Backend, BatchedReads, capable
 from pytreestore.errors import ShardingError
 
@@ -349,7 +349,7 @@ def read_many(
     for i, (_, index) in enumerate(requests):
         groups.setdefault(_hashable(index), []).append(i)
     out: list[Any] = [None] * len(requests)
-    with ThreadPoolExecutor(max_workers=min(len(groups), 16)) as pool:
+    with RUNTIME.call_pool(min(len(groups), RUNTIME.threads.sharded_reads)) as pool:
         futures = {
             pool.submit(
                 backend.read, [requests[i][0] for i in ids], requests[ids[0]][1], records

@@ -3,14 +3,16 @@
 A load of every record of a 1 GB store read whole and then copied would spend its time in
 turn: TensorStore decodes into fresh host arrays (on an accelerator's host each new page costs
 a fault, about 1 GB/s on one thread), then ``jax.device_put`` copies them. Here a load of at
-least :data:`MIN_BYTES` onto one accelerator device is cut into *pieces* of about
-:data:`SLAB_BYTES` (:func:`plan`), :data:`READERS` read side by side (one piece: in the
+least ``RUNTIME.reads.slab_min_bytes`` onto one accelerator device is cut into *pieces* of about
+``RUNTIME.reads.slab_bytes`` (:func:`plan`), ``RUNTIME.threads.slab_readers`` read side by side
+(one piece: in the
 calling thread, so that loads run side by side by ``batches`` keep their own threads), each
 into a host buffer reused from load to load (:mod:`pytreestore._read.hostpool`, where the
 backend reads into the caller's arrays), and each is handed to ``jax.device_put`` as soon as
 it is read, so the copy of one piece runs while the next are decoded:
 
-* a column whose rows take at most :data:`WHOLE_BYTES` is read whole, with other such
+* a column whose rows take at most ``RUNTIME.reads.whole_column_bytes`` is read whole, with other
+  such
   columns (a wide tree of small leaves: a few pieces, nothing to join);
 * a bigger column is read in *slabs* of whole chunks of rows, with the other big columns'
   rows of that slab; its slabs are joined on the device by one compiled concatenation per
@@ -36,20 +38,15 @@ import functools
 import itertools
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pytreestore._platform import at_fork
 from pytreestore._read import hostpool as _hostpool
-
-SLAB_BYTES = 64 << 20  # bytes of one piece, about
-MIN_BYTES = 16 << 20  # a smaller load is read whole (into fresh arrays)
-WHOLE_BYTES = 8 << 20  # a column whose rows take at most this is read whole, in a group
-READERS = 3  # slabs read side by side (each decodes on TensorStore's own threads too)
+from pytreestore._runtime import RUNTIME
 
 #: platforms the slab pipeline serves; tests add "cpu" to run it without an accelerator
 PLATFORMS = {"tpu", "gpu", "cuda", "rocm"}
@@ -75,11 +72,14 @@ class Piece:
 
 def plan(index: slice, column_nbytes: Sequence[int], chunk: int, slab_bytes: int) -> list[Piece]:
     """The pieces of a load of rows ``index`` of columns taking ``column_nbytes`` bytes a
-    record: the columns whose rows take at most :data:`WHOLE_BYTES` in groups of about
+    record: the columns whose rows take at most ``RUNTIME.reads.whole_column_bytes`` in groups of
+    about
     ``slab_bytes``, whole; the others together in slabs of rows (:func:`plan_slabs`)."""
     count = index.stop - index.start
-    small = [i for i, b in enumerate(column_nbytes) if b * count <= WHOLE_BYTES]
-    big = [i for i, b in enumerate(column_nbytes) if b * count > WHOLE_BYTES]
+    small = [
+        i for i, b in enumerate(column_nbytes) if b * count <= RUNTIME.reads.whole_column_bytes
+    ]
+    big = [i for i, b in enumerate(column_nbytes) if b * count > RUNTIME.reads.whole_column_bytes]
     pieces: list[Piece] = []
     group: list[int] = []
     size = 0
@@ -112,7 +112,7 @@ def planned(index: Any, nbytes: int, device: Any) -> Any:
     """The device to load ``index`` (``nbytes`` of host arrays) onto in pieces, or None to
     read it whole: an index array, a small load, a sharding, a CPU device, or too little
     free device memory for the pieces and their concatenation."""
-    if not isinstance(index, slice) or index.step != 1 or nbytes < MIN_BYTES:
+    if not isinstance(index, slice) or index.step != 1 or nbytes < RUNTIME.reads.slab_min_bytes:
         return None
     target = device_of(device)
     if target is None or target.platform not in PLATFORMS:
@@ -120,7 +120,7 @@ def planned(index: Any, nbytes: int, device: Any) -> Any:
     stats = _memory_stats(target)
     if stats and "bytes_limit" in stats:
         free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
-        if 2 * nbytes + SLAB_BYTES > free:
+        if 2 * nbytes + RUNTIME.reads.slab_bytes > free:
             return None
     return target
 
@@ -139,7 +139,8 @@ def load(
     device: Any,
 ) -> list[jax.Array]:
     """Every piece of ``pieces`` read by ``read`` (host arrays of its columns' rows, in a
-    dtype JAX holds), :data:`READERS` at a time, each copied to ``device`` as soon as it is
+    dtype JAX holds), ``RUNTIME.threads.slab_readers`` at a time, each copied to ``device`` as soon
+    as it is
     read; the ``columns`` chosen columns, each joined on the device from its slabs. ``device``
     is as the load was given it: None places on the default device uncommitted, as
     ``jax.device_put`` does, so the arrays may join computations on other devices.
@@ -155,7 +156,7 @@ def load(
         Whatever ``read`` raised for the first piece that failed (the others are waited for).
     """
     futures: list[Future[list[jax.Array]]] = []
-    window = threading.BoundedSemaphore(READERS)
+    window = threading.BoundedSemaphore(RUNTIME.threads.slab_readers)
     failed = threading.Event()  # a piece failed: the others are not read
 
     buffers = _hostpool.pool()
@@ -184,7 +185,7 @@ def load(
                 buffers.give(b, placed, reuse and ok)
             window.release()
 
-    pool = _pool() if len(pieces) > 1 else None  # one piece is read here
+    pool = RUNTIME.slab_pool() if len(pieces) > 1 else None  # one piece is read here
     try:
         for piece in pieces:
             window.acquire()
@@ -255,26 +256,3 @@ def _join(slabs: list[list[jax.Array]]) -> list[jax.Array]:
 @functools.partial(jax.jit)
 def _concatenate(columns: tuple[tuple[jax.Array, ...], ...]) -> list[jax.Array]:
     return [jnp.concatenate(slabs) for slabs in columns]
-
-
-_POOL: list[ThreadPoolExecutor] = []
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    """The readers' threads, kept for the process (a new thread gets a new malloc arena, so
-    fresh threads per load would keep fresh memory)."""
-    with _POOL_LOCK:
-        if not _POOL:
-            _POOL.append(ThreadPoolExecutor(READERS, thread_name_prefix="pytreestore-slab"))
-        return _POOL[0]
-
-
-def _after_fork() -> None:
-    """A forked child has none of its parent's threads: it makes a pool of its own."""
-    global _POOL_LOCK
-    _POOL_LOCK = threading.Lock()
-    _POOL.clear()
-
-
-at_fork(_after_fork)

@@ -29,7 +29,7 @@ from pytreestore._read import cache as _cache
 from pytreestore._read import hostpool as _hostpool
 from pytreestore._read import sharded as _sharded
 from pytreestore._read import slabs as _slabs
-from pytreestore._read.ahead import JIT_MIN, RecordsBlock
+from pytreestore._read.ahead import RecordsBlock
 from pytreestore._read.build import PRESENT, Flat, Padded, Segments, exact
 from pytreestore._read.device import fitted, jax_ready, to_jax
 from pytreestore._read.gather import Rows, gather, lengths, record_of
@@ -37,6 +37,7 @@ from pytreestore._read.index import Selection, rows
 from pytreestore._read.placed import Placed, layouts_of, tags
 from pytreestore._read.reader import ReadContext, explained
 from pytreestore._read.request import LoadRequest
+from pytreestore._runtime import RUNTIME
 from pytreestore._tree.layout import LayoutNode
 from pytreestore._tree.pad import check_pad_to
 from pytreestore.errors import (
@@ -48,7 +49,6 @@ from pytreestore.errors import (
 )
 
 FORMS = ("pad", "segments")
-ITER_BLOCK = 1024  # records gathered at once by iteration
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,9 +251,9 @@ def _in_slabs(
     index = selection.index
     if request.as_numpy or request.split:
         return None
-    if _slabs.planned(index, _slabs.MIN_BYTES, request.device) is None:
+    if _slabs.planned(index, RUNTIME.reads.slab_min_bytes, request.device) is None:
         return None  # an index array, or not onto an accelerator
-    if _stored_nbytes(request, now, selection.count) < _slabs.MIN_BYTES // 2:
+    if _stored_nbytes(request, now, selection.count) < RUNTIME.reads.slab_min_bytes // 2:
         return None
     schema = request.schema
     longest = _longest(schema, _gather(context, request, now, rows(index), leaves=[]))
@@ -273,7 +273,7 @@ def _in_slabs(
         return [jax_ready(got.leaves[n], p, request.cast) for n, p in zip(got.placed, paths)]
 
     chosen = tuple(range(len(out.placed)))
-    slabs = _slabs.plan_slabs(index, schema.chunk_records, per_record, _slabs.SLAB_BYTES)
+    slabs = _slabs.plan_slabs(index, schema.chunk_records, per_record, RUNTIME.reads.slab_bytes)
     pieces = [_slabs.Piece(chosen, r) for r in slabs]
     return _rebuilt(out, _slabs.load(read, pieces, len(chosen), request.device), request)
 
@@ -298,10 +298,10 @@ def record_lengths(
 def iterate(
     context: ReadContext, commit: Callable[[], Commit], request: LoadRequest
 ) -> Iterator[Any]:
-    """Every record exactly, gathered :data:`ITER_BLOCK` records at a time: the blocks
+    """Every record exactly, gathered ``RUNTIME.reads.iter_block`` records at a time: the blocks
     ``store[i]`` in a loop reads (as numpy, the records built from the block's reads)."""
     now = _commit(context, commit)
-    for start in range(0, now.records, ITER_BLOCK):
+    for start in range(0, now.records, RUNTIME.reads.iter_block):
         block = _block(context, request, now, start)
         if request.as_numpy:
             yield from block.records  # each record's arrays are its own rows of the reads
@@ -310,10 +310,10 @@ def iterate(
 
 
 def _block(context: ReadContext, request: LoadRequest, now: Commit, start: int) -> RecordsBlock:
-    """Records from ``start`` (:data:`ITER_BLOCK` of them, fewer at the end), exactly, for
+    """Records from ``start`` (``RUNTIME.reads.iter_block`` of them, fewer at the end), exactly, for
     ``store[i]`` in a loop to read from; their rows placed on the device once when the
     records are wanted there (:mod:`pytreestore._read.placed`)."""
-    records = np.arange(start, min(start + ITER_BLOCK, now.records))
+    records = np.arange(start, min(start + RUNTIME.reads.iter_block, now.records))
     gathered = _gather(context, request, now, records)
     spec = request.schema.layout.spec
     exact_records = exact(spec, gathered, None, len(records))
@@ -321,7 +321,7 @@ def _block(context: ReadContext, request: LoadRequest, now: Commit, start: int) 
     placed = None
     if (
         not request.as_numpy
-        and len(records) >= JIT_MIN
+        and len(records) >= RUNTIME.reads.ahead_jit_min
         and (device is None or isinstance(device, jax.Device))
     ):
         placed = _on_device(request, spec, gathered, len(records))

@@ -51,6 +51,7 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
+from pytreestore._runtime import RUNTIME
 from pytreestore.errors import DeletedArrayError, DeviceFetchError, PyTreeStoreError
 
 #: the concrete classes of ``jax.Array`` taken by the fast path of a fill (met so far, in a
@@ -179,33 +180,30 @@ def fetch(buffers: Sequence[np.ndarray], kept: Sequence[Kept]) -> None:
         _fetch_in_order(buffers, kept)
 
 
-#: arrays stacked on a device per call (a fixed count: one compiled stack per leaf shape)
-STACK = 256
-
-
 @functools.cache
 def _stacker() -> Any:
     return jax.jit(lambda *arrays: jax.numpy.stack(arrays))
 
 
 def _fetch_stacked(buffers: Sequence[np.ndarray], kept: Sequence[Kept]) -> None:
-    """Each column's kept arrays of one sharding stacked on it :data:`STACK` at a time
-    (the last group padded with its last array; fewer, one by one), every copy to the host
+    """Each column's kept arrays of one sharding stacked on it
+    ``RUNTIME.writes.device_stack`` at a time (the last group padded with its last array;
+    fewer, one by one), every copy to the host
     started, then waited for."""
     columns: dict[tuple[int, Any], tuple[list[int], list[Any]]] = {}
     for row, column, leaf in kept:
         rows, leaves = columns.setdefault((column, leaf.sharding), ([], []))
         rows.append(row)
         leaves.append(leaf)
-    stack, stacked = _stacker(), []
+    stack, stacked, each = _stacker(), [], RUNTIME.writes.device_stack
     for (column, _), (rows, leaves) in columns.items():
-        if len(leaves) < STACK:  # too few to pay for compiling a stack: copied one by one
+        if len(leaves) < each:  # too few to pay for compiling a stack: copied one by one
             stacked.extend((column, [row], leaf) for row, leaf in zip(rows, leaves))
             continue
-        for i in range(0, len(leaves), STACK):
-            group = leaves[i : i + STACK]
-            group += [group[-1]] * (STACK - len(group))
-            stacked.append((column, rows[i : i + STACK], stack(*group)))
+        for i in range(0, len(leaves), each):
+            group = leaves[i : i + each]
+            group += [group[-1]] * (each - len(group))
+            stacked.append((column, rows[i : i + each], stack(*group)))
     for _, _, block in stacked:
         block.copy_to_host_async()
     for column, rows, block in stacked:

@@ -33,16 +33,12 @@ import os
 import sys
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pytreestore._format.names import CHUNK_KEY_PATTERN
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends._base import missing_chunk
 from pytreestore.errors import PyTreeStoreError, StorageError
-
-_THREADS = 16  # folders fsynced at once
-#: up to this many folders are fsynced one by one; more take one syncfs of the file system
-FEW_FOLDERS = 32
 
 
 def link_files(root: str, pairs: Sequence[tuple[str, str]]) -> None:
@@ -99,7 +95,7 @@ def _by_folder(
     groups: dict[str, list[Any]] = {}
     for pair in pairs:
         groups.setdefault(pair[1].rpartition("/")[0], []).append(pair)
-    threads = min(len(groups), os.cpu_count() or 1, _THREADS)
+    threads = min(len(groups), os.cpu_count() or 1, RUNTIME.threads.folder_syncs)
     if threads < 2:
         for group in groups.values():
             fn(root, group, folders)
@@ -110,7 +106,7 @@ def _by_folder(
         fn(root, group, found)
         return found
 
-    with ThreadPoolExecutor(threads) as pool:
+    with RUNTIME.call_pool(threads) as pool:
         for found in pool.map(run, groups.values()):
             folders |= found
 
@@ -180,14 +176,14 @@ def missing_source(source: str, thing: str = "file") -> Exception:
 
 def sync_folders(folders: Iterable[str]) -> None:
     """Makes the entries of ``folders`` (absolute paths) durable: each folder fsynced when
-    they are at most :data:`FEW_FOLDERS`, else one ``syncfs`` of their file system (which
+    they are at most ``RUNTIME.writes.few_folders``, else one ``syncfs`` of their file system (which
     flushes everything on it: far fewer waits than thousands of fsyncs).
 
     Raises:
         OSError: the file system failed to sync.
     """
     found = sorted(folders)
-    if len(found) > FEW_FOLDERS and _syncfs_all(found):
+    if len(found) > RUNTIME.writes.few_folders and _syncfs_all(found):
         return
     _each(fsync_folder, found)
 
@@ -238,13 +234,12 @@ def _each(fn: Callable[[Any], None], items: Sequence[Any]) -> None:
         for item in items:
             fn(item)
         return
-    with ThreadPoolExecutor(min(_THREADS, len(items))) as pool:
+    with RUNTIME.call_pool(min(RUNTIME.threads.folder_syncs, len(items))) as pool:
         for _ in pool.map(fn, items):
             pass
 
 
 __all__ = [
-    "FEW_FOLDERS",
     "fsync_folder",
     "link_all",
     "link_files",

@@ -31,6 +31,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from pytreestore._runtime import thread
+
 __all__ = ["MotoServer", "OutageProxy", "free_port"]
 
 HOST = "127.0.0.1"
@@ -174,8 +176,7 @@ class OutageProxy:
         listener.bind((HOST, self.port))
         listener.listen(64)
         self._listener = listener
-        self._thread = threading.Thread(target=self._accept, args=(listener,), daemon=True)
-        self._thread.start()
+        self._thread = thread(self._accept, (listener,), "pytreestore-s3-proxy")
         return self
 
     def down(self) -> None:
@@ -208,7 +209,7 @@ class OutageProxy:
             with self._lock:
                 self._conns.update((client, server))
             for a, b, drop in ((client, server, self._drop), (server, client, None)):
-                threading.Thread(target=self._pipe, args=(a, b, drop), daemon=True).start()
+                thread(self._pipe, (a, b, drop), "pytreestore-s3-pipe")
 
     def _pipe(self, src: socket.socket, dst: socket.socket, drop: re.Pattern | None) -> None:
         try:

@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import pytreestore
 from pytreestore._read import hostpool, slabs
+from pytreestore._runtime import RUNTIME
 from pytreestore.errors import ShardingError
 from tests.conftest import copying_cpu_puts, cpu_mesh
 from tests.parity import kinds
@@ -70,9 +71,9 @@ def on_cpu(monkeypatch):
     """The slab path on for CPU devices, with slabs of 2 KiB (several per load below);
     counts the pieces of each slab load."""
     monkeypatch.setattr(slabs, "PLATFORMS", {*slabs.PLATFORMS, "cpu"})
-    monkeypatch.setattr(slabs, "SLAB_BYTES", 2 << 10)
-    monkeypatch.setattr(slabs, "MIN_BYTES", 2 << 10)
-    monkeypatch.setattr(slabs, "WHOLE_BYTES", 256)
+    monkeypatch.setattr(RUNTIME.reads, "slab_bytes", 2 << 10)
+    monkeypatch.setattr(RUNTIME.reads, "slab_min_bytes", 2 << 10)
+    monkeypatch.setattr(RUNTIME.reads, "whole_column_bytes", 256)
     calls: list[int] = []
     load = slabs.load
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import pytreestore
+from pytreestore._runtime import RUNTIME
 from tests.parity import kinds
 
 N = 80  # past JIT_MIN (64): the loop's block is placed on the device
@@ -67,7 +68,7 @@ def test_loop_past_the_compiled_plans_places_from_the_host(tmp_path, kind, monke
     from pytreestore._read import placed as _placed
 
     monkeypatch.setattr(_placed, "_plans", set())
-    monkeypatch.setattr(_placed, "MAX_PLANS", 0)
+    monkeypatch.setattr(RUNTIME.caches, "placement_plans", 0)
     recs = kinds.filled(tmp_path / "s", kind, "tensorstore", n=N)
     with pytreestore.open(tmp_path / "s") as store:
         for i in range(N):
@@ -140,7 +141,7 @@ def test_later_blocks_take_records_by_the_layouts_of_earlier_ones(tmp_path, kind
     tags built again), and come back exactly, whatever their start rows in the new block."""
     from pytreestore._read import tables as _load
 
-    monkeypatch.setattr(_load, "ITER_BLOCK", 64)
+    monkeypatch.setattr(RUNTIME.reads, "iter_block", 64)
     built: list[int] = []
     tags = _load._tags
     monkeypatch.setattr(_load, "_tags", lambda *a: built.append(1) or tags(*a))

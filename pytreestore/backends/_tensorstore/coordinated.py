@@ -29,13 +29,9 @@ from collections.abc import Iterator
 import tensorstore as ts
 
 from pytreestore._location import Location
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends._tensorstore.database import OcdbtDatabase
 from pytreestore.errors import ArgumentError, BadLocationError, StorageError
-
-#: how long a writer's coordinator leases on B+tree ranges last (TensorStore's default: 10 s)
-LEASE_SECONDS = 10.0
-#: how long one storage call of a writer waits before StorageError (a coordinator that hangs)
-TIMEOUT_SECONDS = 60.0
 
 
 @contextlib.contextmanager
@@ -108,8 +104,8 @@ class CoordinatedOcdbtBackend(OcdbtDatabase):
         location: Location,
         address: str,
         *,
-        lease: float = LEASE_SECONDS,
-        timeout: float = TIMEOUT_SECONDS,
+        lease: float = RUNTIME.waits.lease_s,
+        timeout: float = RUNTIME.waits.coordinator_timeout_s,
     ) -> None:
         if location.kind != "file":
             raise BadLocationError(
@@ -123,8 +119,6 @@ class CoordinatedOcdbtBackend(OcdbtDatabase):
 
 
 __all__ = [
-    "LEASE_SECONDS",
-    "TIMEOUT_SECONDS",
     "CoordinatedOcdbtBackend",
     "check_address",
     "ocdbt_coordinator",

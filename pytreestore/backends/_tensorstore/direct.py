@@ -47,7 +47,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import wait
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -55,22 +55,11 @@ import google_crc32c
 import numpy as np
 
 from pytreestore._format import compression as _compression
-from pytreestore._platform import at_fork
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends._base import damaged_chunk
 
 _T = TypeVar("_T")
-_WORKERS = max(8, min(32, 4 * (os.cpu_count() or 1)))  # threads mostly wait on the disk
-_POOL: ThreadPoolExecutor | None = None
 _LITTLE = sys.byteorder == "little"
-
-
-def _forget_pool() -> None:
-    """A forked child has none of its parent's threads: it starts a pool of its own."""
-    global _POOL
-    _POOL = None
-
-
-at_fork(_forget_pool)
 
 
 class MissingChunk(Exception):
@@ -365,10 +354,8 @@ def _run_all(tasks: Sequence[Callable[[], _T]]) -> list[_T]:
     (after every task has finished, so no thread still writes into an output)."""
     if len(tasks) <= 1:
         return [t() for t in tasks]
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(_WORKERS, thread_name_prefix="pytreestore-direct")
-    futures = [_POOL.submit(t) for t in tasks]
+    pool = RUNTIME.direct_pool()
+    futures = [pool.submit(t) for t in tasks]
     try:
         errors = [f.exception() for f in futures]
     except BaseException:  # interrupted: nothing may still write into an output once we raise

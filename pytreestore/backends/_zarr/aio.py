@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Iterable
+from typing import TypeVar
 
 import zarr
 from zarr.core.sync import sync
 
+from pytreestore._runtime import RUNTIME, ExitSafePool
 from pytreestore.backends._base import symlink_loop
 from pytreestore.errors import PyTreeStoreError, StorageError
 
@@ -34,28 +34,12 @@ _T = TypeVar("_T")
 _SAFE: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 
 
-class ExitSafePool(ThreadPoolExecutor):
-    """A thread pool that runs work on the caller's thread once it refuses new work (the
-    interpreter exits, or the pool was shut down): the work is done, slower, never dropped."""
-
-    def submit(self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> Future[_T]:
-        try:
-            return super().submit(fn, *args, **kwargs)
-        except RuntimeError:  # "cannot schedule new futures after (interpreter) shutdown"
-            done: Future[_T] = Future()
-            try:
-                done.set_result(fn(*args, **kwargs))
-            except BaseException as err:  # the future carries it
-                done.set_exception(err)
-            return done
-
-
 async def _exit_safe(coroutine: Awaitable[_T]) -> _T:
     """Awaits ``coroutine`` on a loop whose default executor is an :class:`ExitSafePool`."""
     loop = asyncio.get_running_loop()
     if loop not in _SAFE:
         workers = zarr.config.get("threading.max_workers", None)
-        loop.set_default_executor(ExitSafePool(workers, thread_name_prefix="zarr_pool"))
+        loop.set_default_executor(RUNTIME.loop_pool(workers))
         _SAFE.add(loop)
     return await coroutine
 

@@ -28,6 +28,7 @@ from zarr.storage import ObjectStore
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import NO_VALUE, array_json
 from pytreestore._location import Location, S3Options
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends._metadata import encode_document
 from pytreestore.backends._zarr.aio import gather
 from pytreestore.backends._zarr.backend import ZarrBackend
@@ -35,8 +36,6 @@ from pytreestore.errors import BadLocationError, CommitConflictError, StorageErr
 
 # ---- S3 ----------------------------------------------------------------------------------------
 
-#: conditional PUTs of one ``zarr.json`` before giving up on a store that keeps changing
-_DOCUMENT_ATTEMPTS = 5
 #: S3Options obstore cannot honour, and why
 _NOT_ON_OBSTORE = {
     "profile": "obstore reads no profiles of the AWS credentials file",
@@ -300,7 +299,7 @@ class ZarrS3Backend(ZarrBackend):
     async def _put_document(self, key: str, document: dict[str, Any], grow: bool) -> None:
         name, data = array_json(key), encode_document(document)
         token = self._document_tokens.pop(key, None)
-        for _ in range(_DOCUMENT_ATTEMPTS):
+        for _ in range(RUNTIME.waits.document_attempts):
             if token is None:
                 raw, token = await self._get_versioned(name)
                 if grow and raw is not None and _records(raw, name) > document["shape"][0]:

@@ -29,6 +29,7 @@ from zarr.storage import LocalStore, MemoryStore, WrapperStore
 
 from pytreestore._format.names import CHUNK_KEY_PATTERN
 from pytreestore._location import Location
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends._base import missing_chunk
 from pytreestore.errors import BadLocationError
 
@@ -68,7 +69,8 @@ class PinnedReads(WrapperStore[Store]):
     (a false checksum failure, or an inner chunk missed and read as the fill value).
 
     On local disk the first ranged read opens the file and the later ones read that open file
-    (a rename leaves it as it was); past :data:`MAX_OPEN` open files a read takes the whole
+    (a rename leaves it as it was); past ``RUNTIME.reads.open_files`` open files a read takes the
+    whole
     object's bytes instead. In memory the first read takes the key's value (values are never
     changed in place). Elsewhere (S3, HTTP) reads pass through: the backend reads again once
     when a checksum fails. Whole-object reads of keys not read by ranges pass through
@@ -115,7 +117,7 @@ class PinnedReads(WrapperStore[Store]):
         """``byte_range`` of the file at ``key`` as this read first opened it (runs in a
         worker thread; the event loop's coroutines share the dict of open files)."""
         if key not in self._files:
-            if len(self._files) >= MAX_OPEN:
+            if len(self._files) >= RUNTIME.reads.open_files:
                 root = Path(self._store.root)  # type: ignore[attr-defined]
                 # the first whole read of the key is the one every read of it sees
                 whole = self._values.setdefault(key, _read_whole(root / key))
@@ -129,11 +131,6 @@ class PinnedReads(WrapperStore[Store]):
         size = os.fstat(fd).st_size
         bounds = _bounds(byte_range, size)
         return os.pread(fd, max(0, min(bounds.stop, size) - bounds.start), bounds.start)
-
-
-#: files one read keeps open at most (beyond, ranged reads of a key take its whole bytes; a
-#: point read of a wide store opens one shard per column)
-MAX_OPEN = 256
 
 
 def _open_file(path: Path) -> int | None:
@@ -245,7 +242,6 @@ def durable_put(path: Path, data: bytes, exclusive: bool = False) -> None:
 
 
 __all__ = [
-    "MAX_OPEN",
     "ChunksRequired",
     "DurableLocalStore",
     "PinnedReads",
