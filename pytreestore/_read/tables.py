@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -22,7 +23,7 @@ import numpy as np
 from jax.tree_util import keystr, tree_flatten_with_path
 
 from pytreestore._commit.record import Commit
-from pytreestore._format.ragged import LEAF, PRESENCE
+from pytreestore._format.ragged import LEAF, OFFSETS, PRESENCE
 from pytreestore._format.schema import TreeSchema
 from pytreestore._format.weak import ragged_weak
 from pytreestore._read import cache as _cache
@@ -31,7 +32,7 @@ from pytreestore._read.build import Padded, exact
 from pytreestore._read.device import to_jax
 from pytreestore._read.gather import Rows, gather, lengths, record_of
 from pytreestore._read.index import rows
-from pytreestore._read.placed import Placed, layouts_of, tags
+from pytreestore._read.placed import Placed, layouts_of, structure_keys, tags
 from pytreestore._read.reader import ReadContext, explained
 from pytreestore._read.request import LoadRequest
 from pytreestore._tree.layout import Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList
@@ -200,7 +201,7 @@ def _block(context: ReadContext, request: LoadRequest, now: Commit, start: int) 
     records = np.arange(start, min(start + ITER_BLOCK, now.records))
     gathered = _gather(context, request, now, records)
     spec = request.schema.layout.spec
-    exact_records = exact(spec, gathered, None, len(records))
+    build = functools.partial(exact, spec, gathered, None, len(records))
     device = request.device
     placed = None
     if (
@@ -209,7 +210,8 @@ def _block(context: ReadContext, request: LoadRequest, now: Commit, start: int) 
         and (device is None or isinstance(device, jax.Device))
     ):
         placed = _on_device(request, spec, gathered, len(records))
-    return RecordsBlock(request, start, exact_records, lambda r: _placed(r, request), placed)
+    place = functools.partial(_placed, request=request)
+    return RecordsBlock(request, start, len(records), build, place, placed)
 
 
 def _on_device(
@@ -229,6 +231,7 @@ def _on_device(
         return None
     first = _first_rows(request.schema, gathered, count)
     starts = np.stack([first[t] for t in tables], axis=1)
+    keys = structure_keys(_structure(gathered, first, count))
     single = frozenset(c for c, t in enumerate(tables) if t is None)
     layouts = layouts_of(request.schema, (tuple(paths), tuple(tables)))
     weak = {c.path for c in request.schema.columns if c.weak_type}
@@ -242,7 +245,28 @@ def _on_device(
         cast=request.cast,
         layouts=layouts,
         weak=[p in weak for p in paths] if weak else None,
+        keys=keys,
     )
+
+
+def _structure(
+    gathered: dict[str | None, Rows], first: dict[str | None, np.ndarray], count: int
+) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """Per table with offsets or presence arrays, each row's lengths and presence flags,
+    and the bounds of each record's rows there (None: the record table): what
+    :func:`~pytreestore._read.placed.structure_keys` tells records' structures by."""
+    parts = []
+    for table, table_rows in gathered.items():
+        codes = []
+        for key, array in table_rows.values.items():
+            if key[0] == OFFSETS:
+                codes.append(array[1] - array[0])  # (starts, ends): each row's length
+            elif key[0] == PRESENCE:
+                codes.append(array)
+        if codes:
+            bounds = None if table is None else np.append(first[table], table_rows.count)
+            parts.append((np.stack(codes, axis=1).astype(np.int64), bounds))
+    return parts
 
 
 def _first_rows(
