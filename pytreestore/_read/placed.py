@@ -206,6 +206,41 @@ class Placed:
 _ROW = (1 << SHIFT) - 1
 
 
+def host_records(
+    host: Sequence[np.ndarray],
+    starts: np.ndarray,
+    keys: Sequence[Any],
+    tags: Callable[[], list[Any]],
+    single: frozenset[int],
+    layouts: dict[Any, Any],
+    fallback: Callable[[], list[Any]],
+) -> list[Any]:
+    """Each record of a block exactly, as a numpy tree whose leaves are views of ``host``
+    (the block's leaf columns), built by its structure's layout: one view per leaf and one
+    unflatten, as a fixed record is. The arguments are those of :meth:`Placed.of`;
+    ``fallback`` builds every record another way (called once, for the records that hold an
+    empty array, which their tags do not place)."""
+    records: list[Any] = []
+    tagged: list[Any] | None = None
+    others: list[Any] | None = None
+    for j, (key, first) in enumerate(zip(keys, starts.tolist(), strict=True)):
+        layout = layouts.get(key)
+        if layout is None:
+            tagged = tags() if tagged is None else tagged
+            tag_leaves, treedef = jax.tree_util.tree_flatten(tagged[j])
+            layout = layouts[key] = _Layout.of(tag_leaves, treedef, single, starts[j])
+        if layout.empty:
+            others = fallback() if others is None else others
+            records.append(others[j])
+            continue
+        leaves = [
+            kept if c < 0 else host[c][first[c] + r, ...] if n < 0 else host[c][first[c] + r :][:n]
+            for kept, (c, r, n) in zip(layout.kept, layout.rows)
+        ]
+        records.append(layout.treedef.unflatten(leaves))
+    return records
+
+
 def _is_tag(t: Any) -> bool:
     """Whether leaf ``t`` of a record of tags names rows (not a kept value or an empty
     array)."""
@@ -248,6 +283,10 @@ class _Layout:
         cut: the leaves (array leaves padded in the plan) cut back to their rows.
         kept: per leaf, the value kept as it is (for the others, their tags: unused).
         treedef: the records' treedef.
+        rows: per leaf, its rows in the host columns: ``(column, row from the record's
+            start, -1)`` for a scalar leaf, ``(column, first row, count)`` for an array
+            leaf (a ragged leading axis), ``(-1, 0, 0)`` for a value kept as it is.
+        empty: whether the records hold an empty array (which no tag places).
     """
 
     plan: Plan | None
@@ -257,6 +296,8 @@ class _Layout:
     cut: tuple[tuple[int, int], ...]
     kept: tuple[Any, ...]
     treedef: Any
+    rows: tuple[tuple[int, int, int], ...]
+    empty: bool
 
     @classmethod
     def of(
@@ -270,7 +311,9 @@ class _Layout:
         by_column: dict[int, list[int]] = {}
         arrays: list[int] = []
         empty = False
+        host_rows = []
         for p, t in enumerate(tag_leaves):
+            host_rows.append(_host_rows(t, starts))
             if not _is_tag(t):
                 empty = empty or isinstance(t, Tag)  # an empty array
             elif t.ndim == 0:
@@ -311,7 +354,18 @@ class _Layout:
             tuple(cut),
             tuple(tag_leaves),
             treedef,
+            tuple(host_rows),
+            empty,
         )
+
+
+def _host_rows(t: Any, starts: np.ndarray) -> tuple[int, int, int]:
+    """Where the leaf of tag ``t`` lies in the host columns (see :class:`_Layout`)."""
+    if not _is_tag(t):
+        return (-1, 0, 0)
+    first = int(t.flat[0])
+    c, row = first >> SHIFT, (first & _ROW) - int(starts[first >> SHIFT])
+    return (c, row, -1) if t.ndim == 0 else (c, row, len(t))
 
 
 def layouts_of(owner: Any, key: Any) -> dict[Any, Any]:
@@ -335,6 +389,7 @@ __all__ = [
     "MAX_PLANS",
     "Placed",
     "Tag",
+    "host_records",
     "layouts_of",
     "structure_keys",
     "tag",
