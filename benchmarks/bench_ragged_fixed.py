@@ -15,7 +15,9 @@ store, timed side by side in one process, on local stores, default chunking and 
 * **store[i] loop**: ``for i in range(N): store[i]`` (jax arrays), sequential, all N records.
 * **iterate**: ``for r in store.records(as_numpy=True): pass`` over all N records.
 
-Each row names its backend (tensorstore, zarr, ocdbt). The goal is ratio <= 1.5 (issue 29).
+Each row names its backend (tensorstore, zarr, ocdbt). The goal is ratio <= 1.5 (issue 29)
+for ``append`` and ``load(i)``, and ratio <= 2 for ``store[i] loop`` and ``iterate`` (issue
+45's limit: the records are served one by one, and a ragged record's structure varies).
 Each row's notes also give both sides' CPU time (``time.process_time``, every thread): on a
 machine shared with other work, the wall-clock ratio swings with the other processes' load.
 Outputs are checked against the records appended, outside the timed regions.
@@ -47,6 +49,8 @@ TITLE = "Ragged against fixed, the same bytes (#29)"
 K = 8  # agents a record: exactly, in the fixed store; on average, in the ragged one
 BACKENDS = ("tensorstore", "zarr", "ocdbt")
 PICK = 500  # random indices per load(i) run
+#: the rows whose goal is not the 1.5 of issue 29: issue 45's limit for records one by one
+GOALS = {"store[i] loop": 2.0, "iterate": 2.0}
 
 
 @dataclass(frozen=True)
@@ -362,7 +366,7 @@ def _row(
         n=n,
         ours=ragged,
         baseline=fixed,
-        goal=at_most(1.5),
+        goal=at_most(GOALS.get(case, 1.5)),
         higher_is_better=False,
         ours_label=(
             f'{what}; ragged store (`ragged=[".agents"]`), lists of 0-{2 * K} agents '

@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -132,13 +133,16 @@ class Block:
 
 @dataclasses.dataclass(frozen=True)
 class RecordsBlock:
-    """Consecutive records of a ragged store, each kept exactly as read (host arrays), for
-    ``store[i]`` in a loop; a record is served as a copy, placed by ``place``.
+    """Consecutive records of a ragged store, for ``store[i]`` in a loop; a record is
+    served from the device copy of the block's rows, or as a copy of its host tree, placed by
+    ``place``.
 
     Attributes:
         request: the read the block was read for.
         start: the first record's index.
-        records: the records, as numpy trees.
+        count: how many records.
+        build: builds the records exactly as read (numpy trees); called once, when a
+            record is first served from the host.
         place: puts a record's arrays where the request asks (the device, or nowhere).
         placed: the records' rows on the device, to take each record from in one compiled
             call (:mod:`pytreestore._read.placed`); None: each is placed by ``place``.
@@ -146,13 +150,15 @@ class RecordsBlock:
 
     request: LoadRequest
     start: int
-    records: list[Any]
+    count: int
+    build: Callable[[], list[Any]]
     place: Callable[[Any], Any]
     placed: Placed | None = None
 
-    @property
-    def count(self) -> int:
-        return len(self.records)
+    @functools.cached_property
+    def records(self) -> list[Any]:
+        """The records, as numpy trees (built on first use)."""
+        return self.build()
 
     def holds(self, request: LoadRequest, i: int) -> bool:
         """Whether record ``i`` is here, read the way ``request`` asks."""
@@ -161,7 +167,7 @@ class RecordsBlock:
     def record(self, j: int) -> Any:
         """A copy of the block's ``j``-th record, placed."""
         if self.placed is not None:
-            record = self.placed.record(j, self.records[j])
+            record = self.placed.record(j)
             if record is not None:
                 return record
         copy = jax.tree.map(

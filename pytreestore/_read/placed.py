@@ -19,17 +19,19 @@ A record's rows in each table are consecutive, and which of them each leaf holds
 only on the record's structure (its lists' lengths and which optional subtrees it holds: its
 treedef). So records of one structure share a *layout*, made once a read from the tags of the
 first such record (:func:`layouts_of`): per row the gather takes, its column and its row from
-the record's start there, and per leaf its output. A record then costs one flatten of its
-host tree, one index (its start rows plus the layout's), one compiled call and one
-unflatten, as a fixed record does; the tags of a block are built only when it holds a
-structure the read has not met yet.
+the record's start there, per leaf its output, and the treedef. A record's structure is told
+by a key read from its rows of the offsets and presence arrays (:func:`structure_keys`,
+made for a whole block at once), so a record costs one index (its start rows plus the
+layout's), one compiled call and one unflatten, as a fixed record does: no host tree is
+built or flattened. The tags of a block are built only when it holds a structure the read
+has not met yet.
 
 Example:
     >>> import numpy as np
     >>> record_tags = [[tag(0, 2), tag(0, 3)]]  # record 0: rows 2 and 3 of column 0
     >>> rows = Placed.of([np.arange(4, dtype=np.int32)], [".x"], np.array([[2]]),
     ...                  lambda: record_tags, frozenset(), device=None, cast=False)
-    >>> [int(x) for x in rows.record(0, [np.int32(2), np.int32(3)])]
+    >>> [int(x) for x in rows.record(0)]
     [2, 3]
 """
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -59,9 +62,14 @@ _plans: set[Plan] = set()
 _plans_lock = threading.Lock()
 
 
+class Tag(np.ndarray):
+    """Tags, as an array class of their own: a record built from tags tells its tags (the
+    leaves of this class) from the values it keeps as they are (which may be int64 arrays)."""
+
+
 def tag(column: int, row: Any) -> Any:
     """The tag of ``row`` (an int or an int array) of leaf column ``column``."""
-    return (np.int64(column) << SHIFT) | np.asarray(row, np.int64)
+    return np.asarray((np.int64(column) << SHIFT) | np.asarray(row, np.int64)).view(Tag)
 
 
 def tags(column: int, count: int) -> np.ndarray:
@@ -97,6 +105,7 @@ class Placed:
         tags: Callable[[], list[Any]],
         single: frozenset[int],
         layouts: dict[Any, Any],
+        keys: Sequence[Any],
     ):
         self.columns = columns
         self.starts = starts
@@ -104,6 +113,7 @@ class Placed:
         self._tagged: list[Any] | None = None
         self.single = single  # the columns of which a record holds one row at most
         self.layouts = layouts
+        self.keys = keys  # per record, its structure (records of one key share a layout)
 
     @classmethod
     def of(
@@ -118,6 +128,7 @@ class Placed:
         cast: bool,
         layouts: dict[Any, Any] | None = None,
         weak: Sequence[bool] | None = None,
+        keys: Sequence[Any] | None = None,
     ) -> Placed | None:
         """``host`` (each leaf column's rows) placed on ``device``, or None where the dtype
         policy refuses a column (then each record is placed from the host, and only a
@@ -137,6 +148,8 @@ class Placed:
                 blocks of one read; see :func:`layouts_of`).
             weak: which columns are weakly typed (None: none): placed weak, so that the
                 records taken from them are (:func:`take_rows` keeps the weak type).
+            keys: per record, a key of its structure (:func:`structure_keys`): records of
+                one key share a layout (None: each record its own).
         """
         padded = []
         for a in host:
@@ -150,35 +163,35 @@ class Placed:
         pad = np.zeros((len(starts), 1), np.int64)  # the padding rows' column: row 0
         starts = np.concatenate([starts, pad], axis=1).astype(np.int32)  # JAX's index type
         columns = [p for p in placed if p is not None]
-        return cls(columns, starts, tags, single, {} if layouts is None else layouts)
+        keys = [(j,) for j in range(len(starts))] if keys is None else keys
+        return cls(columns, starts, tags, single, {} if layouts is None else layouts, keys)
 
-    def record(self, j: int, host: Any) -> Any:
-        """Record ``j`` with its leaves on the device (``host``: the record as numpy, built
-        from the same rows as its tags), or None when it is to be placed from the host: its
-        plan is not compiled and no more may be, or it holds an empty array."""
-        host_leaves, treedef = jax.tree_util.tree_flatten(host)
-        arrays = self.layouts.get(treedef)
-        if arrays is None:
-            arrays = self.layouts[treedef] = _array_leaves(host_leaves)
-        key = (treedef, tuple(len(host_leaves[p]) for p in arrays))
+    def record(self, j: int) -> Any:
+        """Record ``j`` with its leaves on the device, or None when it is to be placed from
+        the host: its plan is not compiled and no more may be, or it holds an empty array."""
+        key = self.keys[j]
         layout = self.layouts.get(key)
         if layout is None:
-            layout = self.layouts[key] = self._layout(j, host_leaves)
-        if layout.plan is None or not self._compiled(layout.plan):
+            layout = self.layouts[key] = self._layout(j)
+        if layout.plan is None:
             return None
         index = self.starts[j][layout.column] + layout.row
         out = take_rows(self.columns, index, layout.plan)
-        leaves = [host_leaves[i] if k < 0 else out[k] for i, k in enumerate(layout.pick)]
+        leaves = [kept if k < 0 else out[k] for kept, k in zip(layout.kept, layout.pick)]
         for i, length in layout.cut:
             leaves[i] = leaves[i][:length]
-        return treedef.unflatten(leaves)
+        return layout.treedef.unflatten(leaves)
 
-    def _layout(self, j: int, host_leaves: list[Any]) -> _Layout:
-        """The layout of record ``j``'s structure, read from its tags."""
+    def _layout(self, j: int) -> _Layout:
+        """The layout of record ``j``'s structure, read from its tags; with no plan where
+        that plan may not be compiled (no more plans may be)."""
         if self._tagged is None:
             self._tagged = self._tags()
-        tag_leaves = jax.tree_util.tree_leaves(self._tagged[j])
-        return _Layout.of(tag_leaves, host_leaves, self.single, self.starts[j])
+        tag_leaves, treedef = jax.tree_util.tree_flatten(self._tagged[j])
+        layout = _Layout.of(tag_leaves, treedef, self.single, self.starts[j])
+        if layout.plan is not None and not self._compiled(layout.plan):
+            return dataclasses.replace(layout, plan=None)
+        return layout
 
     @staticmethod
     def _compiled(plan: Plan) -> bool:
@@ -194,16 +207,66 @@ class Placed:
 _ROW = (1 << SHIFT) - 1
 
 
-def _is_tag(t: Any, h: Any) -> bool:
-    """Whether tag leaf ``t`` names rows (not a kept value or an empty array)."""
-    if t is h or not isinstance(t, np.ndarray | np.integer):
-        return False
-    return t.ndim == 0 or bool(len(t))
+def host_records(
+    host: Sequence[np.ndarray],
+    starts: np.ndarray,
+    keys: Sequence[Any],
+    tags: Callable[[], list[Any]],
+    single: frozenset[int],
+    layouts: dict[Any, Any],
+    fallback: Callable[[], list[Any]],
+) -> list[Any]:
+    """Each record of a block exactly, as a numpy tree whose leaves are views of ``host``
+    (the block's leaf columns), built by its structure's layout: one view per leaf and one
+    unflatten, as a fixed record is. The arguments are those of :meth:`Placed.of`;
+    ``fallback`` builds every record another way (called once, for the records that hold an
+    empty array, which their tags do not place)."""
+    records: list[Any] = []
+    tagged: list[Any] | None = None
+    others: list[Any] | None = None
+    for j, (key, first) in enumerate(zip(keys, starts.tolist(), strict=True)):
+        layout = layouts.get(key)
+        if layout is None:
+            tagged = tags() if tagged is None else tagged
+            tag_leaves, treedef = jax.tree_util.tree_flatten(tagged[j])
+            layout = layouts[key] = _Layout.of(tag_leaves, treedef, single, starts[j])
+        if layout.empty:
+            others = fallback() if others is None else others
+            records.append(others[j])
+            continue
+        leaves = [
+            kept if c < 0 else host[c][first[c] + r, ...] if n < 0 else host[c][first[c] + r :][:n]
+            for kept, (c, r, n) in zip(layout.kept, layout.rows)
+        ]
+        records.append(layout.treedef.unflatten(leaves))
+    return records
 
 
-def _array_leaves(host_leaves: list[Any]) -> tuple[int, ...]:
-    """The positions of the leaves that may be rows of a ragged leading axis (arrays)."""
-    return tuple(p for p, h in enumerate(host_leaves) if isinstance(h, np.ndarray) and h.ndim >= 1)
+def _is_tag(t: Any) -> bool:
+    """Whether leaf ``t`` of a record of tags names rows (not a kept value or an empty
+    array)."""
+    return isinstance(t, Tag) and (t.ndim == 0 or bool(len(t)))
+
+
+def structure_keys(parts: Sequence[tuple[np.ndarray, np.ndarray | None]]) -> list[Any]:
+    """Per record, a key of its structure: its lists' lengths and which optional subtrees
+    it holds, as the rows of its tables' offsets and presence arrays tell them.
+
+    Args:
+        parts: per table that holds offsets or presence arrays, each row's lengths and
+            presence flags (rows by arrays, int64) and the bounds of each record's rows
+            there (None: the record table, one row a record).
+    """
+    keyed = []
+    for codes, bounds in parts:
+        codes = np.ascontiguousarray(codes, np.int64)
+        if bounds is None:
+            width = codes.shape[1] * codes.itemsize
+            keyed.append(codes.view(np.dtype((np.void, width))).ravel().tolist())
+        else:
+            cuts = bounds.tolist()
+            keyed.append([codes[a:b].tobytes() for a, b in itertools.pairwise(cuts)])
+    return keyed[0] if len(keyed) == 1 else list(zip(*keyed))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,6 +282,12 @@ class _Layout:
         row: per row the plan takes, its row from the record's start in that column.
         pick: per leaf, its output of the gather, or -1 for a value kept as it is.
         cut: the leaves (array leaves padded in the plan) cut back to their rows.
+        kept: per leaf, the value kept as it is (for the others, their tags: unused).
+        treedef: the records' treedef.
+        rows: per leaf, its rows in the host columns: ``(column, row from the record's
+            start, -1)`` for a scalar leaf, ``(column, first row, count)`` for an array
+            leaf (a ragged leading axis), ``(-1, 0, 0)`` for a value kept as it is.
+        empty: whether the records hold an empty array (which no tag places).
     """
 
     plan: Plan | None
@@ -226,12 +295,16 @@ class _Layout:
     row: np.ndarray
     pick: tuple[int, ...]
     cut: tuple[tuple[int, int], ...]
+    kept: tuple[Any, ...]
+    treedef: Any
+    rows: tuple[tuple[int, int, int], ...]
+    empty: bool
 
     @classmethod
     def of(
         cls,
         tag_leaves: list[Any],
-        host_leaves: list[Any],
+        treedef: Any,
         single: frozenset[int],
         starts: np.ndarray,
     ) -> _Layout:
@@ -239,9 +312,11 @@ class _Layout:
         by_column: dict[int, list[int]] = {}
         arrays: list[int] = []
         empty = False
-        for p, (t, h) in enumerate(zip(tag_leaves, host_leaves, strict=True)):
-            if not _is_tag(t, h):
-                empty = empty or isinstance(h, np.ndarray | np.generic)
+        host_rows = []
+        for p, t in enumerate(tag_leaves):
+            host_rows.append(_host_rows(t, starts))
+            if not _is_tag(t):
+                empty = empty or isinstance(t, Tag)  # an empty array
             elif t.ndim == 0:
                 by_column.setdefault(int(t) >> SHIFT, []).append(p)
             else:
@@ -278,7 +353,20 @@ class _Layout:
             np.asarray(row, np.int32),
             tuple(pick),
             tuple(cut),
+            tuple(tag_leaves),
+            treedef,
+            tuple(host_rows),
+            empty,
         )
+
+
+def _host_rows(t: Any, starts: np.ndarray) -> tuple[int, int, int]:
+    """Where the leaf of tag ``t`` lies in the host columns (see :class:`_Layout`)."""
+    if not _is_tag(t):
+        return (-1, 0, 0)
+    first = int(t.flat[0])
+    c, row = first >> SHIFT, (first & _ROW) - int(starts[first >> SHIFT])
+    return (c, row, -1) if t.ndim == 0 else (c, row, len(t))
 
 
 def layouts_of(owner: Any, key: Any) -> dict[Any, Any]:
@@ -298,4 +386,13 @@ def layouts_of(owner: Any, key: Any) -> dict[Any, Any]:
 _LAYOUTS: dict[int, tuple[weakref.ref[Any], dict[Any, dict[Any, Any]]]] = {}
 
 
-__all__ = ["Placed", "layouts_of", "tag", "tags", "take_rows"]
+__all__ = [
+    "Placed",
+    "Tag",
+    "host_records",
+    "layouts_of",
+    "structure_keys",
+    "tag",
+    "tags",
+    "take_rows",
+]

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -22,7 +23,7 @@ import numpy as np
 from jax.tree_util import keystr, tree_flatten_with_path
 
 from pytreestore._commit.record import Commit
-from pytreestore._format.ragged import LEAF, PRESENCE
+from pytreestore._format.ragged import LEAF, OFFSETS, PRESENCE
 from pytreestore._format.schema import TreeSchema
 from pytreestore._format.weak import ragged_weak, weaken
 from pytreestore._read import cache as _cache
@@ -34,7 +35,7 @@ from pytreestore._read.build import PRESENT, Flat, Padded, Segments, exact
 from pytreestore._read.device import fitted, jax_ready, to_jax
 from pytreestore._read.gather import Rows, gather, lengths, record_of
 from pytreestore._read.index import Selection, rows
-from pytreestore._read.placed import Placed, layouts_of, tags
+from pytreestore._read.placed import Placed, host_records, layouts_of, structure_keys, tags
 from pytreestore._read.reader import ReadContext, explained
 from pytreestore._read.request import LoadRequest
 from pytreestore._runtime import RUNTIME
@@ -316,7 +317,9 @@ def _block(context: ReadContext, request: LoadRequest, now: Commit, start: int) 
     records = np.arange(start, min(start + RUNTIME.reads.iter_block, now.records))
     gathered = _gather(context, request, now, records)
     spec = request.schema.layout.spec
-    exact_records = exact(spec, gathered, None, len(records))
+    build = functools.partial(exact, spec, gathered, None, len(records))
+    if request.as_numpy:  # each record built by its structure's layout (views of the rows)
+        build = functools.partial(_host_records, request, spec, gathered, len(records), build)
     device = request.device
     placed = None
     if (
@@ -325,7 +328,67 @@ def _block(context: ReadContext, request: LoadRequest, now: Commit, start: int) 
         and (device is None or isinstance(device, jax.Device))
     ):
         placed = _on_device(request, spec, gathered, len(records))
-    return RecordsBlock(request, start, exact_records, lambda r: _placed(r, request), placed)
+    place = functools.partial(_placed, request=request)
+    return RecordsBlock(request, start, len(records), build, place, placed)
+
+
+@dataclasses.dataclass(frozen=True)
+class _BlockRows:
+    """A block's leaf columns (each table's rows of each leaf, numbered as the tags number
+    them), where each record's rows start in each, and each record's structure key."""
+
+    host: list[np.ndarray]
+    paths: list[str]
+    tables: list[str | None]
+    starts: np.ndarray
+    keys: list[Any]
+
+    @classmethod
+    def of(cls, schema: TreeSchema, gathered: dict[str | None, Rows], count: int) -> _BlockRows:
+        host, paths, tables = [], [], []
+        for table, table_rows in gathered.items():
+            for key, array in table_rows.values.items():
+                if key[0] == LEAF:
+                    host.append(array)
+                    paths.append(key[1])
+                    tables.append(table)
+        first = _first_rows(schema, gathered, count)
+        starts = np.stack([first[t] for t in tables], axis=1) if tables else np.zeros((count, 0))
+        parts = _structure(gathered, first, count)
+        keys = structure_keys(parts) if parts else [()] * count
+        return cls(host, paths, tables, starts, keys)
+
+    @property
+    def single(self) -> frozenset[int]:
+        """The columns of the record table (a record holds one row of each)."""
+        return frozenset(c for c, t in enumerate(self.tables) if t is None)
+
+    def layouts(self, schema: TreeSchema, use: str) -> dict[Any, Any]:
+        """The layouts the read's blocks share for ``use`` ("device" or "host")."""
+        return layouts_of(schema, (use, tuple(self.paths), tuple(self.tables)))
+
+
+def _host_records(
+    request: LoadRequest,
+    spec: LayoutNode,
+    gathered: dict[str | None, Rows],
+    count: int,
+    fallback: Callable[[], list[Any]],
+) -> list[Any]:
+    """The block's records exactly, as numpy trees whose leaves are views of the gathered
+    rows, each built by its structure's layout (:func:`~pytreestore._read.placed.host_records`)."""
+    rows = _BlockRows.of(request.schema, gathered, count)
+    if not rows.host:
+        return fallback()
+    return host_records(
+        rows.host,
+        rows.starts,
+        rows.keys,
+        lambda: _tags(spec, gathered, count),
+        rows.single,
+        rows.layouts(request.schema, "host"),
+        fallback,
+    )
 
 
 def _on_device(
@@ -334,31 +397,42 @@ def _on_device(
     """The gathered leaf columns on the device, with where each record's rows start in
     them, and each record's tags (its structure, with each leaf's column and rows for
     values), built only when a record's structure is new to the read."""
-    host, paths, tables = [], [], []
-    for table, table_rows in gathered.items():
-        for key, array in table_rows.values.items():
-            if key[0] == LEAF:
-                host.append(array)
-                paths.append(key[1])
-                tables.append(table)
-    if not host:
+    rows = _BlockRows.of(request.schema, gathered, count)
+    if not rows.host:
         return None
-    first = _first_rows(request.schema, gathered, count)
-    starts = np.stack([first[t] for t in tables], axis=1)
-    single = frozenset(c for c, t in enumerate(tables) if t is None)
-    layouts = layouts_of(request.schema, (tuple(paths), tuple(tables)))
     weak = {c.path for c in request.schema.columns if c.weak_type}
     return Placed.of(
-        host,
-        paths,
-        starts,
+        rows.host,
+        rows.paths,
+        rows.starts,
         lambda: _tags(spec, gathered, count),
-        single,
+        rows.single,
         device=request.device,
         cast=request.cast,
-        layouts=layouts,
-        weak=[p in weak for p in paths] if weak else None,
+        layouts=rows.layouts(request.schema, "device"),
+        weak=[p in weak for p in rows.paths] if weak else None,
+        keys=rows.keys,
     )
+
+
+def _structure(
+    gathered: dict[str | None, Rows], first: dict[str | None, np.ndarray], count: int
+) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """Per table with offsets or presence arrays, each row's lengths and presence flags,
+    and the bounds of each record's rows there (None: the record table): what
+    :func:`~pytreestore._read.placed.structure_keys` tells records' structures by."""
+    parts = []
+    for table, table_rows in gathered.items():
+        codes = []
+        for key, array in table_rows.values.items():
+            if key[0] == OFFSETS:
+                codes.append(array[1] - array[0])  # (starts, ends): each row's length
+            elif key[0] == PRESENCE:
+                codes.append(array)
+        if codes:
+            bounds = None if table is None else np.append(first[table], table_rows.count)
+            parts.append((np.stack(codes, axis=1).astype(np.int64), bounds))
+    return parts
 
 
 def _first_rows(

@@ -85,7 +85,7 @@ def test_placed_takes_scalar_and_array_leaves_by_their_tags():
         host, [".a", ".b"], starts, lambda: tags, frozenset({0}), device=None, cast=False
     )
     assert rows is not None
-    got = rows.record(0, [np.int32(11), host[1][2:5]])
+    got = rows.record(0)
     assert got is not None
     assert int(got[0]) == 11 and got[0].shape == ()
     np.testing.assert_array_equal(np.asarray(got[1]), host[1][2:5])
@@ -109,7 +109,7 @@ def test_placed_takes_each_of_several_array_leaves_from_its_own_column():
         cast=False,
     )
     assert rows is not None
-    got = rows.record(0, [h[1:2] for h in host])
+    got = rows.record(0)
     assert got is not None
     assert [np.asarray(g).tolist() for g in got] == [[c * 10 + 1] for c in range(6)]
 
@@ -211,3 +211,37 @@ def test_several_ragged_axes_in_a_loop_and_iteration(tmp_path, kind, backend, mo
             _same(got, want, jax_leaves=True)
         for got, want in zip(store.records(as_numpy=True), recs, strict=True):
             _same(got, want, jax_leaves=False)
+
+
+@pytest.mark.parametrize("kind", ["ragged_list", "ragged_axis", "optional", "nested"])
+def test_iteration_as_numpy_builds_records_by_shared_layouts(tmp_path, kind, monkeypatch):
+    """``records(as_numpy=True)`` builds each record by its structure's layout (views of its
+    rows, one unflatten): exact records, and tags only for structures new to the read."""
+    from pytreestore._read import tables as _load
+
+    monkeypatch.setattr(_load, "ITER_BLOCK", 64)
+    built: list[int] = []
+    tags = _load._tags
+    monkeypatch.setattr(_load, "_tags", lambda *a: built.append(1) or tags(*a))
+    n = 4 * 64
+    recs = kinds.filled(tmp_path / "s", kind, "tensorstore", n=n)
+    with pytreestore.open(tmp_path / "s") as store:
+        for got, want in zip(store.records(as_numpy=True), recs, strict=True):
+            _same(got, want, jax_leaves=False)
+        first = len(built)
+        assert first <= 4
+        for got, want in zip(store.records(as_numpy=True), recs, strict=True):
+            _same(got, want, jax_leaves=False)
+        assert len(built) == first  # every structure has its layout now
+
+
+def test_structure_keys_tell_records_apart_by_lengths_and_presence():
+    from pytreestore._read import placed as _placed
+
+    record_table = np.array([[2, 1], [2, 0], [2, 1]])  # per record: a length, a presence
+    axis = np.array([[1], [3], [1], [3], [3], [1]])  # per element: an inner list's length
+    bounds = np.array([0, 2, 4, 6])  # each record's elements
+    keys = _placed.structure_keys([(record_table, None), (axis, bounds)])
+    assert keys[0] != keys[1] and keys[0] != keys[2] and keys[1] != keys[2]
+    same = _placed.structure_keys([(record_table[[0, 0]], None)])
+    assert same[0] == same[1]
