@@ -219,7 +219,7 @@ def test_iteration_as_numpy_builds_records_by_shared_layouts(tmp_path, kind, mon
     rows, one unflatten): exact records, and tags only for structures new to the read."""
     from pytreestore._read import tables as _load
 
-    monkeypatch.setattr(_load, "ITER_BLOCK", 64)
+    monkeypatch.setattr(RUNTIME.reads, "iter_block", 64)
     built: list[int] = []
     tags = _load._tags
     monkeypatch.setattr(_load, "_tags", lambda *a: built.append(1) or tags(*a))
