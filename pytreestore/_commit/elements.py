@@ -36,11 +36,14 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import chain
 from typing import Any
 
 import numpy as np
+
+from pytreestore._commit.roles import Block, Position
+from pytreestore._commit.writer import Writer
 
 #: rows a table keeps waiting before it converts and buffers them (at most)
 BLOCK_ROWS = 2048
@@ -51,7 +54,7 @@ class ElementRows:
     list whose columns hold numpy scalars of ``types`` (its columns' scalar types, in
     order), with rows waiting to be converted."""
 
-    def __init__(self, writer: Any, types: Sequence[type]) -> None:
+    def __init__(self, writer: Writer, types: Sequence[type]) -> None:
         self.writer = writer
         self.schema = writer.schema
         self.casters = writer.casters
@@ -149,6 +152,29 @@ class ElementRows:
         writer = self.writer
         self.due_at = max(1, min(BLOCK_ROWS, writer.chunk - writer.fill))
 
+    @property
+    def chunk(self) -> int:
+        return self.writer.chunk
+
+    @property
+    def start(self) -> int:
+        return self.writer.start
+
+    @property
+    def fill(self) -> int:
+        """The writer's rows buffered (the rows waiting here come after them)."""
+        return self.writer.fill
+
+    def hand_partial(self) -> Callable[[], None] | None:
+        """The writer's job for its rows not yet committed, every waiting row buffered first
+        (:meth:`~pytreestore._commit.writer.Writer.hand_partial`)."""
+        self.push()
+        return self.writer.hand_partial()
+
+    def append_blocks(self, blocks: Iterator[Block]) -> None:
+        self.push()
+        self.writer.append_blocks(blocks)
+
     def append(self, leaves: Sequence[Any]) -> None:
         self.push()
         self.writer.append(leaves)
@@ -166,12 +192,12 @@ class ElementRows:
         self.writer.flush()
         self._due()
 
-    def snapshot(self) -> tuple[int, int]:
+    def snapshot(self) -> Position:
         """The writer's position once every queued row is buffered."""
         self.push()
         return self.writer.snapshot()
 
-    def rollback(self, position: tuple[int, int]) -> None:
+    def rollback(self, position: Position) -> None:
         """Forgets the queue, and the writer's rows since ``position``."""
         self._blocks, self._columns, self._counts, self.waiting = [], [], [], 0
         self.writer.rollback(position)

@@ -77,6 +77,11 @@ class HandOff:
         if not self._background:
             self._write_chunk(commit=True)
             return
+        self.hand_over()
+
+    def hand_over(self) -> None:
+        """Hands the full chunk being filled to the background writer and goes on with a
+        spare buffer; the job writes the chunk and commits it as the writer's ``_put``."""
         device = self.filler.device
         chunk = Chunk(self.start, self.buffers, device.take() if device is not None else [])
         self._chunks[chunk.start] = chunk

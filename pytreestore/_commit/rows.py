@@ -1,7 +1,7 @@
 """Records of one fixed tree taken as rows of one table: the record side of a row buffer.
 
-:class:`FixedTreeRows` checks each record's structure against the schema's treedef and hands
-its leaves, one row per record, to the row buffer of a subclass (the table writer
+:class:`FixedRecords` checks each record's structure against the schema's treedef and hands
+its leaves, one row per record, to a table buffer it is given (the table writer
 :class:`~pytreestore._commit.writer.Writer`, a shared writer's
 :class:`~pytreestore._commit.coordinated.CoordinatedRows`). A refused record is explained with
 the ``ragged=``/``optional=`` entry that would accept it (:func:`hints`).
@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
-from typing import Any, cast
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 from jax.tree_util import tree_flatten
 
 from pytreestore import _arguments
+from pytreestore._commit.roles import Block, TableBuffer
 from pytreestore._format.schema import TreeSchema
-from pytreestore._tree.convert import LeafCaster, RecordError, RowFiller
+from pytreestore._tree.convert import RecordError, RowFiller
 from pytreestore._tree.device import VALID, refuse_unreadable
 from pytreestore._tree.flatten import BlockFlattener, block_flattener
 from pytreestore._tree.hints import hinted, record_problems
@@ -35,25 +36,22 @@ from pytreestore._tree.stack import batch_length
 from pytreestore.errors import SchemaMismatchError
 
 
-class FixedTreeRows:
-    """Records of one fixed tree taken as rows of one table: each record checked against the
-    schema's treedef, its leaves one row. The base of every row buffer that takes records
-    (:class:`Writer`; a shared writer's
-    :class:`~pytreestore._commit.coordinated.CoordinatedRows`): the fast path of a fixed
-    store's :class:`~pytreestore._commit.records.RecordWriter`.
+class FixedRecords:
+    """Records of one fixed tree taken as rows of one table, ``table``: each record checked
+    against the schema's treedef, its leaves one row. The records of a fixed store's
+    :class:`~pytreestore._commit.records.RecordWriter`, over any table buffer (a
+    :class:`~pytreestore._commit.writer.Writer`, a shared writer's
+    :class:`~pytreestore._commit.coordinated.CoordinatedRows`)."""
 
-    A subclass gives the schema, its casters and the row buffer's methods named below.
-    """
+    def __init__(self, table: TableBuffer) -> None:
+        self.table = table
+        #: the schema the block flattener was made for, and the flattener (see :meth:`extend`)
+        self._flattened: tuple[TreeSchema, BlockFlattener | None] | None = None
 
-    schema: TreeSchema
-    casters: list[LeafCaster]
-    append: Callable[[Sequence[Any]], None]
-    append_many: Callable[[Iterator[Sequence[Any]]], None]
-    write_batch: Callable[[Sequence[np.ndarray]], None]
-    snapshot: Callable[[], tuple[int, int]]
-    rollback: Callable[[tuple[int, int]], None]
-    #: the schema the block flattener was made for, and the flattener (see :meth:`extend`)
-    _flattened: tuple[TreeSchema, BlockFlattener | None] | None = None
+    @property
+    def schema(self) -> TreeSchema:
+        """The table's schema (a fixed store's)."""
+        return self.table.schema
 
     def append_record(self, record: Any) -> None:
         """Buffers one record after checking its structure against the schema."""
@@ -62,25 +60,12 @@ class FixedTreeRows:
         if not schema.holds(treedef):
             raise SchemaMismatchError(hints(schema, schema.mismatch_message(record), record))
         try:
-            self.append(schema.column_leaves(leaves))
+            self.table.append(schema.column_leaves(leaves))
         except SchemaMismatchError as err:
             raise SchemaMismatchError(hints(schema, str(err), record)) from None
         except Exception as err:  # JAX's, reading a jax.Array: deleted, or its computation failed
-            refuse_unreadable(err, record, "", whose=f"record {len(cast(Sized, self))}'s")
+            refuse_unreadable(err, record, "", whose=f"record {len(self.table)}'s")
             raise
-
-    def append_blocks(self, blocks: Iterator[tuple[Sequence[Sequence[Any]], int]]) -> None:
-        """Buffers records given a block at a time as ``(columns, count)``: per column, the
-        values of ``count`` already-checked records, in column order (as
-        :meth:`~pytreestore._tree.convert.RowFiller.fill_columns` takes them).
-
-        This default hands them to ``append_many`` a row at a time; a row buffer that fills
-        its columns from a block's columns directly overrides it.
-
-        Raises:
-            RecordError: a record was refused; ``index`` counts from the first block's first.
-        """
-        self.append_many(itertools.chain.from_iterable(_rows(c, n) for c, n in blocks))
 
     def _flattener(self) -> BlockFlattener | None:
         """The block flattener of the schema's records (None: each record by itself), made
@@ -109,15 +94,15 @@ class FixedTreeRows:
         records = _arguments.iterable(records, "extend()", "records")
         schema = self.schema
         rows = _Blocks(schema, records, self._flattener())
-        position = self.snapshot()
+        position = self.table.snapshot()
         try:
-            count = _stackable(records, schema)
+            count = stackable(records, schema)
             if count is not None:
                 self._write_stacked(rows, count)
             else:
-                self.append_blocks(rows.blocks())
+                self.table.append_blocks(rows.blocks())
         except (SchemaMismatchError, RecordError) as err:
-            self.rollback(position)
+            self.table.rollback(position)
             index, cause = (
                 (err.index, err.error) if isinstance(err, RecordError) else (rows.seen, err)
             )
@@ -130,7 +115,7 @@ class FixedTreeRows:
                 f"appended): {why}"
             ) from cause
         except BaseException as err:
-            self.rollback(position)
+            self.table.rollback(position)
             rows.refuse_unreadable(
                 err, "extend() refused record {i} (none of this call's records were appended): "
             )
@@ -145,7 +130,7 @@ class FixedTreeRows:
                 was written.
         """
         columns = [np.empty((count, *c.shape), c.dtype) for c in self.schema.columns]
-        filler, done = RowFiller(self.casters, columns), 0
+        filler, done = RowFiller(self.table.casters, columns), 0
         for block, n in rows.blocks():
             try:
                 filler.fill_columns(block, done, n)
@@ -153,7 +138,7 @@ class FixedTreeRows:
                 raise RecordError(done + err.index, err.error) from err.error
             done += n
         if done:
-            self.write_batch(columns if done == count else [c[:done] for c in columns])
+            self.table.write_batch(columns if done == count else [c[:done] for c in columns])
 
     def extend_batch(self, batch: Any, mask: Any = None, *, where: str = "this store") -> None:
         """Buffers a batched record (leaves with a leading record axis), all or none.
@@ -176,7 +161,8 @@ class FixedTreeRows:
         count = batch_length(leaves, schema.paths)
         try:
             blocks = [
-                c.coerce(leaf, batch=count, what="batch") for c, leaf in zip(self.casters, leaves)
+                c.coerce(leaf, batch=count, what="batch")
+                for c, leaf in zip(self.table.casters, leaves)
             ]
         except SchemaMismatchError as err:
             raise SchemaMismatchError(hints(schema, str(err), batch, batched=True)) from None
@@ -186,11 +172,11 @@ class FixedTreeRows:
             raise
         if count == 0:
             return
-        position = self.snapshot()
+        position = self.table.snapshot()
         try:
-            self.write_batch(blocks)
+            self.table.write_batch(blocks)
         except BaseException:
-            self.rollback(position)
+            self.table.rollback(position)
             raise
 
 
@@ -199,7 +185,7 @@ class FixedTreeRows:
 STACKED_BYTES = 64 * 2**20
 
 
-def _stackable(records: Iterable[Any], schema: TreeSchema) -> int | None:
+def stackable(records: Iterable[Any], schema: TreeSchema) -> int | None:
     """The number of ``records`` if they are a list or tuple (not a subclass, which may
     iterate otherwise than its ``len()`` says) whose columns fit :data:`STACKED_BYTES`, else
     None."""
@@ -209,7 +195,7 @@ def _stackable(records: Iterable[Any], schema: TreeSchema) -> int | None:
     return count if count * sum(c.record_nbytes for c in schema.columns) <= STACKED_BYTES else None
 
 
-#: records flattened at once by :meth:`FixedTreeRows.extend` (a block's columns are lists of
+#: records flattened at once by :meth:`FixedRecords.extend` (a block's columns are lists of
 #: this length: large enough to spread a block's fixed cost, small enough to stay in cache)
 BLOCK = 1024
 
@@ -302,6 +288,12 @@ def _rows(columns: Sequence[Sequence[Any]], count: int) -> Iterator[Sequence[Any
     return zip(*columns) if columns else itertools.repeat((), count)
 
 
+def block_rows(blocks: Iterator[Block]) -> Iterator[Sequence[Any]]:
+    """The rows of blocks given as ``(columns, count)``, in order (for a table buffer that
+    takes them a row at a time)."""
+    return itertools.chain.from_iterable(_rows(c, n) for c, n in blocks)
+
+
 def hints(schema: TreeSchema, message: str, record: Any, *, batched: bool = False) -> str:
     """``message`` (a fixed store refusing ``record``, or the first record of a ``batched``
     one) with the ``ragged=``/``optional=`` entry that would accept each difference, as
@@ -316,4 +308,4 @@ def hints(schema: TreeSchema, message: str, record: Any, *, batched: bool = Fals
     return hinted(message, problems, header)
 
 
-__all__ = ["FixedTreeRows", "hints"]
+__all__ = ["STACKED_BYTES", "FixedRecords", "block_rows", "hints", "stackable"]
