@@ -40,7 +40,7 @@ from pytreestore import _exiting
 from pytreestore._commit.atomic import atomic
 from pytreestore._commit.chunk_writes import ChunkWrites
 from pytreestore._commit.committer import Committer
-from pytreestore._commit.handoff import LOST, Chunk, HandOff
+from pytreestore._commit.handoff import LOST, Filling, HandOff
 from pytreestore._commit.record import Commit
 from pytreestore._commit.roles import Block, Position
 from pytreestore._format import validate as _validate
@@ -113,7 +113,7 @@ class TableCommitter(Protocol):
     def check(self) -> None: ...
 
 
-class Writer(HandOff):
+class Writer:
     """Appends rows to a store's columns through ``backend``, committing as it goes."""
 
     def __init__(
@@ -136,26 +136,88 @@ class Writer(HandOff):
         self._backend = backend
         self.schema = schema
         self._keys = [c.key for c in schema.columns]
-        self._paths = [c.path for c in schema.columns]
         self.chunk = schema.chunk_records
         self.casters: list[LeafCaster] = casters(schema.columns)
-        self.buffers = _buffers(schema)
         self._background = background
-        self.writes = writes if writes is not None else ChunkWrites()
-        self._spares: list[list[np.ndarray]] = []  # buffers of chunks written, for reuse
-        self._chunks: dict[int, Chunk] = {}  # chunks handed over, by start, until committed
-        self.filler = RowFiller(self.casters, self.buffers, DeviceLeaves() if background else None)
         self._committer: TableCommitter = committer or Committer(
             backend, commit, _validate.id_of(schema), tree=schema
         )
-        self.start = commit.records - commit.records % self.chunk
+        start = commit.records - commit.records % self.chunk
+        buffers = _buffers(schema)
+        filler = RowFiller(self.casters, buffers, DeviceLeaves() if background else None)
+        self.at = Filling(buffers, start, commit.records - start, filler)
+        self._handoff = HandOff(
+            self.at,
+            self.chunk,
+            [c.path for c in schema.columns],
+            writes if writes is not None else ChunkWrites(),
+            put=self._put,
+            new_buffers=self.new_buffers,
+        )
+        self.writes = self._handoff.writes
         self._snap: Position | None = None  # the position of the last snapshot
         self._saved: list[np.ndarray] | None = None  # its buffered rows, once overwritten
-        self.fill = commit.records - self.start
         if self.fill:
-            tail = backend.read(self._keys, slice(self.start, commit.records), commit.records)
+            tail = backend.read(self._keys, slice(start, commit.records), commit.records)
             for buf, rows in zip(self.buffers, tail):
                 buf[: self.fill] = rows
+
+    # ---- the chunk being filled (shared with the hand-off) -------------------------------------
+
+    @property
+    def buffers(self) -> list[np.ndarray]:
+        """One chunk of every column: the rows from :attr:`start`."""
+        return self.at.buffers
+
+    @property
+    def start(self) -> int:
+        """The first row of the chunk being filled."""
+        return self.at.start
+
+    @start.setter
+    def start(self, row: int) -> None:
+        self.at.start = row
+
+    @property
+    def fill(self) -> int:
+        """The rows filled of the chunk."""
+        return self.at.fill
+
+    @fill.setter
+    def fill(self, rows: int) -> None:
+        self.at.fill = rows
+
+    @property
+    def filler(self) -> RowFiller:
+        return self.at.filler
+
+    # ---- what runs in the background (:mod:`pytreestore._commit.handoff`) ----------------------
+
+    def settle(self) -> None:
+        """Waits for every chunk handed over (:meth:`HandOff.settle`)."""
+        self._handoff.settle()
+
+    def check_writes(self, *, refused: bool = False) -> None:
+        """Raises a background write's failure no call has reported yet."""
+        self._handoff.check_writes(refused=refused)
+
+    def hand_over(self) -> None:
+        """Hands the full chunk to the background writer (:meth:`HandOff.hand_over`)."""
+        self._handoff.hand_over()
+
+    def _full(self) -> None:
+        """Reports a background write's failure; then, with the chunk full, hands it to the
+        background writer (or writes and commits it here)."""
+        self.check_writes(refused=True)
+        if self.fill < self.chunk:
+            return
+        if self._background:
+            self.hand_over()
+        else:
+            self._write_chunk(commit=True)
+
+    def _fetch_kept(self) -> None:
+        self._handoff.fetch_kept()
 
     def __len__(self) -> int:
         return self.start + self.fill
@@ -190,13 +252,14 @@ class Writer(HandOff):
                 background, could not be fetched (DeletedArrayError: this record's is
                 deleted); the records from that one on are dropped, and this one too.
         """
-        if self.fill == self.chunk or self.writes.failed is not None:
+        at = self.at
+        if at.fill == self.chunk or self.writes.failed is not None:
             self._full()
         try:
-            self.filler.fill(leaves, self.fill)
+            at.filler.fill(leaves, at.fill)
         except LostLeaf as err:
-            raise self._lost(err) from None
-        self.fill += 1
+            raise self._handoff.lost(err) from None
+        at.fill += 1
 
     def append_many(self, leaves_iter: Iterator[Sequence[Any]]) -> None:
         """Buffers records from an iterator of leaf lists, committing once at the end.
