@@ -43,7 +43,6 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -53,7 +52,7 @@ from pytreestore._commit.committer import Committer
 from pytreestore._commit.lock import WriterLock
 from pytreestore._commit.protocol import check_starts, check_tables, detach, prepare_append
 from pytreestore._commit.record import Commit
-from pytreestore._commit.roles import Block, Position, TableBuffer
+from pytreestore._commit.roles import Block, Position, Row, TableBuffer
 from pytreestore._commit.rows import block_rows
 from pytreestore._commit.tables import table_schemas
 from pytreestore._format import validate as _validate
@@ -139,12 +138,12 @@ class CoordinatedRows:
 
     start = 0  # a table writer's first buffered row: every row is buffered here
 
-    def append(self, leaves: Sequence[Any]) -> None:
+    def append(self, leaves: Row) -> None:
         self._grow(self.count + 1)
         self.filler.fill(leaves, self.count)
         self.count += 1
 
-    def append_many(self, leaves_iter: Iterator[Sequence[Any]]) -> None:
+    def append_many(self, leaves_iter: Iterator[Row]) -> None:
         done = 0
         while rows := [row for _, row in zip(range(self.chunk), leaves_iter)]:
             self._grow(self.count + len(rows))

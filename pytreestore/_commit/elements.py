@@ -38,11 +38,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from itertools import chain
-from typing import Any
 
 import numpy as np
 
-from pytreestore._commit.roles import Block, Position
+from pytreestore._commit.roles import Block, Position, Row
 from pytreestore._commit.writer import Writer
 
 #: rows a table keeps waiting before it converts and buffers them (at most)
@@ -62,7 +61,7 @@ class ElementRows:
         #: what waits, in order: blocks (one array per column), then the columns of each
         #: record deferred since (one list of values per column)
         self._blocks: list[list[np.ndarray]] = []
-        self._columns: list[list[list[Any]]] = []
+        self._columns: list[list[list[object]]] = []
         self._counts: list[int] = []  # rows of each of those records
         self.waiting = 0  # rows waiting, in both
         self.due_at = 0  # rows waiting from which a push is due (see due)
@@ -78,7 +77,7 @@ class ElementRows:
 
     # ---- what a record's walk appends (never any I/O, never a failure) -------------------
 
-    def defer(self, columns: list[list[Any]]) -> None:
+    def defer(self, columns: list[list[object]]) -> None:
         """Queues rows of exact numpy scalars given column by column (values in order);
         the lists are the table's from now on."""
         n = len(columns[0])
@@ -175,11 +174,11 @@ class ElementRows:
         self.push()
         self.writer.append_blocks(blocks)
 
-    def append(self, leaves: Sequence[Any]) -> None:
+    def append(self, leaves: Row) -> None:
         self.push()
         self.writer.append(leaves)
 
-    def append_many(self, leaves_iter: Iterator[Sequence[Any]]) -> None:
+    def append_many(self, leaves_iter: Iterator[Row]) -> None:
         self.push()
         self.writer.append_many(leaves_iter)
 

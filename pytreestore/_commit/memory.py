@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
 
 import numpy as np
 
 from pytreestore._commit.committer import Committer
 from pytreestore._commit.record import Commit
-from pytreestore._commit.roles import Block, Position, TableBuffer
+from pytreestore._commit.roles import Block, Position, Row, TableBuffer
 from pytreestore._commit.rows import block_rows
 from pytreestore._commit.tables import table_schemas
 from pytreestore._format.schema import TreeSchema
@@ -67,13 +66,13 @@ class TableRows:
         self.buffers, self._capacity = grown, capacity
         self._filler.use(grown)  # the same compiled fill, on the grown buffers
 
-    def append(self, leaves: Sequence[Any]) -> None:
+    def append(self, leaves: Row) -> None:
         """One row of already structure-checked leaves, cast as a Writer casts them."""
         self._reserve(1)
         self._filler.fill(leaves, self.fill)
         self.fill += 1
 
-    def append_many(self, rows: Iterable[Sequence[Any]]) -> None:
+    def append_many(self, rows: Iterable[Row]) -> None:
         """Rows of leaves; raises RecordError (its ``index`` from the first) if one is refused."""
         rows = list(rows)
         self._reserve(len(rows))

@@ -35,7 +35,6 @@ from __future__ import annotations
 import copy
 import typing
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 import numpy as np
 
@@ -322,7 +321,7 @@ def _rebased(table: TableRows, bases: Mapping[str | None, int]) -> list[np.ndarr
     return blocks
 
 
-def _explain(model: Model, record: Any, what: str) -> SchemaMismatchError:
+def _explain(model: Model, record: object, what: str) -> SchemaMismatchError:
     """Every keypath where ``record`` departs from the layout, with the declaration that
     would accept each."""
     walker = Walker(model.decl)
@@ -339,7 +338,7 @@ def _explain(model: Model, record: Any, what: str) -> SchemaMismatchError:
     )
 
 
-def _hinted(model: Model, err: SchemaMismatchError, record: Any) -> str:
+def _hinted(model: Model, err: SchemaMismatchError, record: object) -> str:
     """``err`` (a leaf of ``record`` refused) with the ``ragged=``/``optional=`` entry that
     would accept each way ``record`` departs from the layout where nothing was declared."""
     return hinted(str(err), lambda: layout_problems(model.spec, record, model.decl))

@@ -23,7 +23,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -32,8 +32,11 @@ from pytreestore._commit.record import Commit
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import LeafCaster
 
+#: one row's leaves (numpy arrays or scalars, Python numbers, jax.Arrays), in column order
+Row = Sequence[object]
+
 #: one table's rows given a block at a time: per column, each row's value, and the count
-Block = tuple[Sequence[Sequence[Any]], int]
+Block = tuple[Sequence[Sequence[object]], int]
 
 #: a buffer's position to roll back to (its first buffered row, and the rows buffered)
 Position = tuple[int, int]
@@ -71,11 +74,11 @@ class TableBuffer(Protocol):
         """The table's rows, buffered ones included."""
         ...
 
-    def append(self, leaves: Sequence[Any], /) -> None:
+    def append(self, leaves: Row, /) -> None:
         """Buffers one row of structure-checked leaves (cast here)."""
         ...
 
-    def append_many(self, leaves_iter: Iterator[Sequence[Any]], /) -> None:
+    def append_many(self, leaves_iter: Iterator[Row], /) -> None:
         """Buffers rows; RecordError (``index`` from the first) names a refused one."""
         ...
 
@@ -148,4 +151,4 @@ class Commits(Protocol):
         ...
 
 
-__all__ = ["Block", "Commits", "Position", "TableBuffer"]
+__all__ = ["Block", "Commits", "Position", "Row", "TableBuffer"]

@@ -19,14 +19,13 @@ from __future__ import annotations
 import collections
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
 
 import jax
 import numpy as np
 from jax.tree_util import tree_flatten
 
 from pytreestore import _arguments
-from pytreestore._commit.roles import Block, TableBuffer
+from pytreestore._commit.roles import Block, Row, TableBuffer
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import RecordError, RowFiller
 from pytreestore._tree.device import VALID, refuse_unreadable
@@ -53,7 +52,7 @@ class FixedRecords:
         """The table's schema (a fixed store's)."""
         return self.table.schema
 
-    def append_record(self, record: Any) -> None:
+    def append_record(self, record: object) -> None:
         """Buffers one record after checking its structure against the schema."""
         leaves, treedef = tree_flatten(record)
         schema = self.schema
@@ -76,7 +75,7 @@ class FixedRecords:
             made = self._flattened = (self.schema, block_flattener(self.schema.treedef))
         return made[1]
 
-    def extend(self, records: Iterable[Any]) -> None:
+    def extend(self, records: Iterable[object]) -> None:
         """Buffers every record of ``records``, all or none, committing whole chunks.
 
         Records are taken :data:`BLOCK` at a time; a block whose records all have the schema's
@@ -140,7 +139,9 @@ class FixedRecords:
         if done:
             self.table.write_batch(columns if done == count else [c[:done] for c in columns])
 
-    def extend_batch(self, batch: Any, mask: Any = None, *, where: str = "this store") -> None:
+    def extend_batch(
+        self, batch: object, mask: object = None, *, where: str = "this store"
+    ) -> None:
         """Buffers a batched record (leaves with a leading record axis), all or none.
 
         Raises:
@@ -185,7 +186,7 @@ class FixedRecords:
 STACKED_BYTES = 64 * 2**20
 
 
-def stackable(records: Iterable[Any], schema: TreeSchema) -> int | None:
+def stackable(records: Iterable[object], schema: TreeSchema) -> int | None:
     """The number of ``records`` if they are a list or tuple (not a subclass, which may
     iterate otherwise than its ``len()`` says) whose columns fit :data:`STACKED_BYTES`, else
     None."""
@@ -210,7 +211,7 @@ class _Blocks:
     """
 
     def __init__(
-        self, schema: TreeSchema, records: Iterable[Any], flat: BlockFlattener | None
+        self, schema: TreeSchema, records: Iterable[object], flat: BlockFlattener | None
     ) -> None:
         self.schema = schema
         self.records = records
@@ -218,18 +219,18 @@ class _Blocks:
         self.flat = flat
         # the last blocks, (first index, records), for naming a refused record: they cover
         # every row a row buffer has taken but not yet filled (a chunk at most)
-        self.recent: collections.deque[tuple[int, list[Any]]] = collections.deque(
+        self.recent: collections.deque[tuple[int, list[object]]] = collections.deque(
             maxlen=schema.chunk_records // BLOCK + 2
         )
 
-    def record(self, index: int) -> tuple[Any] | None:
+    def record(self, index: int) -> tuple[object] | None:
         """``(record,)`` for the record at ``index``, if it is one of the recent blocks'."""
         for start, block in self.recent:
             if start <= index < start + len(block):
                 return (block[index - start],)
         return None
 
-    def blocks(self) -> Iterator[tuple[Sequence[Sequence[Any]], int]]:
+    def blocks(self) -> Iterator[Block]:
         """``(columns, count)`` for each block of records, once (see ``append_blocks``)."""
         records = iter(self.records)
         while block := list(itertools.islice(records, BLOCK)):
@@ -247,7 +248,7 @@ class _Blocks:
             for i, record in enumerate(block, start):
                 refuse_unreadable(err, record, head.format(i=i), fix=VALID)
 
-    def _columns(self, block: list[Any]) -> Sequence[Sequence[Any]]:
+    def _columns(self, block: list[object]) -> Sequence[Sequence[object]]:
         columns = self.flat.columns(block) if self.flat is not None else None
         if columns and self.seen == 0 and not self._agrees(block[0], columns):
             columns = None  # a structure the flattener takes otherwise: never here
@@ -257,7 +258,7 @@ class _Blocks:
             return columns
         return list(zip(*self._one_by_one(block, zip(*columns))))
 
-    def _agrees(self, record: Any, columns: list[list[Any]]) -> bool:
+    def _agrees(self, record: object, columns: Sequence[Sequence[object]]) -> bool:
         """Whether ``tree_flatten`` of the first record gives the schema's treedef and the
         leaves that the block flattener gave it (a check of the flattener, once a call)."""
         leaves, got = tree_flatten(record)
@@ -266,8 +267,8 @@ class _Blocks:
         )
 
     def _one_by_one(
-        self, block: list[Any], flattened: Iterator[tuple[Any, ...]] | None = None
-    ) -> Iterator[Sequence[Any]]:
+        self, block: list[object], flattened: Iterator[tuple[object, ...]] | None = None
+    ) -> Iterator[Row]:
         """The rows of ``block``, each record flattened and checked by itself (or taken from
         ``flattened``, already checked), then bound to the columns."""
         schema = self.schema
@@ -283,18 +284,18 @@ class _Blocks:
             self.seen += 1
 
 
-def _rows(columns: Sequence[Sequence[Any]], count: int) -> Iterator[Sequence[Any]]:
+def _rows(columns: Sequence[Sequence[object]], count: int) -> Iterator[Row]:
     """The ``count`` rows of a block's ``columns`` (rows of nothing: no columns)."""
     return zip(*columns) if columns else itertools.repeat((), count)
 
 
-def block_rows(blocks: Iterator[Block]) -> Iterator[Sequence[Any]]:
+def block_rows(blocks: Iterator[Block]) -> Iterator[Row]:
     """The rows of blocks given as ``(columns, count)``, in order (for a table buffer that
     takes them a row at a time)."""
     return itertools.chain.from_iterable(_rows(c, n) for c, n in blocks)
 
 
-def hints(schema: TreeSchema, message: str, record: Any, *, batched: bool = False) -> str:
+def hints(schema: TreeSchema, message: str, record: object, *, batched: bool = False) -> str:
     """``message`` (a fixed store refusing ``record``, or the first record of a ``batched``
     one) with the ``ragged=``/``optional=`` entry that would accept each difference, as
     ``stack()`` says it: the store's schema describes a record of zeros to compare with."""

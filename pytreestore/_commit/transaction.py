@@ -35,10 +35,11 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from typing import Protocol
 
 from pytreestore._commit.atomic import atomic
 from pytreestore._commit.record import Commit
+from pytreestore._commit.records import RecordWriter
 from pytreestore._format.schema import TreeSchema
 from pytreestore.backends import Backend
 from pytreestore.errors import CommitConflictError
@@ -82,11 +83,11 @@ class Operation(Protocol):
         """Whether it writes rows that older versions hold after a truncate."""
         ...
 
-    def check(self, engine: Backend, writer: Any) -> None:
+    def check(self, engine: Backend, writer: RecordWriter) -> None:
         """Refuses bad arguments before anything is written (buffered records included)."""
         ...
 
-    def prepare(self, engine: Backend, writer: Any) -> None:
+    def prepare(self, engine: Backend, writer: RecordWriter) -> None:
         """A step of its own after the checks and before the atomic step (fragments learn
         the structures they show there); most operations have none."""
         ...
@@ -109,7 +110,7 @@ class Transaction:
     operation: Operation
 
 
-def commit(engine: Backend, writer: Any, transaction: Transaction) -> Change | None:
+def commit(engine: Backend, writer: RecordWriter, transaction: Transaction) -> Change | None:
     """Commits ``transaction`` through ``writer`` (nothing buffered: the caller flushed):
     check, release, the atomic step, advance (the module's steps 1 to 4).
 

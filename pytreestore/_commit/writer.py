@@ -32,7 +32,7 @@ import functools
 import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -42,7 +42,7 @@ from pytreestore._commit.chunk_writes import ChunkWrites
 from pytreestore._commit.committer import Committer
 from pytreestore._commit.handoff import LOST, Filling, HandOff
 from pytreestore._commit.record import Commit
-from pytreestore._commit.roles import Block, Position
+from pytreestore._commit.roles import Block, Position, Row
 from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import LeafCaster, RecordError, RowFiller, casters
@@ -241,7 +241,7 @@ class Writer:
         """Records appended but not yet committed."""
         return len(self) - self.commit.records
 
-    def append(self, leaves: Sequence[Any]) -> None:
+    def append(self, leaves: Row) -> None:
         """Buffers one record's (already structure-checked) leaves.
 
         Raises:
@@ -261,7 +261,7 @@ class Writer:
             raise self._handoff.lost(err) from None
         at.fill += 1
 
-    def append_many(self, leaves_iter: Iterator[Sequence[Any]]) -> None:
+    def append_many(self, leaves_iter: Iterator[Row]) -> None:
         """Buffers records from an iterator of leaf lists, committing once at the end.
 
         Records are taken a buffer's worth at a time and copied column by column.
