@@ -8,7 +8,8 @@ Example:
     >>> from pytreestore._commit.record import Commit
     >>> from pytreestore._format.schema import TreeSchema
     >>> commits = MemoryCommits(Commit(0, 0), "doc")
-    >>> tables = commits.tables(TreeSchema.from_example({"x": np.int16(0)}), Commit(0, 0))
+    >>> schema = TreeSchema.from_example({"x": np.int16(0)})
+    >>> tables = commits.tables(schema, Commit(0, 0), whole=True)
     >>> tables[None].append([7]); commits.records()
     1
 """
