@@ -4,6 +4,7 @@ all-or-none extends, a flush that fails and is retried, and the columns' on-disk
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 import pytreestore
 from pytreestore import errors
 from pytreestore._commit.protocol import layouts, start_store
+from pytreestore._commit.rows import FixedRecords
 from pytreestore._commit.writer import Writer, buffer_nbytes, check_buffer
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
@@ -24,13 +26,28 @@ def rec(i: int) -> dict[str, np.ndarray]:
     return {"x": np.int32(i), "v": np.full(2, i, np.float32)}
 
 
-def writer_at(path: Path, chunk: int = 4, backend: str = "tensorstore") -> Writer:
+class Fixed:
+    """A fixed store's one table writer, with the record calls its record writer makes of it
+    (:class:`~pytreestore._commit.rows.FixedRecords`); every other name is the writer's."""
+
+    def __init__(self, table: Writer) -> None:
+        self.table = table
+        self.records = FixedRecords(table)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.records if hasattr(FixedRecords, name) else self.table, name)
+
+
+def writer_at(path: Path, chunk: int = 4, backend: str = "tensorstore") -> Any:
     location = Location.parse(str(path))
     schema = TreeSchema.from_example(LIKE, chunk_records=chunk)
     engine = get_backend(backend)(location)
     commit, lock = start_store(engine, location, schema, overwrite=False)
     lock.release()
-    return Writer(engine, schema, commit)
+    return Fixed(Writer(engine, schema, commit))
 
 
 def stored(path: Path, backend: str = "tensorstore") -> np.ndarray:
@@ -128,7 +145,7 @@ def test_a_reopened_writer_reads_its_tail_chunk_back(tmp_path):
     w.flush()
     location = Location.parse(str(tmp_path / "s"))
     schema = TreeSchema.from_example(LIKE, chunk_records=4)
-    again = Writer(TensorStoreBackend(location), schema, w.commit)
+    again = Fixed(Writer(TensorStoreBackend(location), schema, w.commit))
     assert (again.start, again.fill) == (4, 2)
     again.append_record(rec(6))
     again.flush()

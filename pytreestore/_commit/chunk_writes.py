@@ -87,6 +87,13 @@ class ChunkWrites:
                 self._cond.wait_for(lambda: not self._jobs or self.failed is not None)
         self.check()
 
+    def wait_idle(self) -> bool:
+        """Waits until no job runs (every job is done, or the head failed and waits for a
+        call to report it); whether jobs are left. Never raises a job's failure."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._running)
+            return bool(self._jobs)
+
     def discard(self) -> list[Callable[[], None]]:
         """Empties the queue, stopped at a failure, and returns its jobs, oldest first (the
         writer takes their rows back)."""

@@ -44,7 +44,6 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -54,7 +53,9 @@ from pytreestore._commit.committer import Committer
 from pytreestore._commit.lock import WriterLock
 from pytreestore._commit.protocol import check_starts, check_tables, detach, prepare_append
 from pytreestore._commit.record import Commit
-from pytreestore._commit.rows import FixedTreeRows
+from pytreestore._commit.roles import Block, Position, Row, TableBuffer
+from pytreestore._commit.rows import block_rows
+from pytreestore._commit.tables import table_schemas
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import version_key
 from pytreestore._format.schema import TreeSchema
@@ -68,6 +69,7 @@ from pytreestore.errors import (
     StorageError,
     StoreLockedError,
     StoreReplacedError,
+    UnsupportedTreeError,
 )
 
 
@@ -104,15 +106,15 @@ def attach_coordinated(
     return commit, schema, lock
 
 
-class CoordinatedRows(FixedTreeRows):
+class CoordinatedRows:
     """One table's rows a shared writer buffers in memory until its commit.
 
     Its row count starts at 0 at every commit: the offsets a ragged record writes count the
     rows of their axis's table buffered before them, and :meth:`write` rebases them onto that
     table's committed rows. It buffers as a table writer of
     :class:`~pytreestore._commit.records.RecordWriter` does (``append``, ``append_many``,
-    ``write_batch``, ``snapshot``, ``rollback``), and takes a fixed tree's records as rows
-    (:class:`~pytreestore._commit.rows.FixedTreeRows`); it writes nothing by itself.
+    ``write_batch``, ``snapshot``, ``rollback``: a
+    :class:`~pytreestore._commit.roles.TableBuffer`); it writes nothing by itself.
     """
 
     def __init__(self, schema: TreeSchema) -> None:
@@ -135,12 +137,12 @@ class CoordinatedRows(FixedTreeRows):
 
     start = 0  # a table writer's first buffered row: every row is buffered here
 
-    def append(self, leaves: Sequence[Any]) -> None:
+    def append(self, leaves: Row) -> None:
         self._grow(self.count + 1)
         self.filler.fill(leaves, self.count)
         self.count += 1
 
-    def append_many(self, leaves_iter: Iterator[Sequence[Any]]) -> None:
+    def append_many(self, leaves_iter: Iterator[Row]) -> None:
         done = 0
         while rows := [row for _, row in zip(range(self.chunk), leaves_iter)]:
             self._grow(self.count + len(rows))
@@ -151,6 +153,9 @@ class CoordinatedRows(FixedTreeRows):
             self.count += len(rows)
             done += len(rows)
 
+    def append_blocks(self, blocks: Iterator[Block]) -> None:
+        self.append_many(block_rows(blocks))
+
     def write_batch(self, blocks: Sequence[np.ndarray]) -> None:
         count = len(blocks[0]) if blocks else 0
         self._grow(self.count + count)
@@ -158,14 +163,11 @@ class CoordinatedRows(FixedTreeRows):
             buf[self.count : self.count + count] = block
         self.count += count
 
-    def snapshot(self) -> tuple[int, int]:
+    def snapshot(self) -> Position:
         return (self.count, 0)
 
-    def rollback(self, position: tuple[int, int]) -> None:
+    def rollback(self, position: Position) -> None:
         self.count = position[0]
-
-    def flush(self) -> None:
-        """Nothing: the shared writer commits every table's rows together."""
 
     def drop(self, counts: dict[str | None, int], table: str | None) -> None:
         """Forgets the first ``counts[table]`` buffered rows (a commit that landed), and the
@@ -217,29 +219,74 @@ class CoordinatedCommits:
         backend: Backend,
         schema: TreeSchema,
         commit: Commit,
-        tables: Callable[[], dict[str | None, CoordinatedRows]],
         *,
         where: str,
         keep: int | None,
         wait: float,
         via: str,
     ) -> None:
-        """``tables()`` gives the writer's tables (None: the record table) at each commit."""
         if not isinstance(backend, ConditionalWrites):
             raise TypeError("writers share a store only on a backend with conditional writes")
         self._backend = backend
         self._schema = schema
-        self._tables = tables
+        self._rows: dict[str | None, CoordinatedRows] = {}
         self._where, self._keep, self._wait, self._via = where, keep, wait, via
         self._schema_id = _validate.id_of(schema)
         self.commit = commit  # the last commit this writer read or made
         self._uncertain: tuple[Commit, dict[str | None, int]] | None = None  # failed midway
         self._left: bytes | None = None  # this writer's claim that could not be given back
 
+    def tables(
+        self, schema: TreeSchema, commit: Commit, *, whole: bool
+    ) -> dict[str | None, TableBuffer]:
+        """Every table's rows, in memory (``whole``: a fixed store's one table)."""
+        if whole:
+            self._rows = {None: CoordinatedRows(schema)}
+        else:
+            self._rows = {t: CoordinatedRows(sub) for t, sub in table_schemas(schema).items()}
+        return dict(self._rows)
+
     @property
     def pending(self) -> int:
         """Records buffered."""
-        return self._tables()[None].count
+        return self._rows[None].count
+
+    def records(self) -> int:
+        return self.commit.records + self.pending
+
+    def full(self) -> None:
+        self.flush()
+
+    def after_call(self, *, extended: bool) -> None:
+        """A call that leaves a chunk's worth of records buffered commits them (never in the
+        middle of a call: each call's records are committed together)."""
+        if self.pending >= self._schema.chunk_records:
+            self.commit_all()
+
+    def flush(self) -> None:
+        """Commits every buffered record (one commit)."""
+        if self.pending:
+            self.commit_all()
+
+    def sole(self) -> Committer:
+        """Refused: evolve, truncate, vacuum and commit_fragments need the store's only
+        writer."""
+        raise shared_only(self._where)
+
+    def may_learn(self, schema: TreeSchema) -> None:
+        """Refused: learning a structure changes the schema, which needs the only writer."""
+        raise self._unlearnable(schema)
+
+    def adopt(self, old: TreeSchema, grown: TreeSchema) -> Commit:
+        raise self._unlearnable(old)
+
+    def _unlearnable(self, schema: TreeSchema) -> UnsupportedTreeError:
+        return UnsupportedTreeError(
+            f"a record shows the structure of {', '.join(schema.pending)} in store "
+            f"{self._where}, which no record had; a writer sharing the store through an OCDBT "
+            "coordinator cannot learn it (the schema changes). Append one such record with "
+            "mode='a' and no coordinator first"
+        )
 
     def check(self) -> None:
         """Nothing to check: a shared writer owns no tail that a fork could share."""
@@ -279,7 +326,7 @@ class CoordinatedCommits:
         versions.discard_orphan(self._backend, head)
         committer = Committer(self._backend, head, self._schema_id, self._keep, tree=self._schema)
         committer.release()  # rows older versions hold past a truncate are written over
-        tables = self._tables()
+        tables = self._rows
         records = tables[None].write(self._backend, head, None)
         rows = {t: b.write(self._backend, head, t) for t, b in tables.items() if t is not None}
         try:
@@ -322,7 +369,7 @@ class CoordinatedCommits:
             return False  # not committed (a version record it left is an orphan)
         if self._backend.read_bytes(version_key(attempt.generation)) != attempt.to_bytes():
             return False
-        for table, buffered in self._tables().items():
+        for table, buffered in self._rows.items():
             buffered.drop(counts, table)
         self.commit = head
         return self.pending == 0 or self._commit_once()

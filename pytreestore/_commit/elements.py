@@ -36,11 +36,12 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from pytreestore._commit.roles import Block, Position, Row
+from pytreestore._commit.writer import Writer
 from pytreestore._runtime import RUNTIME
 
 
@@ -49,7 +50,7 @@ class ElementRows:
     list whose columns hold numpy scalars of ``types`` (its columns' scalar types, in
     order), with rows waiting to be converted."""
 
-    def __init__(self, writer: Any, types: Sequence[type]) -> None:
+    def __init__(self, writer: Writer, types: Sequence[type]) -> None:
         self.writer = writer
         self.schema = writer.schema
         self.casters = writer.casters
@@ -57,7 +58,7 @@ class ElementRows:
         #: what waits, in order: blocks (one array per column), then the values of the
         #: records deferred since (element after element, each element's in column order)
         self._blocks: list[list[np.ndarray]] = []
-        self._values: list[Any] = []
+        self._values: list[object] = []
         self._counts: list[int] = []  # rows of each of those records
         self.waiting = 0  # rows waiting, in both
         self.due_at = 0  # rows waiting from which a push is due (see due)
@@ -73,9 +74,9 @@ class ElementRows:
 
     # ---- what a record's walk appends (never any I/O, never a failure) -------------------
 
-    def defer(self, values: list[Any]) -> None:
+    def defer(self, values: list[object]) -> None:
         """Queues rows of exact numpy scalars given row after row (each row's values in
-        column order)."""
+        column order); the list is the table's from now on."""
         n = len(values) // len(self._dtypes)
         self._values += values
         self._counts.append(n)
@@ -148,11 +149,34 @@ class ElementRows:
         writer = self.writer
         self.due_at = max(1, min(RUNTIME.writes.table_block_rows, writer.chunk - writer.fill))
 
-    def append(self, leaves: Sequence[Any]) -> None:
+    @property
+    def chunk(self) -> int:
+        return self.writer.chunk
+
+    @property
+    def start(self) -> int:
+        return self.writer.start
+
+    @property
+    def fill(self) -> int:
+        """The writer's rows buffered (the rows waiting here come after them)."""
+        return self.writer.fill
+
+    def hand_partial(self) -> Callable[[], None] | None:
+        """The writer's job for its rows not yet committed, every waiting row buffered first
+        (:meth:`~pytreestore._commit.writer.Writer.hand_partial`)."""
+        self.push()
+        return self.writer.hand_partial()
+
+    def append_blocks(self, blocks: Iterator[Block]) -> None:
+        self.push()
+        self.writer.append_blocks(blocks)
+
+    def append(self, leaves: Row) -> None:
         self.push()
         self.writer.append(leaves)
 
-    def append_many(self, leaves_iter: Iterator[Sequence[Any]]) -> None:
+    def append_many(self, leaves_iter: Iterator[Row]) -> None:
         self.push()
         self.writer.append_many(leaves_iter)
 
@@ -165,12 +189,12 @@ class ElementRows:
         self.writer.flush()
         self._due()
 
-    def snapshot(self) -> tuple[int, int]:
+    def snapshot(self) -> Position:
         """The writer's position once every queued row is buffered."""
         self.push()
         return self.writer.snapshot()
 
-    def rollback(self, position: tuple[int, int]) -> None:
+    def rollback(self, position: Position) -> None:
         """Forgets the queue, and the writer's rows since ``position``."""
         self._blocks, self._values, self._counts, self.waiting = [], [], [], 0
         self.writer.rollback(position)

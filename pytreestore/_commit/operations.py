@@ -16,13 +16,12 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from pytreestore._commit import evolve as _evolve
 from pytreestore._commit import truncate as _truncate
 from pytreestore._commit import versions as _versions
 from pytreestore._commit.record import Commit
-from pytreestore._commit.transaction import Change
+from pytreestore._commit.transaction import Change, Head
 from pytreestore._format.schema import TreeSchema
 from pytreestore.backends import Backend
 from pytreestore.errors import StoreIndexError
@@ -35,10 +34,10 @@ class _Operation:
     commits = True
     releases = False
 
-    def check(self, engine: Backend, writer: Any) -> None:
+    def check(self, engine: Backend, writer: Head) -> None:
         """Nothing to check against the store."""
 
-    def prepare(self, engine: Backend, writer: Any) -> None:
+    def prepare(self, engine: Backend, writer: Head) -> None:
         """No step of its own before the atomic step."""
 
     def abort(self, engine: Backend, head: Commit, error: BaseException) -> None:
@@ -51,12 +50,12 @@ class Evolve(_Operation):
 
     name = "evolve"
 
-    def __init__(self, where: str, changes: Mapping[str, Any]) -> None:
+    def __init__(self, where: str, changes: Mapping[str, object]) -> None:
         """``changes``: the keyword arguments of ``TreeStore.evolve``."""
         self.where = where
         self.changes = dict(changes)
 
-    def check(self, engine: Backend, writer: Any) -> None:
+    def check(self, engine: Backend, writer: Head) -> None:
         """Plans the change on the writer's schema; refuses what cannot be done."""
         _evolve.check(engine, writer.schema, **self.changes)
 
@@ -77,7 +76,7 @@ class Truncate(_Operation):
         self.records = records
         self.where = where
 
-    def check(self, engine: Backend, writer: Any) -> None:
+    def check(self, engine: Backend, writer: Head) -> None:
         """Refuses a count past the records appended (buffered ones included).
 
         Raises:

@@ -1,15 +1,15 @@
 """The record writer of every store: each record's rows go to its tables, one commit for all.
 
 Every table (the record table and one per ragged axis, :mod:`pytreestore._format.ragged`) has
-its own :class:`~pytreestore._commit.writer.Writer`, which buffers whole chunks and writes them
-as they fill, but commits nothing itself. :class:`RecordWriter` commits: it flushes every
-table, then writes one commit record holding the record count and every table's rows (step 6
-of :mod:`pytreestore._commit.protocol`). Rows written past the commit are harmless, and
-removed by the repair of the next writer.
+its buffer, and a committer commits them together: both come from the writer's
+:class:`~pytreestore._commit.roles.Commits` (the store's only writer:
+:class:`~pytreestore._commit.direct.DirectCommits`, whose tables write full chunks in the
+background and whose commit record holds the record count and every table's rows, step 6 of
+:mod:`pytreestore._commit.protocol`; a shared writer's; a fragment's). Rows written past the
+commit are harmless, and removed by the repair of the next writer.
 
-A fixed store is the case of one table whose rows are the records: its ``append_record``,
-``extend``, ``extend_batch`` and ``flush`` are the table writer's own, bound once at
-construction (:class:`~pytreestore._commit.rows.FixedTreeRows`), and that writer commits.
+A fixed store is the case of one table whose rows are the records
+(:class:`~pytreestore._commit.rows.FixedRecords`: no walk).
 
 A record is walked once along the layout, by closures compiled once per layout
 (:mod:`pytreestore._commit.walk`): each ragged list's elements become rows of its table
@@ -33,122 +33,87 @@ Example:
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
-from typing import Any
+import typing
+from collections.abc import Iterable, Mapping
+
+import numpy as np
 
 from pytreestore import _arguments, _exiting
 from pytreestore._commit.committer import Committer
-from pytreestore._commit.elements import ElementRows
+from pytreestore._commit.direct import DirectCommits, table_slots
 from pytreestore._commit.flat import flat_elements
+from pytreestore._commit.memory import MemoryCommits, TableRows
 from pytreestore._commit.model import Model, grow_schema
-from pytreestore._commit.protocol import column_layouts, group_json, group_keys, with_info
 from pytreestore._commit.record import Commit
-from pytreestore._commit.tables import table_schemas
-from pytreestore._commit.versions import KEEP_VERSIONS, save_schema
+from pytreestore._commit.roles import Commits, Position
+from pytreestore._commit.rows import FixedRecords, stackable
+from pytreestore._commit.versions import KEEP_VERSIONS
 from pytreestore._commit.walk import Mismatch, PendingStructure, Plan
-from pytreestore._commit.writer import Writer
 from pytreestore._format import validate as _validate
-from pytreestore._format.names import ROOT_KEY, array_json
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.device import VALID, refuse_unreadable
 from pytreestore._tree.hints import hinted, layout_problems
 from pytreestore._tree.layout import Walker
 from pytreestore._tree.unpad import unpad_records
-from pytreestore.backends import Backend, KeyListing
+from pytreestore.backends import Backend
 from pytreestore.errors import SchemaMismatchError
 
-
-class _TableCommitter:
-    """Stands in for a table's committer: the table's committed rows; commits nothing."""
-
-    def __init__(self, owner: RecordWriter, table: str | None) -> None:
-        self._owner = owner
-        self._table = table
-
-    @property
-    def commit(self) -> Commit:
-        return Commit(self._owner.commit.rows(self._table), 0)
-
-    def advance(self, records: int, tables: Any = None) -> Commit:
-        return self.commit
-
-    def release(self) -> None:
-        self._owner.committer.release()
-
-    @property
-    def holding(self) -> bool:
-        return self._owner.committer.holding
-
-    def check(self) -> None:
-        self._owner.check()
+#: how a refused record of ``extend`` (``{i}``: its position) and a refused batch are reported
+REFUSALS = (
+    "extend() refused record {i} (none of this call's records were appended)",
+    "extend_batch() refused the batch (none of its records were appended)",
+)
 
 
+@typing.final
 class RecordWriter:
-    """Appends records to a store's tables; commits them together (every kind of store)."""
+    """Appends records to a store's tables; commits them together (every kind of store).
 
-    #: how a refused record of :meth:`extend` is reported (``{i}``: its position)
-    refusal = "extend() refused record {i} (none of this call's records were appended)"
-    batch_refusal = "extend_batch() refused the batch (none of its records were appended)"
+    The tables and their commits are a :class:`~pytreestore._commit.roles.Commits`'s: the
+    store's only writer's (:class:`~pytreestore._commit.direct.DirectCommits`, the default),
+    writers sharing a store's, or a fragment's (nothing committed). A fixed store's records
+    go to its one table as rows (:class:`~pytreestore._commit.rows.FixedRecords`); any other
+    store's are walked (:class:`~pytreestore._commit.walk.Plan`).
+    """
 
     def __init__(
         self,
         backend: Backend,
         schema: TreeSchema,
         commit: Commit,
-        committer: Any = None,
+        commits: Commits | None = None,
+        *,
+        refusals: tuple[str, str] = REFUSALS,
     ) -> None:
-        """``committer`` replaces the writer's own :class:`Committer` (fragments, which
-        commit nothing: :mod:`pytreestore._fragments.rows`)."""
+        """``commits``: the tables' committer (None: the store's only writer's, with a
+        :class:`Committer` at ``commit``); ``refusals``: how a refused record of
+        :meth:`extend` (``{i}``: its position) and a refused batch are reported."""
         self._backend = backend
-        self._committer = committer or Committer(
-            backend, commit, _validate.id_of(schema), tree=schema
+        self._commits: Commits = commits or DirectCommits(
+            backend, Committer(backend, commit, _validate.id_of(schema), tree=schema)
         )
+        self.refusal, self.batch_refusal = refusals
         self._open_tables(schema, commit)
-
-    def _table(
-        self, table: str | None, schema: TreeSchema, commit: Commit, committer: Any = None
-    ) -> Any:
-        """The writer of one table (``schema``: its columns) at ``commit``; ``committer``
-        commits its rows (a fixed tree's one table), else this writer commits every table."""
-        rows = Commit(commit.rows(table), 0)
-        if committer is not None:  # a fixed tree's one table, committing: in the background
-            return Writer(self._backend, schema, rows, committer, background=True)
-        return Writer(self._backend, schema, rows, _TableCommitter(self, table))
 
     def _open_tables(self, schema: TreeSchema, commit: Commit) -> None:
         self.schema = schema
         self.model: Model = schema.layout
-        self.tables: dict[str | None, Any]
-        if schema.ragged is None:  # the writer: a fixed tree's fast path, one table
-            self.tables = {None: self._table(None, schema, commit, self._committer)}
-            self._fast_path(self.tables[None])
+        whole = schema.ragged is None  # the writer: a fixed tree's fast path, one table
+        self.tables = self._commits.tables(schema, commit, whole=whole)
+        self._fixed: FixedRecords | None = None
+        self._stacker: tuple[RecordWriter, MemoryCommits] | None = None
+        if whole:  # one table, whose rows are the records: no walk
+            self._fixed = FixedRecords(self.tables[None])
             return
-        self.tables = {t: self._table(t, sub, commit) for t, sub in table_schemas(schema).items()}
-        slots = {
-            t: {(c.role or "leaf", c.path): i for i, c in enumerate(w.schema.columns)}
-            for t, w in self.tables.items()
-        }
-        flat = flat_elements(self.model.spec, slots)
-        for t, elements in flat.items():
-            # a list of numpy-scalar elements waits as tuples, converted per block; only in
-            # this writer's own table writers (others' tables are read by their owners)
-            if type(self.tables[t]) is Writer and elements.types is not None:
-                self.tables[t] = ElementRows(self.tables[t], elements.types)
-        self._plan = Plan(self.model.spec, self.tables, slots, flat)
-
-    def _fast_path(self, table: Any) -> None:
-        """Binds the calls of a fixed tree's records to ``table``, its one table's writer (a
-        :class:`~pytreestore._commit.rows.FixedTreeRows`, which commits): no walk, and no
-        cost per call."""
-        self.append_record = table.append_record
-        self.extend = table.extend
-        self.extend_batch = table.extend_batch
-        self.flush = table.flush
+        slots = table_slots(self.tables)
+        self._plan = Plan(
+            self.model.spec, self.tables, slots, flat_elements(self.model.spec, slots)
+        )
 
     # ---- what the store asks of a writer -------------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self.tables[None])
+        return self._commits.records()
 
     def rows(self, table: str | None) -> int:
         """The rows of ``table`` once what is buffered is committed (0: a table it has not
@@ -156,27 +121,35 @@ class RecordWriter:
         return len(self.tables[table]) if table in self.tables else 0
 
     @property
-    def committer(self) -> Any:
-        """What commits this writer's records (a :class:`Committer`)."""
-        return self._committer
+    def committer(self) -> Committer:
+        """The committer of operations (evolve, truncate, fragments); refused by a writer
+        that shares its store (:class:`~pytreestore.errors.ReadOnlyError`)."""
+        return self._commits.sole()
 
     @property
     def commit(self) -> Commit:
-        return self._committer.commit
+        return self._commits.commit
 
     @property
     def pending(self) -> int:
         return len(self) - self.commit.records
 
     def check(self) -> None:
-        self._committer.check()
+        self._commits.check()
 
-    def append_record(self, record: Any) -> None:
+    def append_record(self, record: object) -> None:
         """Buffers one record; nothing of it is kept if it is refused. A record table whose
-        chunk is full is committed first, as a fixed store's writer does."""
+        chunk is full is committed first (in the background), as a fixed store's is."""
+        if self._fixed is not None:
+            self._fixed.append_record(record)
+        else:
+            self._walk_one(record)
+        self._commits.after_call(extended=False)
+
+    def _walk_one(self, record: object) -> None:
         records = self.tables[None]
         if records.fill == records.chunk:
-            self.flush()
+            self._commits.full()
         plan = self._plan
         plan.push_due()  # before the record: a failed chunk write leaves nothing of it
         try:
@@ -184,7 +157,7 @@ class RecordWriter:
             plan.write(row, stage, undo=True)
         except PendingStructure:
             self._learn(record)
-            self.append_record(record)
+            self._walk_one(record)
         except Mismatch:
             raise _explain(self.model, record, "record") from None
         except SchemaMismatchError as err:  # a leaf's shape or dtype
@@ -193,9 +166,59 @@ class RecordWriter:
             refuse_unreadable(err, record, "", whose=f"record {len(self)}'s")
             raise
 
-    def extend(self, records: Iterable[Any]) -> None:
-        """Buffers every record of ``records``, all or none."""
-        records = _arguments.iterable(records, "extend()", "records")
+    def extend(self, records: Iterable[object]) -> None:
+        """Buffers every record of ``records``, all or none. A list or tuple whose record
+        table's columns take at most ``RUNTIME.writes.stacked_bytes`` is
+        stacked: walked into tables in memory, then each table's rows taken as one batch."""
+        if self._fixed is not None:
+            self._fixed.extend(records)
+        else:
+            records = _arguments.iterable(records, "extend()", "records")
+            if stackable(records, self.tables[None].schema) is None or not self._stack(records):
+                self._walk(records)
+        self._commits.after_call(extended=True)
+
+    def _stack(self, records: Iterable[object]) -> bool:
+        """Walks ``records`` into tables in memory (refusing any as :meth:`_walk` does), then
+        hands each table's rows to this writer's tables as one batch; False, with nothing
+        appended, if they show a structure not learnt yet (learnt here by :meth:`_walk`)."""
+        memory, commits = self._stacking()
+        try:
+            memory._walk(records)
+            if memory.schema is not self.schema:
+                self._stacker = None
+                return False
+            self._take(commits.rows)
+        finally:
+            commits.clear()
+        return True
+
+    def _stacking(self) -> tuple[RecordWriter, MemoryCommits]:
+        """The walk into memory of this writer's schema (made once per schema)."""
+        made = self._stacker
+        if made is None or made[0].schema is not self.schema:
+            commits = MemoryCommits(self.commit, "this store")
+            refusals = (self.refusal, self.batch_refusal)
+            memory = RecordWriter(
+                self._backend, self.schema, Commit(0, 0), commits, refusals=refusals
+            )
+            made = self._stacker = (memory, commits)
+        return made
+
+    def _take(self, rows: Mapping[str | None, TableRows]) -> None:
+        """Appends each table's rows ``rows`` (walked from row 0) as one batch, their offsets
+        moved past the rows each axis table holds; all or none."""
+        bases = {t: len(w) for t, w in self.tables.items()}
+        position = self._snapshot()
+        try:
+            for t, table in rows.items():
+                if len(table):
+                    self.tables[t].write_batch(_rebased(table, bases))
+        except BaseException:
+            self._rollback(position)
+            raise
+
+    def _walk(self, records: Iterable[object]) -> None:
         if self.model.pending:  # a record may fix a structure: then start again with it
             records = list(records)
         position = self._snapshot()
@@ -211,7 +234,7 @@ class RecordWriter:
         except PendingStructure:
             self._rollback(position)
             self._learn(record)
-            self.extend(records)
+            self._walk(records)
             return
         except BaseException as err:
             self._rollback(position)
@@ -224,11 +247,20 @@ class RecordWriter:
                 raise SchemaMismatchError(f"{self.refusal.format(i=i)}: {cause}") from None
             refuse_unreadable(err, record, f"{self.refusal.format(i=i)}: ", fix=VALID)
             raise
-        self._commit_whole_chunks()
 
-    def extend_batch(self, batch: Any, mask: Any = None, *, where: str = "this store") -> None:
-        """Appends the records of a padded ``batch`` whose real values ``mask`` marks (the
-        pair ``load`` returns), all or none (``where``: the store, as :class:`Writer`'s)."""
+    def extend_batch(
+        self, batch: object, mask: object = None, *, where: str = "this store"
+    ) -> None:
+        """Appends the records of ``batch`` (leaves with a leading record axis; a ragged or
+        optional store's padded, with the ``mask`` of its real values, the pair ``load``
+        returns), all or none (``where``: the store, in errors)."""
+        if self._fixed is not None:
+            self._fixed.extend_batch(batch, mask, where=where)
+        else:
+            self._walk_batch(batch, mask)
+        self._commits.after_call(extended=True)
+
+    def _walk_batch(self, batch: object, mask: object) -> None:
         if mask is None:
             raise SchemaMismatchError(
                 "a ragged store's extend_batch takes the padded batch with its mask, "
@@ -236,23 +268,19 @@ class RecordWriter:
                 "cannot show list lengths or None"
             )
         try:
-            self.extend(unpad_records(self.model.spec, batch, mask))
+            self._walk(unpad_records(self.model.spec, batch, mask))
         except Exception as err:  # JAX's, reading a jax.Array of the batch
             refuse_unreadable(err, batch, f"{self.batch_refusal}: ", fix=VALID)
             raise
 
     def flush(self) -> None:
         """Writes every table's buffered rows, then commits them all in one commit record."""
-        if self.pending == 0:
-            return
-        for writer in self.tables.values():
-            writer.flush()
-        rows = {t: len(w) for t, w in self.tables.items() if t is not None}
-        self._committer.advance(len(self), rows)
+        self._commits.flush()
 
-    def _learn(self, record: Any) -> None:
+    def _learn(self, record: object) -> None:
         """Fixes the structures ``record`` shows where the schema's were pending: commits what
         is buffered, then :meth:`use_schema` of the schema grown by them."""
+        self._commits.may_learn(self.schema)
         self.flush()
         try:
             grown = grow_schema(self.schema, record, self.commit.rows)
@@ -263,33 +291,14 @@ class RecordWriter:
     def use_schema(self, grown: TreeSchema) -> None:
         """Takes ``grown``, this writer's schema with pending structures learnt
         (:func:`~pytreestore._commit.model.grow_schema` at the committed rows, nothing
-        buffered): creates the new arrays (sized to their tables' rows, which read as zeros
-        and empty lists), and replaces the schema in one atomic put."""
-        commit = self.commit
-        old = {c.key for c in self.schema.storage_columns}
-        added = [c for c in grown.storage_columns if c.key not in old]
-        self._backend.delete_keys(_leftovers(self._backend, [c.key for c in added]))
-        self._backend.create_columns(column_layouts(added, grown.codec, grown.inner_chunk_bytes))
-        for table in {c.table for c in added}:
-            keys = [c.key for c in added if c.table == table]
-            self._backend.resize(keys, commit.rows(table))
-        groups = {k: group_json({}) for k in group_keys(grown)}
-        self._backend.write_many_bytes(groups)
-        info = _validate.stamped(grown.to_json())
-        save_schema(self._backend, info)
-        self._backend.write_bytes(ROOT_KEY, with_info(self._backend.read_bytes(ROOT_KEY), info))
-        self._committer.use(grown, info["digest"])
-        self._backend.open_columns(grown.storage_columns)
-        self._open_tables(grown, commit)
+        buffered): the committer adopts it (the store's writer creates its new arrays and
+        replaces the schema in one atomic put), and the tables start again with it."""
+        self._open_tables(grown, self._commits.adopt(self.schema, grown))
 
-    def _commit_whole_chunks(self) -> None:
-        if self.tables[None].start > self.commit.records:
-            self.flush()
-
-    def _snapshot(self) -> dict[str | None, tuple[int, int]]:
+    def _snapshot(self) -> dict[str | None, Position]:
         return {t: w.snapshot() for t, w in self.tables.items()}
 
-    def _rollback(self, position: dict[str | None, tuple[int, int]]) -> None:
+    def _rollback(self, position: dict[str | None, Position]) -> None:
         for t, w in self.tables.items():
             w.rollback(position[t])
 
@@ -300,10 +309,19 @@ def new_writer(
     """The writer of a store of ``schema``; its version log keeps the last ``keep`` versions
     (None: all) besides tagged ones."""
     committer = Committer(backend, commit, _validate.id_of(schema), keep, tree=schema)
-    return RecordWriter(backend, schema, commit, committer)
+    return RecordWriter(backend, schema, commit, DirectCommits(backend, committer))
 
 
-def _explain(model: Model, record: Any, what: str) -> SchemaMismatchError:
+def _rebased(table: TableRows, bases: Mapping[str | None, int]) -> list[np.ndarray]:
+    """``table``'s rows, each offset moved by ``bases`` of its axis table."""
+    blocks = table.blocks()
+    for i, c in enumerate(table.schema.columns):
+        if c.role == "offsets":
+            blocks[i] = blocks[i] + np.asarray(bases[c.path], blocks[i].dtype)
+    return blocks
+
+
+def _explain(model: Model, record: object, what: str) -> SchemaMismatchError:
     """Every keypath where ``record`` departs from the layout, with the declaration that
     would accept each."""
     walker = Walker(model.decl)
@@ -320,22 +338,10 @@ def _explain(model: Model, record: Any, what: str) -> SchemaMismatchError:
     )
 
 
-def _hinted(model: Model, err: SchemaMismatchError, record: Any) -> str:
+def _hinted(model: Model, err: SchemaMismatchError, record: object) -> str:
     """``err`` (a leaf of ``record`` refused) with the ``ragged=``/``optional=`` entry that
     would accept each way ``record`` departs from the layout where nothing was declared."""
     return hinted(str(err), lambda: layout_problems(model.spec, record, model.decl))
-
-
-def _leftovers(backend: Backend, keys: list[str]) -> list[str]:
-    """What a cut-off attempt to learn the arrays ``keys`` left: their metadata and chunks.
-
-    A learning writes its arrays before its commit record, and the next writer puts the
-    committed schema back (the commit record is the truth), so such arrays are no column's;
-    learning them again must not find their chunks (of another chunk shape, or rows the
-    new column would read). Without a key listing only their metadata is known."""
-    if not isinstance(backend, KeyListing):
-        return [array_json(k) for k in keys]
-    return [found for k in keys for found in backend.list_keys(f"{k}/")]
 
 
 __all__ = ["PendingStructure", "RecordWriter", "new_writer"]

@@ -1,7 +1,7 @@
 """Records of one fixed tree taken as rows of one table: the record side of a row buffer.
 
-:class:`FixedTreeRows` checks each record's structure against the schema's treedef and hands
-its leaves, one row per record, to the row buffer of a subclass (the table writer
+:class:`FixedRecords` checks each record's structure against the schema's treedef and hands
+its leaves, one row per record, to a table buffer it is given (the table writer
 :class:`~pytreestore._commit.writer.Writer`, a shared writer's
 :class:`~pytreestore._commit.coordinated.CoordinatedRows`). A refused record is explained with
 the ``ragged=``/``optional=`` entry that would accept it (:func:`hints`).
@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
-from typing import Any, cast
+from collections.abc import Iterable, Iterator, Sequence
 
 import jax
 import numpy as np
 from jax.tree_util import tree_flatten
 
 from pytreestore import _arguments
+from pytreestore._commit.roles import Block, Row, TableBuffer
 from pytreestore._format.schema import TreeSchema
 from pytreestore._runtime import RUNTIME
-from pytreestore._tree.convert import LeafCaster, RecordError, RowFiller
+from pytreestore._tree.convert import RecordError, RowFiller
 from pytreestore._tree.device import VALID, refuse_unreadable
 from pytreestore._tree.flatten import BlockFlattener, block_flattener
 from pytreestore._tree.hints import hinted, record_problems
@@ -36,52 +36,36 @@ from pytreestore._tree.stack import batch_length
 from pytreestore.errors import SchemaMismatchError
 
 
-class FixedTreeRows:
-    """Records of one fixed tree taken as rows of one table: each record checked against the
-    schema's treedef, its leaves one row. The base of every row buffer that takes records
-    (:class:`Writer`; a shared writer's
-    :class:`~pytreestore._commit.coordinated.CoordinatedRows`): the fast path of a fixed
-    store's :class:`~pytreestore._commit.records.RecordWriter`.
+class FixedRecords:
+    """Records of one fixed tree taken as rows of one table, ``table``: each record checked
+    against the schema's treedef, its leaves one row. The records of a fixed store's
+    :class:`~pytreestore._commit.records.RecordWriter`, over any table buffer (a
+    :class:`~pytreestore._commit.writer.Writer`, a shared writer's
+    :class:`~pytreestore._commit.coordinated.CoordinatedRows`)."""
 
-    A subclass gives the schema, its casters and the row buffer's methods named below.
-    """
+    def __init__(self, table: TableBuffer) -> None:
+        self.table = table
+        #: the schema the block flattener was made for, and the flattener (see :meth:`extend`)
+        self._flattened: tuple[TreeSchema, BlockFlattener | None] | None = None
 
-    schema: TreeSchema
-    casters: list[LeafCaster]
-    append: Callable[[Sequence[Any]], None]
-    append_many: Callable[[Iterator[Sequence[Any]]], None]
-    write_batch: Callable[[Sequence[np.ndarray]], None]
-    snapshot: Callable[[], tuple[int, int]]
-    rollback: Callable[[tuple[int, int]], None]
-    #: the schema the block flattener was made for, and the flattener (see :meth:`extend`)
-    _flattened: tuple[TreeSchema, BlockFlattener | None] | None = None
+    @property
+    def schema(self) -> TreeSchema:
+        """The table's schema (a fixed store's)."""
+        return self.table.schema
 
-    def append_record(self, record: Any) -> None:
+    def append_record(self, record: object) -> None:
         """Buffers one record after checking its structure against the schema."""
         leaves, treedef = tree_flatten(record)
         schema = self.schema
         if not schema.holds(treedef):
             raise SchemaMismatchError(hints(schema, schema.mismatch_message(record), record))
         try:
-            self.append(schema.column_leaves(leaves))
+            self.table.append(schema.column_leaves(leaves))
         except SchemaMismatchError as err:
             raise SchemaMismatchError(hints(schema, str(err), record)) from None
         except Exception as err:  # JAX's, reading a jax.Array: deleted, or its computation failed
-            refuse_unreadable(err, record, "", whose=f"record {len(cast(Sized, self))}'s")
+            refuse_unreadable(err, record, "", whose=f"record {len(self.table)}'s")
             raise
-
-    def append_blocks(self, blocks: Iterator[tuple[Sequence[Sequence[Any]], int]]) -> None:
-        """Buffers records given a block at a time as ``(columns, count)``: per column, the
-        values of ``count`` already-checked records, in column order (as
-        :meth:`~pytreestore._tree.convert.RowFiller.fill_columns` takes them).
-
-        This default hands them to ``append_many`` a row at a time; a row buffer that fills
-        its columns from a block's columns directly overrides it.
-
-        Raises:
-            RecordError: a record was refused; ``index`` counts from the first block's first.
-        """
-        self.append_many(itertools.chain.from_iterable(_rows(c, n) for c, n in blocks))
 
     def _flattener(self) -> BlockFlattener | None:
         """The block flattener of the schema's records (None: each record by itself), made
@@ -92,7 +76,7 @@ class FixedTreeRows:
             made = self._flattened = (self.schema, block_flattener(self.schema.treedef))
         return made[1]
 
-    def extend(self, records: Iterable[Any]) -> None:
+    def extend(self, records: Iterable[object]) -> None:
         """Buffers every record of ``records``, all or none, committing whole chunks.
 
         Records are taken ``RUNTIME.writes.extend_block`` at a time; a block whose records all have
@@ -112,15 +96,15 @@ class FixedTreeRows:
         records = _arguments.iterable(records, "extend()", "records")
         schema = self.schema
         rows = _Blocks(schema, records, self._flattener())
-        position = self.snapshot()
+        position = self.table.snapshot()
         try:
-            count = _stackable(records, schema)
+            count = stackable(records, schema)
             if count is not None:
                 self._write_stacked(rows, count)
             else:
-                self.append_blocks(rows.blocks())
+                self.table.append_blocks(rows.blocks())
         except (SchemaMismatchError, RecordError) as err:
-            self.rollback(position)
+            self.table.rollback(position)
             index, cause = (
                 (err.index, err.error) if isinstance(err, RecordError) else (rows.seen, err)
             )
@@ -133,7 +117,7 @@ class FixedTreeRows:
                 f"appended): {why}"
             ) from cause
         except BaseException as err:
-            self.rollback(position)
+            self.table.rollback(position)
             rows.refuse_unreadable(
                 err, "extend() refused record {i} (none of this call's records were appended): "
             )
@@ -148,7 +132,7 @@ class FixedTreeRows:
                 was written.
         """
         columns = [np.empty((count, *c.shape), c.dtype) for c in self.schema.columns]
-        filler, done = RowFiller(self.casters, columns), 0
+        filler, done = RowFiller(self.table.casters, columns), 0
         for block, n in rows.blocks():
             try:
                 filler.fill_columns(block, done, n)
@@ -156,9 +140,11 @@ class FixedTreeRows:
                 raise RecordError(done + err.index, err.error) from err.error
             done += n
         if done:
-            self.write_batch(columns if done == count else [c[:done] for c in columns])
+            self.table.write_batch(columns if done == count else [c[:done] for c in columns])
 
-    def extend_batch(self, batch: Any, mask: Any = None, *, where: str = "this store") -> None:
+    def extend_batch(
+        self, batch: object, mask: object = None, *, where: str = "this store"
+    ) -> None:
         """Buffers a batched record (leaves with a leading record axis), all or none.
 
         Raises:
@@ -179,7 +165,8 @@ class FixedTreeRows:
         count = batch_length(leaves, schema.paths)
         try:
             blocks = [
-                c.coerce(leaf, batch=count, what="batch") for c, leaf in zip(self.casters, leaves)
+                c.coerce(leaf, batch=count, what="batch")
+                for c, leaf in zip(self.table.casters, leaves)
             ]
         except SchemaMismatchError as err:
             raise SchemaMismatchError(hints(schema, str(err), batch, batched=True)) from None
@@ -189,15 +176,15 @@ class FixedTreeRows:
             raise
         if count == 0:
             return
-        position = self.snapshot()
+        position = self.table.snapshot()
         try:
-            self.write_batch(blocks)
+            self.table.write_batch(blocks)
         except BaseException:
-            self.rollback(position)
+            self.table.rollback(position)
             raise
 
 
-def _stackable(records: Iterable[Any], schema: TreeSchema) -> int | None:
+def stackable(records: Iterable[object], schema: TreeSchema) -> int | None:
     """The number of ``records`` if they are a list or tuple (not a subclass, which may
     iterate otherwise than its ``len()`` says) whose columns fit ``RUNTIME.writes.stacked_bytes``,
     else
@@ -222,7 +209,7 @@ class _Blocks:
     """
 
     def __init__(
-        self, schema: TreeSchema, records: Iterable[Any], flat: BlockFlattener | None
+        self, schema: TreeSchema, records: Iterable[object], flat: BlockFlattener | None
     ) -> None:
         self.schema = schema
         self.records = records
@@ -230,18 +217,18 @@ class _Blocks:
         self.flat = flat
         # the last blocks, (first index, records), for naming a refused record: they cover
         # every row a row buffer has taken but not yet filled (a chunk at most)
-        self.recent: collections.deque[tuple[int, list[Any]]] = collections.deque(
+        self.recent: collections.deque[tuple[int, list[object]]] = collections.deque(
             maxlen=schema.chunk_records // RUNTIME.writes.extend_block + 2
         )
 
-    def record(self, index: int) -> tuple[Any] | None:
+    def record(self, index: int) -> tuple[object] | None:
         """``(record,)`` for the record at ``index``, if it is one of the recent blocks'."""
         for start, block in self.recent:
             if start <= index < start + len(block):
                 return (block[index - start],)
         return None
 
-    def blocks(self) -> Iterator[tuple[Sequence[Sequence[Any]], int]]:
+    def blocks(self) -> Iterator[Block]:
         """``(columns, count)`` for each block of records, once (see ``append_blocks``)."""
         records = iter(self.records)
         while block := list(itertools.islice(records, RUNTIME.writes.extend_block)):
@@ -259,7 +246,7 @@ class _Blocks:
             for i, record in enumerate(block, start):
                 refuse_unreadable(err, record, head.format(i=i), fix=VALID)
 
-    def _columns(self, block: list[Any]) -> Sequence[Sequence[Any]]:
+    def _columns(self, block: list[object]) -> Sequence[Sequence[object]]:
         columns = self.flat.columns(block) if self.flat is not None else None
         if columns and self.seen == 0 and not self._agrees(block[0], columns):
             columns = None  # a structure the flattener takes otherwise: never here
@@ -269,7 +256,7 @@ class _Blocks:
             return columns
         return list(zip(*self._one_by_one(block, zip(*columns))))
 
-    def _agrees(self, record: Any, columns: list[list[Any]]) -> bool:
+    def _agrees(self, record: object, columns: Sequence[Sequence[object]]) -> bool:
         """Whether ``tree_flatten`` of the first record gives the schema's treedef and the
         leaves that the block flattener gave it (a check of the flattener, once a call)."""
         leaves, got = tree_flatten(record)
@@ -278,8 +265,8 @@ class _Blocks:
         )
 
     def _one_by_one(
-        self, block: list[Any], flattened: Iterator[tuple[Any, ...]] | None = None
-    ) -> Iterator[Sequence[Any]]:
+        self, block: list[object], flattened: Iterator[tuple[object, ...]] | None = None
+    ) -> Iterator[Row]:
         """The rows of ``block``, each record flattened and checked by itself (or taken from
         ``flattened``, already checked), then bound to the columns."""
         schema = self.schema
@@ -295,12 +282,18 @@ class _Blocks:
             self.seen += 1
 
 
-def _rows(columns: Sequence[Sequence[Any]], count: int) -> Iterator[Sequence[Any]]:
+def _rows(columns: Sequence[Sequence[object]], count: int) -> Iterator[Row]:
     """The ``count`` rows of a block's ``columns`` (rows of nothing: no columns)."""
     return zip(*columns) if columns else itertools.repeat((), count)
 
 
-def hints(schema: TreeSchema, message: str, record: Any, *, batched: bool = False) -> str:
+def block_rows(blocks: Iterator[Block]) -> Iterator[Row]:
+    """The rows of blocks given as ``(columns, count)``, in order (for a table buffer that
+    takes them a row at a time)."""
+    return itertools.chain.from_iterable(_rows(c, n) for c, n in blocks)
+
+
+def hints(schema: TreeSchema, message: str, record: object, *, batched: bool = False) -> str:
     """``message`` (a fixed store refusing ``record``, or the first record of a ``batched``
     one) with the ``ragged=``/``optional=`` entry that would accept each difference, as
     ``stack()`` says it: the store's schema describes a record of zeros to compare with."""
@@ -314,4 +307,4 @@ def hints(schema: TreeSchema, message: str, record: Any, *, batched: bool = Fals
     return hinted(message, problems, header)
 
 
-__all__ = ["FixedTreeRows", "hints"]
+__all__ = ["FixedRecords", "block_rows", "hints", "stackable"]

@@ -38,10 +38,30 @@ import dataclasses
 from typing import Any, Protocol
 
 from pytreestore._commit.atomic import atomic
+from pytreestore._commit.committer import Committer
 from pytreestore._commit.record import Commit
 from pytreestore._format.schema import TreeSchema
 from pytreestore.backends import Backend
 from pytreestore.errors import CommitConflictError
+
+
+class Head(Protocol):
+    """What :func:`commit` and an operation need of a writer: its commit, its committer, its
+    schema and its records (a store's :class:`~pytreestore._commit.records.RecordWriter`, or
+    a stand-in that buffers none)."""
+
+    @property
+    def commit(self) -> Commit: ...
+
+    @property
+    def committer(self) -> Committer: ...
+
+    @property
+    def schema(self) -> TreeSchema: ...
+
+    def __len__(self) -> int:
+        """The records once what is buffered is committed."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,11 +102,11 @@ class Operation(Protocol):
         """Whether it writes rows that older versions hold after a truncate."""
         ...
 
-    def check(self, engine: Backend, writer: Any) -> None:
+    def check(self, engine: Backend, writer: Any) -> None:  # Head, or a RecordWriter
         """Refuses bad arguments before anything is written (buffered records included)."""
         ...
 
-    def prepare(self, engine: Backend, writer: Any) -> None:
+    def prepare(self, engine: Backend, writer: Any) -> None:  # Head, or a RecordWriter
         """A step of its own after the checks and before the atomic step (fragments learn
         the structures they show there); most operations have none."""
         ...
@@ -109,7 +129,7 @@ class Transaction:
     operation: Operation
 
 
-def commit(engine: Backend, writer: Any, transaction: Transaction) -> Change | None:
+def commit(engine: Backend, writer: Head, transaction: Transaction) -> Change | None:
     """Commits ``transaction`` through ``writer`` (nothing buffered: the caller flushed):
     check, release, the atomic step, advance (the module's steps 1 to 4).
 
@@ -158,4 +178,4 @@ def commit(engine: Backend, writer: Any, transaction: Transaction) -> Change | N
     return change
 
 
-__all__ = ["Change", "Operation", "Transaction", "commit"]
+__all__ = ["Change", "Head", "Operation", "Transaction", "commit"]

@@ -28,10 +28,11 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -39,9 +40,9 @@ from pytreestore import _exiting
 from pytreestore._commit.atomic import atomic
 from pytreestore._commit.chunk_writes import ChunkWrites
 from pytreestore._commit.committer import Committer
-from pytreestore._commit.handoff import LOST, Chunk, HandOff
+from pytreestore._commit.handoff import LOST, Filling, HandOff
 from pytreestore._commit.record import Commit
-from pytreestore._commit.rows import FixedTreeRows
+from pytreestore._commit.roles import Block, Position, Row
 from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.convert import LeafCaster, RecordError, RowFiller, casters
@@ -95,7 +96,24 @@ def _buffers(schema: TreeSchema) -> list[np.ndarray]:
         ) from err
 
 
-class Writer(HandOff, FixedTreeRows):
+class TableCommitter(Protocol):
+    """What commits a table writer's rows: the store's :class:`Committer` (a fixed store's
+    one table), or a ragged store's :class:`~pytreestore._commit.direct.TableCommits`."""
+
+    @property
+    def commit(self) -> Commit: ...
+
+    @property
+    def holding(self) -> bool: ...
+
+    def advance(self, records: int) -> Commit: ...
+
+    def release(self) -> None: ...
+
+    def check(self) -> None: ...
+
+
+class Writer:
     """Appends rows to a store's columns through ``backend``, committing as it goes."""
 
     def __init__(
@@ -103,38 +121,103 @@ class Writer(HandOff, FixedTreeRows):
         backend: Backend,
         schema: TreeSchema,
         commit: Commit,
-        committer: Any = None,
+        committer: TableCommitter | None = None,
         *,
         background: bool = False,
+        writes: ChunkWrites | None = None,
     ) -> None:
         """``committer`` replaces the writer's own :class:`Committer` (the tables of a
         :class:`~pytreestore._commit.records.RecordWriter` commit together); ``background``:
         full chunks are written and committed on a background thread
         (:mod:`pytreestore._commit.chunk_writes`), and device arrays appended are fetched there
-        (:mod:`pytreestore._tree.device`)."""
+        (:mod:`pytreestore._tree.device`); ``writes``: the queue of background jobs, shared by
+        the tables of one record writer (chunks it hands over with :meth:`hand_over` and
+        :meth:`hand_partial`; every write of this writer waits for the queue first)."""
         self._backend = backend
         self.schema = schema
         self._keys = [c.key for c in schema.columns]
-        self._paths = [c.path for c in schema.columns]
         self.chunk = schema.chunk_records
         self.casters: list[LeafCaster] = casters(schema.columns)
-        self.buffers = _buffers(schema)
         self._background = background
-        self.writes = ChunkWrites()
-        self._spares: list[list[np.ndarray]] = []  # buffers of chunks written, for reuse
-        self._chunks: dict[int, Chunk] = {}  # chunks handed over, by start, until committed
-        self.filler = RowFiller(self.casters, self.buffers, DeviceLeaves() if background else None)
-        self._committer = committer or Committer(
+        self._committer: TableCommitter = committer or Committer(
             backend, commit, _validate.id_of(schema), tree=schema
         )
-        self.start = commit.records - commit.records % self.chunk
-        self._snap: tuple[int, int] | None = None  # the position of the last snapshot
+        start = commit.records - commit.records % self.chunk
+        buffers = _buffers(schema)
+        filler = RowFiller(self.casters, buffers, DeviceLeaves() if background else None)
+        self.at = Filling(buffers, start, commit.records - start, filler)
+        self._handoff = HandOff(
+            self.at,
+            self.chunk,
+            [c.path for c in schema.columns],
+            writes if writes is not None else ChunkWrites(),
+            put=self._put,
+            new_buffers=self.new_buffers,
+        )
+        self.writes = self._handoff.writes
+        self._snap: Position | None = None  # the position of the last snapshot
         self._saved: list[np.ndarray] | None = None  # its buffered rows, once overwritten
-        self.fill = commit.records - self.start
         if self.fill:
-            tail = backend.read(self._keys, slice(self.start, commit.records), commit.records)
+            tail = backend.read(self._keys, slice(start, commit.records), commit.records)
             for buf, rows in zip(self.buffers, tail):
                 buf[: self.fill] = rows
+
+    # ---- the chunk being filled (shared with the hand-off) -------------------------------------
+
+    @property
+    def buffers(self) -> list[np.ndarray]:
+        """One chunk of every column: the rows from :attr:`start`."""
+        return self.at.buffers
+
+    @property
+    def start(self) -> int:
+        """The first row of the chunk being filled."""
+        return self.at.start
+
+    @start.setter
+    def start(self, row: int) -> None:
+        self.at.start = row
+
+    @property
+    def fill(self) -> int:
+        """The rows filled of the chunk."""
+        return self.at.fill
+
+    @fill.setter
+    def fill(self, rows: int) -> None:
+        self.at.fill = rows
+
+    @property
+    def filler(self) -> RowFiller:
+        return self.at.filler
+
+    # ---- what runs in the background (:mod:`pytreestore._commit.handoff`) ----------------------
+
+    def settle(self) -> None:
+        """Waits for every chunk handed over (:meth:`HandOff.settle`)."""
+        self._handoff.settle()
+
+    def check_writes(self, *, refused: bool = False) -> None:
+        """Raises a background write's failure no call has reported yet."""
+        self._handoff.check_writes(refused=refused)
+
+    def hand_over(self) -> None:
+        """Hands the full chunk to the background writer (:meth:`HandOff.hand_over`)."""
+        self._handoff.hand_over()
+
+    def _full(self) -> None:
+        """Reports a background write's failure; then, with the chunk full, hands it to the
+        background writer (or writes and commits it here)."""
+        self.check_writes(refused=True)
+        if self.fill < self.chunk:
+            return
+        if self._background:
+            self.hand_over()
+        else:
+            self._write_chunk(commit=True)
+
+    def _fetch_kept(self) -> None:
+        self._handoff.fetch_kept()
 
     def __len__(self) -> int:
         return self.start + self.fill
@@ -144,8 +227,8 @@ class Writer(HandOff, FixedTreeRows):
         return _buffers(self.schema)
 
     @property
-    def committer(self) -> Any:
-        """What commits this writer's records (a :class:`Committer`)."""
+    def committer(self) -> TableCommitter:
+        """What commits this writer's rows."""
         return self._committer
 
     @property
@@ -158,7 +241,7 @@ class Writer(HandOff, FixedTreeRows):
         """Records appended but not yet committed."""
         return len(self) - self.commit.records
 
-    def append(self, leaves: Sequence[Any]) -> None:
+    def append(self, leaves: Row) -> None:
         """Buffers one record's (already structure-checked) leaves.
 
         Raises:
@@ -169,15 +252,16 @@ class Writer(HandOff, FixedTreeRows):
                 background, could not be fetched (DeletedArrayError: this record's is
                 deleted); the records from that one on are dropped, and this one too.
         """
-        if self.fill == self.chunk or self.writes.failed is not None:
+        at = self.at
+        if at.fill == self.chunk or self.writes.failed is not None:
             self._full()
         try:
-            self.filler.fill(leaves, self.fill)
+            at.filler.fill(leaves, at.fill)
         except LostLeaf as err:
-            raise self._lost(err) from None
-        self.fill += 1
+            raise self._handoff.lost(err) from None
+        at.fill += 1
 
-    def append_many(self, leaves_iter: Iterator[Sequence[Any]]) -> None:
+    def append_many(self, leaves_iter: Iterator[Row]) -> None:
         """Buffers records from an iterator of leaf lists, committing once at the end.
 
         Records are taken a buffer's worth at a time and copied column by column.
@@ -202,7 +286,7 @@ class Writer(HandOff, FixedTreeRows):
         if self.start > self.commit.records:
             self._commit(self.start)
 
-    def append_blocks(self, blocks: Iterator[tuple[Sequence[Sequence[Any]], int]]) -> None:
+    def append_blocks(self, blocks: Iterator[Block]) -> None:
         """Buffers records given a block at a time as columns (``(columns, count)``: per
         column, each record's value), committing once at the end.
 
@@ -234,12 +318,14 @@ class Writer(HandOff, FixedTreeRows):
         """Appends already-checked column blocks with a common leading length (on a backend
         with transactions, as one atomic step: the caller rolls back if it fails)."""
         count = len(blocks[0]) if blocks else 0
-        self.settle()
         if self.fill + count < self.chunk:  # rows that stay buffered: nothing to make atomic,
+            self.check_writes(refused=True)  # nothing written, nothing to commit, no waiting
+            self._fetch_kept()
             for buf, block in zip(self.buffers, blocks):  # nothing written, nothing to commit
                 buf[self.fill : self.fill + count] = block
             self.fill += count
             return
+        self.settle()
         with atomic(self._backend):
             self._write_batch(blocks)
 
@@ -286,6 +372,7 @@ class Writer(HandOff, FixedTreeRows):
             if self.fill == self.chunk:
                 self._write_chunk(commit=False)
             if self.fill == 0 and count - done >= self.chunk:
+                self.settle()  # after the chunks handed over, in order
                 whole = (count - done) // self.chunk * self.chunk
                 end = self.start + whole
                 self._committer.release()
@@ -327,18 +414,23 @@ class Writer(HandOff, FixedTreeRows):
         if self.fill == self.chunk:
             self.start, self.fill = end, 0
 
-    def snapshot(self) -> tuple[int, int]:
-        """The position to :meth:`rollback` to if a multi-record append fails."""
-        self.settle()
+    def snapshot(self) -> Position:
+        """The position to :meth:`rollback` to if a multi-record append fails (the chunks
+        handed over stay in flight: a rollback waits for them)."""
+        if self.filler.device is not None:  # a cut at a device array moves the position
+            self.settle()
+        else:
+            self.check_writes()
         self._snap, self._saved = (self.start, self.fill), None
         return self._snap
 
-    def rollback(self, position: tuple[int, int]) -> None:
+    def rollback(self, position: Position) -> None:
         """Forgets every uncommitted record appended since ``position`` was taken.
 
         Rows buffered before ``position`` survive: if their chunk was written since, they are
         read back from it.
         """
+        left = self.writes.wait_idle()  # rows handed over: written, or failed and kept
         start, fill = position
         if start != self.start and fill:
             rows = self._saved if position == self._snap and self._saved else None
@@ -349,12 +441,23 @@ class Writer(HandOff, FixedTreeRows):
         self.start, self.fill = start, fill
         self._snap, self._saved = None, None
         self._committer.check()  # never trim records another writer has committed
-        if self._committer.holding:
-            return  # nothing was written: the rows past the commit are older versions'
+        if self._committer.holding or left:
+            return  # rows past the commit are older versions', or a failed job's to retry
         with contextlib.suppress(StorageError):  # rows past the commit are harmless
             self._backend.resize(self._keys, self.commit.records)
 
+    def hand_partial(self) -> Callable[[], None] | None:
+        """A job writing a copy of the rows buffered and not yet committed (their chunk is
+        rewritten whole when it fills), for the background writer; None when there are none.
+        """
+        if self.fill == 0 or self.pending == 0:
+            return None
+        blocks = [b[: self.fill].copy() for b in self.buffers]
+        return functools.partial(self._put, self.start, blocks, len(self), commit=False)
+
     def _write_chunk(self, *, commit: bool) -> None:
+        if len(self.writes):
+            self.settle()  # after the chunks handed over, in order
         self._fetch_kept()
         snap = self._snap
         if not commit and snap and snap[1] and snap[0] == self.start and self._saved is None:

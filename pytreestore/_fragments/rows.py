@@ -5,7 +5,8 @@ A store of one fixed structure has one table, the record table: :func:`column_bl
 records (or a batch) into one array per column, with the checks and casts of
 ``store.extend`` (``extend_batch``). A ragged or optional store's records are walked by a
 :class:`~pytreestore._commit.records.RecordWriter` whose tables are kept in memory
-(:class:`TableRows`, :class:`FragmentRows`): a record that shows a structure the store has
+(:class:`~pytreestore._commit.memory.TableRows`,
+:class:`~pytreestore._commit.memory.MemoryCommits`): a record that shows a structure the store has
 not learnt yet (an element of a list empty so far, a subtree None so far:
 ``store.schema.pending``) is learnt by the fragment, in memory, exactly as the store would
 learn it (:func:`~pytreestore._commit.model.grow_schema` at the store's committed rows), and
@@ -22,13 +23,13 @@ Example:
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 from jax.tree_util import tree_flatten
 
+from pytreestore._commit.memory import MemoryCommits
 from pytreestore._commit.record import Commit
 from pytreestore._commit.records import RecordWriter
 from pytreestore._format.schema import TreeSchema
@@ -37,6 +38,12 @@ from pytreestore._tree.device import VALID, refuse_unreadable
 from pytreestore._tree.stack import batch_length
 from pytreestore.backends import Backend
 from pytreestore.errors import FragmentError, SchemaMismatchError
+
+#: how a fragment's refused record (``{i}``: its position) and refused batch are reported
+REFUSALS = (
+    "write_fragment() refused record {i} (nothing was written)",
+    "write_fragment() refused the batch (nothing was written)",
+)
 
 #: each table's rows of a fragment, one array per column of the table
 Tables = dict[str | None, list[np.ndarray]]
@@ -65,12 +72,13 @@ def table_rows(
             )
         blocks = column_blocks(schema, data)
         return schema, {None: blocks}, {None: len(blocks[0]) if blocks else 0}
-    rows = FragmentRows(engine, schema, head)
+    commits = MemoryCommits(head, where)
+    rows = RecordWriter(engine, schema, Commit(0, 0), commits, refusals=REFUSALS)
     if mask is None:
         rows.extend(_records(data, where))
     else:
         rows.extend_batch(data, mask)
-    tables = rows.rows_of()
+    tables = commits.rows
     return (
         rows.schema,
         {t: w.blocks() for t, w in tables.items()},
@@ -106,7 +114,7 @@ def column_blocks(schema: TreeSchema, data: Any) -> list[np.ndarray]:
                 for c, leaf in zip(casters(schema.columns), leaves)
             ]
         except Exception as err:  # JAX's, reading a jax.Array of the batch
-            refuse_unreadable(err, data, FragmentRows.batch_refusal + ": ", fix=VALID)
+            refuse_unreadable(err, data, REFUSALS[1] + ": ", fix=VALID)
             raise
     if isinstance(data, Mapping | np.ndarray) or not isinstance(data, Iterable):
         raise SchemaMismatchError(
@@ -132,123 +140,9 @@ def column_blocks(schema: TreeSchema, data: Any) -> list[np.ndarray]:
         ) from err.error
     except Exception as err:  # JAX's, reading a jax.Array of a record
         for i, record in enumerate(records):
-            refuse_unreadable(err, record, FragmentRows.refusal.format(i=i) + ": ", fix=VALID)
+            refuse_unreadable(err, record, REFUSALS[0].format(i=i) + ": ", fix=VALID)
         raise
     return buffers
-
-
-class TableRows:
-    """One table of a fragment's records, kept whole in memory: the part of a table's
-    :class:`~pytreestore._commit.writer.Writer` that a ragged walk uses, nothing written.
-
-    Example:
-        >>> from pytreestore._format.schema import TreeSchema
-        >>> rows = TableRows(TreeSchema.from_example({"x": np.int16(0)}, chunk_records=2))
-        >>> rows.append([1]); rows.write_batch([np.array([2, 3], np.int16)])
-        >>> len(rows), rows.blocks()[0].tolist()
-        (3, [1, 2, 3])
-    """
-
-    chunk = sys.maxsize  # never full: a walk never writes a chunk
-    start = 0
-
-    def __init__(self, schema: TreeSchema) -> None:
-        self.schema = schema
-        self.casters = casters(schema.columns)
-        self.fill = 0
-        self._capacity = 0
-        self.buffers: list[np.ndarray] = []
-        self._filler = RowFiller(self.casters, self.buffers)
-
-    def __len__(self) -> int:
-        return self.fill
-
-    def _reserve(self, n: int) -> None:
-        if self.fill + n <= self._capacity:
-            return
-        capacity = max(2 * self._capacity, self.fill + n, 64)
-        grown = [np.empty((capacity, *c.shape), c.dtype) for c in self.schema.columns]
-        for new, old in zip(grown, self.buffers):
-            new[: self.fill] = old[: self.fill]
-        self.buffers, self._capacity = grown, capacity
-        self._filler = RowFiller(self.casters, grown)
-
-    def append(self, leaves: Sequence[Any]) -> None:
-        """One row of already structure-checked leaves, cast as a Writer casts them."""
-        self._reserve(1)
-        self._filler.fill(leaves, self.fill)
-        self.fill += 1
-
-    def append_many(self, rows: Iterable[Sequence[Any]]) -> None:
-        """Rows of leaves; raises RecordError (its ``index`` from the first) if one is refused."""
-        rows = list(rows)
-        self._reserve(len(rows))
-        self._filler.fill_block(rows, self.fill)
-        self.fill += len(rows)
-
-    def write_batch(self, blocks: Sequence[np.ndarray]) -> None:
-        """Checked and cast column blocks with one leading length."""
-        count = len(blocks[0]) if blocks else 0
-        self._reserve(count)
-        for buf, block in zip(self.buffers, blocks):
-            buf[self.fill : self.fill + count] = block
-        self.fill += count
-
-    def snapshot(self) -> tuple[int, int]:
-        return (0, self.fill)
-
-    def rollback(self, position: tuple[int, int]) -> None:
-        self.fill = position[1]
-
-    def flush(self) -> None:
-        """Nothing to write: a fragment's rows are written when the walk is done."""
-
-    def blocks(self) -> list[np.ndarray]:
-        """Every column's rows."""
-        return [b[: self.fill] for b in self.buffers]
-
-
-class _NoCommits:
-    """The committer of a fragment's walk: a fragment commits nothing; its ``commit`` is
-    the store's latest (where the arrays a record teaches the fragment start)."""
-
-    holding = False
-
-    def __init__(self, head: Commit) -> None:
-        self.commit = head
-
-    def advance(self, records: int, tables: Any = None, **_: Any) -> Commit:
-        return self.commit
-
-    def release(self) -> None:
-        pass
-
-    def check(self) -> None:
-        pass
-
-
-class FragmentRows(RecordWriter):
-    """A :class:`RecordWriter` whose tables are :class:`TableRows`: the rows of a fragment
-    of the store of ``schema`` whose latest commit is ``head``, checked and cast."""
-
-    refusal = "write_fragment() refused record {i} (nothing was written)"
-    batch_refusal = "write_fragment() refused the batch (nothing was written)"
-
-    def __init__(self, engine: Backend, schema: TreeSchema, head: Commit) -> None:
-        super().__init__(engine, schema, Commit(0, 0), _NoCommits(head))
-
-    def _table(self, table: str | None, schema: TreeSchema, commit: Commit) -> Any:
-        return TableRows(schema)
-
-    def use_schema(self, grown: TreeSchema) -> None:
-        """The structures a record showed, learnt in memory: the tables start again."""
-        self._open_tables(grown, Commit(0, 0))
-
-    def flush(self) -> None:
-        """Commits nothing: :func:`write` writes the tables."""
-
-    def rows_of(self) -> dict[str | None, TableRows]:
-        return self.tables  # type: ignore[return-value]
 
 
 def _records(data: Any, where: str) -> list[Any]:
@@ -262,4 +156,10 @@ def _records(data: Any, where: str) -> list[Any]:
     return list(data)
 
 
-__all__ = ["FragmentRows", "TableRows", "Tables", "check_unpacked", "column_blocks", "table_rows"]
+__all__ = [
+    "REFUSALS",
+    "Tables",
+    "check_unpacked",
+    "column_blocks",
+    "table_rows",
+]

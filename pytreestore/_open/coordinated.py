@@ -2,8 +2,8 @@
 ``pytreestore.open(path, mode="a", backend="ocdbt", coordinator="HOST:PORT")``.
 
 The arguments are checked before anything is touched; the writer is a
-:class:`CoordinatedRecordWriter` (the store's one record writer, its tables buffered in
-memory) over a
+:class:`~pytreestore._commit.records.RecordWriter` whose tables are buffered in memory and
+committed in turn (:func:`shared_writer`) over a
 :class:`~pytreestore.backends._tensorstore.coordinated.CoordinatedOcdbtBackend`.
 
 Example:
@@ -15,16 +15,11 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from pytreestore._commit import versions
-from pytreestore._commit.coordinated import (
-    CoordinatedCommits,
-    CoordinatedRows,
-    attach_coordinated,
-    shared_only,
-)
+from pytreestore._commit.coordinated import CoordinatedCommits, attach_coordinated
 from pytreestore._commit.model import load_schema
 from pytreestore._commit.protocol import detach
 from pytreestore._commit.record import Commit
@@ -38,12 +33,7 @@ from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
 from pytreestore.backends import Backend
 from pytreestore.backends._tensorstore.coordinated import CoordinatedOcdbtBackend, check_address
-from pytreestore.errors import (
-    ArgumentError,
-    NotAStoreError,
-    StoreNotFoundError,
-    UnsupportedTreeError,
-)
+from pytreestore.errors import ArgumentError, NotAStoreError, StoreNotFoundError
 
 
 def check_coordinated_options(
@@ -134,115 +124,35 @@ def open_coordinated(
         raise
 
 
-class CoordinatedRecordWriter(RecordWriter):
-    """A writer that shares its store with others: each table's rows buffered in memory
-    (:class:`CoordinatedRows`), every table committed together in turn, the offsets rebased
-    onto the rows others committed meanwhile (a fixed store: its one table).
+def shared_writer(
+    backend: Backend,
+    schema: TreeSchema,
+    commit: Commit,
+    *,
+    where: str,
+    keep: int | None = versions.KEEP_VERSIONS,
+    wait: float = RUNTIME.waits.claim_wait_s,
+    via: str = "",
+) -> RecordWriter:
+    """A writer that shares its store with others: each table's rows buffered in memory,
+    every table committed together in turn, the offsets rebased onto the rows others
+    committed meanwhile (:class:`~pytreestore._commit.coordinated.CoordinatedCommits`; a
+    fixed store: its one table).
 
     ``append``, ``extend`` and ``extend_batch`` buffer; a call that leaves a chunk's worth of
-    records (``chunk_records``) or more buffered commits them all, and so does :meth:`flush`.
+    records (``chunk_records``) or more buffered commits them all, and so does ``flush``.
     Each call's records are committed together (they are buffered whole, in memory). A
     record showing a structure the store has not learnt (``schema.pending``) is refused:
-    learning it changes the schema, which needs the store's only writer.
+    learning it changes the schema, which needs the store's only writer. ``where`` names the
+    store in errors, ``via`` the coordinator's address.
     """
-
-    def __init__(
-        self,
-        backend: Backend,
-        schema: TreeSchema,
-        commit: Commit,
-        *,
-        where: str,
-        keep: int | None = versions.KEEP_VERSIONS,
-        wait: float = RUNTIME.waits.claim_wait_s,
-        via: str = "",
-    ) -> None:
-        """``where`` names the store in errors, ``via`` the coordinator's address."""
-        self._where = where
-        self._shared = CoordinatedCommits(
-            backend,
-            schema,
-            commit,
-            lambda: self.tables,  # type: ignore[arg-type]  (CoordinatedRows stand in for writers)
-            where=where,
-            keep=keep,
-            wait=wait,
-            via=via,
-        )
-        super().__init__(backend, schema, commit, committer=self._shared)
-
-    def _table(
-        self, table: str | None, schema: TreeSchema, commit: Commit, committer: Any = None
-    ) -> Any:
-        return CoordinatedRows(schema)
-
-    def _fast_path(self, table: Any) -> None:
-        """A fixed tree's records go straight to its one table's rows, as the base's; each
-        call then commits a chunk's worth, as the walk's."""
-
-        def committing(call: Callable[..., None]) -> Callable[..., None]:
-            def call_then_commit(*args: Any, **kwargs: Any) -> None:
-                call(*args, **kwargs)
-                self._commit_full()
-
-            return call_then_commit
-
-        self.append_record = committing(table.append_record)
-        self.extend = committing(table.extend)
-        self.extend_batch = committing(table.extend_batch)
-
-    def __len__(self) -> int:
-        return self._shared.commit.records + self._shared.pending
-
-    @property
-    def committer(self) -> Any:
-        """Refused: evolve, truncate, vacuum and commit_fragments need the store's only
-        writer."""
-        raise shared_only(self._where)
-
-    @property
-    def commit(self) -> Commit:
-        return self._shared.commit
-
-    def flush(self) -> None:
-        """Commits every buffered record (one commit)."""
-        if self._shared.pending:
-            self._shared.commit_all()
-
-    def append_record(self, record: Any) -> None:
-        super().append_record(record)
-        self._commit_full()
-
-    def extend(self, records: Iterable[Any]) -> None:
-        super().extend(records)
-        self._commit_full()
-
-    def _commit_whole_chunks(self) -> None:
-        """Nothing: :meth:`_commit_full` commits after a call, never in the middle of one."""
-
-    def _commit_full(self) -> None:
-        if self._shared.pending >= self.schema.chunk_records:
-            self._shared.commit_all()
-
-    def _learn(self, record: Any) -> None:
-        raise UnsupportedTreeError(
-            f"a record shows the structure of {', '.join(self.schema.pending)} in store "
-            f"{self._where}, which no record had; a writer sharing the store through an OCDBT "
-            "coordinator cannot learn it (the schema changes). Append one such record with "
-            "mode='a' and no coordinator first"
-        )
-
-
-def shared_writer(
-    backend: Backend, schema: TreeSchema, commit: Commit, **options: Any
-) -> CoordinatedRecordWriter:
-    """The shared writer of a store of ``schema`` (options: those of
-    :class:`CoordinatedRecordWriter`)."""
-    return CoordinatedRecordWriter(backend, schema, commit, **options)
+    commits = CoordinatedCommits(
+        backend, schema, commit, where=where, keep=keep, wait=wait, via=via
+    )
+    return RecordWriter(backend, schema, commit, commits)
 
 
 __all__ = [
-    "CoordinatedRecordWriter",
     "check_coordinated_options",
     "open_coordinated",
     "shared_writer",

@@ -101,6 +101,9 @@ class _Head:
     committer: Committer
     schema: TreeSchema
 
+    def __len__(self) -> int:
+        return self.commit.records  # nothing buffered
+
 
 def _stored(engine: Backend, raw: bytes, where: str) -> TreeSchema:
     """The schema document in ``raw`` bound to no class (the generic view), with no layout
