@@ -91,11 +91,6 @@ class Model:
     def walk(self, spec: LayoutNode | None, table: str | None) -> None:
         visit(spec, _Tables(self), table)
 
-    def bind(self, schema: TreeSchema, where: str) -> TreeSchema:
-        """``schema``, another schema of this store (changed by ``evolve``), with the layout
-        of its records (:func:`attach_layout`: today's classes)."""
-        return attach_layout(schema, where)
-
     @property
     def tables(self) -> list[str | None]:
         """The record table (None), then each axis's table."""
@@ -419,6 +414,13 @@ def load_schema(raw: bytes, where: str, *, like: Any, generic: bool) -> TreeSche
             schema = _validate.load_schema(raw, where, like=cut, generic=generic)
         except SchemaMismatchError:
             raise err from None
+    return with_layout(schema, where)
+
+
+def with_layout(schema: TreeSchema, where: str) -> TreeSchema:
+    """``schema`` with the layout of its records if it is a ragged store's
+    (:func:`attach_layout`); a fixed store's records need none (its treedef is their
+    layout)."""
     return schema if schema.ragged is None else attach_layout(schema, where)
 
 
@@ -486,4 +488,5 @@ __all__ = [
     "load_schema",
     "representative",
     "reread_schema",
+    "with_layout",
 ]
