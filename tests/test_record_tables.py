@@ -44,10 +44,10 @@ def test_the_record_model_says_which_tables_fit():
 
 
 def test_a_fragment_lists_tables_as_a_commit_record_does():
-    fields = {"id": "a" * 32, "store": "b" * 32, "schema": "blake2b-160:" + "c" * 40}
-    fields.update(records=3, generation=1, time="2026-01-01T00:00:00.000000Z")
-    fixed = Fragment(**fields, tables=None)
-    ragged = Fragment(**fields, tables=(("['p']", 5),))
+    ids = ("a" * 32, "b" * 32, "blake2b-160:" + "c" * 40)
+    when = "2026-01-01T00:00:00.000000Z"
+    fixed = Fragment(*ids, records=3, generation=1, time=when, tables=None)
+    ragged = Fragment(*ids, records=3, generation=1, time=when, tables=(("['p']", 5),))
     assert "tables" not in json.loads(fixed.to_json())
     assert json.loads(ragged.to_json())["tables"] == {"['p']": 5}
     assert Fragment.from_json(ragged.to_json()) == ragged
