@@ -346,9 +346,9 @@ class Plan(Visitor):
 
             return unknown
         inner = self._compile(node.inner, table, shared)
-        zeros: list[tuple[int, Any]] = []
-        empty: list[tuple[int, int, Any]] = []
-        visit(node.inner, _Absent(self, table, zeros, empty))
+        absent = _Absent(self, table)
+        visit(node.inner, absent)
+        zeros, empty = absent.zeros, absent.empty
 
         def optional(value: Any, row: list, stage: Stage, blocks: Any) -> None:
             if value is not None:
@@ -369,15 +369,10 @@ class _Absent(Visitor):
     its leaves (and False for each optional subtree inside), ``empty`` (slot, axis table,
     its writer) for each of its axes: no elements."""
 
-    def __init__(
-        self,
-        plan: Plan,
-        table: str | None,
-        zeros: list[tuple[int, Any]],
-        empty: list[tuple[int, int, Any]],
-    ) -> None:
-        self.plan, self.table, self.zeros, self.empty = plan, table, zeros, empty
-        self.slots = plan._slots[table]
+    def __init__(self, plan: Plan, table: str | None) -> None:
+        self.plan, self.table, self.slots = plan, table, plan._slots[table]
+        self.zeros: list[tuple[int, Any]] = []
+        self.empty: list[tuple[int, int, Any]] = []
 
     def leaf(self, node: Leaf) -> None:
         if node.axis is None:
