@@ -41,6 +41,7 @@ from jax.tree_util import DictKey, GetAttrKey
 from pytreestore import _arguments
 from pytreestore._commit import protocol
 from pytreestore._commit.evolve_tables import Tables
+from pytreestore._commit.model import with_layout
 from pytreestore._commit.record import Commit
 from pytreestore._commit.versions import committed_info, save_schema
 from pytreestore._format import dtypes as _dtypes
@@ -151,7 +152,8 @@ def apply(
     Added columns' arrays are created empty and sized to their tables' committed rows, with
     their groups; then the root ``zarr.json`` is replaced in one atomic put (the commit
     protocol, :mod:`pytreestore._commit.protocol`, step 7). A ragged store's schema gets the
-    layout of records again (``schema.layout.bind``: today's classes, as on open).
+    layout of records again (:func:`~pytreestore._commit.model.with_layout`: today's classes,
+    as on open).
     """
     raw = backend.read_bytes(ROOT_KEY)
     info = committed_info(backend, commit, where)
@@ -159,8 +161,7 @@ def apply(
     new_info, added = plan(info, commit.rows, taken=taken, **changes)
     stamped = _validate.stamped(new_info)
     new = TreeSchema.from_json(stamped, generic=schema.treedef is None)
-    if schema.layout is not None:
-        new = schema.layout.bind(new, where)
+    new = with_layout(new, where)
     if added:
         columns = dataclasses.replace(new, columns=tuple(added), ragged=None)
         backend.create_columns(protocol.layouts(columns))

@@ -19,7 +19,7 @@ Two ways, tried in this order:
 
 Example:
     >>> import numpy as np
-    >>> from pytreestore._tree.layout import Fixed, Leaf
+    >>> from pytreestore._tree.layout_nodes import Fixed, Leaf
     >>> from jax.tree_util import tree_structure
     >>> x, y = Leaf("[*]['x']", np.dtype("float32"), ()), Leaf("[*]['y']", np.dtype("int8"), ())
     >>> spec = Fixed("[*]", tree_structure({"x": 0, "y": 0}), [x, y])
@@ -46,7 +46,18 @@ from jax.tree_util import GetAttrKey, tree_flatten, tree_structure
 
 from pytreestore._commit.model import representative
 from pytreestore._format import nodes as _nodes
-from pytreestore._tree.layout import Fixed, LayoutNode, Leaf, OptionalTree, RaggedList, node_class
+from pytreestore._tree.layout_nodes import (
+    Fixed,
+    LayoutNode,
+    Leaf,
+    OptionalTree,
+    RaggedList,
+    Visitor,
+    below,
+    node_class,
+    plain_leaf,
+    visit,
+)
 
 #: the leaves of a list of elements, element after element (None: not all of the element's
 #: class)
@@ -64,7 +75,7 @@ class FlatList:
         #: flatten position of each table column (None: the same order)
         self.order = None if inverse == list(range(len(slots))) else inverse
         self._lists: dict[int, Any] = {}
-        level = [spec] if isinstance(spec, Leaf) else getattr(spec, "children", [])
+        level = [spec] if plain_leaf(spec) is not None else below(spec)
         #: the numpy scalar type of each column, in table order (None: some column cannot
         #: hold bare scalars, a shaped leaf or a dtype without its own scalar type, or the
         #: element is more than one level deep)
@@ -73,7 +84,7 @@ class FlatList:
         )
         self._get = _getter(spec, inverse) if self.types is not None else None
         #: the element's class, checked with the leaves' types (None: a leaf element)
-        self._cls = node_class(spec) if isinstance(spec, Fixed) else None
+        self._cls = node_class(spec)
         self._patterns: dict[int, tuple[list[Any], list[type]]] = {}
 
     def of_length(self, n: int) -> Any:
@@ -129,7 +140,8 @@ class FlatList:
 def _scalar_types(leaves: list[LayoutNode]) -> tuple[type, ...] | None:
     out = []
     for leaf in leaves:
-        if not isinstance(leaf, Leaf) or leaf.shape != () or leaf.axis is not None:
+        leaf = plain_leaf(leaf)
+        if leaf is None or leaf.shape != ():
             return None
         scalar = leaf.dtype.type
         if not (isinstance(scalar, type) and issubclass(scalar, np.generic)):
@@ -140,13 +152,25 @@ def _scalar_types(leaves: list[LayoutNode]) -> tuple[type, ...] | None:
     return tuple(out)
 
 
-def _getter(spec: LayoutNode, inverse: list[int]) -> Getter | None:
-    """The columns of a list of elements ``spec``, by one C-level getter per element; None
-    where the element's class has no getter known to match its flatten."""
-    if isinstance(spec, Leaf):
+class _Getter(Visitor):
+    """The columns of a list of elements, by one C-level getter per element (a leaf element
+    is its own column); None where the element's class has no getter known to match its
+    flatten."""
+
+    def leaf(self, node: Leaf, inverse: list[int]) -> Getter | None:
         return list
-    if not isinstance(spec, Fixed) or not all(isinstance(c, Leaf) for c in spec.children):
+
+    def fixed(self, node: Fixed, inverse: list[int]) -> Getter | None:
+        if all(plain_leaf(c) is not None for c in node.children):
+            return _node_getter(node, inverse)
         return None
+
+
+def _getter(spec: LayoutNode, inverse: list[int]) -> Getter | None:
+    return visit(spec, _Getter(), inverse)
+
+
+def _node_getter(spec: Fixed, inverse: list[int]) -> Getter | None:
     cls = node_class(spec)
     n = len(spec.children)
     if n == 0 or not isinstance(cls, type):
@@ -209,31 +233,48 @@ def flat_elements(
 ) -> dict[str, FlatList]:
     """The ragged lists whose elements are fixed trees (no list, optional subtree, ragged
     axis or constant inside)."""
-    out: dict[str, FlatList] = {}
-    if isinstance(spec, RaggedList):
+    found = _FlatLists(slots)
+    visit(spec, found)
+    return found.out
+
+
+class _FlatLists(Visitor):
+    """Collects :func:`flat_elements`."""
+
+    def __init__(self, slots: dict[str | None, dict[tuple[str, str], int]]) -> None:
+        self.slots = slots
+        self.out: dict[str, FlatList] = {}
+
+    def ragged(self, node: RaggedList) -> None:
         leaves: list[Leaf] = []
-        if spec.element is not None and _is_fixed(spec.element, leaves):
-            table = slots[spec.axis.path]
+        if node.element is not None and visit(node.element, _FixedLeaves(), leaves):
+            table = self.slots[node.axis.path]
             order = [table[("leaf", leaf.path)] for leaf in leaves]
             if len(order) == len(table):
-                out[spec.axis.path] = FlatList(spec.element, order)
-        out.update(flat_elements(spec.element, slots))
-    elif isinstance(spec, OptionalTree):
-        out.update(flat_elements(spec.inner, slots))
-    elif isinstance(spec, Fixed):
-        for child in spec.children:
-            out.update(flat_elements(child, slots))
-    return out
+                self.out[node.axis.path] = FlatList(node.element, order)
+        visit(node.element, self)
+
+    def optional(self, node: OptionalTree) -> None:
+        visit(node.inner, self)
+
+    def fixed(self, node: Fixed) -> None:
+        for child in node.children:
+            visit(child, self)
 
 
-def _is_fixed(spec: LayoutNode, leaves: list[Leaf]) -> bool:
-    """Whether ``spec`` is a fixed tree (collecting its leaves in flatten order)."""
-    if isinstance(spec, Leaf):
-        leaves.append(spec)
-        return spec.axis is None
-    if isinstance(spec, Fixed):
-        return spec.common_axis is None and all(_is_fixed(c, leaves) for c in spec.children)
-    return False
+class _FixedLeaves(Visitor):
+    """Whether a node is a fixed tree (collecting its leaves in flatten order): no list,
+    optional subtree, ragged axis or constant inside."""
+
+    def leaf(self, node: Leaf, leaves: list[Leaf]) -> bool:
+        leaves.append(node)
+        return node.axis is None
+
+    def fixed(self, node: Fixed, leaves: list[Leaf]) -> bool:
+        return node.common_axis is None and all(visit(c, self, leaves) for c in node.children)
+
+    def other(self, node: LayoutNode, *args: Any) -> bool:
+        return False
 
 
 __all__ = ["FlatList", "flat_elements"]

@@ -30,6 +30,7 @@ import re
 from typing import Any
 
 from pytreestore._format.names import fragment_folder
+from pytreestore._format.ragged import tables_entry
 from pytreestore.errors import FragmentError
 
 _HEX32 = re.compile("[0-9a-f]{32}")
@@ -85,6 +86,13 @@ class Fragment:
         return dict(self.tables or ()).get(table, 0)
 
     @property
+    def own_schema(self) -> bool:
+        """Whether the fragment keeps the schema it was written with in its folder: a ragged
+        or optional store's does (it lists ``tables``); a fixed store's names the store's
+        schema, which must still be the store's when it is committed (format 3)."""
+        return self.tables is not None  # fragments: a fixed store's carry no schema file
+
+    @property
     def folder(self) -> str:
         """Where its arrays lie: a folder below the store root."""
         return fragment_folder(self.id)
@@ -93,8 +101,7 @@ class Fragment:
         """The fragment as JSON text, for :meth:`from_json` in another process: canonical
         (members sorted, one spacing), so equal fragments give equal text."""
         obj: dict[str, Any] = {name: getattr(self, name) for name in _FIELDS}
-        if self.tables is not None:
-            obj["tables"] = dict(self.tables)
+        obj.update(tables_entry(self.tables))
         return json.dumps(obj, sort_keys=True)
 
     @classmethod

@@ -38,8 +38,18 @@ from pytreestore._format.columns import (
 from pytreestore._format.dtypes import fill_value
 from pytreestore._format.names import ROOT_KEY
 from pytreestore._format.schema import TreeSchema
-from pytreestore._tree.layout import Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList, Walker
+from pytreestore._tree.layout import Walker
 from pytreestore._tree.layout import check_used as _check_used
+from pytreestore._tree.layout_nodes import (
+    Fixed,
+    LayoutNode,
+    Leaf,
+    OptionalTree,
+    RaggedList,
+    Visitor,
+    visit,
+    zeros_record,
+)
 from pytreestore._tree.ragged import Declarations
 from pytreestore.errors import (
     CorruptStoreError,
@@ -79,26 +89,7 @@ class Model:
         return model
 
     def walk(self, spec: LayoutNode | None, table: str | None) -> None:
-        if isinstance(spec, Leaf):
-            if spec.axis is not None and spec.axis.path not in self.axes:
-                self.axes[spec.axis.path] = table  # its own axis (a shared one is the node's)
-            self.leaves.append((spec, table if spec.axis is None else spec.axis.path))
-        elif isinstance(spec, RaggedList):
-            self.axes[spec.axis.path] = table
-            self.walk(spec.element, spec.axis.path)
-        elif isinstance(spec, OptionalTree):
-            self.presence[spec.path] = table
-            self.walk(spec.inner, table)
-        elif isinstance(spec, Fixed):
-            if spec.common_axis is not None:
-                self.axes[spec.common_axis.path] = table
-            for child in spec.children:
-                self.walk(child, table)
-
-    def bind(self, schema: TreeSchema, where: str) -> TreeSchema:
-        """``schema``, another schema of this store (changed by ``evolve``), with the layout
-        of its records (:func:`attach_layout`: today's classes)."""
-        return attach_layout(schema, where)
+        visit(spec, _Tables(self), table)
 
     @property
     def tables(self) -> list[str | None]:
@@ -108,23 +99,58 @@ class Model:
     @property
     def pending(self) -> list[str]:
         """Keypaths whose structure no record has shown yet (an empty list, a None subtree)."""
-        out: list[str] = []
-        _pending(self.spec, out)
-        return out
+        pending = _Pending()
+        visit(self.spec, pending)
+        return pending.out
 
 
-def _pending(spec: LayoutNode | None, out: list[str]) -> None:
-    if isinstance(spec, RaggedList):
-        if spec.element is None:
-            out.append(spec.path)
-        _pending(spec.element, out)
-    elif isinstance(spec, OptionalTree):
-        if spec.inner is None:
-            out.append(spec.path)
-        _pending(spec.inner, out)
-    elif isinstance(spec, Fixed):
-        for child in spec.children:
-            _pending(child, out)
+class _Tables(Visitor):
+    """Fills a :class:`Model`'s leaves, axes and presence from its layout, in walk order."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+
+    def leaf(self, node: Leaf, table: str | None) -> None:
+        axes = self.model.axes
+        if node.axis is not None and node.axis.path not in axes:
+            axes[node.axis.path] = table  # its own axis (a shared one is the node's)
+        self.model.leaves.append((node, table if node.axis is None else node.axis.path))
+
+    def ragged(self, node: RaggedList, table: str | None) -> None:
+        self.model.axes[node.axis.path] = table
+        visit(node.element, self, node.axis.path)
+
+    def optional(self, node: OptionalTree, table: str | None) -> None:
+        self.model.presence[node.path] = table
+        visit(node.inner, self, table)
+
+    def fixed(self, node: Fixed, table: str | None) -> None:
+        if node.common_axis is not None:
+            self.model.axes[node.common_axis.path] = table
+        for child in node.children:
+            visit(child, self, table)
+
+
+class _Pending(Visitor):
+    """Collects the keypaths of the lists and optional subtrees whose structure is unknown."""
+
+    def __init__(self) -> None:
+        self.out: list[str] = []
+
+    def ragged(self, node: RaggedList) -> None:
+        self.note(node.path, node.element)
+
+    def optional(self, node: OptionalTree) -> None:
+        self.note(node.path, node.inner)
+
+    def fixed(self, node: Fixed) -> None:
+        for child in node.children:
+            visit(child, self)
+
+    def note(self, path: str, inner: LayoutNode | None) -> None:
+        if inner is None:
+            self.out.append(path)
+        visit(inner, self)
 
 
 # ---- create ------------------------------------------------------------------------------------
@@ -290,37 +316,32 @@ def _check_storable(model: Model) -> None:
                 "its elements (only None, empty nodes, functions or scalars of a node declared "
                 "ragged); give its elements at least one array leaf"
             )
-    _check_no_optional_in_shared(model.spec, False)
+    visit(model.spec, _NoOptionalInShared(), False)
 
 
-def _check_no_optional_in_shared(spec: LayoutNode | None, shared: bool) -> None:
-    if isinstance(spec, OptionalTree):
+class _NoOptionalInShared(Visitor):
+    """Refuses an optional subtree below a node declared ragged (``shared``)."""
+
+    def optional(self, node: OptionalTree, shared: bool) -> None:
         if shared:
             raise RaggedDeclarationError(
-                f"optional= entry {spec.path!r} lies below a node declared ragged (whose leaves "
+                f"optional= entry {node.path!r} lies below a node declared ragged (whose leaves "
                 "share one leading axis); declare the optional subtree outside it"
             )
-        _check_no_optional_in_shared(spec.inner, shared)
-    elif isinstance(spec, RaggedList):
-        _check_no_optional_in_shared(spec.element, False)
-    elif isinstance(spec, Fixed):
-        for child in spec.children:
-            _check_no_optional_in_shared(child, shared or spec.common_axis is not None)
+        visit(node.inner, self, shared)
+
+    def ragged(self, node: RaggedList, shared: bool) -> None:
+        visit(node.element, self, False)
+
+    def fixed(self, node: Fixed, shared: bool) -> None:
+        for child in node.children:
+            visit(child, self, shared or node.common_axis is not None)
 
 
 def representative(spec: LayoutNode | None) -> Any:
     """The record the schema's tree and columns describe: zeros, one element per ragged list
     (none while pending), one row per ragged leading axis, every known optional present."""
-    if isinstance(spec, Leaf):
-        return np.zeros(spec.shape if spec.axis is None else (1, *spec.shape), spec.dtype)
-    if isinstance(spec, Kept):
-        return spec.value
-    if isinstance(spec, RaggedList):
-        return [] if spec.element is None else [representative(spec.element)]
-    if isinstance(spec, OptionalTree):
-        return None if spec.inner is None else representative(spec.inner)
-    assert isinstance(spec, Fixed), spec
-    return spec.treedef.unflatten([representative(c) for c in spec.children])
+    return zeros_record(spec, leading=True)
 
 
 # ---- open --------------------------------------------------------------------------------------
@@ -393,6 +414,13 @@ def load_schema(raw: bytes, where: str, *, like: Any, generic: bool) -> TreeSche
             schema = _validate.load_schema(raw, where, like=cut, generic=generic)
         except SchemaMismatchError:
             raise err from None
+    return with_layout(schema, where)
+
+
+def with_layout(schema: TreeSchema, where: str) -> TreeSchema:
+    """``schema`` with the layout of its records if it is a ragged store's
+    (:func:`attach_layout`); a fixed store's records need none (its treedef is their
+    layout)."""
     return schema if schema.ragged is None else attach_layout(schema, where)
 
 
@@ -413,16 +441,7 @@ def described_like(info: dict[str, Any], like: Any) -> Any:
 def described(spec: LayoutNode | None) -> Any:
     """The record a ragged schema's tree describes: :func:`representative`, but leaves
     without their ragged leading axis (the shapes of their columns)."""
-    if isinstance(spec, Leaf):
-        return np.zeros(spec.shape, spec.dtype)
-    if isinstance(spec, Kept):
-        return spec.value
-    if isinstance(spec, RaggedList):
-        return [] if spec.element is None else [described(spec.element)]
-    if isinstance(spec, OptionalTree):
-        return None if spec.inner is None else described(spec.inner)
-    assert isinstance(spec, Fixed), spec
-    return spec.treedef.unflatten([described(c) for c in spec.children])
+    return zeros_record(spec, leading=False)
 
 
 def _leading(column: ColumnSpec) -> bool:
@@ -469,4 +488,5 @@ __all__ = [
     "load_schema",
     "representative",
     "reread_schema",
+    "with_layout",
 ]

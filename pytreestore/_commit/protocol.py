@@ -88,6 +88,7 @@ from pytreestore._commit.repair import repair
 from pytreestore._commit.tables import table_schemas
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import COMMIT_KEY, INCOMPLETE_KEY, META_DIR, ROOT_KEY, schema_key
+from pytreestore._format.ragged import tables_entry
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
 from pytreestore.backends import Backend, LocalFiles, PartialWriteCleanup, capable
@@ -344,13 +345,14 @@ def detach(engine: Backend, lock: WriterLock | None) -> None:
 def check_tables(schema: TreeSchema, commit: Commit, location: Location) -> None:
     """Raises CorruptStoreError if the commit record and the schema disagree on whether the
     store is ragged (one of them edited or damaged: the other would be read wrongly)."""
-    tabled = schema.tables.first_tables() is not None
-    if tabled != (commit.tables is not None):
-        has, lacks = ("the schema", "the commit record") if tabled else ("the commit", "schema")
+    if not schema.tables.fits(commit.tables):
+        axes = sorted(schema.tables.axis_paths() or ()) or "no ragged tables"
+        listed = tables_entry(commit.tables).get("tables", "none")
         raise CorruptStoreError(
-            f"{location}: {has} describes ragged tables but {lacks} does not; the store's "
-            f"{ROOT_KEY} or {COMMIT_KEY} was edited or damaged outside pytreestore. Restore "
-            "it from a backup"
+            f"{location}: the schema and the commit record disagree on the store's ragged "
+            f"tables (the schema's axes: {axes}; the commit record's tables: {listed}); the "
+            f"store's {ROOT_KEY} or {COMMIT_KEY} was edited or damaged outside pytreestore. "
+            "Restore it from a backup"
         )
 
 

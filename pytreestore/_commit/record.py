@@ -46,6 +46,7 @@ from typing import Any
 
 from pytreestore._format import upgrades as _upgrades
 from pytreestore._format.names import COMMIT_KEY
+from pytreestore._format.ragged import tables_entry
 from pytreestore._format.upgrades import FORMAT_VERSION
 from pytreestore.backends import Backend
 from pytreestore.errors import CorruptStoreError
@@ -99,8 +100,7 @@ class Commit:
         }
         if self.store is not None:
             obj["store"] = self.store
-        if self.tables is not None:
-            obj["tables"] = dict(self.tables)
+        obj.update(tables_entry(self.tables))
         optional = {"schema": self.schema, "time": self.time, "operation": self.operation}
         obj.update({k: v for k, v in optional.items() if v is not None})
         if self.high is not None:

@@ -39,14 +39,17 @@ import numpy as np
 
 from pytreestore._commit.elements import ElementRows
 from pytreestore._commit.flat import FlatList
-from pytreestore._tree.layout import (
+from pytreestore._tree.layout_nodes import (
     Fixed,
     Kept,
     LayoutNode,
     Leaf,
     OptionalTree,
     RaggedList,
+    Visitor,
     node_class,
+    plain_leaf,
+    visit,
 )
 from pytreestore.errors import SchemaMismatchError
 
@@ -80,10 +83,11 @@ class Stage:
 Step = Callable[[Any, list, Stage, "dict[int, np.ndarray] | None"], None]
 
 
-class Plan:
+class Plan(Visitor):
     """The compiled walk of records of layout ``spec`` into ``tables`` (table -> writer,
     record table None first), whose columns are at ``slots[table][(role, keypath)]``;
-    ``flat``: the lists whose elements are fixed trees."""
+    ``flat``: the lists whose elements are fixed trees. Its visitor methods compile a node of
+    each kind (:mod:`pytreestore._tree.layout_nodes`), once per layout."""
 
     def __init__(
         self,
@@ -191,32 +195,26 @@ class Plan:
 
     def _compile(self, spec: LayoutNode | None, table: str | None, shared: Any) -> Step:
         """The step of ``spec``, a node of ``table`` below the shared axis ``shared``."""
-        if isinstance(spec, Leaf):
-            return self._leaf(spec, table, shared)
-        if isinstance(spec, Fixed):
-            return self._node(spec, table, shared)
-        if isinstance(spec, RaggedList):
-            return self._list(spec, table)
-        if isinstance(spec, OptionalTree):
-            return self._optional(spec, table, shared)
-        assert isinstance(spec, Kept), spec
-        return _kept(spec.value)
+        return visit(spec, self, table, shared)
+
+    def kept(self, node: Kept, table: str | None, shared: Any) -> Step:
+        return _kept(node.value)
 
     def _offsets(self, axis: str, table: str | None) -> tuple[int, int, Any]:
         """The axis's table number, its offsets' slot in ``table``'s row, its writer."""
         i = self._index[axis]
         return i, self._slots[table][("offsets", axis)], self._tables[i]
 
-    def _leaf(self, spec: Leaf, table: str | None, shared: Any) -> Step:
-        if spec.axis is None:
-            slot = self._slots[table][("leaf", spec.path)]
+    def leaf(self, node: Leaf, table: str | None, shared: Any) -> Step:
+        if node.axis is None:
+            slot = self._slots[table][("leaf", node.path)]
 
             def leaf(value: Any, row: list, stage: Stage, blocks: Any) -> None:
                 row[slot] = value
 
             return leaf
-        axis = spec.axis.path
-        into = self._slots[axis][("leaf", spec.path)]
+        axis = node.axis.path
+        into = self._slots[axis][("leaf", node.path)]
         i = self._index[axis]
         caster = self._tables[i].casters[into]
 
@@ -226,7 +224,7 @@ class Plan:
                 raise Mismatch
             return caster.coerce(value, batch=shape[0])
 
-        if spec.axis is shared:
+        if node.axis is shared:
 
             def shared_leaf(value: Any, row: list, stage: Stage, blocks: Any) -> None:
                 blocks[into] = block_of(value)
@@ -243,21 +241,22 @@ class Plan:
 
         return leading
 
-    def _node(self, spec: Fixed, table: str | None, shared: Any) -> Step:
-        flatten = spec.treedef.flatten_up_to
-        own = spec.common_axis
+    def fixed(self, node: Fixed, table: str | None, shared: Any) -> Step:
+        flatten = node.treedef.flatten_up_to
+        own = node.common_axis
         below = own if own is not None else shared
         plain: list[tuple[int, int]] = []
         steps: list[tuple[int, Step]] = []
-        for k, child in enumerate(spec.children):
-            if isinstance(child, Leaf) and child.axis is None:
-                plain.append((k, self._slots[table][("leaf", child.path)]))
+        for k, child in enumerate(node.children):
+            leaf = plain_leaf(child)
+            if leaf is not None:
+                plain.append((k, self._slots[table][("leaf", leaf.path)]))
             else:
                 steps.append((k, self._compile(child, table, below)))
 
-        cls = node_class(spec)  # flatten_up_to takes a dataclass of another class too
+        cls = node_class(node)  # flatten_up_to takes a dataclass of another class too
 
-        def node(value: Any, row: list, stage: Stage, blocks: Any) -> None:
+        def fixed_node(value: Any, row: list, stage: Stage, blocks: Any) -> None:
             if cls is not None and type(value) is not cls:
                 raise Mismatch
             try:
@@ -270,18 +269,18 @@ class Plan:
                 step(children[k], row, stage, blocks)
 
         if own is None:
-            return node
+            return fixed_node
         i, slot, writer = self._offsets(own.path, table)
         paths = [c.path for c in writer.schema.columns]
 
         def shared_node(value: Any, row: list, stage: Stage, blocks: Any) -> None:
             mine: dict[int, np.ndarray] = {}
-            node(value, row, stage, mine)
+            fixed_node(value, row, stage, mine)
             lengths = {len(b) for b in mine.values()}
             if len(lengths) > 1:
                 detail = ", ".join(f"{paths[j]}: {len(b)}" for j, b in sorted(mine.items()))
                 raise SchemaMismatchError(
-                    f"the leaves below {spec.path or 'the root'} share one ragged leading "
+                    f"the leaves below {node.path or 'the root'} share one ragged leading "
                     f"axis, but their lengths differ ({detail})"
                 )
             if mine:
@@ -292,8 +291,8 @@ class Plan:
 
         return shared_node
 
-    def _list(self, spec: RaggedList, table: str | None) -> Step:
-        axis = spec.axis.path
+    def ragged(self, node: RaggedList, table: str | None, shared: Any) -> Step:
+        axis = node.axis.path
         i, slot, writer = self._offsets(axis, table)
         flat = self._flat.get(axis)
         if flat is not None:
@@ -315,9 +314,9 @@ class Plan:
                 row[slot] = len(writer) + stage.counts[i]
 
             return flat_list
-        element = None if spec.element is None else self._compile(spec.element, axis, None)
+        element = None if node.element is None else self._compile(node.element, axis, None)
         width = len(self._slots[axis])
-        path = spec.path
+        path = node.path
 
         def walked_list(value: Any, row: list, stage: Stage, blocks: Any) -> None:
             if type(value) is not list:
@@ -335,10 +334,10 @@ class Plan:
 
         return walked_list
 
-    def _optional(self, spec: OptionalTree, table: str | None, shared: Any) -> Step:
-        presence = self._slots[table][("presence", spec.path)]
-        path = spec.path
-        if spec.inner is None:
+    def optional(self, node: OptionalTree, table: str | None, shared: Any) -> Step:
+        presence = self._slots[table][("presence", node.path)]
+        path = node.path
+        if node.inner is None:
 
             def unknown(value: Any, row: list, stage: Stage, blocks: Any) -> None:
                 row[presence] = value is not None
@@ -346,10 +345,10 @@ class Plan:
                     raise PendingStructure(path)
 
             return unknown
-        inner = self._compile(spec.inner, table, shared)
-        zeros: list[tuple[int, Any]] = []
-        empty: list[tuple[int, int, Any]] = []
-        self._absent(spec.inner, table, zeros, empty)
+        inner = self._compile(node.inner, table, shared)
+        absent = _Absent(self, table)
+        visit(node.inner, absent)
+        zeros, empty = absent.zeros, absent.empty
 
         def optional(value: Any, row: list, stage: Stage, blocks: Any) -> None:
             if value is not None:
@@ -364,27 +363,37 @@ class Plan:
 
         return optional
 
-    def _absent(
-        self,
-        spec: LayoutNode | None,
-        table: str | None,
-        zeros: list[tuple[int, Any]],
-        empty: list[tuple[int, int, Any]],
-    ) -> None:
-        """What the row of an optional subtree that is None holds: zeros (and False for
-        each optional subtree inside), no elements."""
-        slots = self._slots[table]
-        if isinstance(spec, Leaf) and spec.axis is None:
-            zeros.append((slots[("leaf", spec.path)], np.zeros(spec.shape, spec.dtype)))
-        elif isinstance(spec, Leaf | RaggedList):
-            i, slot, writer = self._offsets(spec.axis.path, table)  # type: ignore[union-attr]
-            empty.append((slot, i, writer))
-        elif isinstance(spec, OptionalTree):
-            zeros.append((slots[("presence", spec.path)], False))
-            self._absent(spec.inner, table, zeros, empty)
-        elif isinstance(spec, Fixed):
-            for child in spec.children:
-                self._absent(child, table, zeros, empty)
+
+class _Absent(Visitor):
+    """What the row of an optional subtree that is None holds: ``zeros`` (slot, value) for
+    its leaves (and False for each optional subtree inside), ``empty`` (slot, axis table,
+    its writer) for each of its axes: no elements."""
+
+    def __init__(self, plan: Plan, table: str | None) -> None:
+        self.plan, self.table, self.slots = plan, table, plan._slots[table]
+        self.zeros: list[tuple[int, Any]] = []
+        self.empty: list[tuple[int, int, Any]] = []
+
+    def leaf(self, node: Leaf) -> None:
+        if node.axis is None:
+            self.zeros.append((self.slots[("leaf", node.path)], np.zeros(node.shape, node.dtype)))
+        else:
+            self.no_rows(node.axis.path)
+
+    def ragged(self, node: RaggedList) -> None:
+        self.no_rows(node.axis.path)
+
+    def optional(self, node: OptionalTree) -> None:
+        self.zeros.append((self.slots[("presence", node.path)], False))
+        visit(node.inner, self)
+
+    def fixed(self, node: Fixed) -> None:
+        for child in node.children:
+            visit(child, self)
+
+    def no_rows(self, axis: str) -> None:
+        i, slot, writer = self.plan._offsets(axis, self.table)
+        self.empty.append((slot, i, writer))
 
 
 def _kept(kept: Any) -> Step:

@@ -35,6 +35,9 @@ import numpy as np
 from pytreestore._format import keys as _keys
 from pytreestore._format.columns import ColumnSpec
 
+#: a commit record's or fragment's ``tables``: (axis keypath, rows), sorted
+Rows = tuple[tuple[str, int], ...]
+
 #: one keystr token: .name, [*], [0], ['key'] (quotes escaped as repr escapes them),
 #: ["key"], [other]
 KEYPATH_TOKEN = re.compile(
@@ -232,6 +235,16 @@ class RaggedInfo:
         store)."""
         return {a.path for a in self.axes}
 
+    def fits(self, tables: Rows | None) -> bool:
+        """Whether a commit record's ``tables`` fit this store: listed (a fixed store's
+        records list none)."""
+        return tables is not None
+
+    def lists_axes(self, tables: Rows | None) -> bool:
+        """Whether a fragment's ``tables`` name exactly this store's axes (a fixed store's
+        fragments list none)."""
+        return tables is not None and {t for t, _ in tables} == self.axis_paths()
+
 
 @dataclasses.dataclass(frozen=True)
 class NoTables(RaggedInfo):
@@ -262,8 +275,20 @@ class NoTables(RaggedInfo):
     def axis_paths(self) -> set[str] | None:
         return None
 
+    def fits(self, tables: Rows | None) -> bool:
+        return tables is None
+
+    def lists_axes(self, tables: Rows | None) -> bool:
+        return tables is None
+
 
 NO_TABLES = NoTables()
+
+
+def tables_entry(tables: Rows | None) -> dict[str, Any]:
+    """The ``tables`` entry of a commit record's or a fragment's JSON: each axis table's
+    rows; none at all for a fixed store's (format 3), whose ``tables`` are None in memory."""
+    return {} if tables is None else {"tables": dict(tables)}
 
 
 def _without_zero_start(obj: dict[str, Any]) -> dict[str, Any]:
@@ -288,9 +313,11 @@ __all__ = [
     "NoTables",
     "PresenceInfo",
     "RaggedInfo",
+    "Rows",
     "Slot",
     "offsets_key",
     "path_key",
     "presence_key",
     "slot",
+    "tables_entry",
 ]

@@ -63,7 +63,7 @@ def check(
             raise _refused(
                 f, i, f"belongs to another store (store id {f.store}; {where} is {head.store})"
             )
-        if f.schema != schema_id and f.tables is None:
+        if f.schema != schema_id and not f.own_schema:
             raise _refused(
                 f,
                 i,

@@ -82,7 +82,7 @@ def save(
             keys = [lay.key for lay in array_layouts(cols, schema, fragment)]
             engine.resize(keys, len(tables[t][0]))
             engine.write(keys, 0, tables[t])
-        if fragment.tables is not None:
+        if fragment.own_schema:
             info = {**_validate.stamped(schema.to_json()), "digest": fragment.schema}
             engine.write_bytes(schema_key(fragment), json.dumps(info).encode())
         engine.write_bytes(manifest_key(fragment.id), fragment.to_json().encode())

@@ -54,8 +54,7 @@ def schema_of(
     own = schema if fragment.schema == _validate.id_of(schema) else None
     own = own or read_schema(engine, fragment, where, like=like)
     axes = own.tables.axis_paths()
-    tables = None if fragment.tables is None else {t for t, _ in fragment.tables}
-    if tables != axes:
+    if not own.tables.lists_axes(fragment.tables):
         raise FragmentError(
             f"fragment {fragment.id} does not describe the tables of its schema (its tables "
             f"{dict(fragment.tables or {})}, its schema's ragged axes {sorted(axes or ())}); "

@@ -40,7 +40,15 @@ import numpy as np
 
 from pytreestore._format.schema import TreeSchema
 from pytreestore._read.tables import PRESENT
-from pytreestore._tree.layout import Fixed, LayoutNode, Leaf, OptionalTree, RaggedList
+from pytreestore._tree.layout_nodes import (
+    Fixed,
+    LayoutNode,
+    Leaf,
+    OptionalTree,
+    RaggedList,
+    Visitor,
+    visit,
+)
 
 DENSE, RAGGED, NESTED = "dense", "ragged", "nested"
 _AXIS = "axis"  # a level: the rows of a ragged axis's table, cut per parent row
@@ -85,7 +93,7 @@ def leaf_columns(
     return {p: walk.found[p] for p in schema.paths if p in walk.found}
 
 
-class _Walk:
+class _Walk(Visitor):
     """The walk of a layout beside the values read, collecting each leaf's levels."""
 
     def __init__(self, schema: TreeSchema, segments: Mapping[str, Any], count: int) -> None:
@@ -95,21 +103,24 @@ class _Walk:
         self.found: dict[str, LeafColumn] = {}
 
     def node(self, spec: LayoutNode | None, value: Any, levels: tuple[Any, ...]) -> None:
-        if value is None or spec is None:  # nothing loaded below, or a pending structure
-            return
-        if isinstance(spec, Leaf):
-            if spec.axis is not None:
-                levels = (*levels, (_AXIS, spec.axis.path))
-            self.found[spec.path] = self.column(value, levels)
-        elif isinstance(spec, RaggedList):
-            self.node(spec.element, value, (*levels, (_AXIS, spec.axis.path)))
-        elif isinstance(spec, OptionalTree):
-            present = self.segments[PRESENT + spec.path]
-            self.node(spec.inner, value, (*levels, (_PRESENT, present)))
-        elif isinstance(spec, Fixed):
-            for child, v in zip(spec.children, spec.treedef.flatten_up_to(value)):
-                self.node(child, v, levels)
-        # a Kept leaf (a function, a key) is no column
+        if value is not None:  # None: nothing loaded below
+            visit(spec, self, value, levels)  # a pending structure, a Kept leaf: no column
+
+    def leaf(self, node: Leaf, value: Any, levels: tuple[Any, ...]) -> None:
+        if node.axis is not None:
+            levels = (*levels, (_AXIS, node.axis.path))
+        self.found[node.path] = self.column(value, levels)
+
+    def ragged(self, node: RaggedList, value: Any, levels: tuple[Any, ...]) -> None:
+        self.node(node.element, value, (*levels, (_AXIS, node.axis.path)))
+
+    def optional(self, node: OptionalTree, value: Any, levels: tuple[Any, ...]) -> None:
+        present = self.segments[PRESENT + node.path]
+        self.node(node.inner, value, (*levels, (_PRESENT, present)))
+
+    def fixed(self, node: Fixed, value: Any, levels: tuple[Any, ...]) -> None:
+        for child, v in zip(node.children, node.treedef.flatten_up_to(value)):
+            self.node(child, v, levels)
 
     def column(self, rows: np.ndarray, levels: tuple[Any, ...]) -> LeafColumn:
         """A leaf's rows (along its table) grouped up through its levels, innermost first."""

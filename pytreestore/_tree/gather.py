@@ -32,7 +32,15 @@ from typing import Any
 import numpy as np
 from jax.tree_util import tree_structure
 
-from pytreestore._tree.layout import Fixed, LayoutNode, Leaf, OptionalTree, RaggedList
+from pytreestore._tree.layout_nodes import (
+    Fixed,
+    LayoutNode,
+    Leaf,
+    OptionalTree,
+    RaggedList,
+    Visitor,
+    visit,
+)
 
 
 class Departs(Exception):
@@ -136,29 +144,47 @@ def segment(spec: LayoutNode) -> Segment:
 def _template(
     spec: LayoutNode, columns: list[Column], shared: list[list[LeafColumn]], groups: list[list]
 ) -> Any:
-    if isinstance(spec, Fixed):
-        if spec.common_axis is not None:
+    return visit(spec, _Template(columns, shared), groups)
+
+
+class _Template(Visitor):
+    """A segment's template: its fixed nodes with a hole for each column (appended to
+    ``columns``); ``groups``: the columns of each enclosing node declared ragged so far."""
+
+    def __init__(self, columns: list[Column], shared: list[list[LeafColumn]]) -> None:
+        self.columns, self.shared = columns, shared
+
+    def fixed(self, node: Fixed, groups: list[list]) -> Any:
+        if node.common_axis is not None:
             groups = [*groups, []]
-        kids = [_template(c, columns, shared, groups) for c in spec.children]
-        if spec.common_axis is not None:
-            shared.append(groups[-1])
-        return spec.treedef.unflatten(kids)
-    column = _column(spec, bool(groups))
-    columns.append(column)
-    if isinstance(column, LeafColumn) and spec.axis is not None:  # type: ignore[union-attr]
-        for group in groups:
-            group.append(column)
-    return _HOLE
+        kids = [visit(c, self, groups) for c in node.children]
+        if node.common_axis is not None:
+            self.shared.append(groups[-1])
+        return node.treedef.unflatten(kids)
 
+    def leaf(self, node: Leaf, groups: list[list]) -> Any:
+        column = LeafColumn(node)
+        if node.axis is not None:
+            for group in groups:
+                group.append(column)
+        return self.hole(column)
 
-def _column(spec: LayoutNode, in_shared: bool) -> Column:
-    if isinstance(spec, Leaf):
-        return LeafColumn(spec)
-    if isinstance(spec, RaggedList) and spec.element is not None:
-        return ListColumn(spec, segment(spec.element))
-    if isinstance(spec, OptionalTree) and spec.inner is not None and not in_shared:
-        return OptionalColumn(spec, segment(spec.inner))
-    raise Departs(f"{type(spec).__name__} at {spec.path or 'the root'}")
+    def ragged(self, node: RaggedList, groups: list[list]) -> Any:
+        if node.element is None:
+            return self.other(node)
+        return self.hole(ListColumn(node, segment(node.element)))
+
+    def optional(self, node: OptionalTree, groups: list[list]) -> Any:
+        if node.inner is None or groups:
+            return self.other(node)
+        return self.hole(OptionalColumn(node, segment(node.inner)))
+
+    def other(self, node: LayoutNode, *args: Any) -> Any:
+        raise Departs(f"{type(node).__name__} at {node.path or 'the root'}")
+
+    def hole(self, column: Column) -> Any:
+        self.columns.append(column)
+        return _HOLE
 
 
 def walk(seg: Segment, values: Sequence[Any]) -> None:

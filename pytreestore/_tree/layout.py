@@ -13,7 +13,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -25,68 +24,18 @@ from pytreestore._format import dtypes as _dtypes
 from pytreestore._format import nodes as _nodes
 from pytreestore._format import prng as _prng
 from pytreestore._format.weak import is_weak
+from pytreestore._tree.layout_nodes import (
+    Axis,
+    Fixed,
+    Kept,
+    LayoutNode,
+    Leaf,
+    OptionalTree,
+    RaggedList,
+    node_class,
+)
 from pytreestore._tree.ragged import STAR, Declarations, Position, text
 from pytreestore.errors import RaggedDeclarationError, SchemaMismatchError
-
-
-@dataclasses.dataclass
-class Axis:
-    """One ragged axis: a ragged list, a ragged leading axis, or one shared by a node's leaves."""
-
-    path: str
-    longest: int = 0
-
-
-@dataclasses.dataclass
-class Leaf:
-    """An array leaf; ``shape`` leaves out the ragged leading axis when ``axis`` is set;
-    ``weak``: the first record's leaf was weakly typed (:mod:`pytreestore._format.weak`)."""
-
-    path: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    axis: Axis | None = None
-    weak: bool = False
-
-
-@dataclasses.dataclass
-class Kept:
-    """A leaf that is no array (a function, a PRNG key): kept as each record has it."""
-
-    path: str
-    value: Any
-
-
-@dataclasses.dataclass
-class RaggedList:
-    """A list whose length varies; ``element`` is None until some record has an element."""
-
-    path: str
-    axis: Axis
-    element: Any = None
-
-
-@dataclasses.dataclass
-class OptionalTree:
-    """A subtree that may be None; ``inner`` is None until some record has it."""
-
-    path: str
-    inner: Any = None
-    common_axis: Axis | None = None
-
-
-@dataclasses.dataclass
-class Fixed:
-    """Any other node (dict, dataclass, tuple, fixed-length list, None): one level of it.
-    ``common_axis`` is the ragged leading axis its leaves share when it was declared ragged."""
-
-    path: str
-    treedef: Any
-    children: list[Any]
-    common_axis: Axis | None = None
-
-
-LayoutNode = Leaf | Kept | RaggedList | OptionalTree | Fixed
 
 
 def build_layout(records: Sequence[Any], like: Any, decl: Declarations) -> LayoutNode:
@@ -386,12 +335,6 @@ def _child(spec: LayoutNode, token: str) -> LayoutNode | None:
         if key == token or (token == STAR and node_class(spec) is list):
             return child
     return None
-
-
-def node_class(spec: Fixed) -> Any:
-    """The class of a fixed node (``list``, ``dict``, ``type(None)``, a dataclass, ...)."""
-    data = spec.treedef.node_data()
-    return data[0] if data else None
 
 
 def describe_spec(spec: LayoutNode | None) -> str:

@@ -34,7 +34,16 @@ import numpy as np
 
 from pytreestore._format.ragged import KEYPATH_TOKEN
 from pytreestore._format.schema import TreeSchema
-from pytreestore._tree.layout import Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList
+from pytreestore._tree.layout_nodes import (
+    Fixed,
+    Kept,
+    LayoutNode,
+    Leaf,
+    OptionalTree,
+    RaggedList,
+    Visitor,
+    visit,
+)
 from pytreestore.errors import SchemaMismatchError
 
 
@@ -93,41 +102,33 @@ def records_from_columns(
     ]
 
 
-class _Below:
-    """The leaf keypaths below each node of a layout, and records built along it."""
+class _Below(Visitor):
+    """The leaf keypaths below each node of a layout, and records built along it (its
+    visitor methods: the value of a node from its leaves' values in a row)."""
 
     def __init__(self, spec: LayoutNode, dtypes: Mapping[str, np.dtype | None]) -> None:
         self._paths: dict[int, list[str]] = {}
         self._dtypes = dtypes
-        self._collect(spec)
+        visit(spec, _Paths(self._paths))
 
-    def _collect(self, spec: LayoutNode | None) -> list[str]:
-        if isinstance(spec, Leaf):
-            found = [spec.path]
-        elif isinstance(spec, RaggedList):
-            found = self._collect(spec.element)
-        elif isinstance(spec, OptionalTree):
-            found = self._collect(spec.inner)
-        elif isinstance(spec, Fixed):
-            found = [p for child in spec.children for p in self._collect(child)]
-        else:
-            found = []
-        if spec is not None:
-            self._paths[id(spec)] = found
-        return found
-
-    def build(self, spec: LayoutNode, values: dict[str, Any], row: int) -> Any:
+    def build(self, spec: LayoutNode | None, values: dict[str, Any], row: int) -> Any:
         """The value of ``spec`` from its leaves' ``values`` in record ``row``."""
-        if isinstance(spec, Leaf):
-            return self._leaf(spec, values[spec.path])
-        if isinstance(spec, Kept):
-            return spec.value
-        if isinstance(spec, RaggedList):
-            return self._list(spec, values, row)
-        if isinstance(spec, OptionalTree):
-            return self._optional(spec, values, row)
-        assert isinstance(spec, Fixed), spec
-        return spec.treedef.unflatten([self.build(c, values, row) for c in spec.children])
+        return visit(spec, self, values, row)
+
+    def leaf(self, node: Leaf, values: dict[str, Any], row: int) -> Any:
+        return self._leaf(node, values[node.path])
+
+    def kept(self, node: Kept, values: dict[str, Any], row: int) -> Any:
+        return node.value
+
+    def ragged(self, node: RaggedList, values: dict[str, Any], row: int) -> Any:
+        return self._list(node, values, row)
+
+    def optional(self, node: OptionalTree, values: dict[str, Any], row: int) -> Any:
+        return self._optional(node, values, row)
+
+    def fixed(self, node: Fixed, values: dict[str, Any], row: int) -> Any:
+        return node.treedef.unflatten([self.build(c, values, row) for c in node.children])
 
     def _leaf(self, spec: Leaf, value: Any) -> Any:
         """A leaf's value as an array when it came as a list (or as a Python number of a
@@ -175,6 +176,35 @@ class _Below:
                 "column of it, or in none"
             )
         return self.build(spec.inner, values, row)
+
+
+class _Paths(Visitor):
+    """The leaf keypaths below each node (by ``id``), into ``paths``."""
+
+    def __init__(self, paths: dict[int, list[str]]) -> None:
+        self.paths = paths
+
+    def leaf(self, node: Leaf) -> list[str]:
+        return self.note(node, [node.path])
+
+    def ragged(self, node: RaggedList) -> list[str]:
+        return self.note(node, visit(node.element, self))
+
+    def optional(self, node: OptionalTree) -> list[str]:
+        return self.note(node, visit(node.inner, self))
+
+    def fixed(self, node: Fixed) -> list[str]:
+        return self.note(node, [p for child in node.children for p in visit(child, self)])
+
+    def other(self, node: LayoutNode, *args: Any) -> list[str]:
+        return self.note(node, [])
+
+    def unknown(self, *args: Any) -> list[str]:
+        return []
+
+    def note(self, node: LayoutNode, found: list[str]) -> list[str]:
+        self.paths[id(node)] = found
+        return found
 
 
 def _not_a_list(path: str, leaf: str, value: Any, row: int) -> SchemaMismatchError:

@@ -27,7 +27,17 @@ import jax
 import numpy as np
 
 from pytreestore._tree.convert import LeafCaster
-from pytreestore._tree.layout import Axis, Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList
+from pytreestore._tree.layout_nodes import (
+    Axis,
+    Fixed,
+    Kept,
+    LayoutNode,
+    Leaf,
+    OptionalTree,
+    RaggedList,
+    Visitor,
+    visit,
+)
 from pytreestore.errors import RaggedDeclarationError, RaggedLengthError, SchemaMismatchError
 
 #: the longest padded axis: an axis of more elements is no batch a device holds
@@ -97,63 +107,87 @@ class Padder:
             )
         return limit
 
-    def pad(self, spec: LayoutNode, value: Any, record: int) -> tuple[Any, Any, Any]:
+    def pad(self, spec: LayoutNode | None, value: Any, record: int) -> tuple[Any, Any, Any]:
         """(padded value, mask, skeleton) of ``value``."""
-        if isinstance(spec, OptionalTree):
-            if value is None:
-                return (*self.zeros(spec.inner), None)
-            padded, mask, skel = self.pad(spec.inner, value, record)
-            return padded, mask, (skel,)
-        if isinstance(spec, RaggedList):
-            return self.pad_list(spec, value, record)
-        if isinstance(spec, Leaf):
-            return self.pad_leaf(spec, value, record)
-        if isinstance(spec, Kept):
-            return value, np.True_, None
-        sub, children = spec.treedef, spec.treedef.flatten_up_to(value)
-        parts = [self.pad(s, c, record) for s, c in zip(spec.children, children)]
+        return visit(spec, _Pad(self), value, record)
+
+    def zeros(self, spec: LayoutNode | None) -> tuple[Any, Any]:
+        """A padding value of the layout ``spec`` (zeros) and its all-False mask."""
+        return visit(spec, _Zeros(self.pad_to))
+
+
+class _Pad(Visitor):
+    """(padded value, mask, skeleton) of a value of a node, for a :class:`Padder`."""
+
+    def __init__(self, padder: Padder) -> None:
+        self.padder = padder
+
+    def optional(self, node: OptionalTree, value: Any, record: int) -> tuple[Any, Any, Any]:
+        if value is None:
+            return (*self.padder.zeros(node.inner), None)
+        padded, mask, skel = visit(node.inner, self, value, record)
+        return padded, mask, (skel,)
+
+    def kept(self, node: Kept, value: Any, record: int) -> tuple[Any, Any, Any]:
+        return value, np.True_, None
+
+    def fixed(self, node: Fixed, value: Any, record: int) -> tuple[Any, Any, Any]:
+        sub, children = node.treedef, node.treedef.flatten_up_to(value)
+        parts = [visit(s, self, c, record) for s, c in zip(node.children, children)]
         padded, mask = (sub.unflatten([p[i] for p in parts]) for i in (0, 1))
         return padded, mask, [p[2] for p in parts]
 
-    def pad_list(self, spec: RaggedList, value: list, record: int) -> tuple[Any, Any, Any]:
-        size = self.length(spec.axis, len(value), record)
-        parts = [self.pad(spec.element, item, record) for item in value[:size]]
-        fill = [self.zeros(spec.element)] * (size - len(parts))
+    def ragged(self, node: RaggedList, value: list, record: int) -> tuple[Any, Any, Any]:
+        size = self.padder.length(node.axis, len(value), record)
+        parts = [visit(node.element, self, item, record) for item in value[:size]]
+        fill = [self.padder.zeros(node.element)] * (size - len(parts))
         if not parts and not fill:
-            padded, mask = self.zeros(spec.element)
+            padded, mask = self.padder.zeros(node.element)
             return empty_axis(padded), empty_axis(mask), []
         padded = stack_trees([p[0] for p in parts] + [f[0] for f in fill])
         mask = stack_trees([p[1] for p in parts] + [f[1] for f in fill])
         return padded, mask, [p[2] for p in parts]
 
-    def pad_leaf(self, spec: Leaf, value: Any, record: int) -> tuple[Any, Any, Any]:
+    def leaf(self, node: Leaf, value: Any, record: int) -> tuple[Any, Any, Any]:
         shape = tuple(np.shape(value))
-        array = LeafCaster(spec.path, spec.dtype, shape).coerce(value, what=f"record {record}")
-        if spec.axis is None:
+        array = LeafCaster(node.path, node.dtype, shape).coerce(value, what=f"record {record}")
+        if node.axis is None:
             return array, np.True_, None
-        size = self.length(spec.axis, shape[0], record)
+        size = self.padder.length(node.axis, shape[0], record)
         n = min(shape[0], size)
-        out = np.zeros((size, *spec.shape), spec.dtype)
+        out = np.zeros((size, *node.shape), node.dtype)
         out[:n] = array[:n]
         return out, np.arange(size) < n, n
 
-    def zeros(self, spec: LayoutNode | None) -> tuple[Any, Any]:
-        """A padding value of the layout ``spec`` (zeros) and its all-False mask."""
-        if isinstance(spec, OptionalTree):
-            return self.zeros(spec.inner)
-        if isinstance(spec, Leaf):
-            if spec.axis is None:
-                return np.zeros(spec.shape, spec.dtype), np.False_
-            size = padded_length(self.pad_to, spec.axis.longest)
-            return np.zeros((size, *spec.shape), spec.dtype), np.zeros(size, bool)
-        if isinstance(spec, Kept):
-            return spec.value, np.False_
-        if isinstance(spec, RaggedList):
-            size = padded_length(self.pad_to, spec.axis.longest)
-            return tuple(repeat_zeros(t, size) for t in self.zeros(spec.element))  # type: ignore[return-value]
-        assert isinstance(spec, Fixed), spec
-        parts = [self.zeros(s) for s in spec.children]
-        return tuple(spec.treedef.unflatten([p[i] for p in parts]) for i in (0, 1))  # type: ignore[return-value]
+
+class _Zeros(Visitor):
+    """A padding value of a node (zeros) and its all-False mask, lists and ragged axes
+    padded to ``pad_to``."""
+
+    def __init__(self, pad_to: Any) -> None:
+        self.pad_to = pad_to
+
+    def optional(self, node: OptionalTree) -> tuple[Any, Any]:
+        return visit(node.inner, self)
+
+    def leaf(self, node: Leaf) -> tuple[Any, Any]:
+        if node.axis is None:
+            return np.zeros(node.shape, node.dtype), np.False_
+        size = padded_length(self.pad_to, node.axis.longest)
+        return np.zeros((size, *node.shape), node.dtype), np.zeros(size, bool)
+
+    def kept(self, node: Kept) -> tuple[Any, Any]:
+        return node.value, np.False_
+
+    def ragged(self, node: RaggedList) -> tuple[Any, Any]:
+        size = padded_length(self.pad_to, node.axis.longest)
+        zeros, mask = visit(node.element, self)
+        return repeat_zeros(zeros, size), repeat_zeros(mask, size)
+
+    def fixed(self, node: Fixed) -> tuple[Any, Any]:
+        parts = [visit(s, self) for s in node.children]
+        zeros, mask = (node.treedef.unflatten([p[i] for p in parts]) for i in (0, 1))
+        return zeros, mask
 
 
 def is_array(leaf: Any) -> bool:
@@ -182,23 +216,36 @@ def repeat_zeros(tree: Any, size: int) -> Any:
 
 def unpad(spec: LayoutNode, skeleton: Any, value: Any) -> Any:
     """One record as it was before padding, from its padded value and its skeleton."""
-    if isinstance(spec, OptionalTree):
-        return None if skeleton is None else unpad(spec.inner, skeleton[0], value)
-    if isinstance(spec, Leaf):
-        return value if spec.axis is None else value[:skeleton]
-    if isinstance(spec, Kept):
+    return visit(spec, _Unpad(), skeleton, value)
+
+
+class _Unpad(Visitor):
+    """:func:`unpad` of a node."""
+
+    def optional(self, node: OptionalTree, skeleton: Any, value: Any) -> Any:
+        return None if skeleton is None else visit(node.inner, self, skeleton[0], value)
+
+    def leaf(self, node: Leaf, skeleton: Any, value: Any) -> Any:
+        return value if node.axis is None else value[:skeleton]
+
+    def kept(self, node: Kept, skeleton: Any, value: Any) -> Any:
         return value
-    if isinstance(spec, RaggedList):
+
+    def ragged(self, node: RaggedList, skeleton: Any, value: Any) -> Any:
         return [
-            unpad(
-                spec.element, skel, jax.tree.map(lambda x, j=j: x[j] if is_array(x) else x, value)
-            )
+            visit(node.element, self, skel, jax.tree.map(lambda x, j=j: _row(x, j), value))
             for j, skel in enumerate(skeleton)
         ]
-    children = spec.treedef.flatten_up_to(value)
-    return spec.treedef.unflatten(
-        [unpad(s, k, c) for s, k, c in zip(spec.children, skeleton, children)]
-    )
+
+    def fixed(self, node: Fixed, skeleton: Any, value: Any) -> Any:
+        children = node.treedef.flatten_up_to(value)
+        return node.treedef.unflatten(
+            [visit(s, self, k, c) for s, k, c in zip(node.children, skeleton, children)]
+        )
+
+
+def _row(x: Any, j: int) -> Any:
+    return x[j] if is_array(x) else x
 
 
 # ---- masks remember their layout --------------------------------------------------------------

@@ -25,7 +25,16 @@ from typing import Any
 import jax
 import numpy as np
 
-from pytreestore._tree.layout import Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList
+from pytreestore._tree.layout_nodes import (
+    Fixed,
+    Kept,
+    LayoutNode,
+    Leaf,
+    OptionalTree,
+    RaggedList,
+    Visitor,
+    visit,
+)
 from pytreestore.errors import SchemaMismatchError
 
 
@@ -50,15 +59,30 @@ def _rows(spec: LayoutNode, batch: Any) -> int:
 
 
 def _leaves(spec: LayoutNode | None, value: Any) -> list[Any]:
-    if isinstance(spec, Leaf):
+    return visit(spec, _Leaves(), value)
+
+
+class _Leaves(Visitor):
+    """The array leaves of a value of a node, in walk order."""
+
+    def leaf(self, node: Leaf, value: Any) -> list[Any]:
         return [value]
-    if isinstance(spec, RaggedList):
-        return _leaves(spec.element, value)
-    if isinstance(spec, OptionalTree):
-        return _leaves(spec.inner, value)
-    if isinstance(spec, Fixed):
-        return [x for c, v in zip(spec.children, _children(spec, value)) for x in _leaves(c, v)]
-    return []
+
+    def ragged(self, node: RaggedList, value: Any) -> list[Any]:
+        return visit(node.element, self, value)
+
+    def optional(self, node: OptionalTree, value: Any) -> list[Any]:
+        return visit(node.inner, self, value)
+
+    def fixed(self, node: Fixed, value: Any) -> list[Any]:
+        pairs = zip(node.children, _children(node, value))
+        return [x for c, v in pairs for x in visit(c, self, v)]
+
+    def other(self, node: LayoutNode, *args: Any) -> list[Any]:
+        return []
+
+    def unknown(self, *args: Any) -> list[Any]:
+        return []
 
 
 def _children(spec: Fixed, value: Any) -> list[Any]:
@@ -73,55 +97,61 @@ def _children(spec: Fixed, value: Any) -> list[Any]:
 
 def _split(spec: LayoutNode | None, value: Any, mask: Any, rows: int) -> list[Any]:
     """One object per row of ``value`` and ``mask`` (leading axis: the rows)."""
-    if isinstance(spec, Leaf):
+    return visit(spec, _Split(), value, mask, rows)
+
+
+class _Split(Visitor):
+    """:func:`_split` of a node."""
+
+    def leaf(self, node: Leaf, value: Any, mask: Any, rows: int) -> list[Any]:
         array = np.asarray(value)
-        if spec.axis is None:
+        if node.axis is None:
             return [array[i, ...] for i in range(rows)]
-        lengths = _lengths(np.asarray(mask), spec.path, rows)
+        lengths = _lengths(np.asarray(mask), node.path, rows)
         return [array[i, : lengths[i]] for i in range(rows)]
-    if isinstance(spec, Kept):
-        return [spec.value] * rows
-    if isinstance(spec, RaggedList):
-        return _split_list(spec, value, mask, rows)
-    if isinstance(spec, OptionalTree):
-        if spec.inner is None:
-            _check_nothing_real(spec.path, mask, "a subtree")
+
+    def kept(self, node: Kept, value: Any, mask: Any, rows: int) -> list[Any]:
+        return [node.value] * rows
+
+    def optional(self, node: OptionalTree, value: Any, mask: Any, rows: int) -> list[Any]:
+        if node.inner is None:
+            _check_nothing_real(node.path, mask, "a subtree")
             return [None] * rows
-        present = _witness(spec.inner, mask, spec.path, rows, optional=True)
+        present = _witness(node.inner, mask, node.path, rows, optional=True)
         inner = _split(
-            spec.inner,
-            _take(value, present, spec.path),
-            _take(mask, present, spec.path),
+            node.inner,
+            _take(value, present, node.path),
+            _take(mask, present, node.path),
             int(present.sum()),
         )
         it = iter(inner)
         return [next(it) if p else None for p in present]
-    assert isinstance(spec, Fixed), spec
-    parts = [
-        _split(c, v, m, rows)
-        for c, v, m in zip(spec.children, _children(spec, value), _children(spec, mask))
-    ]
-    return (
-        [spec.treedef.unflatten(list(p)) for p in zip(*parts)]
-        if parts
-        else [spec.treedef.unflatten([]) for _ in range(rows)]
-    )
 
+    def fixed(self, node: Fixed, value: Any, mask: Any, rows: int) -> list[Any]:
+        parts = [
+            _split(c, v, m, rows)
+            for c, v, m in zip(node.children, _children(node, value), _children(node, mask))
+        ]
+        return (
+            [node.treedef.unflatten(list(p)) for p in zip(*parts)]
+            if parts
+            else [node.treedef.unflatten([]) for _ in range(rows)]
+        )
 
-def _split_list(spec: RaggedList, value: Any, mask: Any, rows: int) -> list[Any]:
-    if spec.element is None:
-        _check_nothing_real(spec.path, mask, "elements")
-        return [[] for _ in range(rows)]
-    real = _witness(spec.element, mask, spec.path, rows, optional=False)
-    lengths = _lengths(real, spec.path, rows)
-    items = _split(
-        spec.element,
-        _take(value, real, spec.path),
-        _take(mask, real, spec.path),
-        int(lengths.sum()),
-    )
-    cuts = np.concatenate([[0], np.cumsum(lengths)]).tolist()
-    return [items[cuts[i] : cuts[i + 1]] for i in range(rows)]
+    def ragged(self, node: RaggedList, value: Any, mask: Any, rows: int) -> list[Any]:
+        if node.element is None:
+            _check_nothing_real(node.path, mask, "elements")
+            return [[] for _ in range(rows)]
+        real = _witness(node.element, mask, node.path, rows, optional=False)
+        lengths = _lengths(real, node.path, rows)
+        items = _split(
+            node.element,
+            _take(value, real, node.path),
+            _take(mask, real, node.path),
+            int(lengths.sum()),
+        )
+        cuts = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+        return [items[cuts[i] : cuts[i + 1]] for i in range(rows)]
 
 
 def _check_nothing_real(path: str, mask: Any, what: str) -> None:
@@ -185,18 +215,28 @@ def _witness(spec: LayoutNode, mask: Any, path: str, rows: int, *, optional: boo
 
 
 def _direct_masks(spec: LayoutNode | None, mask: Any) -> list[Any]:
-    if isinstance(spec, Leaf):
-        return [mask] if spec.axis is None else []
-    if isinstance(spec, Kept):
+    return visit(spec, _DirectMasks(), mask)
+
+
+class _DirectMasks(Visitor):
+    """The masks of the leaves directly in a node: not below a further ragged axis (a
+    list, a ragged leading axis) or optional subtree."""
+
+    def leaf(self, node: Leaf, mask: Any) -> list[Any]:
+        return [mask] if node.axis is None else []
+
+    def kept(self, node: Kept, mask: Any) -> list[Any]:
         return [mask]
-    if isinstance(spec, Fixed):
-        return [
-            m
-            for c, v in zip(spec.children, _children(spec, mask))
-            if not isinstance(c, RaggedList | OptionalTree)
-            for m in _direct_masks(c, v)
-        ]
-    return []
+
+    def fixed(self, node: Fixed, mask: Any) -> list[Any]:
+        pairs = zip(node.children, _children(node, mask))
+        return [m for c, v in pairs for m in visit(c, self, v)]
+
+    def other(self, node: LayoutNode, *args: Any) -> list[Any]:
+        return []
+
+    def unknown(self, *args: Any) -> list[Any]:
+        return []
 
 
 def _lengths(mask: np.ndarray, path: str, rows: int) -> np.ndarray:
