@@ -98,6 +98,7 @@ class ForkedPopen(subprocess.Popen):  # type: ignore[type-arg]
 
     # what the POSIX Popen keeps and does (CPython's Lib/subprocess.py), untyped in typeshed
     _waitpid_lock: threading.Lock
+    _zygote: _Client
     _close_pipe_fds: Any
     _handle_exitstatus: Any
 
@@ -127,12 +128,13 @@ class ForkedPopen(subprocess.Popen):  # type: ignore[type-arg]
             "env": dict(os.environ if env is None else env),
             "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),
         }
-        self.pid = _client().spawn(job, [fd if fd != -1 else i for i, fd in enumerate(fds)])
+        self._zygote = _client()  # the one that forked it reports its exit
+        self.pid = self._zygote.spawn(job, [fd if fd != -1 else i for i, fd in enumerate(fds)])
         self._child_created = True
         self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
 
     def _try_wait(self, wait_flags: int) -> tuple[int, int]:
-        status = _client().wait(self.pid, block=not wait_flags & os.WNOHANG)
+        status = self._zygote.wait(self.pid, block=not wait_flags & os.WNOHANG)
         return (0, 0) if status is None else (self.pid, status)
 
     def _internal_poll(self, _deadstate: Any = None, *args: Any, **kwargs: Any) -> int | None:
@@ -271,16 +273,18 @@ class _Client:
 
 
 _CLIENT: list[_Client] = []
+_STARTING = threading.Lock()
 
 
 def _client() -> _Client:
-    """This test process's zygote, started at first use."""
-    if not _CLIENT or _CLIENT[0].owner != os.getpid():
-        _CLIENT[:] = [_Client()]
-        import atexit
+    """This test process's zygote, started at first use (by one thread of those asking)."""
+    with _STARTING:
+        if not _CLIENT or _CLIENT[0].owner != os.getpid():
+            _CLIENT[:] = [_Client()]
+            import atexit
 
-        atexit.register(_CLIENT[0].close)
-    return _CLIENT[0]
+            atexit.register(_CLIENT[0].close)
+        return _CLIENT[0]
 
 
 # ---- the zygote ------------------------------------------------------------------------------
