@@ -198,9 +198,7 @@ def test_the_scaling_page_examples_run(tmp_path, monkeypatch):
 
     page = ROOT / "docs" / "scaling.md"
     found = [
-        b
-        for b in blocks(page)
-        if "pts_ray.TreeStoreDatasink(" in b.code and "read_store" not in b.code
+        b for b in blocks(page) if "TreeStoreDatasink(" in b.code and "read_store" not in b.code
     ]
     assert len(found) == 2
     monkeypatch.chdir(tmp_path)  # the blocks' relative paths: paths the workers never saw

@@ -220,11 +220,11 @@ def test_bad_arguments_fail_on_the_driver(tmp_path):
 
 
 def test_the_scaling_page_read_example_runs(tmp_path, monkeypatch):
-    """docs/scaling.md's pts_ray.read_store block (tests/test_docs.py starts no Ray)."""
+    """docs/scaling.md's read_store block (tests/test_docs.py starts no Ray)."""
     from tests.test_docs import blocks
     from tests.test_ray import ROOT
 
-    found = [b for b in blocks(ROOT / "docs" / "scaling.md") if "pts_ray.read_store(" in b.code]
+    found = [b for b in blocks(ROOT / "docs" / "scaling.md") if "read_store(" in b.code]
     assert len(found) == 1
     monkeypatch.chdir(tmp_path)
     exec(compile(found[0].code, found[0].where, "exec"), {"__name__": "docs_scaling_read"})
