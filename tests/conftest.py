@@ -146,9 +146,13 @@ def eight_devices() -> list[jax.Device]:
 
 @pytest.fixture(scope="session")
 def pool() -> Iterator[Pool]:
-    """Two other processes (``spawn``), started once for the session: each start imports JAX,
-    so tests of work done in another process share them."""
-    with multiprocessing.get_context("spawn").Pool(2) as workers:
+    """Two other processes, started once for the session, that tests of work done in another
+    process share: forked from multiprocessing's ``forkserver``, which imports JAX and
+    pytreestore once (it starts no thread, so its forks are clean), rather than two ``spawn``
+    interpreters importing them each."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["numpy", "jax", "pytreestore"])
+    with context.Pool(2) as workers:
         yield workers
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pytreestore.testing.s3 import free_port
+from tests import interpreters
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCESSES = 2
@@ -62,7 +63,7 @@ def run_two(child: str | Path, *args: str | Path, timeout: float = 240) -> list[
     env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     program = [str(child)] if isinstance(child, Path) else ["-m", child]
     procs = [
-        subprocess.Popen(
+        interpreters.popen(  # forked from the test zygote (tests/interpreters.py)
             [sys.executable, *program, str(i), port, *map(str, args)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

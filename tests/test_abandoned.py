@@ -15,7 +15,6 @@ import datetime
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -29,6 +28,7 @@ import pytreestore
 from pytreestore._format.names import FRAGMENTS_DIR
 from pytreestore._location import Location
 from pytreestore.backends import OcdbtBackend
+from tests import interpreters
 from tests.conftest import child_env
 
 HOUR = 3600.0
@@ -157,7 +157,7 @@ def _kill_inside_write_fragment(path: str, backend: str) -> int:
     watch.mkdir(parents=True, exist_ok=True)
     env = child_env()
     args = [sys.executable, "-c", CHILD, path, backend, str(watch)]
-    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    done = interpreters.run(args, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode in (-signal.SIGKILL, 0), done.stderr
     return done.returncode
 

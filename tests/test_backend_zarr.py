@@ -23,6 +23,8 @@ from pytreestore._location import Location
 from pytreestore.backends import ColumnLayout, ZarrBackend
 from pytreestore.backends._zarr import dtypes as _zarr_dtypes
 from pytreestore.backends._zarr.stores import durable_put
+from tests import interpreters
+from tests.conftest import child_env
 
 WIDE = {f"c{i:02d}": np.float32(0) for i in range(20)}
 
@@ -272,7 +274,7 @@ def test_a_shard_rewritten_beside_reads_gives_every_read_whole(tmp_path, reader)
     the inner chunks only if the shard's generation is the index's.)"""
     shard, old, new = _inner_chunk_store(tmp_path)
     args = [sys.executable, "-c", REWRITER, str(shard), str(old), str(new), "3"]
-    rewriter = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    rewriter = interpreters.popen(args, stdout=subprocess.PIPE, text=True, env=child_env())
     try:
         assert rewriter.stdout is not None and rewriter.stdout.readline() == "ready\n"
         store = pytreestore.open(tmp_path / "s", backend=reader, cache_bytes=0)

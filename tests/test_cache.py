@@ -4,7 +4,6 @@ cache's bound, on both backends."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import threading
 import warnings
@@ -16,6 +15,8 @@ import pytest
 
 import pytreestore
 from pytreestore.errors import StoreReplacedError
+from tests import interpreters
+from tests.conftest import child_env
 from tests.reads import count_reads
 
 
@@ -171,10 +172,11 @@ def test_a_rewritten_chunk_is_read_again_through_the_shared_cache(tmp_path: Path
 
 
 def _with_bound(value: str, script: str, path: Path) -> str:
-    """What ``script`` (given ``path``) prints in a fresh process whose environment sets
+    """What ``script`` (given ``path``) prints in another process (forked from the test zygote,
+    tests/interpreters.py, that has opened no store) whose environment sets
     ``PYTREESTORE_CACHE_BYTES`` to ``value``."""
-    env = {"PYTREESTORE_CACHE_BYTES": value, "PATH": "/usr/bin:/bin"}
-    out = subprocess.run(
+    env = {**child_env(), "PYTREESTORE_CACHE_BYTES": value}
+    out = interpreters.run(
         [sys.executable, "-c", script, str(path)],
         capture_output=True,
         text=True,

@@ -27,15 +27,16 @@ import pytreestore.testing
 from pytreestore._cli import check as cli_check
 from pytreestore._cli import common as cli_common
 from pytreestore.cli import main
-from tests import trees
+from tests import interpreters, trees
+from tests.conftest import child_env
 
 SCRIPT = Path(sys.executable).with_name("pytreestore")
 COMMANDS = ("info", "head", "verify", "copy")
 
 
 def launch(*args: str | Path, cwd: Path | None = None) -> subprocess.Popen[str]:
-    env = dict(os.environ, COLUMNS="120")
-    return subprocess.Popen(
+    env = dict(child_env(), COLUMNS="120")
+    return interpreters.popen(  # forked from the test zygote (tests/interpreters.py)
         [str(SCRIPT), *map(str, args)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

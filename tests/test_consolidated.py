@@ -31,10 +31,11 @@ from pytreestore._location import Location
 from pytreestore.backends import OcdbtBackend
 from pytreestore.errors import StorageError
 from pytreestore.testing.conformance import dtype_values
+from tests import optional
 from tests.awkward import awkward_records, ragged_records
 from tests.faults import fail_root_writes
 
-pytest.importorskip("xarray")
+optional.importorskip("xarray")  # read by the child processes only
 
 STORES = [("tensorstore", "zstd"), ("tensorstore", None), ("zarr", "zstd"), ("zarr", None)]
 

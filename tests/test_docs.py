@@ -48,6 +48,8 @@ from click.testing import CliRunner
 
 from pytreestore import errors
 from pytreestore.cli import main
+from tests import interpreters
+from tests.conftest import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
@@ -117,9 +119,10 @@ def test_page_code_runs(page: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
         pytest.skip(f"{page.name} has no python or console blocks")
     counts = {int(n) for b in runnable for n in _DEVICES.findall(b.code)}
     if counts - {jax.device_count()}:
-        result = subprocess.run(
+        result = interpreters.run(  # forked (tests/interpreters.py): JAX not started there
             [sys.executable, "-W", "error", __file__, str(page)],
             cwd=tmp_path,
+            env=child_env(),
             capture_output=True,
             text=True,
             timeout=300,

@@ -5,17 +5,22 @@ from __future__ import annotations
 import doctest
 import importlib
 import importlib.util
-import pkgutil
+from pathlib import Path
 
 import pytest
 
 import pytreestore
 
+PACKAGE = Path(pytreestore.__file__).parent
+#: every module of the package, found by file (``pkgutil.walk_packages`` imports each package
+#: as pytest collects, pytreestore._ray with Ray: seconds of CPU in every worker)
 MODULES = [
     *sorted(
-        m.name
-        for m in pkgutil.walk_packages(pytreestore.__path__, "pytreestore.")
-        if not m.name.endswith("__main__")
+        ".".join(("pytreestore", *f.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(
+            ".__init__"
+        )
+        for f in PACKAGE.rglob("*.py")
+        if f.name != "__main__.py" and f != PACKAGE / "__init__.py"
     ),
     "pytreestore_zarr_dtypes",  # shipped beside the package (docs/interop.md)
 ]

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tests import interpreters
+from tests.conftest import child_env
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SCRIPTS = sorted(EXAMPLES.glob("*.py"))
 #: the scripts ``make demo`` runs: with no directory given, each writes in a temporary one
@@ -37,12 +40,14 @@ EXPECTED_OUTPUT: dict[str, list[str]] = {
 
 
 def run_script(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    """Runs ``python SCRIPT ARGS`` (forked from the test zygote: tests/zygote.py)."""
+    return interpreters.run(
         [sys.executable, str(script), *args],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=EXAMPLES.parent,
+        env=child_env(),
         check=False,
     )
 

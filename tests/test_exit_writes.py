@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import pytreestore
+from tests import interpreters
 from tests.conftest import child_env
 from tests.exit_writer_child import ACKED, APPENDED, DAEMON_KINDS, KINDS
 from tests.parity import kinds
@@ -33,8 +34,10 @@ PROMPT = 20.0
 
 
 def _run(where: Path, ending: str) -> subprocess.CompletedProcess[str]:
+    """Runs the child script forked from the test zygote (tests/interpreters.py): it ends through
+    the interpreter's own shutdown, as a fresh interpreter does."""
     args = [sys.executable, str(CHILD), str(where), ending]
-    return subprocess.run(args, capture_output=True, text=True, env=child_env(), timeout=300)
+    return interpreters.run(args, capture_output=True, text=True, env=child_env(), timeout=300)
 
 
 def _records(where: Path, name: str) -> tuple[int, list]:
@@ -80,7 +83,7 @@ def _acked_then_exit(child: subprocess.Popen[str]) -> tuple[dict[str, int], floa
 def test_a_daemon_thread_appending_at_exit_neither_hangs_nor_aborts_it(tmp_path):
     """Was a hang on every run (a 120 s timeout here), or an abort."""
     args = [sys.executable, "-u", str(CHILD), str(tmp_path), "daemon"]
-    with subprocess.Popen(
+    with interpreters.popen(
         args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env()
     ) as child:
         try:
@@ -168,7 +171,7 @@ def test_an_exit_hook_of_the_program_hands_a_thread_its_last_record(tmp_path, ba
     thread appending its last record waited forever (the join timed out, the record lost)."""
     path = tmp_path / "s"
     args = [sys.executable, "-c", _HANDS_OVER, str(path), backend]
-    done = subprocess.run(args, capture_output=True, text=True, env=child_env(), timeout=120)
+    done = interpreters.run(args, capture_output=True, text=True, env=child_env(), timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "joined", done.stdout + done.stderr
     got = pytreestore.open(path).load(as_numpy=True)["x"]
     assert got.tolist() == [*range(10), 99]

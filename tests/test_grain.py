@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import pytreestore
+from tests import optional
 
-grain = pytest.importorskip("grain")
+grain = optional.importorskip("grain")
 
 
 @pytest.fixture

@@ -15,8 +15,9 @@ import zarr
 import pytreestore
 from pytreestore.backends._zarr import dtypes as _zarr_dtypes
 from pytreestore.testing import strategies as pts
+from tests import optional
 
-xr = pytest.importorskip("xarray")
+xr = optional.importorskip("xarray")
 
 N = 7
 

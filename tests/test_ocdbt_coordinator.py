@@ -32,6 +32,8 @@ from pytreestore._commit.claim import CommitClaim
 from pytreestore._commit.lock import holder_info
 from pytreestore._format.names import CLAIM_KEY, COMMIT_KEY, NO_VALUE
 from pytreestore.backends import ConditionalWrites, Transactions, ocdbt_coordinator
+from tests import interpreters
+from tests.conftest import child_env
 
 TESTS = Path(__file__).parent
 CHUNK = 8
@@ -91,8 +93,9 @@ def coordinator_main() -> None:
 
 
 def _python(code: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return interpreters.popen(  # forked from the test zygote (tests/interpreters.py)
         [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(TESTS)!r}); {code}"],
+        env=child_env(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,  # a traceback shows in the lines the test asserts on

@@ -8,8 +8,6 @@ subprocess that imports the classes afresh.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,7 +18,8 @@ import pytest
 import pytreestore
 from pytreestore import errors
 from pytreestore._format.schema import TreeSchema
-from tests import peer_trees
+from tests import interpreters, peer_trees
+from tests.conftest import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,11 +29,10 @@ WORKS, REFUSED = 42, 27
 
 def _fresh_check(root: Path) -> dict[str, str]:
     code = "from tests import peer_trees; peer_trees.main()"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(root)],
+    done = interpreters.run(  # forked (tests/interpreters.py): the classes not imported
+        [sys.executable, "-W", "ignore", "-c", code, str(root)],
         cwd=ROOT,
-        env=env,
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -68,10 +66,10 @@ def test_registered_namedtuple_keeps_its_field_order(tmp_path):
         "r = pytreestore.open(sys.argv[1])[0]; "
         "print(type(r).__name__, float(r.a), int(r.b))"
     )
-    done = subprocess.run(
+    done = interpreters.run(
         [sys.executable, "-c", code, str(tmp_path / "s")],
         cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=300,

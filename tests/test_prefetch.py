@@ -14,6 +14,7 @@ import pytreestore
 from pytreestore._pipelines.prefetch import Prefetcher, auto_depth
 from pytreestore._read import cache as _cache
 from pytreestore._runtime import RUNTIME
+from tests import interpreters
 from tests.conftest import child_env
 
 
@@ -177,11 +178,10 @@ def test_a_prefetcher_collected_on_its_own_loader_thread_does_not_hang_the_exit(
     """A garbage collection on a loader thread, while it takes the next item, may finalize
     the prefetcher there: its stop must not wait for loaders that wait for that thread (an
     adversarial review found the process hanging at exit)."""
-    import subprocess
     import sys
 
     env = child_env()
-    done = subprocess.run(
+    done = interpreters.run(  # ends through the interpreter's own shutdown (tests/interpreters.py)
         [sys.executable, "-c", GC_IN_A_LOADER], capture_output=True, text=True, env=env, timeout=60
     )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -15,7 +15,6 @@ import os
 import pickle
 import re
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,8 @@ from pytreestore._format.names import FRAGMENTS_DIR, PLACING_KEY
 from pytreestore._location import Location
 from pytreestore.backends import get_backend
 from pytreestore.testing import assert_trees_equal
+from tests import interpreters
+from tests.conftest import child_env
 from tests.trial_harness import RAGGED_DECL, ragged_like, ragged_record
 
 CHUNK = 4
@@ -486,7 +487,9 @@ def test_a_kill_after_the_renames_leaves_every_fragment_whole(tmp_path, backend)
         "from tests import test_ragged_fragments as t; "
         f"t.commit_and_die({path!r}, {backend!r}, {[f.to_json() for f in frags]!r})"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    proc = interpreters.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=child_env()
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     intent = json.loads((Path(path) / PLACING_KEY).read_text())
     moved = [d for _, d in intent["moves"]]

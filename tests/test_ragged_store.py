@@ -5,7 +5,6 @@ both backends."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +18,8 @@ from hypothesis import strategies as st
 import pytreestore
 from pytreestore import errors
 from pytreestore.testing import assert_trees_equal
-from tests.conftest import BACKENDS
+from tests import interpreters
+from tests.conftest import BACKENDS, child_env
 
 
 @flax.struct.dataclass
@@ -121,10 +121,11 @@ def fresh_reads(tmp_path_factory) -> dict[str, list]:
     paths = {b: str(root / b) for b in BACKENDS}
     for backend, path in paths.items():
         _filled(path, backend, _steps(seed=3)).close()
-    out = subprocess.run(
+    out = interpreters.run(  # forked (tests/interpreters.py): Step never imported
         [sys.executable, "-c", _FRESH_READ, json.dumps(paths)],
         capture_output=True,
         text=True,
+        env=child_env(),
         check=False,
         cwd=Path(__file__).resolve().parents[1],
     )

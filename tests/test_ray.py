@@ -18,11 +18,12 @@ import pytest
 
 import pytreestore
 from pytreestore.errors import BadLocationError, SchemaMismatchError, UnknownColumnError
+from tests import optional
 from tests.trees import Params
 
-ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install '.[ray]')")
-pytest.importorskip("ray.data", reason="Ray Data is not installed (pip install 'ray[data]')")
-from pytreestore.ray import TreeStoreDatasink, column_names  # noqa: E402
+NO_RAY = "the ray extra is not installed (pip install '.[ray]')"
+ray = optional.importorskip("ray", reason=NO_RAY)
+pts_ray = optional.importorskip("pytreestore.ray", reason=NO_RAY)  # each imports Ray at first use
 
 ROOT = Path(__file__).resolve().parent.parent
 N = 40
@@ -82,7 +83,7 @@ def assert_same(got: Any, want: Any) -> None:
 def test_a_dataset_written_equals_a_direct_write(tmp_path, backend):
     path = tmp_path / "ray"
     pytreestore.create(path, LIKE, backend=backend, chunk_records=8).close()
-    dataset().write_datasink(TreeStoreDatasink(path, backend=backend))
+    dataset().write_datasink(pts_ray.TreeStoreDatasink(path, backend=backend))
     store = pytreestore.open(path, backend=backend)
     assert len(store) == N
     assert_same(store.load(as_numpy=True), direct(tmp_path / "ref", backend, np.arange(N)))
@@ -94,7 +95,7 @@ def test_a_dataset_written_equals_a_direct_write(tmp_path, backend):
 def test_a_second_write_appends_after_the_first(tmp_path):
     path = tmp_path / "ray"
     pytreestore.create(path, LIKE, chunk_records=8).close()
-    sink = TreeStoreDatasink(path)
+    sink = pts_ray.TreeStoreDatasink(path)
     dataset(16, 2).write_datasink(sink)
     later = ray.data.from_items([{"id": i} for i in range(16, 30)], override_num_blocks=3)
     later.map_batches(rows).write_datasink(sink)
@@ -112,7 +113,7 @@ def test_columns_rename_leaves(tmp_path):
         out["step"] = out.pop("meta.step")
         return out
 
-    sink = TreeStoreDatasink(path, columns={"['meta']['step']": "step"})
+    sink = pts_ray.TreeStoreDatasink(path, columns={"['meta']['step']": "step"})
     dataset(fn=renamed).write_datasink(sink)
     got = pytreestore.open(path).load(as_numpy=True)
     np.testing.assert_array_equal(got["meta"]["step"], np.arange(N, dtype=np.int32) * 3)
@@ -121,7 +122,7 @@ def test_columns_rename_leaves(tmp_path):
 def test_a_failing_task_commits_nothing(tmp_path):
     path = tmp_path / "ray"
     pytreestore.create(path, LIKE, chunk_records=8).close()
-    dataset(8, 1).write_datasink(TreeStoreDatasink(path))
+    dataset(8, 1).write_datasink(pts_ray.TreeStoreDatasink(path))
 
     def late_rows_overflow(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = rows(batch)
@@ -130,7 +131,7 @@ def test_a_failing_task_commits_nothing(tmp_path):
         return out
 
     with pytest.raises(SchemaMismatchError, match=re.escape("['meta']['step']")):
-        dataset(fn=late_rows_overflow).write_datasink(TreeStoreDatasink(path))
+        dataset(fn=late_rows_overflow).write_datasink(pts_ray.TreeStoreDatasink(path))
     store = pytreestore.open(path, "a")  # the driver gave the writer lock back
     assert len(store) == 8
     # the tasks that succeeded wrote fragments nobody committed: vacuum's to remove
@@ -153,7 +154,7 @@ def test_a_failing_commit_commits_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setattr(pytreestore.TreeStore, "commit_fragments", refuse)
     with pytest.raises(pytreestore.errors.StorageError, match="injected"):
-        dataset().write_datasink(TreeStoreDatasink(path))
+        dataset().write_datasink(pts_ray.TreeStoreDatasink(path))
     monkeypatch.undo()
     with pytreestore.open(path, "a") as store:  # the lock was given back
         assert len(store) == 0
@@ -164,30 +165,30 @@ def test_wrong_columns_are_refused_with_nothing_written(tmp_path):
     pytreestore.create(path, LIKE).close()
     extra = dataset().add_column("label", lambda b: b["p.y"])
     with pytest.raises(SchemaMismatchError, match=re.escape("columns no leaf reads: ['label']")):
-        extra.write_datasink(TreeStoreDatasink(path))
+        extra.write_datasink(pts_ray.TreeStoreDatasink(path))
     missing = dataset().drop_columns(["p.x"])
     with pytest.raises(SchemaMismatchError, match=re.escape("missing the columns ['p.x']")):
-        missing.write_datasink(TreeStoreDatasink(path))
+        missing.write_datasink(pts_ray.TreeStoreDatasink(path))
     assert not list((path / ".pytreestore").glob("fragments/*"))
     assert len(pytreestore.open(path)) == 0
 
 
 def test_column_names_follow_the_simple_keypath(tmp_path):
     store = pytreestore.create(tmp_path / "s", LIKE)
-    assert column_names(store.schema) == ["meta.step", "obs", "p.x", "p.y"]
+    assert pts_ray.column_names(store.schema) == ["meta.step", "obs", "p.x", "p.y"]
     bare = pytreestore.create(tmp_path / "bare", np.zeros(3, np.float32))
-    assert column_names(bare.schema) == ["item"]
+    assert pts_ray.column_names(bare.schema) == ["item"]
     with pytest.raises(UnknownColumnError, match=re.escape("['nope']")):
-        column_names(store.schema, {"['nope']": "x"})
+        pts_ray.column_names(store.schema, {"['nope']": "x"})
     with pytest.raises(SchemaMismatchError, match="would both read the Ray column 'obs'"):
-        column_names(store.schema, {"['meta']['step']": "obs"})
+        pts_ray.column_names(store.schema, {"['meta']['step']": "obs"})
     store.close()
     bare.close()
 
 
 def test_memory_stores_are_refused():
     with pytest.raises(BadLocationError, match="in-memory"):
-        TreeStoreDatasink("memory://ray-sink")
+        pts_ray.TreeStoreDatasink("memory://ray-sink")
 
 
 def test_the_scaling_page_examples_run(tmp_path, monkeypatch):
@@ -211,7 +212,7 @@ def test_a_locked_store_is_refused_before_any_task(tmp_path):
     path = tmp_path / "ray"
     writer = pytreestore.create(path, LIKE)
     with pytest.raises(pytreestore.errors.StoreLockedError):
-        dataset().write_datasink(TreeStoreDatasink(path))
+        dataset().write_datasink(pts_ray.TreeStoreDatasink(path))
     writer.close()
     assert len(pytreestore.open(path)) == 0
 
@@ -246,7 +247,7 @@ def test_a_ragged_dataset_equals_appending_its_records(tmp_path, backend):
     with pytreestore.open(path, "a", backend=backend) as store:
         store.append(ragged_record(0))  # nothing learnt: the Ray columns of a pending
         store.append(ragged_record(8))  # structure do not exist, so learn them first
-    assert column_names(pytreestore.open(path).schema) == [
+    assert pts_ray.column_names(pytreestore.open(path).schema) == [
         "elems.x",
         "elems.tags",
         "elems.trail",
@@ -254,7 +255,7 @@ def test_a_ragged_dataset_equals_appending_its_records(tmp_path, backend):
         "opt.cells",
         "opt.w",
     ]
-    dataset(N, 4, ragged_rows).write_datasink(TreeStoreDatasink(path, backend=backend))
+    dataset(N, 4, ragged_rows).write_datasink(pts_ray.TreeStoreDatasink(path, backend=backend))
     store = pytreestore.open(path, backend=backend)
     assert len(store) == N + 2
     want = [ragged_record(0), ragged_record(8), *(ragged_record(i) for i in range(N))]
@@ -276,7 +277,7 @@ def test_ragged_rows_that_do_not_fit_commit_nothing(tmp_path):
         return out
 
     with pytest.raises(SchemaMismatchError, match="hold lists of different lengths"):
-        dataset(N, 4, uneven).write_datasink(TreeStoreDatasink(path))
+        dataset(N, 4, uneven).write_datasink(pts_ray.TreeStoreDatasink(path))
 
     def half_absent(batch: dict[str, np.ndarray]) -> dict[str, Any]:
         out = ragged_rows(batch)
@@ -284,7 +285,7 @@ def test_ragged_rows_that_do_not_fit_commit_nothing(tmp_path):
         return out
 
     with pytest.raises(SchemaMismatchError, match=re.escape("optional subtree at ['opt']")):
-        dataset(N, 4, half_absent).write_datasink(TreeStoreDatasink(path))
+        dataset(N, 4, half_absent).write_datasink(pts_ray.TreeStoreDatasink(path))
     assert len(pytreestore.open(path)) == 0
 
 
@@ -296,7 +297,7 @@ def test_a_pending_structure_has_no_column(tmp_path):
         return {"n": batch["id"].astype(np.int32), "p": [[1.5] * int(i % 3) for i in batch["id"]]}
 
     with pytest.raises(SchemaMismatchError, match=re.escape("has not learnt the structures at")):
-        dataset(8, 2, listed).write_datasink(TreeStoreDatasink(path))
+        dataset(8, 2, listed).write_datasink(pts_ray.TreeStoreDatasink(path))
     empty = ray.data.range(4).map_batches(lambda b: {"n": b["id"].astype(np.int32)})
-    empty.write_datasink(TreeStoreDatasink(path))  # no element anywhere: fine
+    empty.write_datasink(pts_ray.TreeStoreDatasink(path))  # no element anywhere: fine
     assert [r["p"] for r in pytreestore.open(path)] == [[], [], [], []]

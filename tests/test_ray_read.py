@@ -27,11 +27,12 @@ from pytreestore.errors import (
     VersionNotFoundError,
 )
 from pytreestore.testing import assert_trees_equal
+from tests import optional
 from tests.parity import kinds
 
-ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install '.[ray]')")
-pytest.importorskip("ray.data", reason="Ray Data is not installed (pip install 'ray[data]')")
-from pytreestore.ray import TreeStoreDatasink, TreeStoreDatasource, read_store  # noqa: E402
+NO_RAY = "the ray extra is not installed (pip install '.[ray]')"
+ray = optional.importorskip("ray", reason=NO_RAY)
+pts_ray = optional.importorskip("pytreestore.ray", reason=NO_RAY)  # each imports Ray at first use
 
 N, CHUNK = 40, 8
 pytest_plugins = ("tests.fixtures",)  # the moto S3 server of test_a_store_on_s3_round_trips
@@ -61,8 +62,8 @@ def test_a_store_round_trips_through_map_batches(tmp_path, backend, kind):
     src, out = tmp_path / "src", tmp_path / "out"
     records = stored(src, backend, kind)
     kinds.create(out, kind, backend, chunk_records=CHUNK).close()
-    ds = read_store(src, backend=backend).map_batches(shifted)
-    ds.write_datasink(TreeStoreDatasink(out, backend=backend))
+    ds = pts_ray.read_store(src, backend=backend).map_batches(shifted)
+    ds.write_datasink(pts_ray.TreeStoreDatasink(out, backend=backend))
     got = pytreestore.open(out, backend=backend)
     assert len(got) == N
     for i, (record, want) in enumerate(zip(got.records(as_numpy=True), records)):
@@ -80,10 +81,12 @@ def test_a_ragged_and_optional_store_round_trips_without_a_map(tmp_path):
     with pytreestore.create(src, ragged_like(False), chunk_records=CHUNK, **RAGGED_DECL) as s:
         s.extend(ragged_record(i) for i in range(N))
     pytreestore.create(out, ragged_like(False), **RAGGED_DECL).close()
-    ds = read_store(src)
+    ds = pts_ray.read_store(src)
     assert ds.columns() == ["elems.x", "elems.tags", "elems.trail", "i", "opt.cells", "opt.w"]
-    ds.map_batches(lambda b: b).write_datasink(TreeStoreDatasink(out))
-    ds.write_datasink(TreeStoreDatasink(out))  # Arrow blocks as read, no numpy batches between
+    ds.map_batches(lambda b: b).write_datasink(pts_ray.TreeStoreDatasink(out))
+    ds.write_datasink(
+        pts_ray.TreeStoreDatasink(out)
+    )  # Arrow blocks as read, no numpy batches between
     got = pytreestore.open(out)
     assert len(got) == 2 * N
     for i, record in enumerate(got.records(as_numpy=True)):
@@ -93,7 +96,7 @@ def test_a_ragged_and_optional_store_round_trips_without_a_map(tmp_path):
 def test_rows_hold_the_leaves_with_their_dtypes(tmp_path):
     src = tmp_path / "src"
     records = stored(src, "tensorstore", "ragged_axis", n=12)
-    rows = read_store(src).take_all()
+    rows = pts_ray.read_store(src).take_all()
     agents = ["agents.0.energy", "agents.0.pos", "agents.1.energy", "agents.1.pos"]
     assert sorted(rows[0]) == [*agents, "storm.cells", "storm.strength", "t", "trail", "x"]
     for row, record in zip(rows, records, strict=True):
@@ -106,7 +109,7 @@ def test_rows_hold_the_leaves_with_their_dtypes(tmp_path):
             got = np.asarray(row[name])
             assert got.dtype == want.dtype and got.shape == want.shape, name
             np.testing.assert_array_equal(got, want)
-    batch = read_store(src).take_batch(12)  # numpy: tensors of the leaves' dtypes
+    batch = pts_ray.read_store(src).take_batch(12)  # numpy: tensors of the leaves' dtypes
     assert batch["storm.cells"].dtype == np.int16 and batch["storm.cells"].shape == (12, 3)
     assert [t.shape for t in batch["trail"]] == [r.trail.shape for r in records]
 
@@ -114,9 +117,9 @@ def test_rows_hold_the_leaves_with_their_dtypes(tmp_path):
 def test_optional_rows_are_none_where_the_subtree_is_absent(tmp_path):
     src = tmp_path / "src"
     records = stored(src, "tensorstore", "optional", n=16)
-    rows = read_store(src, columns=[".storm", ".t"]).take_all()
+    rows = pts_ray.read_store(src, columns=[".storm", ".t"]).take_all()
     assert [r["storm.strength"] is None for r in rows] == [r.storm is None for r in records]
-    batch = read_store(src).take_batch(16)  # numpy: None, not NaN
+    batch = pts_ray.read_store(src).take_batch(16)  # numpy: None, not NaN
     assert [v is None for v in batch["storm.cells"]] == [r.storm is None for r in records]
     present = [i for i, r in enumerate(records) if r.storm is not None]
     assert batch["storm.cells"][present[0]].dtype == np.int16
@@ -125,11 +128,11 @@ def test_optional_rows_are_none_where_the_subtree_is_absent(tmp_path):
 def test_columns_project(tmp_path):
     src = tmp_path / "src"
     records = stored(src, "tensorstore", "ragged_list", n=16)
-    ds = read_store(src, columns=[".agents", ".t"])
+    ds = pts_ray.read_store(src, columns=[".agents", ".t"])
     assert ds.columns() == ["t", "agents.pos", "agents.energy"]  # the store's column order
     rows = ds.take_all()
     assert [len(r["agents.energy"]) for r in rows] == [len(r.agents) for r in records]
-    assert read_store(src, columns=".storm.cells").columns() == ["storm.cells"]
+    assert pts_ray.read_store(src, columns=".storm.cells").columns() == ["storm.cells"]
 
 
 def test_columns_take_a_mask_pytree(tmp_path):
@@ -138,7 +141,7 @@ def test_columns_take_a_mask_pytree(tmp_path):
     longest = max(records, key=lambda r: len(r.agents))
     mask = jax.tree.map(lambda _: False, longest)
     mask = mask.replace(t=True, agents=[a.replace(energy=True) for a in mask.agents])
-    ds = read_store(src, columns=mask)
+    ds = pts_ray.read_store(src, columns=mask)
     assert ds.columns() == ["t", "agents.energy"]
     rows = ds.take_all()
     assert [len(r["agents.energy"]) for r in rows] == [len(r.agents) for r in records]
@@ -149,7 +152,9 @@ def test_every_task_reads_the_version_resolved_on_the_driver(tmp_path, backend):
     src = tmp_path / "src"
     records = stored(src, backend, "ragged_list", n=16)
     first = pytreestore.open(src, backend=backend).version
-    ds = read_store(src, backend=backend)  # planned now; its tasks run after the writes below
+    ds = pts_ray.read_store(
+        src, backend=backend
+    )  # planned now; its tasks run after the writes below
     with pytreestore.open(src, "a", backend=backend) as writer:
         writer.extend(kinds.records("ragged_list", 16, start=16))
         writer.truncate(20)
@@ -158,8 +163,8 @@ def test_every_task_reads_the_version_resolved_on_the_driver(tmp_path, backend):
     rows = ds.take_all()
     assert [r["t"] for r in rows] == [r.t for r in records]
     assert [len(r["agents.energy"]) for r in rows] == [len(r.agents) for r in records]
-    assert read_store(src, backend=backend).count() == 28
-    older = read_store(src, version=first, backend=backend).take_all()
+    assert pts_ray.read_store(src, backend=backend).count() == 28
+    older = pts_ray.read_store(src, version=first, backend=backend).take_all()
     assert [r["t"] for r in older] == list(range(16))
     with pytreestore.open(src, "a", backend=backend) as writer:  # over records 12-15 of first
         writer.truncate(12)
@@ -171,7 +176,7 @@ def test_every_task_reads_the_version_resolved_on_the_driver(tmp_path, backend):
 def test_read_tasks_split_on_chunk_boundaries(tmp_path):
     src = tmp_path / "src"
     stored(src, "tensorstore", "nested", n=N + 3)  # 6 chunks, the last of 3 records
-    source = TreeStoreDatasource(src)
+    source = pts_ray.TreeStoreDatasource(src)
     for parallelism, ranges in [
         (1, [(0, 43)]),
         (2, [(0, 24), (24, 43)]),
@@ -180,7 +185,7 @@ def test_read_tasks_split_on_chunk_boundaries(tmp_path):
     ]:
         tasks = source.get_read_tasks(parallelism)
         assert [t.metadata.num_rows for t in tasks] == [b - a for a, b in ranges]
-    ds = read_store(src, override_num_blocks=4).materialize()
+    ds = pts_ray.read_store(src, override_num_blocks=4).materialize()
     assert ds.num_blocks() == 4
     assert [r["t"] for r in ds.take_all()] == list(range(N + 3))
     assert source.estimate_inmemory_data_size() == (N + 3) * (4 + 16 + 8 + 4 + 4 + 24 + 4 + 6)
@@ -188,21 +193,21 @@ def test_read_tasks_split_on_chunk_boundaries(tmp_path):
 
 def test_an_empty_store_reads_no_rows(tmp_path):
     kinds.create(tmp_path / "src", "fixed", "tensorstore").close()
-    assert TreeStoreDatasource(tmp_path / "src").get_read_tasks(4) == []
-    assert read_store(tmp_path / "src").count() == 0
+    assert pts_ray.TreeStoreDatasource(tmp_path / "src").get_read_tasks(4) == []
+    assert pts_ray.read_store(tmp_path / "src").count() == 0
 
 
 def test_bad_arguments_fail_on_the_driver(tmp_path):
     src = tmp_path / "src"
     stored(src, "tensorstore", "fixed", n=8)
     with pytest.raises(StoreNotFoundError):
-        read_store(tmp_path / "nowhere")
+        pts_ray.read_store(tmp_path / "nowhere")
     with pytest.raises(UnknownColumnError, match=re.escape("no column at or below '.nope'")):
-        read_store(src, columns=[".t", ".nope"])
+        pts_ray.read_store(src, columns=[".t", ".nope"])
     with pytest.raises(VersionNotFoundError):
-        read_store(src, version=99)
+        pts_ray.read_store(src, version=99)
     with pytest.raises(BadLocationError, match="in-memory"):
-        read_store("memory://ray-read")
+        pts_ray.read_store("memory://ray-read")
     odd = tmp_path / "odd"
     like = {"w": np.zeros(2, ml_dtypes.bfloat16), "c": np.complex64(0), "n": np.int8(0)}
     with pytreestore.create(odd, like) as store:
@@ -210,8 +215,8 @@ def test_bad_arguments_fail_on_the_driver(tmp_path):
     with pytest.raises(
         UnsupportedDtypeError, match=re.escape("['c'] (complex64), ['w'] (bfloat16)")
     ):
-        read_store(odd)
-    assert read_store(odd, columns="['n']").columns() == ["n"]
+        pts_ray.read_store(odd)
+    assert pts_ray.read_store(odd, columns="['n']").columns() == ["n"]
 
 
 def test_the_scaling_page_read_example_runs(tmp_path, monkeypatch):
@@ -244,8 +249,8 @@ def test_a_store_on_s3_round_trips(s3_server, bucket):
     ) as s:
         s.extend(records)
     kinds.create(out, "ragged_list", "tensorstore", storage_options=opts).close()
-    ds = read_store(src, storage_options=opts).map_batches(shifted)
-    ds.write_datasink(TreeStoreDatasink(out, storage_options=opts))
+    ds = pts_ray.read_store(src, storage_options=opts).map_batches(shifted)
+    ds.write_datasink(pts_ray.TreeStoreDatasink(out, storage_options=opts))
     got = pytreestore.open(out, storage_options=opts)
     for i, (record, want) in enumerate(zip(got.records(as_numpy=True), records, strict=True)):
         assert_trees_equal(
@@ -285,7 +290,7 @@ def test_dtypes_and_values_survive_exactly(tmp_path):
     with pytreestore.create(src, like, ragged=["['l']"], chunk_records=4) as s:
         s.extend(record(i) for i in range(10))
     pytreestore.create(out, like, ragged=["['l']"]).close()
-    read_store(src).map_batches(lambda b: b).write_datasink(TreeStoreDatasink(out))
+    pts_ray.read_store(src).map_batches(lambda b: b).write_datasink(pts_ray.TreeStoreDatasink(out))
     got = pytreestore.open(out)
     for i, r in enumerate(got.records(as_numpy=True)):
         assert_trees_equal(r, record(i), err_msg=f"record {i}")
@@ -319,6 +324,6 @@ def test_read_stores_docstring_row(tmp_path):
     path = tmp_path / "doc"
     with pytreestore.create(path, {"x": np.int32(0), "p": [np.int8(0)]}, ragged=["['p']"]) as s:
         s.extend({"x": np.int32(i), "p": [np.int8(i)] * i} for i in range(3))
-    row = read_store(path).take(3)[2]
+    row = pts_ray.read_store(path).take(3)[2]
     assert sorted(row) == ["p", "x"] and row["x"] == 2 and type(row["x"]) is int
     assert row["p"].dtype == np.int8 and row["p"].tolist() == [2, 2]

@@ -24,16 +24,21 @@ import pytreestore
 from pytreestore.errors import ClassResolutionError, SchemaMismatchError
 from pytreestore.testing import assert_trees_equal, describe_tree
 from pytreestore.testing import strategies as pts
+from tests import interpreters
+from tests.conftest import child_env
 
 
-def run_python(code: str, *args: str, cwd: Path) -> str:
-    """Runs ``code`` in a fresh interpreter; returns its stdout, failing on a non-zero exit."""
-    result = subprocess.run(
+def run_python(code: str, *args: str, cwd: Path, fresh: bool = False) -> str:
+    """Runs ``code`` in another interpreter, one that has not imported this test's classes
+    (forked from the test zygote, tests/zygote.py, unless ``fresh``: then one that has not
+    imported pytreestore either); returns its stdout, failing on a non-zero exit."""
+    result = (subprocess.run if fresh else interpreters.run)(
         [sys.executable, "-c", textwrap.dedent(code), *args],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=cwd,
+        env=child_env(),
         check=False,
     )
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
@@ -184,4 +189,4 @@ def test_import_never_needs_hypothesis(tmp_path: Path) -> None:
         except ImportError:
             print("strategies need hypothesis")
     """
-    assert run_python(code, cwd=tmp_path).strip() == "strategies need hypothesis"
+    assert run_python(code, cwd=tmp_path, fresh=True).strip() == "strategies need hypothesis"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import json
 import re
-import subprocess
 import sys
 
 import jax
@@ -14,7 +13,8 @@ import pytest
 
 import pytreestore
 from pytreestore import TreeSchema, errors
-from tests import trees
+from tests import interpreters, trees
+from tests.conftest import child_env
 
 
 def roundtrip(like):
@@ -156,7 +156,7 @@ class Local:
 with pytreestore.create({str(tmp_path / "s")!r}, Local(np.float32(0))) as s:
     s.append(Local(np.float32(7)))
 """
-    subprocess.run([sys.executable, "-c", script], check=True)
+    interpreters.run([sys.executable, "-c", script], check=True, env=child_env())
     with pytest.raises(
         errors.ClassResolutionError, match=re.escape("cannot import class __main__:Local")
     ) as info:

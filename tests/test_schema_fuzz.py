@@ -13,7 +13,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,8 @@ import numpy as np
 
 import pytreestore
 from pytreestore._format import validate as _validate
-from tests import trees
+from tests import interpreters, trees
+from tests.conftest import child_env
 from tests.data import make_golden
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,11 +157,12 @@ def edited_stores(base: Path, tmp: Path, seed: int) -> list[str]:
 def test_mutated_schemas_load_exactly_or_raise(tmp_path):
     base = base_store(tmp_path)
     paths = [p for seed in SEEDS for p in edited_stores(base, tmp_path, seed)]
-    proc = subprocess.run(  # one reader for every store: an interpreter importing JAX is costly
+    proc = interpreters.run(  # one reader for every store, forked (tests/interpreters.py)
         [sys.executable, "-c", _READER, str(base), json.dumps(paths)],
         capture_output=True,
         text=True,
         cwd=ROOT,
+        env=child_env(),
         timeout=300,
     )
     started = [

@@ -21,6 +21,7 @@ import pytreestore
 from pytreestore._read import slabs
 from pytreestore._runtime import RUNTIME
 from pytreestore.errors import CorruptChunkError
+from tests import interpreters
 from tests.conftest import child_env, copying_cpu_puts, cpu_mesh
 
 
@@ -257,14 +258,13 @@ print("child", os.waitstatus_to_exitcode(status))
 def test_a_forked_child_gets_the_fork_error_not_a_hang(path):
     """A child forked after slab loads (their readers' threads are not in it) is told to
     use 'spawn', as for any TensorStore read there, rather than waiting on a dead pool."""
-    import subprocess
     import sys
 
     store = pytreestore.create(path, {"x": np.zeros(64, np.float32)}, chunk_records=128)
     store.extend_batch({"x": np.arange(4096 * 64, dtype=np.float32).reshape(4096, 64)})
     store.close()
     env = child_env()
-    done = subprocess.run(
+    done = interpreters.run(
         [sys.executable, "-W", "ignore", "-c", FORKED, path],
         capture_output=True,
         text=True,
@@ -316,11 +316,10 @@ atexit.register(last)
 def test_a_slab_load_in_an_exit_handler_reads_in_the_calling_thread():
     """Python refuses new pool work once it is exiting; a load from an ``atexit`` handler
     then reads its pieces itself (it raised RuntimeError: cannot schedule new futures)."""
-    import subprocess
     import sys
 
     env = child_env()
-    done = subprocess.run(
+    done = interpreters.run(  # ends through the interpreter's own shutdown, as a fresh one does
         [sys.executable, "-c", AT_EXIT], capture_output=True, text=True, env=env, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +18,9 @@ from flax import struct
 import pytreestore
 from pytreestore import errors
 from pytreestore.testing.strategies import HashableArray
+from tests import interpreters
 from tests import static_trees as st
+from tests.conftest import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -126,6 +127,8 @@ def test_a_jitted_step_does_not_retrace_on_a_record_read_back(tmp_path):
 _FRESH = """
 import sys, jax, numpy as np, pytreestore
 from tests import static_trees as st
+from tests import interpreters
+from tests.conftest import child_env
 store = pytreestore.open(sys.argv[1], backend=sys.argv[2])
 want = [st.record("ragged_list", i) for i in range(4)]
 same = [jax.tree.structure(store[i]) == jax.tree.structure(w) and all(
@@ -141,9 +144,10 @@ def test_a_fresh_process_reads_static_arrays_back(backend, tmp_path):
         tmp_path / "s", st.like("ragged_list"), backend=backend, ragged=[".bodies"]
     ) as store:
         store.extend(st.record("ragged_list", i) for i in range(4))
-    out = subprocess.run(
+    out = interpreters.run(  # forked (tests/interpreters.py): static_trees unread
         [sys.executable, "-c", _FRESH, str(tmp_path / "s"), backend],
         cwd=ROOT,
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=240,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import os
-import subprocess
 import sys
 import threading
 import weakref
@@ -23,6 +22,7 @@ import pytest
 
 import pytreestore
 from pytreestore import _threads as background
+from tests import interpreters
 from tests.conftest import child_env
 
 HERE = Path(__file__).parent
@@ -147,7 +147,7 @@ print("child", os.waitstatus_to_exitcode(status))
 
 def test_a_forked_child_starts_its_own_threads():
     env = child_env()
-    done = subprocess.run(
+    done = interpreters.run(
         [sys.executable, "-c", FORK], capture_output=True, text=True, env=env, timeout=300
     )
     assert done.returncode == 0, done.stderr
@@ -157,7 +157,7 @@ def test_a_forked_child_starts_its_own_threads():
 def _run_child(where: str, reader: str, ending: str) -> tuple[str, int, str]:
     env = child_env()
     args = [sys.executable, str(HERE / "exit_child.py"), where, reader, ending]
-    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    done = interpreters.run(args, capture_output=True, text=True, env=env, timeout=300)
     return f"{where} {reader} {ending}", done.returncode, done.stderr
 
 

@@ -23,6 +23,8 @@ import zarr
 import pytreestore
 from pytreestore._format.names import COMMIT_KEY, ROOT_KEY
 from pytreestore._open import open as _open
+from tests import interpreters
+from tests.conftest import child_env
 from tests.trial_harness import Zygote
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -423,12 +425,13 @@ def kill_trial(path: str, backend: str, seed: int) -> None:
     import time
 
     code = TRIAL.format(tests=str(ROOT / "tests"), path=path, backend=backend, seed=seed)
-    with subprocess.Popen(
+    with interpreters.popen(  # forked from the test zygote (tests/interpreters.py)
         [sys.executable, "-c", textwrap.dedent(code)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
         cwd=ROOT,
+        env=child_env(),
     ) as child:
         try:
             assert child.stdout is not None and child.stdout.readline().strip() == "READY"

@@ -13,10 +13,11 @@ import jax.numpy as jnp
 import pytest
 
 import pytreestore
+from tests import optional
 from tests.libraries.harness import BACKENDS, Case, Results, write_and_read
 from tests.trial_harness import Zygote
 
-gymnax = pytest.importorskip("gymnax")
+gymnax = optional.importorskip("gymnax")
 
 pytest_plugins = ("tests.fixtures",)
 

@@ -18,11 +18,12 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from tests import optional
 from tests.libraries.harness import BACKENDS, Case, Results, write_and_read
 from tests.trial_harness import Zygote
 
-mujoco = pytest.importorskip("mujoco")
-mjx = pytest.importorskip("mujoco.mjx")
+mujoco = optional.importorskip("mujoco")
+mjx = optional.importorskip("mujoco.mjx")
 
 pytest_plugins = ("tests.fixtures",)
 

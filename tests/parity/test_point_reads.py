@@ -190,7 +190,7 @@ def test_several_ragged_axes_in_a_loop_and_iteration(tmp_path, kind, backend, mo
     from pytreestore._read import placed as _placed
 
     monkeypatch.setattr(_placed, "_plans", set())  # plans to compile, whatever ran before
-    n = 2 * 64 + 2  # past JIT_MIN (64): the loop's block is placed on the device
+    n = 64 + 2  # past JIT_MIN (64): the loop's block is placed on the device (66 failed unfixed)
     recs = [_with_axes(kind, i) for i in range(n)]
     ragged = [f"['step']{k}" for k in kinds.kind(kind).ragged] + AXES
     optional = [f"['step']{k}" for k in kinds.kind(kind).optional]
