@@ -102,6 +102,8 @@ class RecordWriter:
         self.tables = self._commits.tables(schema, commit, whole=whole)
         self._fixed: FixedRecords | None = None
         self._stacker: tuple[RecordWriter, MemoryCommits] | None = None
+        #: the tables' positions before the records the last walk took, until committed
+        self._accepted: dict[str | None, Position] | None = None
         if whole:  # one table, whose rows are the records: no walk
             self._fixed = FixedRecords(self.tables[None])
             return
@@ -172,11 +174,26 @@ class RecordWriter:
         stacked: walked into tables in memory, then each table's rows taken as one batch."""
         if self._fixed is not None:
             self._fixed.extend(records)
-        else:
-            records = _arguments.iterable(records, "extend()", "records")
-            if stackable(records, self.tables[None].schema) is None or not self._stack(records):
-                self._walk(records)
-        self._commits.after_call(extended=True)
+            self._commits.after_call(extended=True)
+            return
+        records = _arguments.iterable(records, "extend()", "records")
+        if stackable(records, self.tables[None].schema) is None or not self._stack(records):
+            self._walk(records)
+        self._commit_walked()
+
+    def _commit_walked(self) -> None:
+        """Commits the records a walk took (:attr:`_accepted`: the tables' positions before
+        them); if that fails before the commit, they are forgotten, as a refused record's
+        are (all or none: a caller told of the failure may append them again)."""
+        committed = self.commit
+        try:
+            self._commits.after_call(extended=True)
+        except BaseException:
+            if self.commit == committed and self._accepted is not None:
+                self._rollback(self._accepted)
+            raise
+        finally:
+            self._accepted = None
 
     def _stack(self, records: Iterable[object]) -> bool:
         """Walks ``records`` into tables in memory (refusing any as :meth:`_walk` does), then
@@ -217,11 +234,13 @@ class RecordWriter:
         except BaseException:
             self._rollback(position)
             raise
+        self._accepted = position
 
     def _walk(self, records: Iterable[object]) -> None:
         if self.model.pending:  # a record may fix a structure: then start again with it
             records = list(records)
         position = self._snapshot()
+        self._accepted = None
         plan = self._plan
         i, record = 0, None
         try:
@@ -247,6 +266,7 @@ class RecordWriter:
                 raise SchemaMismatchError(f"{self.refusal.format(i=i)}: {cause}") from None
             refuse_unreadable(err, record, f"{self.refusal.format(i=i)}: ", fix=VALID)
             raise
+        self._accepted = position
 
     def extend_batch(
         self, batch: object, mask: object = None, *, where: str = "this store"
@@ -256,9 +276,10 @@ class RecordWriter:
         returns), all or none (``where``: the store, in errors)."""
         if self._fixed is not None:
             self._fixed.extend_batch(batch, mask, where=where)
+            self._commits.after_call(extended=True)
         else:
             self._walk_batch(batch, mask)
-        self._commits.after_call(extended=True)
+            self._commit_walked()
 
     def _walk_batch(self, batch: object, mask: object) -> None:
         if mask is None:

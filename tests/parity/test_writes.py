@@ -143,3 +143,35 @@ def test_a_stacked_extend_with_a_refused_record_appends_nothing(name, backend, t
     store.extend(recs[5:])
     store.close()
     kinds.assert_same(list(pytreestore.open(tmp_path / "s", backend=backend)), recs)
+
+
+@pytest.mark.parametrize(("name", "backend"), MATRIX, ids=IDS)
+def test_an_extend_whose_commit_fails_appends_nothing(name, backend, tmp_path, monkeypatch):
+    """All or none: an extend that raises keeps none of its records, so that a caller who
+    appends them again has each once (a ragged store's extend commits every table after its
+    walk; a failure there used to leave the records buffered)."""
+    store = kinds.create(tmp_path / "s", name, backend, chunk_records=4)
+    engine = store._backend
+    failures = iter([True])
+
+    def fail_commit_once(method: str) -> None:
+        real = getattr(engine, method)
+
+        def call(key: str, *args: Any, **kwargs: Any) -> Any:
+            if key == COMMIT_KEY and next(failures, False):
+                raise errors.StorageError("disk full (injected)")
+            return real(key, *args, **kwargs)
+
+        monkeypatch.setattr(engine, method, call)
+
+    for method in ("write_bytes", "write_bytes_if"):
+        if hasattr(engine, method):
+            fail_commit_once(method)
+    recs = kinds.records(name, 16)
+    with pytest.raises(errors.StorageError, match="injected"):
+        store.extend(recs[:7])
+    assert (len(store), store.committed) == (0, 0)
+    store.extend(recs[:7])  # again, as a caller told of the failure does
+    store.extend(iter(recs[7:]))
+    store.close()
+    kinds.assert_same(list(pytreestore.open(tmp_path / "s", backend=backend)), recs)
