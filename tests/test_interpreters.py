@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -60,15 +61,23 @@ def test_scripts_modules_and_uncaught_errors(tmp_path: Path):
     assert (done.returncode, done.stdout) == (0, "[\n    1\n]\n")
 
 
-def test_what_a_fork_cannot_be_runs_as_a_plain_subprocess():
-    env = {**child_env(), "JAX_ENABLE_X64": "1"}  # read as JAX is imported: the zygote's differs
-    for args, kwargs in (((), {"env": env}), (("-X", "dev"), {"env": child_env()})):
-        with interpreters.popen([sys.executable, *args, "-c", "pass"], **kwargs) as plain:
-            assert type(plain) is subprocess.Popen
-        assert plain.returncode == 0
-    with interpreters.popen([sys.executable, "-c", "pass"], env=child_env()) as forked:
-        assert isinstance(forked, interpreters.ForkedPopen)
-    assert forked.returncode == 0
+def test_what_a_fork_cannot_be_runs_as_a_plain_subprocess(monkeypatch):
+    # a zygote of the test's own, started with today's child_env(): the worker's was started by
+    # whichever test came first, perhaps while it had changed the environment
+    monkeypatch.setattr(interpreters, "_CLIENT", [])
+    try:
+        x64 = "0" if os.environ.get("JAX_ENABLE_X64") == "1" else "1"
+        env = {**child_env(), "JAX_ENABLE_X64": x64}  # read as JAX is imported: differs
+        for args, kwargs in (((), {"env": env}), (("-X", "dev"), {"env": child_env()})):
+            with interpreters.popen([sys.executable, *args, "-c", "pass"], **kwargs) as plain:
+                assert type(plain) is subprocess.Popen
+            assert plain.returncode == 0
+        with interpreters.popen([sys.executable, "-c", "pass"], env=child_env()) as forked:
+            assert isinstance(forked, interpreters.ForkedPopen)
+        assert forked.returncode == 0
+    finally:
+        for client in interpreters._CLIENT:
+            client.close()
 
 
 def test_a_timeout_kills_the_child():

@@ -161,7 +161,8 @@ def apply(
     new_info, added = plan(info, commit.rows, taken=taken, **changes)
     stamped = _validate.stamped(new_info)
     new = TreeSchema.from_json(stamped, generic=schema.treedef is None)
-    new = with_layout(new, where)
+    if new.treedef is not None:  # bound to today's classes; a generic view has no layout
+        new = with_layout(new, where)
     if added:
         columns = dataclasses.replace(new, columns=tuple(added), ragged=None)
         backend.create_columns(protocol.layouts(columns))
