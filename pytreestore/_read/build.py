@@ -26,7 +26,16 @@ import numpy as np
 from pytreestore._format.ragged import LEAF, OFFSETS, PRESENCE
 from pytreestore._format.schema import TreeSchema
 from pytreestore._read.gather import Rows, record_of
-from pytreestore._tree.layout import Fixed, Kept, LayoutNode, Leaf, OptionalTree, RaggedList
+from pytreestore._tree.layout_nodes import (
+    Fixed,
+    Kept,
+    LayoutNode,
+    Leaf,
+    OptionalTree,
+    RaggedList,
+    Visitor,
+    visit,
+)
 from pytreestore._tree.pad import padded_length
 from pytreestore.errors import RaggedLengthError
 
@@ -76,26 +85,7 @@ class Padded:
 
     def build(self, spec: LayoutNode) -> tuple[Any, Any]:
         n = self.rows[None].count
-        return self.node(spec, Place((np.arange(n),), (n,)), None)
-
-    def node(self, spec: LayoutNode | None, place: Place, table: str | None) -> tuple[Any, Any]:
-        if isinstance(spec, Leaf):
-            return self.leaf(spec, place, table)
-        if isinstance(spec, Kept):
-            return spec.value, self.mask(place)
-        if isinstance(spec, RaggedList):
-            if spec.element is None:
-                return None, None
-            return self.node(spec.element, self.place(spec.axis.path, place), spec.axis.path)
-        if isinstance(spec, OptionalTree):
-            if spec.inner is None:
-                return None, None
-            present = self.rows[table].values[(PRESENCE, spec.path)]
-            valid = present if place.valid is None else place.valid & present
-            return self.node(spec.inner, dataclasses.replace(place, valid=valid), table)
-        assert isinstance(spec, Fixed), spec
-        parts = [self.node(c, place, table) for c in spec.children]
-        return tuple(spec.treedef.unflatten([p[i] for p in parts]) for i in (0, 1))  # type: ignore[return-value]
+        return visit(spec, _PaddedNode(self), Place((np.arange(n),), (n,)), None)
 
     def leaf(self, spec: Leaf, place: Place, table: str | None) -> tuple[Any, Any]:
         if self.chosen is not None and spec.path not in self.chosen:
@@ -146,6 +136,37 @@ class Padded:
         place = Place(index, (*parent.shape, size), None if keep.all() else keep, valid)
         self.places[axis] = place
         return place
+
+
+class _PaddedNode(Visitor):
+    """``(batch, mask)`` of a node whose rows are placed at ``place`` in ``table``, for a
+    :class:`Padded`."""
+
+    def __init__(self, padded: Padded) -> None:
+        self.padded = padded
+
+    def leaf(self, node: Leaf, place: Place, table: str | None) -> tuple[Any, Any]:
+        return self.padded.leaf(node, place, table)
+
+    def kept(self, node: Kept, place: Place, table: str | None) -> tuple[Any, Any]:
+        return node.value, self.padded.mask(place)
+
+    def ragged(self, node: RaggedList, place: Place, table: str | None) -> tuple[Any, Any]:
+        if node.element is None:
+            return None, None
+        axis = node.axis.path
+        return node.element.visit(self, self.padded.place(axis, place), axis)
+
+    def optional(self, node: OptionalTree, place: Place, table: str | None) -> tuple[Any, Any]:
+        if node.inner is None:
+            return None, None
+        present = self.padded.rows[table].values[(PRESENCE, node.path)]
+        valid = present if place.valid is None else place.valid & present
+        return visit(node.inner, self, dataclasses.replace(place, valid=valid), table)
+
+    def fixed(self, node: Fixed, place: Place, table: str | None) -> tuple[Any, Any]:
+        parts = [c.visit(self, place, table) for c in node.children]
+        return tuple(node.treedef.unflatten([p[i] for p in parts]) for i in (0, 1))  # type: ignore[return-value]
 
 
 # ---- the segments form ---------------------------------------------------------------------
@@ -208,27 +229,38 @@ class Flat:
         return out
 
     def build(self, spec: LayoutNode) -> tuple[Any, dict[str, Any]]:
-        return self.node(spec, None), self.segments
+        return visit(spec, _FlatNode(self), None), self.segments
 
-    def node(self, spec: LayoutNode | None, table: str | None) -> Any:
-        if isinstance(spec, Leaf):
-            table = table if spec.axis is None else spec.axis.path
-            values = self.rows[table].values.get((LEAF, spec.path))
-            if values is None or table is None:
-                return values
-            return self._pad(values, 0, table)
-        if isinstance(spec, Kept):
-            return spec.value
-        if isinstance(spec, RaggedList):
-            return None if spec.element is None else self.node(spec.element, spec.axis.path)
-        if isinstance(spec, OptionalTree):
-            present = self.rows[table].values[(PRESENCE, spec.path)]
-            self.segments[PRESENT + spec.path] = (
-                present if table is None else self._pad(present, False, table)
-            )
-            return None if spec.inner is None else self.node(spec.inner, table)
-        assert isinstance(spec, Fixed), spec
-        return spec.treedef.unflatten([self.node(c, table) for c in spec.children])
+
+class _FlatNode(Visitor):
+    """The values of a node whose rows are in ``table``, for a :class:`Flat` (which gathers
+    the optional subtrees' presence on the way)."""
+
+    def __init__(self, flat: Flat) -> None:
+        self.flat = flat
+
+    def leaf(self, node: Leaf, table: str | None) -> Any:
+        table = table if node.axis is None else node.axis.path
+        values = self.flat.rows[table].values.get((LEAF, node.path))
+        if values is None or table is None:
+            return values
+        return self.flat._pad(values, 0, table)
+
+    def kept(self, node: Kept, table: str | None) -> Any:
+        return node.value
+
+    def ragged(self, node: RaggedList, table: str | None) -> Any:
+        return None if node.element is None else node.element.visit(self, node.axis.path)
+
+    def optional(self, node: OptionalTree, table: str | None) -> Any:
+        present = self.flat.rows[table].values[(PRESENCE, node.path)]
+        self.flat.segments[PRESENT + node.path] = (
+            present if table is None else self.flat._pad(present, False, table)
+        )
+        return None if node.inner is None else visit(node.inner, self, table)
+
+    def fixed(self, node: Fixed, table: str | None) -> Any:
+        return node.treedef.unflatten([c.visit(self, table) for c in node.children])
 
 
 # ---- exact records ------------------------------------------------------------------------------
@@ -238,32 +270,49 @@ def exact(
     spec: LayoutNode | None, rows: dict[str | None, Rows], table: str | None, count: int
 ) -> list:
     """The objects of ``spec`` for each of ``count`` gathered rows of ``table``."""
-    if isinstance(spec, Leaf):
-        here = table if spec.axis is None else spec.axis.path
-        values = rows[here].values.get((LEAF, spec.path))
+    return visit(spec, _Exact(rows), table, count)
+
+
+class _Exact(Visitor):
+    """The objects of a node for each of ``count`` gathered rows of ``table``, for
+    :func:`exact`."""
+
+    def __init__(self, rows: dict[str | None, Rows]) -> None:
+        self.rows = rows
+
+    def leaf(self, node: Leaf, table: str | None, count: int) -> list:
+        here = table if node.axis is None else node.axis.path
+        values = self.rows[here].values.get((LEAF, node.path))
         if values is None:
             return [None] * count  # a column not chosen
-        if spec.axis is None:
+        if node.axis is None:
             return [values[i, ...] for i in range(count)]
-        return _split(rows, spec.axis.path, table, values, count)
-    if isinstance(spec, Kept):
-        return [spec.value] * count
-    if isinstance(spec, RaggedList):
-        axis = spec.axis.path
-        items = exact(spec.element, rows, axis, rows[axis].count) if spec.element else []
-        return _split(rows, axis, table, items, count)
-    if isinstance(spec, OptionalTree):
-        present = rows[table].values[(PRESENCE, spec.path)]
-        inner = exact(spec.inner, rows, table, count) if spec.inner else [None] * count
+        return _split(self.rows, node.axis.path, table, values, count)
+
+    def kept(self, node: Kept, table: str | None, count: int) -> list:
+        return [node.value] * count
+
+    def ragged(self, node: RaggedList, table: str | None, count: int) -> list:
+        axis = node.axis.path
+        items = node.element.visit(self, axis, self.rows[axis].count) if node.element else []
+        return _split(self.rows, axis, table, items, count)
+
+    def optional(self, node: OptionalTree, table: str | None, count: int) -> list:
+        present = self.rows[table].values[(PRESENCE, node.path)]
+        inner = visit(node.inner, self, table, count)
         return [v if p else None for v, p in zip(inner, present)]
-    assert isinstance(spec, Fixed), spec
-    children = [exact(c, rows, table, count) for c in spec.children]
-    treedef = spec.treedef
-    return (
-        [treedef.unflatten(list(c)) for c in zip(*children)]
-        if children
-        else [treedef.unflatten([]) for _ in range(count)]
-    )
+
+    def fixed(self, node: Fixed, table: str | None, count: int) -> list:
+        children = [c.visit(self, table, count) for c in node.children]
+        treedef = node.treedef
+        return (
+            [treedef.unflatten(list(c)) for c in zip(*children)]
+            if children
+            else [treedef.unflatten([]) for _ in range(count)]
+        )
+
+    def unknown(self, table: str | None, count: int) -> list:
+        return [None] * count  # an optional subtree no record has shown
 
 
 def _split(
