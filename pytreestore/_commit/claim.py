@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import random
 import time
-from typing import Any
 
 from pytreestore._commit.lock import holder_info, holder_is_dead
 from pytreestore._format.names import CLAIM_KEY, NO_VALUE
@@ -112,7 +111,7 @@ def _claim_json() -> bytes:
     return json.dumps({**holder_info(), "expires": time.time() + RUNTIME.waits.claim_s}).encode()
 
 
-def _parse(raw: bytes | None) -> dict[str, Any]:
+def _parse(raw: bytes | None) -> dict[str, object]:
     try:
         holder = json.loads(raw) if raw is not None else {}
     except ValueError:
@@ -120,14 +119,14 @@ def _parse(raw: bytes | None) -> dict[str, Any]:
     return holder if isinstance(holder, dict) else {}
 
 
-def _expired(holder: dict[str, Any]) -> bool:
+def _expired(holder: dict[str, object]) -> bool:
     expires = holder.get("expires")
     if not isinstance(expires, int | float) or isinstance(expires, bool):
         return True  # not a claim this format writes: nothing keeps it
     return time.time() > expires
 
 
-def _busy(where: str, holder: dict[str, Any], wait: float) -> CommitConflictError:
+def _busy(where: str, holder: dict[str, object], wait: float) -> CommitConflictError:
     who = (
         f"pid {holder.get('pid')} on host {holder.get('host')!r} since {holder.get('acquired')}"
         if holder

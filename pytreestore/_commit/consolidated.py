@@ -30,7 +30,6 @@ Example:
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from pytreestore._commit.layouts import group_document, group_paths, layouts
 from pytreestore._commit.record import Commit
@@ -44,25 +43,25 @@ from pytreestore.backends._metadata import array_document
 MEMBER = "consolidated_metadata"
 
 
-def _empty() -> dict[str, Any]:
+def _empty() -> dict[str, object]:
     return {"kind": "inline", "must_understand": False, "metadata": {}}
 
 
-def _group() -> dict[str, Any]:
+def _group() -> dict[str, object]:
     """A group below the root as zarr-python's ``consolidate_metadata`` records it."""
     return {**group_document({}), MEMBER: _empty()}
 
 
-def consolidated(schema: TreeSchema, commit: Commit) -> dict[str, Any]:
+def consolidated(schema: TreeSchema, commit: Commit) -> dict[str, object]:
     """The ``consolidated_metadata`` of a store of ``schema`` at ``commit``: every group and
     array below the root, each array holding the rows of its table that ``commit`` holds."""
-    members: dict[str, Any] = {path: _group() for path in group_paths(schema)}
+    members: dict[str, object] = {path: _group() for path in group_paths(schema)}
     for column, layout in zip(schema.storage_columns, layouts(schema)):
         members[column.key] = array_document(layout, commit.rows(column.table))
     return {**_empty(), "metadata": dict(sorted(members.items()))}
 
 
-def with_consolidated(document: dict[str, Any], schema: TreeSchema, commit: Commit) -> bytes:
+def with_consolidated(document: dict[str, object], schema: TreeSchema, commit: Commit) -> bytes:
     """``document`` (a root ``zarr.json``, left unchanged) with the consolidated metadata of
     ``schema`` at ``commit``, as the bytes to write; it comes last, after the attributes."""
     out = {k: v for k, v in document.items() if k != MEMBER}
@@ -70,7 +69,7 @@ def with_consolidated(document: dict[str, Any], schema: TreeSchema, commit: Comm
     return spliced(head[: head.rindex(b"\n}")], consolidated(schema, commit))
 
 
-def spliced(head: bytes, metadata: dict[str, Any]) -> bytes:
+def spliced(head: bytes, metadata: dict[str, object]) -> bytes:
     """The root ``head`` (:func:`pytreestore._format.validate.root_head`, written with
     ``json.dumps(..., indent=1)``) followed by the consolidated ``metadata`` on one line.
 

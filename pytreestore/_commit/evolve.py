@@ -337,7 +337,7 @@ class _Added:
     """A column to add: its keypath, default, column number and the store's chunk records."""
 
     path: str
-    default: Any
+    default: object
     number: int
     chunk_records: int
 
@@ -401,7 +401,7 @@ def _split(path: str) -> tuple[str, Any]:
     return head, DictKey(ast.literal_eval(match.group(2)))
 
 
-def _entry_json(parent: dict[str, Any], entry: Any, path: str) -> Any:
+def _entry_json(parent: dict[str, Any], entry: Any, path: str) -> object:
     kind = parent["node"]
     if kind in ("dict", "ordered_dict") and isinstance(entry, DictKey):
         if kind == "dict" and any(type(k) is not type(entry.key) for k in parent["keys"]):
@@ -431,7 +431,7 @@ def _free_key(key: str, used: set, taken: Callable[[str], bool]) -> str:
     return candidate
 
 
-def _default_value(path: str, default: Any) -> tuple[np.ndarray, np.dtype]:
+def _default_value(path: str, default: object) -> tuple[np.ndarray, np.dtype]:
     try:
         dtype = _dtypes.value_dtype(default)
     except TypeError:  # a dtype numpy cannot represent, such as a PRNG key's
@@ -457,7 +457,7 @@ def _default_value(path: str, default: Any) -> tuple[np.ndarray, np.dtype]:
     return value, dtype
 
 
-def _same_bits(a: Any, b: Any) -> bool:
+def _same_bits(a: object, b: object) -> bool:
     return np.asarray(a).tobytes() == np.asarray(b).tobytes()
 
 

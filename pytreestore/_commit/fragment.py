@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Any
 
 from pytreestore._format.names import fragment_folder
 from pytreestore._format.ragged import tables_entry
@@ -37,7 +36,7 @@ _HEX32 = re.compile("[0-9a-f]{32}")
 _SCHEMA_ID = re.compile("blake2b-160:[0-9a-f]{40}")
 _TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")
 #: the members of a fragment's JSON, each with the pattern (or type) its value must match
-_FIELDS: dict[str, Any] = {
+_FIELDS: dict[str, type[int] | re.Pattern[str]] = {
     "id": _HEX32,
     "store": _HEX32,
     "schema": _SCHEMA_ID,
@@ -100,7 +99,7 @@ class Fragment:
     def to_json(self) -> str:
         """The fragment as JSON text, for :meth:`from_json` in another process: canonical
         (members sorted, one spacing), so equal fragments give equal text."""
-        obj: dict[str, Any] = {name: getattr(self, name) for name in _FIELDS}
+        obj: dict[str, object] = {name: getattr(self, name) for name in _FIELDS}
         obj.update(tables_entry(self.tables))
         return json.dumps(obj, sort_keys=True)
 
@@ -136,7 +135,7 @@ class Fragment:
         return cls(**{name: obj[name] for name in _FIELDS}, tables=rows)
 
 
-def _tables_problem(value: Any) -> str | None:
+def _tables_problem(value: object) -> str | None:
     if value is None or (
         isinstance(value, dict) and all(type(v) is int and 0 <= v < 2**63 for v in value.values())
     ):
@@ -144,8 +143,8 @@ def _tables_problem(value: Any) -> str | None:
     return f"'tables' must map keypaths to integers >= 0, got {json.dumps(value)}"
 
 
-def _problem(name: str, want: Any, value: Any) -> str | None:
-    if want is int:
+def _problem(name: str, want: type[int] | re.Pattern[str], value: object) -> str | None:
+    if not isinstance(want, re.Pattern):
         ok = type(value) is int and 0 <= value < 2**63
         return None if ok else f"{name!r} must be an integer >= 0, got {json.dumps(value)}"
     if isinstance(value, str) and want.fullmatch(value):

@@ -12,7 +12,6 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._format.columns import inner_records
@@ -55,7 +54,7 @@ def group_paths(schema: TreeSchema) -> list[str]:
     return sorted(groups)
 
 
-def group_document(attributes: dict[str, Any]) -> dict[str, Any]:
+def group_document(attributes: dict[str, object]) -> dict[str, object]:
     """A zarr v3 group's ``zarr.json`` document with ``attributes``."""
     return {"zarr_format": 3, "node_type": "group", "attributes": attributes}
 

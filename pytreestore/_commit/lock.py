@@ -32,13 +32,12 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 from pytreestore._format.names import LOCK_KEY, NO_VALUE
 from pytreestore._location import Location
 from pytreestore._platform import flock_module
 from pytreestore._runtime import RUNTIME
-from pytreestore.backends import ConditionalWrites
+from pytreestore.backends import Backend, ConditionalWrites
 from pytreestore.errors import StorageError, StoreLockedError
 
 _HELD: set[str] = set()
@@ -68,7 +67,7 @@ class WriterLock:
     def acquire(
         cls,
         location: Location,
-        backend: Any = None,
+        backend: Backend | None = None,
         *,
         break_lock: bool = False,
         shared: bool = False,
@@ -232,7 +231,7 @@ def _check_conditional_writes(
     )
 
 
-def holder_info() -> dict[str, Any]:
+def holder_info() -> dict[str, object]:
     """Who this process is, as a lock object records it."""
     pid = os.getpid()
     return {
@@ -246,7 +245,7 @@ def holder_info() -> dict[str, Any]:
     }
 
 
-def holder_is_dead(holder: dict[str, Any]) -> bool:
+def holder_is_dead(holder: dict[str, object]) -> bool:
     """Whether the lock's holder is provably gone: it ran here (same host, boot and pid
     namespace) and its process no longer exists (or its pid now belongs to another process).
 
@@ -276,7 +275,7 @@ def holder_is_dead(holder: dict[str, Any]) -> bool:
     return holder.get("pid_start") not in (None, stat[1])
 
 
-def _parse_holder(raw: bytes) -> dict[str, Any]:
+def _parse_holder(raw: bytes) -> dict[str, object]:
     try:
         holder = json.loads(raw)
     except ValueError:
@@ -314,7 +313,7 @@ def _stat(pid: int) -> tuple[str, int] | None:
         return None
 
 
-def _locked(location: Location, holder: dict[str, Any] | None = None) -> StoreLockedError:
+def _locked(location: Location, holder: dict[str, object] | None = None) -> StoreLockedError:
     who = "another process or another TreeStore object holds its writer lock"
     if holder:
         who = (

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 
@@ -51,12 +51,17 @@ from pytreestore._tree.layout_nodes import (
     zeros_record,
 )
 from pytreestore._tree.ragged import Declarations
+from pytreestore.backends import Backend
 from pytreestore.errors import (
     CorruptStoreError,
     RaggedDeclarationError,
     SchemaMismatchError,
     UnsupportedTreeError,
 )
+
+_Entry = TypeVar("_Entry", _info.AxisInfo, _info.PresenceInfo)
+_Paths: TypeAlias = Sequence[str] | None  # optional= (and ragged=), as create takes them
+_Ragged: TypeAlias = bool | _Paths
 
 
 class GenericViewError(UnsupportedTreeError):
@@ -157,7 +162,7 @@ class _Pending(Visitor):
 
 
 def build_schema(
-    like: Any, ragged: Any, optional: Any, *, chunk_records: int | None, codec: str | None
+    like: object, ragged: _Ragged, optional: _Paths, *, chunk_records: int | None, codec: str | None
 ) -> TreeSchema:
     """The format-3 schema of a store whose records may vary where declared.
 
@@ -174,7 +179,9 @@ def build_schema(
     return _schema(base, model, ragged, optional, chunk_records)
 
 
-def grow_schema(schema: TreeSchema, record: Any, rows: Callable[[str | None], int]) -> TreeSchema:
+def grow_schema(
+    schema: TreeSchema, record: object, rows: Callable[[str | None], int]
+) -> TreeSchema:
     """``schema`` with the structures ``record`` shows where the schema's were pending (an
     element of a list that was empty so far, a subtree that was None).
 
@@ -242,7 +249,7 @@ def _started(old: TreeSchema, new: TreeSchema, rows: Callable[[str | None], int]
     return out
 
 
-def _kept(item: Any, field: str, was: ColumnSpec | None, rows: int) -> Any:
+def _kept(item: _Entry, field: str, was: ColumnSpec | None, rows: int) -> _Entry:
     """An axis's or optional subtree's entry with the stored key (its ``field``) and start
     of its array ``was``; a new array (None) starts at its table's ``rows``."""
     if was is None:
@@ -253,8 +260,8 @@ def _kept(item: Any, field: str, was: ColumnSpec | None, rows: int) -> Any:
 def _schema(
     base: TreeSchema,
     model: Model,
-    ragged: Any,
-    optional: Any,
+    ragged: _Ragged,
+    optional: _Paths,
     chunk_records: int | None,
     known: dict[str, int] | None = None,
 ) -> TreeSchema:
@@ -294,7 +301,7 @@ def _table_chunks(
 ) -> dict[str | None, int]:
     """Rows per chunk of every table: ``chunk_records`` (or about 4 MiB) for the record
     table, about 4 MiB of the widest column for each axis's table."""
-    sizes: dict[str | None, list[tuple[Any, ...]]] = {t: [] for t in model.tables}
+    sizes: dict[str | None, list[tuple[object, ...]]] = {t: [] for t in model.tables}
     for (leaf, table), c in zip(model.leaves, base.columns):
         sizes[table].append((c.path, c.key, c.dtype, leaf.shape, None))
     for _, table in list(model.axes.items()) + list(model.presence.items()):
@@ -338,7 +345,7 @@ class _NoOptionalInShared(Visitor):
             visit(child, self, shared or node.common_axis is not None)
 
 
-def representative(spec: LayoutNode | None) -> Any:
+def representative(spec: LayoutNode | None) -> object:
     """The record the schema's tree and columns describe: zeros, one element per ragged list
     (none while pending), one row per ragged leading axis, every known optional present."""
     return zeros_record(spec, leading=True)
@@ -378,7 +385,7 @@ def attach_layout(schema: TreeSchema, where: str) -> TreeSchema:
 
 
 def reread_schema(
-    backend: Any, where: str, commit: Commit, *, like: Any, generic: bool
+    backend: Backend, where: str, commit: Commit, *, like: object, generic: bool
 ) -> TreeSchema:
     """A ragged store's schema read again (``refresh`` of a reader whose schema had pending
     structures, to ``commit``), with its layout; the backend told of its arrays.
@@ -387,6 +394,7 @@ def reread_schema(
     commit record, so the root may hold one no commit names yet (or ever, after a crash)."""
     raw = backend.read_bytes(ROOT_KEY)
     digest = _validate.schema_id(_validate.root_schema(raw, where))
+    assert raw is not None  # root_schema refuses a missing root
     info = other_schema(backend, commit, digest)
     if info is not None:
         raw = group_json({"pytreestore": info})
@@ -395,7 +403,7 @@ def reread_schema(
     return schema
 
 
-def load_schema(raw: bytes, where: str, *, like: Any, generic: bool) -> TreeSchema:
+def load_schema(raw: bytes, where: str, *, like: object, generic: bool) -> TreeSchema:
     """The schema in root metadata ``raw`` (:func:`pytreestore._format.validate.load_schema`),
     with its layout if it is a ragged store's. ``like`` may also be a record as ``create``
     took it (lists of any length, ragged leading axes): it is cut to the record the stored
@@ -424,7 +432,7 @@ def with_layout(schema: TreeSchema, where: str) -> TreeSchema:
     return schema if schema.ragged is None else attach_layout(schema, where)
 
 
-def described_like(info: dict[str, Any], like: Any) -> Any:
+def described_like(info: dict[str, Any], like: object) -> object:
     """``like``, a record of the ragged store whose stored schema is ``info``, as the stored
     tree describes records (:func:`described`); None for another store, or a ``like`` the
     declarations cannot walk."""
@@ -438,7 +446,7 @@ def described_like(info: dict[str, Any], like: Any) -> Any:
         return None
 
 
-def described(spec: LayoutNode | None) -> Any:
+def described(spec: LayoutNode | None) -> object:
     """The record a ragged schema's tree describes: :func:`representative`, but leaves
     without their ragged leading axis (the shapes of their columns)."""
     return zeros_record(spec, leading=False)

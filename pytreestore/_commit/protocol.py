@@ -78,7 +78,6 @@ import json
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from pytreestore._commit import consolidated, placing, versions
 from pytreestore._commit.layouts import column_layouts, group_document, group_paths, layouts
@@ -217,12 +216,12 @@ def group_keys(schema: TreeSchema) -> list[str]:
     return [f"{path}/{ROOT_KEY}" for path in group_paths(schema)]
 
 
-def group_json(attributes: dict[str, Any]) -> bytes:
+def group_json(attributes: dict[str, object]) -> bytes:
     """A zarr v3 group's ``zarr.json`` with ``attributes``."""
     return json.dumps(group_document(attributes), indent=1).encode()
 
 
-def with_info(raw: bytes | None, info: dict[str, Any]) -> bytes:
+def with_info(raw: bytes | None, info: dict[str, object]) -> bytes:
     """The root ``zarr.json`` ``raw`` with the schema ``info`` in place of the one it holds;
     every other member (the consolidated metadata) is kept."""
     document = _validate.root_document(raw)

@@ -92,8 +92,8 @@ class Commit:
     #: (None: every pair is one release)
     horizon: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        obj: dict[str, Any] = {
+    def to_json(self) -> dict[str, object]:
+        obj: dict[str, object] = {
             "format_version": FORMAT_VERSION,
             "records": self.records,
             "generation": self.generation,
@@ -277,7 +277,7 @@ def released(
     return tuple(pairs), (horizon if horizon == pairs[0][0] else None)
 
 
-def _tables(obj: dict[str, Any], where: str) -> tuple[tuple[str, int], ...] | None:
+def _tables(obj: dict[str, object], where: str) -> tuple[tuple[str, int], ...] | None:
     tables = obj.get("tables")
     if tables is None:
         return None
@@ -289,7 +289,7 @@ def _tables(obj: dict[str, Any], where: str) -> tuple[tuple[str, int], ...] | No
     return tuple(sorted((str(k), _count(tables, k, where)) for k in tables))
 
 
-def _history(obj: dict[str, Any], where: str) -> tuple[Any, ...]:
+def _history(obj: dict[str, object], where: str) -> tuple[Any, ...]:
     """The format-3 members: schema, time, operation, high, cuts, rewrites."""
     texts = []
     for name in ("schema", "time", "operation"):
@@ -305,13 +305,12 @@ def _history(obj: dict[str, Any], where: str) -> tuple[Any, ...]:
     return (*texts, high, *pairs)
 
 
-def _pairs(obj: dict[str, Any], name: str, where: str) -> tuple[tuple[int, int], ...]:
+def _pairs(obj: dict[str, object], name: str, where: str) -> tuple[tuple[int, int], ...]:
     value = obj.get(name, [])
-    ok = isinstance(value, list) and all(
+    if not isinstance(value, list) or not all(
         isinstance(p, list) and len(p) == 2 and all(type(n) is int and n >= 0 for n in p)
         for p in value
-    )
-    if not ok:
+    ):
         raise CorruptStoreError(
             f"{where}/{COMMIT_KEY} is not a valid commit record: its {name!r} must be a list "
             f"of [version, records] pairs, got {json.dumps(value)}"
@@ -324,7 +323,7 @@ def now_utc() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _count(obj: dict[str, Any], name: str, where: str) -> int:
+def _count(obj: dict[str, object], name: str, where: str) -> int:
     """``obj[name]`` if it is an int (not a bool) in ``[0, 2**63)``, else CorruptStoreError."""
     value = obj.get(name)
     if type(value) is not int or not 0 <= value < 2**63:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
 from pytreestore._commit import versions
 from pytreestore._commit.record import COMMIT_KEY, Commit
@@ -59,7 +59,9 @@ def repair(engine: Backend, location: Location, schema: TreeSchema, records: int
     _check_tail(engine, location, schema, records)
 
 
-def _check_shapes(columns: Sequence[ColumnSpec], shapes: Sequence[Any], records: int) -> None:
+def _check_shapes(
+    columns: Sequence[ColumnSpec], shapes: Sequence[Sequence[int]], records: int
+) -> None:
     for c, shape in zip(columns, shapes):
         if tuple(shape[1:]) != c.shape:
             raise CorruptStoreError(
@@ -109,7 +111,7 @@ def _remove_chunks_past(
         engine.delete_keys(sorted(keys))
 
 
-def _check_tail(engine: Any, location: Location, schema: TreeSchema, records: int) -> None:
+def _check_tail(engine: Backend, location: Location, schema: TreeSchema, records: int) -> None:
     start = records - records % schema.chunk_records
     if start == records:
         return
@@ -134,7 +136,7 @@ def _check_tail(engine: Any, location: Location, schema: TreeSchema, records: in
 
 
 def check_not_replaced(
-    engine: Any, location: Location, seen: Commit, *, failed: bool = False
+    engine: Backend, location: Location, seen: Commit, *, failed: bool = False
 ) -> Commit:
     """The commit record now, after checking that it belongs to the store a reader opened.
 

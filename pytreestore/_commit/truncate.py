@@ -29,14 +29,17 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TypeVar
 
 from pytreestore._commit import consolidated, versions
 from pytreestore._commit.record import Commit
 from pytreestore._format import validate as _validate
 from pytreestore._format.names import ROOT_KEY
-from pytreestore._format.schema import TreeSchema
+from pytreestore._format.ragged import AxisInfo, PresenceInfo
+from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore.backends import Backend
+
+_Starts = TypeVar("_Starts", ColumnSpec, AxisInfo, PresenceInfo)
 
 
 def rows_at(
@@ -103,7 +106,7 @@ def _tables(rows: dict[str | None, int]) -> tuple[tuple[str, int], ...] | None:
     return None if tables is None else tuple(sorted(tables.items()))
 
 
-def _lowered(item: Any, rows: int) -> Any:
+def _lowered(item: _Starts, rows: int) -> _Starts:
     return dataclasses.replace(item, start=rows) if item.start > rows else item
 
 

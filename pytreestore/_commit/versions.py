@@ -234,7 +234,7 @@ def _named(wanted: int | str) -> str:
     return f" (tag {wanted!r})" if isinstance(wanted, str) else ""
 
 
-def check_wanted(wanted: Any) -> int | str:
+def check_wanted(wanted: object) -> int | str:
     """A ``version=``: a tag name, or a version number (any integer, as a Python int).
 
     Raises:
@@ -252,7 +252,7 @@ def check_wanted(wanted: Any) -> int | str:
 # ---- tags ----------------------------------------------------------------------------------
 
 
-def check_tag_name(name: Any) -> None:
+def check_tag_name(name: object) -> None:
     """Refuses a tag name outside ``[A-Za-z0-9_][A-Za-z0-9_.-]*`` (at most 128 characters)."""
     if not isinstance(name, str) or not _TAG.fullmatch(name):
         error = ArgumentTypeError if not isinstance(name, str) else ArgumentError
@@ -368,15 +368,15 @@ def stale(engine: Backend, head: Commit, keep: int) -> list[int]:
 # ---- schemas -------------------------------------------------------------------------------
 
 
-def save_schema(engine: Backend, info: dict[str, Any]) -> None:
+def save_schema(engine: Backend, info: dict[str, object]) -> None:
     """Keeps the stamped schema ``info`` as ``.pytreestore/schemas/<its digest>.json``."""
-    engine.write_bytes(schema_key(info["digest"]), json.dumps(info).encode())
+    engine.write_bytes(schema_key(str(info["digest"])), json.dumps(info).encode())
 
 
-def schema_file(info: dict[str, Any]) -> dict[str, bytes]:
+def schema_file(info: dict[str, object]) -> dict[str, bytes]:
     """The file :func:`save_schema` writes for the stamped schema ``info``, by its key (for
     a caller writing it together with other files)."""
-    return {schema_key(info["digest"]): json.dumps(info).encode()}  # as save_schema writes it
+    return {schema_key(str(info["digest"])): json.dumps(info).encode()}  # as save_schema writes it
 
 
 def record_file(commit: Commit) -> dict[str, bytes]:
@@ -386,7 +386,7 @@ def record_file(commit: Commit) -> dict[str, bytes]:
     return {version_key(commit.generation): commit.to_bytes()}
 
 
-def other_schema(engine: Backend, commit: Commit, digest: str | None) -> dict[str, Any] | None:
+def other_schema(engine: Backend, commit: Commit, digest: str | None) -> dict[str, object] | None:
     """The schema document ``commit`` names, if it is another than the one whose id is
     ``digest`` (a root's) and the log keeps both: two schemas a writer wrote. None: read
     ``commit`` with the root's.
@@ -413,7 +413,7 @@ def committed_info(engine: Backend, commit: Commit, where: str) -> dict[str, Any
 
 def schema_info(
     engine: Backend, schema_id: str, where: str, raw: bytes | None = None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The schema document whose digest is ``schema_id`` (``raw``: its bytes, read already).
 
     Raises:
