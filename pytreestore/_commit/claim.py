@@ -134,9 +134,8 @@ def _busy(where: str, holder: dict[str, object], wait: float) -> CommitConflictE
     )
     return CommitConflictError(
         f"could not commit to {where} within {wait:g} s: its commit claim ({CLAIM_KEY}) is held "
-        f"by {who}, and writers sharing a store commit one at a time. Nothing was committed by "
-        "this writer and its records are still buffered: flush() tries again (a close() "
-        "that fails so gives them up). A claim whose holder died on this host is taken over at once, any other "
+        f"by {who}, and writers sharing a store commit one at a time; nothing was committed by "
+        "this writer. A claim whose holder died on this host is taken over at once, any other "
         f"after {RUNTIME.waits.claim_s:g} s"
     )
 

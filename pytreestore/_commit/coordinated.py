@@ -20,13 +20,21 @@ commits them as one block, every commit in turn under the commit claim
 A writer's records therefore land in the order it appended them, each commit's rows together,
 after every record committed before it; none is lost or duplicated. A conditional write that
 still fails (a claim taken over from a writer presumed dead) is retried from step 1, up to
-``RUNTIME.waits.commit_retries`` times, then :class:`~pytreestore.errors.CommitConflictError`; the
-records stay
-buffered. A storage failure (the coordinator gone) raises
-:class:`~pytreestore.errors.StorageError` with the records kept; the next commit first finds
-out whether the failed one landed (its version record, byte for byte) so nothing is written
-twice. Only a writer that opens the store alone repairs it (as an exclusive writer does,
-then shares its lock); with others open, rows past the commit may be a commit in flight.
+``RUNTIME.waits.commit_retries`` times, then :class:`~pytreestore.errors.CommitConflictError`.
+
+A call that fails (a storage failure, :class:`~pytreestore.errors.StorageError`: the
+coordinator gone; or that conflict) keeps nothing of its own records, as a refused record
+leaves nothing: the caller may append them again, and they are then written once. The records
+of earlier calls stay buffered (``flush()`` commits them). Whether a failed commit landed is
+found out at once, under the claim: a failure of the commit record's write (the only step
+after which it may have landed) is followed by reading the commit record and the version
+record back (byte for byte). One that landed is a commit like any other (the call does not
+fail); one that did not is the failure above. Only when that read fails as well is the
+outcome unknown: then the failed call's records stay buffered (the error says so: do not
+append them again), and the next commit first finds out whether they landed and writes them
+only if not. Only a writer that opens the store alone repairs it (as an exclusive writer
+does, then shares its lock); with others open, rows past the commit may be a commit in
+flight.
 
 Example:
     >>> import tempfile, pytreestore
@@ -71,6 +79,9 @@ from pytreestore.errors import (
     StoreReplacedError,
     UnsupportedTreeError,
 )
+
+#: what a close() whose flush conflicts does with the records (said in such errors)
+GIVEN_UP = " (a close() that fails so gives them up)"
 
 
 def attach_coordinated(
@@ -124,6 +135,7 @@ class CoordinatedRows:
         self.casters = casters(schema.columns)
         self.axes = {i: c.path for i, c in enumerate(schema.columns) if c.role == "offsets"}
         self.count = 0  # rows buffered
+        self.held = 0  # the first rows, of a commit whose outcome is unknown (kept until known)
         self.buffers: list[np.ndarray] = []
         self._grow(self.chunk)
 
@@ -167,7 +179,10 @@ class CoordinatedRows:
         return (self.count, 0)
 
     def rollback(self, position: Position) -> None:
-        self.count = position[0]
+        """Back to ``position``'s rows; never below the rows :attr:`held` (they may be in
+        storage: the next commit finds out) nor above the rows buffered (a commit found to
+        have landed took them out)."""
+        self.count = min(self.count, max(position[0], self.held))
 
     def drop(self, counts: dict[str | None, int], table: str | None) -> None:
         """Forgets the first ``counts[table]`` buffered rows (a commit that landed), and the
@@ -176,6 +191,7 @@ class CoordinatedRows:
         for buf in self.buffers:
             buf[: self.count - rows] = buf[rows : self.count]
         self.count -= rows
+        self.held = 0
         for i, axis in self.axes.items():
             self.buffers[i][: self.count] -= counts[axis]
 
@@ -233,8 +249,11 @@ class CoordinatedCommits:
         self._where, self._keep, self._wait, self._via = where, keep, wait, via
         self._schema_id = _validate.id_of(schema)
         self.commit = commit  # the last commit this writer read or made
-        self._uncertain: tuple[Commit, dict[str | None, int]] | None = None  # failed midway
+        #: a commit whose outcome is unknown (its write and the read back failed), with the
+        #: rows it took of each table (held in the buffers until the next commit finds out)
+        self._uncertain: tuple[Commit, dict[str | None, int]] | None = None
         self._left: bytes | None = None  # this writer's claim that could not be given back
+        self._ended: dict[str | None, int] = {}  # each table's rows when the last call ended
 
     def tables(
         self, schema: TreeSchema, commit: Commit, *, whole: bool
@@ -244,6 +263,7 @@ class CoordinatedCommits:
             self._rows = {None: CoordinatedRows(schema)}
         else:
             self._rows = {t: CoordinatedRows(sub) for t, sub in table_schemas(schema).items()}
+        self._end_call()
         return dict(self._rows)
 
     @property
@@ -259,14 +279,35 @@ class CoordinatedCommits:
 
     def after_call(self, *, extended: bool) -> None:
         """A call that leaves a chunk's worth of records buffered commits them (never in the
-        middle of a call: each call's records are committed together)."""
-        if self.pending >= self._schema.chunk_records:
-            self.commit_all()
+        middle of a call: each call's records are committed together). If that fails, the
+        call's own records are taken back (unless held: see the module)."""
+        try:
+            if self.pending >= self._schema.chunk_records:
+                self._commit_call()
+        finally:
+            self._end_call()
+
+    def _commit_call(self) -> None:
+        """Commits every buffered row; on a failure, forgets the rows the call buffered."""
+        mine = {t: len(b) - self._ended.get(t, 0) for t, b in self._rows.items()}
+        try:
+            self.commit_all(call=mine[None])
+        except BaseException:
+            for t, buffered in self._rows.items():  # from the end: a landed commit took rows
+                buffered.rollback((len(buffered) - mine[t], 0))
+            raise
+
+    def _end_call(self) -> None:
+        """A call ended: the rows buffered now are earlier calls' to the next one."""
+        self._ended = {t: len(b) for t, b in self._rows.items()}
 
     def flush(self) -> None:
         """Commits every buffered record (one commit)."""
-        if self.pending:
-            self.commit_all()
+        try:
+            if self.pending:
+                self.commit_all()
+        finally:
+            self._end_call()
 
     def sole(self) -> Committer:
         """Refused: evolve, truncate, vacuum and commit_fragments need the store's only
@@ -291,32 +332,66 @@ class CoordinatedCommits:
     def check(self) -> None:
         """Nothing to check: a shared writer owns no tail that a fork could share."""
 
-    def commit_all(self) -> None:
+    def commit_all(self, *, call: int = 0) -> None:
         """Commits every buffered row (one commit), retrying a commit that found the commit
-        record changed under the claim."""
+        record changed under the claim; ``call``: the last records buffered, of the call
+        that commits them (taken back by :meth:`after_call` if it fails), named in errors.
+
+        Raises:
+            StorageError: storage (or the coordinator) failed; the commit did not land, or
+                its outcome is unknown (its rows held, the next commit finds out).
+            CommitConflictError: the commit record changed under the claim every time, or
+                another writer held the claim too long; nothing was committed.
+        """
         for _ in range(RUNTIME.waits.commit_retries):
             try:
-                claim = CommitClaim.take(
-                    self._backend, self._where, wait=self._wait, leftover=self._left
-                )
-                self._left = None
-                try:
-                    if self._commit_once():
-                        return
-                finally:
-                    claim.release()
-                    self._left = claim.left
+                if self._commit_claimed():
+                    return
             except StorageError as err:
                 raise StorageError(
                     f"committing {self.pending} records to {self._where} through the OCDBT "
-                    f"coordinator at {self._via} failed (is it running?): {err}"
+                    f"coordinator at {self._via} failed (is it running?): "
+                    f"{str(err).rstrip('.')}. "
+                    f"{self._kept(call)}"
                 ) from err
+            except CommitConflictError as err:  # the claim held by another writer too long
+                said = str(err).rstrip(".")
+                raise CommitConflictError(f"{said}. {self._kept(call)}{GIVEN_UP}") from err
         raise CommitConflictError(
             f"{RUNTIME.waits.commit_retries} commits to {self._where} in a row found the commit "
-            "record changed under this writer's commit claim (a claim taken over from a writer presumed "
-            f"dead). Nothing was committed by this writer; its {self.pending} records are "
-            "still buffered: flush() tries again (a close() that fails so gives them up)"
+            "record changed under this writer's commit claim (a claim taken over from a writer "
+            f"presumed dead). Nothing was committed by this writer. {self._kept(call)}{GIVEN_UP}"
         )
+
+    def _commit_claimed(self) -> bool:
+        """One try under the commit claim (:meth:`_commit_once`)."""
+        claim = CommitClaim.take(self._backend, self._where, wait=self._wait, leftover=self._left)
+        self._left = None
+        try:
+            return self._commit_once()
+        finally:
+            claim.release()
+            self._left = claim.left
+
+    def _kept(self, call: int) -> str:
+        """What a failed commit leaves buffered, for its error; ``call``: the last records
+        buffered, the failing call's (taken back unless held)."""
+        held = self._rows[None].held
+        dropped = min(call, self.pending - held)
+        kept = self.pending - dropped
+        said = []
+        if dropped:
+            said.append(f"This call's records ({dropped}) were not appended: append them again.")
+        if held:
+            said.append(
+                f"{kept} records stay buffered; whether the commit of {held} of them landed "
+                "could not be read back (they may be in storage): do not append them again. "
+                "The next commit (flush()) first finds out, and writes them only if they did "
+                "not land"
+            )
+        elif kept:
+            said.append(f"{kept} records appended before stay buffered: flush() commits them")
+        return " ".join(said) or "Nothing is buffered"
 
     def _commit_once(self) -> bool:
         """One try under the claim; False when the commit record changed under it."""
@@ -329,21 +404,48 @@ class CoordinatedCommits:
         tables = self._rows
         records = tables[None].write(self._backend, head, None)
         rows = {t: b.write(self._backend, head, t) for t, b in tables.items() if t is not None}
+        made: Commit | None
         try:
-            committer.advance(records, rows or None)  # a fixed store's commit has no tables
+            made = committer.advance(records, rows or None)  # a fixed store's has no tables
         except CommitConflictError:
             return False
         except StorageError:
-            if committer.commit.records != records:  # not committed, or perhaps: find out next
-                uncertain = committer.uncertain
-                counts = {t: len(b) for t, b in tables.items()}
-                self._uncertain = None if uncertain is None else (uncertain, counts)
+            made = self._made(committer, records)
+            if made is None:
                 raise
-            # committed: what failed came after the commit record (the version log's trim)
-        self.commit = committer.commit
+        self.commit = made
         for buffered in tables.values():
-            buffered.count = 0
+            buffered.count = buffered.held = 0
         return True
+
+    def _made(self, committer: Committer, records: int) -> Commit | None:
+        """The commit of ``records`` records that ``committer`` made although its
+        :meth:`~Committer.advance` failed, or None if it did not land.
+
+        It landed when what failed came after the commit record (the version log's trim);
+        when the commit record's write failed (:attr:`Committer.uncertain`), whether it
+        landed is read back at once, under the claim. If that read fails too, its rows are
+        held for the next commit to find out (:meth:`_landed`)."""
+        attempt = committer.uncertain
+        if committer.commit.records == records:
+            return committer.commit
+        if attempt is None:
+            return None  # failed before its version record
+        try:
+            return (
+                attempt if self._stored(Commit.read(self._backend, self._where), attempt) else None
+            )
+        except StorageError:
+            self._uncertain = (attempt, {t: len(b) for t, b in self._rows.items()})
+            for buffered in self._rows.values():
+                buffered.held = len(buffered)
+            return None
+
+    def _stored(self, head: Commit, attempt: Commit) -> bool:
+        """Whether ``attempt`` is committed at ``head``: its version record, byte for byte."""
+        if head.generation < attempt.generation:
+            return False  # not committed (a version record it left is an orphan)
+        return self._backend.read_bytes(version_key(attempt.generation)) == attempt.to_bytes()
 
     def _head(self) -> Commit:
         """The commit record now, checked to be this store's."""
@@ -360,17 +462,19 @@ class CoordinatedCommits:
         return head
 
     def _landed(self, head: Commit) -> bool:
-        """Whether the commit that failed midway landed (then its rows are committed and
-        leave the buffers); found by its version record, byte for byte."""
+        """Whether the commit of unknown outcome landed (then its rows are committed and
+        leave the buffers, and the rest is committed after them); found by its version
+        record, byte for byte. Either way its rows are no longer held."""
         assert self._uncertain is not None
         attempt, counts = self._uncertain
+        landed = self._stored(head, attempt)  # a failure keeps it unknown
         self._uncertain = None
-        if head.generation < attempt.generation:
-            return False  # not committed (a version record it left is an orphan)
-        if self._backend.read_bytes(version_key(attempt.generation)) != attempt.to_bytes():
-            return False
         for table, buffered in self._rows.items():
-            buffered.drop(counts, table)
+            buffered.held = 0
+            if landed:
+                buffered.drop(counts, table)
+        if not landed:
+            return False
         self.commit = head
         return self.pending == 0 or self._commit_once()
 

@@ -84,8 +84,8 @@ def test_a_shared_commit_that_landed_then_failed_is_not_written_twice(
 
     monkeypatch.setattr(engine, "write_bytes_if", lands_then_fails)
     store.extend(recs[:3])
-    with pytest.raises(errors.StorageError, match="went away"):
-        store.flush()
+    store.flush()  # read back under the claim: it landed, so the flush stands (no retry)
+    assert not next(failures, False)  # the failure was injected
     store.extend(recs[3:])
     store.close()
     again = pytreestore.open(path, backend=backend)
