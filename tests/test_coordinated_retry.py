@@ -40,11 +40,19 @@ def coordinator() -> Iterator[str]:
 
 
 class Faults:
-    """Makes the first write of one step of a commit through ``engine`` fail; with
-    ``unreadable``, the first read of the commit record after that failure fails too."""
+    """Makes the first write of one step of a commit through ``engine`` fail (a
+    StorageError, or ``error``); with ``unreadable``, the first read of the commit record after
+    that failure fails too."""
 
-    def __init__(self, engine: Any, step: str, *, unreadable: bool = False) -> None:
-        self.step, self.armed, self.unreadable = step, True, unreadable
+    def __init__(
+        self,
+        engine: Any,
+        step: str,
+        *,
+        unreadable: bool = False,
+        error: type[Exception] = errors.StorageError,
+    ) -> None:
+        self.step, self.armed, self.unreadable, self.error = step, True, unreadable, error
         self.raised = 0
         self._write_if, self._write, self._read = (
             engine.write_bytes_if,
@@ -57,7 +65,7 @@ class Faults:
     def _fail(self, step: str) -> None:
         if self.armed and step == self.step:
             self.armed = False
-            raise errors.StorageError(f"injected at the {step} step")
+            raise self.error(f"injected at the {step} step")
 
     def write_bytes_if(self, key: str, data: bytes | None, token: bytes) -> bytes | None:
         if key == CLAIM_KEY:
@@ -156,6 +164,30 @@ def test_a_failed_commit_says_what_it_kept(tmp_path: Path, coordinator: str) -> 
         store.extend(recs[2:5])
     assert (store.committed, len(store)) == (0, 2)
     store.extend(recs[2:])
+    store.close()
+    _check(path, recs)
+
+
+def test_a_call_whose_commit_conflicts_keeps_none_of_its_records(
+    tmp_path: Path, coordinator: str
+) -> None:
+    """Another writer holds the claim too long: the call's record is taken back, the
+    records appended before it stay buffered."""
+    path, store = _shared(tmp_path, "fixed", coordinator)
+    recs = kinds.records("fixed", 5)
+    Faults(store._backend, "claim", error=errors.CommitConflictError)
+    for rec in recs[:3]:
+        store.append(rec)
+    with pytest.raises(
+        errors.CommitConflictError,
+        match=re.escape(
+            "injected at the claim step. This call's records (1) were not appended: append "
+            "them again. 3 records appended before stay buffered: flush() commits them"
+        ),
+    ):
+        store.append(recs[3])
+    assert (store.committed, len(store)) == (0, 3)
+    store.extend(recs[3:])
     store.close()
     _check(path, recs)
 
