@@ -144,9 +144,10 @@ def shared_writer(
     Each call's records are committed together (they are buffered whole, in memory); a
     call whose commit fails keeps none of them (append them again), unless the error says
     that the commit's outcome could not be read back (then they stay buffered, and the next
-    commit writes them only if they did not land). A record showing a structure the store has not learnt (``schema.pending``) is refused:
-    learning it changes the schema, which needs the store's only writer. ``where`` names the
-    store in errors, ``via`` the coordinator's address.
+    commit writes them only if they did not land). A record showing a structure the store
+    has not learnt (``schema.pending``) is refused: learning it changes the schema, which
+    needs the store's only writer. ``where`` names the store in errors, ``via`` the
+    coordinator's address.
     """
     commits = CoordinatedCommits(
         backend, schema, commit, where=where, keep=keep, wait=wait, via=via
