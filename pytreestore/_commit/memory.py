@@ -81,8 +81,12 @@ class TableRows:
         self.fill += len(rows)
 
     def write_batch(self, blocks: Sequence[np.ndarray]) -> None:
-        """Checked and cast column blocks with one leading length."""
+        """Checked and cast column blocks with one leading length (the first rows of a table
+        are the blocks themselves, not copied: a row added later copies them first)."""
         count = len(blocks[0]) if blocks else 0
+        if self.fill == 0 and blocks:
+            self.buffers, self._capacity, self.fill = list(blocks), 0, count
+            return
         self._reserve(count)
         for buf, block in zip(self.buffers, blocks):
             buf[self.fill : self.fill + count] = block
