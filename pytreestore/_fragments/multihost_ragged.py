@@ -4,8 +4,8 @@ written as fragments (:mod:`pytreestore._fragments.multihost` runs the protocol:
 process 0's commit).
 
 The batch is first checked as the store's own ``extend_batch`` checks it, on none of its
-records (:func:`check_batch`: its structure, dtypes and trailing shapes; a mask where the
-store needs one and only there). The record axis of the batch and of the mask is then cut by
+records (:func:`check_batch`: a mask where the store needs one and only there; a fixed
+store's structure, dtypes and trailing shapes). The record axis of the batch and of the mask is then cut by
 the row plan (:func:`pytreestore._tree.global_rows.row_plan`, over the leaves of both, so
 that each run's values and mask are held whole by the process that writes it); each process
 takes its runs from its own shards (:func:`~pytreestore._tree.global_rows.host_rows`) and
@@ -100,8 +100,10 @@ def check_batch(
     records (the store's own record writer, tables in memory): before any row is read.
 
     Raises:
-        SchemaMismatchError: the batch's structure, a dtype or a trailing shape is refused,
-            a mask is missing (a ragged or optional store) or given (a fixed one).
+        SchemaMismatchError: a mask is missing (a ragged or optional store) or given (a
+            fixed one); a fixed store's batch of another structure, or a column's dtype or
+            trailing shape (a ragged store's values are checked as its records are walked,
+            run by run).
     """
     empty = jax.tree.map(_no_rows, (batch, mask))
     writer = RecordWriter(engine, schema, Commit(0, 0), MemoryCommits(head, where))
