@@ -120,3 +120,29 @@ def test_one_process_ragged_multihost_store(tmp_path):
         assert len(store) == 8
     got = pytreestore.open(path)
     assert [len(r["p"]) for r in got] == [i % 3 for i in range(8)]
+
+
+@pytest.mark.parametrize("kind", ["fixed", "ragged"])
+def test_every_store_checks_a_batch_as_its_extend_batch_before_reading_a_row(tmp_path, kind):
+    """One local step for every kind: the store's own ``extend_batch`` refuses the batch on
+    none of its records (a mask where it needs none, none where it needs one, a column's
+    dtype)."""
+    from pytreestore._fragments.multihost_ragged import check_batch
+
+    ragged = {"ragged": ["['p']"]} if kind == "ragged" else {}
+    like = {"p": [np.float32(0)], "n": np.int32(0)} if ragged else {"n": np.int32(0)}
+    store = pytreestore.create(tmp_path / kind, like, **ragged)
+    if ragged:
+        batch, mask = pytreestore.stack([{"p": [np.float32(1)], "n": np.int32(1)}], **ragged)
+    else:
+        batch, mask = {"n": np.arange(3, dtype=np.int32)}, None
+    head, where = store.commit_now(), store.path
+    check_batch(store._backend, store.schema, head, batch, mask, where)  # accepted
+    refusal, other = ("mask=mask", None) if ragged else ("extend_batch takes no mask=", batch)
+    with pytest.raises(pytreestore.errors.SchemaMismatchError, match=refusal):
+        check_batch(store._backend, store.schema, head, batch, other, where)
+    if not ragged:  # a column's dtype (a ragged store's values: as its records are walked)
+        text = {**batch, "n": np.array(["a"])}
+        with pytest.raises(pytreestore.errors.SchemaMismatchError, match=r"\['n'\]"):
+            check_batch(store._backend, store.schema, head, text, mask, where)
+    assert len(store) == 0

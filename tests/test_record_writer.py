@@ -81,3 +81,33 @@ def test_a_ragged_stores_records_are_walked_into_its_tables(backend, path):
     store.extend(records)
     store.flush()
     assert [len(t) for t in writer.tables.values()] == [2, 2]
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_list_past_a_chunk_fills_every_table_in_one_round(kind, backend, path):
+    """``extend`` of a list writes each table's rows as one batch (``Writer.write_batch``,
+    one path for every table): whole chunks and the tail, committed together."""
+    like, options, records = KINDS[kind]
+    store = pytreestore.create(path, like, backend=backend, chunk_records=2, **options)
+    store.append(records[0])
+    store.extend(records * 3)
+    assert store.committed == len(store) == 7  # nothing left buffered uncommitted
+    store.extend(records)
+    store.flush()
+    got = list(pytreestore.open(path, backend=backend).records(as_numpy=True))
+    for have, want in zip(got, [records[0], *records * 4], strict=True):
+        pytreestore.testing.assert_trees_equal(have, want)
+
+
+def test_a_table_in_memory_keeps_a_first_batch_and_copies_it_before_a_row():
+    from pytreestore._commit.memory import TableRows
+    from pytreestore._format.schema import TreeSchema
+
+    rows = TableRows(TreeSchema.from_example({"x": np.int16(0)}))
+    block = np.array([1, 2, 3], np.int16)
+    rows.write_batch([block])
+    assert rows.blocks()[0] is not None and np.shares_memory(rows.blocks()[0], block)
+    rows.rollback((0, 1))
+    rows.append([9])
+    rows.write_batch([np.array([7], np.int16)])
+    assert block.tolist() == [1, 2, 3] and rows.blocks()[0].tolist() == [1, 9, 7]

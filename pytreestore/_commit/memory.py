@@ -52,38 +52,51 @@ class TableRows:
         self.fill = 0
         self._capacity = 0
         self.buffers: list[np.ndarray] = []
-        self._filler = RowFiller(self.casters, self.buffers)
+        #: the compiled fill of the buffers, made when rows are first filled in (a table
+        #: that only takes batches, a fragment's, never compiles one)
+        self._filler: RowFiller | None = None
 
     def __len__(self) -> int:
         return self.fill
 
-    def _reserve(self, n: int) -> None:
-        if self.fill + n <= self._capacity:
-            return
+    def _reserve(self, n: int) -> RowFiller:
+        """The fill of buffers with room for ``n`` rows more (``n`` > 0)."""
+        filler = self._filler
+        if self.fill + n <= self._capacity and filler is not None:
+            return filler
         capacity = max(2 * self._capacity, self.fill + n, 64)
         grown = [np.empty((capacity, *c.shape), c.dtype) for c in self.schema.columns]
         for new, old in zip(grown, self.buffers):
             new[: self.fill] = old[: self.fill]
         self.buffers, self._capacity = grown, capacity
-        self._filler.use(grown)  # the same compiled fill, on the grown buffers
+        if filler is None:
+            filler = self._filler = RowFiller(self.casters, grown)
+        else:
+            filler.use(grown)  # the same compiled fill, on the grown buffers
+        return filler
 
     def append(self, leaves: Row) -> None:
         """One row of already structure-checked leaves, cast as a Writer casts them."""
-        self._reserve(1)
-        self._filler.fill(leaves, self.fill)
+        self._reserve(1).fill(leaves, self.fill)
         self.fill += 1
 
     def append_many(self, rows: Iterable[Row]) -> None:
         """Rows of leaves; raises RecordError (its ``index`` from the first) if one is refused."""
         rows = list(rows)
-        self._reserve(len(rows))
-        self._filler.fill_block(rows, self.fill)
-        self.fill += len(rows)
+        if rows:
+            self._reserve(len(rows)).fill_block(rows, self.fill)
+            self.fill += len(rows)
 
     def write_batch(self, blocks: Sequence[np.ndarray]) -> None:
-        """Checked and cast column blocks with one leading length."""
+        """Checked and cast column blocks with one leading length (the first rows of a table
+        whose buffers cannot hold them are the blocks themselves, not copied: a row added
+        later copies them first)."""
         count = len(blocks[0]) if blocks else 0
-        self._reserve(count)
+        if self.fill == 0 and count > self._capacity:
+            self.buffers, self._capacity, self.fill = list(blocks), 0, count
+            return
+        if count:
+            self._reserve(count)
         for buf, block in zip(self.buffers, blocks):
             buf[self.fill : self.fill + count] = block
         self.fill += count

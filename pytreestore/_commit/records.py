@@ -46,7 +46,7 @@ from pytreestore._commit.memory import MemoryCommits, TableRows
 from pytreestore._commit.model import Model, grow_schema
 from pytreestore._commit.record import Commit
 from pytreestore._commit.roles import Commits, Position
-from pytreestore._commit.rows import FixedRecords, stackable
+from pytreestore._commit.rows import REFUSALS, FixedRecords, stackable
 from pytreestore._commit.versions import KEEP_VERSIONS
 from pytreestore._commit.walk import Mismatch, PendingStructure, Plan
 from pytreestore._format import validate as _validate
@@ -57,12 +57,6 @@ from pytreestore._tree.layout import Walker
 from pytreestore._tree.unpad import unpad_records
 from pytreestore.backends import Backend
 from pytreestore.errors import SchemaMismatchError
-
-#: how a refused record of ``extend`` (``{i}``: its position) and a refused batch are reported
-REFUSALS = (
-    "extend() refused record {i} (none of this call's records were appended)",
-    "extend_batch() refused the batch (none of its records were appended)",
-)
 
 
 @typing.final
@@ -83,16 +77,18 @@ class RecordWriter:
         commit: Commit,
         commits: Commits | None = None,
         *,
-        refusals: tuple[str, str] = REFUSALS,
+        refusals: tuple[str, str, str] = REFUSALS,
     ) -> None:
         """``commits``: the tables' committer (None: the store's only writer's, with a
         :class:`Committer` at ``commit``); ``refusals``: how a refused record of
-        :meth:`extend` (``{i}``: its position) and a refused batch are reported."""
+        :meth:`extend` (``{i}``: its position), a refused batch and a mask given to a store
+        of one structure (``{where}``) are reported (:data:`~pytreestore._commit.rows.REFUSALS`)."""
         self._backend = backend
         self._commits: Commits = commits or DirectCommits(
             backend, Committer(backend, commit, _validate.id_of(schema), tree=schema)
         )
-        self.refusal, self.batch_refusal = refusals
+        self.refusals = refusals
+        self.refusal, self.batch_refusal, _ = refusals
         self._open_tables(schema, commit)
 
     def _open_tables(self, schema: TreeSchema, commit: Commit) -> None:
@@ -105,7 +101,7 @@ class RecordWriter:
         #: the tables' positions before the records the last walk took, until committed
         self._accepted: dict[str | None, Position] | None = None
         if whole:  # one table, whose rows are the records: no walk
-            self._fixed = FixedRecords(self.tables[None])
+            self._fixed = FixedRecords(self.tables[None], self.refusals)
             return
         slots = table_slots(self.tables)
         self._plan = Plan(
@@ -215,9 +211,8 @@ class RecordWriter:
         made = self._stacker
         if made is None or made[0].schema is not self.schema:
             commits = MemoryCommits(self.commit, "this store")
-            refusals = (self.refusal, self.batch_refusal)
             memory = RecordWriter(
-                self._backend, self.schema, Commit(0, 0), commits, refusals=refusals
+                self._backend, self.schema, Commit(0, 0), commits, refusals=self.refusals
             )
             made = self._stacker = (memory, commits)
         return made
@@ -284,9 +279,10 @@ class RecordWriter:
     def _walk_batch(self, batch: object, mask: object) -> None:
         if mask is None:
             raise SchemaMismatchError(
-                "a ragged store's extend_batch takes the padded batch with its mask, "
-                "extend_batch(batch, mask=mask) (the pair load() returns): the batch alone "
-                "cannot show list lengths or None"
+                "a ragged or optional store's batch is padded, and taken with the mask of "
+                "its real values (the pair load() returns): extend_batch(batch, mask=mask), "
+                "write_fragment(path, batch, mask=mask); the batch alone cannot show list "
+                "lengths or None"
             )
         try:
             self._walk(unpad_records(self.model.spec, batch, mask))

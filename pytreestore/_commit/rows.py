@@ -35,16 +35,28 @@ from pytreestore._tree.hints import hinted, record_problems
 from pytreestore._tree.stack import batch_length
 from pytreestore.errors import SchemaMismatchError
 
+#: how a refused record of ``extend`` (``{i}``: its position), a refused batch, and a batch
+#: given a mask by a store of one structure (``{where}``: the store) are reported
+REFUSALS = (
+    "extend() refused record {i} (none of this call's records were appended)",
+    "extend_batch() refused the batch (none of its records were appended)",
+    "store {where} holds records of one structure: extend_batch takes no mask= (that is for "
+    "stores created with ragged= or optional=)",
+)
+
 
 class FixedRecords:
     """Records of one fixed tree taken as rows of one table, ``table``: each record checked
     against the schema's treedef, its leaves one row. The records of a fixed store's
     :class:`~pytreestore._commit.records.RecordWriter`, over any table buffer (a
     :class:`~pytreestore._commit.writer.Writer`, a shared writer's
-    :class:`~pytreestore._commit.coordinated.CoordinatedRows`)."""
+    :class:`~pytreestore._commit.coordinated.CoordinatedRows`, a fragment's
+    :class:`~pytreestore._commit.memory.TableRows`); ``refusals``: the writer's
+    (:data:`REFUSALS`)."""
 
-    def __init__(self, table: TableBuffer) -> None:
+    def __init__(self, table: TableBuffer, refusals: tuple[str, str, str] = REFUSALS) -> None:
         self.table = table
+        self.refusal, self.batch_refusal, self.mask_refusal = refusals
         #: the schema the block flattener was made for, and the flattener (see :meth:`extend`)
         self._flattened: tuple[TreeSchema, BlockFlattener | None] | None = None
 
@@ -112,15 +124,10 @@ class FixedRecords:
             record = rows.record(index) if isinstance(err, RecordError) else None
             if record is not None:
                 why = hints(schema, why, record[0])
-            raise SchemaMismatchError(
-                f"extend() refused record {index} (none of this call's records were "
-                f"appended): {why}"
-            ) from cause
+            raise SchemaMismatchError(f"{self.refusal.format(i=index)}: {why}") from cause
         except BaseException as err:
             self.table.rollback(position)
-            rows.refuse_unreadable(
-                err, "extend() refused record {i} (none of this call's records were appended): "
-            )
+            rows.refuse_unreadable(err, self.refusal + ": ")
             raise
 
     def _write_stacked(self, rows: _Blocks, count: int) -> None:
@@ -152,10 +159,7 @@ class FixedRecords:
                 names the store), or a batch not of the schema's structure.
         """
         if mask is not None:
-            raise SchemaMismatchError(
-                f"store {where} holds records of one structure: extend_batch takes no mask= "
-                "(that is for stores created with ragged= or optional=)"
-            )
+            raise SchemaMismatchError(self.mask_refusal.format(where=where))
         leaves, treedef = tree_flatten(batch)
         schema = self.schema
         if not schema.holds(treedef):
@@ -171,8 +175,7 @@ class FixedRecords:
         except SchemaMismatchError as err:
             raise SchemaMismatchError(hints(schema, str(err), batch, batched=True)) from None
         except Exception as err:  # JAX's, reading a jax.Array of the batch
-            head = "extend_batch() refused the batch (none of its records were appended): "
-            refuse_unreadable(err, batch, head, fix=VALID)
+            refuse_unreadable(err, batch, self.batch_refusal + ": ", fix=VALID)
             raise
         if count == 0:
             return
@@ -307,4 +310,4 @@ def hints(schema: TreeSchema, message: str, record: object, *, batched: bool = F
     return hinted(message, problems, header)
 
 
-__all__ = ["FixedRecords", "block_rows", "hints", "stackable"]
+__all__ = ["REFUSALS", "FixedRecords", "block_rows", "hints", "stackable"]

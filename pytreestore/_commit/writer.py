@@ -157,6 +157,7 @@ class Writer:
         self.writes = self._handoff.writes
         self._snap: Position | None = None  # the position of the last snapshot
         self._saved: list[np.ndarray] | None = None  # its buffered rows, once overwritten
+        self._stored = -1  # the rows on storage as buffered (written past the commit), if all
         if self.fill:
             tail = backend.read(self._keys, slice(start, commit.records), commit.records)
             for buf, rows in zip(self.buffers, tail):
@@ -327,21 +328,18 @@ class Writer:
             return
         self.settle()
         with atomic(self._backend):
-            self._write_batch(blocks)
-
-    def _write_batch(self, blocks: Sequence[np.ndarray]) -> None:
-        if isinstance(self._committer, Committer):  # this writer commits its own records
             self._write_all(blocks)
-        else:  # a ragged store's table: its record writer commits every table at once
-            self._write_whole_chunks(blocks)
 
     def _write_all(self, blocks: Sequence[np.ndarray]) -> None:
         """Writes the buffered rows and every row of ``blocks``, the partial tail chunk with
-        the whole ones, and commits them: one resize, one round of chunk writes, one commit,
-        and nothing left for ``flush``/``close`` to write.
+        the whole ones, and advances the committer to them: one resize, one round of chunk
+        writes, one commit (the store's :class:`Committer`; a table of several, whose
+        record writer commits them together, :class:`~pytreestore._commit.direct.TableCommits`,
+        commits nothing here), and nothing left for ``flush``/``close`` to write.
 
         The tail rows stay buffered (chunks are always written whole: the next write of the
-        tail chunk rewrites them), so a later flush or chunk write is unchanged."""
+        tail chunk rewrites them), so a later flush or chunk write is unchanged; until a row
+        is appended or rolled back, a flush commits them without writing them again."""
         count, start, fill = len(blocks[0]), self.start, self.fill
         end = start + fill + count
         head = min(self.chunk - fill, count) if fill else 0  # rows topping up the buffer
@@ -361,35 +359,8 @@ class Writer:
             for buf, block in zip(self.buffers, blocks):
                 buf[: end - new_start] = block[count - (end - new_start) :]
         self.start, self.fill = new_start, end - new_start
+        self._stored = end
         self._commit(end)
-
-    def _write_whole_chunks(self, blocks: Sequence[np.ndarray]) -> None:
-        """Writes the whole chunks ``blocks`` complete and commits up to them; the rows of a
-        partial tail chunk stay buffered."""
-        count = len(blocks[0]) if blocks else 0
-        done = 0
-        while done < count:
-            if self.fill == self.chunk:
-                self._write_chunk(commit=False)
-            if self.fill == 0 and count - done >= self.chunk:
-                self.settle()  # after the chunks handed over, in order
-                whole = (count - done) // self.chunk * self.chunk
-                end = self.start + whole
-                self._committer.release()
-                self._backend.resize(self._keys, end)
-                self._backend.write(
-                    self._keys, self.start, [b[done : done + whole] for b in blocks]
-                )
-                self.start, done = end, done + whole
-                continue
-            take = min(self.chunk - self.fill, count - done)
-            for buf, block in zip(self.buffers, blocks):
-                buf[self.fill : self.fill + take] = block[done : done + take]
-            self.fill, done = self.fill + take, done + take
-        if self.fill == self.chunk:
-            self._write_chunk(commit=False)
-        if self.start > self.commit.records:
-            self._commit(self.start)
 
     def flush(self) -> None:
         """Writes every buffered record and commits them.
@@ -410,6 +381,9 @@ class Writer:
         if self.pending == 0:
             return
         end = len(self)
+        if end == self._stored:  # written by write_batch, as buffered: commit them only
+            self._commit(end)
+            return
         self._put(self.start, [b[: self.fill] for b in self.buffers], end)
         if self.fill == self.chunk:
             self.start, self.fill = end, 0
@@ -439,7 +413,7 @@ class Writer:
             for buf, block in zip(self.buffers, rows):
                 buf[:fill] = block
         self.start, self.fill = start, fill
-        self._snap, self._saved = None, None
+        self._snap, self._saved, self._stored = None, None, -1
         self._committer.check()  # never trim records another writer has committed
         if self._committer.holding or left:
             return  # rows past the commit are older versions', or a failed job's to retry

@@ -8,9 +8,10 @@ of :meth:`~pytreestore.TreeStore.extend_batch` with a global batch, on every pro
    shapes, dtypes), compute the row plan from the leaves' shardings
    (:func:`pytreestore._tree.global_rows.row_plan`, the same on every process), and write
    this process's runs as fragments (``write_fragment``; no lock, nothing committed). A
-   ragged or optional store's padded batch and its mask are cut the same way, and each run
-   written as a ragged fragment by the ``ragged_rows`` the opener hands over
-   (:mod:`pytreestore._fragments.multihost_ragged`). A failure here is caught, not raised yet.
+   ragged or optional store's padded batch and its mask are cut the same way: every store's
+   step is the ``local_rows`` the opener hands over
+   (:func:`pytreestore._fragments.multihost_ragged.write_rows`). A failure here is caught, not
+   raised yet.
 2. **Exchange** (the first barrier): every process's status, fragments as JSON or its error,
    and a description of its batch (record count, treedef, leaf shapes and dtypes), gathered
    on every process with ``jax.experimental.multihost_utils.process_allgather``. It returns
@@ -41,23 +42,18 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.tree_util import tree_flatten
 
 from pytreestore import errors
 from pytreestore._commit.fragment import Fragment
 from pytreestore._commit.record import Commit
 from pytreestore._format.schema import TreeSchema
 from pytreestore._fragments import remove as _remove
-from pytreestore._fragments import write as _fragments
 from pytreestore._location import Location
-from pytreestore._tree.global_rows import host_rows, row_plan
-from pytreestore._tree.stack import batch_length
 from pytreestore.backends import Backend
 from pytreestore.errors import (
     BadLocationError,
     MultiHostError,
     PyTreeStoreError,
-    SchemaMismatchError,
 )
 
 
@@ -89,9 +85,9 @@ def allgather(payload: bytes) -> list[bytes]:
     return [bytes(gathered[i][: int(n)]) for i, n in enumerate(np.asarray(lengths).ravel())]
 
 
-#: a ragged store's local step: (engine, schema, head, batch, mask, process, where) -> the
-#: process's status members ``count``, ``describe``, ``runs`` (pytreestore._fragments.multihost_ragged)
-RaggedRows = Callable[[Backend, TreeSchema, Commit, Any, Any, int, str], dict[str, Any]]
+#: the local step: (engine, schema, head, batch, mask, process, where) -> the process's
+#: status members ``count``, ``describe``, ``runs`` (pytreestore._fragments.multihost_ragged)
+LocalRows = Callable[[Backend, TreeSchema, Commit, Any, Any, int, str], dict[str, Any]]
 
 
 def describe(batch_leaves: Sequence[Any], treedef: Any) -> dict[str, Any]:
@@ -107,18 +103,15 @@ class MultiHost:
         path: the store's location, for messages.
         process: this process's index (``jax.process_index()``).
         processes: the number of processes (``jax.process_count()``).
-        ragged_rows: the local step of a ragged or optional store (None: such a store is
-            refused).
+        local_rows: the local step, step 1 (every kind of store's).
     """
 
-    def __init__(
-        self, path: str, location: Location, ragged_rows: RaggedRows | None = None
-    ) -> None:
+    def __init__(self, path: str, location: Location, local_rows: LocalRows) -> None:
         self.path = path
         self.process = jax.process_index()
         self.processes = jax.process_count()
         self._location = location
-        self.ragged_rows = ragged_rows
+        self.local_rows = local_rows
 
     def refused(self, *, append: bool = False) -> MultiHostError:
         """The error for a method a multi-host store does not take on this process:
@@ -149,8 +142,7 @@ class MultiHost:
         try:
             len(store)  # a closed store raises here, on its own process
             head, schema = store.commit_now(), store.schema
-            step = self.local_step(schema)
-            rows = step(backend, schema, head, batch, mask, self.process, self.path)
+            rows = self.local_rows(backend, schema, head, batch, mask, self.process, self.path)
             status = {"ok": True, **rows}
         except Exception as err:  # reported to every process, raised below
             local = err
@@ -171,58 +163,6 @@ class MultiHost:
             )
             raise local
         raise _rebuild(outcome["error"])
-
-    def local_step(self, schema: TreeSchema) -> RaggedRows:
-        """This process's step 1 for a store of ``schema``, chosen here once: a fixed store's
-        rows are written by :meth:`_write_rows`, a ragged or optional store's into its tables
-        by the opener's ``ragged_rows``.
-
-        Raises:
-            FragmentError: a ragged or optional store, and no ``ragged_rows``.
-        """
-        if schema.ragged is None:  # multi-host extend_batch: records of one structure
-            return self._write_rows
-        if self.ragged_rows is None:
-            raise errors.FragmentError(
-                f"store {self.path} holds ragged or optional records, whose global batches "
-                "this opener cannot write; open it with pytreestore.open(..., multihost=True)"
-            )
-        return self.ragged_rows
-
-    def _write_rows(
-        self,
-        backend: Backend,
-        schema: TreeSchema,
-        head: Any,
-        batch: Any,
-        mask: Any,
-        process: int,
-        path: str,
-    ) -> dict[str, Any]:
-        """A fixed store's step 1 (``process`` and ``path``: this host's, as ``ragged_rows``
-        takes them)."""
-        if mask is not None:
-            raise SchemaMismatchError(
-                f"store {path} holds records of one structure: extend_batch takes no "
-                "mask= (that is for stores created with ragged= or optional=)"
-            )
-        leaves, treedef = tree_flatten(batch)
-        if not schema.holds(treedef):
-            raise SchemaMismatchError(schema.mismatch_message(batch, what="batch"))
-        description = describe(leaves, treedef)
-        columns = schema.column_leaves(leaves)
-        count = batch_length(columns, schema.paths)
-        plan = row_plan(columns, schema.paths, count)
-        runs: list[list[Any]] = []
-        try:
-            for start, stop in plan.of(self.process):
-                rows = schema.unflatten([host_rows(leaf, start, stop) for leaf in columns])
-                fragment = _fragments.write(backend, schema, head, rows, None, self.path)
-                runs.append([start, stop, fragment.to_json()])
-        except BaseException:
-            self._remove(backend, [text for _, _, text in runs])
-            raise
-        return {"count": count, "describe": description, "runs": runs}
 
     def _commit(self, store: Any, backend: Backend, statuses: list[dict[str, Any]]) -> dict:
         written = [text for s in statuses if s["ok"] for _, _, text in s["runs"]]
@@ -261,16 +201,15 @@ def open_everywhere(
     other: Callable[[], Any],
     path: str,
     location: Location,
-    ragged_rows: RaggedRows | None = None,
+    local_rows: LocalRows,
 ) -> Any:
     """A multi-host store on every process: process 0 runs ``first()`` (create, or open for
     appending: it takes the writer lock), then, after a barrier, every other process runs
     ``other()`` (open read-only: no lock); each attaches a :class:`MultiHost` (with
-    ``ragged_rows``, the local step of a ragged or optional store).
+    ``local_rows``, the local step of its ``extend_batch``).
 
     Raises:
         BadLocationError: a ``memory://`` store with several processes.
-        FragmentError: a ragged or optional store, and no ``ragged_rows``.
         PyTreeStoreError: on every process, if any process failed to create or open it
             (process 0 closes its store then).
     """
@@ -280,14 +219,13 @@ def open_everywhere(
             "cannot reach; put the store on storage every process reaches (a shared "
             "filesystem, s3://, gs://)"
         )
-    host = MultiHost(path, location, ragged_rows)
+    host = MultiHost(path, location, local_rows)
     store, local = None, None
     for turn in ("first", "other"):
         status: dict[str, Any] = {"ok": True}
         if (turn == "first") == (host.process == 0):
             try:
                 store = first() if turn == "first" else other()
-                host.local_step(store.schema)  # refuses a store this opener cannot write
             except Exception as err:
                 local, status = err, {"ok": False, "error": _error_json(err)}
         statuses = [unpack(raw) for raw in allgather(pack(status))]
@@ -356,8 +294,8 @@ def _rebuild(error: dict[str, str]) -> PyTreeStoreError:
 
 
 __all__ = [
+    "LocalRows",
     "MultiHost",
-    "RaggedRows",
     "allgather",
     "describe",
     "open_everywhere",
