@@ -188,7 +188,6 @@ DISPATCH_SITES = sorted(
         ("pytreestore._commit.model", "open: a fixed store's records need no layout"),
         ("pytreestore._commit.fragment", "format 3: a fixed store's fragment has no schema file"),
         ("pytreestore._open.open", "create: ragged=/optional= declare tables"),
-        ("pytreestore._open.copy", "copy: ragged records are appended one by one"),
         ("pytreestore._cli.look", "CLI head/show: ragged records are read one by one"),
         ("pytreestore._ray.blocks", "Ray blocks: a fixed store's as numpy batches, both ways"),
         # left for a later round (their files were being changed in this one)

@@ -352,6 +352,19 @@ def _commit(context: ReadContext, commit: Callable[[], Commit]) -> Commit:
     return commit()
 
 
+def table_rows(
+    context: ReadContext,
+    commit: Callable[[], Commit],
+    request: LoadRequest,
+    start: int,
+    stop: int,
+) -> dict[str | None, Rows]:
+    """The rows of every table that records ``[start, stop)`` hold, at the commit a read
+    sees now: each table's a run of consecutive rows, in order (``copy`` appends them as
+    they are)."""
+    return _gather(context, request, _commit(context, commit), np.arange(start, stop))
+
+
 def check_learnt(schema: TreeSchema, gathered: dict[str | None, Rows], where: str) -> None:
     """Raises SchemaMismatchError when the rows read hold a structure that was still pending
     when this reader read the schema (a writer has learnt it since)."""
@@ -433,4 +446,5 @@ __all__ = [
     "iterate",
     "load",
     "record_lengths",
+    "table_rows",
 ]
