@@ -1,12 +1,14 @@
 """Copying a store: to another place, with other chunks, another codec or another backend.
 
-The copy reads the source in slices of whole destination chunks (host numpy, exact dtypes) and
-appends them to a new store created with the source's schema, so the classes named in the
-schema never need to be importable (a ragged or optional store's records, copied one by
-one, are read with stand-ins for them: :mod:`pytreestore._open.standins`). It commits after
-every slice: a copy that is interrupted leaves a valid, shorter destination (or, if cut off
-while the destination was being created, a partial one). Until the copy ends, the destination holds the marker ``.pytreestore/incomplete``,
-so that ``copy(..., overwrite=True)`` and ``create(..., overwrite=True)`` recognise what an
+The copy reads the source in slices of whole destination chunks (host numpy, exact dtypes),
+each slice's rows of every table (the record table, and a ragged or optional store's axis
+tables: :func:`~pytreestore._read.tables.table_rows`, the read engine's gather), and appends
+each table's rows as one batch to a new store created with the source's schema: every kind of
+store the same way, and the classes named in the schema never need to be importable (a
+ragged or optional store is opened with stand-ins for them:
+:mod:`pytreestore._open.standins`). It commits once the rows are written: a copy that is
+interrupted leaves the marker ``.pytreestore/incomplete`` in the destination until the copy
+ends, so that ``copy(..., overwrite=True)`` and ``create(..., overwrite=True)`` recognise what an
 interrupted copy left and replace it. A destination that overlaps the source (the same place,
 or one inside the other) is refused before anything is written.
 
@@ -34,14 +36,16 @@ from pytreestore._format import compression as _compression
 from pytreestore._format import packs as _packs
 from pytreestore._format.columns import ColumnSpec, leaf_chunks
 from pytreestore._format.packs import Pack
+from pytreestore._format.ragged import OFFSETS, slot
 from pytreestore._format.schema import TreeSchema
 from pytreestore._inspect import progress as _progress
 from pytreestore._location import Location
 from pytreestore._open import schemas as _schemas
 from pytreestore._open.open import create_from_schema
 from pytreestore._open.standins import open_without_classes
-from pytreestore._read.reader import load_leaves
+from pytreestore._read.gather import Rows
 from pytreestore._read.request import LoadRequest
+from pytreestore._read.tables import table_rows
 from pytreestore._runtime import RUNTIME
 from pytreestore._store import TreeStore
 from pytreestore.errors import BadLocationError
@@ -142,29 +146,32 @@ def _copy(
     request = LoadRequest.build(source.schema, policy=False, as_numpy=True)
 
     def fill(writer: RecordWriter) -> None:
-        if schema.ragged is not None:  # copy: records one by one, each of its own structure
-            _copy_records(source, writer, total, progress)
-            return
         with _progress.progress_bar(
             total=total, desc="copy", record_nbytes=row_bytes, enabled=progress
         ) as bar:
             for start in range(0, total, step):
                 stop = min(start + step, total)
-                writer.tables[None].write_batch(load_leaves(context, request, slice(start, stop)))
+                _append_rows(writer, table_rows(context, source.commit_now, request, start, stop))
                 bar.advance(stop - start)
 
     create_from_schema(location, schema, backend=backend, overwrite=overwrite, fill=fill)
     return total
 
 
-def _copy_records(source: TreeStore, writer: Any, total: int, progress: bool) -> None:
-    """Appends the first ``total`` records of a ragged ``source``, read exactly."""
-    with _progress.progress_bar(total=total, desc="copy", record_nbytes=0, enabled=progress) as bar:
-        for i, record in enumerate(source.records(as_numpy=True)):
-            if i == total:
-                break
-            writer.append_record(record)
-            bar.advance(1)
+def _append_rows(writer: RecordWriter, rows: dict[str | None, Rows]) -> None:
+    """Appends each table's rows read from the source (:func:`~pytreestore._read.tables.
+    table_rows`) to the copy's table as one batch: leaves and presence as read, offsets as
+    their ends (a copy writes every row from row 0, so each offset stays as it is)."""
+    for t, table in writer.tables.items():
+        got = rows[t]
+        if got.count:
+            values = got.values
+            table.write_batch(
+                [
+                    values[slot(c)][1] if c.role == OFFSETS else values[slot(c)]
+                    for c in table.schema.columns
+                ]
+            )
 
 
 def _unstarted(schema: TreeSchema) -> TreeSchema:

@@ -1,4 +1,5 @@
-"""Reading the rows of selected records from every table of a ragged store.
+"""Reading the rows of selected records from every table of a store (a fixed store's: its
+record table alone).
 
 The record table is read at the selected records. For each ragged axis, parents first, the
 offsets array is read at the parent rows and at the row before each, which gives every parent
@@ -73,8 +74,7 @@ def gather(
     Raises:
         CorruptStoreError: an offsets array is damaged (decreasing, or past its table).
     """
-    info = schema.ragged
-    assert info is not None
+    info = schema.tables  # a fixed store's: the record table alone
     wanted = schema.columns if leaves is None else leaves
     index_cols = _index_columns(schema)
     out: dict[str | None, Rows] = {None: Rows(len(records))}
@@ -99,8 +99,7 @@ _INDEX_COLUMNS: dict[int, tuple[weakref.ref[TreeSchema], list[ColumnSpec]]] = {}
 def _index_columns(schema: TreeSchema) -> list[ColumnSpec]:
     held = _INDEX_COLUMNS.get(id(schema))
     if held is None or held[0]() is not schema:
-        info = schema.ragged
-        assert info is not None
+        info = schema.tables
         if len(_INDEX_COLUMNS) >= 64:
             _INDEX_COLUMNS.clear()
         held = (weakref.ref(schema), info.index_columns(schema.chunk_records))

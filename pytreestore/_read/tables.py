@@ -61,6 +61,18 @@ class RaggedRead:
     size: int | None = None
 
     @classmethod
+    def of(
+        cls, request: LoadRequest, path: str, ragged: Any, pad_to: Any, truncate: Any, size: Any
+    ) -> RaggedRead:
+        """The options of a read of ``request`` (of the store at ``path``), checked: those
+        of a read that gathers from tables (:meth:`build`); a store whose records are its
+        record table's rows alone takes none of them (:func:`check_fixed`)."""
+        if request.gathers:
+            return cls.build(ragged, pad_to, truncate, size)
+        check_fixed(path, ragged, pad_to, truncate, size)
+        return NO_OPTIONS
+
+    @classmethod
     def build(cls, ragged: Any, pad_to: Any, truncate: Any, size: Any) -> RaggedRead:
         if ragged not in FORMS:
             raise RaggedDeclarationError(f"ragged= takes 'pad' or 'segments', got {ragged!r}")
@@ -76,6 +88,10 @@ class RaggedRead:
         if ragged == "segments" and pad_to is not None:
             raise RaggedDeclarationError("pad_to= applies to ragged='pad'; use size= for segments")
         return cls(ragged, check_pad_to(pad_to), truncate, size)
+
+
+#: the options of a read of the record table alone: none
+NO_OPTIONS = RaggedRead()
 
 
 def check_fixed(path: str, ragged: Any, pad_to: Any, truncate: Any, size: Any) -> None:
@@ -336,6 +352,19 @@ def _commit(context: ReadContext, commit: Callable[[], Commit]) -> Commit:
     return commit()
 
 
+def table_rows(
+    context: ReadContext,
+    commit: Callable[[], Commit],
+    request: LoadRequest,
+    start: int,
+    stop: int,
+) -> dict[str | None, Rows]:
+    """The rows of every table that records ``[start, stop)`` hold, at the commit a read
+    sees now: each table's a run of consecutive rows, in order (``copy`` appends them as
+    they are)."""
+    return _gather(context, request, _commit(context, commit), np.arange(start, stop))
+
+
 def check_learnt(schema: TreeSchema, gathered: dict[str | None, Rows], where: str) -> None:
     """Raises SchemaMismatchError when the rows read hold a structure that was still pending
     when this reader read the schema (a writer has learnt it since)."""
@@ -417,4 +446,5 @@ __all__ = [
     "iterate",
     "load",
     "record_lengths",
+    "table_rows",
 ]

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import pytreestore
+from pytreestore._runtime import RUNTIME
 from tests.parity import kinds
 
 PAIRS = list(itertools.permutations(kinds.BACKENDS, 2))
@@ -88,3 +89,18 @@ def test_copy_packs_and_moves_backend_at_once(tmp_path: Path, kind: str) -> None
     pytreestore.copy(tmp_path / "src", tmp_path / "p", backend="ocdbt", pack=True)
     assert pytreestore.open(tmp_path / "p").schema.packs != ()
     assert_holds(tmp_path / "p", records)
+
+
+@pytest.mark.parametrize("backend", kinds.BACKENDS)
+@pytest.mark.parametrize("kind", kinds.KINDS)
+def test_copy_in_many_steps_appends_every_table(
+    tmp_path: Path, kind: str, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy in steps of a few records appends each step's rows of every table (the
+    element rows of its records, offsets kept) to the copy, exactly, on every kind."""
+    monkeypatch.setattr(RUNTIME.reads, "copy_slice_bytes", 1)  # one source chunk per step
+    records = kinds.filled(tmp_path / "src", kind, backend, n=23, chunk_records=3)
+    got = pytreestore.copy(tmp_path / "src", tmp_path / "dst", backend=backend, chunk_records=2)
+    assert got == 23
+    assert_holds(tmp_path / "dst", records, backend=backend)
+    assert pytreestore.open(tmp_path / "dst").schema.chunk_records == 2
