@@ -19,7 +19,7 @@ import numpy as np
 
 from pytreestore import _arguments
 from pytreestore._core import StoreCore
-from pytreestore._read.records import RECORD_READS
+from pytreestore._read.records import record_reads
 
 #: the record type of a store (``TreeStore[T]``): the class of the example it was created with
 T = TypeVar("T")
@@ -127,7 +127,8 @@ class Reads(Generic[T]):
             pmap_devices=pmap_devices,
         )
         options = (ragged, pad_to, _arguments.trimmed(trim, truncate), size)
-        return RECORD_READS.load(core.read_context(), core.head, request, index, options)
+        reads = record_reads(request.schema)
+        return reads.load(core.read_context(), core.head, request, index, options)
 
     @overload
     def __getitem__(self, index: int) -> T: ...
@@ -161,7 +162,7 @@ class Reads(Generic[T]):
         """
         core = self._core
         request = core.request(columns=columns, as_numpy=as_numpy, cast=cast)
-        yield from RECORD_READS.iterate(core.read_context(), core.head, request)
+        yield from record_reads(request.schema).iterate(core.read_context(), core.head, request)
 
     def lengths(self, index: Any = slice(None)) -> dict[str, np.ndarray]:
         """Per ragged axis, each selected record's longest list (or leading axis) there,
@@ -181,7 +182,7 @@ class Reads(Generic[T]):
             [3, 0, 2]
         """
         core = self._core
-        return RECORD_READS.lengths(core.read_context(), core.head, core.schema, index)
+        return record_reads(core.schema).lengths(core.read_context(), core.head, core.schema, index)
 
 
 __all__ = ["Reads", "T"]

@@ -187,6 +187,7 @@ DISPATCH_SITES = sorted(
         ("pytreestore._format.schema", "the record model: a fixed store has no pending parts"),
         ("pytreestore._commit.model", "open: a fixed store's records need no layout"),
         ("pytreestore._commit.fragment", "format 3: a fixed store's fragment has no schema file"),
+        ("pytreestore._read.records", "reads: the record table alone, or its axis tables too"),
         ("pytreestore._open.open", "create: ragged=/optional= declare tables"),
         ("pytreestore._cli.look", "CLI head/show: ragged records are read one by one"),
         ("pytreestore._ray.blocks", "Ray blocks: a fixed store's as numpy batches, both ways"),

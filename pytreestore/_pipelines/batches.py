@@ -213,27 +213,34 @@ class GrainPadding:
     ones: bool = False  # padded records of a fixed store: nothing padded, a mask of ones
 
     @classmethod
-    def of(cls, store: Any, gathers: bool, padded: Any, pad_to: Any, truncate: Any) -> GrainPadding:
-        """The padding of ``grain_source(padded=, pad_to=, trim=)``, checked. A store whose
-        reads gather from tables (``gathers``: ragged axes or optional subtrees) is padded by
-        default, so that Grain's default batching can stack the records; ``pad_to=None`` is
-        the longest list (or ragged leading axis) in the store now, read from its offsets
-        once (at least 1). Records of the record table alone are exact by default;
-        ``padded=True`` pairs each with a mask of ones, and nothing is padded.
+    def of_fixed(cls, store: Any, padded: Any, pad_to: Any, truncate: Any) -> GrainPadding:
+        """The padding of a fixed store's ``grain_source(padded=, pad_to=, trim=)``,
+        checked: exact records by default; ``padded=True`` pairs each with a mask of ones.
 
         Raises:
             ArgumentTypeError: ``padded`` or ``truncate`` is not a bool, ``pad_to`` not an int.
-            ArgumentError: ``pad_to`` or ``truncate`` without padding (or with nothing to
-                pad), or ``pad_to`` < 1.
+            ArgumentError: ``pad_to`` or ``truncate`` (nothing is padded), or ``pad_to`` < 1.
         """
-        padded, pad_to, truncate = _checked(store, gathers, padded, pad_to, truncate)
-        if not gathers:
-            if pad_to is not None or truncate:
-                raise ArgumentError(
-                    f"store {store.path} was created without ragged= or optional=, so nothing "
-                    "of its records is padded: grain_source(pad_to=, trim=) do not apply"
-                )
-            return cls(padded, ones=padded)
+        padded, pad_to, truncate = _checked(store, False, padded, pad_to, truncate)
+        if pad_to is not None or truncate:
+            raise ArgumentError(
+                f"store {store.path} was created without ragged= or optional=, so nothing "
+                "of its records is padded: grain_source(pad_to=, trim=) do not apply"
+            )
+        return cls(padded, ones=padded)
+
+    @classmethod
+    def of_tables(cls, store: Any, padded: Any, pad_to: Any, truncate: Any) -> GrainPadding:
+        """The padding of a ragged or optional store's ``grain_source(padded=, pad_to=,
+        trim=)``, checked: padded by default, so that Grain's default batching can stack
+        the records; ``pad_to=None`` is the longest list (or ragged leading axis) in the
+        store now, read from its offsets once (at least 1).
+
+        Raises:
+            ArgumentTypeError: ``padded`` or ``truncate`` is not a bool, ``pad_to`` not an int.
+            ArgumentError: ``pad_to`` or ``truncate`` without padding, or ``pad_to`` < 1.
+        """
+        padded, pad_to, truncate = _checked(store, True, padded, pad_to, truncate)
         lengths = store.lengths() if padded and pad_to is None else {}
         if lengths:  # a store with ragged axes (an optional subtree alone pads nothing)
             pad_to = max((int(n.max()) for n in lengths.values() if n.size), default=0) or 1

@@ -32,7 +32,7 @@ from pytreestore._pipelines.batches import BatchIterator, GrainPadding, GrainSou
 from pytreestore._pipelines.prefetch import auto_depth
 from pytreestore._read.cache import ChunkCache
 from pytreestore._read.reader import ReadContext
-from pytreestore._read.records import RECORD_READS
+from pytreestore._read.records import record_reads
 from pytreestore._read.request import LoadRequest
 from pytreestore.errors import ArgumentTypeError
 
@@ -222,7 +222,7 @@ class Pipelines:
         if prefetch is None:
             prefetch = auto_depth(size * request.record_nbytes)
         return _map.map_records(
-            RECORD_READS.on_batch(request, fn),
+            record_reads(request.schema).on_batch(fn),
             _loader(core, context, request, "pad", pad_to, _arguments.trimmed(trim, truncate)),
             count=context.readable(),
             batch_size=size,
@@ -268,8 +268,9 @@ class Pipelines:
         """
         context = self._core.read_context()
         request = context.request(columns=columns, as_numpy=True)  # before lengths are read
+        reads = record_reads(request.schema)
         trim = _arguments.trimmed(trim, truncate)
-        padding = GrainPadding.of(self, request.gathers, padded, pad_to, trim)
+        padding = reads.grain_padding(GrainPadding, self, padded, pad_to, trim)
         load = _loader(self._core, context, request, "pad", padding.pad_to, padding.truncate)
         return GrainSource(self, columns=columns, load=load, padding=padding, spec=self._core.spec)
 
@@ -347,7 +348,8 @@ def _loader(
 ) -> Callable[[Any], Any]:
     """The load function of a pipeline: records of a fixed store, ``(batch, mask)`` (or
     ``(values, segments)``) of a ragged one."""
-    return RECORD_READS.loader(context, core.head, request, (ragged, pad_to, truncate))
+    reads = record_reads(request.schema)
+    return reads.loader(context, core.head, request, (ragged, pad_to, truncate))
 
 
 __all__ = ["Pipelines"]

@@ -115,11 +115,6 @@ class LoadRequest:
         return cls(schema, chosen, resolved, as_numpy, device, shardings, pad, pmap)
 
     @property
-    def gathers(self) -> bool:
-        """Whether the read gathers rows from the schema's tables (:func:`gathers`)."""
-        return gathers(self.schema)
-
-    @property
     def split(self) -> bool:
         """Whether the read builds global arrays (``sharding=``, ``pmap_devices=``)."""
         return self.shardings is not None
@@ -158,15 +153,6 @@ class LoadRequest:
             _sharded.check_batches(
                 self.specs, self.shardings, batch_size, count, drop_last=drop_last
             )
-
-
-def gathers(schema: TreeSchema) -> bool:
-    """Whether a read of ``schema``'s records gathers their rows from its tables: the store
-    declared ragged axes or optional subtrees, so that a record is built by its layout and a
-    batch is ``(records, mask)`` (or ``(values, segments)``). Without, the records are the
-    record table's rows as stacked leaves, and a batch is those records alone."""
-    tables = schema.tables
-    return bool(tables.ragged or tables.optional)
 
 
 def _selects_nothing(columns: Any, paths: Sequence[str]) -> str:

@@ -61,18 +61,6 @@ class RaggedRead:
     size: int | None = None
 
     @classmethod
-    def of(
-        cls, request: LoadRequest, path: str, ragged: Any, pad_to: Any, truncate: Any, size: Any
-    ) -> RaggedRead:
-        """The options of a read of ``request`` (of the store at ``path``), checked: those
-        of a read that gathers from tables (:meth:`build`); a store whose records are its
-        record table's rows alone takes none of them (:func:`check_fixed`)."""
-        if request.gathers:
-            return cls.build(ragged, pad_to, truncate, size)
-        check_fixed(path, ragged, pad_to, truncate, size)
-        return NO_OPTIONS
-
-    @classmethod
     def build(cls, ragged: Any, pad_to: Any, truncate: Any, size: Any) -> RaggedRead:
         if ragged not in FORMS:
             raise RaggedDeclarationError(f"ragged= takes 'pad' or 'segments', got {ragged!r}")
@@ -88,10 +76,6 @@ class RaggedRead:
         if ragged == "segments" and pad_to is not None:
             raise RaggedDeclarationError("pad_to= applies to ragged='pad'; use size= for segments")
         return cls(ragged, check_pad_to(pad_to), truncate, size)
-
-
-#: the options of a read of the record table alone: none
-NO_OPTIONS = RaggedRead()
 
 
 def check_fixed(path: str, ragged: Any, pad_to: Any, truncate: Any, size: Any) -> None:
