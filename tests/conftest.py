@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from multiprocessing.pool import Pool
 from pathlib import Path
@@ -74,6 +75,52 @@ def trials(default: int, full: int) -> list[Any]:
         [0, 1, 2]
     """
     return [t if t < default else pytest.param(t, marks=pytest.mark.slow) for t in range(full)]
+
+
+def tiered(cells: Sequence[Any], default: Sequence[Any]) -> list[Any]:
+    """``cells`` as ``pytest.mark.parametrize`` values: those in ``default`` run in
+    ``make test``, the rest are marked ``slow`` (``make test-long`` runs them all).
+
+    A grid of kinds, backends and options often proves the same thing in many cells; the
+    default tier keeps a covering subset (every kind and backend, and every pair of them where
+    the behaviour depends on both) and the full grid still runs in the long tier.
+
+    Example:
+        >>> [bool(getattr(p, "marks", ())) for p in tiered(["a", "b"], ["a"])]
+        [False, True]
+    """
+    return [c if c in default else pytest.param(*_values(c), marks=pytest.mark.slow) for c in cells]
+
+
+def diagonal(kinds: Sequence[str], backends: Sequence[str], offset: int = 0) -> list[Any]:
+    """A covering subset of ``kinds`` x ``backends``: each kind once, on the backends in turn
+    (starting ``offset`` along), so each backend has a kind when there are at least as many
+    kinds; two offsets cover two cells of each kind.
+
+    Example:
+        >>> diagonal(["a", "b", "c", "d"], ["x", "y", "z"], offset=1)
+        [('a', 'y'), ('b', 'z'), ('c', 'x'), ('d', 'y')]
+    """
+    return [(k, backends[(i + offset) % len(backends)]) for i, k in enumerate(kinds)]
+
+
+#: the dtypes the conformance suite's bit-for-bit case takes to S3 in ``make test``: each item
+#: size (1, 2, 4, 8 and 16 bytes), a float8 and bfloat16. The S3 kvstores move a chunk's bytes
+#: whatever they encode, and tests/test_conformance.py runs every dtype on every backend; the
+#: rest of the dtypes go to S3 in ``make test-long``.
+S3_DTYPES = ("bool", "bfloat16", "float8_e4m3fn", "int32", "uint64", "complex128")
+
+
+def s3_dtypes() -> list[Any]:
+    """Every supported dtype's name as ``parametrize`` values, those not in :data:`S3_DTYPES`
+    marked ``slow``."""
+    from pytreestore._format import dtypes
+
+    return tiered(list(dtypes.SUPPORTED), S3_DTYPES)
+
+
+def _values(cell: Any) -> tuple[Any, ...]:
+    return cell if isinstance(cell, tuple) else (cell,)
 
 
 def _parametrized(names: str | Sequence[str]) -> list[str]:
@@ -156,10 +203,12 @@ def pool() -> Iterator[Pool]:
         yield workers
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def local_ray() -> Iterator[None]:
     """Ray on this machine, every address 127.0.0.1, two worker CPUs, the dataset's order
-    kept; started once per module that uses it (``tests/test_ray*.py``), shut down after."""
+    kept; started once per test process, when the first test of ``tests/test_ray*.py`` needs
+    it (``make test`` puts those modules on one worker: :func:`pytest_xdist_make_scheduler`),
+    shut down at the end of the session."""
     import ray
     from ray._private import ray_constants
 
@@ -171,20 +220,28 @@ def local_ray() -> Iterator[None]:
     cluster, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, False
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, saved["PYTHONPATH"]]))
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    try:
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    finally:  # the processes Ray started took the environment; the other tests' children
+        _restore(saved)  # keep theirs (tests/interpreters.py compares it)
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True
     context.enable_progress_bars = False
     assert ray.nodes()[0]["NodeManagerAddress"] == "127.0.0.1"
     yield
-    ray.shutdown()
+    with warnings.catch_warnings():  # the last test of the session, whichever it is, ends it
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ray.shutdown()
     ray_constants.ENABLE_RAY_CLUSTER = cluster
+
+
+def _restore(saved: dict[str, str | None]) -> None:
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)
@@ -197,3 +254,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     their own order, so the worker that takes the last module has little left to run."""
     seconds = durations.load()
     items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], durations.UNKNOWN))
+
+
+#: modules that share one Ray instance (:func:`local_ray`): ``make test`` runs them on one worker
+RAY_MODULES = ("tests/test_ray.py", "tests/test_ray_read.py")
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: the controller asks for a scheduler
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadfile`` (``make test``), a worker takes whole modules (their module
+    fixtures, servers and child processes stay together), in the order collected, and the
+    modules of :data:`RAY_MODULES` as one (their Ray starts once)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModuleScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return "ray" if module in RAY_MODULES else module
+
+    return ModuleScheduling(config, log)

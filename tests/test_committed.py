@@ -10,7 +10,9 @@ appending again and again (opening repairs what a killed writer left: it must ne
 away a file another process is writing).
 
 Every test runs on every backend and every kind of store it applies to: fixed, a ragged list,
-an optional subtree, a ragged list inside a ragged list.
+an optional subtree, a ragged list inside a ragged list. ``make test`` runs the three tests of
+a kind and a backend on a third of the pairs each, every kind and backend in each test and
+every pair in one of them (:data:`GRID`); ``make test-long`` runs every pair in each.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import pytreestore
 from pytreestore import errors
 from pytreestore._commit import versions
 from pytreestore.testing import assert_trees_equal
+from tests.conftest import BACKENDS, diagonal, tiered
 from tests.trial_harness import Zygote, read_log
 
 pytest_plugins = ("tests.fixtures",)
@@ -43,6 +46,8 @@ DECLARATIONS: dict[str, dict[str, Any]] = {
     "optional": {"optional": ["['o']"]},
     "nested": {"ragged": ["['p']", "['p'][*]['h']"]},
 }
+#: every kind on every backend; each test takes its own third in make test (``diagonal``)
+GRID = [(k, b) for k in KINDS for b in BACKENDS]
 KILL_TRIALS = 1  # per backend and kind; more under the slow marker
 SLOW_KILL_TRIALS = 8
 
@@ -104,7 +109,7 @@ def slow_commits(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
 # ---- (a) committed never runs ahead of a fresh open --------------------------------------------
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "backend"), tiered(GRID, diagonal(KINDS, BACKENDS, 0)))
 def test_committed_never_counts_what_a_fresh_open_does_not_read(
     tmp_path: Path, backend: str, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -186,7 +191,7 @@ def test_a_writer_killed_as_committed_rises_keeps_every_record_it_counted(
 APPENDS = 10 * CHUNK + 2
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "backend"), tiered(GRID, diagonal(KINDS, BACKENDS, 1)))
 def test_a_reader_thread_loading_during_appends_never_fails(
     tmp_path: Path, backend: str, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -239,7 +244,7 @@ def write_fragments(path: str, backend: str, kind: str, out: str) -> None:
     Path(out).write_text(json.dumps(results))
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "backend"), tiered(GRID, diagonal(KINDS, BACKENDS, 2)))
 def test_write_fragment_beside_a_writer_reopening_the_store(
     zygote: Zygote, tmp_path: Path, backend: str, kind: str
 ) -> None:

@@ -25,7 +25,7 @@ import pytest
 import pytreestore
 from pytreestore import errors
 from pytreestore.testing import assert_trees_equal
-from tests.conftest import BACKENDS
+from tests.conftest import BACKENDS, tiered
 from tests.test_ragged_fragments import fragments_left
 from tests.trial_harness import RAGGED_DECL, Zygote, ragged_like, ragged_record, read_log
 
@@ -150,8 +150,23 @@ def _make(path: Path, backend: str, start: int) -> None:
         store.extend(ragged_record(i) for i in range(start))
 
 
-@pytest.mark.parametrize("start", [4, 3], ids=["aligned", "misaligned"])
-@pytest.mark.parametrize("point", POINTS)
+#: every point, start and backend (``make test-long``); ``make test`` runs half: each point on
+#: every backend, aligned and misaligned in turn, so every pair of the three meets
+CELLS = [(p, s, b) for p in POINTS for s in (4, 3) for b in BACKENDS]
+DEFAULT_CELLS = [
+    (p, s, b)
+    for i, p in enumerate(POINTS)
+    for j, s in enumerate((4, 3))
+    for k, b in enumerate(BACKENDS)
+    if (i + j + k) % 2 == 0
+]
+
+
+@pytest.mark.parametrize(
+    ("point", "start", "backend"),
+    tiered(CELLS, DEFAULT_CELLS),
+    ids=[f"{p}-{'aligned' if s == 4 else 'misaligned'}-{b}" for p, s, b in CELLS],
+)
 def test_a_writer_killed_at_each_point_loses_nothing(zygote, tmp_path, backend, start, point):
     path = tmp_path / "s"
     _make(path, backend, start)

@@ -28,6 +28,7 @@ from pytreestore.errors import (
 )
 from pytreestore.testing import assert_trees_equal
 from tests import optional
+from tests.conftest import diagonal, tiered
 from tests.parity import kinds
 
 NO_RAY = "the ray extra is not installed (pip install '.[ray]')"
@@ -56,8 +57,14 @@ def stored(path: Any, backend: str, kind: str, n: int = N) -> list[Any]:
     return kinds.filled(path, kind, backend, n=n, chunk_records=CHUNK)
 
 
-@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
-@pytest.mark.parametrize("kind", kinds.KINDS)
+#: make test: each kind on one of the two backends, in turn; make test-long: on both
+ROUND_TRIPS = tiered(
+    [(k, b) for k in kinds.KINDS for b in ("tensorstore", "zarr")],
+    diagonal(kinds.KINDS, ("tensorstore", "zarr")),
+)
+
+
+@pytest.mark.parametrize(("kind", "backend"), ROUND_TRIPS)
 def test_a_store_round_trips_through_map_batches(tmp_path, backend, kind):
     src, out = tmp_path / "src", tmp_path / "out"
     records = stored(src, backend, kind)

@@ -26,6 +26,7 @@ from pytreestore.backends._tensorstore.kvstore import kvstore_spec
 from pytreestore.testing import assert_trees_equal
 from pytreestore.testing.conformance import BackendSuite
 from pytreestore.testing.s3 import OutageProxy
+from tests.conftest import s3_dtypes
 from tests.trees import AllParams, Pair, Params, WithStatic, deep_record, seed_records
 
 pytestmark = pytest.mark.s3
@@ -265,6 +266,10 @@ class TestTensorStoreOnS3(BackendSuite):
 
     @pytest.mark.skip(reason="reads the arrays with zarr-python from local disk")
     def test_bfloat16_through_zarr_python(self) -> None: ...
+
+    @pytest.mark.parametrize("name", s3_dtypes())  # tests/fixtures.py: a few in make test
+    def test_every_dtype_bit_for_bit(self, name: str) -> None:
+        super().test_every_dtype_bit_for_bit(name)
 
 
 class TestOcdbtOnS3(TestTensorStoreOnS3):

@@ -33,6 +33,7 @@ from pytreestore.backends._zarr.s3 import ZarrS3Backend, s3_settings
 from pytreestore.testing import assert_trees_equal
 from pytreestore.testing.conformance import BackendSuite
 from pytreestore.testing.s3 import OutageProxy
+from tests.conftest import s3_dtypes
 
 pytestmark = pytest.mark.s3
 pytest_plugins = ("tests.fixtures",)
@@ -418,3 +419,7 @@ class TestZarrOnS3(BackendSuite):
 
     @pytest.mark.skip(reason="reads the arrays with zarr-python from local disk")
     def test_bfloat16_through_zarr_python(self) -> None: ...
+
+    @pytest.mark.parametrize("name", s3_dtypes())  # tests/fixtures.py: a few in make test
+    def test_every_dtype_bit_for_bit(self, name: str) -> None:
+        super().test_every_dtype_bit_for_bit(name)

@@ -22,7 +22,12 @@ from pytreestore._read import slabs
 from pytreestore._runtime import RUNTIME
 from pytreestore.errors import CorruptChunkError
 from tests import interpreters
-from tests.conftest import child_env, copying_cpu_puts, cpu_mesh
+from tests.conftest import BACKENDS, child_env, copying_cpu_puts, cpu_mesh, diagonal, tiered
+
+#: every backend with and without compression (``make test-long``); ``make test`` runs each
+#: backend with one codec, the codecs in turn, the other one in each of the two tests
+CODECS = ("zstd", None)
+GRID = [(b, c) for b in BACKENDS for c in CODECS]
 
 
 @pytest.fixture
@@ -82,7 +87,7 @@ def _same(got, want) -> None:
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-@pytest.mark.parametrize("codec", ["zstd", None])
+@pytest.mark.parametrize(("backend", "codec"), tiered(GRID, diagonal(BACKENDS, CODECS)))
 def test_a_big_load_in_slabs_equals_the_whole_read(path, backend, codec, on_cpu):
     store = _store(path, backend, codec=codec)
     whole = store.load(slice(5, 2990), as_numpy=True)
@@ -348,7 +353,7 @@ def copying_cpu(monkeypatch, on_cpu):
     return fresh
 
 
-@pytest.mark.parametrize("codec", ["zstd", None])
+@pytest.mark.parametrize(("backend", "codec"), tiered(GRID, diagonal(BACKENDS, CODECS, 1)))
 def test_reused_host_buffers_give_every_load_its_own_values(path, backend, codec, copying_cpu):
     store = _store(path, backend, codec=codec)
     whole = store.load(as_numpy=True)

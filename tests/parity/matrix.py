@@ -1,7 +1,8 @@
 """Prints issue 29's parity matrix: one row per feature (a test of ``tests/parity``), one
 column per kind of store, each cell the backends on which every test of that cell passed.
 
-Run: ``python -m tests.parity.matrix`` (it runs ``pytest tests/parity`` and reads the outcomes).
+Run: ``python -m tests.parity.matrix`` (it runs ``pytest tests/parity``, the tests marked ``slow``
+too, and reads the outcomes).
 A cell reads ``ts zarr ocdbt`` when all passed, names failures with ``!``, and refusals (tests
 named ``refuses``) with ``(refused)``.
 """
@@ -57,7 +58,8 @@ def _cell(outcomes: dict[str, list[str]], refused: bool) -> str:
 def main() -> int:
     collect = _Collect()
     suites = ["tests/parity", *ELSEWHERE]
-    code = pytest.main(["-q", "-p", "no:cacheprovider", *suites, *sys.argv[1:]], [collect])
+    every = ["-m", "slow or not slow"]  # the cells make test leaves to make test-long too
+    code = pytest.main(["-q", "-p", "no:cacheprovider", *every, *suites, *sys.argv[1:]], [collect])
     rows = sorted({row for row, _ in collect.cells})
     width = max(len(r) for r in rows) if rows else 10
     print(f"\n{'feature: test'.ljust(width)} | " + " | ".join(k.ljust(16) for k in KINDS))

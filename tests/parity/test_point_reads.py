@@ -16,9 +16,14 @@ import pytest
 
 import pytreestore
 from pytreestore._runtime import RUNTIME
+from tests.conftest import diagonal, tiered
 from tests.parity import kinds
 
 N = 80  # past JIT_MIN (64): the loop's block is placed on the device
+#: every kind on every backend (``make test-long``); ``make test`` runs each kind on one backend,
+#: the backends in turn, a different one in each of the two tests of the grid (the reads of a
+#: kind and the bytes of a backend meet in ten of the fifteen cells)
+GRID = [(k, b) for k in kinds.KINDS for b in kinds.BACKENDS]
 
 
 def _same(got: Any, want: Any, *, jax_leaves: bool) -> None:
@@ -35,8 +40,7 @@ def _same(got: Any, want: Any, *, jax_leaves: bool) -> None:
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("backend", kinds.BACKENDS)
-@pytest.mark.parametrize("kind", kinds.KINDS)
+@pytest.mark.parametrize(("kind", "backend"), tiered(GRID, diagonal(kinds.KINDS, kinds.BACKENDS)))
 def test_loop_of_store_getitem_gives_each_record_exactly(tmp_path, kind, backend):
     recs = kinds.filled(tmp_path / "s", kind, backend, n=N)
     with pytreestore.open(tmp_path / "s") as store:
@@ -180,8 +184,9 @@ def _with_axes(kind: str, i: int) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("backend", kinds.BACKENDS)
-@pytest.mark.parametrize("kind", kinds.KINDS)
+@pytest.mark.parametrize(
+    ("kind", "backend"), tiered(GRID, diagonal(kinds.KINDS, kinds.BACKENDS, 1))
+)
 def test_several_ragged_axes_in_a_loop_and_iteration(tmp_path, kind, backend, monkeypatch):
     """Records with several ragged leading axes (issue 44, item 7): the k-th array leaf of a
     record's gather was looked up past the rows of the arrays before it, so ``store[i]`` in a
