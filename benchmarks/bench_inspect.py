@@ -25,7 +25,7 @@ import numpy as np
 from _common import Case, Result, Timed, at_most, measure_side_by_side
 
 import pytreestore
-from pytreestore._format.names import ROOT_KEY
+from pytreestore._format.keys import ROOT_KEY
 from pytreestore._inspect import repr as _repr
 
 TITLE = "Inspect: the notebook view of a store of 20,000 chunk files"

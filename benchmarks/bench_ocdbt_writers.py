@@ -6,7 +6,7 @@
   ``2 N``: the same commits, the same coordinator. Timed from the moment every process is
   ready (opened) until the last one is done; process start-up is not timed. Ratio:
   throughput, ours (two writers) over the baseline (one). Commits take turns under the
-  commit claim (``pytreestore._commit.claim``), so about 1 is the expectation: a second
+  commit claim (``pytreestore._log.locks``), so about 1 is the expectation: a second
   writer adds no commit rate, and the row shows what the claim's hand-over costs.
 * **shared writer vs exclusive writer**: one shared writer committing ``2 N`` records against
   one writer of the same OCDBT store opened without a coordinator (each commit one atomic

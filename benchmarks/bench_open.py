@@ -5,7 +5,7 @@ weight and a float32 bias), 64 records each, on local disk.
   registered among tensorstore, zarr and ocdbt; the goal is at most 3x from 10 to 1,000
   leaves. A reader's open reads two objects whatever the width (the root `zarr.json` and the
   commit record) and checks the format version from the root's first bytes; the schema is
-  parsed on first use (pytreestore/_deferred.py), which *open + first load* below times.
+  parsed on first use (pytreestore/_spec.py), which *open + first load* below times.
   *cold* forgets the schemas parsed before (as the first open of a store in a process);
   *again* is a later open of the same unchanged store.
 * **open + first load**: open and `load(as_numpy=True)` of every record, which reads every

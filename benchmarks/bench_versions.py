@@ -1,7 +1,7 @@
 """What a version costs a commit (issue #16): every commit writes its version record first.
 
 * **version record vs one small object**: writing the version record
-  (``pytreestore._commit.versions.publish``: a put of about 250 bytes, only if the key is
+  (``pytreestore._log.versions.publish``: a put of about 250 bytes, only if the key is
   absent) against a plain put of the same bytes through the same backend, each to a new key, on
   a local store. The issue's bound: a version costs at most one small object more than a commit
   did before. Ratio: slowdown, ours over the plain put.
@@ -27,9 +27,10 @@ import numpy as np
 from _common import Case, Result, Timed, at_most, measure_side_by_side
 
 import pytreestore
-from pytreestore._commit import consolidated, versions
-from pytreestore._commit.record import Commit
 from pytreestore._location import Location
+from pytreestore._log import metadata as consolidated
+from pytreestore._log import versions
+from pytreestore._log.commit_record import Commit
 from pytreestore.backends import get_backend
 
 TITLE = "Versions: what a version costs a commit"

@@ -6,7 +6,7 @@ how fast the host can read a store at all, the bound under every load to the dev
 of 64 rows, zstd and uncompressed, then reads it in 8 slices, 1, 3 and 8 side by side: each
 slice ``read()`` into a new array (fresh memory: on a host without transparent hugepages every
 page is a fault), or written into one of 8 arrays made once (``ts.array(buf, copy=False)``),
-as the loads' pieces are (pytreestore/_read/hostpool.py).
+as the loads' pieces are (pytreestore/_read/slabs.py).
 """
 
 from __future__ import annotations

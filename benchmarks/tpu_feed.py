@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--min-mib", type=int, help="the smallest load read in pieces, in MiB")
     parser.add_argument("--direct-workers", type=int, help="threads reading plain chunk files")
     args = parser.parse_args(argv)
-    from pytreestore._read import hostpool
+    from pytreestore._read import slabs as hostpool
 
     if args.min_mib is not None:
         RUNTIME.reads.slab_min_bytes = args.min_mib << 20

@@ -13,19 +13,19 @@ Example:
 """
 
 from pytreestore import errors as errors
-from pytreestore._commit.fragment import Fragment as Fragment
-from pytreestore._commit.vacuum import VacuumReport as VacuumReport
-from pytreestore._commit.versions import Version as Version
 from pytreestore._format.schema import FORMAT_VERSION as FORMAT_VERSION
 from pytreestore._format.schema import ColumnSpec as ColumnSpec
 from pytreestore._format.schema import TreeSchema as TreeSchema
 from pytreestore._format.statics import register_static_codec as register_static_codec
+from pytreestore._fragments.fragment import Fragment as Fragment
 from pytreestore._inspect.verify import VerifyReport as VerifyReport
+from pytreestore._log.prune import VacuumReport as VacuumReport
+from pytreestore._log.versions import Version as Version
 from pytreestore._open.copy import copy as copy
-from pytreestore._open.evolve import evolve as evolve
-from pytreestore._open.fragments import write_fragment as write_fragment
+from pytreestore._open.evolve_path import evolve as evolve
 from pytreestore._open.open import create as create
 from pytreestore._open.open import open as open
+from pytreestore._open.sharing import write_fragment as write_fragment
 from pytreestore._pipelines.batches import BatchIterator as BatchIterator
 from pytreestore._pipelines.batches import GrainSource as GrainSource
 from pytreestore._read.tables import Segments as Segments

@@ -2,8 +2,8 @@
 the accounting of its reads.
 
 :class:`StoreCore` is what :class:`~pytreestore.TreeStore` is made of: the public class holds
-one and its faces (the reads of :mod:`pytreestore._reads`, the versions of
-:mod:`pytreestore._versioning`, the pipelines of :mod:`pytreestore._pipelines.methods`) use
+one and its faces (the reads of :mod:`pytreestore._faces`, the versions of
+:mod:`pytreestore._faces`, the pipelines of :mod:`pytreestore._pipelines.methods`) use
 only its public interface below. It holds
 
 - the **lifecycle**: open, closing (a flush that may fail and be retried), closed; the jobs
@@ -12,7 +12,7 @@ only its public interface below. It holds
 - the **guards**: one append, flush or close at a time (:meth:`StoreCore.writing`), the
   process that may write, read-only and generic views;
 - the **writer** and the one commit sequence every change of a store goes through
-  (:meth:`StoreCore.commit`, :mod:`pytreestore._commit.transaction`);
+  (:meth:`StoreCore.commit`, :mod:`pytreestore._log.transaction`);
 - the **read accounting**: reads in flight that ``close()`` waits for
   (:meth:`StoreCore.reading`), the read-ahead block and the decoded-chunk cache, and a
   reader's view of the commit record (:meth:`StoreCore.refresh`).
@@ -36,26 +36,25 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pytreestore import _exiting
-from pytreestore._commit import transaction as _transaction
-from pytreestore._commit import truncate as _truncate
-from pytreestore._commit.lock import WriterLock
-from pytreestore._commit.model import reread_schema
-from pytreestore._commit.record import Commit
-from pytreestore._commit.records import RecordWriter, new_writer
-from pytreestore._commit.repair import check_not_replaced
-from pytreestore._commit.transaction import Change, Operation, Transaction
-from pytreestore._commit.writer import forked_writer
-from pytreestore._deferred import Deferred
+from pytreestore import _threads as _exiting
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
-from pytreestore._platform import at_fork
+from pytreestore._log import prune as _truncate
+from pytreestore._log import transaction as _transaction
+from pytreestore._log.commit_record import Commit
+from pytreestore._log.locks import WriterLock
+from pytreestore._log.model import reread_schema
+from pytreestore._log.repair import check_not_replaced
+from pytreestore._log.transaction import Change, Operation, Transaction
 from pytreestore._read import reader as _reader
 from pytreestore._read.ahead import ReadAhead
 from pytreestore._read.cache import ChunkCache, for_store
 from pytreestore._read.reader import ReadContext
 from pytreestore._read.request import LoadRequest
-from pytreestore._spec import StoreSpec
+from pytreestore._runtime import at_fork
+from pytreestore._spec import Deferred, StoreSpec
+from pytreestore._write.records import RecordWriter, new_writer
+from pytreestore._write.writer import forked_writer
 from pytreestore.backends import Backend
 from pytreestore.errors import ClosedStoreError, PyTreeStoreError, ReadOnlyError, StorageError
 
@@ -263,7 +262,7 @@ class StoreCore:
     # ---- the one commit sequence ---------------------------------------------------------------
 
     def commit(self, operation: Operation) -> Change | None:
-        """Commits ``operation`` (:mod:`pytreestore._commit.transaction`) in the one sequence
+        """Commits ``operation`` (:mod:`pytreestore._log.transaction`) in the one sequence
         of every change: check its arguments (nothing written), flush, check for another
         writer, release the rows older versions hold if it writes over them, its atomic step
         and the commit, then renew the writer at the new commit.
@@ -331,7 +330,7 @@ class StoreCore:
             self._shut()
 
     def hold_at_exit(self, wait: float) -> bool | None:
-        """At the interpreter's exit (:mod:`pytreestore._exiting`): takes the writer for good
+        """At the interpreter's exit (:mod:`pytreestore._threads`): takes the writer for good
         (a thread still appending waits, and ends with the process); False if another thread
         held it ``wait`` seconds, None if there is none here."""
         if self._closed or self._forked or self._writer is None or os.getpid() != self._pid:

@@ -1,4 +1,23 @@
-"""The runtime: every thread pool, cache budget and tuning constant of pytreestore, in one object.
+"""The runtime: every thread pool, cache budget and tuning constant of pytreestore in one object, and what it needs of the operating system.
+
+What pytreestore needs of the operating system, asked for where it is used, not at import.
+
+* ``fcntl.flock`` (POSIX: Linux, macOS, the BSDs) for the writer lock of a local store and
+  the zarr backend's commit lock. Where ``fcntl`` is missing (Windows), ``import
+  pytreestore`` works, and so do reads of local stores and everything on ``memory://``,
+  ``s3://`` and ``gs://`` stores; opening a local store for writing raises
+  :class:`~pytreestore.errors.UnsupportedPlatformError`, which says so.
+* ``os.register_at_fork`` (POSIX) for the hooks that reset a forked child's threads and
+  locks; where there is no ``fork`` there is nothing to reset.
+* ``/proc`` (Linux) only to tell that an object store's lock holder on this machine is gone
+  (:func:`pytreestore._log.locks.holder_is_dead`); without it no holder is provably gone,
+  so no lock is taken over unasked (docs/reliability.md, "Platforms").
+
+Example:
+    >>> flock_module("/tmp/store", "taking the writer lock of").LOCK_EX > 0
+    True
+
+The runtime: every thread pool, cache budget and tuning constant of pytreestore, in one object.
 
 As TensorStore's ``Context`` holds the resources its operations share (``cache_pool``,
 ``data_copy_concurrency``, ``file_io_concurrency``), :data:`RUNTIME` holds ours: the knobs,
@@ -18,12 +37,12 @@ the default executor of zarr-python's event loop (:meth:`Runtime.loop_pool`) and
 daemon threads of background jobs (:func:`thread`, for :mod:`pytreestore._threads`, which
 stops and waits for its jobs at the interpreter's exit). The pools' threads are joined by
 ``concurrent.futures``' own exit hook, which runs before every ``atexit`` hook (so before
-:mod:`pytreestore._threads`' hook and the writers' last flush of :mod:`pytreestore._exiting`):
+:mod:`pytreestore._threads`' hook and the writers' last flush of :mod:`pytreestore._threads`):
 work handed to a pool after it is refused, except on :class:`ExitSafePool`, which then does the
 work on the caller's thread.
 
 Not here: the defaults that decide the layout of a new store on disk (the chunk, inner-chunk
-and pack sizes of :mod:`pytreestore._format.columns` and :mod:`pytreestore._format.packs`):
+and pack sizes of :mod:`pytreestore._format.columns` and :mod:`pytreestore._format.compression`):
 they are part of the format's defaults, not of a running process.
 
 Example:
@@ -37,15 +56,48 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from types import ModuleType
 from typing import Any, TypeVar
 
-from pytreestore._platform import at_fork
+from pytreestore.errors import UnsupportedPlatformError
+
+
+def flock_module(where: object, doing: str) -> ModuleType:
+    """The ``fcntl`` module, for ``flock``.
+
+    Args:
+        where: the store (or file) that needs the lock, for the message.
+        doing: what needs it, completed by ``where``: ``"taking the writer lock of"``.
+
+    Raises:
+        UnsupportedPlatformError: this platform has no ``fcntl`` (not POSIX).
+    """
+    try:
+        return importlib.import_module("fcntl")
+    except ImportError as err:
+        raise UnsupportedPlatformError(
+            f"{doing} {where} needs file locks (fcntl.flock), which this platform lacks: "
+            "writing a local store needs a POSIX system (Linux, macOS, BSD). Here, local "
+            "stores can be read, and memory://, s3:// and gs:// stores read and written."
+        ) from err
+
+
+def at_fork(after_in_child: Callable[[], object]) -> None:
+    """Runs ``after_in_child`` in each child ``os.fork`` makes (nothing where there is no
+    fork)."""
+    register = getattr(os, "register_at_fork", None)
+    if register is not None:
+        register(after_in_child=after_in_child)
+
 
 _T = TypeVar("_T")
+
+
 _MiB = 1 << 20
 
 
@@ -265,7 +317,10 @@ def thread(target: Callable[..., object], args: tuple[Any, ...], name: str) -> t
 
 #: the process's runtime: every module reads its knobs and pools from here
 RUNTIME = Runtime()
+
+
 at_fork(RUNTIME.forget_pools)
+
 
 __all__ = [
     "RUNTIME",
@@ -277,5 +332,7 @@ __all__ = [
     "Threads",
     "Waits",
     "Writes",
+    "at_fork",
+    "flock_module",
     "thread",
 ]

@@ -11,24 +11,21 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Generic
 
-from pytreestore._commit.lock import WriterLock
-from pytreestore._commit.operations import Evolve
-from pytreestore._commit.record import Commit
 from pytreestore._core import AnyWriter, StoreCore
-from pytreestore._deferred import Deferred
+from pytreestore._faces import Fragmenting, Reads, T, Versioning
 from pytreestore._format.schema import TreeSchema
-from pytreestore._fragmenting import Fragmenting
 from pytreestore._inspect import notebook as _notebook
 from pytreestore._inspect import progress as _progress
 from pytreestore._inspect import repr as _repr
 from pytreestore._inspect.verify import VerifyReport, verify_store
 from pytreestore._location import Location
+from pytreestore._log.commit_record import Commit
+from pytreestore._log.locks import WriterLock
+from pytreestore._log.transaction import Evolve
 from pytreestore._pipelines.methods import Pipelines
 from pytreestore._read.cache import ChunkCache
 from pytreestore._read.reader import ReadContext
-from pytreestore._reads import Reads, T
-from pytreestore._spec import StoreSpec, reopen
-from pytreestore._versioning import Versioning
+from pytreestore._spec import Deferred, StoreSpec, reopen
 from pytreestore.backends import Backend
 from pytreestore.errors import UnpicklableStoreError
 
@@ -82,7 +79,7 @@ class TreeStore(Pipelines, Reads[T], Versioning, Fragmenting, Generic[T]):
         Versioning.__init__(self, core)
         core.on_close(self._purged)  # committed fragments' folders, deleted on a thread
 
-    # ---- what the fragment face (_fragmenting.py) and tests read of a store ------------------
+    # ---- what the fragment face (_faces.py) and tests read of a store ------------------
 
     @property
     def _schema(self) -> TreeSchema:

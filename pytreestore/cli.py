@@ -18,7 +18,7 @@ Example:
 
 from __future__ import annotations
 
-from pytreestore._cli import check, copying, look  # noqa: F401 (each registers its commands)
+from pytreestore._cli import commands as check  # noqa: F401 (each registers its commands)
 from pytreestore._cli.common import EXIT_ERROR, EXIT_PROBLEMS, main
 
 __all__ = ["EXIT_ERROR", "EXIT_PROBLEMS", "main"]

@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from pytreestore._ray.columns import check_columns, column_names
+from pytreestore._ray.blocks import check_columns, column_names
 from pytreestore._ray.sink import TreeStoreDatasink
 from pytreestore._ray.source import TreeStoreDatasource, read_store
 

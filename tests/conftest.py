@@ -151,10 +151,11 @@ def path(tmp_path) -> str:
 def copying_cpu_puts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Makes the CPU copy what a load in pieces gives it, as an accelerator does (a CPU
     ``device_put`` may alias host memory), so the pieces' host buffers are reused from load
-    to load (pytreestore/_read/hostpool.py)."""
+    to load (pytreestore/_read/slabs.py)."""
     import numpy as np
 
-    from pytreestore._read import hostpool, slabs
+    from pytreestore._read import slabs
+    from pytreestore._read import slabs as hostpool
 
     monkeypatch.setattr(hostpool, "ALIASING", set())
     monkeypatch.setattr(

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pytreestore._format.names import ROOT_KEY
+from pytreestore._format.keys import ROOT_KEY
 
 
 def fail_root_writes(monkeypatch: pytest.MonkeyPatch, engine: Any, error: BaseException) -> None:

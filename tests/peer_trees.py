@@ -49,7 +49,7 @@ from pytreestore import errors
 
 # ---- JAX tests/tree_util_test.py ----------------------------------------------------------------
 from pytreestore._format import dtypes as _dtypes
-from pytreestore._format import prng as _prng
+from pytreestore._format import dtypes as _prng
 
 ATuple = collections.namedtuple("ATuple", ("foo", "bar"))
 

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import pytreestore
-from pytreestore._format.names import FRAGMENTS_DIR
+from pytreestore._format.keys import FRAGMENTS_DIR
 from pytreestore._location import Location
 from pytreestore.backends import OcdbtBackend
 from tests import interpreters

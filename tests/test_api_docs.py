@@ -93,7 +93,7 @@ def _tree_store_members(ids: set[str]) -> set[str]:
 def test_the_tree_store_entry_shows_its_public_members_and_only_them(page):
     ids, _ = page
     public = {n for n in dir(pytreestore.TreeStore) if not n.startswith("_")}
-    # the read API, which the store's faces (_reads.py, _pipelines, ...) give it
+    # the read API, which the store's faces (_faces.py, _pipelines, ...) give it
     inherited = {"load", "batches", "map", "records", "lengths", "grain_source", "versions"}
     inherited |= {"tag", "truncate", "vacuum", "commit_fragments", "version"}
     assert inherited <= public

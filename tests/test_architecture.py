@@ -185,14 +185,17 @@ DISPATCH_SITES = sorted(
     [
         ("pytreestore._format.schema", "the record model: a fixed store has no axis tables"),
         ("pytreestore._format.schema", "the record model: a fixed store has no pending parts"),
-        ("pytreestore._commit.model", "open: a fixed store's records need no layout"),
-        ("pytreestore._commit.fragment", "format 3: a fixed store's fragment has no schema file"),
-        ("pytreestore._read.records", "reads: the record table alone, or its axis tables too"),
+        ("pytreestore._log.model", "open: a fixed store's records need no layout"),
+        (
+            "pytreestore._fragments.fragment",
+            "format 3: a fixed store's fragment has no schema file",
+        ),
+        ("pytreestore._read.engine", "reads: the record table alone, or its axis tables too"),
         ("pytreestore._open.open", "create: ragged=/optional= declare tables"),
-        ("pytreestore._cli.look", "CLI head/show: ragged records are read one by one"),
+        ("pytreestore._cli.commands", "CLI head/show: ragged records are read one by one"),
         ("pytreestore._ray.blocks", "Ray blocks: a fixed store's as numpy batches, both ways"),
         # batches without a mask, and a walk of a fixed tree costs 3.7x per append, 8x per extend
-        ("pytreestore._commit.records", "the writer: a fixed tree's records are rows, no walk"),
+        ("pytreestore._write.records", "the writer: a fixed tree's records are rows, no walk"),
     ]
 )
 #: sites left from modules being changed elsewhere; the others must reach at most 5
@@ -364,3 +367,59 @@ def test_the_thread_check_sees_a_new_pool():
     assert _thread_makers("loop.set_default_executor(ExitSafePool(2))")
     assert not _thread_makers("with RUNTIME.call_pool(4) as pool: pass")
     assert not _thread_makers("threading.Event()")
+
+
+#: at most this many modules (issue 45: 193 before; every ``.py`` file of the package counts)
+MODULE_LIMIT = 150
+#: module names that mean the same thing in each folder where they appear
+SAME_MEANING = {"__init__", "backend"}
+
+
+def _stem(name: str) -> str:
+    """A name as its folder or module would collide: ``_reads`` and ``_read``,
+    ``_fragmenting`` and ``_fragments`` are one stem."""
+    stem = name.lstrip("_").removesuffix(".py")
+    stem = stem.removesuffix("ing") if len(stem) > 6 else stem
+    return stem.rstrip("s")
+
+
+def test_the_package_has_few_modules():
+    assert len(MODULES) <= MODULE_LIMIT, (
+        f"{len(MODULES)} modules: merge modules of one concept (limit {MODULE_LIMIT})"
+    )
+
+
+def test_no_folder_collides_with_a_module_beside_it():
+    found = []
+    for folder in [ROOT, *[p for p in ROOT.rglob("*") if p.is_dir()]]:
+        if folder.name == "__pycache__":
+            continue
+        subfolders = {
+            _stem(p.name): p.name for p in folder.iterdir() if (p / "__init__.py").exists()
+        }
+        for module in folder.glob("*.py"):
+            face = not module.name.startswith("_")  # ray.py, the public face of _ray/
+            if _stem(module.name) in subfolders and subfolders[_stem(module.name)] != (
+                f"_{module.stem}" if face else None
+            ):
+                found.append(f"{module.relative_to(ROOT)} beside {subfolders[_stem(module.name)]}/")
+    assert found == []
+
+
+def test_a_module_name_means_one_thing():
+    by_name: dict[str, list[str]] = collections.defaultdict(list)
+    for name in MODULES:
+        path = MODULES[name]
+        by_name[path.stem].append(name)
+    repeated = {
+        stem: names
+        for stem, names in by_name.items()
+        if len(names) > 1 and stem not in SAME_MEANING
+    }
+    assert repeated == {}, "modules of one name in several folders: name each for its concept"
+
+
+def test_the_name_checks_see_a_collision():
+    assert _stem("_reads.py") == _stem("_read")
+    assert _stem("_fragmenting.py") == _stem("_fragments")
+    assert _stem("_store.py") != _stem("_read")

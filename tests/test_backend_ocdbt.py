@@ -18,9 +18,9 @@ import tensorstore as ts
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._commit import snapshots
-from pytreestore._format.names import COMMIT_KEY, NO_VALUE, version_key
+from pytreestore._format.keys import COMMIT_KEY, NO_VALUE, version_key
 from pytreestore._location import Location
+from pytreestore._log import commit_record as snapshots
 from pytreestore.backends import (
     OcdbtBackend,
     OcdbtDatabase,
@@ -175,7 +175,7 @@ def test_copy_converts_both_ways(tmp_path: Path) -> None:
     assert isinstance(pytreestore.open(to_ocdbt)._backend, OcdbtBackend)
     import zarr
 
-    from pytreestore.backends._zarr import dtypes as _zarr_dtypes
+    from pytreestore.backends._zarr import stores as _zarr_dtypes
 
     _zarr_dtypes.register()
     for leaf in ("bfloat16", "n"):  # the copy back is plain zarr again

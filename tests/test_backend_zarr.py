@@ -21,7 +21,7 @@ import pytreestore
 from pytreestore import errors
 from pytreestore._location import Location
 from pytreestore.backends import ColumnLayout, ZarrBackend
-from pytreestore.backends._zarr import dtypes as _zarr_dtypes
+from pytreestore.backends._zarr import stores as _zarr_dtypes
 from pytreestore.backends._zarr.stores import durable_put
 from tests import interpreters
 from tests.conftest import child_env

@@ -17,8 +17,8 @@ from jax.sharding import PartitionSpec as P
 
 import pytreestore
 from pytreestore._pipelines.batches import BatchIterator
+from pytreestore._pipelines.order import Shuffle
 from pytreestore._pipelines.prefetch import Prefetcher
-from pytreestore._pipelines.shuffle import Shuffle
 from pytreestore._runtime import RUNTIME
 from pytreestore.errors import ArgumentError, ShardingError
 from tests.conftest import cpu_mesh

@@ -1,4 +1,4 @@
-"""The background writer of full chunks (pytreestore._commit.chunk_writes) and what a store's
+"""The background writer of full chunks (pytreestore._write.background) and what a store's
 appends keep when it fails: order, back-pressure, a failure reported once by the next call,
 the retry, and nothing acknowledged lost (issue 32)."""
 
@@ -12,7 +12,7 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._commit.chunk_writes import ChunkWrites
+from pytreestore._write.background import ChunkWrites
 
 
 class _Boom(Exception):

@@ -24,7 +24,7 @@ from click.testing import CliRunner, Result
 
 import pytreestore
 import pytreestore.testing
-from pytreestore._cli import check as cli_check
+from pytreestore._cli import commands as cli_check
 from pytreestore._cli import common as cli_common
 from pytreestore.cli import main
 from tests import interpreters, trees

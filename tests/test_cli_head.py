@@ -22,7 +22,7 @@ from click.testing import CliRunner, Result
 from flax import struct
 
 import pytreestore
-from pytreestore._inspect.records import preview, static_fields, summary_lines
+from pytreestore._inspect.printed import preview, static_fields, summary_lines
 from pytreestore.cli import main
 from tests import trees
 

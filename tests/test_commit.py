@@ -1,4 +1,4 @@
-"""The commit protocol (``pytreestore._commit.protocol``): the initial commit, clearing, the
+"""The commit protocol (``pytreestore._log.protocol``): the initial commit, clearing, the
 lock handshake on open, the token and the conditional commit, on real stores."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._commit import protocol
-from pytreestore._commit.committer import Commit, Committer, commit_token
-from pytreestore._format.names import COMMIT_KEY, INCOMPLETE_KEY, ROOT_KEY
+from pytreestore._format.keys import COMMIT_KEY, INCOMPLETE_KEY, ROOT_KEY
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
+from pytreestore._log import protocol
+from pytreestore._log.committer import Commit, Committer, commit_token
 from pytreestore.backends import get_backend
 
 LIKE = {"a": {"b": np.int32(0)}, "v": np.zeros(3, np.float32)}

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import pytreestore
-from pytreestore._commit import atomic as _atomic
-from pytreestore._commit import repair as _repair
-from pytreestore._commit.record import Commit
+from pytreestore._log import committer as _atomic
+from pytreestore._log import repair as _repair
+from pytreestore._log.commit_record import Commit
 from pytreestore.errors import StoreReplacedError
 from tests.parity import kinds
 
@@ -66,7 +66,8 @@ def test_atomic_tells_transactions_once_per_backend_class(monkeypatch):
         with _atomic.atomic(backend):  # type: ignore[arg-type]
             pass
     assert txn.entered == 2
-    from pytreestore.backends import Transactions, _capable
+    from pytreestore.backends import Transactions
+    from pytreestore.backends import _registry as _capable
 
     assert _capable._CAPABLE[(Transactions, Plain)] is False
     assert _capable._CAPABLE[(Transactions, WithTransactions)] is True

@@ -3,7 +3,7 @@
 A record counted by ``committed`` (or by what a thread reading the writer's store sees) is in
 storage: a fresh open reads it, and a writer killed with SIGKILL at that instant keeps it. On
 OCDBT a commit is written into a transaction that lands after the commit is made, chunks
-included; the count must wait for it (:class:`pytreestore._commit.committer.Committer`).
+included; the count must wait for it (:class:`pytreestore._log.committer.Committer`).
 
 Also here: ``write_fragment`` in a second process while the store's writer opens it for
 appending again and again (opening repairs what a killed writer left: it must never take
@@ -30,7 +30,7 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._commit import versions
+from pytreestore._log import versions
 from pytreestore.testing import assert_trees_equal
 from tests.conftest import BACKENDS, diagonal, tiered
 from tests.trial_harness import Zygote, read_log

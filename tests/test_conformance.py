@@ -23,7 +23,7 @@ from pytreestore.backends import (
     ocdbt_coordinator,
     register_backend,
 )
-from pytreestore.backends._tensorstore.coordinated import CoordinatedOcdbtBackend
+from pytreestore.backends._tensorstore.database import CoordinatedOcdbtBackend
 from pytreestore.testing.conformance import BackendSuite
 
 

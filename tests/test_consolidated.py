@@ -25,9 +25,9 @@ import pytest
 import zarr
 
 import pytreestore
-from pytreestore._commit import consolidated
 from pytreestore._format import dtypes as _dtypes
 from pytreestore._location import Location
+from pytreestore._log import metadata as consolidated
 from pytreestore.backends import OcdbtBackend
 from pytreestore.errors import StorageError
 from pytreestore.testing.conformance import dtype_values

@@ -2,7 +2,7 @@
 every record appended ends in the store exactly once (issue 45, coordfix).
 
 A storage failure is injected at one step of a coordinated commit
-(:mod:`pytreestore._commit.coordinated`): taking the claim, writing the chunks, the version
+(:mod:`pytreestore._write.coordinated`): taking the claim, writing the chunks, the version
 record, the commit record, after the commit record landed but before its acknowledgement,
 and giving the claim back. The failing call is retried as a caller told of a failure does,
 and a fresh open reads every record once, in order, with its values. Where the commit's
@@ -21,7 +21,7 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._format.names import CLAIM_KEY, COMMIT_KEY, VERSIONS_DIR
+from pytreestore._format.keys import CLAIM_KEY, COMMIT_KEY, VERSIONS_DIR
 from pytreestore.backends import ocdbt_coordinator
 from tests.parity import kinds
 

@@ -1,5 +1,5 @@
 """The typed store (``pytreestore._core.StoreCore`` and the faces of ``TreeStore``) and the one
-commit sequence (``pytreestore._commit.transaction``)."""
+commit sequence (``pytreestore._log.transaction``)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._commit.operations import Tag
-from pytreestore._commit.record import Commit
-from pytreestore._commit.transaction import Transaction, commit
-from pytreestore._format.names import ROOT_KEY
+from pytreestore._format.keys import ROOT_KEY
+from pytreestore._log.commit_record import Commit
+from pytreestore._log.transaction import Tag, Transaction, commit
 
 ROOT = Path(pytreestore.__file__).parent
 
@@ -28,7 +27,7 @@ PUBLIC = {
     "truncate", "vacuum", "verify", "version", "versions",
 }  # fmt: skip
 
-FACES = ["_reads.py", "_versioning.py", "_pipelines/methods.py"]
+FACES = ["_faces.py", "_faces.py", "_pipelines/methods.py"]
 
 
 def test_tree_store_keeps_every_public_name():

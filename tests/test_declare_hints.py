@@ -1,5 +1,5 @@
 """Errors that name the fix: a record a store refuses gets the ``ragged=``/``optional=``
-entry that would accept it, as ``stack()`` says it (pytreestore._tree.hints.with_hints)."""
+entry that would accept it, as ``stack()`` says it (pytreestore._tree.layout.with_hints)."""
 
 from __future__ import annotations
 

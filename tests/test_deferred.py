@@ -1,4 +1,4 @@
-"""A reader parses its schema on first use (pytreestore/_deferred.py, open()'s reader path).
+"""A reader parses its schema on first use (pytreestore/_spec.py, open()'s reader path).
 
 ``open(path)`` reads the root ``zarr.json`` and the commit record and checks the format
 version; parsing, validating and binding the schema wait for the first read, ``schema`` or
@@ -21,8 +21,8 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._deferred import Deferred
 from pytreestore._format import validate as _validate
+from pytreestore._spec import Deferred
 from tests import trees
 from tests.test_misuse import run_in_child
 

@@ -11,7 +11,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pytreestore
-from pytreestore._read import device as _device
+from pytreestore._read import place as _device
 from pytreestore.errors import ShardingError
 from tests.conftest import cpu_mesh
 

@@ -332,7 +332,7 @@ def test_a_fetch_interrupted_by_ctrl_c_is_done_again_by_the_next_call(
 ):
     """Accelerator path: a KeyboardInterrupt while ``flush`` fetches the chunk being filled
     left its arrays taken and its rows unfilled, and ``close`` committed them uninitialised."""
-    from pytreestore._commit import handoff
+    from pytreestore._write import background as handoff
 
     monkeypatch.setattr("pytreestore._tree.device._on_host", lambda leaf: False)
     calls = []

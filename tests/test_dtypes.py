@@ -16,7 +16,7 @@ import pytest
 import pytreestore
 from pytreestore import errors
 from pytreestore._format import dtypes as _dtypes
-from pytreestore._read.device import X64DisabledError
+from pytreestore._read.place import X64DisabledError
 
 RECORD_SHAPE = (2, 3)
 WIDE = ("int64", "uint64", "float64", "complex128")

@@ -1,4 +1,4 @@
-"""The table of a list of numpy-scalar elements (``pytreestore._commit.elements``): values
+"""The table of a list of numpy-scalar elements (``pytreestore._write.lists``): values
 wait as they are and are converted per block, in order with blocks queued between them;
 forgetting and rolling back drop exactly what they should, and a failed chunk write keeps
 the rows it did not write. Real table writers on both backends."""
@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 import pytreestore
-from pytreestore._commit.elements import ElementRows
-from pytreestore._commit.protocol import layouts
-from pytreestore._commit.record import Commit
-from pytreestore._commit.writer import Writer
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
+from pytreestore._log.commit_record import Commit
+from pytreestore._log.protocol import layouts
 from pytreestore._runtime import RUNTIME
+from pytreestore._write.lists import ElementRows
+from pytreestore._write.writer import Writer
 from pytreestore.backends import get_backend
 from pytreestore.errors import StorageError
 

@@ -393,7 +393,7 @@ def test_copy_of_an_evolved_store(tmp_path, backend):
 def _fail_the_evolve_commit_once(engine) -> None:
     """The first write of an evolve's commit record through ``engine`` raises StorageError
     (its root, written before, stays)."""
-    from pytreestore._format.names import COMMIT_KEY
+    from pytreestore._format.keys import COMMIT_KEY
 
     failed: list[bool] = []
 

@@ -132,7 +132,7 @@ def test_a_commit_failing_at_exit_says_so_and_the_other_stores_commit(tmp_path):
 
 
 def test_the_zarr_pool_runs_work_here_once_it_refuses_it():
-    from pytreestore.backends._zarr.aio import ExitSafePool
+    from pytreestore.backends._zarr.stores import ExitSafePool
 
     pool = ExitSafePool(2)
     assert pool.submit(sum, [1, 2]).result() == 3

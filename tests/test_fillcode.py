@@ -1,4 +1,4 @@
-"""The generated row fill (pytreestore._tree.fillcode): the same rows and refusals as the loop
+"""The generated row fill (pytreestore._tree.convert): the same rows and refusals as the loop
 it replaces, on every kind of column, and no code past MAX_COLUMNS."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import pytreestore
 from pytreestore import errors
 from pytreestore._format.schema import TreeSchema
-from pytreestore._tree import fillcode
+from pytreestore._tree import convert as fillcode
 from pytreestore._tree.convert import RowFiller, casters
 
 LIKE = {

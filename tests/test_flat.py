@@ -1,4 +1,4 @@
-"""Lists of fixed-tree elements (``pytreestore._commit.flat``): the exact columns of numpy
+"""Lists of fixed-tree elements (``pytreestore._write.lists``): the exact columns of numpy
 scalar elements by one getter per field, taken only for the element's own class and exact
 leaf types; any other list goes by one flatten, None when its structure differs."""
 
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from pytreestore._commit.flat import FlatList
 from pytreestore._format.nodes import dataclass_fields
 from pytreestore._tree.layout import Fixed, RaggedList, Walker
-from pytreestore._tree.ragged import Declarations
+from pytreestore._tree.layout_nodes import Declarations
+from pytreestore._write.lists import FlatList
 
 F32, I8 = np.float32, np.int8
 

@@ -18,7 +18,7 @@ import zarr
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._format.names import FRAGMENTS_DIR
+from pytreestore._format.keys import FRAGMENTS_DIR
 
 pytestmark = pytest.mark.plain_files
 CHUNK = 4
@@ -328,7 +328,7 @@ def test_fragments_pickle_and_travel_as_json(path):
 
 
 #: pickle.dumps of a Fragment by pytreestore before the fragment package (the class then
-#: lived in pytreestore._commit.fragment), fields 0..0, 1..1, 2..2, 4 records, version 1
+#: lived in pytreestore._fragments.fragment), fields 0..0, 1..1, 2..2, 4 records, version 1
 OLD_PICKLE = (
     b"\x80\x04\x95\x12\x01\x00\x00\x00\x00\x00\x00\x8c\x1cpytreestore._commit.fragment"
     b"\x94\x8c\x08Fragment\x94\x93\x94)\x81\x94}\x94(\x8c\x02id\x94\x8c "
@@ -343,7 +343,7 @@ OLD_PICKLE = (
 
 
 def test_a_fragment_pickled_by_the_old_module_commits(path, backend):
-    """A Fragment pickled when its class lived in pytreestore._commit.fragment unpickles as
+    """A Fragment pickled when its class lived in pytreestore._fragments.fragment unpickles as
     pytreestore.Fragment and commits (the pickle names the old module)."""
     store = make(path, backend, 4)
     f = pytreestore.write_fragment(path, batch(4, 4), backend=backend)
@@ -443,7 +443,7 @@ def test_a_committed_fragment_is_refused_once_its_version_left_the_log(path, bac
     """A crash between the commit record and the deletion of a (misaligned, so still whole)
     fragment's folder; then keep_versions drops the version that committed it: committing it
     again is refused, not appended a second time. So is a fragment older than the log."""
-    from pytreestore import _fragmenting
+    from pytreestore import _faces as _fragmenting
     from pytreestore._fragments import commit
 
     store = make(path, backend, 3, keep_versions=1)

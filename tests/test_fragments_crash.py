@@ -22,7 +22,7 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._format.names import FRAGMENTS_DIR, PLACING_KEY
+from pytreestore._format.keys import FRAGMENTS_DIR, PLACING_KEY
 from tests.conftest import FILE_BACKENDS, trials
 from tests.test_fragments import CHUNK, batch, rec
 from tests.trial_harness import Zygote, read_log
@@ -38,9 +38,9 @@ def _die() -> None:
 
 def _kill_at(point: str) -> None:
     """Makes the child kill itself at ``point`` of its next fragment step."""
-    from pytreestore import _fragmenting
-    from pytreestore._commit import committer
-    from pytreestore._fragments import columns as fragments
+    from pytreestore import _faces as _fragmenting
+    from pytreestore._fragments import write as fragments
+    from pytreestore._log import committer
     from pytreestore.backends import _links
 
     if point == "writing":  # the arrays are written, the fragment's description is not
@@ -99,7 +99,7 @@ def child(path: str, backend: str, point: str, out: str) -> None:
 def reopen_child(path: str, backend: str) -> None:
     """Opens the store for appending and dies halfway through moving a killed commit's
     chunk rows back into their fragments."""
-    from pytreestore._commit import placing
+    from pytreestore._log import placing
 
     undo = placing.undo
 

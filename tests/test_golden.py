@@ -20,7 +20,7 @@ import zarr
 import pytreestore
 from pytreestore import errors
 from pytreestore._format import validate as _validate
-from pytreestore.backends._zarr import dtypes as _zarr_dtypes
+from pytreestore.backends._zarr import stores as _zarr_dtypes
 from pytreestore.testing import assert_trees_equal
 from tests import trees
 from tests.data import make_golden

@@ -13,7 +13,7 @@ import pytest
 import zarr
 
 import pytreestore
-from pytreestore.backends._zarr import dtypes as _zarr_dtypes
+from pytreestore.backends._zarr import stores as _zarr_dtypes
 from pytreestore.testing import strategies as pts
 from tests import optional
 

@@ -1,4 +1,4 @@
-"""The writer lock (``pytreestore._commit.lock``): taken, refused while held, given back on
+"""The writer lock (``pytreestore._log.locks``): taken, refused while held, given back on
 close and on a failed open, and, on S3, a lock object naming its holder that ``break_lock``
 takes over."""
 
@@ -13,10 +13,10 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._commit import lock as _lock
-from pytreestore._commit.lock import WriterLock, holder_info, holder_is_dead
-from pytreestore._format.names import COMMIT_KEY, LOCK_KEY
+from pytreestore._format.keys import COMMIT_KEY, LOCK_KEY
 from pytreestore._location import Location
+from pytreestore._log import locks as _lock
+from pytreestore._log.locks import WriterLock, holder_info, holder_is_dead
 from pytreestore.backends import get_backend
 
 pytest_plugins = ("tests.fixtures",)

@@ -161,7 +161,7 @@ def test_a_kept_step_lets_its_function_go(tmp_path):
     import gc
     import weakref
 
-    from pytreestore._pipelines import map as _map
+    from pytreestore._pipelines import prefetch as _map
 
     store = pytreestore.create(tmp_path / "s", {"a": np.float32(0)}, chunk_records=8)
     store.extend({"a": np.float32(i)} for i in range(4))

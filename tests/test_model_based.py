@@ -657,7 +657,7 @@ def test_store_follows_the_model_through_the_accelerator_paths(
     appends, truncates, evolves, versions and fragments: the machine's device loads (a whole
     load beside an epoch of shuffled batches) go through them. The CPU is made to copy what
     it is given, as an accelerator does, so the pieces' host buffers are reused from load
-    to load (pytreestore/_read/hostpool.py). Device arrays appended are fetched as off an
+    to load (pytreestore/_read/slabs.py). Device arrays appended are fetched as off an
     accelerator (stacked on their device, a few at a time), spread over several devices."""
     from pytreestore._read import slabs
     from pytreestore._tree import device

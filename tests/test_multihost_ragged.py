@@ -127,7 +127,7 @@ def test_every_store_checks_a_batch_as_its_extend_batch_before_reading_a_row(tmp
     """One local step for every kind: the store's own ``extend_batch`` refuses the batch on
     none of its records (a mask where it needs none, none where it needs one, a column's
     dtype)."""
-    from pytreestore._fragments.multihost_ragged import check_batch
+    from pytreestore._fragments.multihost import check_batch
 
     ragged = {"ragged": ["['p']"]} if kind == "ragged" else {}
     like = {"p": [np.float32(0)], "n": np.int32(0)} if ragged else {"n": np.int32(0)}

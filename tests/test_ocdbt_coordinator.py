@@ -28,9 +28,8 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._commit.claim import CommitClaim
-from pytreestore._commit.lock import holder_info
-from pytreestore._format.names import CLAIM_KEY, COMMIT_KEY, NO_VALUE
+from pytreestore._format.keys import CLAIM_KEY, COMMIT_KEY, NO_VALUE
+from pytreestore._log.locks import CommitClaim, holder_info
 from pytreestore.backends import ConditionalWrites, Transactions, ocdbt_coordinator
 from tests import interpreters
 from tests.conftest import child_env

@@ -1,4 +1,4 @@
-"""Placing fragments on local disk (pytreestore/_commit/placing.py): chunk-row folders of
+"""Placing fragments on local disk (pytreestore/_log/placing.py): chunk-row folders of
 array leaves renamed into the store under an intent record, chunk files of scalar leaves
 hard-linked, and the intent settled after a failure: folders moved back while the store is
 still at the version the commit followed, never after."""
@@ -17,8 +17,8 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._commit import committer, placing, versions
-from pytreestore._format.names import FRAGMENTS_DIR, PLACING_KEY
+from pytreestore._format.keys import FRAGMENTS_DIR, PLACING_KEY
+from pytreestore._log import committer, placing, versions
 from pytreestore._runtime import RUNTIME
 from pytreestore.backends import _links
 from tests.test_fragments import CHUNK, batch, make, same_records

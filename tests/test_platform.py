@@ -1,4 +1,4 @@
-"""What pytreestore needs of the operating system (``pytreestore._platform``): ``import
+"""What pytreestore needs of the operating system (``pytreestore._runtime``): ``import
 pytreestore`` and every read work where ``fcntl`` and ``fork`` are missing (Windows,
 simulated here by hiding them before the import, in a child interpreter); writing a local
 store is then refused by name, before anything is written.
@@ -19,7 +19,7 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._platform import at_fork, flock_module
+from pytreestore._runtime import at_fork, flock_module
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import pytreestore
-from pytreestore._format.weak import weaken
+from pytreestore._format.dtypes import weaken
 from pytreestore.errors import ReadOnlyError, SchemaMismatchError
 from pytreestore.testing import assert_trees_equal, weak_type
 from pytreestore.testing import strategies as pts

@@ -1,5 +1,5 @@
 """A ragged or optional store's records from columns of per-record values
-(pytreestore/_tree/leaf_columns.py, what the Ray datasink reads from Arrow rows)."""
+(pytreestore/_tree/flatten.py, what the Ray datasink reads from Arrow rows)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pytreestore
-from pytreestore._tree.leaf_columns import records_from_columns
+from pytreestore._tree.flatten import records_from_columns
 from pytreestore.errors import SchemaMismatchError
 from pytreestore.testing import assert_trees_equal
 

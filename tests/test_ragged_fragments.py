@@ -25,7 +25,7 @@ import zarr
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._format.names import FRAGMENTS_DIR, PLACING_KEY
+from pytreestore._format.keys import FRAGMENTS_DIR, PLACING_KEY
 from pytreestore._location import Location
 from pytreestore.backends import get_backend
 from pytreestore.testing import assert_trees_equal
@@ -467,7 +467,7 @@ def test_many_fragments_of_every_alignment(path):
 def commit_and_die(path: str, backend: str, texts: list[str]) -> None:
     """Commits the fragments of ``texts`` and dies (SIGKILL) after the fast path renamed
     their chunk-row folders into the store, before any row is rewritten (a child's work)."""
-    from pytreestore._fragments import columns
+    from pytreestore._fragments import write as columns
 
     columns._write_rows = lambda *args: os.kill(os.getpid(), signal.SIGKILL)  # type: ignore[assignment]
     store = pytreestore.open(path, "a", backend=backend)

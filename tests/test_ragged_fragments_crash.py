@@ -41,11 +41,11 @@ def _die() -> None:
 
 def _kill_at(point: str) -> None:
     """Makes the child kill itself at ``point`` of its next fragment step."""
-    from pytreestore import _fragmenting
-    from pytreestore._commit import committer
-    from pytreestore._commit import records as writer
-    from pytreestore._fragments import columns as fragments
-    from pytreestore._fragments import columns as placing
+    from pytreestore import _faces as _fragmenting
+    from pytreestore._fragments import write as fragments
+    from pytreestore._fragments import write as placing
+    from pytreestore._log import committer
+    from pytreestore._write import records as writer
 
     if point == "writing":  # the arrays and schema are written, the description is not
         fragments.manifest_key = lambda fid: _die()  # type: ignore[assignment]

@@ -1,5 +1,5 @@
 """stack(records, ragged=, optional=, pad_to=) and unstack(batch, mask)
-(pytreestore._tree.ragged, pytreestore._tree.pad): records whose lists, leading axes and
+(pytreestore._tree.layout_nodes, pytreestore._tree.pad): records whose lists, leading axes and
 optional subtrees vary, stacked in memory to a padded batch and its mask, and back."""
 
 from __future__ import annotations

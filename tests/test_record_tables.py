@@ -15,10 +15,10 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._commit.fragment import Fragment
-from pytreestore._commit.record import Commit
-from pytreestore._format.names import COMMIT_KEY
+from pytreestore._format.keys import COMMIT_KEY
 from pytreestore._format.ragged import NO_TABLES, AxisInfo, RaggedInfo, tables_entry
+from pytreestore._fragments.fragment import Fragment
+from pytreestore._log.commit_record import Commit
 from tests.parity import kinds
 
 AXIS = RaggedInfo(("['p']",), (), (AxisInfo("['p']", "p-offsets", None, 8),), ())

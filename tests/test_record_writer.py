@@ -1,4 +1,4 @@
-"""The one record writer of every store (``pytreestore._commit.records``): a fixed store is
+"""The one record writer of every store (``pytreestore._write.records``): a fixed store is
 its case of one table, whose calls go straight to that table's writer; every kind commits one
 commit record (``tables``, each axis table's rows, absent for a fixed store)."""
 
@@ -12,8 +12,8 @@ import pytest
 
 import pytreestore
 import pytreestore.testing
-from pytreestore._commit.records import RecordWriter
-from pytreestore._format.names import COMMIT_KEY
+from pytreestore._format.keys import COMMIT_KEY
+from pytreestore._write.records import RecordWriter
 
 #: (like, create options, two records) of each kind of store
 KINDS: dict[str, tuple[Any, dict[str, Any], list[Any]]] = {
@@ -100,8 +100,8 @@ def test_a_list_past_a_chunk_fills_every_table_in_one_round(kind, backend, path)
 
 
 def test_a_table_in_memory_keeps_a_first_batch_and_copies_it_before_a_row():
-    from pytreestore._commit.memory import TableRows
     from pytreestore._format.schema import TreeSchema
+    from pytreestore._write.commits import TableRows
 
     rows = TableRows(TreeSchema.from_example({"x": np.int16(0)}))
     block = np.array([1, 2, 3], np.int16)

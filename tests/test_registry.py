@@ -129,7 +129,7 @@ def test_registering_is_checked():
 
 def test_zarr_factory_picks_the_class_by_location(tmp_path) -> None:
     from pytreestore.backends import ZarrBackend
-    from pytreestore.backends._zarr.s3 import ZarrS3Backend
+    from pytreestore.backends._zarr.remote import ZarrS3Backend
 
     zarr = get_backend("zarr")
     s3 = zarr(Location.parse("s3://bucket/x", {"endpoint": "http://127.0.0.1:9"}))

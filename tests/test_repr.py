@@ -12,7 +12,7 @@ import pytest
 import pytreestore
 from pytreestore._format.schema import TreeSchema
 from pytreestore._inspect import repr as _repr
-from pytreestore._inspect.records import format_record
+from pytreestore._inspect.printed import format_record
 from tests import trees
 
 

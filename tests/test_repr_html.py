@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import pytreestore
-from pytreestore._format.names import chunk_key
+from pytreestore._format.keys import chunk_key
 from pytreestore._inspect import glance as _glance
 from pytreestore._inspect import notebook as _notebook
 from pytreestore._inspect import repr as _repr

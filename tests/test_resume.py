@@ -1,4 +1,4 @@
-"""A resume state of ``batches(state=...)`` (pytreestore/_pipelines/resume.py): every field
+"""A resume state of ``batches(state=...)`` (pytreestore/_pipelines/order.py): every field
 checked, in type, range and consistency with the store and the other arguments, before
 anything is read; a state that passes resumes exactly the batches still to come.
 
@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import pytreestore
-from pytreestore._pipelines import resume
+from pytreestore._pipelines import order as resume
 from pytreestore.errors import ArgumentError, ArgumentTypeError
 
 N, CHUNK, BATCH, EPOCHS = 64, 4, 4, 2

@@ -1,4 +1,4 @@
-"""A fixed store's extend() (pytreestore/_commit/rows.py): records flattened a block at a time
+"""A fixed store's extend() (pytreestore/_write/rows.py): records flattened a block at a time
 read back exactly, and a refused record is named as append() names it, wherever it sits."""
 
 from __future__ import annotations

@@ -24,12 +24,12 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._commit.lock import LOCK_KEY
-from pytreestore._commit.record import COMMIT_KEY
-from pytreestore._format.names import NO_VALUE
+from pytreestore._format.keys import NO_VALUE
 from pytreestore._location import Location
+from pytreestore._log.commit_record import COMMIT_KEY
+from pytreestore._log.locks import LOCK_KEY
 from pytreestore.backends import get_backend
-from pytreestore.backends._zarr.s3 import ZarrS3Backend, s3_settings
+from pytreestore.backends._zarr.remote import ZarrS3Backend, s3_settings
 from pytreestore.testing import assert_trees_equal
 from pytreestore.testing.conformance import BackendSuite
 from pytreestore.testing.s3 import OutageProxy

@@ -1,4 +1,4 @@
-"""Epoch orders (pytreestore/_pipelines/shuffle.py): block and uniform shuffles, resolved from
+"""Epoch orders (pytreestore/_pipelines/order.py): block and uniform shuffles, resolved from
 ``batches(shuffle=, shuffle_window=)``."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pytreestore._pipelines import shuffle
+from pytreestore._pipelines import order as shuffle
 from pytreestore.errors import ArgumentError, ArgumentTypeError
 
 

@@ -159,7 +159,7 @@ def test_a_damaged_chunk_in_one_slab_names_its_column(path, on_cpu):
 def test_small_leaves_go_in_one_copy_per_dtype(path, backend, monkeypatch):
     """A record's small leaves are packed by dtype, placed once and cut on the device: the
     same values, dtypes, shapes, classes and weak types as leaf by leaf."""
-    from pytreestore._read import packed
+    from pytreestore._read import place as packed
 
     monkeypatch.setattr(slabs, "PLATFORMS", {*slabs.PLATFORMS, "cpu"})
     puts: list[int] = []
@@ -344,8 +344,8 @@ def test_the_default_device_is_the_one_jax_is_told_to_use(eight_devices):
 @pytest.fixture
 def copying_cpu(monkeypatch, on_cpu):
     """The CPU made to copy what it is given, as an accelerator does, so that host buffers are
-    reused between pieces (pytreestore/_read/hostpool.py) and a fresh pool to count them."""
-    from pytreestore._read import hostpool
+    reused between pieces (pytreestore/_read/slabs.py) and a fresh pool to count them."""
+    from pytreestore._read import slabs as hostpool
 
     copying_cpu_puts(monkeypatch)
     fresh = hostpool.HostBuffers()
@@ -387,7 +387,7 @@ class _Copy:
 
 def test_a_buffer_is_reused_only_when_its_device_arrays_are_ready():
 
-    from pytreestore._read import hostpool
+    from pytreestore._read import slabs as hostpool
 
     pool = hostpool.HostBuffers(cap=2)
     a = pool.take(10_000)
@@ -406,7 +406,7 @@ def test_a_buffer_is_reused_only_when_its_device_arrays_are_ready():
 def test_a_piece_waits_for_a_buffer_rather_than_making_more_than_the_cap():
     import threading
 
-    from pytreestore._read import hostpool
+    from pytreestore._read import slabs as hostpool
 
     pool = hostpool.HostBuffers(cap=2)
     copies = [_Copy(), _Copy()]
@@ -424,7 +424,7 @@ def test_a_piece_waits_for_a_buffer_rather_than_making_more_than_the_cap():
 
 
 def test_a_failed_read_gives_its_buffer_back_never_to_be_reused(monkeypatch):
-    from pytreestore._read import hostpool
+    from pytreestore._read import slabs as hostpool
 
     fresh = hostpool.HostBuffers(cap=1)
     monkeypatch.setattr(hostpool, "pool", lambda: fresh)
@@ -443,7 +443,7 @@ def test_a_failed_read_gives_its_buffer_back_never_to_be_reused(monkeypatch):
 
 
 def test_views_begin_on_pages_and_do_not_overlap():
-    from pytreestore._read import hostpool
+    from pytreestore._read import slabs as hostpool
 
     shapes = [((3, 5), np.dtype(np.float32)), ((7,), np.dtype(np.int64)), ((0, 2), np.dtype(bool))]
     buffer = hostpool.pool().take(hostpool.nbytes(shapes))
@@ -614,7 +614,7 @@ def test_a_load_returns_once_its_copies_are_over_and_the_pool_holds_no_array(
 
 
 def test_a_failed_allocation_does_not_count_a_buffer_out(monkeypatch):
-    from pytreestore._read import hostpool
+    from pytreestore._read import slabs as hostpool
 
     pool = hostpool.HostBuffers(cap=2)
 

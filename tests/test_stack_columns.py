@@ -1,4 +1,4 @@
-"""stack(records, ragged=/optional=) column by column (pytreestore._tree.gather, scatter,
+"""stack(records, ragged=/optional=) column by column (pytreestore._tree.pad_columns, scatter,
 split): records walked once into columns, padded by index arithmetic, split back by
 unstack; compared exactly with the per-record padding (pytreestore._tree.pad) and with
 values written out, and every refusal still the checked path's."""
@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 import pytreestore
 from pytreestore import errors
 from pytreestore._tree.layout import build_layout
+from pytreestore._tree.layout_nodes import Declarations
 from pytreestore._tree.pad import Padder, check_pad_to, recall, stack_trees, unpad
-from pytreestore._tree.ragged import Declarations
 from pytreestore.testing import assert_trees_equal
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import pytreestore
-from pytreestore._format.names import COMMIT_KEY
+from pytreestore._format.keys import COMMIT_KEY
 from pytreestore._format.ragged import NO_TABLES
 from pytreestore._format.schema import TreeSchema
 from pytreestore.errors import CorruptStoreError, SchemaMismatchError

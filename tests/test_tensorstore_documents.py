@@ -12,11 +12,11 @@ import pytest
 import tensorstore as ts
 
 from pytreestore import errors
-from pytreestore._format.names import array_json
+from pytreestore._format.keys import array_json
 from pytreestore._location import Location
 from pytreestore.backends import ColumnLayout, TensorStoreBackend
 from pytreestore.backends._metadata import array_metadata
-from pytreestore.backends._tensorstore.documents import plain_fill
+from pytreestore.backends._tensorstore.kvstore import plain_fill
 
 LAYOUTS = [
     ColumnLayout("a/x", np.dtype("int32"), (), (8,), "zstd", ("record",), 0),

@@ -1,7 +1,7 @@
 """A TensorStore store used in a forked child: a clear ForkedBackendError, never an abort.
 
 TensorStore aborts a child forked from a process that used it (``fork() use detected``,
-signal 6) at the first read or write it issues; pytreestore.backends._tensorstore.fork raises
+signal 6) at the first read or write it issues; pytreestore.backends._tensorstore.futures raises
 :class:`ForkedBackendError` before that call, and the zarr backend opens the same store in the
 child. (Uncompressed local columns, read without TensorStore, are tested in test_misuse.py.)
 """

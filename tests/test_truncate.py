@@ -21,7 +21,7 @@ import pytest
 import zarr
 
 import pytreestore
-from pytreestore._format.names import COMMIT_KEY, ROOT_KEY
+from pytreestore._format.keys import COMMIT_KEY, ROOT_KEY
 from pytreestore._open import open as _open
 from tests import interpreters
 from tests.conftest import child_env

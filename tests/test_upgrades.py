@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from pytreestore import TreeSchema, errors
-from pytreestore._commit.record import Commit
 from pytreestore._format import upgrades
+from pytreestore._log.commit_record import Commit
 from tests import trees
 
 GOLDEN = pathlib.Path(__file__).parent / "data" / "golden"

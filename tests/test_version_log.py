@@ -15,9 +15,9 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._commit import record
-from pytreestore._commit.record import Commit
-from pytreestore._format.names import COMMIT_KEY
+from pytreestore._format.keys import COMMIT_KEY
+from pytreestore._log import commit_record as record
+from pytreestore._log.commit_record import Commit
 
 
 @pytest.fixture(params=["fixed", "ragged"])

@@ -15,7 +15,7 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._format.names import COMMIT_KEY, version_key
+from pytreestore._format.keys import COMMIT_KEY, version_key
 from tests.conftest import FILE_BACKENDS
 from tests.data.make_golden import GOLDEN
 
@@ -355,9 +355,9 @@ def test_a_version_record_a_crashed_writer_left_is_dropped(path, backend):
 
 
 def test_two_writers_cannot_both_make_a_version(path, backend):
-    from pytreestore._commit.committer import Committer
-    from pytreestore._commit.record import Commit
     from pytreestore._location import Location
+    from pytreestore._log.commit_record import Commit
+    from pytreestore._log.committer import Committer
     from pytreestore.backends import get_backend
 
     make(path, backend, 1).close()
@@ -388,9 +388,9 @@ def test_two_writers_cannot_both_make_a_version(path, backend):
 @pytest.mark.s3
 @pytest.mark.parametrize("engine", FILE_BACKENDS)
 def test_versions_on_s3_are_put_if_absent(engine, s3_server):
-    from pytreestore._commit import versions as _versions
-    from pytreestore._commit.record import Commit
     from pytreestore._location import Location
+    from pytreestore._log import versions as _versions
+    from pytreestore._log.commit_record import Commit
     from pytreestore.backends import get_backend
 
     path = f"s3://{s3_server.make_bucket()}/s"

@@ -1,4 +1,4 @@
-"""The compiled walk of a ragged store's records (``pytreestore._commit.walk``): every kind of
+"""The compiled walk of a ragged store's records (``pytreestore._write.walk``): every kind of
 ragged store appends exactly what it is given, and a record refused anywhere (midway
 through a list, at a leading axis, in the record's own leaves) leaves nothing in any
 table, on both backends."""
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import pytreestore
-from pytreestore._commit.walk import Plan, Stage, column_block, one_by_one
 from pytreestore._tree.convert import LeafCaster
+from pytreestore._write.walk import Plan, Stage, column_block, one_by_one
 from pytreestore.errors import SchemaMismatchError, StorageError
 from pytreestore.testing import assert_trees_equal
 

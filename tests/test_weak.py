@@ -1,4 +1,4 @@
-"""weak_type kept per column (pytreestore._format.weak) and restored on every jax read path:
+"""weak_type kept per column (pytreestore._format.dtypes) and restored on every jax read path:
 each test asserts the leaves' ``weak_type`` and that a jitted function traced on the
 original record is not traced again on the one read back."""
 
@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 import pytreestore
 from pytreestore._format.columns import ColumnSpec
-from pytreestore._format.weak import is_weak
+from pytreestore._format.dtypes import is_weak
 from tests.conftest import cpu_mesh
 from tests.data import make_golden
 

@@ -1,4 +1,4 @@
-"""The buffering Writer (``pytreestore._commit.writer``): chunk-sized buffers, when it commits,
+"""The buffering Writer (``pytreestore._write.writer``): chunk-sized buffers, when it commits,
 all-or-none extends, a flush that fails and is retried, and the columns' on-disk layouts."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._commit.protocol import layouts, start_store
-from pytreestore._commit.rows import FixedRecords
-from pytreestore._commit.writer import Writer, buffer_nbytes, check_buffer
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
+from pytreestore._log.protocol import layouts, start_store
+from pytreestore._write.rows import FixedRecords
+from pytreestore._write.writer import Writer, buffer_nbytes, check_buffer
 from pytreestore.backends import TensorStoreBackend, get_backend
 from pytreestore.errors import StorageError
 
@@ -28,7 +28,7 @@ def rec(i: int) -> dict[str, np.ndarray]:
 
 class Fixed:
     """A fixed store's one table writer, with the record calls its record writer makes of it
-    (:class:`~pytreestore._commit.rows.FixedRecords`); every other name is the writer's."""
+    (:class:`~pytreestore._write.rows.FixedRecords`); every other name is the writer's."""
 
     def __init__(self, table: Writer) -> None:
         self.table = table

@@ -11,7 +11,7 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._commit.lock import LOCK_KEY
+from pytreestore._log.locks import LOCK_KEY
 from tests.trial_harness import differences, expected, read_log, record, wait_for
 
 pytest_plugins = ("tests.fixtures",)

@@ -30,7 +30,7 @@ from zarr.core.buffer import cpu
 import pytreestore
 import pytreestore_zarr_dtypes
 from pytreestore._format import dtypes as _dtypes
-from pytreestore.backends._zarr import dtypes as _zarr_dtypes
+from pytreestore.backends._zarr import stores as _zarr_dtypes
 
 N = 8  # records: with 32 values a record, the float8 columns hold all 256 bit patterns
 # zarr-python listing a store (use_consolidated=False) warns about .pytreestore/: no zarr node

@@ -157,17 +157,17 @@ def _checked_default(obj: dict[str, Any]) -> Any:
         ValueError: a default of the wrong JSON type or out of the dtype's range.
     """
     fill, dtype = obj.get("default"), _dtypes.from_name(obj["dtype"])
-    kind = _dtypes.kind(dtype)
+    dkind = _dtypes.kind(dtype)
 
     def real(x: Any) -> bool:
         return x in _FLOAT_WORDS or (isinstance(x, int | float) and not isinstance(x, bool))
 
-    if kind == "b":
+    if dkind == "b":
         ok = isinstance(fill, bool)
-    elif kind in "iu":
+    elif dkind in "iu":
         info = np.iinfo(dtype)
         ok = type(fill) is int and info.min <= fill <= info.max
-    elif kind == "c":
+    elif dkind == "c":
         ok = isinstance(fill, list) and len(fill) == 2 and all(real(x) for x in fill)
     else:
         ok = real(fill)

@@ -26,7 +26,7 @@ from typing import Any
 
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
-from pytreestore._format import classbind as _classbind
+from pytreestore._format import classes as _classbind
 from pytreestore._format import consts as _consts
 from pytreestore._format import keys as _keys
 from pytreestore._format import nodes as _nodes

@@ -5,7 +5,7 @@ names its kind (``list``, ``tuple``, ``dict``, ``ordered_dict``, ``none``, ``nam
 ``custom``), a class as ``module:qualname`` where there is one, the child keys and the static
 (aux) data. Each leaf becomes a column: its tree path, storage key, dtype and per-record shape.
 On open, the classes are imported and bound to the stored nodes by field name
-(:mod:`pytreestore._format.bind`); nothing is unpickled and no ``__init__`` named in the schema is
+(:mod:`pytreestore._format.binding`); nothing is unpickled and no ``__init__`` named in the schema is
 called.
 
 Example:
@@ -27,17 +27,17 @@ from jax.tree_util import tree_structure
 
 from pytreestore import _arguments
 from pytreestore._format import binding as _binding
+from pytreestore._format import classes as _fields
 from pytreestore._format import consts as _consts
 from pytreestore._format import dtypes as _dtypes
-from pytreestore._format import fields as _fields
+from pytreestore._format import dtypes as _prng
 from pytreestore._format import keys as _keys
 from pytreestore._format import kinds as _kinds
 from pytreestore._format import mask as _mask
 from pytreestore._format import mismatch as _mismatch
 from pytreestore._format import nodes as _nodes
-from pytreestore._format import prng as _prng
 from pytreestore._format import upgrades as _upgrades
-from pytreestore._format.bind import bind
+from pytreestore._format.binding import bind
 from pytreestore._format.columns import ColumnSpec as ColumnSpec
 from pytreestore._format.columns import (
     check_unique_keys,
@@ -45,10 +45,10 @@ from pytreestore._format.columns import (
     inner_records,
     leaf_chunks,
 )
-from pytreestore._format.packs import Pack, check_packs, storage
+from pytreestore._format.compression import Pack, check_packs, storage
+from pytreestore._format.dtypes import is_weak
 from pytreestore._format.ragged import NO_TABLES, RaggedInfo
 from pytreestore._format.upgrades import FORMAT_VERSION as FORMAT_VERSION
-from pytreestore._format.weak import is_weak
 from pytreestore.errors import (
     ArgumentTypeError,
     CorruptStoreError,

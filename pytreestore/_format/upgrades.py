@@ -17,7 +17,7 @@ made explicit, so that every other module reads today's shape only:
 
 The markers are members of the upgraded copy only: the schema keeps the tree as stored
 (appends compare records against it, and ``evolve`` writes it), and binding
-(:mod:`pytreestore._format.classbind`) reads the markers, never the version.
+(:mod:`pytreestore._format.classes`) reads the markers, never the version.
 
 Example:
     >>> info = {"format_version": 1, "tree": {"node": "namedtuple", "type": "m:P",

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import jsonschema
 import jsonschema.exceptions
 
-from pytreestore._format.names import ROOT_KEY
+from pytreestore._format.keys import ROOT_KEY
 from pytreestore._format.nodes import resolve_class
 from pytreestore._format.schema import FORMAT_VERSION, TreeSchema
 from pytreestore._runtime import RUNTIME

@@ -1,4 +1,6 @@
-"""The checks of a commit of fragments, made before anything is written: each item is a
+"""A commit of fragments checked before anything is written: each item, and the structures it teaches the store.
+
+The checks of a commit of fragments, made before anything is written: each item is a
 :class:`~pytreestore.Fragment` of this store, listed once, not committed by any version the
 log keeps, and its description is still in its folder, unchanged.
 
@@ -11,24 +13,54 @@ Example:
     >>> engine = get_backend("tensorstore")(Location.parse("memory://doc-check"))
     >>> check(engine, None, [f], Commit.read(engine, "s"), s.schema) == [f]
     True
+
+The structures a commit of fragments teaches the store, checked in memory before anything
+is written.
+
+A fragment written with the store's schema of now holds exactly its arrays (every fragment
+of a store of one fixed structure: :func:`~pytreestore._fragments.check.check` refuses any
+other). A ragged or optional store's fragment written with another schema (it learnt a
+structure the store had pending, or the store learnt one since) has its schema read from
+its folder (``schema.json``) and merged into the store's, fragment after fragment, as a
+record showing those structures would be (:func:`~pytreestore._log.model.grow_schema`). A
+structure that departs from the store's, or a leaf whose dtype or shape differs from what
+the store learnt meanwhile, refuses the commit, naming the keypath.
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> from pytreestore._location import Location
+    >>> from pytreestore.backends import get_backend
+    >>> s = pytreestore.create("memory://doc-learn", {"p": [], "n": np.int8(0)},
+    ...                        ragged=["['p']"])
+    >>> f = pytreestore.write_fragment("memory://doc-learn", [{"p": [1.5], "n": 1}])
+    >>> engine = get_backend("tensorstore")(Location.parse("memory://doc-learn"))
+    >>> own = [schema_of(engine, f, s.schema, "s", like=None)]
+    >>> grown = learnt(s.schema, [f], own, lambda table: 0)
+    >>> s.schema.pending, grown.pending
+    (("['p']",), ())
 """
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from pytreestore._commit import versions
-from pytreestore._commit.fragment import Fragment, manifest_key
-from pytreestore._commit.placing import local_root
-from pytreestore._commit.record import Commit
 from pytreestore._format import validate as _validate
+from pytreestore._format.dtypes import describe
+from pytreestore._format.ragged import slot
 from pytreestore._format.schema import TreeSchema
+from pytreestore._fragments.fragment import SCHEMA, Fragment, manifest_key, schema_key
 from pytreestore._location import Location
+from pytreestore._log import versions
+from pytreestore._log.commit_record import Commit
+from pytreestore._log.model import grow_schema, load_schema, representative
+from pytreestore._log.placing import local_root
+from pytreestore._log.protocol import group_json
 from pytreestore._runtime import RUNTIME
 from pytreestore.backends import Backend, ManyReads
-from pytreestore.errors import FragmentError, StorageError
+from pytreestore.errors import FragmentError, PyTreeStoreError, SchemaMismatchError, StorageError
 
 
 def check(
@@ -41,7 +73,7 @@ def check(
     """The fragments, each checked for a commit after ``head`` to the store of ``schema``;
     reads, writes nothing. A fragment written with another schema is refused unless it
     carries its own (``tables``: a ragged or optional store's fragment, whose schema may
-    hold structures the store learns: :mod:`pytreestore._fragments.learn` checks it).
+    hold structures the store learns: :mod:`pytreestore._fragments.check` checks it).
 
     Raises:
         FragmentError: one is not a Fragment, is listed twice, belongs to another store or
@@ -153,4 +185,95 @@ def _read_file(path: str) -> bytes | None:
         os.close(fd)
 
 
-__all__ = ["check"]
+def schema_of(
+    engine: Backend, fragment: Fragment, schema: TreeSchema, where: str, *, like: Any
+) -> TreeSchema:
+    """The schema ``fragment`` was written with: ``schema`` (the store's) when it names it,
+    else the one in its folder.
+
+    Raises:
+        FragmentError: its schema is missing or damaged, or its ``tables`` are not its
+            schema's ragged axes.
+    """
+    own = schema if fragment.schema == _validate.id_of(schema) else None
+    own = own or read_schema(engine, fragment, where, like=like)
+    axes = own.tables.axis_paths()
+    if not own.tables.lists_axes(fragment.tables):
+        raise FragmentError(
+            f"fragment {fragment.id} does not describe the tables of its schema (its tables "
+            f"{dict(fragment.tables or {})}, its schema's ragged axes {sorted(axes or ())}); "
+            "write it again. Nothing was committed."
+        )
+    return own
+
+
+def read_schema(engine: Backend, fragment: Fragment, where: str, *, like: Any) -> TreeSchema:
+    """The schema ``fragment`` was written with (its ``schema.json``), with its layout.
+
+    Raises:
+        FragmentError: the file is missing, is not the schema the fragment names, or does
+            not bind to today's classes.
+    """
+    raw = engine.read_bytes(schema_key(fragment))
+    try:
+        info = json.loads(raw or b"null")
+        if not isinstance(info, dict) or info.get("digest") != fragment.schema:
+            raise ValueError(f"{SCHEMA} is not the schema {fragment.schema} it names")
+        return load_schema(group_json({"pytreestore": info}), where, like=like, generic=False)
+    except (ValueError, PyTreeStoreError) as err:
+        missing = raw is None
+        raise FragmentError(
+            f"fragment {fragment.id} cannot be committed: "
+            f"{'its ' + SCHEMA + ' is missing' if missing else err} (in {fragment.folder}/). "
+            "Its files were changed or partly deleted after it was written; write it again. "
+            "Nothing was committed."
+        ) from err
+
+
+def learnt(
+    schema: TreeSchema,
+    fragments: Sequence[Fragment],
+    own: Sequence[TreeSchema],
+    rows: Callable[[str | None], int],
+) -> TreeSchema:
+    """``schema`` grown by the structures of every fragment's schema ``own`` (``schema``
+    itself when they show none it lacks), new arrays starting at ``rows`` of their tables.
+
+    Raises:
+        FragmentError: a fragment's structure departs from the store's, or one of its
+            arrays differs from the store's array at that keypath.
+    """
+    now, merged_in = schema, {_validate.id_of(schema)}  # schemas whose structures it has
+    for i, (fragment, mine) in enumerate(zip(fragments, own)):
+        if _validate.id_of(mine) in merged_in:  # many fragments share one schema
+            continue
+        try:
+            merged = grow_schema(now, representative(mine.layout.spec), rows)
+        except (SchemaMismatchError, ValueError) as err:
+            raise FragmentError(
+                f"fragment {fragment.id} (item {i}) holds records whose structure departs "
+                f"from the store's: {err}. Nothing was committed."
+            ) from err
+        _check_arrays(mine, merged, fragment, i)
+        if merged.to_json() != now.to_json():
+            now = merged
+        merged_in.add(_validate.id_of(mine))
+    return now
+
+
+def _check_arrays(mine: TreeSchema, merged: TreeSchema, fragment: Fragment, i: int) -> None:
+    stored = {slot(c): c for c in merged.storage_columns}
+    for c in mine.storage_columns:
+        there = stored.get(slot(c))
+        if there is None or (there.dtype, there.shape, there.table) != (c.dtype, c.shape, c.table):
+            found = "nothing" if there is None else describe(there.dtype, there.shape)
+            raise FragmentError(
+                f"fragment {fragment.id} (item {i}) holds {describe(c.dtype, c.shape)} at "
+                f"{c.path or 'the root'}, where the store holds {found}: the store learnt that "
+                "structure from another record or fragment after this fragment was written. "
+                "Write the fragment again (write_fragment checks records against the store's "
+                "schema of now). Nothing was committed."
+            )
+
+
+__all__ = ["check", "learnt", "read_schema", "schema_of"]

@@ -4,21 +4,21 @@ no structure).
 
 1. **Checked**, nothing written: every fragment (:func:`~pytreestore._fragments.check.check`:
    store, schema, not committed, its description there), its schema
-   (:func:`~pytreestore._fragments.learn.schema_of`) and the structures it teaches the store
-   (:func:`~pytreestore._fragments.learn.learnt`).
+   (:func:`~pytreestore._fragments.check.schema_of`) and the structures it teaches the store
+   (:func:`~pytreestore._fragments.check.learnt`).
 2. **Learnt**: the writer commits its buffered records; if the fragments show structures
    the store has pending, it takes the grown schema (the new arrays created at their
    tables' committed rows, the schema replaced in one atomic put, the step an ``append`` of
    such a record takes; no record is committed).
-3. **Placed**, in one :func:`~pytreestore._commit.atomic.atomic` block with step 4: every
+3. **Placed**, in one :func:`~pytreestore._log.committer.atomic` block with step 4: every
    table grows to its new rows and each fragment's rows are placed after the rows before it
-   (:func:`~pytreestore._fragments.columns.place`; the fast path first).
+   (:func:`~pytreestore._fragments.write.place`; the fast path first).
 4. **Committed**: one commit record with the records and every axis table's rows, listing
    the fragments' ids. Inside a :class:`~pytreestore.backends.Transactions` block (OCDBT)
    the fragments' folders are deleted in the same transaction; elsewhere after it.
 
 A failure in step 3 or 4 moves chunk-row folders renamed into the store back into their
-fragments (:func:`~pytreestore._commit.placing.settle`, which also runs before the next
+fragments (:func:`~pytreestore._log.placing.settle`, which also runs before the next
 writer repairs the store after a crash), and a fragment found incomplete shrinks the tables
 back; rows left past the commit are harmless (readers never look past it).
 
@@ -37,24 +37,26 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pytreestore._commit import placing
-from pytreestore._commit.atomic import transactions
-from pytreestore._commit.fragment import Fragment
-from pytreestore._commit.record import Commit
-from pytreestore._commit.records import RecordWriter
-from pytreestore._commit.tables import table_schemas
-from pytreestore._commit.transaction import Change
 from pytreestore._format.schema import TreeSchema
-from pytreestore._fragments import check, columns, learn
-from pytreestore._fragments import remove as _remove
+from pytreestore._fragments import check
+from pytreestore._fragments import check as learn
+from pytreestore._fragments import fragment as _remove
+from pytreestore._fragments import write as columns
+from pytreestore._fragments.fragment import Fragment
 from pytreestore._location import Location
+from pytreestore._log import placing
+from pytreestore._log.commit_record import Commit
+from pytreestore._log.committer import transactions
+from pytreestore._log.evolve_tables import table_schemas
+from pytreestore._log.transaction import Change
+from pytreestore._write.records import RecordWriter
 from pytreestore.backends import Backend
 from pytreestore.errors import FragmentError, PyTreeStoreError
 
 
 class PlaceFragments:
     """Appending checked fragments, as one operation of the store's commit sequence
-    (:func:`pytreestore._commit.transaction.commit`): steps 1 to 4 of the module.
+    (:func:`pytreestore._log.transaction.commit`): steps 1 to 4 of the module.
 
     ``removed`` says, after the commit, whether the fragments' folders were deleted in the
     commit's own transaction (else the caller deletes them).

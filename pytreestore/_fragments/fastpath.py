@@ -3,7 +3,7 @@ chunk boundary of its table (and whose layout is the store's, as every fragment'
 the store learnt the structure since) has its encoded chunks placed at the store's chunk
 keys as they are, no chunk decoded (:func:`place_aligned`). The same for every store, fixed,
 ragged or optional: on local disk array leaves' chunk-row folders renamed and scalar leaves'
-chunk files linked, under the intent record of :mod:`pytreestore._commit.placing` (which the
+chunk files linked, under the intent record of :mod:`pytreestore._log.placing` (which the
 commit protocol reads back before it repairs a store, moving the folders back into their
 fragments when the commit never came); in an OCDBT database keys copied inside it
 (:class:`~pytreestore.backends.ChunkCopies`); elsewhere raw bytes copied. :data:`PLACED`
@@ -24,8 +24,8 @@ import collections
 import dataclasses
 from collections.abc import Sequence
 
-from pytreestore._commit.placing import Pair, local_root, place_chunks, place_local
 from pytreestore._format.columns import ColumnSpec
+from pytreestore._log.placing import Pair, local_root, place_chunks, place_local
 from pytreestore.backends import Backend
 
 #: what the fast path placed in this process, by way: ``"renamed"`` chunk-row folders,

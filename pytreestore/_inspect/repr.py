@@ -26,11 +26,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from pytreestore._commit.record import Commit
-from pytreestore._format.names import ROOT_KEY, chunk_prefix
+from pytreestore._format.keys import ROOT_KEY, chunk_prefix
 from pytreestore._format.schema import ColumnSpec, TreeSchema
-from pytreestore._inspect.records import StaticField, static_fields
-from pytreestore._inspect.tree import TreeRow, tree_rows
+from pytreestore._inspect.glance import TreeRow, tree_rows
+from pytreestore._inspect.printed import StaticField, static_fields
+from pytreestore._log.commit_record import Commit
 from pytreestore._read.reader import ReadContext
 from pytreestore.backends import TensorStoreKvStore
 from pytreestore.errors import PyTreeStoreError

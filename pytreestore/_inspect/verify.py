@@ -24,11 +24,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from pytreestore._commit.record import COMMIT_KEY, Commit
 from pytreestore._format import compression as _compression
-from pytreestore._format.names import ROOT_KEY, chunk_key, chunk_prefix
+from pytreestore._format.keys import ROOT_KEY, chunk_key, chunk_prefix
 from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._inspect import progress as _progress
+from pytreestore._log.commit_record import COMMIT_KEY, Commit
 from pytreestore._read.reader import ReadContext
 from pytreestore._runtime import RUNTIME
 from pytreestore.backends import CheckedReads, KeyListing
@@ -181,7 +181,7 @@ def verify(
     problems.sort(key=lambda p: (-1 if p.path is None else order[p.path], p.chunk or ()))
     count = len(schema.storage_columns)
     # while a truncate holds rows for older versions, open(mode="a") removes nothing past
-    # the commit (:func:`pytreestore._commit.protocol.prepare_append`): the versions need them
+    # the commit (:func:`pytreestore._log.protocol.prepare_append`): the versions need them
     past, kept = ([], past) if commit.high is not None else (past, [])
     return VerifyReport(
         location,

@@ -31,11 +31,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytreestore import _arguments
-from pytreestore._commit.records import RecordWriter
 from pytreestore._format import compression as _compression
-from pytreestore._format import packs as _packs
+from pytreestore._format import compression as _packs
 from pytreestore._format.columns import ColumnSpec, leaf_chunks
-from pytreestore._format.packs import Pack
+from pytreestore._format.compression import Pack
 from pytreestore._format.ragged import OFFSETS, slot
 from pytreestore._format.schema import TreeSchema
 from pytreestore._inspect import progress as _progress
@@ -48,6 +47,7 @@ from pytreestore._read.request import LoadRequest
 from pytreestore._read.tables import table_rows
 from pytreestore._runtime import RUNTIME
 from pytreestore._store import TreeStore
+from pytreestore._write.records import RecordWriter
 from pytreestore.errors import BadLocationError
 
 KEEP = "keep"

@@ -3,7 +3,7 @@
 
 Arguments are checked here, before anything is written; the steps that touch storage (clearing,
 the initial commit, the writer lock, repair) are the commit protocol's,
-:mod:`pytreestore._commit.protocol`.
+:mod:`pytreestore._log.protocol`.
 
 Example:
     >>> import pytreestore
@@ -20,20 +20,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 from pytreestore import _arguments
-from pytreestore._commit import protocol, snapshots, versions
-from pytreestore._commit.model import GenericViewError, build_schema
-from pytreestore._commit.records import new_writer
-from pytreestore._commit.versions import KEEP_VERSIONS
-from pytreestore._commit.writer import check_buffer
 from pytreestore._format import compression as _compression
-from pytreestore._format import packs as _packs
+from pytreestore._format import compression as _packs
 from pytreestore._format import validate as _validate
 from pytreestore._format.schema import TreeSchema
 from pytreestore._fragments import multihost as _multihost
-from pytreestore._fragments.multihost_ragged import write_rows
+from pytreestore._fragments.multihost import write_rows
 from pytreestore._location import Location
-from pytreestore._open.coordinated import check_coordinated_options, open_coordinated
-from pytreestore._open.reader import (
+from pytreestore._log import commit_record as snapshots
+from pytreestore._log import protocol, versions
+from pytreestore._log.model import GenericViewError, build_schema
+from pytreestore._log.versions import KEEP_VERSIONS
+from pytreestore._open.root import (
     committed_schema,
     deferred_reader,
     parse_schema,
@@ -42,9 +40,12 @@ from pytreestore._open.reader import (
 )
 from pytreestore._open.schemas import inner_chunk_bytes as inner_chunk_bytes_of
 from pytreestore._open.schemas import new_schema, packed_schema
+from pytreestore._open.sharing import check_coordinated_options, open_coordinated
 from pytreestore._read.request import check_cast
 from pytreestore._spec import StoreSpec
 from pytreestore._store import TreeStore
+from pytreestore._write.records import new_writer
+from pytreestore._write.writer import check_buffer
 from pytreestore.backends import Backend, default_backend
 from pytreestore.backends._packed import packed
 from pytreestore.backends._registry import backend_at
@@ -200,7 +201,7 @@ def create_from_schema(
     Everything that can be checked is checked before anything is written; a failure after
     the writer lock is taken deletes what was made and releases the lock. With ``fill``
     (``copy``), ``fill(writer)`` writes the new store's records while it holds its
-    incomplete marker (:func:`pytreestore._commit.protocol.finish_store` removes it once they
+    incomplete marker (:func:`pytreestore._log.protocol.finish_store` removes it once they
     are committed), and the store comes back closed.
     """
     location.check_writable("create a store")

@@ -13,7 +13,7 @@ from typing import Any
 from jax.tree_util import tree_flatten
 
 from pytreestore import _arguments
-from pytreestore._format import packs as _packs
+from pytreestore._format import compression as _packs
 from pytreestore._format.columns import INNER_CHUNK_BYTES, default_chunk_records
 from pytreestore._format.schema import TreeSchema
 from pytreestore.errors import SchemaMismatchError, UnsupportedTreeError

@@ -35,7 +35,7 @@ from pytreestore._format import values as _values
 from pytreestore._format.columns import ColumnSpec
 from pytreestore._location import Location
 from pytreestore._open import open as _open
-from pytreestore._open.reader import read_root
+from pytreestore._open.root import read_root
 from pytreestore.backends import default_backend
 from pytreestore.backends._registry import backend_at
 from pytreestore.errors import ClassResolutionError, CorruptStoreError, SchemaMismatchError

@@ -6,7 +6,7 @@ by side (storage read and host-to-device copy) while the caller computes on the 
 at most ``prefetch`` batches beyond the one the caller holds are in memory. The jobs end, and
 are waited for, when the iterator is closed, left by its ``with`` block, dropped, or when the
 interpreter exits.
-A shuffled epoch's order (:mod:`~pytreestore._pipelines.shuffle`: a block shuffle, or an exact
+A shuffled epoch's order (:mod:`~pytreestore._pipelines.order`: a block shuffle, or an exact
 uniform one) is drawn from ``numpy.random.default_rng((seed, epoch))``, so it depends only on
 the seed, the epoch number and the settings; :meth:`BatchIterator.state` gives
 the position after the last batch handed out, and a new iterator given that state yields
@@ -32,9 +32,9 @@ import numpy as np
 from jax.tree_util import tree_flatten
 
 from pytreestore import _arguments
-from pytreestore._pipelines import resume
+from pytreestore._pipelines import order as resume
+from pytreestore._pipelines.order import Shuffle
 from pytreestore._pipelines.prefetch import Prefetcher
-from pytreestore._pipelines.shuffle import Shuffle
 from pytreestore._spec import StoreSpec
 from pytreestore._tree.stack import split_leaves
 from pytreestore.errors import ArgumentError
@@ -143,7 +143,7 @@ class _Plan:
 
     def resume(self, state: dict[str, Any]) -> tuple[int, int]:
         """``(epoch, batch)`` to continue from ``state``: its fields checked
-        (:func:`~pytreestore._pipelines.resume.checked`), then against these settings.
+        (:func:`~pytreestore._pipelines.order.checked`), then against these settings.
 
         Raises:
             ArgumentTypeError, ArgumentError: a field of the wrong type or range, unknown or

@@ -4,7 +4,7 @@
 :class:`~pytreestore._core.StoreCore`: each method builds one
 :class:`~pytreestore._read.request.LoadRequest` through the store's
 :class:`~pytreestore._read.reader.ReadContext`, checks it once against the batch size, and
-hands the pipeline (:mod:`~pytreestore._pipelines.batches`, :mod:`~pytreestore._pipelines.map`)
+hands the pipeline (:mod:`~pytreestore._pipelines.batches`, :mod:`~pytreestore._pipelines.prefetch`)
 a load function bound to it.
 
 Example:
@@ -25,14 +25,14 @@ from typing import Any
 
 from pytreestore import _arguments
 from pytreestore._core import StoreCore
-from pytreestore._pipelines import map as _map
-from pytreestore._pipelines import resume as _resume
-from pytreestore._pipelines import shuffle as _shuffle
+from pytreestore._pipelines import order as _resume
+from pytreestore._pipelines import order as _shuffle
+from pytreestore._pipelines import prefetch as _map
 from pytreestore._pipelines.batches import BatchIterator, GrainPadding, GrainSource
 from pytreestore._pipelines.prefetch import auto_depth
 from pytreestore._read.cache import ChunkCache
+from pytreestore._read.engine import record_reads
 from pytreestore._read.reader import ReadContext
-from pytreestore._read.records import record_reads
 from pytreestore._read.request import LoadRequest
 from pytreestore.errors import ArgumentTypeError
 

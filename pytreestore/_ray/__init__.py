@@ -1,8 +1,8 @@
 """Ray Data and pytreestore, both ways (the face is :mod:`pytreestore.ray`): a datasink that
 writes a store (:mod:`~pytreestore._ray.sink`), a datasource that reads one
 (:mod:`~pytreestore._ray.source`), and what both share: the column of each leaf
-(:mod:`~pytreestore._ray.columns`), the storage every worker reaches
-(:mod:`~pytreestore._ray.location`) and the one place that tells a fixed store's blocks from a
+(:mod:`~pytreestore._ray.blocks`), the storage every worker reaches
+(:mod:`~pytreestore._ray.blocks`) and the one place that tells a fixed store's blocks from a
 ragged one's (:mod:`~pytreestore._ray.blocks`).
 
 Every module here imports Ray; this package refuses to import without it, naming the extra.

@@ -1,4 +1,31 @@
-"""A store's records in Ray blocks, both ways: the one place that tells a fixed store's blocks
+"""A store's records in Ray blocks, both ways, and the names Ray workers see.
+
+The Ray column of each leaf, the same for the datasink and the datasource.
+
+Each leaf of the store's records is one Ray column, named by the leaf's keypath in JAX's
+simple form (``jax.tree_util.keystr(path, simple=True, separator=".")``) with the ``[*]`` of
+ragged lists left out: ``{"x": ..., "meta": {"lr": ...}}`` reads columns ``x`` and
+``meta.lr``, a dataclass ``Params(w, b)`` reads ``w`` and ``b``, a list ``[a, b]`` reads ``0``
+and ``1``, ``.p[*].x`` reads ``p.x``, and a store of bare arrays reads ``item`` (the column
+``ray.data.from_items`` makes of non-dict items). The datasink's ``columns=`` renames any of
+them: ``{"['meta']['lr']": "learning_rate"}``, keypaths as in ``store.schema.paths``.
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> store = pytreestore.create("memory://doc-ray-columns", {"x": np.float32(0), "m": {"lr": 0.0}})
+    >>> column_names(store.schema), column_names(store.schema, {"['m']['lr']": "lr"})
+    (['m.lr', 'x'], ['lr', 'x'])
+
+Where Ray's workers find a store: a path every worker reaches, the same in every process.
+
+Example:
+    >>> import os
+    >>> worker_path("runs/a.store", None, "read") == os.path.abspath("runs/a.store")
+    True
+    >>> worker_path("s3://bucket/runs/a", {"endpoint": "http://127.0.0.1:9000"}, "read")
+    's3://bucket/runs/a'
+
+A store's records in Ray blocks, both ways: the one place that tells a fixed store's blocks
 from a ragged or optional store's (:func:`blocks_of`).
 
 * **Fixed.** A block's rows are one numpy batch (``to_batch_format("numpy")``), appended as
@@ -7,7 +34,7 @@ from a ragged or optional store's (:func:`blocks_of`).
 * **Ragged or optional.** A block's rows are read exactly from its Arrow form (a null stays
   None, where Ray's numpy form would make it NaN) and appended as records; a range is read
   flat (``store.load(index, ragged="segments")``) and each leaf's values cut into records
-  (:mod:`pytreestore._ray.nesting`).
+  (:mod:`pytreestore._ray.arrow`).
 
 Example:
     >>> import numpy as np, pytreestore
@@ -20,14 +47,104 @@ Example:
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
 
 from pytreestore._format.schema import TreeSchema
-from pytreestore._ray.columns import check_columns
-from pytreestore._ray.nesting import LeafColumn, dense_columns, leaf_columns
-from pytreestore._tree import leaf_columns as _rows
+from pytreestore._location import Location
+from pytreestore._ray.arrow import LeafColumn, dense_columns, leaf_columns
+from pytreestore._tree import flatten as _rows
+from pytreestore.errors import (
+    ArgumentTypeError,
+    BadLocationError,
+    SchemaMismatchError,
+    UnknownColumnError,
+)
+
+
+def column_names(schema: TreeSchema, columns: Mapping[str, str] | None = None) -> list[str]:
+    """The Ray column of each of the store's columns, in column order (module docstring).
+
+    Raises:
+        UnknownColumnError: ``columns`` names a keypath the store has no column at.
+        SchemaMismatchError: two leaves would read the same Ray column.
+    """
+    names = _rows.column_names(schema)
+    paths = schema.paths
+    for keypath, name in (columns or {}).items():
+        if keypath not in paths:
+            raise UnknownColumnError(
+                f"columns= names {keypath!r}, which is no column of the store; its columns are "
+                f"{', '.join(paths)}"
+            )
+        if not isinstance(name, str):
+            raise ArgumentTypeError(
+                f"columns= maps keypaths to Ray column names (str), got {name!r}"
+            )
+        names[paths.index(keypath)] = name
+    seen: dict[str, str] = {}
+    for path, name in zip(paths, names):
+        if name in seen:
+            raise SchemaMismatchError(
+                f"the leaves at {seen[name]} and {path} would both read the Ray column "
+                f"{name!r}; give one of them its own column with columns={{{path!r}: 'name'}}"
+            )
+        seen[name] = path
+    return names
+
+
+def check_columns(
+    names: list[str], got: Iterable[str], path: str, pending: Iterable[str] = ()
+) -> None:
+    """Refuses a block (or a dataset schema) whose columns are not exactly ``names``
+    (``pending``: a ragged store's structures still unknown, named in the message).
+
+    Raises:
+        SchemaMismatchError: columns are missing or left over; the message lists them.
+    """
+    got = list(got)
+    missing = [n for n in names if n not in got]
+    extra = [n for n in got if n not in names]
+    if not missing and not extra:
+        return
+    problems = []
+    if missing:
+        problems.append(f"missing the columns {missing}")
+    if extra:
+        problems.append(f"with columns no leaf reads: {extra} (drop them: ds.drop_columns)")
+    pending = list(pending)
+    if extra and pending:
+        problems.append(
+            f"the store has not learnt the structures at {pending} yet (no record showed an "
+            "element or a subtree there), so no column reads them: append one record that "
+            "shows them first (store.append)"
+        )
+    raise SchemaMismatchError(
+        f"the dataset does not match store {path}: {'; '.join(problems)}. The store's leaves "
+        f"read the Ray columns {names} (rename with ds.rename_columns, or map keypaths to "
+        "columns with TreeStoreDatasink(..., columns={keypath: column}))"
+    )
+
+
+def worker_path(
+    path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None, verb: str
+) -> str:
+    """``path`` as Ray's workers (other processes, another working directory) open it: a
+    local path made absolute, an ``s3://`` or ``gs://`` URL as it is.
+
+    Raises:
+        BadLocationError: ``path`` is a ``memory://`` store, which no worker can reach.
+    """
+    location = Location.parse(path, storage_options)
+    if location.kind == "memory":
+        raise BadLocationError(
+            f"{path} is an in-memory store, which Ray's workers (other processes) cannot "
+            f"{verb}; give a local path or an s3:// or gs:// URL"
+        )
+    return os.path.abspath(path) if location.kind == "file" else os.fspath(path)
 
 
 class Blocks(Protocol):
@@ -100,6 +217,8 @@ def _element_dtype(arrow_type: Any) -> Any:
 
 
 FIXED_BLOCKS = FixedBlocks()
+
+
 TABLE_BLOCKS = TableBlocks()
 
 
@@ -108,4 +227,14 @@ def blocks_of(schema: TreeSchema) -> Blocks:
     return FIXED_BLOCKS if schema.ragged is None else TABLE_BLOCKS  # Ray blocks: numpy or Arrow
 
 
-__all__ = ["FIXED_BLOCKS", "TABLE_BLOCKS", "Blocks", "FixedBlocks", "TableBlocks", "blocks_of"]
+__all__ = [
+    "FIXED_BLOCKS",
+    "TABLE_BLOCKS",
+    "Blocks",
+    "FixedBlocks",
+    "TableBlocks",
+    "blocks_of",
+    "check_columns",
+    "column_names",
+    "worker_path",
+]

@@ -9,7 +9,7 @@ every task's fragments in task order, in one atomic commit, once all tasks are d
 never see any of its rows, and ``store.vacuum()`` removes the fragments its tasks wrote.
 
 **Rows to leaves.** Each leaf of the store's records is one Ray column, named as
-:mod:`pytreestore._ray.columns` says (``columns=`` renames any of them). A column holds one
+:mod:`pytreestore._ray.blocks` says (``columns=`` renames any of them). A column holds one
 leaf per row: a scalar, or a fixed-shape array (Ray's tensor columns), cast to the column's
 dtype by the store's rule (a value that does not fit is refused). Every leaf needs its column
 and every column its leaf; select or rename columns first (``ds.select_columns``,
@@ -50,9 +50,7 @@ from ray.data import Datasink
 from ray.data.block import BlockAccessor
 
 import pytreestore
-from pytreestore._ray.blocks import blocks_of
-from pytreestore._ray.columns import column_names
-from pytreestore._ray.location import worker_path
+from pytreestore._ray.blocks import blocks_of, column_names, worker_path
 
 TaskResult = dict[str, Any]  # {"task": task_idx, "fragments": [Fragment JSON, ...]}
 

@@ -13,7 +13,7 @@ the pinned version, reads its range with one ``store.load`` (as numpy) and gives
 block.
 
 **Columns.** One per leaf loaded, named as the datasink names them
-(:mod:`pytreestore._ray.columns`), in column order, in the forms of
+(:mod:`pytreestore._ray.blocks`), in column order, in the forms of
 :mod:`pytreestore._ray.arrow`: a fixed leaf's tensor column, a ragged leaf's variable-shaped
 tensor column, Python objects (lists, None) below two ragged axes or in an optional subtree.
 So ``ds.write_datasink(TreeStoreDatasink(out))`` writes the records back exactly, straight or
@@ -48,9 +48,7 @@ from ray.data.datasource import Datasource, ReadTask
 import pytreestore
 from pytreestore._format.schema import TreeSchema
 from pytreestore._ray.arrow import block, check_dtypes
-from pytreestore._ray.blocks import blocks_of
-from pytreestore._ray.columns import column_names
-from pytreestore._ray.location import worker_path
+from pytreestore._ray.blocks import blocks_of, column_names, worker_path
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,9 +42,8 @@ import numpy as np
 
 from pytreestore._format.schema import ColumnSpec
 from pytreestore._location import Location
-from pytreestore._platform import at_fork
 from pytreestore._read.index import rows
-from pytreestore._runtime import RUNTIME
+from pytreestore._runtime import RUNTIME, at_fork
 from pytreestore.backends import Backend, BatchedReads, capable
 from pytreestore.errors import PyTreeStoreError
 

@@ -29,10 +29,10 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from pytreestore._commit.record import Commit
 from pytreestore._format.columns import ColumnSpec
 from pytreestore._format.ragged import OFFSETS, PRESENCE, Slot, slot
 from pytreestore._format.schema import TreeSchema
+from pytreestore._log.commit_record import Commit
 from pytreestore.errors import CorruptStoreError
 
 #: reads ``keys`` at ``index`` of a table holding ``rows`` committed rows

@@ -48,7 +48,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from pytreestore._read import device as _device
+from pytreestore._read import place as _device
 from pytreestore._runtime import RUNTIME
 from pytreestore.errors import X64DisabledError
 

@@ -9,7 +9,7 @@ Every read goes through :func:`load` (a record or a batch of records) or
    :class:`~pytreestore.errors.CorruptChunkError` naming the column's keypath, after a check
    that the store was not replaced meanwhile;
 3. a scalar index drops the record axis; the host arrays are placed on device
-   (:mod:`pytreestore._read.device`) unless ``as_numpy``;
+   (:mod:`pytreestore._read.place`) unless ``as_numpy``;
 4. a sharded or pmap request builds global arrays instead (:mod:`pytreestore._read.sharded`);
 5. weakly typed columns are made weak again, typed PRNG key columns rewrapped, and the schema rebuilds the record's classes.
 
@@ -32,17 +32,17 @@ from typing import Any
 
 import numpy as np
 
-from pytreestore._commit import versions
-from pytreestore._commit.record import Commit
-from pytreestore._format import prng as _prng
+from pytreestore._format import dtypes as _prng
+from pytreestore._format.dtypes import weaken
 from pytreestore._format.schema import TreeSchema
-from pytreestore._format.weak import weaken
 from pytreestore._location import Location
+from pytreestore._log import versions
+from pytreestore._log.commit_record import Commit
 from pytreestore._read import ahead as _ahead
 from pytreestore._read import cache as _cache
-from pytreestore._read import device as _device
-from pytreestore._read import hostpool as _hostpool
+from pytreestore._read import place as _device
 from pytreestore._read import sharded as _sharded
+from pytreestore._read import slabs as _hostpool
 from pytreestore._read import slabs as _slabs
 from pytreestore._read.ahead import Block, ReadAhead
 from pytreestore._read.cache import ChunkCache

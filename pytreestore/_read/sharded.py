@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import Sharding
 
 from pytreestore._format.schema import ColumnSpec
-from pytreestore._read import device as _device
+from pytreestore._read import place as _device
 from pytreestore._read.index import Selection
 from pytreestore._runtime import RUNTIME
 from pytreestore.backends import Backend, BatchedReads, capable

@@ -1,5 +1,5 @@
 """Records gathered from a store's tables (the axis tables' step of
-:mod:`pytreestore._read.records`): one record exactly, many padded with a mask, flat
+:mod:`pytreestore._read.engine`): one record exactly, many padded with a mask, flat
 segments, and lengths (``TreeStore.load``, ``store[i]``, iteration and ``TreeStore.lengths``).
 
 Example:
@@ -22,20 +22,19 @@ import jax
 import numpy as np
 from jax.tree_util import keystr, tree_flatten_with_path
 
-from pytreestore._commit.record import Commit
+from pytreestore._format.dtypes import ragged_weak, weaken
 from pytreestore._format.ragged import PRESENCE
 from pytreestore._format.schema import TreeSchema
-from pytreestore._format.weak import ragged_weak, weaken
+from pytreestore._log.commit_record import Commit
 from pytreestore._read import cache as _cache
-from pytreestore._read import hostpool as _hostpool
 from pytreestore._read import sharded as _sharded
+from pytreestore._read import slabs as _hostpool
 from pytreestore._read import slabs as _slabs
-from pytreestore._read.ahead import RecordsBlock
+from pytreestore._read.ahead import RecordsBlock, host_block, on_device
 from pytreestore._read.build import PRESENT, Flat, Padded, Segments, exact
-from pytreestore._read.device import fitted, jax_ready, to_jax
 from pytreestore._read.gather import Rows, gather, lengths
 from pytreestore._read.index import Selection, rows
-from pytreestore._read.loops import host_block, on_device
+from pytreestore._read.place import fitted, jax_ready, to_jax
 from pytreestore._read.reader import ReadContext, explained
 from pytreestore._read.request import LoadRequest
 from pytreestore._runtime import RUNTIME

@@ -36,7 +36,7 @@ from typing import Any, cast
 import jax
 import numpy as np
 
-from pytreestore._format.prng import is_key
+from pytreestore._format.dtypes import is_key
 from pytreestore.errors import ShardingError
 
 Box = tuple[tuple[int, int], ...]  # (start, stop) per axis

@@ -1,41 +1,53 @@
 """The layout of records stacked with ragged and optional declarations
-(:mod:`pytreestore._tree.ragged`): per node, a ragged list, an array leaf (with its ragged
+(:mod:`pytreestore._tree.layout_nodes`): per node, a ragged list, an array leaf (with its ragged
 leading axis), an optional subtree or a fixed node, and the longest length of every ragged
 axis; built from ``like`` (or the first record) and checked against every record.
 
 Example:
-    >>> from pytreestore._tree.ragged import Declarations
+    >>> from pytreestore._tree.layout_nodes import Declarations
     >>> decl = Declarations.parse(["['p']"], None)
     >>> layout = build_layout([{"p": [1.0, 2.0]}, {"p": [3.0]}], None, decl)
     >>> layout.children[0].axis.longest
     2
+
+The declaration that would accept a record a store or ``stack()`` refuses: each differing
+keypath of a refusal with its ``ragged=``/``optional=`` entry (from the walk of
+:class:`~pytreestore._tree.layout.Walker`), so that every refusal names the fix.
+
+Example:
+    >>> print(record_problems({"x": [1.0]}, {"x": [1.0, 2.0]})[0][1])
+    declare ragged=["['x']"] to allow lists of varying length
 """
 
 from __future__ import annotations
 
+import copy
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from jax.tree_util import keystr
 
 from pytreestore._format import dtypes as _dtypes
+from pytreestore._format import dtypes as _prng
 from pytreestore._format import nodes as _nodes
-from pytreestore._format import prng as _prng
-from pytreestore._format.weak import is_weak
+from pytreestore._format.dtypes import is_weak
 from pytreestore._tree.layout_nodes import (
+    STAR,
     Axis,
+    Declarations,
     Fixed,
     Kept,
     LayoutNode,
     Leaf,
     OptionalTree,
+    Position,
     RaggedList,
     node_class,
+    text,
 )
-from pytreestore._tree.ragged import STAR, Declarations, Position, text
-from pytreestore.errors import RaggedDeclarationError, SchemaMismatchError
+from pytreestore.errors import PyTreeStoreError, RaggedDeclarationError, SchemaMismatchError
 
 
 def build_layout(records: Sequence[Any], like: Any, decl: Declarations) -> LayoutNode:
@@ -79,7 +91,7 @@ def _forget_lengths(spec: LayoutNode | None) -> None:
 
 def weak_paths(spec: LayoutNode | None) -> tuple[set[str], set[str]]:
     """The paths of the weakly typed leaves of a layout, and of its ragged lists (for
-    :func:`pytreestore._format.weak.ragged_weak`)."""
+    :func:`pytreestore._format.dtypes.ragged_weak`)."""
     weak: set[str] = set()
     lists: set[str] = set()
     todo = [spec]
@@ -388,3 +400,58 @@ def _describe(value: Any) -> str:
         return _dtypes.describe(dtype, tuple(np.shape(value)))
     data = level[0].node_data()
     return _describe_class(type(value), data[1] if data else None, len(level[2]))
+
+
+def record_problems(like: Any, record: Any) -> list[tuple[str, str]]:
+    """Where ``record`` departs from ``like`` with nothing declared: (line, hint) pairs."""
+    walker = Walker(Declarations.none())
+    walker.merge(walker.build(like, (), None), record, ())
+    return walker.problems
+
+
+def layout_problems(spec: LayoutNode, record: Any, decl: Declarations) -> list[tuple[str, str]]:
+    """Where ``record`` departs from the layout ``spec`` (a ragged store's, declared by
+    ``decl``; ``spec`` is not changed): (line, hint) pairs."""
+    walker = Walker(decl)
+    walker.merge(copy.deepcopy(spec), record, ())
+    return walker.problems
+
+
+def with_hints(
+    message: str, problems: Sequence[tuple[str, str]], header: str = "Every differing keypath:"
+) -> str:
+    """``message`` with the declaration that would accept each of ``problems`` (from
+    :func:`record_problems` or :func:`layout_problems`): a line of ``message`` that states
+    a problem gains its ``ragged=``/``optional=`` entry, and every problem it does not state
+    yet is listed after ``header`` (one with no entry to suggest at a keypath ``message``
+    names already is left out: it says the same thing in other words).
+
+    Example:
+        >>> import numpy as np
+        >>> like, record = {"x": np.zeros(3)}, {"x": np.zeros(4)}
+        >>> print(with_hints("at ['x']: expected float64[3], got float64[4].",
+        ...                  record_problems(like, record)))
+        at ['x']: expected float64[3], got float64[4] (declare ragged=["['x']"] to allow a leading axis of varying length).
+    """
+    extra = []
+    for line, hint in problems:
+        bare = line.removesuffix(f" ({hint})") if hint else line
+        if bare in message:
+            message = message.replace(bare, line, 1)
+        elif line not in message and (hint or line.split(": expected", 1)[0] not in message):
+            extra.append(f"  {line}")
+    return message + (f"\n{header}\n" + "\n".join(extra) if extra else "")
+
+
+def hinted(
+    message: str,
+    problems: Callable[[], Sequence[tuple[str, str]]],
+    header: str = "Every differing keypath:",
+) -> str:
+    """:func:`with_hints` of ``problems()``, or ``message`` as it is where the record is too
+    far from the layout to walk (the message then says what differs)."""
+    try:
+        found = problems()
+    except (PyTreeStoreError, ValueError, TypeError, IndexError):
+        return message
+    return with_hints(message, found, header)

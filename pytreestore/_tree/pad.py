@@ -1,12 +1,12 @@
-"""Padding records of one layout (:mod:`pytreestore._tree.ragged`) to one shape, with masks,
+"""Padding records of one layout (:mod:`pytreestore._tree.layout_nodes`) to one shape, with masks,
 and cutting them back, record by record: the checked path of ``stack(records, ragged=...)``
 and its inverse. ``stack`` first walks the records column by column
-(:mod:`pytreestore._tree.gather`, :mod:`pytreestore._tree.scatter`); when a record departs
+(:mod:`pytreestore._tree.pad_columns`, :mod:`pytreestore._tree.pad_columns`); when a record departs
 anywhere, this path says which record, where, and what would accept it.
 
 Example:
     >>> from pytreestore._tree.layout import build_layout
-    >>> from pytreestore._tree.ragged import Declarations
+    >>> from pytreestore._tree.layout_nodes import Declarations
     >>> records = [{"p": [1.0, 2.0]}, {"p": [3.0]}]
     >>> spec = build_layout(records, None, Declarations.parse(True, None))
     >>> padder = Padder(spec, pad_to=4)
@@ -268,7 +268,7 @@ class Layout:
     batch_leaves: tuple[Any, ...] = ()
     #: the count of records stacked
     records: int = 0
-    #: the top segment of records stacked column by column (:mod:`pytreestore._tree.gather`),
+    #: the top segment of records stacked column by column (:mod:`pytreestore._tree.pad_columns`),
     #: with the lengths and present subtrees it kept; None: ``skeletons`` has them
     gathered: Any = None
 

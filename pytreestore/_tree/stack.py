@@ -21,13 +21,20 @@ from jax.tree_util import keystr, tree_flatten
 
 from pytreestore import _arguments
 from pytreestore._format import dtypes as _dtypes
+from pytreestore._format.dtypes import ragged_weak, weaken
 from pytreestore._format.schema import TreeSchema
-from pytreestore._format.weak import ragged_weak, weaken
 from pytreestore._tree.convert import RowFiller, casters
 from pytreestore._tree.device import VALID, refuse_unreadable
-from pytreestore._tree.gather import Departs, segment, walk
-from pytreestore._tree.hints import record_problems, with_hints
-from pytreestore._tree.layout import Walker, build_layout, check_known, check_used, weak_paths
+from pytreestore._tree.layout import (
+    Walker,
+    build_layout,
+    check_known,
+    check_used,
+    record_problems,
+    weak_paths,
+    with_hints,
+)
+from pytreestore._tree.layout_nodes import Declarations
 from pytreestore._tree.pad import (
     Layout,
     Padder,
@@ -42,10 +49,9 @@ from pytreestore._tree.pad import (
     stack_trees,
     unpad,
 )
-from pytreestore._tree.ragged import Declarations
-from pytreestore._tree.scatter import Space
-from pytreestore._tree.scatter import pad as scatter_pad
-from pytreestore._tree.split import split
+from pytreestore._tree.pad_columns import Departs, Space, segment, walk
+from pytreestore._tree.pad_columns import pad as scatter_pad
+from pytreestore._tree.unpad import split
 from pytreestore.errors import ArgumentError, RaggedDeclarationError, SchemaMismatchError
 
 

@@ -34,17 +34,16 @@ from pytreestore.backends._base import (
     TensorStoreKvStore,
     Transactions,
 )
-from pytreestore.backends._capable import capable
 from pytreestore.backends._registry import (
     BackendFactory,
+    capable,
     default_backend,
     get_backend,
     register_backend,
     registered_backends,
 )
 from pytreestore.backends._tensorstore.backend import TensorStoreBackend
-from pytreestore.backends._tensorstore.coordinated import ocdbt_coordinator
-from pytreestore.backends._tensorstore.database import OcdbtDatabase, is_ocdbt
+from pytreestore.backends._tensorstore.database import OcdbtDatabase, is_ocdbt, ocdbt_coordinator
 from pytreestore.backends._tensorstore.ocdbt import OcdbtBackend
 from pytreestore.backends._zarr.backend import ZarrBackend
 

@@ -10,7 +10,7 @@ Construction:
     ``Backend(location, **options)``: ``location`` is a parsed
     :class:`~pytreestore._location.Location` (``file``, ``memory``, ``s3``, ``gcs`` or ``http``,
     with its storage options; at an ``http`` location, which is read-only, the package wraps
-    the backend in :class:`~pytreestore.backends._readonly.ReadOnly`); ``options`` are engine settings (the shipped backends take none).
+    the backend in :class:`~pytreestore.backends._registry.ReadOnly`); ``options`` are engine settings (the shipped backends take none).
     Constructing does no I/O that can fail on a missing store. Register a factory under a name
     with :func:`pytreestore.backends.register_backend` to make ``backend="name"`` work in
     ``create``, ``open`` and ``copy``.
@@ -68,7 +68,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from pytreestore._format.names import META_DIR
+from pytreestore._format.keys import META_DIR
 from pytreestore.backends._errors import MissingChunkError as MissingChunkError
 from pytreestore.backends._errors import damaged_chunk as damaged_chunk
 from pytreestore.backends._errors import missing_chunk as missing_chunk
@@ -211,7 +211,7 @@ class ConditionalWrites(Protocol):
     commit (two writers that both saw commit *n* cannot both write commit *n + 1*).
 
     A token is opaque bytes naming one value of a key; a missing key's token is
-    :data:`~pytreestore._format.names.NO_VALUE`. Both calls must be atomic against each other across
+    :data:`~pytreestore._format.keys.NO_VALUE`. Both calls must be atomic against each other across
     processes and machines; a backend that cannot promise that must not have this capability.
     """
 
@@ -286,7 +286,7 @@ class PartialReads(Protocol):
 @runtime_checkable
 class ReadsInto(Protocol):
     """Reading rows into arrays the caller owns: a big load onto an accelerator reads its
-    pieces into host buffers it reuses (:mod:`pytreestore._read.hostpool`), so no fresh
+    pieces into host buffers it reuses (:mod:`pytreestore._read.slabs`), so no fresh
     memory is faulted in for each piece."""
 
     def read_into(
@@ -320,7 +320,7 @@ class Transactions(Protocol):
 
     A backend declares this only if its blocks really are atomic: the store then relies on
     it (one commit, one step; a failed root write fails the commit). The store wraps each
-    commit in :func:`pytreestore._commit.atomic.atomic`, which enters :meth:`transaction`
+    commit in :func:`pytreestore._log.committer.atomic`, which enters :meth:`transaction`
     when a backend has this capability and does nothing otherwise (the writes then land one
     by one, in the commit protocol's order). The conformance suite checks the promise
     (:mod:`pytreestore.testing.capabilities`).
@@ -412,7 +412,7 @@ class Snapshots(Protocol):
     """Every storage generation kept and readable (TensorStore's OCDBT kvstore, both OCDBT
     backends): a store version opened with ``open(path, version=N)`` reads the generation
     whose commit record first names it, so its rows are pinned by the storage itself
-    (:mod:`pytreestore._commit.snapshots`). Generations count up, and a commit record only
+    (:mod:`pytreestore._log.commit_record`). Generations count up, and a commit record only
     ever names higher versions in later generations. Nothing written is ever reclaimed by
     deleting keys: a deleted key is gone from later generations only."""
 

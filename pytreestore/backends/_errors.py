@@ -1,4 +1,6 @@
-"""The errors every backend raises in the same words (the contract's "Errors", in
+"""The errors every backend raises in the same words, and a clear error in a forked child.
+
+The errors every backend raises in the same words (the contract's "Errors", in
 :mod:`pytreestore.backends._base`, which re-exports them): a damaged or missing chunk, named
 with its column key, chunk and storage key, and a symbolic link loop inside a local store.
 
@@ -6,6 +8,19 @@ Example:
     >>> err = damaged_chunk("x", (3,), "bad checksum")
     >>> err.key, "store.verify()" in str(err)
     ('x/c/3', True)
+
+A library whose I/O runs on threads that ``os.fork`` does not copy: a clear error in a
+forked child, before the call that would abort or hang it.
+
+A :class:`ForkGuard` notes that this process used the library (each :meth:`ForkGuard.check`
+before its I/O does) and, in a child forked after that, raises
+:class:`~pytreestore.errors.ForkedBackendError` instead. TensorStore aborts such a child
+(:mod:`pytreestore.backends._tensorstore.futures`); obstore, which the zarr backend reaches S3
+and web servers through, hangs it (:mod:`pytreestore.backends._zarr.stores`).
+
+Example:
+    >>> guard = ForkGuard("a library", "", "it would hang", "")
+    >>> guard.check("memory://doc-fork")  # in the process that used it: nothing to say
 """
 
 from __future__ import annotations
@@ -14,8 +29,9 @@ import errno
 import os
 import re
 
-from pytreestore._format.names import chunk_key
-from pytreestore.errors import CorruptChunkError, CorruptStoreError
+from pytreestore._format.keys import chunk_key
+from pytreestore._runtime import at_fork
+from pytreestore.errors import CorruptChunkError, CorruptStoreError, ForkedBackendError
 
 
 def symlink_loop(doing: str, err: BaseException) -> CorruptStoreError | None:
@@ -69,4 +85,41 @@ def damaged_chunk(column: str, chunk: tuple[int, ...] | None, why: object) -> Co
     )
 
 
-__all__ = ["MissingChunkError", "damaged_chunk", "missing_chunk", "symlink_loop"]
+class ForkGuard:
+    """Whether this process used ``library``, and whether its parent had before a fork.
+
+    Args:
+        library: the library's name, as the error gives it.
+        used_for: what it is used for, appended to its name in the error (or "").
+        fate: what the library would do in the child.
+        instead: another way out, appended to the advice to start workers by ``spawn``.
+    """
+
+    def __init__(self, library: str, used_for: str, fate: str, instead: str) -> None:
+        self._library, self._used_for, self._fate, self._instead = library, used_for, fate, instead
+        self._used = False
+        self._forked = False
+        at_fork(self._after_fork_in_child)
+
+    def check(self, where: object) -> None:
+        """Raises :class:`ForkedBackendError` if this process was forked from one that had
+        used the library; otherwise notes that this process uses it.
+
+        Args:
+            where: the store (its location) the call was for, named in the error.
+        """
+        if self._forked:
+            raise ForkedBackendError(
+                f"{where}: this process was forked (os.fork, or multiprocessing's 'fork' start "
+                f"method) from one that had already used {self._library}{self._used_for}, and "
+                f"{self._library} cannot run in such a child ({self._fate}). Start worker "
+                "processes with the 'spawn' or 'forkserver' start method and pass them the "
+                f"pickled reader{self._instead}"
+            )
+        self._used = True
+
+    def _after_fork_in_child(self) -> None:
+        self._forked = self._forked or self._used
+
+
+__all__ = ["ForkGuard", "MissingChunkError", "damaged_chunk", "missing_chunk", "symlink_loop"]

@@ -4,7 +4,7 @@
 :func:`link_files` links each destination to its source's file (through a temporary name and
 a rename when something is there already, so a reader sees the old object or the new one).
 :func:`move_folders` renames whole folders (a fragment's chunk rows,
-:mod:`pytreestore._commit.placing`). Either way the folders that got an entry are then made
+:mod:`pytreestore._log.placing`). Either way the folders that got an entry are then made
 durable by :func:`sync_folders`, before the commit record that counts them is written: one
 ``fsync`` per folder when they are few, one ``syncfs`` of the file system when they are many
 (Linux; elsewhere every folder is fsynced). A linked source file stays; a later write to
@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from pytreestore._format.names import CHUNK_KEY_PATTERN
+from pytreestore._format.keys import CHUNK_KEY_PATTERN
 from pytreestore._runtime import RUNTIME
 from pytreestore.backends._base import missing_chunk
 from pytreestore.errors import PyTreeStoreError, StorageError

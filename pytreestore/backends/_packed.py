@@ -35,7 +35,7 @@ from pytreestore.backends._base import (
     PartialReads,
     ReadsInto,
 )
-from pytreestore.backends._capable import capable
+from pytreestore.backends._registry import capable
 from pytreestore.errors import CorruptChunkError
 
 
@@ -241,7 +241,7 @@ def _same(index: Any) -> Any:
 
 
 def packed(inner: Backend, packs: Sequence[Any], columns: Sequence[Any]) -> Backend:
-    """``inner`` wrapped for ``packs`` (:class:`pytreestore._format.packs.Pack`) of a schema
+    """``inner`` wrapped for ``packs`` (:class:`pytreestore._format.compression.Pack`) of a schema
     whose columns (and dropped ones) are ``columns``; ``inner`` itself without packs."""
     if not packs:
         return inner

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 from pytreestore import errors
-from pytreestore._format.names import LOCK_KEY, NO_VALUE
+from pytreestore._format.keys import LOCK_KEY, NO_VALUE
 from pytreestore.backends import (
     BatchedReads,
     CheckedReads,

@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 import pytreestore
 from pytreestore import errors
 from pytreestore._format import dtypes as _dtypes
-from pytreestore._format.names import ROOT_KEY
+from pytreestore._format.keys import ROOT_KEY
 from pytreestore._location import Location
 from pytreestore.backends import Backend, ColumnLayout, get_backend
 from pytreestore.testing import assert_trees_equal
@@ -414,7 +414,7 @@ class BackendSuite(ChunkCopyCases, CapabilityCases):
             pytest.skip(f"zarr-python cannot read stores of backend {self.backend!r}")
         import zarr
 
-        from pytreestore.backends._zarr import dtypes as _zarr_dtypes
+        from pytreestore.backends._zarr import stores as _zarr_dtypes
 
         _zarr_dtypes.register()
         values = np.array([[1.5, -2.0], [np.inf, 0.25]], ml_dtypes.bfloat16)

@@ -38,8 +38,8 @@ if str(ROOT) not in sys.path:  # run as a script: the node classes must import a
     sys.path.insert(0, str(ROOT))
 
 import pytreestore  # noqa: E402
-from pytreestore._commit import record as record_module  # noqa: E402
 from pytreestore._format import dtypes as _dtypes  # noqa: E402
+from pytreestore._log import commit_record as record_module  # noqa: E402
 from pytreestore.testing import strategies as pts  # noqa: E402
 from pytreestore.testing.conformance import dtype_values  # noqa: E402
 from tests import static_trees, trees  # noqa: E402

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import pytreestore
+from pytreestore._cli.commands import _plain
 from pytreestore._cli.common import jsonable
-from pytreestore._cli.look import _plain
 from tests.parity import kinds
 from tests.parity.test_copy import assert_same
 

@@ -1,4 +1,4 @@
-"""The one commit sequence (``pytreestore._commit.transaction``) on every kind of store and
+"""The one commit sequence (``pytreestore._log.transaction``) on every kind of store and
 backend: tag, truncate and a refused truncate, each through ``StoreCore.commit``; exact values
 read back after reopening, at the latest version and at a tag."""
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import pytreestore
-from pytreestore._commit.tables import table_schemas
 from pytreestore._format.ragged import OFFSETS
 from pytreestore._fragments import fastpath
+from pytreestore._log.evolve_tables import table_schemas
 from pytreestore.testing import assert_trees_equal
 from tests.parity import kinds
 

@@ -19,7 +19,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pytreestore
-from pytreestore._read import hostpool, slabs
+from pytreestore._read import slabs
+from pytreestore._read import slabs as hostpool
 from pytreestore._runtime import RUNTIME
 from pytreestore.errors import ShardingError
 from tests.conftest import copying_cpu_puts, cpu_mesh

@@ -143,7 +143,7 @@ def test_point_read_of_a_record_with_an_empty_list_reads_no_rows(tmp_path, monke
 def test_later_blocks_take_records_by_the_layouts_of_earlier_ones(tmp_path, kind, monkeypatch):
     """Records of a structure met in an earlier block are taken by the layout made then (no
     tags built again), and come back exactly, whatever their start rows in the new block."""
-    from pytreestore._read import loops as _load
+    from pytreestore._read import ahead as _load
 
     monkeypatch.setattr(RUNTIME.reads, "iter_block", 64)
     built: list[int] = []
@@ -222,7 +222,7 @@ def test_several_ragged_axes_in_a_loop_and_iteration(tmp_path, kind, backend, mo
 def test_iteration_as_numpy_builds_records_by_shared_layouts(tmp_path, kind, monkeypatch):
     """``records(as_numpy=True)`` builds each record by its structure's layout (views of its
     rows, one unflatten): exact records, and tags only for structures new to the read."""
-    from pytreestore._read import loops as _load
+    from pytreestore._read import ahead as _load
 
     monkeypatch.setattr(RUNTIME.reads, "iter_block", 64)
     built: list[int] = []

@@ -13,7 +13,7 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._format.names import COMMIT_KEY
+from pytreestore._format.keys import COMMIT_KEY
 from pytreestore.backends import ocdbt_coordinator
 from tests.parity import kinds
 

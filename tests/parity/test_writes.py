@@ -2,7 +2,7 @@
 (issue 45's parity rows for the writer).
 
 * **Background writes**: appends that fill chunks hand them to the writer's background queue
-  (:class:`~pytreestore._commit.chunk_writes.ChunkWrites`): the chunks' writes and their
+  (:class:`~pytreestore._write.background.ChunkWrites`): the chunks' writes and their
   commits run off the caller's thread, for every table of a ragged store too; ``committed``
   counts what landed; a write that fails is reported by the next append (whose record is not
   appended) and retried; the values read back are exact.
@@ -22,8 +22,8 @@ import pytest
 
 import pytreestore
 from pytreestore import errors
-from pytreestore._commit.writer import Writer
-from pytreestore._format.names import COMMIT_KEY
+from pytreestore._format.keys import COMMIT_KEY
+from pytreestore._write.writer import Writer
 from tests.parity import kinds
 
 MATRIX = [(k, b) for k in kinds.KINDS for b in kinds.BACKENDS]

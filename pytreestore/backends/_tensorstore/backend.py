@@ -49,12 +49,16 @@ from pytreestore.backends._links import link_files
 from pytreestore.backends._metadata import array_metadata
 from pytreestore.backends._tensorstore import checked as _checked
 from pytreestore.backends._tensorstore import direct as _direct
-from pytreestore.backends._tensorstore import fork as _fork
+from pytreestore.backends._tensorstore import futures as _fork
 from pytreestore.backends._tensorstore import futures as _futures
 from pytreestore.backends._tensorstore import reads as _reads
-from pytreestore.backends._tensorstore.documents import create_documents, plain_fill
-from pytreestore.backends._tensorstore.kvstore import kvstore_spec
-from pytreestore.backends._tensorstore.partial import partial_writes, remove_abandoned
+from pytreestore.backends._tensorstore.kvstore import (
+    create_documents,
+    kvstore_spec,
+    partial_writes,
+    plain_fill,
+    remove_abandoned,
+)
 from pytreestore.backends._unstored import Unstored
 from pytreestore.errors import PyTreeStoreError
 
@@ -404,10 +408,10 @@ class TensorStoreBackend(
         TensorStore's file kvstore writes a key through ``<key>.__lock`` and renames it over
         the key; a writer killed in between leaves that file. A file whose lock a live
         process holds (a write in flight) is kept
-        (:func:`~pytreestore.backends._tensorstore.partial.remove_abandoned`). Only the
+        (:func:`~pytreestore.backends._tensorstore.kvstore.remove_abandoned`). Only the
         holder of the writer lock may call this. Chunks below ``tail_chunk`` (on the record
         axis) are never written again, so only the chunks from there on are looked at.
-        (Repair on open for append, step 4 of :mod:`pytreestore._commit.protocol`.)
+        (Repair on open for append, step 4 of :mod:`pytreestore._log.protocol`.)
         """
         if self._location.kind != "file":
             return []

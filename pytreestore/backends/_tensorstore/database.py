@@ -5,14 +5,14 @@ Optionally-Cooperative Distributed B+Tree (OCDBT) database at the store root, so
 thousands of columns is a handful of files (``manifest.ocdbt`` and ``d/``). Every batch of
 writes makes a new OCDBT generation and every generation stays readable
 (:class:`~pytreestore.backends.Snapshots`): :meth:`OcdbtDatabase.at_generation` opens the
-database as it was then (:mod:`pytreestore._commit.snapshots` finds the generation of a store
+database as it was then (:mod:`pytreestore._log.commit_record` finds the generation of a store
 version).
 
 :class:`OcdbtDatabase` has no transactions: its writes land one by one, as on the file
 kvstore. The backends built on it say what they add:
 :class:`~pytreestore.backends._tensorstore.ocdbt.OcdbtBackend` (``backend="ocdbt"``) makes
 each commit one atomic transaction (:class:`~pytreestore.backends.Transactions`);
-:class:`~pytreestore.backends._tensorstore.coordinated.CoordinatedOcdbtBackend`, a writer
+:class:`~pytreestore.backends._tensorstore.database.CoordinatedOcdbtBackend`, a writer
 sharing the store through an OCDBT coordinator, cannot (TensorStore refuses a transaction over
 two keys there) and so does not declare it.
 
@@ -31,36 +31,68 @@ Example:
     (b'1', b'2')
     >>> isinstance(db, Transactions)
     False
+
+Writers sharing one OCDBT store through TensorStore's OCDBT coordinator.
+
+:func:`ocdbt_coordinator` starts a coordinator server (``ts.ocdbt.DistributedCoordinatorServer``)
+in this process; :class:`CoordinatedOcdbtBackend` is the OCDBT backend of one writer that
+commits through it (``pytreestore.open(path, mode="a", backend="ocdbt", coordinator=ADDRESS)``).
+
+What the coordinator gives and what it does not (TensorStore 0.1.86, read from
+``tensorstore/kvstore/ocdbt/driver.cc`` and measured): each key's write, conditional writes
+included, is atomic across every process of the coordinator, and B+tree leases keep
+concurrent writers from rewriting each other's nodes; but with a coordinator OCDBT refuses an
+atomic transaction over two keys ("Cannot read/write ... as single atomic transaction"). So
+this backend does not declare :class:`~pytreestore.backends.Transactions`: its writes land one
+by one, in the commit protocol's order (:mod:`pytreestore._log.protocol`), and the writers
+take turns through the commit claim (:mod:`pytreestore._log.locks`). A coordinator that is gone fails every write that needs
+a lease at once with ``UNAVAILABLE`` (a :class:`~pytreestore.errors.StorageError` here); one
+that hangs is caught by the backend's ``timeout``.
+
+Example:
+    >>> with ocdbt_coordinator() as address:
+    ...     address.startswith("127.0.0.1:")
+    True
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import tensorstore as ts
 
-from pytreestore._format.names import LOCK_KEY, META_DIR
+from pytreestore._format.keys import LOCK_KEY, META_DIR
 from pytreestore._location import Location
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends._base import Snapshots, delete_folder
 from pytreestore.backends._links import missing_source
-from pytreestore.backends._tensorstore import fork as _fork
+from pytreestore.backends._tensorstore import futures as _fork
 from pytreestore.backends._tensorstore import futures as _futures
 from pytreestore.backends._tensorstore.backend import (
     TensorStoreBackend,
     memory_context,
 )
 from pytreestore.backends._tensorstore.direct import DirectColumn
-from pytreestore.backends._tensorstore.kvstore import kvstore_spec
-from pytreestore.backends._tensorstore.partial import remove_abandoned
-from pytreestore.errors import PyTreeStoreError, ReadOnlyError
+from pytreestore.backends._tensorstore.kvstore import kvstore_spec, remove_abandoned
+from pytreestore.errors import (
+    ArgumentError,
+    BadLocationError,
+    PyTreeStoreError,
+    ReadOnlyError,
+    StorageError,
+)
 
 #: the files of an OCDBT database in its base folder
 MANIFEST = "manifest.ocdbt"
+
+
 DATA_DIR = "d"
+
+
 _LOCK_SUFFIX = ".__lock"
 
 
@@ -143,7 +175,7 @@ class OcdbtDatabase(TensorStoreBackend, Snapshots):
     def delete_keys(self, keys: Sequence[str]) -> None:
         """Deletes ``keys`` from the database's next generation (their bytes stay in the
         files, for the generations before); on local disk the writer lock's key is the file
-        beside the database (:mod:`pytreestore._commit.lock`), deleted as a file."""
+        beside the database (:mod:`pytreestore._log.locks`), deleted as a file."""
         self._refuse_pinned("delete")
         super().delete_keys(keys)
         if self._location.kind == "file" and LOCK_KEY in keys:
@@ -243,7 +275,7 @@ class OcdbtDatabase(TensorStoreBackend, Snapshots):
         ``<name>.__lock`` and renames it over the name; a writer killed in between leaves that
         file. Another process may be writing the database now (``write_fragment`` needs no
         writer lock): a file whose lock a live process holds is its write in flight, and is
-        kept (:func:`~pytreestore.backends._tensorstore.partial.remove_abandoned`). Data files
+        kept (:func:`~pytreestore.backends._tensorstore.kvstore.remove_abandoned`). Data files
         of a commit that never reached the manifest are unreferenced and harmless. Chunks are keys inside the database, so
         ``keys`` and ``tail_chunk`` need no look. Only the holder of the writer lock may call
         this.
@@ -287,4 +319,96 @@ def _own_file(root: Path, name: str) -> bool:
     return name == META_DIR and set(os.listdir(root / name)) <= {"lock"}
 
 
-__all__ = ["DATA_DIR", "MANIFEST", "OcdbtDatabase", "is_ocdbt"]
+@contextlib.contextmanager
+def ocdbt_coordinator(host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Runs an OCDBT coordinator server in this process for the ``with`` block.
+
+    Args:
+        host: the address to bind; the default serves this machine only. The coordinator has
+            no authentication: bind it only where every client is trusted.
+        port: the port; 0 picks a free one.
+
+    Yields:
+        The coordinator's address, ``"HOST:PORT"``, for ``pytreestore.open(...,
+        coordinator=address)`` in every writer process.
+
+    Raises:
+        StorageError: the server could not bind ``host:port``.
+
+    Example:
+        >>> with ocdbt_coordinator() as address:
+        ...     int(address.rpartition(":")[2]) > 0
+        True
+    """
+    try:
+        server = ts.ocdbt.DistributedCoordinatorServer({"bind_addresses": [f"{host}:{port}"]})
+    except ValueError as err:
+        raise StorageError(
+            f"cannot start an OCDBT coordinator on {host}:{port}: {err}. Choose another port "
+            "(or port=0 for a free one)"
+        ) from err
+    try:
+        yield f"{host}:{server.port}"
+    finally:
+        del server  # its destructor stops it
+
+
+def check_address(address: object) -> str:
+    """``address`` if it is ``"HOST:PORT"``, else ValueError saying what is expected."""
+    host, _, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ArgumentError(
+            f"coordinator must be the address of an OCDBT coordinator, 'HOST:PORT' (for "
+            f"example '127.0.0.1:5000', as pytreestore.backends.ocdbt_coordinator() yields), "
+            f"got {address!r}"
+        )
+    return address  # type: ignore[return-value]
+
+
+class CoordinatedOcdbtBackend(OcdbtDatabase):
+    """The OCDBT backend of a writer that commits through the coordinator at ``address``.
+
+    It has no transactions (:class:`~pytreestore.backends.Transactions`): through a
+    coordinator OCDBT refuses a transaction over two keys, so every write lands on its own,
+    in the commit protocol's order, as on the file kvstore, and the commit claim keeps the
+    commits of writers apart. Its generations are kept and readable as on every OCDBT
+    database (:class:`~pytreestore.backends.Snapshots`).
+
+    Args:
+        location: a local store (the OCDBT database's folder).
+        address: the coordinator, ``"HOST:PORT"``.
+        lease: seconds of each B+tree lease the writer asks the coordinator for.
+        timeout: seconds one storage call may wait.
+
+    Raises:
+        BadLocationError: ``location`` is not a local directory.
+    """
+
+    def __init__(
+        self,
+        location: Location,
+        address: str,
+        *,
+        lease: float = RUNTIME.waits.lease_s,
+        timeout: float = RUNTIME.waits.coordinator_timeout_s,
+    ) -> None:
+        if location.kind != "file":
+            raise BadLocationError(
+                f"writers share a store through an OCDBT coordinator on local disk only, not "
+                f"{location}; open it with mode='a' and no coordinator for one writer"
+            )
+        self.address = check_address(address)
+        coordinator = {"address": self.address, "lease_duration": f"{lease:g}s"}
+        super().__init__(location, ocdbt_options={"coordinator": coordinator})
+        self._timeout = timeout
+
+
+__all__ = [
+    "DATA_DIR",
+    "MANIFEST",
+    "CoordinatedOcdbtBackend",
+    "OcdbtDatabase",
+    "check_address",
+    "is_ocdbt",
+    "ocdbt_coordinator",
+]

@@ -20,7 +20,7 @@ Writes follow the TensorStore ``file`` kvstore's own protocol: each chunk goes t
 ``<chunk>.__lock``, is fsynced and renamed over the chunk, so readers see the old chunk or the
 new one; the folders are fsynced before :func:`write` returns, so a commit written after it
 never counts a chunk that is not on disk (step 6 of the commit protocol,
-:mod:`pytreestore._commit.protocol`).
+:mod:`pytreestore._log.protocol`).
 
 Example:
     >>> import numpy as np, tempfile

@@ -11,6 +11,18 @@ Example:
     True
     >>> type(storage_error("reading x", ValueError("UNAVAILABLE: down"))).__name__
     'StorageError'
+
+TensorStore in a forked child: a clear error before any call that would abort the process.
+
+TensorStore does its I/O on thread pools that ``os.fork`` does not copy. A child process that
+issues a TensorStore read or write after its parent used TensorStore is aborted by TensorStore
+itself (``fork() use detected``, signal 6), with no exception to catch. Every call of this
+backend that issues I/O first asks :func:`check`, which raises :class:`ForkedBackendError`
+in such a child instead. What needs no TensorStore thread still works there: rows held in the
+decoded-chunk cache, and uncompressed local chunks, which this backend reads as plain files.
+
+Example:
+    >>> check("memory://doc-fork")  # in the process that used TensorStore: nothing to say
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ from typing import Any
 
 from pytreestore._format.validate import COLUMN_GONE
 from pytreestore.backends._base import damaged_chunk, missing_chunk, symlink_loop
+from pytreestore.backends._errors import ForkGuard
 from pytreestore.errors import (
     CommitConflictError,
     CorruptChunkError,
@@ -33,9 +46,12 @@ from pytreestore.errors import (
 #: status codes of a read that found bytes it could not decode (as opposed to not reaching them)
 _DAMAGED = ("DATA_LOSS", "FAILED_PRECONDITION", "INVALID_ARGUMENT", "OUT_OF_RANGE")
 
+
 #: what TensorStore says (FAILED_PRECONDITION) when an OCDBT database's manifest now belongs to
 #: another database than the one a handle opened (``create(overwrite=True)`` put a new one there)
 _OTHER_DATABASE = "Configuration mismatch on uuid"
+
+
 #: what TensorStore says when a web server answered a byte-range request with the whole file
 _NO_RANGES = "was ignored by server"
 
@@ -142,4 +158,13 @@ def storage_error(doing: str, err: Exception) -> PyTreeStoreError:
     )
 
 
-__all__ = ["chunk_error", "is_damage", "result", "storage_error", "wait"]
+#: raises ForkedBackendError in a child forked from a process that had used TensorStore
+check = ForkGuard(
+    "TensorStore",
+    "",
+    "it would abort the process",
+    ", or open the store in the child with backend='zarr' (file and S3 stores)",
+).check
+
+
+__all__ = ["check", "chunk_error", "is_damage", "result", "storage_error", "wait"]

@@ -8,7 +8,7 @@ and the key-value store share the backend's one ``ts.Context`` (separate context
 silently split the transaction); handles are kept unbound and bound to each block anew (a
 handle left bound to a committed transaction fails with "Transaction not open"). TensorStore
 has atomic multi-key transactions only without an OCDBT coordinator, so a writer sharing the
-store through one uses :class:`~pytreestore.backends._tensorstore.coordinated.CoordinatedOcdbtBackend`,
+store through one uses :class:`~pytreestore.backends._tensorstore.database.CoordinatedOcdbtBackend`,
 which has none.
 
 Example:

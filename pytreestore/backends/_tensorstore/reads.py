@@ -31,7 +31,7 @@ import numpy as np
 import tensorstore as ts
 
 from pytreestore.backends._tensorstore import direct as _direct
-from pytreestore.backends._tensorstore import fork as _fork
+from pytreestore.backends._tensorstore import futures as _fork
 from pytreestore.backends._tensorstore import futures as _futures
 from pytreestore.errors import PyTreeStoreError
 

@@ -1,6 +1,6 @@
 """The zarr backend: the same zarr v3 arrays and protocol, through zarr-python 3, on local
 disk and ``memory://`` here, and on ``s3://`` in its subclass
-:class:`~pytreestore.backends._zarr.s3.ZarrS3Backend` (zarr-python's ``ObjectStore`` over
+:class:`~pytreestore.backends._zarr.remote.ZarrS3Backend` (zarr-python's ``ObjectStore`` over
 obstore's ``S3Store``); ``backend="zarr"`` picks the class by location.
 
 It writes byte for byte the metadata documents the TensorStore backend writes, and keeps the
@@ -30,7 +30,7 @@ guarantees the store's commit protocol relies on:
   grown since this one last saw it, before any chunk is written. So a second writer (the
   lock file deleted under a running writer, a forked child) gets
   :class:`CommitConflictError` instead of losing the first writer's commits.
-  On S3, :class:`~pytreestore.backends._zarr.s3.ZarrS3Backend` (the subclass that
+  On S3, :class:`~pytreestore.backends._zarr.remote.ZarrS3Backend` (the subclass that
   ``backend="zarr"`` makes for an ``s3://`` location) implements both with ETags and
   ``If-Match``/``If-None-Match`` PUTs instead.
 
@@ -65,9 +65,9 @@ from zarr.core.metadata.v3 import ArrayV3Metadata
 from zarr.storage._common import StorePath
 
 from pytreestore._format import validate as _validate
-from pytreestore._format.names import META_DIR, NO_VALUE, array_json
+from pytreestore._format.keys import META_DIR, NO_VALUE, array_json
 from pytreestore._location import Location
-from pytreestore._platform import flock_module
+from pytreestore._runtime import flock_module
 from pytreestore.backends._base import (
     BatchedReads,
     ChunkCopies,
@@ -85,14 +85,17 @@ from pytreestore.backends._base import (
 from pytreestore.backends._links import link_files
 from pytreestore.backends._metadata import array_document, encode_document
 from pytreestore.backends._unstored import Unstored
-from pytreestore.backends._zarr import dtypes as _zarr_dtypes
-from pytreestore.backends._zarr import forked
-from pytreestore.backends._zarr.aio import collect, gather, run, settle
+from pytreestore.backends._zarr import stores as _zarr_dtypes
+from pytreestore.backends._zarr import stores as forked
 from pytreestore.backends._zarr.stores import (
     ChunksRequired,
     PinnedReads,
+    collect,
+    gather,
     memory_dict,
     open_local_store,
+    run,
+    settle,
 )
 from pytreestore.errors import (
     CommitConflictError,
@@ -112,7 +115,7 @@ class ZarrBackend(
     ConditionalWrites, KeyListing, BatchedReads, ChunkCopies, LocalFiles, PartialReads, ManyReads
 ):
     """Columns as zarr-python 3 arrays on a local directory or a ``memory://`` store; its
-    subclass :class:`~pytreestore.backends._zarr.s3.ZarrS3Backend` stores on S3
+    subclass :class:`~pytreestore.backends._zarr.remote.ZarrS3Backend` stores on S3
     (``backend="zarr"`` picks the class by location: :func:`zarr_backend`).
 
     Capabilities: ConditionalWrites (a ``flock`` locally, a process lock in memory; ETags on

@@ -1,4 +1,46 @@
-"""The zarr stores under the zarr backend: durable local files, shared in-memory dicts, reads
+"""The zarr stores under the zarr backend, the event loop it runs zarr-python's coroutines on, and its dtypes.
+
+zarr-python data types for the ml_dtypes floats: bfloat16 and the float8 family.
+
+They live in the top-level module :mod:`pytreestore_zarr_dtypes` of the same distribution,
+which zarr-python loads from an entry point without importing pytreestore (docs/interop.md);
+this module is their name inside the package. pytreestore's zarr backend calls
+:func:`register`; an installed pytreestore also registers them in every zarr-python process.
+
+Example:
+    >>> from zarr.core.dtype import data_type_registry
+    >>> register()
+    >>> data_type_registry.get("bfloat16") is DTYPES["bfloat16"], NAMES[0]
+    (True, 'bfloat16')
+
+Running zarr-python's coroutines from the zarr backends' synchronous calls.
+
+zarr-python's files and codecs work in its event loop's default executor
+(``asyncio.to_thread``), a ``ThreadPoolExecutor``, which refuses new work once the interpreter
+exits (``concurrent.futures`` shuts down before any ``atexit`` hook runs): the chunks a store
+commits at the exit (its last flush, the chunks handed to the background writer) failed with
+"cannot schedule new futures after shutdown". So the loop's default executor is an
+:class:`ExitSafePool`, which then runs the work on the loop's own thread.
+
+Example:
+    >>> import asyncio
+    >>> async def one(x): return x
+    >>> run(gather(one(i) for i in range(3)), "counting")
+    [0, 1, 2]
+
+obstore in a forked child: a clear error before a call that would hang.
+
+The zarr backend reaches ``s3://`` and ``http(s)://`` stores through obstore, whose requests
+run on a tokio runtime: threads that ``os.fork`` does not copy. A child forked from a process
+that had used obstore waits forever on its first request (obstore's maintainers: "obstore is
+not fork safe"). Every call of those backends that issues I/O first asks :func:`check`, which
+raises :class:`~pytreestore.errors.ForkedBackendError` in such a child instead. A child whose
+parent never used obstore starts its own runtime and works.
+
+Example:
+    >>> check("s3://my-bucket/doc-fork")  # in the process that used obstore: nothing to say
+
+The zarr stores under the zarr backend: durable local files, shared in-memory dicts, reads
 that refuse a missing chunk, and reads that see one version of each object.
 
 Example:
@@ -13,10 +55,12 @@ import asyncio
 import os
 import threading
 import uuid
-from collections.abc import Iterable
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import zarr
 from zarr.abc.store import (
     ByteRequest,
     OffsetByteRequest,
@@ -25,15 +69,91 @@ from zarr.abc.store import (
     SuffixByteRequest,
 )
 from zarr.core.buffer import Buffer, BufferPrototype
+from zarr.core.sync import sync
 from zarr.storage import LocalStore, MemoryStore, WrapperStore
 
-from pytreestore._format.names import CHUNK_KEY_PATTERN
+from pytreestore._format.keys import CHUNK_KEY_PATTERN
 from pytreestore._location import Location
-from pytreestore._runtime import RUNTIME
-from pytreestore.backends._base import missing_chunk
-from pytreestore.errors import BadLocationError
+from pytreestore._runtime import RUNTIME, ExitSafePool
+from pytreestore.backends._base import missing_chunk, symlink_loop
+from pytreestore.backends._errors import ForkGuard
+from pytreestore.errors import BadLocationError, PyTreeStoreError, StorageError
+from pytreestore_zarr_dtypes import DTYPES, NAMES, MLFloat, register
+
+_T = TypeVar("_T")
+
+
+#: the event loops whose default executor is an ExitSafePool
+_SAFE: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
+async def _exit_safe(coroutine: Awaitable[_T]) -> _T:
+    """Awaits ``coroutine`` on a loop whose default executor is an :class:`ExitSafePool`."""
+    loop = asyncio.get_running_loop()
+    if loop not in _SAFE:
+        workers = zarr.config.get("threading.max_workers", None)
+        loop.set_default_executor(RUNTIME.loop_pool(workers))
+        _SAFE.add(loop)
+    return await coroutine
+
+
+async def gather(aws: Iterable[Awaitable[_T]]) -> list[_T]:
+    """Awaits every awaitable at once; their results in order."""
+    return list(await asyncio.gather(*aws))
+
+
+async def settle(aws: Iterable[Awaitable[_T]]) -> list[_T]:
+    """Awaits every awaitable at once; their results in order, or, once every one has ended,
+    the first error (what they hold may be released after this returns)."""
+    results = await asyncio.gather(*aws, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results  # type: ignore[return-value]
+
+
+async def collect(items: AsyncIterator[_T]) -> list[_T]:
+    """Every item of an async iterator, in a list."""
+    return [item async for item in items]
+
+
+def run(
+    coroutine: Awaitable[_T], doing: str, errors: tuple[type[Exception], ...] = (OSError,)
+) -> _T:
+    """Runs ``coroutine`` on zarr-python's event loop and waits for it.
+
+    Raises:
+        StorageError: storage refused a request (disk full, server down, ...): any of
+            ``errors`` (``OSError``, and obstore's errors on S3).
+    """
+    try:
+        return sync(_exit_safe(coroutine))
+    except PyTreeStoreError:
+        raise
+    except errors as err:
+        loop = symlink_loop(doing, err)
+        if loop is not None:
+            raise loop from err
+        brief = str(err).split("\n\nDebug source:", 1)[0]  # obstore appends a Rust dump
+        raise StorageError(
+            f"{doing} failed: {brief}. Records committed before stay committed; once storage "
+            "is reachable (or has space) again, retry the call (a failed flush() can be "
+            "repeated)."
+        ) from err
+
+
+#: raises ForkedBackendError in a child forked from a process that had used obstore
+check = ForkGuard(
+    "obstore",
+    ", which the zarr backend reads s3:// and http(s):// stores with",
+    "its requests would wait forever",
+    "",
+).check
+
 
 _MEMORY: dict[str, dict[str, Buffer]] = {}
+
+
 _MEMORY_LOCK = threading.Lock()
 
 
@@ -242,10 +362,20 @@ def durable_put(path: Path, data: bytes, exclusive: bool = False) -> None:
 
 
 __all__ = [
+    "DTYPES",
+    "NAMES",
     "ChunksRequired",
     "DurableLocalStore",
+    "ExitSafePool",
+    "MLFloat",
     "PinnedReads",
+    "check",
+    "collect",
     "durable_put",
+    "gather",
     "memory_dict",
     "open_local_store",
+    "register",
+    "run",
+    "settle",
 ]

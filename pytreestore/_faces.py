@@ -1,0 +1,471 @@
+"""The faces of a store, each using only its StoreCore: reads, versions, commits of fragments.
+
+The reads of a store: ``load``, indexing, iteration and ``lengths``, for fixed and ragged
+stores alike (a face of :class:`~pytreestore.TreeStore`, using only its
+:class:`~pytreestore._core.StoreCore`).
+
+Example:
+    >>> import pytreestore
+    >>> s = pytreestore.create("memory://doc-reads", {"a": 0})
+    >>> s.extend({"a": i} for i in range(3))
+    >>> s[1:]["a"].tolist()
+    [1, 2]
+
+The store's versions: listing them, naming them, going back, and removing what none needs.
+
+Every commit is a version (:mod:`pytreestore._log.versions`): :meth:`Versioning.versions`
+lists them, :meth:`~Versioning.tag` names one, :meth:`~Versioning.truncate` commits a version
+holding the first records only, and :meth:`~Versioning.vacuum` removes the chunks, arrays and
+schemas that no version the log keeps still needs. ``pytreestore.open(path, version=N)`` (or
+a tag's name) reads a store as it was at a version.
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> s = pytreestore.create("memory://doc-versioning", {"x": np.int32(0)})
+    >>> s.extend({"x": np.int32(i)} for i in range(5)); s.flush(); s.tag("five")
+    >>> s.truncate(2); s.append({"x": np.int32(9)}); s.flush()
+    >>> s.load(as_numpy=True)["x"].tolist(), [v.operation for v in s.versions()]
+    ([0, 1, 9], ['create', 'append', 'truncate', 'release', 'append'])
+
+``store.commit_fragments``: appending fragments written by other processes in one commit.
+
+Any process writes records under a store with :func:`pytreestore.write_fragment`, without
+the writer lock; the store's one writer appends them with :meth:`Fragmenting.commit_fragments`
+(:mod:`pytreestore._fragments.commit` has the steps). See docs/scaling.md.
+
+Example:
+    >>> import numpy as np, pytreestore
+    >>> s = pytreestore.create("memory://doc-fragmenting", {"x": np.int8(0)})
+    >>> f = pytreestore.write_fragment("memory://doc-fragmenting", [{"x": 5}, {"x": 6}])
+    >>> s.commit_fragments([f]); len(s), s.versions()[-1].operation
+    (2, 'append')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+
+import numpy as np
+
+from pytreestore import _arguments
+from pytreestore import _threads as background
+from pytreestore._core import StoreCore
+from pytreestore._fragments import fragment as _abandoned
+from pytreestore._fragments import fragment as _remove
+from pytreestore._fragments.commit import PlaceFragments
+from pytreestore._fragments.fragment import FRAGMENTS_OLDER_THAN, Fragment
+from pytreestore._log import placing
+from pytreestore._log import prune as _vacuum
+from pytreestore._log import versions as _versions
+from pytreestore._log.commit_record import Commit
+from pytreestore._log.prune import VacuumReport
+from pytreestore._log.transaction import Tag, Truncate
+from pytreestore._log.versions import Version
+from pytreestore._read.engine import record_reads
+from pytreestore.backends import Backend
+from pytreestore.errors import PyTreeStoreError
+
+#: the record type of a store (``TreeStore[T]``): the class of the example it was created with
+T = TypeVar("T")
+
+
+class Reads(Generic[T]):
+    """``load``, ``store[...]``, iteration, ``records`` and ``lengths`` of a store of records
+    of type ``T``."""
+
+    _core: StoreCore
+
+    def __init__(self, core: StoreCore) -> None:
+        self._core = core
+
+    def load(
+        self,
+        index: Any = slice(None),
+        *,
+        columns: str | Sequence[str] | Any | None = None,
+        device: Any = None,
+        as_numpy: bool = False,
+        cast: bool | None = None,
+        sharding: Any = None,
+        pad: bool = False,
+        pmap_devices: Sequence[Any] | None = None,
+        ragged: str = "pad",
+        pad_to: int | str | Sequence[int] | None = None,
+        trim: bool = False,
+        size: int | None = None,
+        truncate: bool | None = None,
+    ) -> Any:
+        """Loads records ``index`` as a record of the stored classes.
+
+        Args:
+            index: an int (one record), a slice, a list or array of ints, or a bool mask.
+            columns: tree-path strings of the columns to load; a node's path selects every
+                column below it (``".p[0]"``). Or a mask: a pytree of bools shaped like a
+                record (or a padded batch, or a prefix of either), True where a column is
+                wanted, e.g. ``jax.tree.map(lambda _: False, record)`` with some leaves set
+                True; under a ragged list any element's True selects that column. Columns not
+                selected come back as None.
+            device: a ``jax.Device`` or ``jax.sharding.Sharding`` to place the leaves on
+                (default: JAX's default device).
+            as_numpy: return host numpy arrays, with every dtype exactly as stored; a column
+                of typed PRNG keys comes back as its key data (uint32, see
+                :func:`jax.random.key_data`), since numpy has no key dtype.
+            cast: load 64-bit columns while x64 is disabled by casting them to 32 bits
+                (values that do not fit raise); without it they raise. None (default): the
+                store's policy, set by ``pytreestore.open(..., cast=...)`` or ``create``.
+            sharding: build each column as a global ``jax.Array`` split along the record axis:
+                one ``jax.sharding.Sharding`` for every column, a pytree of them shaped like
+                the schema (None replicates), or a callable from tree path to sharding. Each
+                device's rows are read once, for that device only (under ``jax.distributed``,
+                each process reads only its own devices' rows). A ragged store's padded
+                leaves and masks split the same way, records first, each mask by its leaf's
+                sharding cut to its axes (``ragged="segments"`` takes one sharding for every
+                leaf). See docs/sharding.md.
+            pad: with ``sharding`` or ``pmap_devices``, pad a record count that does not split
+                evenly with fill values (zeros) and return ``(records, mask)``, where ``mask``
+                is a bool ``jax.Array`` over the padded records, True for real ones (a
+                ragged store's pair ``(batch, mask)`` keeps its form, its masks False in the
+                padding records).
+            pmap_devices: devices (e.g. ``jax.local_devices()``) to lay the records out for
+                ``jax.pmap``: leaves shaped ``(len(devices), count // len(devices), ...)``,
+                slice ``i`` already on ``devices[i]`` (a ragged store's padded leaves and
+                masks too).
+            ragged: for a store created with ``ragged=``/``optional=`` (docs/ragged.md):
+                ``"pad"`` (default) returns ``(batch, mask)``, each ragged list stacked into
+                one element padded to ``L``, ``mask`` True where a value is real;
+                ``"segments"`` returns ``(values, segments)``, the leaves flat along each
+                axis and, per axis, the :class:`~pytreestore.Segments` of its elements
+                (and, per optional subtree, its presence under ``"present" + keypath``).
+            pad_to: with ``ragged="pad"``: None (the longest in the selection), an int,
+                ``"pow2"`` or increasing bucket sizes; a longer list raises
+                :class:`~pytreestore.errors.RaggedLengthError`.
+            trim: with ``pad_to``, cut longer lists instead of raising.
+            size: with ``ragged="segments"``, pad every axis's elements to this many.
+            truncate: the old name of ``trim`` (an alias; ``truncate`` now means only
+                :meth:`truncate`).
+
+        Returns:
+            For an int index, one record whose leaves have the per-record shape; otherwise a
+            batched record whose leaves carry a leading record axis; with ``pad=True`` a pair
+            ``(records, mask)``.
+
+        Raises:
+            ShardingError: a sharding cannot split the record count (and ``pad`` is false) or
+                a leaf's shape.
+
+        Example:
+            >>> import pytreestore
+            >>> s = pytreestore.create("memory://doc-load", {"a": 0, "b": (0.0, 0.0)})
+            >>> s.extend({"a": i, "b": (i * 1.0, i * 2.0)} for i in range(5))
+            >>> s.load([4, 0], columns="['b']", as_numpy=True)
+            {'a': None, 'b': (array([4., 0.], dtype=float32), array([8., 0.], dtype=float32))}
+        """
+        core = self._core
+        request = core.request(
+            columns=columns,
+            device=device,
+            as_numpy=as_numpy,
+            cast=cast,
+            sharding=sharding,
+            pad=pad,
+            pmap_devices=pmap_devices,
+        )
+        options = (ragged, pad_to, _arguments.trimmed(trim, truncate), size)
+        reads = record_reads(request.schema)
+        return reads.load(core.read_context(), core.head, request, index, options)
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+
+    @overload
+    def __getitem__(self, index: Any) -> Any: ...
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.load(index)
+
+    def __iter__(self) -> Iterator[T]:
+        return self.records()
+
+    def records(
+        self,
+        *,
+        columns: str | Sequence[str] | Any | None = None,
+        as_numpy: bool = False,
+        cast: bool | None = None,
+    ) -> Iterator[T]:
+        """Iterates over the records one at a time, reading a block of records per read.
+
+        ``iter(store)`` is ``store.records()``. The arguments are those of :meth:`load`.
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-records", {"t": np.float64(0)})
+            >>> s.extend({"t": np.float64(i)} for i in range(2))
+            >>> [r["t"].item() for r in s.records(as_numpy=True)]
+            [0.0, 1.0]
+        """
+        core = self._core
+        request = core.request(columns=columns, as_numpy=as_numpy, cast=cast)
+        yield from record_reads(request.schema).iterate(core.read_context(), core.head, request)
+
+    def lengths(self, index: Any = slice(None)) -> dict[str, np.ndarray]:
+        """Per ragged axis, each selected record's longest list (or leading axis) there,
+        reading only the offsets: what a sampler needs to bucket records by size.
+
+        Returns:
+            ``{axis keypath: int64 array over the selected records}``; a nested axis gives
+            the longest list of the record's elements. ``load(index, pad_to=None)`` pads
+            each axis to the largest of these.
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-lengths", {"p": [np.int8(0)]},
+            ...                        ragged=["['p']"])
+            >>> s.extend([{"p": [np.int8(1)] * n} for n in (3, 0, 2)])
+            >>> s.lengths()["['p']"].tolist()
+            [3, 0, 2]
+        """
+        core = self._core
+        return record_reads(core.schema).lengths(core.read_context(), core.head, core.schema, index)
+
+
+class Versioning:
+    """The version methods of :class:`~pytreestore.TreeStore` (a face using only its
+    :class:`~pytreestore._core.StoreCore`)."""
+
+    _core: StoreCore
+
+    def __init__(self, core: StoreCore) -> None:
+        self._core = core
+
+    @property
+    def version(self) -> int:
+        """The version this store object reads (a writer: its latest commit's)."""
+        self._core.check_open()
+        return self._core.head().generation
+
+    def versions(self) -> list[Version]:
+        """Every version the store keeps, oldest first, the latest committed one last.
+
+        A version is a commit: its number, records, time and operation, its tags, and
+        whether it can still be read (a version holding more records than a later truncate
+        left is gone once an append writes over them). A store written before versions
+        existed lists only its latest commit.
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-versions-method", {"x": np.int8(0)})
+            >>> s.append({"x": np.int8(1)}); s.flush()
+            >>> [(v.version, v.records) for v in s.versions()]
+            [(0, 0), (1, 1)]
+        """
+        core = self._core
+        with core.reading() as backend:
+            return _versions.history(backend, _head(core, backend), core.path)
+
+    def tag(self, name: str, version: int | None = None) -> None:
+        """Names a version, for ``pytreestore.open(path, version=name)``; tags never move.
+
+        Buffered records are committed first. Tagged versions stay in the log whatever
+        ``keep_versions`` says.
+
+        Args:
+            name: 1 to 128 of ``A-Z a-z 0-9 _ . -``, not starting with ``.`` or ``-``.
+            version: the version to name (default: the latest commit).
+
+        Raises:
+            ReadOnlyError: the store is open with mode "r".
+            TagExistsError: ``name`` names a version already; nothing is written.
+            VersionNotFoundError: ``version`` is not one the store keeps.
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-tag", {"x": np.int8(0)})
+            >>> s.append({"x": np.int8(1)}); s.tag("first")
+            >>> pytreestore.open("memory://doc-tag", version="first").version
+            1
+        """
+        _versions.check_tag_name(name)
+        if version is not None:
+            version = _arguments.count(version, "tag(name, version): version must be an int >= 0")
+        self._core.commit(Tag(name, version, self._core.path))
+
+    def truncate(self, records: int) -> None:
+        """Commits a new version holding the first ``records`` records only.
+
+        Nothing committed is rewritten: ``pytreestore.open(path, version=v)`` still reads
+        every earlier version, until the next append writes over the records they hold past
+        ``records`` (a version of the log then says so, and those versions are gone).
+        Buffered records are committed first.
+
+        Raises:
+            ReadOnlyError: the store is open with mode "r".
+            StoreIndexError: ``records`` is negative or more than the store holds (buffered
+                records included); nothing is committed, buffered records stay buffered.
+            CommitConflictError: another writer committed since this one read the commit
+                record. Nothing is changed; reopen the store.
+
+        A column added (by ``evolve``, or a ragged structure first shown) after ``records``
+        then starts at ``records``: its records before read its default, as they did.
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-truncate", {"x": np.int8(0)})
+            >>> s.extend({"x": np.int8(i)} for i in range(4)); s.truncate(1)
+            >>> len(s), len(pytreestore.open("memory://doc-truncate", version=1))
+            (1, 4)
+        """
+        records = _arguments.count(
+            records, "truncate() takes a record count (an int)", minimum=None
+        )
+        self._core.commit(Truncate(records, self._core.path))
+
+    def vacuum(self, *, fragments_older_than: float = FRAGMENTS_OLDER_THAN) -> VacuumReport:
+        """Removes what no version the log keeps needs: chunks past every kept version's
+        records, arrays of columns no kept version has (dropped by ``evolve``, or left by an
+        interrupted one), schemas no kept version names, and the records of versions written
+        over or past ``keep_versions``. Buffered records are committed first.
+
+        It also removes fragments (:func:`pytreestore.write_fragment`) that were committed
+        but left behind by a crash, and those nobody committed within
+        ``fragments_older_than`` seconds (default one day) of being begun: younger ones,
+        still being written or waiting for their commit, are left alone.
+
+        Readers open at a version the log no longer keeps may then fail to read.
+
+        On OCDBT (``backend="ocdbt"``) the removed keys leave the latest version only: OCDBT
+        keeps every generation and TensorStore cannot drop old ones, so no disk space comes
+        back (the report's ``reclaimed`` is False). ``pytreestore.copy(path, new_path,
+        backend="ocdbt")`` writes a new store holding the latest version alone.
+
+        Raises:
+            ReadOnlyError: the store is open with mode "r".
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-vacuum", {"x": np.int8(0)}, chunk_records=2)
+            >>> s.extend({"x": np.int8(i)} for i in range(6)); s.truncate(2)
+            >>> s.append({"x": np.int8(7)}); s.vacuum().chunks
+            1
+        """
+        fragments_older_than = _check_age(fragments_older_than)
+        core = self._core
+        with core.writing() as writer:
+            writer.flush()
+            keep, head, where = writer.committer.keep, writer.commit, core.path
+            core.settle()  # committed fragments' folders, deleted on a thread
+            swept = _abandoned.sweep(core.backend, core.location, head, fragments_older_than, where)
+            report = _vacuum.vacuum(core.backend, head, keep, where)
+            return dataclasses.replace(report, fragments=swept)
+
+
+def _head(core: StoreCore, backend: Backend) -> Commit:
+    """The latest commit: the writer's, or the commit record now."""
+    if core.writer is not None:
+        return core.writer.commit
+    return Commit.read(backend, core.path)
+
+
+def _check_age(seconds: Any) -> float:
+    return _arguments.seconds(seconds, "fragments_older_than is an age in seconds (a number >= 0)")
+
+
+if TYPE_CHECKING:
+    from pytreestore._core import StoreCore
+
+
+class Fragmenting:
+    """The fragment methods of :class:`~pytreestore.TreeStore` (a mixin)."""
+
+    _core: StoreCore
+    _purging: background.Job | None = None  # deleting committed fragments' folders
+
+    def commit_fragments(self, fragments: Iterable[Fragment]) -> None:
+        """Appends fragments (:func:`pytreestore.write_fragment`) in the given order, as one
+        commit: one version, whose record lists the fragments' ids.
+
+        Buffered records are committed first, so the order is: this writer's records, then
+        the fragments'. A fragment that starts at a chunk boundary of the store (every
+        fragment, when each holds a multiple of ``chunk_records`` records and the store did
+        before them) has its chunks placed without copying data where the backend can (on
+        local disk its chunk files hard-linked and its chunk-row folders renamed into the
+        store; in an OCDBT database its keys copied; elsewhere the raw chunk bytes); any
+        other is read and written again. When this returns, the commit is durable. The
+        fragments' folders are deleted once the commit is made: on OCDBT in the commit's own
+        transaction, locally on a background thread (:meth:`close` waits for it). An empty
+        list commits nothing.
+
+        A ragged or optional store's fragments hold every table's rows: each table's are
+        placed after its committed rows (offsets rebased; every other array's chunks placed
+        without copying, as above, where the table's rows start at a chunk boundary of
+        the table), and structures that the
+        fragments' records show and the store had pending (``store.schema.pending``) are
+        learnt first, as an append of such a record would learn them (docs/ragged.md).
+
+        Raises:
+            ReadOnlyError: the store is open with mode "r", or shares its writes through an
+                OCDBT coordinator (``coordinator=``): commit fragments from its only writer.
+            FragmentError: a fragment of another store or of another schema, one committed
+                already (or listed twice), one written before a version the log no longer
+                keeps (``keep_versions``), one whose files are gone; in a ragged store, one
+                whose structure departs from the store's (a leaf of another dtype than the
+                store learnt meanwhile). Checked before anything is written: nothing is
+                committed.
+            CommitConflictError: another writer committed meanwhile (one that took the lock
+                over with ``break_lock=True``); nothing of this call was committed, and the
+                fragments are intact (but on local disk one whose chunk rows were renamed
+                into the store before the other commit landed, which must be written
+                again): reopen the store and call this again.
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-commit-fragments", {"x": np.int8(0)})
+            >>> s.append({"x": np.int8(1)})
+            >>> f = pytreestore.write_fragment("memory://doc-commit-fragments", {"x": np.arange(2)})
+            >>> s.commit_fragments([f]); s.load(as_numpy=True)["x"].tolist()
+            [1, 0, 1]
+        """
+        items = list(
+            _arguments.iterable(fragments, "commit_fragments()", "pytreestore.Fragment objects")
+        )
+        if not items:  # nothing to commit (a writer sharing the store still refuses)
+            with self._core.writing() as writer:
+                _ = writer.committer
+            return
+        operation = PlaceFragments(items, self._core.location, self._core.spec.like)
+        self._core.commit(operation)  # the one commit sequence (_log/transaction.py)
+        self._retire([] if operation.removed else [f.id for f in operation.found])
+
+    def _retire(self, ids: list[str]) -> None:
+        """Deletes committed fragments' folders (one left, if storage failed, is vacuum's):
+        locally as a background job (:meth:`close` and the interpreter's exit wait for it),
+        elsewhere now; none when the commit's own transaction deleted them."""
+        if not ids:
+            return
+        root = placing.local_root(self._core.backend)
+        if root is None:
+            with contextlib.suppress(PyTreeStoreError):
+                _remove.remove(self._core.backend, ids)
+            return
+        placing.done(root)  # the placement's intent record: the commit is made
+        self._purged()
+        self._purging = background.start(functools.partial(_purge, root, ids))
+
+    def _purged(self) -> None:
+        """Waits for the deletion of committed fragments' folders (close, vacuum)."""
+        if self._purging is not None:
+            self._purging.join()
+            self._purging = None
+
+
+def _purge(root: str, ids: list[str], stopping: object) -> None:
+    """The background job of :meth:`Fragmenting._retire`: runs to the end (a few folder
+    deletions), even when asked to stop."""
+    _remove.purge(root, ids)
+
+
+__all__ = ["Fragmenting", "Reads", "T", "Version", "Versioning"]

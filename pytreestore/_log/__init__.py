@@ -1,0 +1,1 @@
+"""The version log: the commit protocol and its one commit sequence, the commit record, versions and tags, the writer lock and the commit claim, repair, evolve, truncate and vacuum, and the record model every commit is checked against."""
