@@ -2,8 +2,8 @@
 the accounting of its reads.
 
 :class:`StoreCore` is what :class:`~pytreestore.TreeStore` is made of: the public class holds
-one and its faces (the reads of :mod:`pytreestore._faces`, the versions of
-:mod:`pytreestore._faces`, the pipelines of :mod:`pytreestore._pipelines.methods`) use
+one and its faces (the reads and versions of :mod:`pytreestore._faces`, the pipelines of
+:mod:`pytreestore._pipelines.methods`) use
 only its public interface below. It holds
 
 - the **lifecycle**: open, closing (a flush that may fail and be retried), closed; the jobs

@@ -12,8 +12,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Generic
 
 from pytreestore._core import AnyWriter, StoreCore
-from pytreestore._faces import Fragmenting, Reads, T, Versioning
+from pytreestore._faces import Reads, T, Versioning
 from pytreestore._format.schema import TreeSchema
+from pytreestore._fragments.commit import Fragmenting
 from pytreestore._inspect import notebook as _notebook
 from pytreestore._inspect import progress as _progress
 from pytreestore._inspect import repr as _repr
@@ -79,7 +80,7 @@ class TreeStore(Pipelines, Reads[T], Versioning, Fragmenting, Generic[T]):
         Versioning.__init__(self, core)
         core.on_close(self._purged)  # committed fragments' folders, deleted on a thread
 
-    # ---- what the fragment face (_faces.py) and tests read of a store ------------------
+    # ---- what the fragment face (_fragments/commit.py) and tests read of a store ------------------
 
     @property
     def _schema(self) -> TreeSchema:

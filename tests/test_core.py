@@ -27,7 +27,7 @@ PUBLIC = {
     "truncate", "vacuum", "verify", "version", "versions",
 }  # fmt: skip
 
-FACES = ["_faces.py", "_faces.py", "_pipelines/methods.py"]
+FACES = ["_faces.py", "_pipelines/methods.py"]
 
 
 def test_tree_store_keeps_every_public_name():

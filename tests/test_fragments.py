@@ -343,7 +343,7 @@ OLD_PICKLE = (
 
 
 def test_a_fragment_pickled_by_the_old_module_commits(path, backend):
-    """A Fragment pickled when its class lived in pytreestore._fragments.fragment unpickles as
+    """A Fragment pickled when its class lived in pytreestore._commit.fragment unpickles as
     pytreestore.Fragment and commits (the pickle names the old module)."""
     store = make(path, backend, 4)
     f = pytreestore.write_fragment(path, batch(4, 4), backend=backend)
@@ -443,14 +443,13 @@ def test_a_committed_fragment_is_refused_once_its_version_left_the_log(path, bac
     """A crash between the commit record and the deletion of a (misaligned, so still whole)
     fragment's folder; then keep_versions drops the version that committed it: committing it
     again is refused, not appended a second time. So is a fragment older than the log."""
-    from pytreestore import _faces as _fragmenting
     from pytreestore._fragments import commit
 
     store = make(path, backend, 3, keep_versions=1)
     f = pytreestore.write_fragment(path, batch(3, 4), backend=backend)
     old = pytreestore.write_fragment(path, batch(3, 2), backend=backend)
     with monkeypatch.context() as patched:  # the folder stays, as a crash leaves it
-        patched.setattr(_fragmenting.Fragmenting, "_retire", lambda self, ids: None)
+        patched.setattr(commit.Fragmenting, "_retire", lambda self, ids: None)
         patched.setattr(commit, "_unplace", lambda *args: None)
         store.commit_fragments([f])
     for i in range(7, 70):  # version 64 trims the log to the last version

@@ -41,7 +41,7 @@ def _die() -> None:
 
 def _kill_at(point: str) -> None:
     """Makes the child kill itself at ``point`` of its next fragment step."""
-    from pytreestore import _faces as _fragmenting
+    from pytreestore._fragments import commit as _fragmenting
     from pytreestore._fragments import write as fragments
     from pytreestore._fragments import write as placing
     from pytreestore._log import committer

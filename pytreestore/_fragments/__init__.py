@@ -26,5 +26,5 @@ record of the format, beside the commit record; pickles name
 ``pytreestore._fragments.fragment``) and the intent record of renamed chunk-row folders
 (:mod:`pytreestore._log.placing`), which the commit protocol settles before it repairs a
 store. Above it: ``write_fragment`` (:mod:`pytreestore._open.sharing`) and
-``commit_fragments`` (:mod:`pytreestore._faces`).
+``commit_fragments`` (:class:`~pytreestore._fragments.commit.Fragmenting`).
 """

@@ -76,6 +76,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from collections.abc import Iterable, Sequence
 
@@ -363,6 +364,11 @@ def _time_of(raw: bytes | None) -> float | None:
     except (ValueError, KeyError, TypeError):
         return None
     return moment.replace(tzinfo=datetime.UTC).timestamp()
+
+
+#: a Fragment pickled before the package's folders were renamed (issue 45) names its class's
+#: module then, ``pytreestore._commit.fragment``: such pickles still load, as this module
+sys.modules.setdefault("pytreestore._commit.fragment", sys.modules[__name__])
 
 
 __all__ = [
