@@ -288,10 +288,7 @@ def attach(
     """
     lock = take_lock(location, engine, break_lock=break_lock) if append else None
     try:
-        commit = Commit.read(engine, str(location))
-        schema = schema_of(commit)
-        check_tables(schema, commit, location)
-        check_starts(schema, commit.records, location, commit.rows)
+        commit, schema = read_head(engine, location, schema_of)
         if append:
             prepare_append(engine, location, schema, commit)
     except BaseException:
@@ -348,6 +345,24 @@ def detach(engine: Backend, lock: WriterLock | None) -> None:
             lock.release()
 
 
+def read_head(
+    engine: Backend, location: Location, schema_of: Callable[[Commit], TreeSchema]
+) -> tuple[Commit, TreeSchema]:
+    """The commit record of a store and its schema (``schema_of`` the commit: the one it
+    names), checked against each other (:func:`check_commit`)."""
+    commit = Commit.read(engine, str(location))
+    schema = schema_of(commit)
+    check_commit(schema, commit, location)
+    return commit, schema
+
+
+def check_commit(schema: TreeSchema, commit: Commit, location: Location) -> None:
+    """Raises CorruptStoreError if ``commit`` and ``schema`` disagree: on the tables
+    (:func:`check_tables`) or on where a column starts (:func:`check_starts`)."""
+    check_tables(schema, commit, location)
+    check_starts(schema, commit.records, location, commit.rows)
+
+
 def check_tables(schema: TreeSchema, commit: Commit, location: Location) -> None:
     """Raises CorruptStoreError if the commit record and the schema disagree on whether the
     store is ragged (one of them edited or damaged: the other would be read wrongly)."""
@@ -385,6 +400,7 @@ def check_starts(
 __all__ = [
     "Commit",
     "attach",
+    "check_commit",
     "check_starts",
     "check_tables",
     "clear_for_create",
@@ -398,6 +414,7 @@ __all__ = [
     "initial_commit",
     "layouts",
     "prepare_append",
+    "read_head",
     "restore_root",
     "start_store",
     "take_lock",

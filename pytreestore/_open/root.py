@@ -43,8 +43,7 @@ def deferred_reader(engine: Backend, location: Location, raw: bytes, spec: Store
         root = parse_schema(raw, location, like=spec.like, generic=spec.generic)
         options = {"like": spec.like, "generic": spec.generic}
         schema = committed_schema(engine, location, root, commit, **options)
-        protocol.check_tables(schema, commit, location)
-        protocol.check_starts(schema, commit.records, location, commit.rows)
+        protocol.check_commit(schema, commit, location)
         engine.open_columns(schema.storage_columns)
         return schema, packed(engine, schema.packs, (*schema.columns, *schema.dropped))
 

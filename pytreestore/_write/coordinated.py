@@ -64,7 +64,7 @@ from pytreestore._log.commit_record import Commit
 from pytreestore._log.committer import Committer
 from pytreestore._log.evolve_tables import table_schemas
 from pytreestore._log.locks import CommitClaim, WriterLock
-from pytreestore._log.protocol import check_starts, check_tables, detach, prepare_append
+from pytreestore._log.protocol import detach, prepare_append, read_head
 from pytreestore._runtime import RUNTIME
 from pytreestore._tree.convert import RecordError, RowFiller, casters
 from pytreestore._write.roles import Block, Position, Row, TableBuffer
@@ -103,10 +103,7 @@ def attach_coordinated(
     except StoreLockedError:
         lock, alone = WriterLock.acquire(location, shared=True), False
     try:
-        commit = Commit.read(engine, str(location))
-        schema = schema_of(commit)
-        check_tables(schema, commit, location)
-        check_starts(schema, commit.records, location, commit.rows)
+        commit, schema = read_head(engine, location, schema_of)
         if alone:
             prepare_append(engine, location, schema, commit)
             lock.share()
