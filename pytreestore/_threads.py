@@ -59,6 +59,7 @@ import atexit
 import queue
 import sys
 import threading
+import time
 import traceback
 import weakref
 from collections.abc import Callable
@@ -236,6 +237,12 @@ class Writing(Protocol):
 _WRITERS: weakref.WeakSet[Writing] = weakref.WeakSet()
 
 
+#: the threads whose ``extend`` the exit stopped: each is let end (and print its error) before
+#: the interpreter finalizes, since a daemon thread still writing its traceback to standard
+#: error as Python finalizes aborts the process ("Fatal Python error: _enter_buffered_busy")
+_STOPPED: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
 def track(core: Writing) -> None:
     """Counts ``core`` among the writers the exit commits (while it lives)."""
     _WRITERS.add(core)
@@ -266,10 +273,22 @@ def end_writers() -> None:
                 "happens.",
                 file=sys.stderr,
             )
+    _let_stopped_end(RUNTIME.waits.exit_wait_s)
+
+
+def _let_stopped_end(wait: float) -> None:
+    """Waits, ``wait`` seconds at most in all, for the threads whose ``extend`` the exit
+    stopped to end (a thread that catches the error and goes on is not waited for longer)."""
+    deadline = time.monotonic() + wait
+    for stopped_thread in list(_STOPPED):
+        if stopped_thread is not threading.current_thread():
+            stopped_thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def stopped(i: int) -> ClosedStoreError:
-    """The error of an ``extend`` that the exit stopped at its record ``i``."""
+    """The error of an ``extend`` that the exit stopped at its record ``i`` (the thread
+    raising it is let end before the interpreter finalizes)."""
+    _STOPPED.add(threading.current_thread())
     return ClosedStoreError(
         f"the interpreter is exiting: extend() stopped at its record {i} and appended none of "
         "its records (those appended before it are committed by the exit). Let an extend end "

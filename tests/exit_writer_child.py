@@ -12,6 +12,7 @@ of tests/parity/kinds.py (``WHERE/BACKEND-KIND``). ENDING is
   and ends while they go on;
 * ``extending``: ``ACKED`` records extended to each store of ``DAEMON_KINDS``, then a daemon
   thread per store extends it with an endless generator; the script ends while they go on;
+* ``extending_hooked``: as ``extending``, with a slow ``threading.excepthook``;
 * ``failing``: as ``appended``, then every write of a file by the zarr backend fails (a disk
   gone full): the exit's commit fails, and says so on standard error.
 """
@@ -105,6 +106,21 @@ def extending(where: str) -> None:
         time.sleep(0.05)
 
 
+def extending_hooked(where: str) -> None:
+    """As ``extending``, each stopped thread's error shown by a slow ``threading.excepthook``
+    that says when it has ended (``hook ended``): a thread still writing its traceback as
+    Python finalizes aborts the process ("Fatal Python error: _enter_buffered_busy")."""
+    shown = threading.excepthook
+
+    def slow(args: threading.ExceptHookArgs) -> None:
+        time.sleep(0.3)
+        shown(args)
+        print("hook ended", file=sys.stderr, flush=True)
+
+    threading.excepthook = slow
+    extending(where)
+
+
 def failing(where: str) -> None:
     from pytreestore.backends._zarr import stores as zarr_stores
 
@@ -117,5 +133,11 @@ def failing(where: str) -> None:
 
 
 if __name__ == "__main__":
-    endings = {"appended": appended, "daemon": daemon, "extending": extending, "failing": failing}
+    endings = {
+        "appended": appended,
+        "daemon": daemon,
+        "extending": extending,
+        "extending_hooked": extending_hooked,
+        "failing": failing,
+    }
     endings[sys.argv[2]](sys.argv[1])

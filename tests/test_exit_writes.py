@@ -115,6 +115,18 @@ def test_an_endless_extend_on_a_daemon_thread_stops_at_exit_and_keeps_what_came_
     assert time.monotonic() - start < 120
 
 
+def test_the_exit_lets_each_thread_it_stopped_end_before_python_finalizes(tmp_path):
+    """Was an abort now and then under load (CI, cac9fb5): a stopped daemon thread still
+    writing its traceback as Python finalized, "Fatal Python error: _enter_buffered_busy".
+    Here each thread's excepthook sleeps first: before, none of them ended (frozen as Python
+    finalized); now each ends before the exit does."""
+    done = _run(tmp_path, "extending_hooked")
+    assert done.returncode == 0, done.stderr
+    stopped = done.stderr.count("ClosedStoreError: the interpreter is exiting")
+    assert stopped == len(BACKENDS) * len(DAEMON_KINDS), done.stderr
+    assert done.stderr.count("hook ended") == stopped, done.stderr
+
+
 def test_a_commit_failing_at_exit_says_so_and_the_other_stores_commit(tmp_path):
     done = _run(tmp_path, "failing")
     assert done.returncode == 0
