@@ -55,6 +55,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from jax.tree_util import DictKey, register_pytree_with_keys
 
 from pytreestore import _arguments
 from pytreestore._runtime import RUNTIME
@@ -215,6 +216,53 @@ SETTINGS = ("records", "batch_size", "shuffle", "window", "seed", "drop_last")
 _FIX = "pass the dict BatchIterator.state() returned"
 
 
+class BatchState(dict[str, Any]):
+    """Where a :class:`~pytreestore.BatchIterator` stands: what its ``state()`` returns.
+
+    A plain ``dict`` of Python values (``json.dumps`` takes it), and a pytree that a store
+    keeps in a record beside the train state: the position (``epoch``, ``batch``) is its two
+    leaves (int32 columns), the settings (``records``, ``batch_size``, ``shuffle``,
+    ``window``, ``seed``, ``drop_last``) its static data, stored once in the schema. So the
+    records of one store all hold states of one iterator's settings; a state of other
+    settings is refused by the append, as a resume with other settings is. A record loaded
+    back, with jax arrays or numpy leaves, is a ``BatchState`` again that
+    ``batches(state=...)`` takes as it is; so is a dict read back from JSON.
+    ``BatchState(d)`` makes a storable state of such a dict.
+
+    Example:
+        >>> import jax, json
+        >>> state = BatchState(epoch=1, batch=2, records=10, batch_size=4, shuffle=False,
+        ...                    window=None, seed=0, drop_last=False)
+        >>> jax.tree.leaves(state), json.loads(json.dumps(state)) == state
+        ([1, 2], True)
+    """
+
+    __slots__ = ()
+
+
+def _flatten_state(state: BatchState) -> tuple[list[tuple[Any, Any]], tuple[Any, ...]]:
+    """The position as children (by key), everything else, in order, as static data."""
+    leaves = tuple(k for k in state if k in POSITION)
+    settings = tuple((k, v) for k, v in state.items() if k not in POSITION)
+    return [(DictKey(k), state[k]) for k in leaves], (leaves, settings)
+
+
+def _flatten_state_fast(state: BatchState) -> tuple[list[Any], tuple[Any, ...]]:
+    keyed, aux = _flatten_state(state)
+    return [child for _, child in keyed], aux
+
+
+def _unflatten_state(aux: tuple[Any, ...], children: Any) -> BatchState:
+    leaves, settings = aux
+    return BatchState([*zip(leaves, children, strict=True), *settings])
+
+
+# bound by this name in a store's schema (``pytreestore:BatchState``), whichever module it is in
+BatchState.__module__ = "pytreestore"
+__test__ = {"BatchState": BatchState}  # doctest skips a class of another __module__
+register_pytree_with_keys(BatchState, _flatten_state, _unflatten_state, _flatten_state_fast)
+
+
 _SHUFFLES = "False, 'block' or 'uniform' (True: a state saved before block shuffles)"
 
 
@@ -323,4 +371,13 @@ def _check_window(state: dict[str, Any]) -> None:
     )
 
 
-__all__ = ["POSITION", "SETTINGS", "Shuffle", "block_order", "cache_bytes", "checked", "resolve"]
+__all__ = [
+    "POSITION",
+    "SETTINGS",
+    "BatchState",
+    "Shuffle",
+    "block_order",
+    "cache_bytes",
+    "checked",
+    "resolve",
+]
