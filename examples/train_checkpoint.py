@@ -38,6 +38,7 @@ from pytreestore.errors import StoreNotFoundError
 
 FEATURES, HIDDEN, CLASSES = 8, 32, 4
 RECORDS, BATCH, EPOCHS = 1024, 32, 8  # 32 batches an epoch, 256 steps
+STEPS = EPOCHS * RECORDS // BATCH
 EVERY = 40  # steps between checkpoints
 KEEP = 3  # checkpoints kept (see the retention below)
 DROPOUT = 0.1
@@ -109,15 +110,16 @@ def train(data_path: Path, run: Path, backend: str, report: bool = False) -> int
     """Trains run ``run`` to the end, from its latest checkpoint if it has one; returns the
     step it started from. ``report``: print ``step N`` after each step (for the demo)."""
     data = pytreestore.open(data_path, backend=backend)
-    with open_checkpoints(run, initial_state(data), backend) as checkpoints:
-        state = checkpoints[-1] if len(checkpoints) else initial_state(data)  # the latest
+    fresh = initial_state(data)
+    with open_checkpoints(run, fresh, backend) as checkpoints:
+        state = checkpoints[-1] if len(checkpoints) else fresh  # the latest checkpoint
         start = step = int(state["step"])
         params, opt_state, key = state["params"], state["opt_state"], state["rng"]
         with batches(data, state["data"]) as it:
             for batch in it:
                 params, opt_state, key, _ = train_step(params, opt_state, key, batch)
                 step += 1
-                if step % EVERY == 0 or step == EPOCHS * len(it):
+                if step % EVERY == 0 or step == STEPS:
                     record = {"step": np.int32(step), "params": params, "opt_state": opt_state}
                     checkpoints.append({**record, "data": it.state(), "rng": key})
                     checkpoints.flush()  # committed: a kill from here on resumes here
@@ -158,14 +160,15 @@ def kill_at_random_step(
 ) -> int:
     """Starts ``--train killed`` in another process (made by ``popen``) and SIGKILLs it once
     it has reported a random step after its first checkpoint; returns that step."""
-    at = random.Random(seed).randrange(EVERY + 1, EPOCHS * RECORDS // BATCH // 2)
+    at = random.Random(seed).randrange(EVERY + 1, STEPS // 2)
     argv = [*command(root, backend, cache), "--train", "killed"]
     with popen(argv, stdout=subprocess.PIPE) as child:
         for line in child.stdout:
             if line == f"step {at}\n".encode():
                 child.send_signal(signal.SIGKILL)
                 break
-        assert child.wait() == -signal.SIGKILL, f"the run ended before step {at}"
+        code = child.wait()
+    assert code == -signal.SIGKILL, f"the run ended with status {code} before step {at}"
     return at
 
 
@@ -175,7 +178,8 @@ def main(root: Path, backend: str = "tensorstore") -> None:
     at = kill_at_random_step(root, backend, cache=root / "jax-cache")
     print(f"killed the run with SIGKILL after step {at}")
     resumed_from = train(root / "data", root / "killed", backend)
-    assert EVERY <= resumed_from <= at, (resumed_from, at)
+    # the checkpoint before the kill (the run may have gone on a few steps after step `at`)
+    assert resumed_from % EVERY == 0 and EVERY <= resumed_from < STEPS, (resumed_from, at)
     print(f"resumed it from the checkpoint of step {resumed_from} and trained to the end")
     train(root / "data", root / "uninterrupted", backend)
     assert leaf_bytes(root / "killed", backend) == leaf_bytes(root / "uninterrupted", backend)
