@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import pytreestore
-from pytreestore.errors import ArgumentTypeError, SchemaMismatchError
+from pytreestore.errors import ArgumentTypeError, SchemaMismatchError, UnsupportedTreeError
 from tests import interpreters
 from tests.conftest import child_env, diagonal, tiered
 from tests.parity import kinds
@@ -126,6 +126,26 @@ def test_a_dict_read_back_from_json_is_stored_as_a_batch_state(tmp_path):
         ckpt.append({"data": pytreestore.BatchState(saved)})
     loaded = pytreestore.open(tmp_path / "c")[0]["data"]
     assert ids(data.batches(4, shuffle=True, seed=1, state=loaded)) == ids(it)
+
+
+def test_a_plain_dict_state_is_refused_with_what_to_do(tmp_path):
+    state = dict(_numbers(tmp_path / "d").batches(4, shuffle="uniform").state())
+    with pytest.raises(UnsupportedTreeError) as caught:
+        pytreestore.create(tmp_path / "c", {"data": state})
+    assert str(caught.value).startswith("unsupported leaf at ['data']['shuffle']: str.")
+    assert str(caught.value).endswith("goes in as pytreestore.BatchState(d)).")
+
+
+def test_a_plain_dict_state_stored_unshuffled_resumes(tmp_path):
+    """An unshuffled state as a plain dict stores (its ``shuffle`` a bool column, its
+    ``window`` None), and resumes from what is read back."""
+    data = _numbers(tmp_path / "d")
+    it = data.batches(4)
+    next(it)
+    with pytreestore.create(tmp_path / "c", {"data": dict(it.state())}) as ckpt:
+        ckpt.append({"data": dict(it.state())})
+    loaded = pytreestore.open(tmp_path / "c")[0]["data"]
+    assert ids(data.batches(4, state=loaded)) == ids(it)
 
 
 def test_the_states_of_many_checkpoints_are_not_one_state(tmp_path):

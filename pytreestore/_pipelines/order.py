@@ -323,7 +323,7 @@ def _window(name: str, value: Any) -> int | None:
 
 
 def _shuffle(name: str, value: Any) -> bool | str:
-    if isinstance(value, bool | np.bool_):
+    if _is_bool(value):
         return bool(value)
     if isinstance(value, str) and value in ("block", "uniform"):
         return value
@@ -332,11 +332,16 @@ def _shuffle(name: str, value: Any) -> bool | str:
 
 
 def _flag(name: str, value: Any) -> bool:
-    if isinstance(value, bool | np.bool_):
+    if _is_bool(value):
         return bool(value)
-    if getattr(value, "shape", None) == () and getattr(value, "dtype", None) == np.bool_:
-        return bool(value)  # a 0-d array: a state kept in a store or a checkpoint comes so
     raise ArgumentTypeError(f"{_rule(name, 'True or False')}, got {value!r:.80}; {_FIX}")
+
+
+def _is_bool(value: Any) -> bool:
+    """A bool, or a 0-d bool array (a state kept in a store or a checkpoint comes so)."""
+    if isinstance(value, bool | np.bool_):
+        return True
+    return getattr(value, "shape", None) == () and getattr(value, "dtype", None) == np.bool_
 
 
 _FIELDS: dict[str, Callable[[str, Any], Any]] = {
