@@ -37,6 +37,9 @@ left out (then it is not compared). Numpy integers and bools are taken, as every
 the public calls is (:mod:`pytreestore._arguments`); the checked state holds Python values.
 Whether the state fits the store and the other arguments is the plan's to say
 (:meth:`pytreestore._pipelines.batches.BatchIterator`): that needs the store's length.
+The dict ``state()`` gives is a :class:`BatchState`, a pytree whose leaves are the position
+and whose static data are the settings, so that a store keeps it in a record (a training
+checkpoint) and a record read back resumes as it is (its position then 0-d arrays).
 
 Example:
     >>> import numpy as np
