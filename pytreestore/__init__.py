@@ -28,6 +28,7 @@ from pytreestore._open.open import open as open
 from pytreestore._open.sharing import write_fragment as write_fragment
 from pytreestore._pipelines.batches import BatchIterator as BatchIterator
 from pytreestore._pipelines.batches import GrainSource as GrainSource
+from pytreestore._pipelines.order import BatchState as BatchState
 from pytreestore._read.tables import Segments as Segments
 from pytreestore._store import TreeStore as TreeStore
 from pytreestore._tree.stack import stack as stack
@@ -38,6 +39,7 @@ __version__ = "0.1.0"
 __all__ = [
     "FORMAT_VERSION",
     "BatchIterator",
+    "BatchState",
     "ColumnSpec",
     "Fragment",
     "GrainSource",

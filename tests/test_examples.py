@@ -36,6 +36,10 @@ EXPECTED_OUTPUT: dict[str, list[str]] = {
         "all checks passed",
     ],
     "train_batches.py": ["train_batches example OK"],
+    "train_checkpoint.py": [
+        "the resumed run ends with the same bytes in every leaf as an uninterrupted one",
+        "train checkpoint: all checks passed",
+    ],
 }
 
 

@@ -47,6 +47,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any, Protocol
 
@@ -140,16 +141,20 @@ def annotate(node: dict[str, Any], value: Any) -> None:
         annotate(child, v)
 
 
+#: the containers JAX flattens natively (its registry lists them too)
+_BUILT_IN = (tuple, list, dict, collections.OrderedDict, collections.defaultdict)
+
+
 def unbuildable(cls: type) -> str:
     """Why a node of ``cls`` cannot safely be rebuilt from stored static data ("" if it can).
 
     JAX's C++ crashes (no exception) when a built-in node or a ``register_dataclass`` node is
-    rebuilt from static data of the wrong shape, so only Python-registered nodes are.
+    rebuilt from static data of the wrong shape, so only Python-registered nodes are (a
+    NamedTuple or a ``dict`` subclass such as :class:`~pytreestore.BatchState` registered
+    with a flatten of its own is one).
     """
-    own_namedtuple = (
-        issubclass(cls, tuple) and hasattr(cls, "_fields") and _nodes.has_own_flatten(cls)
-    )
-    if (issubclass(cls, tuple | list | dict) and not own_namedtuple) or cls is type(None):
+    own = _nodes.has_own_flatten(cls) and cls not in _BUILT_IN
+    if (issubclass(cls, tuple | list | dict) and not own) or cls is type(None):
         return f"today {cls.__qualname__} is a built-in container (the node kind changed)"
     entry = _nodes.registration(cls)
     if entry is None:

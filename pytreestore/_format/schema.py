@@ -414,6 +414,14 @@ def _encode(node: Any, path: tuple[Any, ...], leaves: list, recorded: bool) -> d
     return out
 
 
+#: what an unsupported str or bytes leaf's error adds
+_TEXT = (
+    " A str or bytes is kept as static data: a static field of a registered dataclass, or a"
+    " node's aux data (a BatchIterator.state() read back as a plain dict goes in as"
+    " pytreestore.BatchState(d))."
+)
+
+
 def _encode_leaf(value: Any, path: tuple[Any, ...], leaves: list) -> dict[str, Any]:
     where = _keys.path_str(path) or "the root"
     if _prng.is_key(value):
@@ -433,11 +441,12 @@ def _encode_leaf(value: Any, path: tuple[Any, ...], leaves: list) -> dict[str, A
     const = None if dtype is not None else _consts.encode_leaf(value, where)
     if const is not None:
         return const
-    if dtype is None or isinstance(value, str | bytes):
+    is_text = isinstance(value, str | bytes)
+    if dtype is None or is_text:
         raise UnsupportedTreeError(
             f"unsupported leaf at {where}: {type(value).__name__}. Leaves must be numpy arrays "
             "or scalars, Python bool/int/float/complex, or jax.Array; other objects need to be "
-            "registered as pytree nodes or kept out of the record."
+            "registered as pytree nodes or kept out of the record." + _TEXT * is_text
         )
     if not _dtypes.is_supported(dtype):
         raise UnsupportedDtypeError(

@@ -33,7 +33,7 @@ from jax.tree_util import tree_flatten
 
 from pytreestore import _arguments
 from pytreestore._pipelines import order as resume
-from pytreestore._pipelines.order import Shuffle
+from pytreestore._pipelines.order import BatchState, Shuffle
 from pytreestore._pipelines.prefetch import Prefetcher
 from pytreestore._spec import StoreSpec
 from pytreestore._tree.stack import split_leaves
@@ -91,13 +91,15 @@ class BatchIterator:
         self._epoch, self._batch = (epoch, batch + 1) if batch + 1 < len(self) else (epoch + 1, 0)
         return records
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> BatchState:
         """The position after the last batch handed out, as a small JSON-able dict.
 
         Pass it as ``state=`` to :meth:`pytreestore.TreeStore.batches` with the same
-        arguments to continue from there.
+        arguments to continue from there. It is a :class:`~pytreestore.BatchState`: a
+        store keeps it in a record (a checkpoint beside the train state) as it is, and the
+        state loaded back resumes as it is.
         """
-        return {"epoch": self._epoch, "batch": self._batch, **self._plan.settings()}
+        return BatchState(epoch=self._epoch, batch=self._batch, **self._plan.settings())
 
     def close(self) -> None:
         """Stops prefetching and waits for the load under way; the iterator yields nothing

@@ -37,6 +37,9 @@ left out (then it is not compared). Numpy integers and bools are taken, as every
 the public calls is (:mod:`pytreestore._arguments`); the checked state holds Python values.
 Whether the state fits the store and the other arguments is the plan's to say
 (:meth:`pytreestore._pipelines.batches.BatchIterator`): that needs the store's length.
+The dict ``state()`` gives is a :class:`BatchState`, a pytree whose leaves are the position
+and whose static data are the settings, so that a store keeps it in a record (a training
+checkpoint) and a record read back resumes as it is (its position then 0-d arrays).
 
 Example:
     >>> import numpy as np
@@ -55,6 +58,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from jax.tree_util import DictKey, register_pytree_with_keys
 
 from pytreestore import _arguments
 from pytreestore._runtime import RUNTIME
@@ -215,6 +219,53 @@ SETTINGS = ("records", "batch_size", "shuffle", "window", "seed", "drop_last")
 _FIX = "pass the dict BatchIterator.state() returned"
 
 
+class BatchState(dict[str, Any]):
+    """Where a :class:`~pytreestore.BatchIterator` stands: what its ``state()`` returns.
+
+    A plain ``dict`` of Python values (``json.dumps`` takes it), and a pytree that a store
+    keeps in a record beside the train state: the position (``epoch``, ``batch``) is its two
+    leaves (int32 columns), the settings (``records``, ``batch_size``, ``shuffle``,
+    ``window``, ``seed``, ``drop_last``) its static data, stored once in the schema. So the
+    records of one store all hold states of one iterator's settings; a state of other
+    settings is refused by the append, as a resume with other settings is. A record loaded
+    back, with jax arrays or numpy leaves, is a ``BatchState`` again that
+    ``batches(state=...)`` takes as it is; so is a dict read back from JSON.
+    ``BatchState(d)`` makes a storable state of such a dict.
+
+    Example:
+        >>> import jax, json
+        >>> state = BatchState(epoch=1, batch=2, records=10, batch_size=4, shuffle=False,
+        ...                    window=None, seed=0, drop_last=False)
+        >>> jax.tree.leaves(state), json.loads(json.dumps(state)) == state
+        ([1, 2], True)
+    """
+
+    __slots__ = ()
+
+
+def _flatten_state(state: BatchState) -> tuple[list[tuple[Any, Any]], tuple[Any, ...]]:
+    """The position as children (by key), everything else, in order, as static data."""
+    leaves = tuple(k for k in state if k in POSITION)
+    settings = tuple((k, v) for k, v in state.items() if k not in POSITION)
+    return [(DictKey(k), state[k]) for k in leaves], (leaves, settings)
+
+
+def _flatten_state_fast(state: BatchState) -> tuple[list[Any], tuple[Any, ...]]:
+    keyed, aux = _flatten_state(state)
+    return [child for _, child in keyed], aux
+
+
+def _unflatten_state(aux: tuple[Any, ...], children: Any) -> BatchState:
+    leaves, settings = aux
+    return BatchState([*zip(leaves, children, strict=True), *settings])
+
+
+# bound by this name in a store's schema (``pytreestore:BatchState``), whichever module it is in
+BatchState.__module__ = "pytreestore"
+__test__ = {"BatchState": BatchState}  # doctest skips a class of another __module__
+register_pytree_with_keys(BatchState, _flatten_state, _unflatten_state, _flatten_state_fast)
+
+
 _SHUFFLES = "False, 'block' or 'uniform' (True: a state saved before block shuffles)"
 
 
@@ -275,7 +326,7 @@ def _window(name: str, value: Any) -> int | None:
 
 
 def _shuffle(name: str, value: Any) -> bool | str:
-    if isinstance(value, bool | np.bool_):
+    if _is_bool(value):
         return bool(value)
     if isinstance(value, str) and value in ("block", "uniform"):
         return value
@@ -284,11 +335,16 @@ def _shuffle(name: str, value: Any) -> bool | str:
 
 
 def _flag(name: str, value: Any) -> bool:
-    if isinstance(value, bool | np.bool_):
+    if _is_bool(value):
         return bool(value)
-    if getattr(value, "shape", None) == () and getattr(value, "dtype", None) == np.bool_:
-        return bool(value)  # a 0-d array: a state kept in a store or a checkpoint comes so
     raise ArgumentTypeError(f"{_rule(name, 'True or False')}, got {value!r:.80}; {_FIX}")
+
+
+def _is_bool(value: Any) -> bool:
+    """A bool, or a 0-d bool array (a state kept in a store or a checkpoint comes so)."""
+    if isinstance(value, bool | np.bool_):
+        return True
+    return getattr(value, "shape", None) == () and getattr(value, "dtype", None) == np.bool_
 
 
 _FIELDS: dict[str, Callable[[str, Any], Any]] = {
@@ -323,4 +379,13 @@ def _check_window(state: dict[str, Any]) -> None:
     )
 
 
-__all__ = ["POSITION", "SETTINGS", "Shuffle", "block_order", "cache_bytes", "checked", "resolve"]
+__all__ = [
+    "POSITION",
+    "SETTINGS",
+    "BatchState",
+    "Shuffle",
+    "block_order",
+    "cache_bytes",
+    "checked",
+    "resolve",
+]
