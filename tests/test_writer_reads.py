@@ -52,6 +52,13 @@ COMMITTED = 10  # flushed: rows [0, 8) a written chunk, [8, 10) the tail, also b
 TOTAL = 24  # [8, 16) handed to the background writer, held at the gate; [16, 24) filling
 
 
+def _sharding() -> jax.sharding.NamedSharding:
+    """The record axis over the 8 CPU devices of the tests (a sharded load's own route)."""
+    return jax.sharding.NamedSharding(
+        jax.make_mesh((8,), ("data",)), jax.sharding.PartitionSpec("data")
+    )
+
+
 def _reads(store: pytreestore.TreeStore, fixed: bool) -> dict[str, Any]:
     """Every read form of the test, as numpy trees."""
     mask = np.zeros(TOTAL, bool)
@@ -66,6 +73,7 @@ def _reads(store: pytreestore.TreeStore, fixed: bool) -> dict[str, Any]:
         "batches": [jax.tree.map(np.asarray, b) for b in store.batches(batch_size=5)],
         "columns": store.load(slice(None), columns=".t", as_numpy=True),
         "len": len(store),
+        "sharded": jax.tree.map(np.asarray, store.load(slice(0, TOTAL), sharding=_sharding())),
     }
     if not fixed:
         out["lengths"] = store.lengths()
