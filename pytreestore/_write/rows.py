@@ -328,8 +328,8 @@ def batch_hint(schema: TreeSchema, record: object, call: str) -> str:
     Example:
         >>> schema = TreeSchema.from_example({"a": np.int32(0), "b": np.zeros(2, np.float32)})
         >>> batch = {"a": np.zeros(32, np.int32), "b": np.zeros((32, 2), np.float32)}
-        >>> batch_hint(schema, batch, FIXED_BATCH).strip()[:40]
-        'This looks like a batch of 32 records ('
+        >>> batch_hint(schema, batch, FIXED_BATCH).split(":")[0].strip()
+        'This looks like a batch of 32 records (its leaves have one more leading axis, of size 32)'
         >>> batch_hint(schema, {"a": np.zeros(3, np.int32), "b": np.zeros(2)}, FIXED_BATCH)
         ''
     """
