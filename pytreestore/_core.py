@@ -23,8 +23,8 @@ Example:
     >>> core = store._core
     >>> with core.writing(append=True) as writer:
     ...     writer.append_record({"a": 1})
-    >>> core.readable(), core.head().records, core.mode
-    (1, 1, 'a')
+    >>> core.readable(), core.head().records, core.mode  # the read saw it, committed nothing
+    (1, 0, 'a')
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from pytreestore._log.locks import WriterLock
 from pytreestore._log.model import reread_schema
 from pytreestore._log.repair import check_not_replaced
 from pytreestore._log.transaction import Change, Operation, Transaction
+from pytreestore._read import overlay as _overlay
 from pytreestore._read import reader as _reader
 from pytreestore._read.ahead import ReadAhead
 from pytreestore._read.cache import ChunkCache, for_store
@@ -68,7 +69,7 @@ class StoreCore:
     Made by :class:`~pytreestore.TreeStore`'s constructor (from what
     :func:`pytreestore.create` / :func:`pytreestore.open` hand it), never by hand. Every
     method is safe to call from several threads: appends, flushes, commits and ``close()``
-    take one lock (:meth:`writing`), reads never wait for an append (:meth:`readable`).
+    take one lock (:meth:`writing`); a read commits nothing (:meth:`viewing`).
 
     Attributes:
         location: where the store lives.
@@ -115,6 +116,7 @@ class StoreCore:
         self._used: TreeSchema | None = None  # the schema use_schema was last given
         if writer is not None:
             _exiting.track(self)
+        self._seen = 0  # the most records a read has seen (a later read sees as many)
         self._reads = 0  # reads in flight, which close() waits for
         self._reads_done = threading.Condition()
         self._cache_id = uuid.uuid4().hex  # this object's chunks in the cache
@@ -384,17 +386,31 @@ class StoreCore:
                 self._reads_done.notify_all()
 
     def readable(self) -> int:
-        """The records a read sees: all of them, committed first, unless another thread is
-        appending; then those committed so far (a read never waits for an append)."""
+        """The records a read sees now (:meth:`viewing`); nothing is committed."""
+        with self.viewing() as view:
+            return view.records
+
+    @contextlib.contextmanager
+    def viewing(self) -> Iterator[_overlay.View]:
+        """What one read sees (:mod:`pytreestore._read.overlay`), for the read's duration: a
+        reader its commit; a writer every record, committing nothing, its mutex held until
+        the read ends. While another thread holds it, the read sees the records committed,
+        unless an earlier read saw more (then it waits: no read sees fewer records than one
+        before it); never a record half appended. A forked child sees those committed."""
         self.check_open()
-        if self._writer is None:
-            return self._commit.records
-        if os.getpid() != self._pid or not self._mutex.acquire(blocking=False):
-            return self._writer.commit.records  # a forked child never writes
+        writer = self._writer
+        if writer is None or os.getpid() != self._pid:  # a forked child never writes
+            yield _overlay.committed(self.head())
+            return
+        if not self._mutex.acquire(blocking=False):
+            if writer.commit.records >= self._seen:
+                yield _overlay.committed(writer.commit)
+                return
+            self._mutex.acquire()
         try:
-            if self._writer.pending:
-                self._writer.flush()
-            return len(self._writer)
+            view = self.writable().view()  # (closed while this read waited: refused)
+            self._seen = max(self._seen, view.records)
+            yield view
         finally:
             self._mutex.release()
 
@@ -420,10 +436,12 @@ class StoreCore:
             self.ahead,
             self.cache,
             self._cache_id,
+            viewing=self.viewing,
         )
 
     def forget_reads(self) -> None:
         """Drops this object's read-ahead block and cached chunks (their rows may change)."""
+        self._seen = 0  # a truncate leaves fewer records
         self.ahead.clear()
         if self.cache is not None:
             self.cache.drop(self._cache_id)

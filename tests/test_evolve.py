@@ -219,8 +219,11 @@ def test_a_hand_edited_default_the_dtype_cannot_hold_is_refused(tmp_path, backen
 
 
 def test_a_read_keeps_one_schema_while_another_thread_evolves(tmp_path, backend):
-    store = pytreestore.create(
-        tmp_path / "s", {"a": np.int32(0), "b": np.float32(0)}, backend=backend
+    store = pytreestore.create(  # whole chunks: the read reaches storage (buffered rows it
+        tmp_path / "s",  # would take from the writer's memory)
+        {"a": np.int32(0), "b": np.float32(0)},
+        backend=backend,
+        chunk_records=1,
     )
     store.extend({"a": np.int32(i), "b": np.float32(-i)} for i in range(3))
     store.flush()

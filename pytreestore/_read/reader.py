@@ -3,9 +3,11 @@
 Every read goes through :func:`load` (a record or a batch of records) or
 :func:`load_leaves` (the columns' arrays, for ``copy`` and the CLI), in the same steps:
 
-1. the store's :class:`ReadContext` gives the records a read sees (committing pending
-   appends first) and the index is normalised against that count;
-2. ``Backend.read`` reads every chosen column at once; a damaged or missing chunk raises
+1. the store's :class:`ReadContext` gives what a read sees (:class:`~pytreestore._read.
+   overlay.View`: through a writer, its buffered records too, committing nothing) and the
+   index is normalised against that count;
+2. ``Backend.read`` reads every chosen column at once (rows only a writer's memory holds
+   taken from it); a damaged or missing chunk raises
    :class:`~pytreestore.errors.CorruptChunkError` naming the column's keypath, after a check
    that the store was not replaced meanwhile;
 3. a scalar index drops the record axis; the host arrays are placed on device
@@ -26,9 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -47,6 +50,7 @@ from pytreestore._read import slabs as _slabs
 from pytreestore._read.ahead import Block, ReadAhead
 from pytreestore._read.cache import ChunkCache
 from pytreestore._read.index import Selection
+from pytreestore._read.overlay import ReadFn, View
 from pytreestore._read.request import LoadRequest
 from pytreestore._runtime import RUNTIME
 from pytreestore.backends import Backend, ReadsInto, capable
@@ -59,7 +63,7 @@ class ReadContext:
 
     Attributes:
         location: where the store lives.
-        readable: the records a read sees now (commits pending appends first where it can).
+        readable: the records a read sees now (through a writer: buffered ones too).
         reading: a context manager lending the backend for one read (``close()`` waits
             for it).
         check_not_replaced: raises ``StoreReplacedError`` if the store was replaced since it
@@ -75,6 +79,9 @@ class ReadContext:
         whole_chunks: the cache keeps whole chunks even of columns with inner chunks (a
             pipeline that reads every record of the chunks it touches: each chunk is then
             read in one piece); by default it keeps the inner chunks a read touches.
+        viewing: what one read sees, held for the read (``StoreCore.viewing``; None: the
+            commit ``readable`` counts).
+        view: the view of the read this context is lent to (:meth:`held`), else None.
     """
 
     location: Location
@@ -86,6 +93,28 @@ class ReadContext:
     cache: ChunkCache | None = None
     cache_id: str | None = None
     whole_chunks: bool = False
+    viewing: Callable[[], AbstractContextManager[View]] | None = None
+    view: View | None = None
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[ReadContext]:
+        """This context for one read, with the :class:`View` it sees held until the read
+        ends (a context lent to a read already: itself)."""
+        if self.view is not None or self.viewing is None:
+            yield self
+            return
+        with self.viewing() as view:
+            yield dataclasses.replace(self, view=view)
+
+    def count(self) -> int:
+        """The records the read sees."""
+        return self.view.records if self.view is not None else self.readable()
+
+    def overlaid(self, read: ReadFn) -> ReadFn:
+        """``read`` (of storage) with the rows only a writer's memory holds taken from it."""
+        if self.view is None or not self.view.held:
+            return read
+        return functools.partial(self.view.read, read)
 
     def unit(self, schema: TreeSchema) -> Callable[[Any], int] | None:
         """The records of each piece the cache keeps of a column of ``schema`` (None: a
@@ -98,9 +127,27 @@ class ReadContext:
         return str(self.location)
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def holding(
+    read: Callable[Concatenate[ReadContext, P], R],
+) -> Callable[Concatenate[ReadContext, P], R]:
+    """``read`` (of a context first) run with what it sees held (:meth:`ReadContext.held`)."""
+
+    @functools.wraps(read)
+    def held_read(context: ReadContext, *args: P.args, **kwargs: P.kwargs) -> R:
+        with context.held() as lent:
+            return read(lent, *args, **kwargs)
+
+    return held_read
+
+
+@holding
 def load(context: ReadContext, request: LoadRequest, index: Any) -> Any:
     """Records ``index`` of the store, as ``request`` asks (see ``TreeStore.load``)."""
-    records = context.readable()
+    records = context.count()
     selection = request.selection(index, records)
     if request.split:
         return _load_split(context, request, selection, records)
@@ -115,9 +162,10 @@ def load(context: ReadContext, request: LoadRequest, index: Any) -> Any:
     return request.schema.unflatten(_leaves(context, request, selection, records))
 
 
+@holding
 def load_leaves(context: ReadContext, request: LoadRequest, index: Any) -> list[Any]:
     """The leaves of records ``index``, in column order (None for columns not chosen)."""
-    records = context.readable()
+    records = context.count()
     return _leaves(context, request, request.selection(index, records), records)
 
 
@@ -126,7 +174,8 @@ def iterate(context: ReadContext, request: LoadRequest) -> Iterator[Any]:
     with jax leaves, each block is placed once and each record taken by one call)."""
     count = context.readable()
     for start in range(0, count, _ahead.block_size(request.record_nbytes)):
-        block = _block(context, request, start, count)
+        with context.held() as lent:  # each block's read, not the caller's loop
+            block = _block(lent, request, start, count)
         for j in range(block.count):
             yield block.record(j, copy=False)  # views: the block is not kept for reuse
 
@@ -235,22 +284,21 @@ def _read(
     if selection.count == 0:
         return [np.empty((0, *c.shape), c.dtype) for c in specs]
     with explained(context, request.schema), context.reading() as backend:
-        arrays = None
-        if context.cache is not None and context.cache_id is not None:
-            arrays = _cache.read(
-                context.cache,
-                context.cache_id,
-                backend,
-                specs,
-                selection.index,
-                records,
-                context.unit(request.schema),
-            )
-        keys = [c.key for c in specs]
-        if arrays is None and outs is not None:
-            arrays = _read_into(backend, keys, selection.index, records, outs)
-        if arrays is None:
-            arrays = backend.read(keys, selection.index, records)
+
+        def stored(keys: Any, index: Any, records: int) -> list[np.ndarray]:
+            arrays = None
+            if context.cache is not None and context.cache_id is not None:
+                unit = context.unit(request.schema)
+                cache, owner = context.cache, context.cache_id
+                arrays = _cache.read(cache, owner, backend, specs, index, records, unit)
+            if arrays is None and outs is not None and index is selection.index:
+                arrays = _read_into(backend, keys, index, records, outs)
+            if arrays is None:
+                arrays = backend.read(keys, index, records)
+            return arrays
+
+        read = context.overlaid(stored)
+        arrays = read([c.key for c in specs], selection.index, records)
     context.check_not_replaced()  # what was read belongs to the store opened
     return arrays
 
@@ -270,7 +318,7 @@ def _load_split(
     assert request.shardings is not None
     with explained(context, request.schema), context.reading() as backend:
         arrays, mask = _sharded.load(
-            backend,
+            backend if context.view is None else context.view.reads(backend),
             request.specs,
             selection,
             records,

@@ -35,7 +35,7 @@ from pytreestore._read.build import PRESENT, Flat, Padded, Segments, exact
 from pytreestore._read.gather import Rows, gather, lengths
 from pytreestore._read.index import Selection, rows
 from pytreestore._read.place import fitted, jax_ready, to_jax
-from pytreestore._read.reader import ReadContext, explained
+from pytreestore._read.reader import ReadContext, explained, holding
 from pytreestore._read.request import LoadRequest
 from pytreestore._runtime import RUNTIME
 from pytreestore._tree.pad import check_pad_to
@@ -111,6 +111,7 @@ def split_form(request: LoadRequest, form: str) -> LoadRequest:
     return dataclasses.replace(request, device=shardings.pop(), shardings=None)
 
 
+@holding
 def load(
     context: ReadContext,
     commit: Callable[[], Commit],
@@ -284,6 +285,7 @@ def _stored_nbytes(request: LoadRequest, now: Commit, count: int) -> float:
     return count * sum(c.record_nbytes * now.rows(c.table) / per for c in request.specs)
 
 
+@holding
 def record_lengths(
     context: ReadContext, commit: Callable[[], Commit], schema: TreeSchema, index: Any
 ) -> dict[str, np.ndarray]:
@@ -299,9 +301,11 @@ def iterate(
 ) -> Iterator[Any]:
     """Every record exactly, gathered ``RUNTIME.reads.iter_block`` records at a time: the blocks
     ``store[i]`` in a loop reads (as numpy, the records built from the block's reads)."""
-    now = _commit(context, commit)
+    with context.held() as lent:
+        now = _commit(lent, commit)
     for start in range(0, now.records, RUNTIME.reads.iter_block):
-        block = _block(context, request, now, start)
+        with context.held() as lent:  # each block's read, not the caller's loop
+            block = _block(lent, request, now, start)
         if request.as_numpy:
             yield from block.records  # each record's arrays are its own rows of the reads
         else:
@@ -331,10 +335,14 @@ def _block(context: ReadContext, request: LoadRequest, now: Commit, start: int) 
 
 
 def _commit(context: ReadContext, commit: Callable[[], Commit]) -> Commit:
-    context.readable()  # commits a writer's pending records first
+    """The commit the read sees (a writer's: its buffered rows counted, none committed)."""
+    if context.view is not None:
+        return context.view.commit
+    context.readable()
     return commit()
 
 
+@holding
 def table_rows(
     context: ReadContext,
     commit: Callable[[], Commit],
@@ -376,6 +384,7 @@ def _gather(
         columns = request.schema.table_columns  # packed leaves by their own keys
         unit = context.unit(request.schema)
         read = _cache.reader(context.cache, context.cache_id, backend, columns, unit)
+        read = context.overlaid(read)  # rows only a writer's memory holds, from it
         chosen = request.specs if leaves is None else leaves
         out = gather(request.schema, commit, records, read, leaves=chosen)
     context.check_not_replaced()

@@ -63,6 +63,7 @@ from pytreestore import _threads as background
 from pytreestore._runtime import RUNTIME
 from pytreestore._tree.convert import RowFiller
 from pytreestore._tree.device import Kept, LostLeaf, fetch, lost_error
+from pytreestore._write.roles import Held
 from pytreestore.errors import DeletedArrayError, DeviceFetchError
 
 
@@ -297,6 +298,26 @@ class HandOff:
         except BaseException:  # interrupted (Ctrl-C): kept again, for the next call to fetch
             device.kept[:0] = kept
             raise
+
+    def buffered_rows(self) -> Held:
+        """The rows only memory holds, for a read (the store's mutex held): the chunks handed
+        over and not yet written (the background writer drops a chunk once it is committed;
+        one whose device arrays it is still fetching is waited for), then the chunk being
+        filled, its device arrays fetched first. Nothing is written or committed.
+
+        Raises:
+            DeviceFetchError: (DeletedArrayError) a device array appended could not be
+                fetched, as :meth:`settle` reports it.
+        """
+        self.fetch_kept()
+        chunks = sorted(tuple(self._chunks.values()), key=lambda c: c.start)
+        if any(c.kept for c in chunks):
+            self.writes.wait_idle()  # the background writer fetches them: wait, never write
+            self.check_writes()
+            chunks = sorted(tuple(self._chunks.values()), key=lambda c: c.start)
+        at = self.at
+        pieces = (*((c.start, c.buffers) for c in chunks), (at.start, at.buffers))
+        return Held(pieces[0][0], at.start + at.fill, pieces)
 
     def lost(self, err: LostLeaf) -> DeletedArrayError | DeviceFetchError:
         """The error for a device array of row ``err.row`` of the chunk being filled that

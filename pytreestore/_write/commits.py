@@ -63,7 +63,7 @@ from pytreestore._log.versions import save_schema
 from pytreestore._tree.convert import RowFiller, casters
 from pytreestore._write.background import ChunkWrites
 from pytreestore._write.lists import ElementRows, flat_elements
-from pytreestore._write.roles import Block, Position, Row, TableBuffer
+from pytreestore._write.roles import Block, Held, Position, Row, TableBuffer
 from pytreestore._write.rows import block_rows
 from pytreestore._write.writer import Writer
 from pytreestore.backends import Backend, KeyListing
@@ -323,6 +323,10 @@ class TableRows:
 
     def rollback(self, position: Position) -> None:
         self.fill = position[1]
+
+    def buffered_rows(self) -> Held:
+        """Every row: all are in memory."""
+        return Held(0, self.fill, ((0, self.buffers),))
 
     def blocks(self) -> list[np.ndarray]:
         """Every column's rows."""

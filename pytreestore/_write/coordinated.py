@@ -180,6 +180,11 @@ class CoordinatedRows:
         have landed took them out)."""
         self.count = min(self.count, max(position[0], self.held))
 
+    def buffered_rows(self) -> None:
+        """None: the rows' places are known only at their commit (other writers commit
+        between), so a read of a shared writer commits them first."""
+        return None
+
     def drop(self, counts: dict[str | None, int], table: str | None) -> None:
         """Forgets the first ``counts[table]`` buffered rows (a commit that landed), and the
         rows of the axis tables they counted from the offsets of the rows kept."""

@@ -96,7 +96,7 @@ from pytreestore._tree.layout_nodes import (
     plain_leaf,
     visit,
 )
-from pytreestore._write.roles import Block, Position, Row
+from pytreestore._write.roles import Block, Held, Position, Row
 from pytreestore._write.writer import Writer
 
 
@@ -216,6 +216,18 @@ class ElementRows:
     def fill(self) -> int:
         """The writer's rows buffered (the rows waiting here come after them)."""
         return self.writer.fill
+
+    def buffered_rows(self) -> Held:
+        """The writer's rows only memory holds, then the rows waiting here, converted (one
+        block, kept for the push), for a read; nothing is written."""
+        held = self.writer.buffered_rows()
+        if not self.waiting:
+            return held
+        self._close_columns()
+        parts = self._blocks
+        blocks = parts[0] if len(parts) == 1 else [np.concatenate(c) for c in zip(*parts)]
+        self._blocks = [blocks]
+        return Held(held.start, held.stop + self.waiting, (*held.pieces, (held.stop, blocks)))
 
     def hand_partial(self) -> Callable[[], None] | None:
         """The writer's job for its rows not yet committed, every waiting row buffered first

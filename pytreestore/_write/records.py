@@ -46,13 +46,14 @@ from pytreestore._log.commit_record import Commit
 from pytreestore._log.committer import Committer
 from pytreestore._log.model import Model, grow_schema
 from pytreestore._log.versions import KEEP_VERSIONS
+from pytreestore._read.overlay import View, committed, of_writer
 from pytreestore._tree.device import VALID, refuse_unreadable
 from pytreestore._tree.layout import Walker, hinted, layout_problems
 from pytreestore._tree.unpad import unpad_records
 from pytreestore._write.commits import DirectCommits, MemoryCommits, TableRows, table_slots
 from pytreestore._write.lists import flat_elements
-from pytreestore._write.roles import Commits, Position
-from pytreestore._write.rows import REFUSALS, FixedRecords, stackable
+from pytreestore._write.roles import Commits, Held, Position
+from pytreestore._write.rows import MASKED_BATCH, REFUSALS, FixedRecords, batch_hint, stackable
 from pytreestore._write.walk import Mismatch, PendingStructure, Plan
 from pytreestore.backends import Backend
 from pytreestore.errors import SchemaMismatchError
@@ -95,6 +96,10 @@ class RecordWriter:
         self.model: Model = schema.layout
         whole = schema.ragged is None  # the writer: a fixed tree's fast path, one table
         self.tables = self._commits.tables(schema, commit, whole=whole)
+        #: each storage key's table and place among its table's columns (for reads)
+        self.keys = {
+            c.key: (t, i) for t, w in self.tables.items() for i, c in enumerate(w.schema.columns)
+        }
         self._fixed: FixedRecords | None = None
         self._stacker: tuple[RecordWriter, MemoryCommits] | None = None
         #: the tables' positions before the records the last walk took, until committed
@@ -134,6 +139,20 @@ class RecordWriter:
     def check(self) -> None:
         self._commits.check()
 
+    def view(self) -> View:
+        """What a read of this writer sees (the store's mutex held): every record, buffered
+        ones counted, and each table's rows only memory holds; nothing is committed, but by
+        a writer sharing its store, whose rows have no place before their commit."""
+        held: dict[str | None, Held] = {}
+        for t, table in self.tables.items():
+            rows = table.buffered_rows()
+            if rows is None:  # a shared writer's
+                self.flush()
+                return committed(self.commit)
+            held[t] = rows
+        rows_of = {t: len(w) for t, w in self.tables.items()}
+        return of_writer(self.commit, len(self), rows_of, held, self.keys)
+
     def append_record(self, record: object) -> None:
         """Buffers one record; nothing of it is kept if it is refused. A record table whose
         chunk is full is committed first (in the background), as a fixed store's is."""
@@ -156,9 +175,15 @@ class RecordWriter:
             self._learn(record)
             self._walk_one(record)
         except Mismatch:
-            raise _explain(self.model, record, "record") from None
+            message = str(_explain(self.model, record, "record"))
+            raise SchemaMismatchError(
+                message + batch_hint(self.schema, record, MASKED_BATCH)
+            ) from None
         except SchemaMismatchError as err:  # a leaf's shape or dtype
-            raise SchemaMismatchError(_hinted(self.model, err, record)) from None
+            message = _hinted(self.model, err, record)
+            raise SchemaMismatchError(
+                message + batch_hint(self.schema, record, MASKED_BATCH)
+            ) from None
         except Exception as err:  # JAX's, reading a jax.Array: deleted, or its computation failed
             refuse_unreadable(err, record, "", whose=f"record {len(self)}'s")
             raise

@@ -22,6 +22,8 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -40,6 +42,53 @@ Block = tuple[Sequence[Sequence[object]], int]
 
 #: a buffer's position to roll back to (its first buffered row, and the rows buffered)
 Position = tuple[int, int]
+
+
+@typing.final
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """A table's rows that only the writer's memory holds: rows ``[start, stop)``, in pieces
+    of consecutive rows (the chunks handed to the background writer and not yet written,
+    the chunk being filled, rows waiting to be converted), each its first row and one array
+    per column; every row before ``start`` is on storage. What a read of the writer takes
+    instead of committing them (:mod:`pytreestore._read.overlay`); valid while the store's
+    mutex is held (the writer reuses its buffers).
+
+    Example:
+        >>> held = Held(4, 7, ((4, [np.array([10, 11, 12, 0])]),))
+        >>> held.take([0], np.array([6, 4]))[0].tolist()
+        [12, 10]
+    """
+
+    start: int
+    stop: int
+    pieces: tuple[tuple[int, Sequence[np.ndarray]], ...]
+
+    def take(self, columns: Sequence[int], rows: np.ndarray) -> list[np.ndarray]:
+        """Rows ``rows`` (each in ``[start, stop)``) of the columns at ``columns``, copied."""
+        if len(self.pieces) == 1:
+            first, arrays = self.pieces[0]
+            if _consecutive(rows):  # one copy of a run, not a gather
+                low = int(rows[0]) - first
+                return [arrays[c][low : low + len(rows)].copy() for c in columns]
+            return [arrays[c][rows - first] for c in columns]
+        firsts = np.array([first for first, _ in self.pieces[1:]])
+        which = np.searchsorted(firsts, rows, side="right")
+        like = self.pieces[0][1]
+        out = [np.empty((len(rows), *like[c].shape[1:]), like[c].dtype) for c in columns]
+        for k, (first, arrays) in enumerate(self.pieces):
+            here = np.flatnonzero(which == k)
+            for o, c in zip(out, columns):
+                o[here] = arrays[c][rows[here] - first]
+        return out
+
+
+def _consecutive(rows: np.ndarray) -> bool:
+    """Whether ``rows`` is a run of consecutive rows."""
+    n = len(rows)
+    if not n or int(rows[-1]) - int(rows[0]) != n - 1:
+        return False
+    return n <= 2 or bool((np.diff(rows) == 1).all())
 
 
 @runtime_checkable
@@ -98,6 +147,12 @@ class TableBuffer(Protocol):
         """Forgets every row appended since ``position``."""
         ...
 
+    def buffered_rows(self) -> Held | None:
+        """The rows only memory holds, for a read of the writer (the store's mutex held);
+        None: its rows have no place before their commit (a shared writer's), so a read
+        commits them first."""
+        ...
+
 
 class Commits(Protocol):
     """What makes a record writer's tables and commits them."""
@@ -151,4 +206,4 @@ class Commits(Protocol):
         ...
 
 
-__all__ = ["Block", "Commits", "Position", "Row", "TableBuffer"]
+__all__ = ["Block", "Commits", "Held", "Position", "Row", "TableBuffer"]

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import jax
 import numpy as np
-from jax.tree_util import tree_flatten
+from jax.tree_util import keystr, tree_flatten, tree_flatten_with_path
 
 from pytreestore import _arguments
 from pytreestore._format.schema import TreeSchema
@@ -70,11 +70,13 @@ class FixedRecords:
         leaves, treedef = tree_flatten(record)
         schema = self.schema
         if not schema.holds(treedef):
-            raise SchemaMismatchError(hints(schema, schema.mismatch_message(record), record))
+            message = hints(schema, schema.mismatch_message(record), record)
+            raise SchemaMismatchError(message + batch_hint(schema, record, FIXED_BATCH))
         try:
             self.table.append(schema.column_leaves(leaves))
         except SchemaMismatchError as err:
-            raise SchemaMismatchError(hints(schema, str(err), record)) from None
+            message = hints(schema, str(err), record)
+            raise SchemaMismatchError(message + batch_hint(schema, record, FIXED_BATCH)) from None
         except Exception as err:  # JAX's, reading a jax.Array: deleted, or its computation failed
             refuse_unreadable(err, record, "", whose=f"record {len(self.table)}'s")
             raise
@@ -310,4 +312,52 @@ def hints(schema: TreeSchema, message: str, record: object, *, batched: bool = F
     return hinted(message, problems, header)
 
 
-__all__ = ["REFUSALS", "FixedRecords", "block_rows", "hints", "stackable"]
+#: how a fixed store appends a batch, and a ragged or optional store (:func:`batch_hint`)
+FIXED_BATCH = "store.extend_batch(batch)"
+MASKED_BATCH = (
+    "store.extend_batch(batch, mask), with the mask of its real values (the pair "
+    "store.load(index) returns)"
+)
+
+
+def batch_hint(schema: TreeSchema, record: object, call: str) -> str:
+    """The hint for an ``append`` of a batch of records: when every leaf of ``record`` at a
+    leaf column of the record table is that column's leaf with one more leading axis, of
+    one size ``n`` for all, a sentence saying so and naming ``call``; else ``""``.
+
+    Example:
+        >>> schema = TreeSchema.from_example({"a": np.int32(0), "b": np.zeros(2, np.float32)})
+        >>> batch = {"a": np.zeros(32, np.int32), "b": np.zeros((32, 2), np.float32)}
+        >>> batch_hint(schema, batch, FIXED_BATCH).split(":")[0].strip()
+        'This looks like a batch of 32 records (its leaves have one more leading axis, of size 32)'
+        >>> batch_hint(schema, {"a": np.zeros(3, np.int32), "b": np.zeros(2)}, FIXED_BATCH)
+        ''
+    """
+    shapes = {keystr(p): np.shape(x) for p, x in tree_flatten_with_path(record)[0]}
+    sizes = set()
+    for c in schema.columns:
+        shape = shapes.get(c.path) if c.table is None and c.role is None else None
+        if shape is None:
+            continue
+        if len(shape) != len(c.shape) + 1 or tuple(shape[1:]) != tuple(c.shape):
+            return ""
+        sizes.add(int(shape[0]))
+    if len(sizes) != 1:
+        return ""
+    n = sizes.pop()
+    return (
+        f"\nThis looks like a batch of {n} records (its leaves have one more leading axis, "
+        f"of size {n}): append them with {call}."
+    )
+
+
+__all__ = [
+    "FIXED_BATCH",
+    "MASKED_BATCH",
+    "REFUSALS",
+    "FixedRecords",
+    "batch_hint",
+    "block_rows",
+    "hints",
+    "stackable",
+]

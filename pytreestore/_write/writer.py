@@ -44,7 +44,7 @@ from pytreestore._log.committer import Committer, atomic
 from pytreestore._tree.convert import LeafCaster, RecordError, RowFiller, casters
 from pytreestore._tree.device import DeviceLeaves, LostLeaf
 from pytreestore._write.background import LOST, ChunkWrites, Filling, HandOff
-from pytreestore._write.roles import Block, Position, Row
+from pytreestore._write.roles import Block, Held, Position, Row
 from pytreestore.backends import Backend
 from pytreestore.errors import ChunkSizeError, ForkedWriterError, StorageError
 
@@ -203,6 +203,10 @@ class Writer:
     def hand_over(self) -> None:
         """Hands the full chunk to the background writer (:meth:`HandOff.hand_over`)."""
         self._handoff.hand_over()
+
+    def buffered_rows(self) -> Held:
+        """The rows only memory holds, for a read (:meth:`HandOff.buffered_rows`)."""
+        return self._handoff.buffered_rows()
 
     def _full(self) -> None:
         """Reports a background write's failure; then, with the chunk full, hands it to the
