@@ -58,6 +58,7 @@ VERSIONED = (
     "h5py",
     "array-record",
     "msgpack",
+    "flashbax",  # bench_replay.py's anchor
 )
 
 

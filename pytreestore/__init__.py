@@ -29,6 +29,7 @@ from pytreestore._open.sharing import write_fragment as write_fragment
 from pytreestore._pipelines.batches import BatchIterator as BatchIterator
 from pytreestore._pipelines.batches import GrainSource as GrainSource
 from pytreestore._pipelines.order import BatchState as BatchState
+from pytreestore._pipelines.replay import ReplayBuffer as ReplayBuffer
 from pytreestore._read.tables import Segments as Segments
 from pytreestore._store import TreeStore as TreeStore
 from pytreestore._tree.stack import stack as stack
@@ -43,6 +44,7 @@ __all__ = [
     "ColumnSpec",
     "Fragment",
     "GrainSource",
+    "ReplayBuffer",
     "Segments",
     "TreeSchema",
     "TreeStore",

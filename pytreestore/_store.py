@@ -24,6 +24,7 @@ from pytreestore._log.commit_record import Commit
 from pytreestore._log.locks import WriterLock
 from pytreestore._log.transaction import Evolve
 from pytreestore._pipelines.methods import Pipelines
+from pytreestore._pipelines.replay import ReplayBuffer
 from pytreestore._read.cache import ChunkCache
 from pytreestore._read.reader import ReadContext
 from pytreestore._spec import Deferred, StoreSpec, reopen
@@ -203,6 +204,36 @@ class TreeStore(Pipelines, Reads[T], Versioning, Fragmenting, Generic[T]):
             return
         with core.writing(append=True) as writer:
             writer.extend_batch(batch, mask, where=self.path)
+
+    def replay(self, capacity: int, *, seed: int | None = None) -> ReplayBuffer[T]:
+        """A replay buffer: records added through it are appended to this store, and samples
+        are drawn from the last ``capacity`` of them, kept in host memory (docs/replay.md).
+
+        The buffer starts with the store's last ``capacity`` records, so a run reopened with
+        ``pytreestore.open(path, mode="a")`` resumes where it stopped. Every ``capacity``
+        records added, the store keeps only its last ``capacity`` records for sampling.
+
+        Args:
+            capacity: the records a sample draws from (the newest ones).
+            seed: seeds the buffer's generator (samples drawn without a ``key``).
+
+        Returns:
+            A :class:`~pytreestore.ReplayBuffer`: ``add(record)``, ``add_batch(batch,
+            mask=None)``, ``sample(k, key=None, as_numpy=False)``, ``len()``.
+
+        Raises:
+            ArgumentError: ``capacity`` is not an int >= 1, or ``seed`` not an int >= 0.
+            ReadOnlyError: the store is open with mode "r" (or as a generic view).
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-store-replay", {"x": np.int32(0)})
+            >>> buffer = s.replay(2, seed=0)
+            >>> buffer.add_batch({"x": np.arange(4, dtype=np.int32)})
+            >>> len(s), len(buffer), sorted(set(buffer.sample(16, as_numpy=True)["x"].tolist()))
+            (4, 2, [2, 3])
+        """
+        return ReplayBuffer(self, self._core, capacity, seed=seed)
 
     def evolve(
         self,

@@ -29,6 +29,11 @@ EXPECTED_OUTPUT: dict[str, list[str]] = {
         "particles: all checks passed",
     ],
     "read_ragged_with_zarr.py": ["read_ragged_with_zarr example OK"],
+    "replay_buffer.py": [
+        "samples are exactly transitions of the last capacity, as the store holds them",
+        "a reopened store resumes the buffer with the same window",
+        "replay buffer: all checks passed",
+    ],
     "simulation.py": [
         "2,000 records, 78 columns",
         "kinetic energy matches the in-memory states",

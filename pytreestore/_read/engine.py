@@ -33,6 +33,7 @@ from pytreestore._format.schema import TreeSchema
 from pytreestore._log.commit_record import Commit
 from pytreestore._read import reader as _reader
 from pytreestore._read import tables as _tables
+from pytreestore._read.gather import Rows
 from pytreestore._read.reader import ReadContext
 from pytreestore._read.request import LoadRequest
 
@@ -88,6 +89,11 @@ class RecordReads(Protocol):
         """``map(fn)``'s function of what :meth:`loader` gives."""
         ...
 
+    def from_rows(self, request: LoadRequest, gathered: dict[str | None, Rows]) -> Any:
+        """The batch ``load`` of a list index builds, of rows gathered elsewhere (a replay
+        buffer's rings in host memory): stacked leaves, or the padded ``(batch, mask)``."""
+        ...
+
     def grain_padding(
         self, kinds: GrainPaddings[P], store: Any, padded: Any, pad_to: Any, truncate: Any
     ) -> P:
@@ -126,6 +132,9 @@ class FixedReads:
 
     def on_batch(self, fn: Callable[..., Any]) -> Callable[[Any], Any]:
         return fn
+
+    def from_rows(self, request: LoadRequest, gathered: dict[str | None, Rows]) -> Any:
+        return _reader.from_rows(request, gathered)
 
     def grain_padding(
         self, kinds: GrainPaddings[P], store: Any, padded: Any, pad_to: Any, truncate: Any
@@ -171,6 +180,9 @@ class TableReads:
             return fn(*pair)
 
         return on_pair
+
+    def from_rows(self, request: LoadRequest, gathered: dict[str | None, Rows]) -> Any:
+        return _tables.from_rows(request, gathered, _tables.RaggedRead())
 
     def grain_padding(
         self, kinds: GrainPaddings[P], store: Any, padded: Any, pad_to: Any, truncate: Any

@@ -37,6 +37,7 @@ import numpy as np
 
 from pytreestore._format import dtypes as _prng
 from pytreestore._format.dtypes import weaken
+from pytreestore._format.ragged import slot
 from pytreestore._format.schema import TreeSchema
 from pytreestore._location import Location
 from pytreestore._log import versions
@@ -49,6 +50,7 @@ from pytreestore._read import slabs as _hostpool
 from pytreestore._read import slabs as _slabs
 from pytreestore._read.ahead import Block, ReadAhead
 from pytreestore._read.cache import ChunkCache
+from pytreestore._read.gather import Rows
 from pytreestore._read.index import Selection
 from pytreestore._read.overlay import ReadFn, View
 from pytreestore._read.request import LoadRequest
@@ -234,14 +236,28 @@ def _leaves(
     arrays = _read(context, request, selection, records)
     if selection.scalar:
         arrays = [a[0, ...] for a in arrays]
+    return placed(request, arrays)
+
+
+def placed(request: LoadRequest, arrays: list[np.ndarray]) -> list[Any]:
+    """The leaves of the chosen columns' host ``arrays`` (None elsewhere), placed as
+    ``request`` asks (kept as numpy with ``as_numpy``), with their columns' weak types and
+    PRNG key types."""
     leaves = _spread(request, arrays)
     if request.as_numpy:
         return leaves
     schema = request.schema
-    placed = _device.to_jax(
+    on_device = _device.to_jax(
         leaves, schema.paths, device=request.device, cast=request.cast, weak=schema.weak
     )
-    return _prng.wrap_columns(placed, _key_impls(schema))
+    return _prng.wrap_columns(on_device, _key_impls(schema))
+
+
+def from_rows(request: LoadRequest, gathered: dict[str | None, Rows]) -> Any:
+    """The records of rows gathered elsewhere (a replay buffer's rings,
+    :mod:`pytreestore._pipelines.replay`), as :func:`load` builds a batch: stacked leaves."""
+    rows = gathered[None].values
+    return request.schema.unflatten(placed(request, [rows[slot(c)] for c in request.specs]))
 
 
 def _slab_leaves(

@@ -150,9 +150,15 @@ def _padded(
     if slabbed is not None:
         return slabbed
     gathered = _gather(context, request, now, rows(selection.index))
+    if not request.split:
+        return from_rows(request, gathered, options)
+    return _split(_build(gathered, _longest(request.schema, gathered), request, options), request)
+
+
+def from_rows(request: LoadRequest, gathered: dict[str | None, Rows], options: RaggedRead) -> Any:
+    """The padded ``(batch, mask)`` of rows gathered elsewhere too (a replay buffer's rings,
+    :mod:`pytreestore._pipelines.replay`), placed as ``request`` asks."""
     pair = _build(gathered, _longest(request.schema, gathered), request, options)
-    if request.split:
-        return _split(pair, request)
     return _placed(pair, request, True)
 
 
@@ -435,6 +441,7 @@ __all__ = [
     "RaggedRead",
     "Segments",
     "check_fixed",
+    "from_rows",
     "iterate",
     "load",
     "record_lengths",

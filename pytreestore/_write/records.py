@@ -241,6 +241,14 @@ class RecordWriter:
             made = self._stacker = (memory, commits)
         return made
 
+    def extend_rows(self, rows: Mapping[str | None, TableRows]) -> None:
+        """Appends each table's rows walked into memory by a writer of this writer's schema
+        (a replay buffer's walk, :mod:`pytreestore._pipelines.replay`: the records checked
+        and cast there), one batch per table, offsets moved past this writer's rows; all or
+        none."""
+        self._take(rows)
+        self._commit_walked()
+
     def _take(self, rows: Mapping[str | None, TableRows]) -> None:
         """Appends each table's rows ``rows`` (walked from row 0) as one batch, their offsets
         moved past the rows each axis table holds; all or none."""
