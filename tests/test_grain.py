@@ -258,3 +258,27 @@ def kinds_by_backend(kinds: Any) -> list[tuple[str, str]]:
     from tests.conftest import diagonal
 
     return diagonal(kinds.KINDS, kinds.BACKENDS) + diagonal(kinds.KINDS, kinds.BACKENDS, 1)
+
+
+def test_a_source_marks_only_grains_profiling_flag_and_argv_still_parses(store):
+    """What lets Grain start its workers unparsed: its one flag marked given, at its default;
+    absl stays unparsed, and a later ``FLAGS(argv)`` parses that flag as any other."""
+    from absl import flags
+
+    from pytreestore._pipelines.batches import _GRAIN_PROFILING_FLAG as NAME
+
+    FLAGS = flags.FLAGS
+    was_parsed, was_present = FLAGS.is_parsed(), FLAGS[NAME].present
+    try:
+        FLAGS.unparse_flags()
+        FLAGS[NAME].present = 0
+        store.grain_source()
+        assert FLAGS[NAME].present and not FLAGS.is_parsed()
+        assert FLAGS.grain_enable_multiprocess_worker_profiling is False  # readable now
+        FLAGS(["program", f"--{NAME}"])
+        assert FLAGS.grain_enable_multiprocess_worker_profiling is True
+    finally:
+        FLAGS.unparse_flags()
+        FLAGS[NAME].present = was_present
+        if was_parsed:
+            FLAGS.mark_as_parsed()
