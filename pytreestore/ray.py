@@ -3,7 +3,8 @@ into a store (:class:`TreeStoreDatasink`), with one column per leaf, named the s
 (:func:`column_names`). Install the extra: ``pip install 'pytreestore[ray]'``.
 
 ``read_store(a).map_batches(f).write_datasink(TreeStoreDatasink(b))`` runs ``f`` over store
-``a`` on a cluster and writes its rows into store ``b`` (which must exist), in one commit.
+``a`` on a cluster and writes its rows into store ``b`` (created from the first block if
+absent), in one commit.
 See docs/scaling.md ("Ray Data").
 
 Example:

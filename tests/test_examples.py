@@ -28,6 +28,15 @@ EXPECTED_OUTPUT: dict[str, list[str]] = {
         "mean speed per step matches a Python loop over the steps",
         "particles: all checks passed",
     ],
+    "grain_workers.py": [
+        "240 records in 15 batches from 2 worker processes",
+        "grain_workers example OK",
+    ],
+    "ragged_episodes.py": [
+        "masked mean return matches a Python loop over the episodes",
+        "ragged_episodes example OK",
+    ],
+    "ray_write_read.py": ["1000 records", "ray_write_read example OK"],
     "read_ragged_with_zarr.py": ["read_ragged_with_zarr example OK"],
     "replay_buffer.py": [
         "samples are exactly transitions of the last capacity, as the store holds them",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import numpy as np
 import pytest
@@ -175,3 +176,109 @@ def test_columns_of_a_padded_ragged_source(ragged):
     batch, mask = grain.MapDataset.source(source).batch(3)[0]
     assert batch == {"p": None, "w": batch["w"]} and batch["w"].tolist() == [5, 0, 6]
     assert mask["w"].tolist() == [True, False, True] and mask["p"] is None
+
+
+# ---- Grain's worker processes (issue 46) ---------------------------------------------------
+
+#: a user's program: JAX first, then a DataLoader with 2 worker processes over each store
+#: given, every batch checked against the same records read in this process
+WORKERS_PROGRAM = """
+import sys
+import jax, numpy as np
+import grain, pytreestore
+
+for path in sys.argv[1:]:
+    source = pytreestore.open(path).grain_source()
+    sampler = grain.samplers.IndexSampler(
+        num_records=len(source), shuffle=True, seed=3, num_epochs=1,
+        shard_options=grain.sharding.NoSharding(),
+    )
+    loader = grain.DataLoader(
+        data_source=source, sampler=sampler, worker_count=2,
+        operations=[grain.transforms.Batch(batch_size=3)],
+    )
+    seen = []
+    for batch in loader:
+        records = batch[0] if isinstance(batch, tuple) else batch
+        ids = [int(t) for t in records.t]
+        want = jax.tree.map(lambda *x: np.stack(x), *[source[i] for i in ids])
+        assert jax.tree.structure(batch) == jax.tree.structure(want), path
+        for got, expected in zip(jax.tree.leaves(batch), jax.tree.leaves(want)):
+            assert got.dtype == expected.dtype and np.array_equal(got, expected), path
+        seen += ids
+    assert sorted(seen) == list(range(len(source))), (path, seen)
+    print(path, "records", len(seen))
+"""
+
+WORKER_CELLS = [("fixed", "tensorstore"), ("ragged_list", "zarr")]
+
+
+def run_workers(paths: list[Any]) -> Any:
+    """Runs :data:`WORKERS_PROGRAM` in a fresh interpreter, as a user's script runs."""
+    import subprocess
+    import sys
+
+    from tests.conftest import child_env
+
+    args = [sys.executable, "-c", WORKERS_PROGRAM, *map(str, paths)]
+    return subprocess.run(args, capture_output=True, text=True, env=child_env(), timeout=300)
+
+
+def assert_workers_yield_the_store(tmp_path: Any, cells: list[tuple[str, str]]) -> None:
+    from tests.parity import kinds
+
+    paths = [tmp_path / f"{k}-{b}" for k, b in cells]
+    for path, (kind, backend) in zip(paths, cells):
+        kinds.filled(path, kind, backend, n=13, chunk_records=4)
+    done = run_workers(paths)
+    report = f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    assert done.returncode == 0, report
+    for path in paths:
+        assert f"{path} records 13" in done.stdout, report
+    assert "leaked" not in done.stderr and "Traceback" not in done.stderr, report
+
+
+def test_a_data_loader_with_workers_yields_the_store(tmp_path):
+    """``DataLoader(worker_count=2)`` in a program that never parsed absl flags: no
+    ``UnparsedFlagAccessError``, every record once and equal to the store's, and no leaked
+    shared memory at the exit (a fixed and a ragged store in one program)."""
+    assert_workers_yield_the_store(tmp_path, WORKER_CELLS)
+
+
+@pytest.mark.slow
+def test_a_data_loader_with_workers_yields_every_kind(tmp_path):
+    from tests.parity import kinds
+
+    cells = [c for c in kinds_by_backend(kinds) if c not in WORKER_CELLS]
+    assert_workers_yield_the_store(tmp_path, cells)
+
+
+def kinds_by_backend(kinds: Any) -> list[tuple[str, str]]:
+    """Every kind, each on the backends in turn, twice round (every backend and kind)."""
+    from tests.conftest import diagonal
+
+    return diagonal(kinds.KINDS, kinds.BACKENDS) + diagonal(kinds.KINDS, kinds.BACKENDS, 1)
+
+
+def test_a_source_marks_only_grains_profiling_flag_and_argv_still_parses(store):
+    """What lets Grain start its workers unparsed: its one flag marked given, at its default;
+    absl stays unparsed, and a later ``FLAGS(argv)`` parses that flag as any other."""
+    from absl import flags
+
+    from pytreestore._pipelines.batches import _GRAIN_PROFILING_FLAG as NAME
+
+    FLAGS = flags.FLAGS
+    was_parsed, was_present = FLAGS.is_parsed(), FLAGS[NAME].present
+    try:
+        FLAGS.unparse_flags()
+        FLAGS[NAME].present = 0
+        store.grain_source()
+        assert FLAGS[NAME].present and not FLAGS.is_parsed()
+        assert FLAGS.grain_enable_multiprocess_worker_profiling is False  # readable now
+        FLAGS(["program", f"--{NAME}"])
+        assert FLAGS.grain_enable_multiprocess_worker_profiling is True
+    finally:
+        FLAGS.unparse_flags()
+        FLAGS[NAME].present = was_present
+        if was_parsed:
+            FLAGS.mark_as_parsed()

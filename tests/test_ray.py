@@ -301,3 +301,96 @@ def test_a_pending_structure_has_no_column(tmp_path):
     empty = ray.data.range(4).map_batches(lambda b: {"n": b["id"].astype(np.int32)})
     empty.write_datasink(pts_ray.TreeStoreDatasink(path))  # no element anywhere: fine
     assert [r["p"] for r in pytreestore.open(path)] == [[], [], [], []]
+
+
+# ---- a new store, and Ray's default blocks (issue 46) ---------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_an_absent_store_is_created_from_the_first_block(tmp_path, backend):
+    """As ``map(out=path)`` does: the store made from the first row (nested dicts by the dots
+    of the column names), with the sink's backend and create_options."""
+    path = tmp_path / "new"
+    sink = pts_ray.TreeStoreDatasink(path, backend=backend, create_options={"chunk_records": 8})
+    dataset().write_datasink(sink)
+    store = pytreestore.open(path, backend=backend)
+    assert store.schema.chunk_records == 8 and len(store) == N
+    want = direct(tmp_path / "ref", backend, np.arange(N))
+    got = store.load(as_numpy=True)
+    assert sorted(got) == ["meta", "obs", "p"] and sorted(got["p"]) == ["x", "y"]
+    assert got["meta"]["step"].dtype == np.int64  # the row's dtype: no store said otherwise
+    np.testing.assert_array_equal(got["meta"]["step"], want["meta"]["step"])
+    for key in ("x", "y"):
+        np.testing.assert_array_equal(got["p"][key], getattr(want["p"], key))
+    np.testing.assert_array_equal(got["obs"], want["obs"])
+    assert [v.operation for v in store.versions()] == ["create", "append"]
+
+
+def test_an_absent_store_takes_like_and_its_classes(tmp_path):
+    path = tmp_path / "new"
+    dataset(blocks=6).write_datasink(pts_ray.TreeStoreDatasink(path, like=LIKE))
+    assert_same(
+        pytreestore.open(path).load(as_numpy=True),
+        direct(tmp_path / "ref", "tensorstore", np.arange(N)),
+    )
+
+
+def test_an_absent_ragged_store_is_created_from_like_and_declarations(tmp_path):
+    from pytreestore.testing import assert_trees_equal
+    from tests.trial_harness import RAGGED_DECL, ragged_like, ragged_record
+
+    path = tmp_path / "new"
+    sink = pts_ray.TreeStoreDatasink(path, like=ragged_like(False), create_options=RAGGED_DECL)
+    dataset(N, 4, ragged_rows).write_datasink(sink)
+    store = pytreestore.open(path)
+    assert len(store) == N
+    for i in range(N):
+        assert_trees_equal(store.load(i, as_numpy=True), ragged_record(i), err_msg=f"record {i}")
+
+
+def test_a_ragged_dataset_cannot_make_a_store_alone(tmp_path):
+    path = tmp_path / "new"
+    with pytest.raises(SchemaMismatchError, match="cannot be made from the rows alone"):
+        dataset(N, 4, ragged_rows).write_datasink(pts_ray.TreeStoreDatasink(path))
+    with pytest.raises(pytreestore.errors.StoreNotFoundError):
+        pytreestore.open(path)
+
+
+def test_an_empty_dataset_makes_no_store(tmp_path):
+    path = tmp_path / "new"
+    empty = dataset(8, 2, lambda b: {k: v[:0] for k, v in rows(b).items()})
+    with pytest.raises(pytreestore.errors.StoreNotFoundError, match="no row to create it from"):
+        empty.write_datasink(pts_ray.TreeStoreDatasink(path))
+
+
+def test_create_options_are_checked():
+    with pytest.raises(pytreestore.errors.ArgumentTypeError, match=re.escape("['overwrite']")):
+        pts_ray.TreeStoreDatasink("/tmp/x.store", create_options={"overwrite": True})
+    with pytest.raises(pytreestore.errors.ArgumentTypeError, match="takes a dict"):
+        pts_ray.TreeStoreDatasink("/tmp/x.store", create_options=[("codec", None)])
+
+
+def test_default_blocks_write_a_fragment_per_task(tmp_path):
+    """``from_items`` makes 200 blocks: Ray bundles them into tasks of at least
+    BYTES_PER_WRITE, each a fragment, so the commit holds one fragment, not 200."""
+    path = tmp_path / "ray"
+    pytreestore.create(path, LIKE, chunk_records=8).close()
+    items = ray.data.from_items([{"id": i} for i in range(N)])
+    assert items.materialize().num_blocks() > 2
+    written = []
+    original = pytreestore.TreeStore.commit_fragments
+
+    def counted(self: Any, fragments: Any) -> Any:
+        written.append(len(fragments))
+        return original(self, fragments)
+
+    pytreestore.TreeStore.commit_fragments = counted  # type: ignore[method-assign]
+    try:
+        items.map_batches(rows).write_datasink(pts_ray.TreeStoreDatasink(path))
+    finally:
+        pytreestore.TreeStore.commit_fragments = original  # type: ignore[method-assign]
+    assert written == [1]
+    assert_same(
+        pytreestore.open(path).load(as_numpy=True),
+        direct(tmp_path / "ref", "tensorstore", np.arange(N)),
+    )

@@ -22,8 +22,12 @@ Example:
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
 import functools
+import gc
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -305,8 +309,10 @@ class GrainSource:
         self._columns = columns
         self._load = load
         self._padding = padding or GrainPadding(padded=False)
+        _ready_for_grain()
 
     def __len__(self) -> int:
+        _ready_for_grain()  # grain may have been imported after the source was made
         return len(self._store)
 
     def __getitem__(self, index: int) -> Any:
@@ -345,3 +351,74 @@ class GrainSource:
             truncate=padding.truncate,
         )
         self.__dict__.update(vars(source))
+
+
+#: the absl flag Grain 0.2 reads unguarded as a ``DataLoader`` with workers starts its first
+#: worker (``grain/_src/core/profiler.py``, ``is_worker_profiling_enabled``)
+_GRAIN_PROFILING_FLAG = "grain_enable_multiprocess_worker_profiling"
+
+
+def _ready_for_grain() -> None:
+    """Lets a ``grain.DataLoader(worker_count=N)`` over a :class:`GrainSource` run and end
+    cleanly in a program that never parses absl flags (a JAX script, a notebook, pytest).
+
+    Grain reads the flag :data:`_GRAIN_PROFILING_FLAG` as its workers start, and absl refuses
+    to read any flag before ``FLAGS(argv)`` (``UnparsedFlagAccessError``). The flag is marked
+    as given, at its default (False), as Grain marks its own debug flags in its workers;
+    nothing else of absl changes (``FLAGS.is_parsed()`` stays False, and a later
+    ``FLAGS(argv)`` or ``app.run`` still parses every flag, this one too). Then
+    :func:`_release_grain_shared_memory` runs at the exit. Cheap: a dict lookup once done.
+
+    Example:
+        >>> _ready_for_grain()  # nothing to do where Grain is not imported
+    """
+    flags = getattr(sys.modules.get("absl.flags"), "FLAGS", None)
+    if flags is not None and _GRAIN_PROFILING_FLAG in flags and not flags.is_parsed():
+        flags[_GRAIN_PROFILING_FLAG].present = True
+    _hook_exit()
+
+
+@functools.cache
+def _hook_exit() -> None:
+    atexit.register(_release_grain_shared_memory)
+
+
+def _release_grain_shared_memory() -> None:
+    """At the exit, unlinks the shared memory of the Grain batches this process still holds,
+    which Grain 0.2 leaks (``resource_tracker: There appear to be 4 leaked shared_memory
+    objects``, and ``AttributeError: 'NoneType' object has no attribute 'mmap'`` from arrays
+    that outlive Grain's module).
+
+    A ``DataLoader`` with workers hands each batch over in shared memory, which its array
+    unlinks when deleted, on a daemon thread pool (``SharedMemoryArray._del_thread_pool``).
+    At the exit, that pool is killed before it runs what was queued; the last batch of each
+    worker waits in reference cycles of the finished iterators for a garbage collection; and
+    a batch still held (a script's global) is deleted only after Grain's module is torn
+    down. So: the pool's queue is finished, the garbage collected with deletions unlinking at
+    once, the memory of every batch still alive unlinked (its mapping stays valid until the
+    process ends), and the class's ``__del__`` retired. Nothing happens in a process where
+    no Grain batch came through shared memory.
+    """
+    module = sys.modules.get("grain._src.python.ipc.shared_memory_array")
+    arrays = getattr(module, "SharedMemoryArray", None)
+    pool = getattr(arrays, "_del_thread_pool", None)
+    if arrays is None or pool is None:
+        return
+    arrays._del_thread_pool = None  # deletions from now on unlink at once
+    pool.close()
+    pool.join()
+    gc.collect()
+    names = set()
+    for obj in gc.get_objects():
+        if isinstance(obj, arrays) and getattr(obj, "_unlink_on_del", False) and obj.shm:
+            obj._unlink_on_del = False
+            if obj.shm.name not in names:
+                names.add(obj.shm.name)
+                with contextlib.suppress(FileNotFoundError):
+                    obj.shm.unlink()
+    arrays.__del__ = _unmapped_at_exit
+
+
+def _unmapped_at_exit(array: Any) -> None:
+    """Grain's ``SharedMemoryArray.__del__`` after :func:`_release_grain_shared_memory`: the
+    memory is unlinked already, and the process's end unmaps it."""

@@ -51,6 +51,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
+import jax
 import numpy as np
 
 from pytreestore._format.schema import TreeSchema
@@ -164,6 +165,11 @@ class Blocks(Protocol):
         ``store.load`` takes them), by keypath in column order."""
         ...
 
+    def joined(self, parts: list[Any]) -> Any:
+        """The records of several blocks (each as :meth:`records` gave them) as one piece,
+        in order: what one fragment holds."""
+        ...
+
 
 class FixedBlocks:
     """A fixed store's blocks: numpy batches of stacked leaves."""
@@ -172,6 +178,11 @@ class FixedBlocks:
         data = rows.to_batch_format("numpy")
         check_columns(names, data, path)
         return schema.unflatten([data[name] for name in names])
+
+    def joined(self, parts: list[Any]) -> Any:
+        if len(parts) == 1:
+            return parts[0]
+        return jax.tree.map(lambda *leaves: np.concatenate(leaves), *parts)
 
     def read(self, store: Any, index: slice, columns: Any) -> dict[str, LeafColumn]:
         schema = store.schema
@@ -190,6 +201,9 @@ class TableBlocks:
         values = {p: table.column(n).to_pylist() for p, n in zip(schema.paths, names)}
         dtypes = {p: _element_dtype(table.column(n).type) for p, n in zip(schema.paths, names)}
         return _rows.records_from_columns(schema, values, dtypes)
+
+    def joined(self, parts: list[Any]) -> Any:
+        return [record for part in parts for record in part]
 
     def read(self, store: Any, index: slice, columns: Any) -> dict[str, LeafColumn]:
         values, segments = store.load(index, columns=columns, as_numpy=True, ragged="segments")
@@ -216,6 +230,54 @@ def _element_dtype(arrow_type: Any) -> Any:
     return None
 
 
+def example_of(rows: Any, path: str) -> dict[str, Any]:
+    """The example record of a store made from a Ray block (a ``BlockAccessor``): its first
+    row, as nested dicts by the dots of the column names (``meta.lr`` is
+    ``{"meta": {"lr": ...}}``, a column without dots a top-level leaf), each value a numpy
+    scalar or array of its column's dtype.
+
+    Raises:
+        SchemaMismatchError: a column holds lists of varying length or None (a ragged or
+            optional store, which needs declarations), or two columns nest into one leaf.
+
+    Example:
+        >>> import pyarrow as pa
+        >>> from ray.data.block import BlockAccessor
+        >>> block = BlockAccessor.for_block(pa.table({"x": [1.5, 2.5], "m.lr": [2, 3]}))
+        >>> example_of(block, "a.store")
+        {'m': {'lr': np.int64(2)}, 'x': np.float64(1.5)}
+    """
+    data = rows.to_batch_format("numpy")
+    record: dict[str, Any] = {}
+    for name in sorted(data):
+        column = np.asarray(data[name])
+        if column.dtype == object:
+            raise SchemaMismatchError(
+                f"the Ray column {name!r} holds lists of varying length or None, so store "
+                f"{path} cannot be made from the rows alone: create it first (with ragged= "
+                "or optional=), or give TreeStoreDatasink(like=example, "
+                "create_options={'ragged': [...]}) to create it"
+            )
+        _put(record, name.split("."), column[0], name, path)
+    return record
+
+
+def _put(record: dict[str, Any], keys: list[str], value: Any, name: str, path: str) -> None:
+    node = record
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            break
+    else:
+        if keys[-1] not in node:
+            node[keys[-1]] = value
+            return
+    raise SchemaMismatchError(
+        f"the Ray column {name!r} nests into another column's leaf, so store {path} cannot "
+        "be made from the rows alone: create it first, or give TreeStoreDatasink(like=example)"
+    )
+
+
 FIXED_BLOCKS = FixedBlocks()
 
 
@@ -236,5 +298,6 @@ __all__ = [
     "blocks_of",
     "check_columns",
     "column_names",
+    "example_of",
     "worker_path",
 ]
