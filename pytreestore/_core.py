@@ -181,9 +181,12 @@ class StoreCore:
         return self._writer.commit if self._writer is not None else self._commit
 
     def records(self) -> int:
-        """Records appended, buffered ones included (a reader: those it sees)."""
+        """Records appended, buffered ones included (a reader: those it sees); the records
+        released from the front (``keep_last``) are no longer counted."""
         self.check_open()
-        return len(self._writer) if self._writer is not None else self._commit.records
+        if self._writer is None:
+            return self._commit.length
+        return len(self._writer) - self._writer.commit.first  # the writer counts rows
 
     # ---- guards --------------------------------------------------------------------------------
 
@@ -339,7 +342,7 @@ class StoreCore:
 
     def committed_records(self) -> int:
         """The records committed (:meth:`head`'s), for the exit's report."""
-        return self.head().records
+        return self.head().length
 
     def flush_at_exit(self) -> str | None:
         """The last flush of a writer held at the exit, twice if need be (the first may raise
@@ -386,15 +389,24 @@ class StoreCore:
     def readable(self) -> int:
         """The records a read sees: all of them, committed first, unless another thread is
         appending; then those committed so far (a read never waits for an append)."""
+        first, end = self.span()
+        return end - first
+
+    def span(self) -> tuple[int, int]:
+        """The rows of the record table a read sees, ``(first, end)``, as :meth:`readable`
+        commits them: record ``i`` is row ``first + i`` (``first``: the rows released from
+        the front by ``keep_last``), both of one commit."""
         self.check_open()
         if self._writer is None:
-            return self._commit.records
+            commit = self._commit
+            return commit.first, commit.records
         if os.getpid() != self._pid or not self._mutex.acquire(blocking=False):
-            return self._writer.commit.records  # a forked child never writes
+            commit = self._writer.commit  # a forked child never writes
+            return commit.first, commit.records
         try:
             if self._writer.pending:
                 self._writer.flush()
-            return len(self._writer)
+            return self._writer.commit.first, len(self._writer)
         finally:
             self._mutex.release()
 
@@ -420,6 +432,7 @@ class StoreCore:
             self.ahead,
             self.cache,
             self._cache_id,
+            span=self.span,
         )
 
     def forget_reads(self) -> None:

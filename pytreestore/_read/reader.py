@@ -3,8 +3,9 @@
 Every read goes through :func:`load` (a record or a batch of records) or
 :func:`load_leaves` (the columns' arrays, for ``copy`` and the CLI), in the same steps:
 
-1. the store's :class:`ReadContext` gives the records a read sees (committing pending
-   appends first) and the index is normalised against that count;
+1. the store's :class:`ReadContext` gives the rows a read sees (committing pending
+   appends first) and the index is normalised against their count, as rows: record ``i``
+   is row ``first + i`` after a ``keep_last`` (:func:`pytreestore._read.index.normalize`);
 2. ``Backend.read`` reads every chosen column at once; a damaged or missing chunk raises
    :class:`~pytreestore.errors.CorruptChunkError` naming the column's keypath, after a check
    that the store was not replaced meanwhile;
@@ -75,6 +76,9 @@ class ReadContext:
         whole_chunks: the cache keeps whole chunks even of columns with inner chunks (a
             pipeline that reads every record of the chunks it touches: each chunk is then
             read in one piece); by default it keeps the inner chunks a read touches.
+        span: the rows of the record table a read sees, ``(first, end)``, as ``readable``
+            commits them: record ``i`` is row ``first + i`` (rows before ``first`` were
+            released by ``keep_last``); None: ``(0, readable())``.
     """
 
     location: Location
@@ -86,6 +90,11 @@ class ReadContext:
     cache: ChunkCache | None = None
     cache_id: str | None = None
     whole_chunks: bool = False
+    span: Callable[[], tuple[int, int]] | None = None
+
+    def rows(self) -> tuple[int, int]:
+        """The rows a read sees now, ``(first, end)`` (see ``span``)."""
+        return (0, self.readable()) if self.span is None else self.span()
 
     def unit(self, schema: TreeSchema) -> Callable[[Any], int] | None:
         """The records of each piece the cache keeps of a column of ``schema`` (None: a
@@ -100,8 +109,8 @@ class ReadContext:
 
 def load(context: ReadContext, request: LoadRequest, index: Any) -> Any:
     """Records ``index`` of the store, as ``request`` asks (see ``TreeStore.load``)."""
-    records = context.readable()
-    selection = request.selection(index, records)
+    first, records = context.rows()
+    selection = request.selection(index, records, first)
     if request.split:
         return _load_split(context, request, selection, records)
     if selection.scalar and context.ahead is not None:
@@ -117,16 +126,16 @@ def load(context: ReadContext, request: LoadRequest, index: Any) -> Any:
 
 def load_leaves(context: ReadContext, request: LoadRequest, index: Any) -> list[Any]:
     """The leaves of records ``index``, in column order (None for columns not chosen)."""
-    records = context.readable()
-    return _leaves(context, request, request.selection(index, records), records)
+    first, records = context.rows()
+    return _leaves(context, request, request.selection(index, records, first), records)
 
 
 def iterate(context: ReadContext, request: LoadRequest) -> Iterator[Any]:
     """Every record, one at a time, read a block at a time (:mod:`pytreestore._read.ahead`:
     with jax leaves, each block is placed once and each record taken by one call)."""
-    count = context.readable()
-    for start in range(0, count, _ahead.block_size(request.record_nbytes)):
-        block = _block(context, request, start, count)
+    first, end = context.rows()
+    for start in range(first, end, _ahead.block_size(request.record_nbytes)):
+        block = _block(context, request, start, end)
         for j in range(block.count):
             yield block.record(j, copy=False)  # views: the block is not kept for reuse
 

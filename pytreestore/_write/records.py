@@ -100,7 +100,7 @@ class RecordWriter:
         #: the tables' positions before the records the last walk took, until committed
         self._accepted: dict[str | None, Position] | None = None
         if whole:  # one table, whose rows are the records: no walk
-            self._fixed = FixedRecords(self.tables[None], self.refusals)
+            self._fixed = FixedRecords(self.tables[None], self.refusals, self._first)
             return
         slots = table_slots(self.tables)
         self._plan = Plan(
@@ -131,6 +131,10 @@ class RecordWriter:
     def pending(self) -> int:
         return len(self) - self.commit.records
 
+    def _first(self) -> int:
+        """The row of record 0 (``keep_last``): records are numbered from it in errors."""
+        return self.commit.first
+
     def check(self) -> None:
         self._commits.check()
 
@@ -160,7 +164,7 @@ class RecordWriter:
         except SchemaMismatchError as err:  # a leaf's shape or dtype
             raise SchemaMismatchError(_hinted(self.model, err, record)) from None
         except Exception as err:  # JAX's, reading a jax.Array: deleted, or its computation failed
-            refuse_unreadable(err, record, "", whose=f"record {len(self)}'s")
+            refuse_unreadable(err, record, "", whose=f"record {len(self) - self.commit.first}'s")
             raise
 
     def extend(self, records: Iterable[object]) -> None:
