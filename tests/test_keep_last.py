@@ -16,12 +16,14 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from jax.sharding import NamedSharding, PartitionSpec
 
 import pytreestore
 from pytreestore import errors
 from pytreestore._format.keys import COMMIT_KEY
 from pytreestore.backends import ocdbt_coordinator
+from pytreestore.cli import main
 from pytreestore.testing import assert_trees_equal
 from tests.parity import kinds
 
@@ -336,3 +338,52 @@ def test_the_commit_record_names_the_front(tmp_path):
     (path / COMMIT_KEY).write_text(json.dumps(record))
     with pytest.raises(errors.CorruptStoreError, match=r"'first' \(6\) is past its 'records'"):
         pytreestore.open(path)
+
+
+def test_the_cli_sees_the_kept_records(tmp_path):
+    path = tmp_path / "s"
+    _filled(path, "fixed", "tensorstore", n=6)
+    with pytreestore.open(path, "a") as store:
+        store.keep_last(2)
+
+    def run(*args: str) -> str:
+        result = CliRunner().invoke(main, [*args, str(path)], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    printed = json.loads(run("head", "--json", "-n", "5"))
+    assert [record["t"] for record in printed] == [4, 5]
+    assert "2 records" in run("info")
+    assert json.loads(run("verify", "--json"))["records"] == 2
+    assert json.loads(run("versions", "--json"))[-1]["operation"] == "keep_last"
+
+
+def test_a_crash_inside_the_release_leaves_the_store_before_it(tmp_path, monkeypatch):
+    """The process dies between the release's version record and its commit record: the
+    store is as before (the version record past it is ignored, and the next writer deletes
+    it); the release made again commits."""
+    path = tmp_path / "s"
+    recs = _filled(path, "nested", "tensorstore", n=6)
+    store = pytreestore.open(path, "a")
+    orphan = path / ".pytreestore" / "versions" / f"{store.version + 1:020d}.json"
+
+    write_if = store._backend.write_bytes_if
+
+    def dies(key: str, *args: object) -> object:
+        if key == COMMIT_KEY:
+            raise KeyboardInterrupt  # the process ends here
+        return write_if(key, *args)
+
+    monkeypatch.setattr(store._backend, "write_bytes_if", dies)
+    with pytest.raises(KeyboardInterrupt):
+        store.keep_last(2)
+    monkeypatch.undo()
+    store.close()  # nothing buffered: it writes nothing, and gives the lock back
+    assert json.loads(orphan.read_bytes())["operation"] == "keep_last"
+    reader = pytreestore.open(path)
+    assert (len(reader), reader.dropped, reader.versions()[-1].operation) == (6, 0, "append")
+    _same(reader, recs)
+    with pytreestore.open(path, "a") as store:
+        assert not orphan.exists()  # the next writer deleted it
+        assert store.keep_last(2) == 4
+    _same(pytreestore.open(path), recs[4:])
