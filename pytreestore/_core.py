@@ -183,9 +183,12 @@ class StoreCore:
         return self._writer.commit if self._writer is not None else self._commit
 
     def records(self) -> int:
-        """Records appended, buffered ones included (a reader: those it sees)."""
+        """Records appended, buffered ones included (a reader: those it sees); the records
+        released from the front (``keep_last``) are no longer counted."""
         self.check_open()
-        return len(self._writer) if self._writer is not None else self._commit.records
+        if self._writer is None:
+            return self._commit.length
+        return len(self._writer) - self._writer.commit.first  # the writer counts rows
 
     # ---- guards --------------------------------------------------------------------------------
 
@@ -341,7 +344,7 @@ class StoreCore:
 
     def committed_records(self) -> int:
         """The records committed (:meth:`head`'s), for the exit's report."""
-        return self.head().records
+        return self.head().length
 
     def flush_at_exit(self) -> str | None:
         """The last flush of a writer held at the exit, twice if need be (the first may raise
@@ -387,8 +390,15 @@ class StoreCore:
 
     def readable(self) -> int:
         """The records a read sees now (:meth:`viewing`); nothing is committed."""
+        first, end = self.span()
+        return end - first
+
+    def span(self) -> tuple[int, int]:
+        """The rows of the record table a read sees now, ``(first, end)``, both of one view:
+        record ``i`` is row ``first + i`` (``first``: the rows released from the front by
+        ``keep_last``)."""
         with self.viewing() as view:
-            return view.records
+            return view.commit.first, view.records
 
     @contextlib.contextmanager
     def viewing(self) -> Iterator[_overlay.View]:
@@ -437,6 +447,7 @@ class StoreCore:
             self.cache,
             self._cache_id,
             viewing=self.viewing,
+            span=self.span,
         )
 
     def forget_reads(self) -> None:

@@ -15,8 +15,9 @@ The store's versions: listing them, naming them, going back, and removing what n
 
 Every commit is a version (:mod:`pytreestore._log.versions`): :meth:`Versioning.versions`
 lists them, :meth:`~Versioning.tag` names one, :meth:`~Versioning.truncate` commits a version
-holding the first records only, and :meth:`~Versioning.vacuum` removes the chunks, arrays and
-schemas that no version the log keeps still needs. ``pytreestore.open(path, version=N)`` (or
+holding the first records only, :meth:`~Versioning.keep_last` one holding the last records
+only, and :meth:`~Versioning.vacuum` removes the chunks, arrays and schemas that no version
+the log keeps still needs. ``pytreestore.open(path, version=N)`` (or
 a tag's name) reads a store as it was at a version.
 
 Example:
@@ -44,7 +45,7 @@ from pytreestore._log import prune as _vacuum
 from pytreestore._log import versions as _versions
 from pytreestore._log.commit_record import Commit
 from pytreestore._log.prune import VacuumReport
-from pytreestore._log.transaction import Tag, Truncate
+from pytreestore._log.transaction import KeepLast, Tag, Truncate
 from pytreestore._log.versions import Version
 from pytreestore._read.engine import record_reads
 from pytreestore.backends import Backend
@@ -303,6 +304,66 @@ class Versioning:
             records, "truncate() takes a record count (an int)", minimum=None
         )
         self._core.commit(Truncate(records, self._core.path))
+
+    def keep_last(self, n: int) -> int:
+        """Commits a version after which only the last ``n`` records are readable, and
+        returns how many records it released from the front (0, committing no version of
+        its own, when the store holds ``n`` records or fewer). Buffered records are
+        committed first.
+
+        Indices stay relative: afterwards ``len(store)`` is the kept count, ``store[0]`` the
+        oldest kept record, and appends go on after the last; :attr:`dropped` counts the
+        records released over the store's life (record ``i`` is the ``dropped + i``-th ever
+        appended). A replay buffer with a capacity, or "keep the last K checkpoints".
+
+        Nothing is deleted: older versions still read every record they held
+        (``pytreestore.open(path, version=v)``). :meth:`vacuum` then deletes the chunks that
+        hold only released rows and that no version the log keeps reads (chunks partly
+        released stay whole), so that disk stays bounded by the records kept and the
+        versions kept (``keep_versions``). A reader opened before the release sees the new
+        front after :meth:`refresh` (or a new ``open``); one that reads rows vacuum deleted
+        raises :class:`~pytreestore.errors.StoreReplacedError`.
+
+        Args:
+            n: how many of the last records to keep (an int >= 0).
+
+        Raises:
+            ArgumentError: ``n`` is negative or not an int; nothing is written, buffered
+                records stay buffered.
+            ReadOnlyError: the store is open with mode "r", or shared by writers through an
+                OCDBT coordinator (a release needs the store's only writer).
+            CommitConflictError: another writer committed since this one read the commit
+                record. Nothing is changed; reopen the store.
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-keep-last", {"x": np.int8(0)})
+            >>> s.extend({"x": np.int8(i)} for i in range(5))
+            >>> s.keep_last(2), len(s), s.dropped, int(s[0]["x"])
+            (3, 2, 3, 3)
+            >>> s.append({"x": np.int8(5)}); s.load(as_numpy=True)["x"].tolist()
+            [3, 4, 5]
+        """
+        n = _arguments.count(n, "keep_last() takes how many records to keep (an int >= 0)")
+        operation = KeepLast(n, self._core.path)
+        self._core.commit(operation)
+        return operation.released
+
+    @property
+    def dropped(self) -> int:
+        """The records released from the front (:meth:`keep_last`) over the store's life:
+        record ``i`` is the ``dropped + i``-th record ever appended (0 if none was).
+
+        Example:
+            >>> import numpy as np, pytreestore
+            >>> s = pytreestore.create("memory://doc-dropped", {"x": np.int8(0)})
+            >>> s.extend({"x": np.int8(i)} for i in range(4)); s.keep_last(1)
+            3
+            >>> s.dropped
+            3
+        """
+        self._core.check_open()
+        return self._core.head().first
 
     def vacuum(self, *, fragments_older_than: float = FRAGMENTS_OLDER_THAN) -> VacuumReport:
         """Removes what no version the log keeps needs: chunks past every kept version's

@@ -143,8 +143,9 @@ class TreeStore(Pipelines, Reads[T], Versioning, Fragmenting, Generic[T]):
 
     @property
     def committed(self) -> int:
-        """Records durable in storage (excludes records still buffered)."""
-        return self._core.head().records
+        """Records durable in storage (excludes records still buffered, and those released
+        from the front by :meth:`keep_last`)."""
+        return self._core.head().length
 
     def __len__(self) -> int:
         return self._core.records()

@@ -312,6 +312,12 @@ class Logged:
     state: State
     operation: str | None = None
     checked_gone: bool = False  # its refusal was checked (it never reads again)
+    dropped: int = 0  # records released from the front before it (keep_last)
+
+    @property
+    def end(self) -> int:
+        """Its rows from the first record ever appended: the released ones, then its own."""
+        return self.dropped + self.records
 
 
 class VersionLog:
@@ -333,17 +339,19 @@ class VersionLog:
                 state = after
             held = state.with_rows(state.rows[: v.records])
             assert v.records <= len(state.rows), f"version {v.version} holds {v.records} records"
-            self.versions[v.version] = Logged(v.records, held, v.operation)
+            self.versions[v.version] = Logged(v.records, held, v.operation, dropped=v.dropped)
 
     def gone(self, number: int) -> bool:
         """Whether a later commit gave up version ``number``'s records: after it the store
         went down to fewer records (a truncate), and a commit after that appended (went up
-        again, or released the rows past the truncate: an empty fragment's commit does)."""
-        records = self.versions[number].records
+        again, or released the rows past the truncate: an empty fragment's commit does).
+        Counted in rows from the first record ever appended: a ``keep_last`` releases the
+        front, which writes over nothing."""
+        records = self.versions[number].end
         later = [self.versions[n] for n in sorted(self.versions) if n > number]
         low = None
         for logged in later:
-            r = logged.records
+            r = logged.end
             if low is not None and (r > low or logged.operation == "release"):
                 return True
             if r < records:

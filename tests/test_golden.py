@@ -53,7 +53,7 @@ def test_golden_store_reads_back_exactly(name, backend, tmp_path):
     path = tmp_path / name  # a copy: opening may not write, but the golden files stay pristine
     shutil.copytree(make_golden.CURRENT / name, path)
     store = pytreestore.open(path, backend=backend)
-    assert len(store) == make_golden.RECIPES[name].n
+    assert len(store) == make_golden.RECIPES[name].n - make_golden.RECIPES[name].dropped
     got, want = store.load(as_numpy=True), expected(name)
     assert_trees_equal(got, want)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
@@ -287,3 +287,27 @@ def test_golden_horizon_store_refuses_what_its_merged_releases_wrote_over(backen
     records = make_golden.RECIPES["horizon"].records()
     old = pytreestore.open(path, version=13, backend=backend).load(as_numpy=True)
     assert_trees_equal(old, pytreestore.stack(records[:4], as_numpy=True))
+
+
+# ---- format 3 (issue 46): a store whose front was released (`first`) -----------------------------
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])
+def test_golden_keep_last_store_reads_its_kept_records(backend, tmp_path):
+    """Records 0 to 2 were released by ``keep_last(1)`` after 4 records, record 4 appended,
+    and vacuum (keeping one version) deleted the chunks that held released rows only (rows 0
+    and 1; row 2 stays: its offsets say where record 3's elements start)."""
+    path = tmp_path / "keep-last"
+    shutil.copytree(make_golden.CURRENT / "keep-last", path)
+    commit = json.loads((path / ".pytreestore" / "commit.json").read_text())
+    assert (commit["records"], commit["first"]) == (5, 3)
+    recipe = make_golden.RECIPES["keep-last"]
+    store = pytreestore.open(path, backend=backend)
+    assert (len(store), store.dropped) == (2, 3)
+    assert_trees_equal(list(store.records(as_numpy=True)), recipe.records())
+    assert [(v.operation, v.records, v.dropped) for v in store.versions()] == [("append", 2, 3)]
+    run = store.schema.columns[[c.path for c in store.schema.columns].index(".run")].key
+    assert not (path / run / "c" / "0").exists() and (path / run / "c" / "1").is_file()
+    assert store.verify().ok
+    with pytest.raises(errors.VersionNotFoundError, match="no version 2"):
+        pytreestore.open(path, version=2, backend=backend)

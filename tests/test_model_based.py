@@ -2,8 +2,8 @@
 in-memory model of it (:mod:`tests.model_store`) through the same operations, and after each
 step compare them, on every backend.
 
-Operations: append, extend, extend_batch, flush, truncate, tag (the latest version or an
-older one), vacuum (under a small ``keep_versions`` too), fragments (``write_fragment`` then
+Operations: append, extend, extend_batch, flush, truncate, keep_last (issue 46: the front
+released), tag (the latest version or an older one), vacuum (under a small ``keep_versions`` too), fragments (``write_fragment`` then
 ``commit_fragments``), close and reopen (``mode="a"``); on a fixed store also ``evolve``
 (add, drop, rename; nested keypaths; a name dropped and added again); on a ragged store,
 records whose list lengths vary and whose optional subtree is sometimes None, in a store
@@ -321,6 +321,18 @@ class StoreMachine(RuleBasedStateMachine):
         n = pick(data, range(len(before.rows) + 1), "truncate to")
         self.store.truncate(n)
         self.settle(before, "truncate", before.with_rows(before.rows[:n]))
+
+    @rule(data=st.data())
+    def keep_last(self, data: st.DataObject) -> None:
+        """Only the last ``n`` records kept (issue 46): the front released, buffered records
+        committed first; older versions read what they held until vacuum removes them."""
+        before, dropped = self.state, self.store.dropped
+        n = pick(data, range(len(before.rows) + 2), "keep last")
+        kept = before.rows[len(before.rows) - min(n, len(before.rows)) :]
+        released = self.store.keep_last(n)
+        assert released == len(before.rows) - len(kept), f"released {released}"
+        assert self.store.dropped == dropped + released
+        self.settle(before, "keep_last", before.with_rows(kept))
 
     @rule(data=st.data(), latest=st.booleans())
     def tag(self, data: st.DataObject, latest: bool) -> None:

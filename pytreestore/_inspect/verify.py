@@ -29,6 +29,7 @@ from pytreestore._format.keys import ROOT_KEY, chunk_key, chunk_prefix
 from pytreestore._format.schema import ColumnSpec, TreeSchema
 from pytreestore._inspect import progress as _progress
 from pytreestore._log.commit_record import COMMIT_KEY, Commit
+from pytreestore._log.prune import front_rows
 from pytreestore._read.reader import ReadContext
 from pytreestore._runtime import RUNTIME
 from pytreestore.backends import CheckedReads, KeyListing
@@ -159,6 +160,7 @@ def verify(
     problems: list[Problem] = []
     commit = _check_commit(backend, records, location, problems)
     _check_root(backend, problems)
+    front = _front(backend, schema, commit, location, problems)
     plain: list[str] = []
     past: list[str] = []
     chunks = 0
@@ -166,6 +168,8 @@ def verify(
         rows = commit.rows(table)  # a ragged store's tables each have their own rows
         requests: list[tuple[ColumnSpec, int]] = []
         for column in (c for c in schema.storage_columns if c.table == table):
+            # rows released from the front (keep_last) are not read: checked from there
+            column = dataclasses.replace(column, start=max(column.start, front[column.key]))
             meta = _check_metadata(backend, column, rows, problems)
             if meta is None:
                 continue
@@ -185,7 +189,7 @@ def verify(
     past, kept = ([], past) if commit.high is not None else (past, [])
     return VerifyReport(
         location,
-        commit.records,
+        commit.length,
         count,
         chunks,
         tuple(problems),
@@ -217,6 +221,18 @@ def _check_commit(backend: Any, records: int, location: str, problems: list[Prob
     except CorruptStoreError as err:
         problems.append(Problem(None, COMMIT_KEY, None, str(err)))
         return Commit(records, 0)
+
+
+def _front(
+    backend: Any, schema: TreeSchema, commit: Commit, location: str, problems: list[Problem]
+) -> dict[str, int]:
+    """Per column, the first row a read of ``commit`` needs (:func:`~pytreestore._log.prune.
+    front_rows`); from row 0 where an offsets array it reads for that is damaged (reported)."""
+    try:
+        return front_rows(backend, schema, commit, location)
+    except PyTreeStoreError as err:
+        problems.append(Problem(None, COMMIT_KEY, None, f"the front cannot be read: {err}"))
+        return {c.key: 0 for c in schema.storage_columns}
 
 
 def _check_root(backend: Any, problems: list[Problem]) -> None:

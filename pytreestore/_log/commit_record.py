@@ -24,6 +24,13 @@ by it says so. An older version is therefore never read as valid once its rows w
 over, however many truncates followed (readers of an older pytreestore, which know the pairs
 but not ``horizon``, refuse it too).
 
+``first`` (issue 46, absent: 0) is the row of the record table that holds record 0: the rows
+before it were released from the front by ``keep_last``. Every row count of the record
+(``records``, ``tables``, ``high``, ``cuts``, ``rewrites``) stays a count of rows from row
+0, so that writers append at row ``records`` and nothing about storage changes; only the
+records a reader sees do: record ``i`` is row ``first + i``, and the store holds
+``records - first`` (:attr:`Commit.length`). Older versions keep their own ``first``.
+
 Example:
     >>> c = Commit(0, 0).next(5)
     >>> c.records, c.generation
@@ -35,6 +42,11 @@ Example:
     >>> r.high, r.rewrites, r.gone(c)
     (None, ((3, 2),), (3, 2))
     >>> Commit.from_bytes(Commit(3, 1).to_bytes(), "memory://doc-record").records
+    3
+    >>> k = c.next(5, operation="keep_last", first=3)
+    >>> k.first, k.length, Commit.from_bytes(k.to_bytes(), "memory://doc-record").first
+    (3, 2, 3)
+    >>> k.next(7).first  # appends keep the front
     3
 
 A store version as a storage snapshot: on a backend that keeps every generation
@@ -83,8 +95,8 @@ _FRAGMENT_ID = re.compile("[0-9a-f]{32}")
 
 
 #: what a commit did: ``release`` frees the rows older versions held past a truncate, before
-#: the first append after it writes over them
-OPERATIONS = ("create", "append", "evolve", "truncate", "release")
+#: the first append after it writes over them; ``keep_last`` releases the front (``first``)
+OPERATIONS = ("create", "append", "evolve", "truncate", "release", "keep_last")
 
 
 #: the most ``cuts`` (the oldest are dropped: readers need only the latest) and ``rewrites``
@@ -122,6 +134,15 @@ class Commit:
     #: format 3 (issue 28): the version up to which ``rewrites[0]`` merges several releases
     #: (None: every pair is one release)
     horizon: int | None = None
+    #: format 3 (issue 46): the row of the record table that holds record 0; the rows before
+    #: it were released from the front (``keep_last``). ``records`` stays a row count: the
+    #: store's records are rows ``first`` to ``records``
+    first: int = 0
+
+    @property
+    def length(self) -> int:
+        """The records of the store at this commit: rows ``first`` to ``records``."""
+        return self.records - self.first
 
     def to_json(self) -> dict[str, object]:
         obj: dict[str, object] = {
@@ -144,6 +165,8 @@ class Commit:
             obj["fragments"] = list(self.fragments)
         if self.horizon is not None:
             obj["horizon"] = self.horizon
+        if self.first:
+            obj["first"] = self.first
         return obj
 
     def to_bytes(self) -> bytes:
@@ -157,10 +180,12 @@ class Commit:
         schema: str | None = None,
         operation: str = "append",
         fragments: tuple[str, ...] = (),
+        first: int | None = None,
     ) -> Commit:
-        """The commit after this one, holding ``records`` records (and, in a ragged store,
-        ``tables`` rows of each axis's table; by default as before); ``fragments``: the ids
-        of the fragments it appends.
+        """The commit after this one, holding ``records`` rows of the record table (and, in
+        a ragged store, ``tables`` rows of each axis's table; by default as before);
+        ``fragments``: the ids of the fragments it appends; ``first``: the row of its record
+        0 (by default this one's).
 
         ``operation="truncate"`` keeps what older versions reach as ``high``;
         ``"release"`` gives it up (older versions holding more than ``records`` are then gone).
@@ -190,6 +215,7 @@ class Commit:
             rewrites,
             fragments,
             horizon,
+            self.first if first is None else first,
         )
 
     def gone(self, seen: Commit) -> tuple[int, int] | None:
@@ -269,6 +295,8 @@ class Commit:
         commit = cls(records, generation, store, _tables(obj, where), *_history(obj, where))
         if "horizon" in obj:
             commit = dataclasses.replace(commit, horizon=_count(obj, "horizon", where))
+        if "first" in obj:
+            commit = dataclasses.replace(commit, first=_first(obj, records, where))
         fragments = obj.get("fragments", [])
         if not (
             isinstance(fragments, list) and all(_FRAGMENT_ID.fullmatch(str(f)) for f in fragments)
@@ -347,6 +375,18 @@ def _pairs(obj: dict[str, object], name: str, where: str) -> tuple[tuple[int, in
             f"of [version, records] pairs, got {json.dumps(value)}"
         )
     return tuple((int(a), int(b)) for a, b in value)
+
+
+def _first(obj: dict[str, object], records: int, where: str) -> int:
+    """``obj["first"]``, a row of the record table at most ``records``."""
+    first = _count(obj, "first", where)
+    if first > records:
+        raise CorruptStoreError(
+            f"{where}/{COMMIT_KEY} is not a valid commit record: its 'first' ({first}) is past "
+            f"its 'records' ({records}). The store was damaged outside pytreestore; restore "
+            "the file from a backup (nothing was read or written)."
+        )
+    return first
 
 
 def now_utc() -> str:

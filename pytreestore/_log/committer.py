@@ -212,10 +212,12 @@ class Committer:
         *,
         operation: str = "append",
         fragments: tuple[str, ...] = (),
+        first: int | None = None,
     ) -> Commit:
         """Commits ``records`` records (the last commit's successor) and returns the commit;
         in a ragged store, with ``tables``, the committed rows of every axis's table; with
-        ``fragments``, the ids of the fragments the commit appends (kept in its record).
+        ``fragments``, the ids of the fragments the commit appends (kept in its record);
+        with ``first``, the row of its record 0 (``keep_last``; by default the last's).
 
         The version record is written first, only if absent, then the commit record, then
         (with :attr:`tree`) the root ``zarr.json``'s consolidated metadata.
@@ -225,7 +227,12 @@ class Committer:
             StorageError: the write failed (it may have landed: a retry finds out).
         """
         commit = self.commit.next(
-            records, tables, schema=self.schema, operation=operation, fragments=fragments
+            records,
+            tables,
+            schema=self.schema,
+            operation=operation,
+            fragments=fragments,
+            first=first,
         )
         if self._uncertain is not None and self._uncertain == commit:
             commit = self._uncertain  # a retry: the same record, byte for byte

@@ -35,7 +35,9 @@ the tagged ones. Vacuum, with the writer lock held:
 1. deletes the records of versions outside that (tagged ones stay) and of versions written
    over after a truncate (untagged);
 2. for every column of a readable kept version, deletes the chunks wholly past the most rows
-   any readable kept version holds in it, and shrinks the array to those rows;
+   any readable kept version holds in it, and shrinks the array to those rows; and the
+   chunks wholly before the first row any of them reads, after ``keep_last`` released the
+   front (:func:`front_rows`; a writer's partly filled chunk stays, as it reads it back);
 3. deletes the arrays that no readable kept version's schema has (columns dropped by
    ``evolve``, and arrays an interrupted ``evolve`` left), and the schemas no kept version
    names (the latest schema always stays).
@@ -204,7 +206,8 @@ def vacuum(engine: Backend, head: Commit, keep: int | None, where: str) -> Vacuu
         )
     keys = engine.list_keys("")
     arrays = _dead_arrays(engine, keys, reach, schemas)
-    chunks = _dead_chunks(keys, reach, arrays)
+    low = _low(engine, live, schemas, latest, where)
+    chunks = _dead_chunks(keys, reach, arrays, low)
     spare = [s for s in versions.schema_ids(engine) if s not in schemas]
     engine.delete_keys([version_key(n) for n in drop])
     engine.delete_keys(chunks + [k for k in keys if _array_of(k, arrays)])
@@ -229,6 +232,58 @@ def _reach(live: Iterable[Commit], schemas: dict[str, dict], latest: str) -> dic
             _, best = reach.get(column.key, (column, 0))
             reach[column.key] = (column, max(best, rows))
     return reach
+
+
+def front_rows(backend: Backend, schema: TreeSchema, commit: Commit, where: str) -> dict[str, int]:
+    """Per storage column of ``schema`` (by key), the first row a read of ``commit`` needs:
+    the row of its table where record 0 (row ``commit.first``) starts, or the row before in
+    a table holding offsets arrays (the offset there is where record 0's elements start,
+    and a read takes the row before with the rows it reads, in one read of every column of
+    the table: :mod:`pytreestore._read.gather`). Every row when nothing was released
+    (``commit.first`` is 0).
+
+    Example:
+        >>> import numpy as np, pytreestore
+        >>> s = pytreestore.create("memory://doc-front-rows", {"p": [np.int8(0)]}, ragged=True)
+        >>> s.extend([{"p": [np.int8(1)] * 2}, {"p": [np.int8(2)] * 3}]); s.keep_last(1)
+        1
+        >>> front_rows(s._backend, s.schema, s.commit_now(), s.path)  # offsets: the row before
+        {'p/-2A': 2, 'p-offsets': 0}
+    """
+    if not commit.first:
+        return {c.key: 0 for c in schema.storage_columns}
+    rows = rows_at(backend, schema, commit, commit.first, where)
+    before = {a.table for a in schema.tables.axes}  # the tables holding offsets arrays
+    return {
+        c.key: max(rows[c.table] - 1, 0) if c.table in before else rows[c.table]
+        for c in schema.storage_columns
+    }
+
+
+def _low(
+    engine: Backend, live: list[Commit], schemas: dict[str, dict], latest: str, where: str
+) -> dict[str, int]:
+    """Column key -> the first row any live version reads in it (:func:`front_rows`),
+    capped for the latest version's columns at the start of the chunk its writer fills,
+    which it reads back when it opens (released or not).
+
+    A front only moves on (``keep_last``), and rows before a front are never written again,
+    so per schema the live version with the lowest front reads the most."""
+    lowest: dict[str, Commit] = {}
+    for commit in live:
+        key = commit.schema or latest
+        if key not in lowest or commit.first < lowest[key].first:
+            lowest[key] = commit
+    low: dict[str, int] = {}
+    for key, commit in lowest.items():
+        schema = TreeSchema.from_json(schemas[key], generic=True)
+        for column, row in front_rows(engine, schema, commit, where).items():
+            low[column] = min(low.get(column, row), row)
+    head = live[-1]
+    for column in _columns(schemas[head.schema or latest]):
+        rows, chunk = head.rows(column.table), column.chunks[0]
+        low[column.key] = min(low.get(column.key, 0), rows - rows % chunk)
+    return low
 
 
 def _columns(info: dict) -> tuple[ColumnSpec, ...]:
@@ -264,8 +319,11 @@ def _array_of(key: str, arrays: set[str]) -> bool:
     return bool(match and match.group(1) in arrays)
 
 
-def _dead_chunks(keys: list[str], reach: dict[str, tuple], arrays: set[str]) -> list[str]:
-    """Chunk keys of live columns wholly past the rows live versions hold."""
+def _dead_chunks(
+    keys: list[str], reach: dict[str, tuple], arrays: set[str], low: dict[str, int]
+) -> list[str]:
+    """Chunk keys of live columns wholly past the rows live versions hold, or wholly before
+    the first row any of them reads (``low``: rows released from the front)."""
     dead = []
     for key in keys:
         match = CHUNK_KEY_PATTERN.match(key)
@@ -273,7 +331,7 @@ def _dead_chunks(keys: list[str], reach: dict[str, tuple], arrays: set[str]) -> 
             continue
         column, rows = reach[match.group(1)]
         first = int(match.group(2).split("/")[0]) * column.chunks[0]
-        if first >= rows:
+        if first >= rows or first + column.chunks[0] <= low.get(column.key, 0):
             dead.append(key)
     return dead
 
@@ -290,4 +348,12 @@ def _shrink(engine: Backend, reach: dict[str, tuple]) -> None:
         engine.resize(group, rows)
 
 
-__all__ = ["VacuumReport", "lower_starts", "rows_at", "shrink_root", "tables_of", "vacuum"]
+__all__ = [
+    "VacuumReport",
+    "front_rows",
+    "lower_starts",
+    "rows_at",
+    "shrink_root",
+    "tables_of",
+    "vacuum",
+]

@@ -34,7 +34,7 @@ Example:
     ('one',)
 
 The operations a store commits through :func:`pytreestore._log.transaction.commit`:
-:class:`Evolve`, :class:`Truncate` and :class:`Tag` (each an
+:class:`Evolve`, :class:`Truncate`, :class:`KeepLast` and :class:`Tag` (each an
 :class:`~pytreestore._log.transaction.Operation`).
 
 Each holds its arguments, checked where they came in; :meth:`check` refuses what needs the
@@ -94,6 +94,7 @@ class Change:
             writer's stays).
         schema_id: the id the commit names ``schema`` by (None: computed from it).
         fragments: ids of the fragments the commit appends (kept in its record).
+        first: the row of the new commit's record 0 (None: as before; ``keep_last``).
     """
 
     records: int
@@ -101,6 +102,7 @@ class Change:
     schema: TreeSchema | None = None
     schema_id: str | None = None
     fragments: tuple[str, ...] = ()
+    first: int | None = None
 
 
 class Operation(Protocol):
@@ -188,7 +190,11 @@ def commit(engine: Backend, writer: Head, transaction: Transaction) -> Change | 
             if change.schema is not None:
                 committer.use(change.schema, change.schema_id)
             committer.advance(
-                change.records, change.tables, operation=operation.name, fragments=change.fragments
+                change.records,
+                change.tables,
+                operation=operation.name,
+                fragments=change.fragments,
+                first=change.first,
             )
     except BaseException as err:
         committer.tree, committer.schema = before  # nothing committed: the schema stays
@@ -252,7 +258,7 @@ class Truncate(_Operation):
         Raises:
             StoreIndexError: ``records`` is negative or more than the store holds.
         """
-        holds = len(writer)
+        holds = len(writer) - writer.commit.first  # the writer counts rows from row 0
         if not 0 <= self.records <= holds:
             raise StoreIndexError(
                 f"cannot truncate {self.where} to {self.records} records: it holds {holds}; "
@@ -261,18 +267,52 @@ class Truncate(_Operation):
 
     def apply(self, engine: Backend, head: Commit, schema: TreeSchema) -> Change:
         """Writes the root of the first ``records`` records (and the lowered schema)."""
-        rows = _truncate.rows_at(engine, schema, head, self.records, self.where)
+        end = head.first + self.records  # rows before the front stay released
+        rows = _truncate.rows_at(engine, schema, head, end, self.where)
         lowered = _truncate.lower_starts(schema, rows)
         root = _truncate.shrink_root(
             engine, lowered or schema, rows, self.where, lowered=lowered is not None
         )
         new = root if lowered is not None else None
         return Change(
-            self.records,
+            end,
             _truncate.tables_of(rows),
             schema=new,
             schema_id=None if new is None else new.digest,
         )
+
+
+class KeepLast(_Operation):
+    """A version holding only the last ``count`` records: its record 0 is the row of the
+    first of them (:attr:`~pytreestore._log.commit_record.Commit.first`). Nothing is
+    written but the commit: the rows before it stay where they are, for older versions,
+    until ``vacuum`` removes the chunks no version it keeps reads
+    (:func:`pytreestore._log.prune.vacuum`).
+
+    Attributes:
+        released: the records the commit released (0 until it is applied, and when the
+            store holds ``count`` records or fewer: then it commits no version).
+
+    Example:
+        >>> import numpy as np, pytreestore
+        >>> s = pytreestore.create("memory://doc-keep-last-op", {"x": np.int8(0)})
+        >>> s.extend({"x": np.int8(i)} for i in range(5))
+        >>> op = KeepLast(2, s.path); s._core.commit(op).first, op.released, len(s)
+        (3, 3, 2)
+    """
+
+    name = "keep_last"
+
+    def __init__(self, count: int, where: str) -> None:
+        self.count = count
+        self.where = where
+        self.released = 0
+
+    def apply(self, engine: Backend, head: Commit, schema: TreeSchema) -> Change | None:
+        """The commit of the new front, or None when nothing is released."""
+        first = max(head.first, head.records - self.count)
+        self.released = first - head.first
+        return Change(head.records, first=first) if self.released else None
 
 
 class Tag(_Operation):
@@ -294,4 +334,14 @@ class Tag(_Operation):
         _versions.add_tag(engine, self.tag, number, self.where)
 
 
-__all__ = ["Change", "Evolve", "Head", "Operation", "Tag", "Transaction", "Truncate", "commit"]
+__all__ = [
+    "Change",
+    "Evolve",
+    "Head",
+    "KeepLast",
+    "Operation",
+    "Tag",
+    "Transaction",
+    "Truncate",
+    "commit",
+]

@@ -70,13 +70,15 @@ class Version:
 
     Attributes:
         version: its number, the commit's generation (0: the empty store ``create`` made).
-        records: the records it holds.
+        records: the records it holds (``len`` of the store opened at it).
         time: when it was committed (UTC); None for a commit of an older pytreestore.
-        operation: ``"create"``, ``"append"``, ``"evolve"``, ``"truncate"`` or
-            ``"release"`` (the first append after a truncate gives up the rows past it);
-            None for a commit of an older pytreestore.
+        operation: ``"create"``, ``"append"``, ``"evolve"``, ``"truncate"``,
+            ``"release"`` (the first append after a truncate gives up the rows past it) or
+            ``"keep_last"`` (records released from the front); None for a commit of an
+            older pytreestore.
         tags: the names :meth:`TreeStore.tag` gave it.
         readable: False once a commit after a truncate wrote over its records.
+        dropped: the records released from the front before it (``TreeStore.dropped``).
 
     Example:
         >>> Version(3, 10, None, "append", ()).readable
@@ -89,6 +91,7 @@ class Version:
     operation: str | None
     tags: tuple[str, ...] = ()
     readable: bool = True
+    dropped: int = 0
 
 
 # ---- version records -----------------------------------------------------------------------
@@ -339,11 +342,12 @@ def _listed(commit: Commit, head: Commit, named: dict[int, list[str]]) -> Versio
         time = time.replace(tzinfo=datetime.UTC)
     return Version(
         commit.generation,
-        commit.records,
+        commit.length,
         time,
         commit.operation,
         tuple(sorted(named.get(commit.generation, ()))),
         head.gone(commit) is None,
+        commit.first,
     )
 
 

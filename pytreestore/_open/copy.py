@@ -30,6 +30,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from pytreestore import _arguments
 from pytreestore._format import compression as _compression
 from pytreestore._format import compression as _packs
@@ -161,17 +163,27 @@ def _copy(
 def _append_rows(writer: RecordWriter, rows: dict[str | None, Rows]) -> None:
     """Appends each table's rows read from the source (:func:`~pytreestore._read.tables.
     table_rows`) to the copy's table as one batch: leaves and presence as read, offsets as
-    their ends (a copy writes every row from row 0, so each offset stays as it is)."""
+    their ends moved to the copy's rows (a copy writes every row from row 0; the source's
+    first kept record's elements may start further on, after a ``keep_last``)."""
+    written = {t: len(table) for t, table in writer.tables.items()}  # before this batch
     for t, table in writer.tables.items():
         got = rows[t]
         if got.count:
             values = got.values
             table.write_batch(
                 [
-                    values[slot(c)][1] if c.role == OFFSETS else values[slot(c)]
+                    _ends(values[slot(c)], written[c.path])
+                    if c.role == OFFSETS
+                    else values[slot(c)]
                     for c in table.schema.columns
                 ]
             )
+
+
+def _ends(offsets: np.ndarray, written: int) -> np.ndarray:
+    """The copy's end offsets of gathered ``(starts, ends)`` whose first row's elements go
+    after the ``written`` rows of its axis's table."""
+    return offsets[1] - (offsets[0][0] - written)
 
 
 def _unstarted(schema: TreeSchema) -> TreeSchema:

@@ -1,10 +1,17 @@
 """Turning the indices users write into the indices a backend reads.
 
+A store whose front was released (``keep_last``) reads record ``i`` from row ``first + i``
+of its record table: :func:`normalize` takes that ``first`` and gives the rows, so that the
+offset is applied here, once, for every read (loads, ``store[i]``, iteration, pipelines,
+``copy``, the CLI).
+
 Example:
     >>> normalize(-1, 10)
     Selection(index=slice(9, 10, 1), count=1, scalar=True)
     >>> normalize([0, -1], 10).index
     array([0, 9])
+    >>> normalize([0, -1], 10, first=100).index, normalize(slice(2, 4), 10, first=100).index
+    (array([100, 109]), slice(102, 104, 1))
 """
 
 from __future__ import annotations
@@ -44,6 +51,23 @@ class Selection:
 
     __hash__ = None  # type: ignore[assignment]
 
+    def shifted(self, first: int) -> Selection:
+        """The same selection ``first`` rows further on (records as rows of a store whose
+        record 0 is row ``first``).
+
+        Example:
+            >>> Selection(slice(0, 2, 1), 2, False).shifted(5).index
+            slice(5, 7, 1)
+        """
+        if not first:
+            return self
+        index = self.index
+        if isinstance(index, slice):
+            index = slice(index.start + first, index.stop + first, index.step)
+        else:
+            index = index + first
+        return Selection(index, self.count, self.scalar)
+
 
 def rows(index: Any) -> np.ndarray:
     """The record (or row) indices a normalised index selects (a slice with a positive step,
@@ -58,12 +82,17 @@ def rows(index: Any) -> np.ndarray:
     return np.asarray(index, np.int64)
 
 
-def normalize(index: Any, n: int) -> Selection:
-    """Normalises ``index`` against a store of ``n`` records.
+def normalize(index: Any, n: int, first: int = 0) -> Selection:
+    """Normalises ``index`` against a store of ``n`` records, whose record 0 is row
+    ``first`` of its record table (after a ``keep_last``): the selection is of rows.
 
     Accepts an int (negative counts from the end), a slice, ``...``, a sequence or array of
     ints, or a bool mask of length ``n``. Raises :class:`StoreIndexError` otherwise.
     """
+    return _normalized(index, n).shifted(first)
+
+
+def _normalized(index: Any, n: int) -> Selection:
     if index is Ellipsis:
         return Selection(slice(0, n, 1), n, False)
     if isinstance(index, slice):

@@ -5,7 +5,8 @@ Every read goes through :func:`load` (a record or a batch of records) or
 
 1. the store's :class:`ReadContext` gives what a read sees (:class:`~pytreestore._read.
    overlay.View`: through a writer, its buffered records too, committing nothing) and the
-   index is normalised against that count;
+   index is normalised against that count, as rows: record ``i`` is row ``first + i`` after a
+   ``keep_last`` (:func:`pytreestore._read.index.normalize`);
 2. ``Backend.read`` reads every chosen column at once (rows only a writer's memory holds
    taken from it); a damaged or missing chunk raises
    :class:`~pytreestore.errors.CorruptChunkError` naming the column's keypath, after a check
@@ -84,6 +85,9 @@ class ReadContext:
         viewing: what one read sees, held for the read (``StoreCore.viewing``; None: the
             commit ``readable`` counts).
         view: the view of the read this context is lent to (:meth:`held`), else None.
+        span: the rows of the record table a read sees, ``(first, end)``: record ``i`` is row
+            ``first + i`` (rows before ``first`` were released by ``keep_last``); None:
+            ``(0, readable())``.
     """
 
     location: Location
@@ -97,6 +101,7 @@ class ReadContext:
     whole_chunks: bool = False
     viewing: Callable[[], AbstractContextManager[View]] | None = None
     view: View | None = None
+    span: Callable[[], tuple[int, int]] | None = None
 
     @contextlib.contextmanager
     def held(self) -> Iterator[ReadContext]:
@@ -108,9 +113,11 @@ class ReadContext:
         with self.viewing() as view:
             yield dataclasses.replace(self, view=view)
 
-    def count(self) -> int:
-        """The records the read sees."""
-        return self.view.records if self.view is not None else self.readable()
+    def rows(self) -> tuple[int, int]:
+        """The rows of the record table the read sees, ``(first, end)`` (see ``span``)."""
+        if self.view is not None:
+            return self.view.commit.first, self.view.records
+        return (0, self.readable()) if self.span is None else self.span()
 
     def overlaid(self, read: ReadFn) -> ReadFn:
         """``read`` (of storage) with the rows only a writer's memory holds taken from it."""
@@ -149,8 +156,8 @@ def holding(
 @holding
 def load(context: ReadContext, request: LoadRequest, index: Any) -> Any:
     """Records ``index`` of the store, as ``request`` asks (see ``TreeStore.load``)."""
-    records = context.count()
-    selection = request.selection(index, records)
+    first, records = context.rows()
+    selection = request.selection(index, records, first)
     if request.split:
         return _load_split(context, request, selection, records)
     if selection.scalar and context.ahead is not None:
@@ -167,17 +174,17 @@ def load(context: ReadContext, request: LoadRequest, index: Any) -> Any:
 @holding
 def load_leaves(context: ReadContext, request: LoadRequest, index: Any) -> list[Any]:
     """The leaves of records ``index``, in column order (None for columns not chosen)."""
-    records = context.count()
-    return _leaves(context, request, request.selection(index, records), records)
+    first, records = context.rows()
+    return _leaves(context, request, request.selection(index, records, first), records)
 
 
 def iterate(context: ReadContext, request: LoadRequest) -> Iterator[Any]:
     """Every record, one at a time, read a block at a time (:mod:`pytreestore._read.ahead`:
     with jax leaves, each block is placed once and each record taken by one call)."""
-    count = context.readable()
-    for start in range(0, count, _ahead.block_size(request.record_nbytes)):
+    first, end = context.rows()
+    for start in range(first, end, _ahead.block_size(request.record_nbytes)):
         with context.held() as lent:  # each block's read, not the caller's loop
-            block = _block(lent, request, start, count)
+            block = _block(lent, request, start, end)
         for j in range(block.count):
             yield block.record(j, copy=False)  # views: the block is not kept for reuse
 

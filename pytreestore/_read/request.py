@@ -129,8 +129,10 @@ class LoadRequest:
         """Bytes one record of the chosen columns takes in memory."""
         return sum(c.record_nbytes for c in self.specs)
 
-    def selection(self, index: Any, records: int) -> Selection:
-        """``index`` normalised against a store of ``records`` records.
+    def selection(self, index: Any, records: int, first: int = 0) -> Selection:
+        """``index`` normalised against the rows ``first`` to ``records`` of the record
+        table (a store of ``records - first`` records; ``first``: the rows released from
+        its front), as rows (:func:`~pytreestore._read.index.normalize`).
 
         Raises:
             ShardingError: an int index for a split read (one record has no record axis).
@@ -141,7 +143,7 @@ class LoadRequest:
                 f"a sharded load splits the record axis, which one record ({index}) does not "
                 f"have; load a slice such as {index}:{index}+1, or use device= for one record"
             )
-        return normalize(index, records)
+        return normalize(index, records - first, first)
 
     def check_batches(self, batch_size: int, count: int, *, drop_last: bool) -> None:
         """Checks that this request's shardings split every batch (no-op unsplit).

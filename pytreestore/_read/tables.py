@@ -123,7 +123,7 @@ def load(
     or the flat ``(values, segments)``."""
     request = split_form(request, options.form)
     now = _commit(context, commit)
-    selection = request.selection(index, now.records)
+    selection = request.selection(index, now.records, now.first)
     if selection.scalar and context.ahead is not None:
         i = selection.index.start
         read = lambda i: _block(context, request, now, i)  # noqa: E731
@@ -298,7 +298,7 @@ def record_lengths(
     """Per ragged axis, each selected record's longest list there (offsets read only)."""
     now = _commit(context, commit)
     request = LoadRequest.build(schema, policy=False, columns=None)
-    records = rows(request.selection(index, now.records).index)
+    records = rows(request.selection(index, now.records, now.first).index)
     return lengths(schema, _gather(context, request, now, records, leaves=[]))
 
 
@@ -309,7 +309,7 @@ def iterate(
     ``store[i]`` in a loop reads (as numpy, the records built from the block's reads)."""
     with context.held() as lent:
         now = _commit(lent, commit)
-    for start in range(0, now.records, RUNTIME.reads.iter_block):
+    for start in range(now.first, now.records, RUNTIME.reads.iter_block):
         with context.held() as lent:  # each block's read, not the caller's loop
             block = _block(lent, request, now, start)
         if request.as_numpy:
@@ -358,8 +358,9 @@ def table_rows(
 ) -> dict[str | None, Rows]:
     """The rows of every table that records ``[start, stop)`` hold, at the commit a read
     sees now: each table's a run of consecutive rows, in order (``copy`` appends them as
-    they are)."""
-    return _gather(context, request, _commit(context, commit), np.arange(start, stop))
+    they are). Record ``i`` is row ``first + i`` of the record table (a released front)."""
+    now = _commit(context, commit)
+    return _gather(context, request, now, np.arange(start, stop) + now.first)
 
 
 def check_learnt(schema: TreeSchema, gathered: dict[str | None, Rows], where: str) -> None:

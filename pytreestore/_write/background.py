@@ -223,8 +223,12 @@ class HandOff:
         *,
         put: Callable[[int, list[np.ndarray], int], None],
         new_buffers: Callable[[], list[np.ndarray]],
+        first: Callable[[], int] = lambda: 0,
     ) -> None:
+        """``first``: the row of record 0 (rows before it released by ``keep_last``), to
+        name records as their users number them in errors."""
         self.at = at
+        self._first = first
         self.chunk = chunk
         self.writes = writes
         self._paths = paths
@@ -322,10 +326,11 @@ class HandOff:
     def lost(self, err: LostLeaf) -> DeletedArrayError | DeviceFetchError:
         """The error for a device array of row ``err.row`` of the chunk being filled that
         could not be read; a row already appended is dropped with the rows after it."""
-        path, record = self._paths[err.column], self.at.start + err.row
+        first = self._first()
+        path, record = self._paths[err.column], self.at.start + err.row - first
         if err.row >= self.at.fill:  # this call's own record: nothing to drop
             return lost_error(err, path, record, dropped=range(0))
-        dropped = range(record, self.at.start + self.at.fill)
+        dropped = range(record, self.at.start + self.at.fill - first)
         self.at.fill = err.row
         if self.at.filler.device is not None:
             self.at.filler.device.forget(err.row)
@@ -339,7 +344,8 @@ class HandOff:
         self.writes.discard()  # the jobs of the chunks below, which are dropped
         failed = min(self._chunks)  # the queue stops at the first failure: the oldest chunk
         chunk = self._chunks.pop(failed)
-        dropped = range(chunk.start + err.row, self.at.start + self.at.fill)
+        first = self._first()
+        dropped = range(chunk.start + err.row - first, self.at.start + self.at.fill - first)
         self._spares.extend(c.buffers for c in self._chunks.values())
         self._spares.append(self.at.buffers)
         self._chunks.clear()

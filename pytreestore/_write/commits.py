@@ -91,7 +91,9 @@ class TableCommits:
 
     @property
     def commit(self) -> Commit:
-        return Commit(self._committer.commit.rows(self._table), 0)
+        commit = self._committer.commit  # the record table's: its front too
+        first = commit.first if self._table is None else 0
+        return Commit(commit.rows(self._table), 0, first=first)
 
     @property
     def holding(self) -> bool:

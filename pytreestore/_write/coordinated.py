@@ -484,8 +484,8 @@ def shared_only(where: str) -> ReadOnlyError:
     """The refusal of what needs the store's only writer."""
     return ReadOnlyError(
         f"store {where} is shared by writers committing through an OCDBT coordinator: "
-        "evolve(), truncate(), vacuum() and commit_fragments() need its only writer. Close "
-        "every shared writer and open it with mode='a' and no coordinator"
+        "evolve(), truncate(), keep_last(), vacuum() and commit_fragments() need its only "
+        "writer. Close every shared writer and open it with mode='a' and no coordinator"
     )
 
 

@@ -105,7 +105,7 @@ class RecordWriter:
         #: the tables' positions before the records the last walk took, until committed
         self._accepted: dict[str | None, Position] | None = None
         if whole:  # one table, whose rows are the records: no walk
-            self._fixed = FixedRecords(self.tables[None], self.refusals)
+            self._fixed = FixedRecords(self.tables[None], self.refusals, self._first)
             return
         slots = table_slots(self.tables)
         self._plan = Plan(
@@ -135,6 +135,10 @@ class RecordWriter:
     @property
     def pending(self) -> int:
         return len(self) - self.commit.records
+
+    def _first(self) -> int:
+        """The row of record 0 (``keep_last``): records are numbered from it in errors."""
+        return self.commit.first
 
     def check(self) -> None:
         self._commits.check()
@@ -185,7 +189,7 @@ class RecordWriter:
                 message + batch_hint(self.schema, record, MASKED_BATCH)
             ) from None
         except Exception as err:  # JAX's, reading a jax.Array: deleted, or its computation failed
-            refuse_unreadable(err, record, "", whose=f"record {len(self)}'s")
+            refuse_unreadable(err, record, "", whose=f"record {len(self) - self.commit.first}'s")
             raise
 
     def extend(self, records: Iterable[object]) -> None:

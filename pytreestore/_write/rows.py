@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -54,8 +54,15 @@ class FixedRecords:
     :class:`~pytreestore._write.commits.TableRows`); ``refusals``: the writer's
     (:data:`REFUSALS`)."""
 
-    def __init__(self, table: TableBuffer, refusals: tuple[str, str, str] = REFUSALS) -> None:
+    def __init__(
+        self,
+        table: TableBuffer,
+        refusals: tuple[str, str, str] = REFUSALS,
+        first: Callable[[], int] = lambda: 0,
+    ) -> None:
+        """``first``: the row of record 0 (``keep_last``), to number records in errors."""
         self.table = table
+        self._first = first
         self.refusal, self.batch_refusal, self.mask_refusal = refusals
         #: the schema the block flattener was made for, and the flattener (see :meth:`extend`)
         self._flattened: tuple[TreeSchema, BlockFlattener | None] | None = None
@@ -78,7 +85,7 @@ class FixedRecords:
             message = hints(schema, str(err), record)
             raise SchemaMismatchError(message + batch_hint(schema, record, FIXED_BATCH)) from None
         except Exception as err:  # JAX's, reading a jax.Array: deleted, or its computation failed
-            refuse_unreadable(err, record, "", whose=f"record {len(self.table)}'s")
+            refuse_unreadable(err, record, "", whose=f"record {len(self.table) - self._first()}'s")
             raise
 
     def _flattener(self) -> BlockFlattener | None:

@@ -151,6 +151,7 @@ class Writer:
             writes if writes is not None else ChunkWrites(),
             put=self._put,
             new_buffers=self.new_buffers,
+            first=self._first,
         )
         self.writes = self._handoff.writes
         self._snap: Position | None = None  # the position of the last snapshot
@@ -228,6 +229,11 @@ class Writer:
     def new_buffers(self) -> list[np.ndarray]:
         """Fresh buffers of one chunk of every column."""
         return _buffers(self.schema)
+
+    def _first(self) -> int:
+        """The row of record 0 in this writer's table (0 but in a record table whose front
+        ``keep_last`` released)."""
+        return self.commit.first
 
     @property
     def committer(self) -> TableCommitter:

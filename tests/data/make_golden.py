@@ -77,9 +77,19 @@ class Recipe:
     history: int | None = None
     #: format 3 (issue 31): ``create(inner_chunk_bytes=)``
     inner_chunk_bytes: Any = None
+    #: format 3 (issue 46): (record count, kept): after that many records,
+    #: ``store.keep_last(kept)``; once every record is written, ``vacuum()`` with
+    #: ``keep_versions=1`` deletes the chunks of released rows
+    keep_last: tuple[int, int] | None = None
+
+    @property
+    def dropped(self) -> int:
+        """The records released from the front (``store.dropped``)."""
+        return 0 if self.keep_last is None else self.keep_last[0] - self.keep_last[1]
 
     def records(self) -> list[Any]:
-        return [self.record(i) for i in range(self.n)]
+        """The records the store holds: the last ``n - dropped`` of those appended."""
+        return [self.record(i) for i in range(self.dropped, self.n)]
 
     def written(self, i: int) -> Any:
         """Record ``i`` as it is appended."""
@@ -243,6 +253,17 @@ RECIPES: dict[str, Recipe] = {
         optional=trees.EVENT_OPTIONAL,
         inner_chunk_bytes=8,
     ),
+    # issue 46: the front released (commit record member "first", operation "keep_last"),
+    # a record appended after it, and the chunks of released rows vacuumed
+    "keep-last": Recipe(
+        ragged_record,
+        5,
+        chunk_records=2,
+        codec=None,
+        ragged=trees.EVENT_RAGGED,
+        optional=trees.EVENT_OPTIONAL,
+        keep_last=(4, 1),
+    ),
 }
 
 
@@ -255,7 +276,8 @@ def write(name: str, path: Path) -> None:
     recipe = RECIPES[name]
     records = [recipe.written(i) for i in range(recipe.n)]
     at = recipe.evolve[0] if recipe.evolve else None
-    cuts = sorted({0, *recipe.sessions, *([at] if at else []), recipe.n})
+    release = recipe.keep_last[0] if recipe.keep_last else None
+    cuts = sorted({0, *recipe.sessions, *(c for c in (at, release) if c), recipe.n})
     for k, (start, stop) in enumerate(itertools.pairwise(cuts)):
         if k == 0:
             store = pytreestore.create(
@@ -280,6 +302,11 @@ def write(name: str, path: Path) -> None:
                 store.tag(tag)
                 store.truncate(kept)
                 store.extend(records[kept:stop])
+            if recipe.keep_last is not None and stop == recipe.keep_last[0]:
+                store.keep_last(recipe.keep_last[1])
+    if recipe.keep_last is not None:
+        with pytreestore.open(path, "a", backend=recipe.backend, keep_versions=1) as store:
+            store.vacuum()
     if recipe.reruns:
         _rerun(path, recipe, records)
     for extra in NOT_FORMAT:
