@@ -103,7 +103,7 @@ def open_checkpoints(path: Path, like: Any, backend: str) -> pytreestore.TreeSto
     try:
         return pytreestore.open(path, "a", backend=backend)
     except StoreNotFoundError:
-        return pytreestore.create(path, like, backend=backend)
+        return pytreestore.create(path, like, backend=backend, keep_versions=2 * KEEP)
 
 
 def train(data_path: Path, run: Path, backend: str, report: bool = False) -> int:
@@ -123,8 +123,8 @@ def train(data_path: Path, run: Path, backend: str, report: bool = False) -> int
                     record = {"step": np.int32(step), "params": params, "opt_state": opt_state}
                     checkpoints.append({**record, "data": it.state(), "rng": key})
                     checkpoints.flush()  # committed: a kill from here on resumes here
-                    # RETENTION (issue 46, wired at merge):
-                    # checkpoints.keep_last(KEEP); checkpoints.vacuum()
+                    checkpoints.keep_last(KEEP)  # the last KEEP checkpoints stay readable
+                    checkpoints.vacuum()  # the chunks only older checkpoints held are freed
                 if report:
                     print(f"step {step}", flush=True)
     return start
