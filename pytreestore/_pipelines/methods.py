@@ -310,9 +310,10 @@ def _shuffled(
     of their own, which keeps the chunks (or windows) they are reading decoded, so that each
     is decoded once per epoch whatever the store's cache holds (a store in memory needs
     none; a uniform shuffle reads from all over the store, through the store's cache)."""
-    records = max(context.readable(), 1)
-    head = core.head()
-    nbytes = sum(head.rows(c.table) * c.record_nbytes for c in request.specs) / records
+    head = core.head()  # bytes a record holds on average: every table's rows over the
+    # record table's, both counted from row 0 (released rows too, after a keep_last)
+    nbytes = sum(head.rows(c.table) * c.record_nbytes for c in request.specs)
+    nbytes /= max(head.records, 1)
     chunk = core.schema.chunk_records
     order = _shuffle.resolve(
         *asked, chunk=chunk, record_nbytes=nbytes, start=lo, count=hi - lo, resumed=state
