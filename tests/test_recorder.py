@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -282,12 +283,20 @@ def test_bad_input_is_refused_before_anything_is_written(path):
         pytreestore.open(path).recorder()
 
 
-def test_a_layout_packs_one_row_per_dtype_and_unpacks_exactly():
-    tree = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.int32(7), "c": np.float32(9)}
+def test_a_layout_packs_one_row_of_bytes_and_unpacks_exactly():
+    tree = {
+        "a": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "b": np.int32(7),
+        "c": np.array([True, False]),
+        "d": np.float16(-0.0),
+        "e": np.array([np.nan, np.inf], np.float32),
+        "f": np.array([-128, 127], np.int8),
+        "g": np.array([1, -2], ml_dtypes.bfloat16),
+    }
     layout = Layout.of(tree)
-    assert [str(d) for d, _, _ in layout.groups] == ["float32", "int32"]
-    assert layout.width == (7, 1)
+    assert layout.width == (68,)  # a 0-24, b 24-28, c 32-34, d 40-42, e 48-56, f 56-58, g 64-68
     rows = [np.stack([np.asarray(r)] * 2) for r in layout.pack(jax.tree.leaves(tree))]
     back = layout.unpack(rows, 2)
     for got, want in zip(jax.tree.leaves(back), jax.tree.leaves(tree), strict=True):
-        np.testing.assert_array_equal(got, np.stack([want, want]))
+        assert got.dtype == np.asarray(want).dtype
+        assert got.tobytes() == np.stack([want, want]).tobytes()  # bit for bit

@@ -1,10 +1,14 @@
-"""Records packed into one row per dtype, on the device, and cut back into leaves on the host
+"""Records packed into one row of bytes, on the device, and cut back into leaves on the host
 (the recorder's blocks, :mod:`pytreestore._write.recorder`).
 
-A record of 20 leaves is 20 arrays; packed, it is one row per dtype (two or three arrays):
-its leaves ravelled and concatenated in order, each leaf's place a :class:`Part` of its row.
-The pack is traceable (it runs inside ``jit`` and ``lax.scan``); the unpack gives views of
-a block's rows, exact to the bit (no value is converted).
+A record of 20 leaves is 20 arrays; packed, it is one ``uint8`` row: each leaf's bytes
+(``lax.bitcast_convert_type``; a bool as one byte), at an offset aligned to 8 bytes, its
+place a :class:`Part` of the row. A typed PRNG key or a sub-byte leaf (int4, float4) is a
+row of its own, unchanged. The pack is traceable (it runs inside ``jit`` and
+``lax.scan``); the unpack gives views of a block's row (``ndarray.view``), exact to the bit.
+One output per record instead of one per leaf: a jitted step that also returns its packed
+record costs one more output, a scan stacks one array per step, and a block is one copy to
+the host.
 
 Example:
     >>> import jax, numpy as np
@@ -43,14 +47,14 @@ class Part:
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """How a record of one structure is packed: one row per dtype (a typed PRNG key leaf,
-    whose dtype cannot be concatenated with numbers, is a row of its own, unravelled).
+    """How a record of one structure is packed: one row of bytes (a typed PRNG key or a
+    sub-byte leaf, which has no bytes of its own, is a row of its own, unchanged).
 
     Example:
         >>> import numpy as np
         >>> layout = Layout.of({"a": np.zeros(3, np.float32), "b": np.float32(0)})
-        >>> [g[0].name for g in layout.groups], layout.width
-        (['float32'], (4,))
+        >>> layout.width  # a's 12 bytes, b's 4 at offset 16
+        (20,)
     """
 
     treedef: Any
@@ -68,7 +72,7 @@ class Layout:
 
     @property
     def width(self) -> tuple[int, ...]:
-        """Each packed row's length (a key row: its leaf's first axis, or 1)."""
+        """Each packed row's length in bytes (a row of its own: 1)."""
         return tuple(parts[-1].stop if packed else 1 for _, parts, packed in self.groups)
 
     def empty(self) -> Any:
@@ -88,12 +92,17 @@ class Layout:
             if tuple(np.shape(x)) != shape or jnp.result_type(x) != dtype:
                 raise LayoutChanged
         rows = []
-        for dtype, parts, packed in self.groups:
+        for _, parts, packed in self.groups:
             if not packed:
                 rows.append(leaves[parts[0].index])
                 continue
-            flat = [jnp.ravel(jnp.asarray(leaves[p.index], dtype)) for p in parts]
-            rows.append(flat[0] if len(flat) == 1 else jnp.concatenate(flat))
+            pieces, end = [], 0
+            for p in parts:
+                if p.start > end:
+                    pieces.append(jnp.zeros(p.start - end, jnp.uint8))
+                pieces.append(_bytes(leaves[p.index], self.dtypes[p.index]))
+                end = p.stop
+            rows.append(pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces))
         return tuple(rows)
 
     def unpack(self, rows: Sequence[Any], count: int) -> Any:
@@ -102,27 +111,46 @@ class Layout:
         leaves: list[Any] = [None] * len(self.shapes)
         for row, (_, parts, packed) in zip(rows, self.groups, strict=True):
             for p in parts:
-                block = row[:count] if not packed else row[:count, p.start : p.stop]
-                leaves[p.index] = (
-                    block if not packed else block.reshape((count, *self.shapes[p.index]))
-                )
+                if not packed:
+                    leaves[p.index] = row[:count]
+                    continue
+                dtype = np.dtype(self.dtypes[p.index])
+                cut = row[:count, p.start : p.stop].view(dtype)
+                leaves[p.index] = cut.reshape((count, *self.shapes[p.index]))
         return self.treedef.unflatten(leaves)
+
+
+#: dtypes of fewer than 8 bits a value, kept as rows of their own (no bytes to bitcast)
+SUB_BYTE = frozenset({"int4", "uint4", "int2", "uint2", "float4_e2m1fn"})
+
+
+def _bytes(leaf: Any, dtype: Any) -> Any:
+    """``leaf``'s bytes, raveled (traceable): a bool as one byte, a one-byte dtype as is."""
+    flat = jnp.ravel(jnp.asarray(leaf, dtype))
+    if flat.dtype == jnp.bool_:
+        return flat.astype(jnp.uint8)
+    if flat.dtype.itemsize == 1:
+        return jax.lax.bitcast_convert_type(flat, jnp.uint8)
+    return jnp.ravel(jax.lax.bitcast_convert_type(flat, jnp.uint8))
 
 
 def _groups(
     shapes: Sequence[tuple[int, ...]], dtypes: Sequence[Any]
 ) -> tuple[tuple[Any, tuple[Part, ...], bool], ...]:
-    """Leaves grouped by dtype, in order of first appearance; a key leaf alone."""
-    packed: dict[Any, list[Part]] = {}
+    """The row of bytes (each leaf at an offset aligned to 8), then a row for each key or
+    sub-byte leaf."""
+    packed: list[Part] = []
     single: list[tuple[Any, tuple[Part, ...], bool]] = []
+    end = 0
     for i, (shape, dtype) in enumerate(zip(shapes, dtypes, strict=True)):
-        if jnp.issubdtype(dtype, jax.dtypes.extended):
+        if jnp.issubdtype(dtype, jax.dtypes.extended) or np.dtype(dtype).name in SUB_BYTE:
             single.append((dtype, (Part(i, 0, 1),), False))
             continue
-        parts = packed.setdefault(np.dtype(dtype), [])
-        start = parts[-1].stop if parts else 0
-        parts.append(Part(i, start, start + int(np.prod(shape, dtype=np.int64))))
-    return tuple((d, tuple(p), True) for d, p in packed.items()) + tuple(single)
+        start = -(-end // 8) * 8
+        end = start + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        packed.append(Part(i, start, end))
+    head = ((np.dtype(np.uint8), tuple(packed), True),) if packed else ()
+    return head + tuple(single)
 
 
 @functools.lru_cache(maxsize=64)
@@ -172,6 +200,7 @@ def shapes_of(tree: Any) -> str:
 
 
 __all__ = [
+    "SUB_BYTE",
     "Layout",
     "LayoutChanged",
     "Packed",
