@@ -29,6 +29,10 @@ EXPECTED_OUTPUT: dict[str, list[str]] = {
         "particles: all checks passed",
     ],
     "read_ragged_with_zarr.py": ["read_ragged_with_zarr example OK"],
+    "record_scan.py": [
+        "1,000 steps recorded from lax.scan blocks match an unrecorded scan",
+        "record scan: all checks passed",
+    ],
     "simulation.py": [
         "2,000 records, 78 columns",
         "kinetic energy matches the in-memory states",

@@ -1,9 +1,10 @@
-"""Records packed into one row of bytes, on the device, and cut back into leaves on the host
-(the recorder's blocks, :mod:`pytreestore._write.recorder`).
+"""Records packed into one row of 32-bit words, on the device, and cut back into leaves on
+the host (the recorder's blocks, :mod:`pytreestore._write.recorder`).
 
-A record of 20 leaves is 20 arrays; packed, it is one ``uint8`` row: each leaf's bytes
-(``lax.bitcast_convert_type``; a bool as one byte), at an offset aligned to 8 bytes, its
-place a :class:`Part` of the row. A typed PRNG key or a sub-byte leaf (int4, float4) is a
+A record of 20 leaves is 20 arrays; packed, it is one ``uint32`` row: each leaf's bits
+(``lax.bitcast_convert_type``: a 4-byte leaf as is, an 8-byte one as two words, 1- and
+2-byte ones padded to whole words; a bool as one byte), its place a :class:`Part` of the
+row (in words). Words, not bytes: XLA:CPU concatenates bytes 3-6x slower. A typed PRNG key or a sub-byte leaf (int4, float4) is a
 row of its own, unchanged. The pack is traceable (it runs inside ``jit`` and
 ``lax.scan``); the unpack gives views of a block's row (``ndarray.view``), exact to the bit.
 One output per record instead of one per leaf: a jitted step that also returns its packed
@@ -47,14 +48,14 @@ class Part:
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """How a record of one structure is packed: one row of bytes (a typed PRNG key or a
+    """How a record of one structure is packed: one row of words (a typed PRNG key or a
     sub-byte leaf, which has no bytes of its own, is a row of its own, unchanged).
 
     Example:
         >>> import numpy as np
         >>> layout = Layout.of({"a": np.zeros(3, np.float32), "b": np.float32(0)})
-        >>> layout.width  # a's 12 bytes, b's 4 at offset 16
-        (20,)
+        >>> layout.width  # a's 3 words, b's 1
+        (4,)
     """
 
     treedef: Any
@@ -72,7 +73,7 @@ class Layout:
 
     @property
     def width(self) -> tuple[int, ...]:
-        """Each packed row's length in bytes (a row of its own: 1)."""
+        """Each packed row's length in words (a row of its own: 1)."""
         return tuple(parts[-1].stop if packed else 1 for _, parts, packed in self.groups)
 
     def empty(self) -> Any:
@@ -96,12 +97,7 @@ class Layout:
             if not packed:
                 rows.append(leaves[parts[0].index])
                 continue
-            pieces, end = [], 0
-            for p in parts:
-                if p.start > end:
-                    pieces.append(jnp.zeros(p.start - end, jnp.uint8))
-                pieces.append(_bytes(leaves[p.index], self.dtypes[p.index]))
-                end = p.stop
+            pieces = [_words(leaves[p.index], self.dtypes[p.index]) for p in parts]
             rows.append(pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces))
         return tuple(rows)
 
@@ -114,9 +110,10 @@ class Layout:
                 if not packed:
                     leaves[p.index] = row[:count]
                     continue
-                dtype = np.dtype(self.dtypes[p.index])
+                dtype, shape = np.dtype(self.dtypes[p.index]), self.shapes[p.index]
+                size = int(np.prod(shape, dtype=np.int64))
                 cut = row[:count, p.start : p.stop].view(dtype)
-                leaves[p.index] = cut.reshape((count, *self.shapes[p.index]))
+                leaves[p.index] = cut[:, :size].reshape((count, *shape))
         return self.treedef.unflatten(leaves)
 
 
@@ -124,20 +121,27 @@ class Layout:
 SUB_BYTE = frozenset({"int4", "uint4", "int2", "uint2", "float4_e2m1fn"})
 
 
-def _bytes(leaf: Any, dtype: Any) -> Any:
-    """``leaf``'s bytes, raveled (traceable): a bool as one byte, a one-byte dtype as is."""
+def _words(leaf: Any, dtype: Any) -> Any:
+    """``leaf``'s bits as ``uint32`` words, raveled and padded (traceable)."""
     flat = jnp.ravel(jnp.asarray(leaf, dtype))
+    size = np.dtype(dtype).itemsize
     if flat.dtype == jnp.bool_:
-        return flat.astype(jnp.uint8)
-    if flat.dtype.itemsize == 1:
-        return jax.lax.bitcast_convert_type(flat, jnp.uint8)
-    return jnp.ravel(jax.lax.bitcast_convert_type(flat, jnp.uint8))
+        flat = flat.astype(jnp.uint8)
+    if size == 4:
+        return jax.lax.bitcast_convert_type(flat, jnp.uint32)
+    if size == 8:
+        return jnp.ravel(jax.lax.bitcast_convert_type(flat, jnp.uint32))
+    per = 4 // size  # 1- and 2-byte values: padded to whole words
+    pad = -flat.shape[0] % per
+    if pad:
+        flat = jnp.concatenate([flat, jnp.zeros(pad, flat.dtype)])
+    return jax.lax.bitcast_convert_type(flat.reshape(-1, per), jnp.uint32)
 
 
 def _groups(
     shapes: Sequence[tuple[int, ...]], dtypes: Sequence[Any]
 ) -> tuple[tuple[Any, tuple[Part, ...], bool], ...]:
-    """The row of bytes (each leaf at an offset aligned to 8), then a row for each key or
+    """The row of words (each leaf's whole words in turn), then a row for each key or
     sub-byte leaf."""
     packed: list[Part] = []
     single: list[tuple[Any, tuple[Part, ...], bool]] = []
@@ -146,10 +150,10 @@ def _groups(
         if jnp.issubdtype(dtype, jax.dtypes.extended) or np.dtype(dtype).name in SUB_BYTE:
             single.append((dtype, (Part(i, 0, 1),), False))
             continue
-        start = -(-end // 8) * 8
-        end = start + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        packed.append(Part(i, start, end))
-    head = ((np.dtype(np.uint8), tuple(packed), True),) if packed else ()
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        packed.append(Part(i, end, end + -(-nbytes // 4)))
+        end = packed[-1].stop
+    head = ((np.dtype(np.uint32), tuple(packed), True),) if packed else ()
     return head + tuple(single)
 
 
