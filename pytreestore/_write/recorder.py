@@ -7,7 +7,7 @@ copies), so the loop runs at the pace of the copies (3.8-5.6x a loop keeping a l
 CPU). A :class:`Recorder` keeps the loop asynchronous:
 
 - :meth:`Recorder.append` dispatches one jitted *pack* of the record: its leaves ravelled and
-  concatenated into one row per dtype (a :class:`Layout`), a few arrays instead of one per
+  concatenated into one row of 32-bit words (a :class:`Layout`), one array instead of one per
   leaf; the record's arrays are read by that dispatch, so the caller may donate or delete
   them afterwards. Every ``block`` records, one jitted stack makes a block of rows on the
   device and its copy to the host starts.
@@ -250,8 +250,8 @@ class Recorder:
 
     def extend(self, batch: Any) -> None:
         """Records a batch of records (leaves with a leading record axis: a scan's outputs,
-        say; or a :class:`~pytreestore._tree.packing.Packed` block, as ``record_scan``
-        hands over), written on the background thread after the records before it. The
+        say; or a block of packed records, as :func:`pytreestore.record_scan` hands over),
+        written on the background thread after the records before it. The
         batch's arrays must stay valid until :meth:`flush` (they are not copied here).
 
         Raises:

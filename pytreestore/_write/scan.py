@@ -1,7 +1,7 @@
 """``record_scan``: a loop compiled as ``jax.lax.scan`` blocks, every step recorded (issue 46).
 
 Each block of ``block`` steps is one cached executable whose outputs are the steps' records
-packed into one row per dtype (:mod:`pytreestore._tree.packing`): XLA stacks them into the
+packed into one row of 32-bit words (:mod:`pytreestore._tree.packing`): XLA stacks them into the
 block, with no Python and no host callback per step. The block is handed to a
 :class:`~pytreestore._write.recorder.Recorder`, which copies it to the host and appends it on
 its background thread while the next block computes.
