@@ -34,6 +34,8 @@ from pytreestore._read.tables import Segments as Segments
 from pytreestore._store import TreeStore as TreeStore
 from pytreestore._tree.stack import stack as stack
 from pytreestore._tree.stack import unstack as unstack
+from pytreestore._write.recorder import Recorder as Recorder
+from pytreestore._write.scan import record_scan as record_scan
 
 __version__ = "0.1.0"
 
@@ -44,6 +46,7 @@ __all__ = [
     "ColumnSpec",
     "Fragment",
     "GrainSource",
+    "Recorder",
     "ReplayBuffer",
     "Segments",
     "TreeSchema",
@@ -57,6 +60,7 @@ __all__ = [
     "errors",
     "evolve",
     "open",
+    "record_scan",
     "register_static_codec",
     "stack",
     "unstack",

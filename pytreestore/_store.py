@@ -28,6 +28,7 @@ from pytreestore._pipelines.replay import ReplayBuffer
 from pytreestore._read.cache import ChunkCache
 from pytreestore._read.reader import ReadContext
 from pytreestore._spec import Deferred, StoreSpec, reopen
+from pytreestore._write.recorder import Recorder, flush_recorders
 from pytreestore.backends import Backend
 from pytreestore.errors import UnpicklableStoreError
 
@@ -236,6 +237,26 @@ class TreeStore(Pipelines, Reads[T], Versioning, Fragmenting, Generic[T]):
         """
         return ReplayBuffer(self, self._core, capacity, seed=seed)
 
+    def recorder(self, block: int = 256) -> Recorder:
+        """A recorder of this store's records from a loop of jitted steps: its ``append``
+        dispatches one jitted pack of the record (no wait for the step), and every ``block``
+        records one block is stacked on the device and written on a background thread, in
+        order. ``close()`` (or this store's ``flush``/``close``) writes the rest and waits;
+        a failed write is raised by the next call. See docs/recording.md and
+        :func:`pytreestore.record_scan` for a loop compiled whole.
+
+        Example:
+            >>> import jax, jax.numpy as jnp, pytreestore
+            >>> store = pytreestore.create("memory://doc-store-recorder", {"x": jnp.int32(0)})
+            >>> with store.recorder(block=2) as rec:
+            ...     for i in range(3):
+            ...         rec.append({"x": jnp.int32(i)})
+            >>> store.load(as_numpy=True)["x"].tolist()
+            [0, 1, 2]
+        """
+        self._core.appendable()  # refused now, by name, where this store cannot append
+        return Recorder(self, id(self._core), block)
+
     def evolve(
         self,
         *,
@@ -275,6 +296,7 @@ class TreeStore(Pipelines, Reads[T], Versioning, Fragmenting, Generic[T]):
     def flush(self) -> None:
         """Writes every buffered record and commits; afterwards all appended records are durable."""
         core = self._core
+        flush_recorders(id(core))
         if core.writer is None and core.multihost is not None:
             return  # a multi-host store's processes other than 0 buffer nothing
         with core.writing() as writer:
@@ -286,8 +308,11 @@ class TreeStore(Pipelines, Reads[T], Versioning, Fragmenting, Generic[T]):
         If the flush fails on storage (:class:`StorageError`: disk full, server down), the
         store stays open, its buffered records and its writer lock kept, and ``close()`` can
         be called again once storage is back. In a process forked from the writer's, close
-        drops this process's copy and leaves the parent's lock and records alone.
+        drops this process's copy and leaves the parent's lock and records alone. Its
+        recorders (:meth:`recorder`) are closed first.
         """
+        if not self._core.closed:
+            flush_recorders(id(self._core), close=True)
         self._core.close()
 
     def __enter__(self) -> TreeStore[T]:

@@ -43,6 +43,10 @@ EXPECTED_OUTPUT: dict[str, list[str]] = {
         "a reopened store resumes the buffer with the same window",
         "replay buffer: all checks passed",
     ],
+    "record_scan.py": [
+        "1,000 steps recorded from lax.scan blocks match an unrecorded scan",
+        "record scan: all checks passed",
+    ],
     "simulation.py": [
         "2,000 records, 78 columns",
         "kinetic energy matches the in-memory states",
