@@ -261,8 +261,8 @@ class StoreCore:
             try:
                 yield self.appendable() if append else self.writable()
             finally:
-                if self._writer is not None:
-                    self.use_schema(self._writer.schema)
+                if self._writer is not None and self._writer.schema is not self._used:
+                    self.use_schema(self._writer.schema)  # only where it changed: no cost
 
     # ---- the one commit sequence ---------------------------------------------------------------
 

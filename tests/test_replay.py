@@ -280,3 +280,68 @@ def test_retention_runs_every_capacity_records(path):
         buffer.add_batch({"t": np.arange(4, dtype=np.int32)})
     assert kept == [10, 10]
     assert len(store) == 28 and len(buffer) == 10
+
+
+def _episodes(n: int, seed: int) -> tuple[list[dict], dict, dict]:
+    """``n`` records of ``obs`` float32[len, 2] (len 0-4) beside fixed leaves, and their
+    padded batch and mask (the pair ``add_batch`` takes)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 5, n)
+    obs = rng.standard_normal((n, 4, 2)).astype(np.float32)
+    real = np.arange(4)[None, :] < lengths[:, None]
+    batch = {"obs": obs * real[..., None], "a": np.arange(n, dtype=np.int32), "d": real[:, 0]}
+    mask = {"obs": real, "a": np.ones(n, bool), "d": np.ones(n, bool)}
+    records = [
+        {"obs": obs[i, : lengths[i]], "a": np.int32(i), "d": np.bool_(real[i, 0])} for i in range(n)
+    ]
+    return records, batch, mask
+
+
+@pytest.mark.parametrize("backend", K.BACKENDS)
+def test_a_padded_batch_of_ragged_leading_axes_is_taken_without_a_walk(
+    tmp_path, backend, monkeypatch
+):
+    """Leaves with ragged leading axes of their own go from the padded batch to the tables at
+    once (:mod:`pytreestore._write.padded`): the store and the window hold exactly what
+    appending the records one by one gives."""
+    records, batch, mask = _episodes(11, seed=5)
+    like = {"obs": np.zeros((1, 2), np.float32), "a": np.int32(0), "d": np.bool_(False)}
+    want = pytreestore.create(tmp_path / "want", like, ragged=["['obs']"], backend=backend)
+    want.extend(records)
+    store = pytreestore.create(
+        tmp_path / "got", like, ragged=["['obs']"], backend=backend, chunk_records=4
+    )
+    buffer = store.replay(6, seed=0)
+    buffer.add(records[0])
+
+    def walked(*args):
+        raise AssertionError("the padded batch was walked record by record")
+
+    monkeypatch.setattr("pytreestore._write.records.unpad_records", walked)
+    buffer.add_batch({k: v[1:] for k, v in batch.items()}, {k: v[1:] for k, v in mask.items()})
+    monkeypatch.undo()
+    _assert_same_batch(
+        store.load(slice(None), as_numpy=True), want.load(slice(None), as_numpy=True)
+    )
+    sample = buffer.sample(40, as_numpy=True)
+    assert set(sample[0]["a"].tolist()) == set(range(5, 11))
+    _assert_same_batch(sample, store.load(sample[0]["a"].tolist(), as_numpy=True))
+    store.close()
+    _assert_same_batch(
+        pytreestore.open(tmp_path / "got").load(slice(None), as_numpy=True),
+        want.load(slice(None), as_numpy=True),
+    )
+
+
+def test_a_padded_batch_the_fast_path_cannot_take_is_refused_by_the_walk(path):
+    _, batch, mask = _episodes(5, seed=6)
+    like = {"obs": np.zeros((1, 2), np.float32), "a": np.int32(0), "d": np.bool_(False)}
+    store = pytreestore.create(path, like, ragged=["['obs']"])
+    buffer = store.replay(4)
+    holes = {**mask, "obs": mask["obs"].copy()}
+    holes["obs"][2] = [False, True, False, False]
+    with pytest.raises(SchemaMismatchError, match=re.escape("row 2 of the mask at ['obs']")):
+        buffer.add_batch(batch, holes)
+    with pytest.raises(SchemaMismatchError, match="float32"):
+        store.extend_batch({**batch, "obs": batch["obs"].astype(np.complex64)}, mask)
+    assert len(store) == 0 and len(buffer) == 0

@@ -241,7 +241,7 @@ class Window:
         store gathers them (``leaves``: the leaf columns wanted)."""
         tables = tuple((a, self.rings[a].end) for a in self._axes)
         commit = Commit(self.end, 0, tables=tables or None)
-        return gather(self.schema, commit, records, self._read, leaves=leaves)
+        return gather(self.schema, commit, records, self._read, leaves=leaves, distinct=False)
 
     def _read(self, keys: Sequence[str], index: Any, rows: int) -> list[np.ndarray]:
         """The read function :func:`~pytreestore._read.gather.gather` calls: one table's

@@ -64,12 +64,16 @@ def gather(
     read: ReadFn,
     *,
     leaves: Sequence[ColumnSpec] | None = None,
+    distinct: bool = True,
 ) -> dict[str | None, Rows]:
     """The rows of every table that ``records`` (record indices) hold.
 
     Args:
         leaves: the leaf columns to read (default all; ``[]`` reads only the offsets and
             presence arrays, e.g. for lengths).
+        distinct: ``read`` is given sorted distinct rows (storage, read in chunks); False
+            where it takes any rows (memory: a replay buffer's rings), which spares the
+            sort of each offsets read's rows and the rows before them.
 
     Raises:
         CorruptStoreError: an offsets array is damaged (decreasing, or past its table).
@@ -87,7 +91,7 @@ def gather(
         columns = [c for c in wanted if c.table == axis]
         columns += [c for c in index_cols if c.table == axis and c.role == PRESENCE]
         offsets = [c for c in index_cols if c.table == axis and c.role == OFFSETS]
-        _read_table(out[axis], columns, offsets, here, commit, read, axis)
+        _read_table(out[axis], columns, offsets, here, commit, read, axis, distinct)
     return out
 
 
@@ -115,9 +119,11 @@ def _read_table(
     commit: Commit,
     read: ReadFn,
     table: str | None,
+    distinct: bool = True,
 ) -> None:
     """Reads ``columns`` at ``index`` and each offsets array at ``index`` and at the row
-    before (stored as ``(starts, ends)``), all in one read: at the union of those rows."""
+    before (stored as ``(starts, ends)``), all in one read: at the union of those rows
+    (``distinct``), else at ``index`` then the rows before."""
     if not len(index):  # no rows: nothing to read (a read of none still costs a backend call)
         rows.values.update((slot(c), np.zeros((0, *c.shape), c.dtype)) for c in columns)
         rows.values.update((slot(c), np.zeros((2, 0), np.int64)) for c in offsets)
@@ -126,7 +132,7 @@ def _read_table(
         return
     at, here, before = np.asarray(index), None, None
     if offsets:
-        at, here, before = _with_before(index)
+        at, here, before = _with_before(index) if distinct else _then_before(index)
     got = read([c.key for c in (*columns, *offsets)], _compact(at), commit.rows(table))
     for c, array in zip(columns, got):
         rows.values[slot(c)] = array if here is None else array[here]
@@ -155,6 +161,22 @@ def _with_before(index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     previous = np.maximum(index - 1, 0)
     at = np.union1d(previous, index)
     return at, np.searchsorted(at, index), np.searchsorted(at, previous)
+
+
+def _then_before(index: np.ndarray) -> tuple[np.ndarray, Any, Any]:
+    """The rows ``index`` then the row before each (row 0 for row 0), and where each part
+    lies in them (slices: no copy), for a read of any rows (:func:`gather`'s ``distinct``).
+
+    Example:
+        >>> at, here, before = _then_before(np.array([4, 0, 2]))
+        >>> at.tolist(), at[here].tolist(), at[before].tolist()
+        ([4, 0, 2, 3, 0, 1], [4, 0, 2], [3, 0, 1])
+    """
+    if len(index) == 1:  # the point read's arithmetic wants arrays
+        return _with_before(index)
+    n = len(index)
+    at = np.concatenate([index, np.maximum(index - 1, 0)])
+    return at, slice(0, n), slice(n, 2 * n)
 
 
 def _check_offsets(column: ColumnSpec, starts: np.ndarray, ends: np.ndarray, rows: int) -> None:

@@ -75,9 +75,11 @@ class RepeatedShapes:
 
     def __init__(self) -> None:
         self._seen: set[tuple[Any, ...]] = set()
+        #: the ``jax_default_device`` setting last seen, and whether it named an accelerator
+        self._default: tuple[Any, bool] | None = None
 
     def put(self, arrays: Sequence[Any]) -> list[Any]:
-        if _slabs.device_of(None).platform in _slabs.PLATFORMS:  # measured on the CPU only:
+        if self._accelerator():  # measured on the CPU only:
             return device_put(arrays, None)  # an accelerator's packed copies per dtype
         shapes = tuple((np.shape(a), getattr(a, "dtype", None)) for a in arrays)
         if shapes in self._seen:
@@ -86,6 +88,15 @@ class RepeatedShapes:
             self._seen.clear()
         self._seen.add(shapes)
         return list(jax.device_put(list(arrays)))
+
+    def _accelerator(self) -> bool:
+        """Whether JAX's default device is an accelerator: asked again only when the
+        ``jax_default_device`` setting changed (``jax.devices()`` costs a sample 5-25 us)."""
+        setting = getattr(jax.config, "jax_default_device", None)
+        if self._default is None or self._default[0] is not setting:
+            platform = _slabs.device_of(None).platform
+            self._default = (setting, platform in _slabs.PLATFORMS)
+        return self._default[1]
 
 
 @jax.jit

@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import copy
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from pytreestore import _arguments
 from pytreestore import _threads as _exiting
 from pytreestore._format import validate as _validate
+from pytreestore._format.columns import ColumnSpec
 from pytreestore._format.schema import TreeSchema
 from pytreestore._log.commit_record import Commit
 from pytreestore._log.committer import Committer
@@ -52,6 +53,7 @@ from pytreestore._tree.layout import Walker, hinted, layout_problems
 from pytreestore._tree.unpad import unpad_records
 from pytreestore._write.commits import DirectCommits, MemoryCommits, TableRows, table_slots
 from pytreestore._write.lists import flat_elements
+from pytreestore._write.padded import Blocks, PaddedBatch
 from pytreestore._write.roles import Commits, Held, Position
 from pytreestore._write.rows import MASKED_BATCH, REFUSALS, FixedRecords, batch_hint, stackable
 from pytreestore._write.walk import Mismatch, PendingStructure, Plan
@@ -101,6 +103,7 @@ class RecordWriter:
             c.key: (t, i) for t, w in self.tables.items() for i, c in enumerate(w.schema.columns)
         }
         self._fixed: FixedRecords | None = None
+        self._padded: PaddedBatch | None = None
         self._stacker: tuple[RecordWriter, MemoryCommits] | None = None
         #: the tables' positions before the records the last walk took, until committed
         self._accepted: dict[str | None, Position] | None = None
@@ -108,6 +111,7 @@ class RecordWriter:
             self._fixed = FixedRecords(self.tables[None], self.refusals, self._first)
             return
         slots = table_slots(self.tables)
+        self._padded = PaddedBatch.of(self.model, self.tables, slots)
         self._plan = Plan(
             self.model.spec, self.tables, slots, flat_elements(self.model.spec, slots)
         )
@@ -229,7 +233,7 @@ class RecordWriter:
             if memory.schema is not self.schema:
                 self._stacker = None
                 return False
-            self._take(commits.rows)
+            self._take(self._blocks(commits.rows))
         finally:
             commits.clear()
         return True
@@ -245,23 +249,28 @@ class RecordWriter:
             made = self._stacker = (memory, commits)
         return made
 
+    @staticmethod
+    def _blocks(rows: Mapping[str | None, TableRows]) -> dict[str | None, Blocks]:
+        return {t: (len(table), table.blocks()) for t, table in rows.items()}
+
     def extend_rows(self, rows: Mapping[str | None, TableRows]) -> None:
         """Appends each table's rows walked into memory by a writer of this writer's schema
         (a replay buffer's walk, :mod:`pytreestore._pipelines.replay`: the records checked
         and cast there), one batch per table, offsets moved past this writer's rows; all or
         none."""
-        self._take(rows)
+        self._take(self._blocks(rows))
         self._commit_walked()
 
-    def _take(self, rows: Mapping[str | None, TableRows]) -> None:
-        """Appends each table's rows ``rows`` (walked from row 0) as one batch, their offsets
-        moved past the rows each axis table holds; all or none."""
+    def _take(self, rows: Mapping[str | None, Blocks]) -> None:
+        """Appends each table's rows ``rows`` (count, a block per column; walked from row 0)
+        as one batch, their offsets moved past the rows each axis table holds; all or none."""
         bases = {t: len(w) for t, w in self.tables.items()}
         position = self._snapshot()
         try:
-            for t, table in rows.items():
-                if len(table):
-                    self.tables[t].write_batch(_rebased(table, bases))
+            for t, (count, blocks) in rows.items():
+                if count:
+                    table = self.tables[t]
+                    table.write_batch(_rebased(table.schema.columns, blocks, bases))
         except BaseException:
             self._rollback(position)
             raise
@@ -320,6 +329,11 @@ class RecordWriter:
                 "write_fragment(path, batch, mask=mask); the batch alone cannot show list "
                 "lengths or None"
             )
+        padded = self._padded
+        tables = None if padded is None else padded.tables(batch, mask)
+        if tables is not None:  # every table's rows at once: no walk of each record
+            self._take(tables)
+            return
         try:
             self._walk(unpad_records(self.model.spec, batch, mask))
         except Exception as err:  # JAX's, reading a jax.Array of the batch
@@ -365,10 +379,13 @@ def new_writer(
     return RecordWriter(backend, schema, commit, DirectCommits(backend, committer))
 
 
-def _rebased(table: TableRows, bases: Mapping[str | None, int]) -> list[np.ndarray]:
-    """``table``'s rows, each offset moved by ``bases`` of its axis table."""
-    blocks = table.blocks()
-    for i, c in enumerate(table.schema.columns):
+def _rebased(
+    columns: Sequence[ColumnSpec], blocks: Sequence[np.ndarray], bases: Mapping[str | None, int]
+) -> list[np.ndarray]:
+    """A table's rows (a block per column of ``columns``), each offset moved by ``bases``
+    of its axis table."""
+    blocks = list(blocks)
+    for i, c in enumerate(columns):
         if c.role == "offsets":
             blocks[i] = blocks[i] + np.asarray(bases[c.path], blocks[i].dtype)
     return blocks
