@@ -3,8 +3,7 @@ the accounting of its reads.
 
 :class:`StoreCore` is what :class:`~pytreestore.TreeStore` is made of: the public class holds
 one and its faces (the reads and versions of :mod:`pytreestore._faces`, the pipelines of
-:mod:`pytreestore._pipelines.methods`) use
-only its public interface below. It holds
+:mod:`pytreestore._pipelines.methods`) use only its public interface below. It holds
 
 - the **lifecycle**: open, closing (a flush that may fail and be retried), closed; the jobs
   ``close()`` waits for (:meth:`StoreCore.on_close`); the last flush of a writer never closed,
@@ -52,7 +51,6 @@ from pytreestore._read.ahead import ReadAhead
 from pytreestore._read.cache import ChunkCache, for_store
 from pytreestore._read.reader import ReadContext
 from pytreestore._read.request import LoadRequest
-from pytreestore._runtime import at_fork
 from pytreestore._spec import Deferred, StoreSpec
 from pytreestore._write.records import RecordWriter, new_writer
 from pytreestore._write.writer import forked_writer
@@ -342,6 +340,11 @@ class StoreCore:
             return None
         return self._mutex.acquire(timeout=wait)
 
+    def forked(self) -> None:
+        """In a child made by ``os.fork``: this writer is the parent's (``append`` refuses it
+        without asking for the process id each time)."""
+        self._forked = True
+
     def committed_records(self) -> int:
         """The records committed (:meth:`head`'s), for the exit's report."""
         return self.head().length
@@ -477,35 +480,20 @@ class StoreCore:
     def _check_schema(self, backend: Backend, now: Commit) -> None:
         """A reader's schema, against the store's now: its columns must all be kept; a ragged
         store's structures still pending are read again, in case a writer has learnt them."""
-        schema = self.schema
-        _reader.check_columns_kept(backend, schema, self.path, now)
-        if schema.pending:
-            options = {"like": self.spec.like, "generic": self.spec.generic}
-            self.use_schema(reread_schema(backend, self.path, now, **options))
+        _reader.check_columns_kept(backend, self.schema, self.path, now)
+        if self.schema.pending:
+            like, generic = self.spec.like, self.spec.generic
+            self.use_schema(reread_schema(backend, self.path, now, like=like, generic=generic))
 
     def _follow_truncate(self, backend: Backend, now: Commit) -> None:
-        """Past a truncate since the reader's commit: none of its cached reads (rows past the
-        truncate may hold new values), and its columns starting at most at the rows the
-        truncate left, so that rows written after it are read from storage, not as the
-        default."""
+        """Past a truncate since the reader's commit: none of its cached reads, and its
+        columns lowered to the rows the truncate left (:func:`~pytreestore._log.prune.
+        after_truncate`)."""
         self.forget_reads()
-        cuts = [n for version, n in now.cuts if version > self._commit.generation]
-        cut = min(cuts, default=now.records)
-        rows = _truncate.rows_at(backend, self.schema, now, cut, self.path)
-        lowered = _truncate.lower_starts(self.schema, rows)
+        lowered = _truncate.after_truncate(backend, self.schema, self._commit, now, self.path)
         if lowered is not None:
             backend.open_columns(lowered.storage_columns)
             self.use_schema(lowered)
 
-
-def _after_fork() -> None:
-    """In a child made by ``os.fork``: every writer is the parent's (``append`` refuses it
-    without asking for the process id each time)."""
-    for core in _exiting.tracked():
-        if isinstance(core, StoreCore):
-            core._forked = True
-
-
-at_fork(_after_fork)
 
 __all__ = ["AnyWriter", "StoreCore"]

@@ -196,6 +196,8 @@ def _forget_threads() -> None:
         job._ended.set()
     _IDLE.clear()
     _RUNNING.clear()
+    for core in tracked():
+        core.forked()  # every writer is the parent's
 
 
 def _serve(inbox: queue.SimpleQueue[tuple[Work, Job]]) -> None:
@@ -230,6 +232,8 @@ class Writing(Protocol):
     def committed_records(self) -> int: ...
 
     def hold_at_exit(self, wait: float) -> bool | None: ...
+
+    def forked(self) -> None: ...
 
     def flush_at_exit(self) -> str | None: ...
 

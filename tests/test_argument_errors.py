@@ -120,6 +120,10 @@ CALLS: list[tuple[str, Callable[[Ctx, Any], Any], list[Any]]] = [
     ("commit_fragments", lambda c, v: c.w.commit_fragments(v), NOT_ITERABLE),
     ("commit_fragments-item", lambda c, v: c.w.commit_fragments([v]), EVERYTHING),
     ("truncate", lambda c, v: c.w.truncate(v), [*BAD_COUNT, -1, N + 1, 2**70]),
+    ("keep_last", lambda c, v: c.w.keep_last(v), [*BAD_COUNT, -1]),
+    ("replay", lambda c, v: c.w.replay(v), [*BAD_COUNT, 0, -1]),
+    ("replay-seed", lambda c, v: c.w.replay(4, seed=v), ["3", 1.5, -1, [], object()]),
+    ("recorder", lambda c, v: c.w.recorder(v), [*BAD_COUNT, 0, -1]),
     ("tag-name", lambda c, v: c.w.tag(v), [x for x in EVERYTHING if x != "x"] + ["-x", "a b"]),
     ("tag-version", lambda c, v: c.w.tag("new", v), [*BAD_COUNT[1:], -1, 2**70]),
     (
@@ -295,7 +299,7 @@ def test_the_table_calls_every_public_method_and_function():
     public = [n for n in dir(pytreestore.TreeStore) if not n.startswith("_")]
     takes_nothing = {"close", "closed", "flush", "commit_now", "committed", "mode", "path"}
     takes_nothing |= {"read_context", "refresh", "reopen_options", "schema"}
-    takes_nothing |= {"version", "versions"}
+    takes_nothing |= {"dropped", "version", "versions"}
     missing = [n for n in public if n not in takes_nothing and n not in called]
     assert missing == []
     functions = ["create", "open", "copy", "evolve", "stack", "unstack", "write_fragment"]

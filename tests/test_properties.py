@@ -93,7 +93,8 @@ def test_load_of_appended_records_equals_stack(case: tuple[Any, list[Any]], chun
         with pytreestore.create(memory_path(), schema.like, chunk_records=chunk) as store:
             for x in xs:
                 store.append(x)
-            check_contents(store, schema, xs)
+            check_contents(store, schema, xs)  # reads see buffered records, commit nothing
+            store.flush()
             assert store.committed == len(xs)
 
 

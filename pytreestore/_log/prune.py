@@ -96,6 +96,17 @@ def tables_of(rows: dict[str | None, int]) -> dict[str, int] | None:
     return tables if len(rows) > 1 else None
 
 
+def after_truncate(
+    backend: Backend, schema: TreeSchema, seen: Commit, now: Commit, path: str
+) -> TreeSchema | None:
+    """A reader's schema past a truncate since commit ``seen``: its columns starting at most
+    at the rows the truncate left, so that rows written after it are read from storage, not
+    as the default (None: no column starts past them)."""
+    cuts = [n for version, n in now.cuts if version > seen.generation]
+    rows = rows_at(backend, schema, now, min(cuts, default=now.records), path)
+    return lower_starts(schema, rows)
+
+
 def lower_starts(schema: TreeSchema, rows: dict[str | None, int]) -> TreeSchema | None:
     """``schema`` with every column, axis and optional subtree starting at most at its
     table's ``rows``; None when none starts past them."""
