@@ -90,25 +90,31 @@ def main(directory: Path) -> None:
     like = jax.tree.map(
         lambda x: np.asarray(x[0]), rollout(jax.random.key(0), jnp.zeros((5, 2)), 0)
     )
-    store = pytreestore.create(path, like)
+    store = pytreestore.create(path, like, keep_versions=2)  # vacuum frees released chunks
     buffer = store.replay(CAPACITY, seed=0)
     key = jax.random.key(1)
     w = 0.01 * jax.random.normal(key, (5, 2))
     for _ in range(ROUNDS):
         key, collect = jax.random.split(key)
-        buffer.add_batch(rollout(collect, w, len(store)))
+        buffer.add_batch(rollout(collect, w, store.dropped + len(store)))
         target = w
         for _ in range(UPDATES):
             key, draw = jax.random.split(key)
             w = update(w, target, buffer.sample(BATCH, draw))
     total = ROUNDS * STEPS * ENVS
-    assert len(store) == total and len(buffer) == CAPACITY, (len(store), len(buffer))
-    print(f"{len(store):,} transitions in the store, the last {len(buffer):,} in the buffer")
+    assert store.dropped + len(store) == total and len(buffer) == CAPACITY
+    assert CAPACITY <= len(store) < 2 * CAPACITY  # the older ones released (bounded disk)
+    print(
+        f"{total:,} transitions added, the store keeps {len(store):,}, the buffer samples "
+        f"the last {len(buffer):,}"
+    )
 
     sample = buffer.sample(BATCH, as_numpy=True)
     drawn = sample["number"]
     assert drawn.min() >= total - CAPACITY and drawn.max() < total
-    jax.tree.map(np.testing.assert_array_equal, sample, store.load(drawn, as_numpy=True))
+    jax.tree.map(
+        np.testing.assert_array_equal, sample, store.load(drawn - store.dropped, as_numpy=True)
+    )
     print("samples are exactly transitions of the last capacity, as the store holds them")
 
     batch = buffer.sample(BATCH, jax.random.key(2))

@@ -207,35 +207,46 @@ class TreeStore(Pipelines, Reads[T], Versioning, Fragmenting, Generic[T]):
         with core.writing(append=True) as writer:
             writer.extend_batch(batch, mask, where=self.path)
 
-    def replay(self, capacity: int, *, seed: int | None = None) -> ReplayBuffer[T]:
+    def replay(
+        self, capacity: int, *, seed: int | None = None, keep_all: bool = False
+    ) -> ReplayBuffer[T]:
         """A replay buffer: records added through it are appended to this store, and samples
         are drawn from the last ``capacity`` of them, kept in host memory (docs/replay.md).
 
         The buffer starts with the store's last ``capacity`` records, so a run reopened with
         ``pytreestore.open(path, mode="a")`` resumes where it stopped. Every ``capacity``
-        records added, the store keeps only its last ``capacity`` records for sampling.
+        records added, the store keeps only its last ``capacity`` records
+        (:meth:`keep_last`) and :meth:`vacuum` frees the chunks of the others, so an endless
+        run keeps bounded disk: the store holds ``capacity`` to ``2 * capacity`` records.
+        Pass a small ``keep_versions`` to ``create``/``open``: vacuum frees only what no
+        version the log keeps reads.
 
         Args:
             capacity: the records a sample draws from (the newest ones).
             seed: seeds the buffer's generator (samples drawn without a ``key``).
+            keep_all: keep every record in the store (no ``keep_last``): the whole history
+                on disk, samples still from the last ``capacity``.
 
         Returns:
             A :class:`~pytreestore.ReplayBuffer`: ``add(record)``, ``add_batch(batch,
             mask=None)``, ``sample(k, key=None, as_numpy=False)``, ``len()``.
 
         Raises:
-            ArgumentError: ``capacity`` is not an int >= 1, or ``seed`` not an int >= 0.
+            ArgumentError: ``capacity`` is not an int >= 1, ``seed`` not an int >= 0, or
+                ``keep_all`` not a bool.
             ReadOnlyError: the store is open with mode "r" (or as a generic view).
 
         Example:
             >>> import numpy as np, pytreestore
             >>> s = pytreestore.create("memory://doc-store-replay", {"x": np.int32(0)})
             >>> buffer = s.replay(2, seed=0)
-            >>> buffer.add_batch({"x": np.arange(4, dtype=np.int32)})
-            >>> len(s), len(buffer), sorted(set(buffer.sample(16, as_numpy=True)["x"].tolist()))
-            (4, 2, [2, 3])
+            >>> buffer.add_batch({"x": np.arange(5, dtype=np.int32)})
+            >>> len(s), s.dropped, len(buffer)
+            (2, 3, 2)
+            >>> sorted(set(buffer.sample(16, as_numpy=True)["x"].tolist()))
+            [3, 4]
         """
-        return ReplayBuffer(self, self._core, capacity, seed=seed)
+        return ReplayBuffer(self, self._core, capacity, seed=seed, keep_all=keep_all)
 
     def recorder(self, block: int = 256) -> Recorder:
         """A recorder of this store's records from a loop of jitted steps: its ``append``

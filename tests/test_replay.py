@@ -12,6 +12,7 @@ from __future__ import annotations
 import pickle
 import re
 import threading
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -52,6 +53,12 @@ def _drawn(kind: str, sample: object) -> np.ndarray:
     return np.asarray(batch.t)  # type: ignore[attr-defined]
 
 
+def _at(store: object, numbers: object) -> np.ndarray:
+    """The store indices of records numbered ``numbers`` since the first append (the buffer
+    releases the store's front: record ``i`` is then index ``i - store.dropped``)."""
+    return np.asarray(numbers, np.int64) - store.dropped  # type: ignore[attr-defined]
+
+
 def _assert_same_batch(got: object, want: object) -> None:
     """Equal trees of equal leaves: dtypes, shapes, values and jax weak types."""
     got_leaves, got_def = jax.tree.flatten(got)
@@ -75,13 +82,13 @@ def test_samples_are_records_of_the_last_capacity(path, kind, backend):
     _add(buffer, kind, records[5:20])
     for r in records[20:]:
         buffer.add(r)
-    assert len(store) == 23 and len(buffer) == 7
+    assert len(store) + store.dropped == 23 and 7 <= len(store) < 14 and len(buffer) == 7
     sample = buffer.sample(60, as_numpy=True)
     drawn = _drawn(kind, sample)
     assert set(drawn.tolist()) == set(range(16, 23))  # 60 draws of 7: every one drawn
-    _assert_same_batch(sample, store.load(drawn, as_numpy=True))
+    _assert_same_batch(sample, store.load(_at(store, drawn), as_numpy=True))
     on_device = buffer.sample(9)
-    _assert_same_batch(on_device, store.load(_drawn(kind, on_device)))
+    _assert_same_batch(on_device, store.load(_at(store, _drawn(kind, on_device))))
     store.close()
 
 
@@ -113,7 +120,7 @@ def test_a_batch_larger_than_the_capacity_keeps_its_last_records(path, kind):
     _add(buffer, kind, K.records(kind, 12, start=3))
     sample = buffer.sample(40, as_numpy=True)
     assert set(_drawn(kind, sample).tolist()) == set(range(10, 15))
-    _assert_same_batch(sample, store.load(_drawn(kind, sample), as_numpy=True))
+    _assert_same_batch(sample, store.load(_at(store, _drawn(kind, sample)), as_numpy=True))
 
 
 def test_draws_are_uniform(path):
@@ -168,7 +175,7 @@ def test_a_structure_learnt_on_the_way(path):
         buffer.add({"t": np.int32(i), "p": [np.float32(i)] * (i % 3)})
     batch, mask = buffer.sample(30, as_numpy=True)
     assert set(batch["t"].tolist()) == {2, 3, 4, 5}
-    _assert_same_batch((batch, mask), store.load(batch["t"], as_numpy=True))
+    _assert_same_batch((batch, mask), store.load(_at(store, batch["t"]), as_numpy=True))
 
 
 def test_records_appended_to_the_store_directly_and_a_truncate(path):
@@ -178,11 +185,11 @@ def test_records_appended_to_the_store_directly_and_a_truncate(path):
     store.append({"t": np.int32(4)})
     assert len(buffer) == 3
     assert set(buffer.sample(30, as_numpy=True)["t"].tolist()) == {2, 3, 4}
-    store.truncate(2)
+    store.truncate(2)  # of records 1-4 (the add released record 0): 1 and 2 stay
     assert len(buffer) == 2
-    assert set(buffer.sample(30, as_numpy=True)["t"].tolist()) == {0, 1}
+    assert set(buffer.sample(30, as_numpy=True)["t"].tolist()) == {1, 2}
     buffer.add({"t": np.int32(9)})
-    assert set(buffer.sample(30, as_numpy=True)["t"].tolist()) == {0, 1, 9}
+    assert set(buffer.sample(30, as_numpy=True)["t"].tolist()) == {1, 2, 9}
 
 
 def test_jax_leaves_and_typed_keys(path):
@@ -192,14 +199,14 @@ def test_jax_leaves_and_typed_keys(path):
     for i in range(5):
         buffer.add({"obs": jax.numpy.full(3, i, np.float32), "key": jax.random.key(i), "r": i})
     sample = buffer.sample(12)
-    _assert_same_batch(sample, store.load(np.asarray(sample["obs"][:, 0]).astype(int)))
+    _assert_same_batch(sample, store.load(_at(store, np.asarray(sample["obs"][:, 0]).astype(int))))
     assert jax.dtypes.issubdtype(sample["key"].dtype, jax.dtypes.prng_key)
 
 
 @pytest.mark.parametrize(("kind", "backend"), SOME_CELLS)
 def test_a_thread_adds_while_another_samples(path, kind, backend):
     store = K.create(path, kind, backend, chunk_records=8)
-    buffer = store.replay(16, seed=0)
+    buffer = store.replay(16, seed=0, keep_all=True)  # every sample still in the store
     _add(buffer, kind, K.records(kind, 4))
     records = K.records(kind, 60, start=4)
     failed: list[BaseException] = []
@@ -221,7 +228,7 @@ def test_a_thread_adds_while_another_samples(path, kind, backend):
     assert not failed
     assert len(store) == 64 and len(buffer) == 16
     for sample in seen[:: max(len(seen) // 5, 1)]:
-        _assert_same_batch(sample, store.load(_drawn(kind, sample), as_numpy=True))
+        _assert_same_batch(sample, store.load(_at(store, _drawn(kind, sample)), as_numpy=True))
 
 
 def test_bad_arguments_are_refused(path):
@@ -270,16 +277,24 @@ def test_pickling_is_refused(path):
 
 
 def test_retention_runs_every_capacity_records(path):
-    """``_retain`` (the one place of retention) asks the store's ``keep_last`` once per
-    ``capacity`` records added (a store without it keeps every record)."""
-    store = pytreestore.create(path, {"t": np.int32(0)})
-    kept: list[int] = []
-    store.keep_last = kept.append  # type: ignore[attr-defined]  # the release helper's method
-    buffer = store.replay(10)
-    for _ in range(7):
-        buffer.add_batch({"t": np.arange(4, dtype=np.int32)})
-    assert kept == [10, 10]
-    assert len(store) == 28 and len(buffer) == 10
+    """``_retain`` (the one place of retention) keeps the store's last ``capacity`` records
+    once per ``capacity`` records added, and vacuum frees the chunks of the others; with
+    ``keep_all`` the store keeps every record."""
+    store = pytreestore.create(path, {"t": np.int32(0)}, chunk_records=4, keep_versions=1)
+    kept = pytreestore.create(f"{path}-all", {"t": np.int32(0)}, chunk_records=4)
+    buffer, every = store.replay(10), kept.replay(10, keep_all=True)
+    for i in range(7):
+        batch = {"t": np.arange(4 * i, 4 * i + 4, dtype=np.int32)}
+        buffer.add_batch(batch)
+        every.add_batch(batch)
+    assert (len(store), store.dropped, len(buffer)) == (14, 14, 10)  # released at 12 and 24
+    assert store.load(as_numpy=True)["t"].tolist() == list(range(14, 28))
+    assert (len(kept), kept.dropped, len(every)) == (28, 0, 10)
+    assert sorted(set(buffer.sample(200, as_numpy=True)["t"].tolist())) == list(range(18, 28))
+    chunks = [p for p in (Path(path) / "t").rglob("*") if p.is_file() and p.name != "zarr.json"]
+    assert len(chunks) == 4, chunks  # chunks 3-6 (rows 12-27); 0-2 freed by vacuum
+    store.close()
+    kept.close()
 
 
 def _episodes(n: int, seed: int) -> tuple[list[dict], dict, dict]:
@@ -311,7 +326,7 @@ def test_a_padded_batch_of_ragged_leading_axes_is_taken_without_a_walk(
     store = pytreestore.create(
         tmp_path / "got", like, ragged=["['obs']"], backend=backend, chunk_records=4
     )
-    buffer = store.replay(6, seed=0)
+    buffer = store.replay(6, seed=0, keep_all=True)  # the store compared whole below
     buffer.add(records[0])
 
     def walked(*args):
@@ -325,7 +340,7 @@ def test_a_padded_batch_of_ragged_leading_axes_is_taken_without_a_walk(
     )
     sample = buffer.sample(40, as_numpy=True)
     assert set(sample[0]["a"].tolist()) == set(range(5, 11))
-    _assert_same_batch(sample, store.load(sample[0]["a"].tolist(), as_numpy=True))
+    _assert_same_batch(sample, store.load(_at(store, sample[0]["a"]), as_numpy=True))
     store.close()
     _assert_same_batch(
         pytreestore.open(tmp_path / "got").load(slice(None), as_numpy=True),

@@ -251,8 +251,9 @@ class Window:
 
 
 class Store(Protocol):
-    """What a buffer asks of its store beyond its core (``keep_last``, where the store has
-    it, is asked by name: :meth:`ReplayBuffer._retain`)."""
+    """What a buffer asks of its store beyond its core (:meth:`ReplayBuffer._retain`)."""
+
+    def keep_last(self, n: int) -> int: ...
 
     def vacuum(self) -> Any: ...
 
@@ -276,7 +277,13 @@ class ReplayBuffer(Generic[T]):
     """
 
     def __init__(
-        self, store: Store, core: StoreCore, capacity: int, *, seed: int | None = None
+        self,
+        store: Store,
+        core: StoreCore,
+        capacity: int,
+        *,
+        seed: int | None = None,
+        keep_all: bool = False,
     ) -> None:
         """Made by :meth:`pytreestore.TreeStore.replay` (see it), not by hand."""
         self.capacity = _arguments.count(
@@ -285,6 +292,7 @@ class ReplayBuffer(Generic[T]):
             minimum=1,
         )
         seed = _arguments.optional_count(seed, "replay() takes seed, an int >= 0 or None")
+        self._keep_all = _arguments.flag(keep_all, "replay()'s keep_all")
         with core.writing(append=True):  # a reader, a generic view, a closed store: refused
             pass
         self._store, self._core = store, core
@@ -387,19 +395,17 @@ class ReplayBuffer(Generic[T]):
 
     def _retain(self) -> None:
         """THE ONE PLACE of retention: every ``capacity`` records added, the store keeps its
-        last ``capacity`` records (``keep_last``, where the store has it) and ``vacuum``
-        deletes the chunks that only older records held, so an endless run keeps bounded
-        disk."""
-        keep_last = getattr(self._store, "keep_last", None)
-        if keep_last is None:
+        last ``capacity`` records (``keep_last``) and ``vacuum`` deletes the chunks that only
+        older records held, so an endless run keeps bounded disk (none with ``keep_all``)."""
+        if self._keep_all:
             return
-        keep_last(self.capacity)
+        self._store.keep_last(self.capacity)
         self._store.vacuum()
 
     def _synced(self) -> Window:
         """The window, read again from the store if the store changed under it."""
         core = self._core
-        if core.schema is not self._window.schema or core.records() != self._window.end:
+        if core.schema is not self._window.schema or core.span()[1] != self._window.end:
             self._refill()
         return self._window
 
@@ -407,11 +413,12 @@ class ReplayBuffer(Generic[T]):
         """The window read from the store's last ``capacity`` records."""
         core = self._core
         window = Window(core.schema, self.capacity)
-        end = core.records()
-        first = max(end - self.capacity, 0)
-        if end:
+        front, end = core.span()  # rows: record i is row front + i (a released front)
+        first = max(end - self.capacity, front)
+        if end > first:
             request = core.request(as_numpy=True)
-            window.fill(table_rows(core.read_context(), core.head, request, first, end), first)
+            rows = table_rows(core.read_context(), core.head, request, first - front, end - front)
+            window.fill(rows, first)
         self._window = window
 
     # ---- sampling ----------------------------------------------------------------------------
