@@ -8,10 +8,15 @@ anchor side by side in one process (interleaved), the store created untimed and 
 inside the timed region, after one untimed run of each (compiles); every store is checked
 to hold the list loop's states exactly.
 
+The anchor of the loop rows is defined once (`bench_write._loop_list`): the same Python loop
+of the same jitted step from the same start, each state kept in a Python list (what recording
+nothing costs in a Python loop: a reference), ending with `jax.block_until_ready` of the last
+state; ours ends with `store.close()` (every record written and committed). CPU time is given
+for the process and for the loop's own thread (the rest: the recorder's writer thread,
+TensorStore's and XLA's threads).
+
 * **recorder**: `state = step(state); rec.append(state)` with `rec = store.recorder()`,
-  then `store.close()`, against the same loop keeping each state in a Python list (what
-  recording nothing costs in a Python loop: a reference). Goals: 1.5x (60 us step), 1.2x
-  (Adam).
+  then `store.close()`, against the anchor. Goals: 1.5x (60 us step), 1.2x (Adam).
 * **store.append**: the same loop appending each state to the store (today's way; the rows
   of bench_write.py, here interleaved with the others).
 * **record_scan vs scan**: `pytreestore.record_scan(store, step, start, steps)`, blocks of
@@ -61,6 +66,9 @@ TITLE = "Recording every step of a compiled loop"
 
 STEPS, QUICK_STEPS = 3_000, 600
 BLOCK = 256
+#: whether the stores are created with ``pack=True`` (``--pack``: small leaves side by side in
+#: shared arrays, so a commit writes 2-3 arrays instead of one per leaf)
+PACK = [False]
 STEPS_OF = {"60 us step": (_start, _step, 1.5), "Adam step": (_train_start, _train_step, 1.2)}
 
 
@@ -117,15 +125,18 @@ def scan_only(steps: int, start: Callable[[], Any], step: Any) -> Any:
 
 
 class _Clock:
-    """Each run's CPU seconds, beside the wall times measure_side_by_side keeps."""
+    """Each run's CPU seconds (the process's, and the loop's own thread's), beside the wall
+    times measure_side_by_side keeps."""
 
     def __init__(self) -> None:
         self.cpu: list[float] = []
+        self.loop_cpu: list[float] = []
 
     def wrap(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         def timed(state: Any) -> Any:
-            start = time.process_time()
+            start, thread = time.process_time(), time.thread_time()
             out = fn(state)
+            self.loop_cpu.append(time.thread_time() - thread)
             self.cpu.append(time.process_time() - start)
             return out
 
@@ -147,7 +158,7 @@ def _measure(
         def new_store() -> tuple[Path, Any]:
             count[0] += 1
             path = Path(tmp) / f"store-{count[0]}"
-            return path, pytreestore.create(str(path), start())
+            return path, pytreestore.create(str(path), start(), pack=PACK[0])
 
         def check(state: tuple[Path, Any], _: object) -> None:
             got = pytreestore.open(str(state[0])).load(as_numpy=True)
@@ -162,7 +173,13 @@ def _measure(
             Timed(ours_clock.wrap(lambda s: ours(s[1])), repeats, 1, new_store, check),
             Timed(anchor_clock.wrap(lambda _: anchor()), repeats, 1),
         )
+    _LOOP_CPU[name] = (ours_clock.loop_cpu[1:], anchor_clock.loop_cpu[1:])
     return ours_t, anchor_t, ours_clock.cpu[1:], anchor_clock.cpu[1:]
+
+
+#: the last row's CPU seconds of the loop's own thread (ours, the anchor's), by step: the rest
+#: of the process's is the recorder's writer thread, TensorStore's and XLA's threads
+_LOOP_CPU: dict[str, tuple[list[float], list[float]]] = {}
 
 
 _STEP = {name: step for name, (_, step, _) in STEPS_OF.items()}
@@ -230,11 +247,14 @@ def run_row(kind: str, step_name: str, steps: int, repeats: int) -> Result:
         ours_label=ours_label,
         baseline_label=anchor_label,
         notes=(
-            f"Platform {platform}. Per step: ours {format_seconds(ours.median / steps)}, the "
+            f"Platform {platform}{', stores made with pack=True' if PACK[0] else ''}. Per step: ours {format_seconds(ours.median / steps)}, the "
             f"anchor {format_seconds(anchor.median / steps)}; CPU time ours "
             f"{format_seconds(float(np.median(cpu_ours)))}, the anchor "
             f"{format_seconds(float(np.median(cpu_anchor)))} (CPU ratio "
-            f"{float(np.median(cpu_ours)) / max(float(np.median(cpu_anchor)), 1e-9):.2f}).",
+            f"{float(np.median(cpu_ours)) / max(float(np.median(cpu_anchor)), 1e-9):.2f}); "
+            f"of which the loop's own thread: ours "
+            f"{format_seconds(float(np.median(_LOOP_CPU[step_name][0])))}, the anchor "
+            f"{format_seconds(float(np.median(_LOOP_CPU[step_name][1])))}.",
         ),
     )
 
@@ -258,7 +278,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a few steps: a smoke run")
     parser.add_argument("--only", action="append", help="run only cases containing this")
     parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--pack", action="store_true", help="stores made with pack=True")
     args = parser.parse_args()
+    PACK[0] = args.pack
     chosen = [c for c in cases(args.quick) if not args.only or any(o in c.name for o in args.only)]
     rows = []
     for case in chosen:

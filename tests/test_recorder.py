@@ -117,6 +117,25 @@ def test_record_scan_records_what_record_picks(path):
     np.testing.assert_array_equal(got["b"][-1], np.full(3, 1.5**5, np.float32))
 
 
+def test_record_scan_traces_a_step_once_for_its_checks(path):
+    """A second record_scan of the same step and carry shapes traces nothing: its checks
+    (the carry kept, the records' layout) are cached, as its compiled blocks are (a guard:
+    JAX's own cache of ``eval_shape`` kept this true before the checks were cached)."""
+    traces = []
+
+    def step(s: Any) -> Any:
+        traces.append(1)
+        return {"t": s["t"] + 1}
+
+    store = pytreestore.create(path, {"t": jnp.int32(0)})
+    end = pytreestore.record_scan(store, step, {"t": jnp.int32(0)}, 4, block=2)
+    before = len(traces)
+    pytreestore.record_scan(store, step, end, 4, block=2)
+    assert len(traces) == before
+    store.close()
+    np.testing.assert_array_equal(pytreestore.open(path).load(as_numpy=True)["t"], np.arange(1, 9))
+
+
 def test_records_land_in_order_across_appends_extends_and_scans(path):
     store = pytreestore.create(path, {"t": jnp.int32(0)})
     rec = store.recorder(block=3)

@@ -77,10 +77,11 @@ class Layout:
         return tuple(parts[-1].stop if packed else 1 for _, parts, packed in self.groups)
 
     def empty(self) -> Any:
-        """A batch of no records of this layout (concrete, even while a jit traces)."""
-        with jax.ensure_compile_time_eval():
-            leaves = [jnp.zeros((0, *s), d) for s, d in zip(self.shapes, self.dtypes, strict=True)]
-        return self.treedef.unflatten(leaves)
+        """A batch of no records of this layout (concrete, even while a jit traces): numpy
+        arrays, but a typed PRNG key's (a ``jax.Array``)."""
+        return self.treedef.unflatten(
+            [_empty(s, d) for s, d in zip(self.shapes, self.dtypes, strict=True)]
+        )
 
     def pack(self, leaves: Sequence[Any]) -> tuple[Any, ...]:
         """The rows of one record's ``leaves`` (traceable: runs inside ``jit``).
@@ -115,6 +116,14 @@ class Layout:
                 cut = row[:count, p.start : p.stop].view(dtype)
                 leaves[p.index] = cut[:, :size].reshape((count, *shape))
         return self.treedef.unflatten(leaves)
+
+
+def _empty(shape: tuple[int, ...], dtype: Any) -> Any:
+    """No values of ``shape`` and ``dtype`` (a leading axis of 0)."""
+    if not jnp.issubdtype(dtype, jax.dtypes.extended):
+        return np.zeros((0, *shape), dtype)
+    with jax.ensure_compile_time_eval():
+        return jnp.zeros((0, *shape), dtype)
 
 
 #: dtypes of fewer than 8 bits a value, kept as rows of their own (no bytes to bitcast)

@@ -24,8 +24,9 @@ or the store's ``flush``/``close``) raises it, naming the records not written. A
 failure keeps its block and is retried after it is reported, as the store's own background
 writer does. ``close()`` waits for every block.
 
-A fixed store takes each block as one batch. A store with ragged or optional parts takes the
-block's records one by one (:meth:`TreeStore.extend`): inside a compiled step every list has
+Every store takes a block through ``extend_batch`` with the mask
+:data:`~pytreestore._write.records.EVERY_RECORD_REAL`: a fixed store as one batch, a store with
+ragged or optional parts record by record (its writer walks them): inside a compiled step every list has
 its length and every optional subtree is there or None for every step, so each record is a
 fixed-shape record of the store.
 
@@ -55,7 +56,6 @@ from jax.core import Tracer
 from jax.tree_util import tree_flatten
 
 from pytreestore import _arguments
-from pytreestore._format.ragged import NO_TABLES
 from pytreestore._format.schema import TreeSchema
 from pytreestore._tree.device import refuse_unreadable
 from pytreestore._tree.packing import (
@@ -70,6 +70,7 @@ from pytreestore._tree.packing import (
     start_copies,
 )
 from pytreestore._write.background import ChunkWrites
+from pytreestore._write.records import EVERY_RECORD_REAL
 from pytreestore.errors import (
     ArgumentError,
     ClosedStoreError,
@@ -99,21 +100,15 @@ def check_layout(store: Sink, layout: Layout) -> None:
     """Refuses records of ``layout`` that ``store`` would refuse, before any is recorded (a
     fixed store checks an empty batch; a store with tables checks each block as it is
     written)."""
-    write_block(store, layout.empty(), 0)
+    write_block(store, layout.empty())
 
 
-def write_block(store: Sink, batch: Any, count: int) -> None:
-    """Appends ``batch`` (``count`` records, one structure) to ``store``.
-
-    The recorder's one branch on the kind of store: a fixed store takes the block as one
-    batch; a store with tables takes its records, since a block of fixed-shape records is a
-    padded batch whose mask is all real, and nothing yet builds that mask from a block.
-    """
-    if store.schema.tables is NO_TABLES:  # a fixed store (see the docstring)
-        store.extend_batch(batch)
-        return
-    leaves, treedef = tree_flatten(batch)
-    store.extend([treedef.unflatten([leaf[i] for leaf in leaves]) for i in range(count)])
+def write_block(store: Sink, batch: Any) -> None:
+    """Appends ``batch`` (records of one structure and fixed shapes, a leading
+    record axis) to ``store``, whatever its kind: the store's writer takes the rows as
+    records (:data:`~pytreestore._write.records.EVERY_RECORD_REAL`; a fixed store as one
+    batch, a store with tables record by record)."""
+    store.extend_batch(batch, EVERY_RECORD_REAL)
 
 
 #: the recorders of each store (by id of its core) not yet closed, which the store's
@@ -383,7 +378,7 @@ class Recorder:
         try:
             batch = make()
             before = len(self._store)
-            write_block(self._store, batch, count)
+            write_block(self._store, batch)
         except StorageError as err:
             if len(self._store) < before + count:
                 raise  # kept and retried once reported (ChunkWrites)

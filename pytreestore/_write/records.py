@@ -37,6 +37,7 @@ import typing
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+from jax.tree_util import tree_flatten
 
 from pytreestore import _arguments
 from pytreestore import _threads as _exiting
@@ -204,10 +205,13 @@ class RecordWriter:
             self._fixed.extend(records)
             self._commits.after_call(extended=True)
             return
-        records = _arguments.iterable(records, "extend()", "records")
+        self._walk_all(_arguments.iterable(records, "extend()", "records"))
+        self._commit_walked()
+
+    def _walk_all(self, records: Iterable[object]) -> None:
+        """Walks ``records`` into the tables (stacked in memory first where they fit)."""
         if stackable(records, self.tables[None].schema) is None or not self._stack(records):
             self._walk(records)
-        self._commit_walked()
 
     def _commit_walked(self) -> None:
         """Commits the records a walk took (:attr:`_accepted`: the tables' positions before
@@ -313,15 +317,22 @@ class RecordWriter:
     ) -> None:
         """Appends the records of ``batch`` (leaves with a leading record axis; a ragged or
         optional store's padded, with the ``mask`` of its real values, the pair ``load``
-        returns), all or none (``where``: the store, in errors)."""
+        returns), all or none (``where``: the store, in errors). The mask
+        :data:`EVERY_RECORD_REAL` (internal: a recorder's blocks) takes a batch of records of
+        one fixed shape into any store: each row one record, every value real."""
         if self._fixed is not None:
-            self._fixed.extend_batch(batch, mask, where=where)
+            self._fixed.extend_batch(
+                batch, None if mask is EVERY_RECORD_REAL else mask, where=where
+            )
             self._commits.after_call(extended=True)
         else:
             self._walk_batch(batch, mask)
             self._commit_walked()
 
     def _walk_batch(self, batch: object, mask: object) -> None:
+        if mask is EVERY_RECORD_REAL:  # each row one record of fixed shapes: nothing padded
+            self._walk_all(unbatched(batch))
+            return
         if mask is None:
             raise SchemaMismatchError(
                 "a ragged or optional store's batch is padded, and taken with the mask of "
@@ -370,6 +381,32 @@ class RecordWriter:
             w.rollback(position[t])
 
 
+class _EveryRecordReal:
+    """The type of :data:`EVERY_RECORD_REAL`."""
+
+    def __repr__(self) -> str:
+        return "EVERY_RECORD_REAL"
+
+
+#: the mask of a batch whose rows are whole records of fixed shapes (nothing padded: a
+#: recorder's block, :mod:`pytreestore._write.recorder`): ``extend_batch(batch,
+#: EVERY_RECORD_REAL)`` appends one record per row to a store of any kind
+EVERY_RECORD_REAL = _EveryRecordReal()
+
+
+def unbatched(batch: object) -> list[object]:
+    """The records of ``batch``, one per row of its leaves (views, no copies).
+
+    Example:
+        >>> import numpy as np
+        >>> unbatched({"a": np.arange(2), "b": [np.zeros((2, 1))]})
+        [{'a': np.int64(0), 'b': [array([0.])]}, {'a': np.int64(1), 'b': [array([0.])]}]
+    """
+    leaves, treedef = tree_flatten(batch)
+    count = len(leaves[0]) if leaves else 0
+    return [treedef.unflatten([leaf[i] for leaf in leaves]) for i in range(count)]
+
+
 def new_writer(
     backend: Backend, schema: TreeSchema, commit: Commit, keep: int | None = KEEP_VERSIONS
 ) -> RecordWriter:
@@ -414,4 +451,4 @@ def _hinted(model: Model, err: SchemaMismatchError, record: object) -> str:
     return hinted(str(err), lambda: layout_problems(model.spec, record, model.decl))
 
 
-__all__ = ["PendingStructure", "RecordWriter", "new_writer"]
+__all__ = ["EVERY_RECORD_REAL", "PendingStructure", "RecordWriter", "new_writer", "unbatched"]

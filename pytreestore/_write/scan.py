@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -94,19 +95,36 @@ def record_scan(
 
 
 def _scan_layout(store: Sink, step: Any, record: Any, carry: Any) -> Layout:
-    """The records' layout, checked against ``carry`` and the store before any step runs."""
+    """The records' layout, checked against ``carry`` and the store before any step runs
+    (the step traced once per step, record function and carry shapes: :func:`_traced`)."""
     before = jax.eval_shape(same, carry)
-    after = jax.eval_shape(step, carry)
+    leaves, treedef = jax.tree.flatten(before)
+    try:
+        layout, after = _traced(step, record, treedef, tuple(leaves))
+    except TypeError:  # an unhashable step or record function: traced each time
+        layout, after = _traced.__wrapped__(step, record, treedef, tuple(leaves))
+    if layout is None:
+        raise ArgumentError(
+            f"record_scan of store {store.path}: step must return a carry of the structure, "
+            f"shapes and dtypes it is given: got {shapes_of(before)}, returned {after}"
+        )
+    check_layout(store, layout)
+    return layout
+
+
+@functools.lru_cache(maxsize=64)
+def _traced(
+    step: Any, record: Any, treedef: Any, leaves: tuple[Any, ...]
+) -> tuple[Layout | None, str]:
+    """The layout of ``record`` of ``step``'s carry from a carry of ``treedef`` and shapes
+    ``leaves`` (None if ``step`` changes them), and the shapes it returns, for the message."""
+    before = treedef.unflatten(leaves)
+    after = jax.eval_shape(step, before)
     if jax.tree.structure(before) != jax.tree.structure(after) or jax.tree.leaves(
         before
     ) != jax.tree.leaves(after):
-        raise ArgumentError(
-            f"record_scan of store {store.path}: step must return a carry of the structure, "
-            f"shapes and dtypes it is given: got {shapes_of(before)}, returned {shapes_of(after)}"
-        )
-    layout = Layout.of(jax.eval_shape(record, after))
-    check_layout(store, layout)
-    return layout
+        return None, shapes_of(after)
+    return Layout.of(jax.eval_shape(record, after)), ""
 
 
 __all__ = ["record_scan"]
