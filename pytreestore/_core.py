@@ -45,7 +45,7 @@ from pytreestore._log.locks import WriterLock
 from pytreestore._log.model import reread_schema
 from pytreestore._log.repair import check_not_replaced
 from pytreestore._log.transaction import Change, Operation, Transaction
-from pytreestore._read import overlay as _overlay
+from pytreestore._read import index as _index
 from pytreestore._read import reader as _reader
 from pytreestore._read.ahead import ReadAhead
 from pytreestore._read.cache import ChunkCache, for_store
@@ -404,8 +404,8 @@ class StoreCore:
             return view.commit.first, view.records
 
     @contextlib.contextmanager
-    def viewing(self) -> Iterator[_overlay.View]:
-        """What one read sees (:mod:`pytreestore._read.overlay`), for the read's duration: a
+    def viewing(self) -> Iterator[_index.View]:
+        """What one read sees (:class:`pytreestore._read.index.View`), for the read's duration: a
         reader its commit; a writer every record, committing nothing, its mutex held until
         the read ends. While another thread holds it, the read sees the records committed,
         unless an earlier read saw more (then it waits: no read sees fewer records than one
@@ -413,11 +413,11 @@ class StoreCore:
         self.check_open()
         writer = self._writer
         if writer is None or os.getpid() != self._pid:  # a forked child never writes
-            yield _overlay.committed(self.head())
+            yield _index.committed(self.head())
             return
         if not self._mutex.acquire(blocking=False):
             if writer.commit.records >= self._seen:
-                yield _overlay.committed(writer.commit)
+                yield _index.committed(writer.commit)
                 return
             self._mutex.acquire()
         try:

@@ -4,7 +4,7 @@ Every read goes through :func:`load` (a record or a batch of records) or
 :func:`load_leaves` (the columns' arrays, for ``copy`` and the CLI), in the same steps:
 
 1. the store's :class:`ReadContext` gives what a read sees (:class:`~pytreestore._read.
-   overlay.View`: through a writer, its buffered records too, committing nothing) and the
+   index.View`: through a writer, its buffered records too, committing nothing) and the
    index is normalised against that count, as rows: record ``i`` is row ``first + i`` after a
    ``keep_last`` (:func:`pytreestore._read.index.normalize`);
 2. ``Backend.read`` reads every chosen column at once (rows only a writer's memory holds
@@ -47,13 +47,11 @@ from pytreestore._read import ahead as _ahead
 from pytreestore._read import cache as _cache
 from pytreestore._read import place as _device
 from pytreestore._read import sharded as _sharded
-from pytreestore._read import slabs as _hostpool
 from pytreestore._read import slabs as _slabs
 from pytreestore._read.ahead import Block, ReadAhead
 from pytreestore._read.cache import ChunkCache
 from pytreestore._read.gather import Rows
-from pytreestore._read.index import Selection
-from pytreestore._read.overlay import ReadFn, View
+from pytreestore._read.index import ReadFn, Selection, View
 from pytreestore._read.request import LoadRequest
 from pytreestore._runtime import RUNTIME
 from pytreestore.backends import Backend, ReadsInto, capable
@@ -283,7 +281,7 @@ def _slab_leaves(
         count = piece.rows.stop - piece.rows.start
         rows = Selection(piece.rows, count, False)
         shapes = [((count, *c.shape), np.dtype(c.dtype)) for c in part.specs]
-        outs = _hostpool.views(buffer(_hostpool.nbytes(shapes)), shapes)
+        outs = _slabs.views(buffer(_slabs.nbytes(shapes)), shapes)
         arrays = _read(context, part, rows, records, outs)
         paths = [request.schema.paths[i] for i in chosen]
         return [_device.jax_ready(a, p, request.cast) for a, p in zip(arrays, paths)]

@@ -48,7 +48,7 @@ from pytreestore._log.commit_record import Commit
 from pytreestore._log.committer import Committer
 from pytreestore._log.model import Model, grow_schema
 from pytreestore._log.versions import KEEP_VERSIONS
-from pytreestore._read.overlay import View, committed, of_writer
+from pytreestore._read.index import View, committed, of_writer
 from pytreestore._tree.device import VALID, refuse_unreadable
 from pytreestore._tree.layout import Walker, hinted, layout_problems
 from pytreestore._tree.unpad import unpad_records

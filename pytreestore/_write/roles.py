@@ -51,7 +51,7 @@ class Held:
     of consecutive rows (the chunks handed to the background writer and not yet written,
     the chunk being filled, rows waiting to be converted), each its first row and one array
     per column; every row before ``start`` is on storage. What a read of the writer takes
-    instead of committing them (:mod:`pytreestore._read.overlay`); valid while the store's
+    instead of committing them (:class:`pytreestore._read.index.View`); valid while the store's
     mutex is held (the writer reuses its buffers).
 
     Example:
