@@ -186,7 +186,9 @@ class StoreCore:
         self.check_open()
         if self._writer is None:
             return self._commit.length
-        return len(self._writer) - self._writer.commit.first  # the writer counts rows
+        rows = len(self._writer)  # the writer counts rows
+        self._seen = max(self._seen, rows)  # a read after it sees them (``viewing``)
+        return rows - self._writer.commit.first
 
     # ---- guards --------------------------------------------------------------------------------
 
