@@ -37,3 +37,29 @@ def test_a_read_after_len_sees_the_records_len_counted_while_another_thread_appe
     assert counted == 6
     assert int(got["last"]) == 5
     store.close()
+
+
+def test_a_replay_buffer_reads_its_window_again_after_a_truncate_and_as_many_appends(path, backend):
+    """A truncate, then as many records appended by another route: the store's end is where
+    the window's was, yet its last records are new. The buffer sampled the truncated ones
+    (5, 6, 7), records no version after the truncate holds."""
+    store = pytreestore.create(path, {"x": np.int32(0)}, chunk_records=4, backend=backend)
+    buffer = store.replay(5, seed=0, keep_all=True)
+    buffer.add_batch({"x": np.arange(8, dtype=np.int32)})
+    store.truncate(len(store) - 3)
+    store.extend({"x": np.int32(100 + i)} for i in range(3))
+    drawn = set(buffer.sample(200, as_numpy=True)["x"].tolist())
+    assert drawn == {3, 4, 100, 101, 102}
+    store.close()
+
+
+def test_a_replay_buffer_samples_no_record_a_keep_last_released(path, backend):
+    """``store.keep_last(2)`` under a buffer of capacity 5: the buffer holds the 2 records
+    the store keeps (it held and sampled the 3 released ones)."""
+    store = pytreestore.create(path, {"x": np.int32(0)}, chunk_records=4, backend=backend)
+    buffer = store.replay(5, seed=0, keep_all=True)
+    buffer.add_batch({"x": np.arange(8, dtype=np.int32)})
+    assert store.keep_last(2) == 6
+    assert len(buffer) == 2
+    assert set(buffer.sample(100, as_numpy=True)["x"].tolist()) == {6, 7}
+    store.close()
