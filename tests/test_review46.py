@@ -97,3 +97,24 @@ def test_evolve_after_a_failed_append_agrees_with_the_stores_schema(path, backen
     store.append(m.ragged_record(1, ((1,), 2)))
     assert store.load(as_numpy=True)[0]["opt"]["b"].tolist() == [7]
     store.close()
+
+
+def test_a_version_written_over_after_keep_last_is_refused_in_its_own_records(path, backend):
+    """keep_last(7) of 10, truncate(0), one append: the keep_last version (7 records, rows
+    3 to 9) is gone. The refusal counted rows as records ("(10 records) ... over its records
+    from 3 on. Its first 3 records are those of version 5"): it has 7 records, all written
+    over, none of them kept by the later version."""
+    store = pytreestore.create(path, {"x": np.int32(0)}, chunk_records=2, backend=backend)
+    store.extend({"x": np.int32(i)} for i in range(10))
+    assert store.keep_last(7) == 3
+    released = store.versions()[-1].version
+    store.truncate(0)
+    store.append({"x": np.int32(99)})
+    store.flush()
+    with pytest.raises(errors.VersionNotFoundError) as refused:
+        pytreestore.open(path, version=released, backend=backend)
+    message = str(refused.value)
+    assert "(7 records)" in message, message
+    assert "over its records from 0 on" in message, message
+    assert "Its first 0 records" in message, message
+    store.close()
