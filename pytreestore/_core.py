@@ -186,9 +186,8 @@ class StoreCore:
         self.check_open()
         if self._writer is None:
             return self._commit.length
-        rows = len(self._writer)  # the writer counts rows
-        self._seen = max(self._seen, rows)  # a read after it sees them (``viewing``)
-        return rows - self._writer.commit.first
+        self._seen = max(self._seen, len(self._writer))  # a read after it sees as many
+        return len(self._writer) - self._writer.commit.first  # the writer counts rows
 
     # ---- guards --------------------------------------------------------------------------------
 
