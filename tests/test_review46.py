@@ -118,3 +118,28 @@ def test_a_version_written_over_after_keep_last_is_refused_in_its_own_records(pa
     assert "over its records from 0 on" in message, message
     assert "Its first 0 records" in message, message
     store.close()
+
+
+def test_records_recorded_before_evolve_keep_last_or_truncate_come_before_it(path, backend):
+    """A recorder's block still on the device when the store is evolved: it was written
+    after the evolve and refused ("could not write its records 0 to 2 ... not in the
+    store"); before a keep_last or truncate it landed after it. The store flushes its
+    recorders first, as ``flush`` does."""
+    import jax.numpy as jnp
+
+    store = pytreestore.create(path, {"x": np.int32(0)}, chunk_records=4, backend=backend)
+    store.extend({"x": np.int32(i)} for i in range(5))
+    rec = store.recorder(block=4)
+    for i in range(3):
+        rec.append({"x": jnp.int32(100 + i)})
+    assert store.keep_last(2) == 6
+    for i in range(3):
+        rec.append({"x": jnp.int32(200 + i)})
+    store.evolve(add={"['y']": np.float32(0.5)})
+    rec.append({"x": jnp.int32(300), "y": jnp.float32(1.0)})
+    store.truncate(5)
+    rec.close()
+    got = store.load(as_numpy=True)
+    assert got["x"].tolist() == [101, 102, 200, 201, 202]
+    assert got["y"].tolist() == [0.5] * 5
+    store.close()
