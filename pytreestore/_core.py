@@ -186,6 +186,7 @@ class StoreCore:
         self.check_open()
         if self._writer is None:
             return self._commit.length
+        self._seen = max(self._seen, len(self._writer))  # a read after it sees as many
         return len(self._writer) - self._writer.commit.first  # the writer counts rows
 
     # ---- guards --------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from pytreestore._log.prune import VacuumReport
 from pytreestore._log.transaction import KeepLast, Tag, Truncate
 from pytreestore._log.versions import Version
 from pytreestore._read.engine import record_reads
+from pytreestore._write.recorder import flush_recorders
 from pytreestore.backends import Backend
 
 #: the record type of a store (``TreeStore[T]``): the class of the example it was created with
@@ -303,6 +304,7 @@ class Versioning:
         records = _arguments.count(
             records, "truncate() takes a record count (an int)", minimum=None
         )
+        flush_recorders(id(self._core))  # records recorded before it are before it
         self._core.commit(Truncate(records, self._core.path))
 
     def keep_last(self, n: int) -> int:
@@ -346,6 +348,7 @@ class Versioning:
         """
         n = _arguments.count(n, "keep_last() takes how many records to keep (an int >= 0)")
         operation = KeepLast(n, self._core.path)
+        flush_recorders(id(self._core))  # records recorded before it are before it
         self._core.commit(operation)
         return operation.released
 

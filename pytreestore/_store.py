@@ -302,6 +302,7 @@ class TreeStore(Pipelines, Reads[T], Versioning, Fragmenting, Generic[T]):
                 changed; reopen the store.
         """
         changes = {"add": add, "drop": drop, "rename": rename, "rename_class": rename_class}
+        flush_recorders(id(self._core))  # records recorded before it take the old schema
         self._core.commit(Evolve(self.path, changes))  # the new schema is a version
 
     def flush(self) -> None:

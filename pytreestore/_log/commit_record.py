@@ -243,7 +243,7 @@ class Commit:
             )
         return (
             f"after a truncate, version {version} wrote new records over its records from "
-            f"{start} on"
+            f"{max(start - seen.first, 0)} on"  # records count from its front (keep_last)
         )
 
     def truncated_since(self, seen: Commit) -> bool:

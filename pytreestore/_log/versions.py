@@ -190,9 +190,9 @@ def resolve(engine: Backend, head: Commit, wanted: int | str, where: str) -> Com
     gone = head.gone(found)
     if gone is not None:
         raise VersionNotFoundError(
-            f"version {number}{_named(wanted)} of {where} ({found.records} records) is gone: "
-            f"{head.why_gone(found)}. Its first {gone[1]} records are those of version "
-            f"{gone[0]}; open that version or a later one."
+            f"version {number}{_named(wanted)} of {where} ({found.length} records) is gone: "
+            f"{head.why_gone(found)}. Its first {max(gone[1] - found.first, 0)} records are "
+            f"those of version {gone[0]}; open that version or a later one."
         )
     if found.store is not None and head.store is not None and found.store != head.store:
         raise CorruptStoreError(

@@ -16,7 +16,8 @@ builds the batch as ``load`` builds one
 
 The window is read again from the store (:meth:`Window.fill`) when the store changed under
 it: when the buffer is made (a resumed run), when a record taught the store a structure, after
-``evolve`` or ``truncate``, and after records appended to the store by another route.
+``evolve``, ``truncate`` or ``keep_last`` (however many records were appended since), and
+after records appended to the store by another route.
 
 Example:
     >>> import numpy as np, pytreestore
@@ -172,6 +173,7 @@ class Window:
             if c.role == OFFSETS
         }
         self.requests: dict[bool, LoadRequest] = {}  # by as_numpy, made on first use
+        self.token = ""  # the store's cache id it was read at (renewed by truncate, keep_last)
 
     @property
     def first(self) -> int:
@@ -401,11 +403,18 @@ class ReplayBuffer(Generic[T]):
             return
         self._store.keep_last(self.capacity)
         self._store.vacuum()
+        if self._core.span()[1] == self._window.end:  # the window holds the records kept
+            self._window.token = self._core.cache_id
 
     def _synced(self) -> Window:
         """The window, read again from the store if the store changed under it."""
         core = self._core
-        if core.schema is not self._window.schema or core.span()[1] != self._window.end:
+        window = self._window  # a truncate or keep_last since: rows rewritten or released
+        if (
+            core.schema is not window.schema
+            or core.span()[1] != window.end
+            or core.cache_id != window.token
+        ):
             self._refill()
         return self._window
 
@@ -413,6 +422,7 @@ class ReplayBuffer(Generic[T]):
         """The window read from the store's last ``capacity`` records."""
         core = self._core
         window = Window(core.schema, self.capacity)
+        window.token = core.cache_id
         front, end = core.span()  # rows: record i is row front + i (a released front)
         first = max(end - self.capacity, front)
         if end > first:
