@@ -451,7 +451,6 @@ class StoreCore:
             self.cache,
             self._cache_id,
             viewing=self.viewing,
-            span=self.span,
         )
 
     def forget_reads(self) -> None:

@@ -83,9 +83,6 @@ class ReadContext:
         viewing: what one read sees, held for the read (``StoreCore.viewing``; None: the
             commit ``readable`` counts).
         view: the view of the read this context is lent to (:meth:`held`), else None.
-        span: the rows of the record table a read sees, ``(first, end)``: record ``i`` is row
-            ``first + i`` (rows before ``first`` were released by ``keep_last``); None:
-            ``(0, readable())``.
     """
 
     location: Location
@@ -99,7 +96,6 @@ class ReadContext:
     whole_chunks: bool = False
     viewing: Callable[[], AbstractContextManager[View]] | None = None
     view: View | None = None
-    span: Callable[[], tuple[int, int]] | None = None
 
     @contextlib.contextmanager
     def held(self) -> Iterator[ReadContext]:
@@ -112,10 +108,15 @@ class ReadContext:
             yield dataclasses.replace(self, view=view)
 
     def rows(self) -> tuple[int, int]:
-        """The rows of the record table the read sees, ``(first, end)`` (see ``span``)."""
+        """The rows of the record table the read sees, ``(first, end)``: record ``i`` is row
+        ``first + i`` (rows before ``first`` were released by ``keep_last``); of the
+        :class:`View` it holds, else of one taken now (no ``viewing``: ``(0, readable())``)."""
         if self.view is not None:
             return self.view.commit.first, self.view.records
-        return (0, self.readable()) if self.span is None else self.span()
+        if self.viewing is not None:
+            with self.viewing() as view:
+                return view.commit.first, view.records
+        return 0, self.readable()
 
     def overlaid(self, read: ReadFn) -> ReadFn:
         """``read`` (of storage) with the rows only a writer's memory holds taken from it."""
