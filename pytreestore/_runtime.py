@@ -172,6 +172,10 @@ class Reads:
     verify_batch_bytes: int = 256 * _MiB
     #: bytes of all columns ``copy`` reads and writes per step, about
     copy_slice_bytes: int = 64 * _MiB
+    #: local chunk files are read by pytreestore's direct reader (byte ranges, checksums
+    #: and decoding in compiled code, every column's pieces at once) where it covers them;
+    #: False: every read goes through the engine (TensorStore). Both give the same bytes.
+    direct: bool = True
     #: files one read keeps open on the zarr backend (beyond, a key's ranged reads read it
     #: whole; a point read of a wide store opens one shard per column)
     open_files: int = 256

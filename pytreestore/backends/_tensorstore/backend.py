@@ -27,6 +27,7 @@ import tensorstore as ts
 from pytreestore._format import compression as _compression
 from pytreestore._format import validate as _validate
 from pytreestore._location import Location
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends._base import (
     BatchedReads,
     CheckedReads,
@@ -377,7 +378,8 @@ class TensorStoreBackend(
         (:func:`.reads.read_parts`)."""
         keys = list(dict.fromkeys(key for key, _, _ in requests))
         handles = dict(zip(keys, self.column_handles(keys, records)))
-        plans = {k: self.direct_plan(k, handles[k]) for k in keys}
+        direct = RUNTIME.reads.direct
+        plans = {k: self.direct_plan(k, handles[k]) if direct else None for k in keys}
         return _reads.read_parts(self._location, handles, plans, requests, self._timeout, outs)
 
     def direct_plan(self, key: str, handle: ts.TensorStore) -> _direct.DirectColumn | None:
