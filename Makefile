@@ -3,7 +3,9 @@ STAMP := .venv/.installed
 
 .PHONY: install test test-long lint bench bench-quick bench-tpu demo docs chromium docs-images
 
-$(STAMP): pyproject.toml
+# the direct reader's compiled loop is built by the install (pyproject.toml, ext-modules):
+# a change to its C file installs again
+$(STAMP): pyproject.toml pytreestore/backends/_tensorstore/_pieces.c
 	test -d .venv || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test,dev]"

@@ -19,6 +19,7 @@ from pytreestore import errors
 from pytreestore._location import Location
 from pytreestore.backends import ColumnLayout, TensorStoreBackend
 from pytreestore.backends._tensorstore import direct as _direct
+from pytreestore.backends._tensorstore import direct_reads as _direct_reads
 from pytreestore.backends._tensorstore.kvstore import kvstore_spec
 
 S3 = {"endpoint": "http://127.0.0.1:9/", "region": "us-east-1"}
@@ -173,19 +174,24 @@ def test_checked_reads_report_bad_metadata_per_column(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("where", "codec", "direct"),
-    [("file", None, True), ("file", "zstd", False), ("memory", None, False)],
+    [
+        ("file", None, True),
+        ("file", "zstd", True),
+        ("file", "blosc", False),
+        ("memory", None, False),
+    ],
 )
-def test_direct_path_only_for_uncompressed_local_chunks(
+def test_direct_path_only_for_local_chunks_it_reads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, codec, direct: bool
 ) -> None:
     calls: list[int] = []
-    real = _direct.read
+    real = _direct_reads.read
 
     def counting(requests, into=None):
         calls.append(len(requests))
         return real(requests, into)
 
-    monkeypatch.setattr(_direct, "read", counting)
+    monkeypatch.setattr(_direct_reads, "read", counting)
     url = str(tmp_path / "s") if where == "file" else f"memory://ts-direct-{codec}"
     backend = TensorStoreBackend(Location.parse(url))
     backend.create_columns([_layout("x", (), (4,), codec)])
@@ -193,4 +199,4 @@ def test_direct_path_only_for_uncompressed_local_chunks(
     backend.write(["x"], 0, [np.arange(8, dtype=np.int32)])
     got = TensorStoreBackend(Location.parse(url)).read(["x"], np.array([7, 0, 3]), 8)[0]
     np.testing.assert_array_equal(got, [7, 0, 3])
-    assert bool(calls) is direct
+    assert bool(calls) is (direct and _direct.native() is not None)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import pytreestore
-from pytreestore._format.columns import ColumnSpec, inner_records
+from pytreestore._format.columns import INNER_CHUNK_BYTES, ColumnSpec, inner_records
 from pytreestore.errors import ArgumentError, ArgumentTypeError, CorruptStoreError
 from tests.data import make_golden
 
@@ -51,15 +51,16 @@ def test_inner_records_rule(dtype, shape, chunks, target, inner):
     assert inner_records(column, target) == inner
 
 
-def test_auto_is_32_kib_inner_chunks_for_a_compressed_store(path):
-    with pytreestore.create(path, LIKE, chunk_records=4096, inner_chunk_bytes="auto") as s:
+@pytest.mark.parametrize("options", [{}, {"inner_chunk_bytes": "auto"}])
+def test_a_compressed_store_has_8_kib_inner_chunks_by_default(path, options):
+    with pytreestore.create(path, LIKE, chunk_records=4096, **options) as s:
         s.extend_batch(records(N))
     schema = pytreestore.open(path).schema
-    assert schema.inner_chunk_bytes == 32 << 10
+    assert schema.inner_chunk_bytes == 8 << 10 == INNER_CHUNK_BYTES
     sharded = codecs(path, "w")
     assert [c["name"] for c in sharded] == ["sharding_indexed"]
     config = sharded[0]["configuration"]
-    assert config["chunk_shape"] == [1024, 6]  # 32 KiB // 24 bytes is 1,365: 1,024
+    assert config["chunk_shape"] == [256, 6]  # 8 KiB // 24 bytes is 341: 256
     assert [c["name"] for c in codecs(path, "big")] == ["sharding_indexed"]  # 48 bytes: 512
     assert [c["name"] for c in config["codecs"]] == ["bytes", "zstd", "crc32c"]
     assert [c["name"] for c in config["index_codecs"]] == ["bytes", "crc32c"]
@@ -67,11 +68,11 @@ def test_auto_is_32_kib_inner_chunks_for_a_compressed_store(path):
 
 @pytest.mark.parametrize(
     ("options", "has"),
-    [({}, None), ({"codec": None, "inner_chunk_bytes": "auto"}, None),
-     ({"inner_chunk_bytes": 0}, None), ({"codec": None, "inner_chunk_bytes": 64}, 64),
-     ({"inner_chunk_bytes": 64}, 64)],
+    [({"codec": None}, None), ({"codec": None, "inner_chunk_bytes": "auto"}, None),
+     ({"inner_chunk_bytes": 0}, None), ({"inner_chunk_bytes": None}, None),
+     ({"codec": None, "inner_chunk_bytes": 64}, 64), ({"inner_chunk_bytes": 64}, 64)],
 )  # fmt: skip
-def test_plain_chunks_by_default_when_asked_or_uncompressed(path, options, has):
+def test_plain_chunks_when_asked_or_uncompressed(path, options, has):
     with pytreestore.create(path, LIKE, chunk_records=128, **options) as s:
         s.extend_batch(records(N))
     assert pytreestore.open(path).schema.inner_chunk_bytes == has
@@ -213,7 +214,7 @@ def test_a_store_from_before_stays_plain_and_copies_to_inner_chunks(tmp_path):
     assert pytreestore.open(old).schema.inner_chunk_bytes is None
     new = tmp_path / "new"
     pytreestore.copy(old, new, inner_chunk_bytes="auto", chunk_records=64)
-    assert pytreestore.open(new).schema.inner_chunk_bytes == 32 << 10
+    assert pytreestore.open(new).schema.inner_chunk_bytes == INNER_CHUNK_BYTES
     a, b = pytreestore.open(old).load(as_numpy=True), pytreestore.open(new).load(as_numpy=True)
     assert all(np.array_equal(x, y) for x, y in zip(jax_leaves(a), jax_leaves(b)))
 

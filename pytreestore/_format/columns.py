@@ -202,7 +202,7 @@ def default_chunk_records(leaves: Sequence[tuple[Any, ...]]) -> int:
 
 
 #: the decoded bytes of an inner chunk of a new compressed store (``create(inner_chunk_bytes=)``)
-INNER_CHUNK_BYTES = 32 << 10
+INNER_CHUNK_BYTES = 8 << 10
 
 
 def inner_records(column: ColumnSpec, target: int | None) -> int | None:

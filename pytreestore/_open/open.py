@@ -72,7 +72,7 @@ def create(
     keep_versions: int | None = KEEP_VERSIONS,
     multihost: bool = False,
     pack: bool | int = False,
-    inner_chunk_bytes: int | str | None = None,
+    inner_chunk_bytes: int | str | None = "auto",
 ) -> TreeStore[T]:
     """Creates an empty store for records shaped like ``like`` and opens it for appending.
 
@@ -123,10 +123,10 @@ def create(
             zarr v3 shard of inner chunks of at most this many bytes (a power of two of
             records), each compressed on its own, so that reading one record decodes an
             inner chunk per column instead of a whole chunk (docs/concepts.md, "What
-            reading one record costs"): single records and scattered gathers are several
-            times faster, full loads and bulk writes 1.3-1.5x slower. ``"auto"``: 32 KiB
-            for a compressed store, plain chunks for an uncompressed one; None or 0 (the
-            default): plain chunks.
+            reading one record costs"). ``"auto"`` (the default): 8 KiB for a compressed
+            store, plain chunks for an uncompressed one; None or 0: plain chunks (a full
+            load of a local store is then about 1.3-2x faster, a single record or a
+            scattered gather several times slower: docs/benchmarks.md, "Direct reads").
 
     Raises:
         ArgumentError: an unknown ``codec`` (the message lists the choices).

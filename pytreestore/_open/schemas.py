@@ -53,7 +53,7 @@ DEFAULT_INNER = "auto"
 def inner_chunk_bytes(value: Any, codec: str | None) -> int | None:
     """``create(inner_chunk_bytes=)`` checked: ``"auto"`` is
     :data:`~pytreestore._format.columns.INNER_CHUNK_BYTES` for a compressed store and None
-    (plain chunks) for an uncompressed one; 0 or None (the default): plain chunks.
+    (plain chunks) for an uncompressed one (the default); 0 or None: plain chunks.
 
     Raises:
         ArgumentTypeError: not an int, None or ``"auto"``.

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
-from pytreestore._format import compression as _compression
 from pytreestore._format import validate as _validate
 from pytreestore._location import Location
 from pytreestore._runtime import RUNTIME
@@ -48,7 +47,6 @@ from pytreestore.backends._base import (
 )
 from pytreestore.backends._links import link_files
 from pytreestore.backends._metadata import array_metadata
-from pytreestore.backends._tensorstore import checked as _checked
 from pytreestore.backends._tensorstore import direct as _direct
 from pytreestore.backends._tensorstore import futures as _fork
 from pytreestore.backends._tensorstore import futures as _futures
@@ -329,7 +327,7 @@ class TensorStoreBackend(
     def write(self, keys: Sequence[str], start: int, blocks: Sequence[np.ndarray]) -> None:
         handles = self.column_handles(keys, start + (len(blocks[0]) if blocks else 0))
         direct = [self.direct_plan(k, h) for k, h in zip(keys, handles)]
-        if blocks and all(direct):
+        if blocks and all(p is not None and p.plain for p in direct):
             try:
                 done = _direct.write(direct, start, blocks)  # type: ignore[arg-type]
             except PyTreeStoreError:
@@ -378,20 +376,18 @@ class TensorStoreBackend(
         (:func:`.reads.read_parts`)."""
         keys = list(dict.fromkeys(key for key, _, _ in requests))
         handles = dict(zip(keys, self.column_handles(keys, records)))
-        direct = RUNTIME.reads.direct
-        plans = {k: self.direct_plan(k, handles[k]) if direct else None for k in keys}
+        plans = {k: self.reads_plan(k, handles[k]) for k in keys}
         return _reads.read_parts(self._location, handles, plans, requests, self._timeout, outs)
 
     def direct_plan(self, key: str, handle: ts.TensorStore) -> _direct.DirectColumn | None:
-        """How ``key``'s chunks can be read and written as plain files, or None (not on local
-        disk, or compressed)."""
+        """How ``key``'s local chunk files can be read directly (and, plain ones, written), or
+        None (not on local disk, or a chain the direct reader does not read)."""
         if key not in self._direct:
             plan = None
             codec = handle.codec if self._location.kind == "file" else None
             codecs = codec.to_json()["codecs"] if codec is not None else []
-            plain = _compression.parse(codecs, handle.dtype.numpy_dtype).plain
-            chunks = handle.chunk_layout.write_chunk.shape if plain else None
-            if chunks is not None:  # bytes and a checksum, or nothing plain files can do
+            chunks = handle.chunk_layout.write_chunk.shape if codecs else None
+            if chunks is not None:  # local chunk files: the reader says if it can read them
                 metadata = {
                     "data_type": handle.dtype.name,
                     "shape": list(handle.shape),
@@ -400,9 +396,18 @@ class TensorStoreBackend(
                     "chunk_key_encoding": {"name": "default"},
                     "codecs": codecs,
                 }
-                plan = _direct.plan(Path(self._location.root) / key, metadata, key)
+                folder = Path(self._location.root) / key
+                plan = _direct.plan(folder, metadata, key)
             self._direct[key] = plan
         return self._direct[key]
+
+    def reads_plan(self, key: str, handle: ts.TensorStore) -> _direct.DirectColumn | None:
+        """How the direct reader reads ``key``'s chunks, or None: TensorStore reads them (not
+        on local disk, a chain it does not read, no compiled loop here, or
+        ``RUNTIME.reads.direct`` off)."""
+        if not RUNTIME.reads.direct or _direct.native() is None:
+            return None
+        return self.direct_plan(key, handle)
 
     def remove_partial_writes(self, keys: Sequence[str], tail_chunk: int) -> list[str]:
         """Deletes the ``<key>.__lock`` files a killed writer left behind; the paths removed.
@@ -426,8 +431,8 @@ class TensorStoreBackend(
         self, reads: Sequence[tuple[str, Any]], records: int
     ) -> list[PyTreeStoreError | None]:
         """Reads every ``(key, index)`` at once; each read's error, or None where it worked
-        (:func:`pytreestore.backends._tensorstore.checked.read_checked`)."""
-        return _checked.read_checked(self, reads, records)
+        (:func:`pytreestore.backends._tensorstore.reads.read_checked`)."""
+        return _reads.read_checked(self, reads, records)
 
     def copy_chunks(self, pairs: Sequence[tuple[str, str]]) -> None:
         """Places each source key's object at its destination key: a hard link on the file

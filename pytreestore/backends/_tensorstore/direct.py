@@ -1,29 +1,30 @@
-"""Direct I/O of uncompressed local chunks: chunk files read into (and written from) the
-caller's arrays, with no intermediate buffer.
+"""Local chunk files read and written without the engine: which columns can be (:func:`plan`),
+the compiled loop that reads them (:func:`run`), and the writes of plain chunks.
 
-An uncompressed pytreestore chunk on local disk is a plain file: the chunk's records as raw
-little-endian bytes, then the 4-byte zarr v3 ``crc32c`` checksum of those bytes. Reading one
-through TensorStore decodes it into a chunk buffer and copies that into the output; here the
-bytes go straight from the page cache into the output array (one ``preadv``), and the checksum
-is computed on them in place (``google_crc32c``, which zarr-python uses too). Threads overlap
-the reads, which release the GIL, with the checksums. This is what lets a full read of an uncompressed store run at the speed of
-``np.load`` (see ``docs/benchmarks.md``).
+**Which columns.** A column qualifies when its (inner) chunks hold whole records (the chunk
+shape is the record shape on every axis but the first) as little-endian bytes, uncompressed
+or zstd, each ending in its ``crc32c``; a shard's index at its end, checksummed; chunk keys
+in the default ``/`` encoding. Everything else goes through TensorStore.
 
-Only columns whose chunks hold whole records (the chunk shape is the record shape on every
-axis but the first), whose codecs are exactly ``bytes`` (little-endian) and ``crc32c``, and
-whose chunk keys use the default ``/`` encoding qualify (:func:`plan`); everything else, and
-any chunk file that is missing, goes through the engine as before. Every chunk read here is
-checked against its checksum: a mismatch raises :class:`~pytreestore.errors.CorruptChunkError`
-naming the chunk.
+**The compiled loop.** A read is a table of pieces, each a byte range of an open file (a
+plain chunk, or an inner chunk of a zarr v3 shard: :mod:`.direct_reads` makes the table),
+and of copies out of each decoded piece. The loop is a small C file (``_pieces.c``) that
+``make install`` (``pip install -e .``) compiles into a shared library beside this module;
+it is loaded with :mod:`ctypes` (whose calls release the GIL), and it loads by path the
+libraries the Python packages already ship: google-crc32c's ``libcrc32c`` and libzstd (the
+system's, else numcodecs'). Several threads of the pool run it on one table at once, taking
+pieces from a shared counter. Where the library was not built (no C compiler) or a library
+is missing, :func:`native` is None and every read goes through TensorStore: the same
+bytes, more slowly.
 
-Writes follow the TensorStore ``file`` kvstore's own protocol: each chunk goes to
-``<chunk>.__lock``, is fsynced and renamed over the chunk, so readers see the old chunk or the
-new one; the folders are fsynced before :func:`write` returns, so a commit written after it
-never counts a chunk that is not on disk (step 6 of the commit protocol,
-:mod:`pytreestore._log.protocol`).
+**Writes** of plain (uncompressed, unsharded) chunks follow the TensorStore ``file``
+kvstore's own protocol: each chunk goes to ``<chunk>.__lock``, is fsynced and renamed over
+the chunk, so readers see the old chunk or the new one; the folders are fsynced before
+:func:`write` returns, so a commit written after it never counts a chunk that is not on disk
+(step 6 of the commit protocol, :mod:`pytreestore._log.protocol`).
 
 Example:
-    >>> import numpy as np, tempfile
+    >>> import numpy as np, os, tempfile
     >>> from pathlib import Path
     >>> meta = {"shape": [0, 2], "data_type": "int32",
     ...         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [4, 2]}},
@@ -33,19 +34,27 @@ Example:
     >>> column = plan(Path(tempfile.mkdtemp()), meta)
     >>> write([column], 0, [np.arange(16, dtype=np.int32).reshape(8, 2)])
     8
-    >>> read([(column, slice(3, 6), None)])[0].tolist()
-    [[6, 7], [8, 9], [10, 11]]
-    >>> read([(column, slice(3, 6), slice(1, 2))])[0].tolist()
-    [[7], [9], [11]]
+    >>> out = np.zeros(2, np.int32)
+    >>> fd = os.open(column.path(1), os.O_RDONLY)
+    >>> table = pieces(1)
+    >>> table[0] = (0, 36, 32, 0, 1, 0, fd, NONE, 1, 0)
+    >>> moves = copies(1)
+    >>> moves[0] = (8, out.ctypes.data, 8)
+    >>> native() is None or (run(table, moves), out.tolist())[1] == [10, 11]
+    True
+    >>> os.close(fd)
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import functools
+import glob
+import importlib.machinery
 import math
 import os
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import wait
 from pathlib import Path
@@ -56,27 +65,51 @@ import numpy as np
 
 from pytreestore._format import compression as _compression
 from pytreestore._runtime import RUNTIME
-from pytreestore.backends._base import damaged_chunk
 
 _T = TypeVar("_T")
 _LITTLE = sys.byteorder == "little"
 
+#: a piece's codec: its stored bytes as they are, or zstd
+NONE, ZSTD = 0, 1
+#: a piece's status after :func:`run`
+OK, OS_ERROR, SHORT, CHECKSUM, DECODE, SIZE, MEMORY, NO_CODEC, BOUNDS = range(9)
 
-class MissingChunk(Exception):
-    """A chunk file is absent: the caller reads the whole request through its engine, which
-    knows the fill value (internal; never escapes the backend)."""
+#: one piece, laid out as ``pts_piece`` in ``_pieces.c``
+PIECE = np.dtype(
+    [
+        ("offset", "<i8"),
+        ("length", "<i8"),
+        ("decoded", "<i8"),
+        ("copy_lo", "<i8"),
+        ("copy_hi", "<i8"),
+        ("detail", "<i8"),
+        ("fd", "<i4"),
+        ("codec", "<i4"),
+        ("checksum", "<i4"),
+        ("status", "<i4"),
+    ]
+)
+#: one copy out of a decoded piece, laid out as ``pts_copy``
+COPY = np.dtype([("src", "<i8"), ("dst", "<i8"), ("nbytes", "<i8")])
+
+#: decoded bytes of work a thread takes at least (more threads cost more than they save)
+_BYTES_PER_THREAD = 64 << 10
+_CORES = os.cpu_count() or 1
 
 
 @dataclasses.dataclass(frozen=True)
 class DirectColumn:
-    """A column whose chunks can be read and written as plain files.
+    """A column whose chunks can be read (and, plain ones, written) as files.
 
     Attributes:
         key: the column's storage key (for error messages).
         folder: the array's folder (holding ``zarr.json`` and ``c/``).
         dtype: element dtype.
         shape: per-record shape.
-        chunk: records per chunk.
+        chunk: records per chunk (per shard, when sharded).
+        inner: records per inner chunk of a ``sharding_indexed`` shard; None: plain chunks.
+        codec: how each (inner) chunk is stored: :data:`.pieces.NONE` (its bytes) or
+            :data:`.pieces.ZSTD`.
     """
 
     key: str
@@ -84,22 +117,53 @@ class DirectColumn:
     dtype: np.dtype
     shape: tuple[int, ...]
     chunk: int
+    inner: int | None = None
+    codec: int = NONE
+
+    def __post_init__(self) -> None:  # what every read asks, worked out once
+        row = self.dtype.itemsize * math.prod(self.shape)
+        per = self.inner or self.chunk
+        sets = {
+            "row_nbytes": row,
+            "per": per,
+            "entries": self.chunk // per,
+            "_prefix": os.path.join(self.folder, "c") + "/",
+            "_suffix": "/0" * len(self.shape),
+        }
+        for name, value in sets.items():
+            object.__setattr__(self, name, value)
+
+    #: bytes of one record's row
+    row_nbytes: int = dataclasses.field(init=False, repr=False, compare=False)
+    #: records per piece: per inner chunk, or per chunk
+    per: int = dataclasses.field(init=False, repr=False, compare=False)
+    #: pieces per chunk (inner chunks per shard; 1 when plain)
+    entries: int = dataclasses.field(init=False, repr=False, compare=False)
+    _prefix: str = dataclasses.field(init=False, repr=False, compare=False)
+    _suffix: str = dataclasses.field(init=False, repr=False, compare=False)
 
     @property
-    def row_nbytes(self) -> int:
-        return self.dtype.itemsize * math.prod(self.shape)
+    def plain(self) -> bool:
+        """Chunk files that are the rows' bytes and a checksum (written here too)."""
+        return self.inner is None and self.codec == NONE
 
     def chunk_key(self, k: int) -> str:
         return "/".join(["c", str(k), *["0"] * len(self.shape)])
 
     def path(self, k: int) -> str:
-        return os.path.join(self.folder, self.chunk_key(k))
+        return f"{self._prefix}{k}{self._suffix}"
+
+    def coords(self, k: int) -> tuple[int, ...]:
+        """Chunk ``k``'s coordinates in the chunk grid (its leaf axes are whole)."""
+        return (k, *[0] * len(self.shape))
 
 
 def plan(folder: Path, metadata: dict[str, Any], key: str = "") -> DirectColumn | None:
-    """The :class:`DirectColumn` of the array whose ``zarr.json`` is ``metadata``, or None
-    when its chunks are not plain bytes plus a ``crc32c`` checksum on this machine (the
-    codec registry reads its ``codecs``: :attr:`pytreestore._format.compression.Chain.plain`)."""
+    """The :class:`DirectColumn` of the array whose ``zarr.json`` is ``metadata``, or None when the direct reader cannot read its chunks on this machine:
+    each (inner) chunk must hold whole records as little-endian bytes, uncompressed or zstd,
+    then a ``crc32c``; a shard's index at its end, checksummed (the codec registry reads the
+    ``codecs``: :func:`pytreestore._format.compression.parse`); zstd and shards need the
+    compiled loop (:func:`.pieces.native`)."""
     try:
         dtype = np.dtype(metadata["data_type"])
         shape = tuple(int(n) for n in metadata["shape"][1:])
@@ -108,174 +172,161 @@ def plan(folder: Path, metadata: dict[str, Any], key: str = "") -> DirectColumn 
         codecs = metadata["codecs"]
     except (KeyError, TypeError, ValueError, IndexError):
         return None
-    plain = (
+    usable = (
         _LITTLE
-        and _compression.parse(codecs, dtype).plain
         and encoding.get("name") == "default"
         and encoding.get("configuration", {}).get("separator", "/") == "/"
         and tuple(chunks[1:]) == shape
-        and dtype.kind in "biufc"
+        and dtype.kind in "biufcV"
         and dtype.itemsize > 0
         and 0 not in shape
     )
-    return DirectColumn(key, Path(folder), dtype, shape, chunks[0]) if plain else None
+    layout = _layout(codecs, dtype, chunks) if usable else None
+    if layout is None:
+        return None
+    inner, codec = layout
+    return DirectColumn(key, Path(folder), dtype, shape, chunks[0], inner, codec)
 
 
-# ---- reads -----------------------------------------------------------------------------------
+_CODECS = {None: NONE, "zstd": ZSTD}
 
 
-def read(
-    requests: Sequence[tuple[DirectColumn, Any, slice | None]],
-    into: Sequence[np.ndarray | None] | None = None,
-) -> list[np.ndarray]:
-    """Reads ``index`` (a slice with a positive step, or an int array) of each column; with a
-    ``part`` (a slice of the second axis), only that part: each chunk is then read whole into
-    a scratch buffer, checked, and the part copied out, so the output holds the part alone.
-    ``into[i]``, where given, receives the rows of a request of a slice of step 1 and no part
-    (C-ordered, of the column's dtype and the rows' shape).
-
-    Raises:
-        MissingChunk: a chunk file is absent (read the request through the engine instead).
-        CorruptChunkError: a chunk's size or checksum is wrong.
-    """
-    outs: list[np.ndarray] = []
-    tasks: list[Callable[[], None]] = []
-    plans: dict[tuple[int, int], tuple[Any, int, list[tuple[int, np.ndarray, np.ndarray]]]] = {}
-    for i, (column, index, part) in enumerate(requests):
-        if part is None and isinstance(index, slice) and (index.step or 1) == 1:
-            start, stop = index.start or 0, index.stop
-            given = into[i] if into is not None else None
-            out = np.empty((stop - start, *column.shape), column.dtype) if given is None else given
-            tasks.extend(_slice_tasks(column, start, stop, out))
-        else:
-            key = (id(index), column.chunk)  # the columns of a call share their index
-            if key not in plans:
-                rows = _rows(index)
-                plans[key] = (index, len(rows), _by_chunk(rows, column.chunk))  # keeps id(index)
-            _, count, plan = plans[key]
-            shape = column.shape if part is None else _part_shape(column.shape, part)
-            out = np.empty((count, *shape), column.dtype)
-            tasks.extend(_gather_task(column, *where, out, part) for where in plan)
-        outs.append(out)
-    _run_all(tasks)
-    return outs
+def _layout(codecs: Any, dtype: np.dtype, chunks: list[int]) -> tuple[int | None, int] | None:
+    """``(records per inner chunk or None, piece codec)`` of a chain the reader takes."""
+    chain = _compression.parse(codecs, dtype)
+    if chain.plain:
+        return None, NONE
+    name = chain.codec.name if chain.codec is not None else "?"
+    lib = native()
+    if lib is None or not chain.checksummed or name not in _CODECS:
+        return None
+    if name == "zstd" and not lib.zstd:
+        return None
+    if not chain.sharded:
+        return None, _CODECS[name]
+    config = codecs[0].get("configuration", {})
+    inner = [int(n) for n in config.get("chunk_shape", [])]
+    index = config.get("index_codecs")
+    ours = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
+    if (
+        config.get("index_location", "end") != "end"
+        or index != ours
+        or inner[1:] != chunks[1:]
+        or not inner
+        or inner[0] <= 0
+        or chunks[0] % inner[0]
+    ):
+        return None
+    return inner[0], _CODECS[name]
 
 
-def _part_shape(shape: tuple[int, ...], part: slice) -> tuple[int, ...]:
-    low, high, _ = part.indices(shape[0])
-    return (max(high - low, 0), *shape[1:])
+# ---- the compiled loop ---------------------------------------------------------------------
 
 
-def _rows(index: Any) -> np.ndarray:
-    if isinstance(index, slice):
-        return np.arange(index.start or 0, index.stop, index.step, dtype=np.int64)
-    return np.asarray(index, np.int64)
+def pieces(n: int) -> np.ndarray:
+    """An empty table of ``n`` pieces."""
+    return np.zeros(n, PIECE)
 
 
-def _by_chunk(rows: np.ndarray, size: int) -> list[tuple[int, np.ndarray, np.ndarray]]:
-    """``(chunk, positions in rows, rows within the chunk)`` for every chunk ``rows`` touch."""
-    chunk_of = rows // size
-    order = np.argsort(chunk_of, kind="stable")
-    ks, starts = np.unique(chunk_of[order], return_index=True)
-    groups = np.split(order, starts[1:]) if len(rows) else []
-    return [(k, g, rows[g] - k * size) for k, g in zip(ks.tolist(), groups)]
+def copies(n: int) -> np.ndarray:
+    """An empty table of ``n`` copies."""
+    return np.zeros(n, COPY)
 
 
-def _slice_tasks(
-    column: DirectColumn, start: int, stop: int, out: np.ndarray
-) -> list[Callable[[], None]]:
-    flat = out.reshape(-1).view(np.uint8)
-    row, size = column.row_nbytes, column.chunk
-    tasks = []
-    for k in range(start // size, -(-stop // size)):
-        lo, hi = max(start, k * size), min(stop, (k + 1) * size)
-        target = flat[(lo - start) * row : (hi - start) * row]
-        if hi - lo == size:
-            tasks.append(lambda k=k, target=target: _read_into(column, k, target))
-        else:
-            offset = (lo - k * size) * row
-            tasks.append(lambda k=k, t=target, o=offset: _read_part(column, k, t, o))
-    return tasks
+class Native:
+    """The loaded library: ``zstd`` says whether it decodes zstd."""
+
+    def __init__(self, lib: ctypes.CDLL, have: int) -> None:
+        self.zstd = bool(have & 2)
+        self._run = lib.pts_run
+        self._run.restype = ctypes.c_int64
+        self._run.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+
+    def run(self, table: np.ndarray, moves: np.ndarray, counter: np.ndarray) -> int:
+        """Works through ``table`` with the other threads sharing ``counter``."""
+        return int(self._run(table.ctypes.data, len(table), moves.ctypes.data, counter.ctypes.data))
 
 
-def _gather_task(
-    column: DirectColumn,
-    k: int,
-    positions: np.ndarray,
-    rows: np.ndarray,
-    out: np.ndarray,
-    part: slice | None = None,
-) -> Callable[[], None]:
-    def task() -> None:
-        chunk = _whole_chunk(column, k).view(column.dtype).reshape(-1, *column.shape)
-        out[positions] = chunk[rows] if part is None else chunk[rows, part]
-
-    return task
-
-
-def _read_part(column: DirectColumn, k: int, target: np.ndarray, offset: int) -> None:
-    target[:] = _whole_chunk(column, k)[offset : offset + len(target)]
-
-
-def _whole_chunk(column: DirectColumn, k: int) -> np.ndarray:
-    """Chunk ``k``'s bytes, read into this thread's scratch buffer (which the caller must use
-    before its next call)."""
-    chunk = _scratch(column.chunk * column.row_nbytes)
-    _read_into(column, k, chunk)
-    return chunk
-
-
-_LOCAL = threading.local()
-
-
-def _scratch(nbytes: int) -> np.ndarray:
-    """A buffer of ``nbytes`` reused by this thread: a fresh one would cost page faults."""
-    buffer = getattr(_LOCAL, "scratch", None)
-    if buffer is None or len(buffer) < nbytes:
-        buffer = _LOCAL.scratch = np.empty(nbytes, np.uint8)
-    return buffer[:nbytes]
-
-
-def _read_into(column: DirectColumn, k: int, target: np.ndarray) -> None:
-    """Reads chunk ``k`` (exactly ``len(target)`` bytes and a checksum) into ``target``."""
-    path = column.path(k)
+@functools.cache
+def native() -> Native | None:
+    """The compiled loop, or None where it cannot run here (not built, no libcrc32c, a
+    big-endian machine)."""
+    path = _built()
+    crc = _crc32c_library()
+    if path is None or crc is None or np.little_endian is False:
+        return None
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        raise MissingChunk(path) from None
-    checksum = bytearray(4)
+        lib = ctypes.CDLL(str(path))
+        lib.pts_layout.restype = ctypes.c_int64
+        if lib.pts_layout() != PIECE.itemsize * 1000 + COPY.itemsize:
+            return None  # built from another version of the C file
+        lib.pts_load.restype = ctypes.c_int
+        lib.pts_load.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        have = 0
+        for zstd in _zstd_libraries():
+            have = lib.pts_load(os.fsencode(crc), os.fsencode(zstd))
+            if have & 2:
+                break
+        if not have & 1:
+            return None
+        return Native(lib, have)
+    except (OSError, AttributeError):
+        return None
+
+
+def _built() -> Path | None:
+    """The compiled ``_pieces`` library beside this module, if ``make install`` built it."""
+    here = Path(__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = here / f"_pieces{suffix}"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _crc32c_library() -> str | None:
+    """google-crc32c's own ``libcrc32c`` (its wheels ship it beside the package)."""
     try:
-        got = _preadv_all(fd, [target.data, memoryview(checksum)])
-        extra = os.pread(fd, 1, got)
+        import google_crc32c
+    except ImportError:  # pragma: no cover - a dependency
+        return None
+    site = Path(google_crc32c.__file__).parent.parent
+    found = sorted(glob.glob(str(site / "google_crc32c.libs" / "libcrc32c*")))
+    found += sorted(glob.glob(str(site / "google_crc32c" / "libcrc32c*")))
+    return found[0] if found else None
+
+
+def _zstd_libraries() -> list[str]:
+    """Where libzstd may be: the system's, then the copy inside numcodecs' zstd codec."""
+    found = ["libzstd.so.1", "libzstd.dylib"]
+    try:
+        import numcodecs.zstd
+
+        found.append(str(numcodecs.zstd.__file__))
+    except ImportError:  # pragma: no cover - zarr's dependency
+        pass
+    return found
+
+
+def run(table: np.ndarray, moves: np.ndarray) -> None:
+    """Reads, checks, decodes and copies out every piece of ``table`` (each piece's
+    ``status`` then says how it went), on as many of the pool's threads as its bytes are
+    worth, this one among them. Every thread has ended when it returns or raises."""
+    lib = native()
+    assert lib is not None, "run() needs the compiled loop: check native() first"
+    counter = np.zeros(1, np.int64)
+    work = int(table["decoded"].sum()) if len(table) > 1 else 0
+    helpers = min(len(table), _CORES, max(1, work // _BYTES_PER_THREAD)) - 1
+    if helpers <= 0:
+        lib.run(table, moves, counter)
+        return
+    pool = RUNTIME.direct_pool()
+    futures = [pool.submit(lib.run, table, moves, counter) for _ in range(helpers)]
+    try:
+        lib.run(table, moves, counter)
     finally:
-        os.close(fd)
-    want = len(target) + 4
-    if got != want or extra:
-        size = got + len(extra) if extra else got
-        _damaged(column, k, f"the file holds {size}{'+' if extra else ''} bytes, not {want}")
-    if google_crc32c.value(target) != int.from_bytes(checksum, "little"):
-        _damaged(column, k, "its crc32c checksum does not match its bytes")
-
-
-def _preadv_all(fd: int, buffers: list[memoryview]) -> int:
-    """``preadv`` until the buffers are full or the file ends; the bytes read."""
-    total, offset = 0, 0
-    while buffers:
-        n = os.preadv(fd, buffers, offset)
-        if n == 0:
-            break
-        total += n
-        offset += n
-        while buffers and n >= len(buffers[0]):
-            n -= len(buffers[0])
-            buffers.pop(0)
-        if buffers and n:
-            buffers[0] = buffers[0][n:]
-    return total
-
-
-def _damaged(column: DirectColumn, k: int, why: str) -> None:
-    raise damaged_chunk(column.key, (k, *[0] * len(column.shape)), why)
+        counter[0] = len(table)  # on an interrupt: the others take no new piece
+        wait(futures)
 
 
 # ---- writes ----------------------------------------------------------------------------------
@@ -369,4 +420,20 @@ def _run_all(tasks: Sequence[Callable[[], _T]]) -> list[_T]:
     return [f.result() for f in futures]
 
 
-__all__ = ["DirectColumn", "MissingChunk", "plan", "read", "write"]
+__all__ = [
+    "CHECKSUM",
+    "COPY",
+    "DECODE",
+    "NONE",
+    "OK",
+    "PIECE",
+    "ZSTD",
+    "DirectColumn",
+    "Native",
+    "copies",
+    "native",
+    "pieces",
+    "plan",
+    "run",
+    "write",
+]

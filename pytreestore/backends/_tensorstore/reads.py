@@ -1,5 +1,7 @@
-"""The TensorStore backend's column reads: uncompressed chunks of a local store are read
-straight from their files (:mod:`.direct`) while TensorStore decodes the others, all at once.
+"""The TensorStore backend's column reads: the chunks of a local store that the direct
+reader covers are read by it (:mod:`.direct_reads`) while TensorStore decodes the others, all
+at once; and :func:`read_checked`, the reads of ``verify``
+(:class:`~pytreestore.backends.CheckedReads`), which report damage instead of raising.
 
 :func:`read_parts` reads into new arrays, or into the caller's
 (:class:`~pytreestore.backends.ReadsInto`): TensorStore then decodes each column's rows into
@@ -31,12 +33,14 @@ import numpy as np
 import tensorstore as ts
 
 from pytreestore.backends._tensorstore import direct as _direct
+from pytreestore.backends._tensorstore import direct_reads as _direct_reads
 from pytreestore.backends._tensorstore import futures as _fork
 from pytreestore.backends._tensorstore import futures as _futures
-from pytreestore.errors import PyTreeStoreError
+from pytreestore.errors import CorruptChunkError, CorruptStoreError, PyTreeStoreError
 
 if TYPE_CHECKING:
     from pytreestore._location import Location
+    from pytreestore.backends._tensorstore.backend import TensorStoreBackend
 
 
 _Part = tuple[str, Any, "slice | None"]  # (key, index, part of the second axis or None: all)
@@ -61,14 +65,12 @@ def read_parts(
     try:
         if mine:
             try:
-                got = _direct.read(
+                got = _direct_reads.read(
                     [(plans[requests[i][0]], *requests[i][1:]) for i in mine],  # type: ignore[misc]
                     None if outs is None else [outs[i] for i in mine],
                 )
                 for i, array in zip(mine, got):
                     out[i] = array
-            except _direct.MissingChunk:  # TensorStore knows the fill value
-                engine += _start(location, handles, requests, outs, mine)
             except PyTreeStoreError:
                 raise
             except OSError as err:
@@ -124,4 +126,60 @@ def _stop(futures: Sequence[Any]) -> None:
             future.result()
 
 
-__all__ = ["read_parts"]
+def read_checked(
+    backend: TensorStoreBackend, reads: Sequence[tuple[str, Any]], records: int
+) -> list[PyTreeStoreError | None]:
+    """Reads every ``(key, index)`` at once; each read's error, or None where it worked.
+
+    Damaged chunks and metadata give errors in the list; storage failures raise.
+    """
+    opened: dict[str, ts.TensorStore | PyTreeStoreError] = {}
+    for key in dict.fromkeys(k for k, _ in reads):
+        try:
+            opened[key] = backend.column_handles([key], records)[0]
+        except CorruptStoreError as err:
+            opened[key] = err
+    direct = {  # local files are checked as load reads them: sizes and shard indexes too
+        i: _read_direct(plan, key, index)
+        for i, (key, index) in enumerate(reads)
+        if isinstance(h := opened[key], ts.TensorStore) and (plan := backend.reads_plan(key, h))
+    }
+    backend.check_usable()
+    with ts.Batch() as batch:
+        futures = [
+            h[index].read(batch=batch) if isinstance(h := opened[key], ts.TensorStore) else h
+            for key, index in reads
+        ]
+    out: list[PyTreeStoreError | None] = []
+    for i, ((key, _), fut) in enumerate(zip(reads, futures)):
+        if i in direct and direct[i] is not None:
+            out.append(direct[i])
+            continue
+        if isinstance(fut, PyTreeStoreError):
+            out.append(fut)
+            continue
+        try:
+            _futures.result(fut, backend.timeout)
+            out.append(None)
+        except ValueError as err:
+            if not _futures.is_damage(err):
+                raise _futures.storage_error(f"reading column {key}", err) from err
+            damaged = _futures.chunk_error(key, err)
+            damaged.__cause__ = err
+            out.append(damaged)
+    return out
+
+
+def _read_direct(plan: _direct.DirectColumn, key: str, index: Any) -> CorruptChunkError | None:
+    """The error of reading ``index`` of ``key`` through the direct reader (None: it read
+    back)."""
+    try:
+        _direct_reads.read([(plan, index, None)])
+    except CorruptChunkError as err:
+        return err
+    except OSError as err:
+        raise _futures.storage_error(f"reading column {key}", err) from err
+    return None
+
+
+__all__ = ["read_checked", "read_parts"]
