@@ -121,7 +121,10 @@ def test_root_zarr_json(tmp_path):
     assert meta["zarr_format"] == 3 and meta["node_type"] == "group"
     assert set(meta["attributes"]) == {"pytreestore"}
     info = meta["attributes"]["pytreestore"]
-    assert set(info) == {"format_version", "chunk_records", "codec", "tree", "columns", "digest"}
+    assert set(info) == {
+        "format_version", "chunk_records", "codec", "inner_chunk_bytes", "tree", "columns", "digest"
+    }  # fmt: skip
+    assert info["inner_chunk_bytes"] == 8 << 10  # a compressed store's default (issue 47)
     assert info["format_version"] == pytreestore.FORMAT_VERSION == 3
     assert info["chunk_records"] == CHUNK
     assert info["codec"] == "zstd"
@@ -268,7 +271,8 @@ def test_golden_small_store(tmp_path):
 
     like = {"a": [np.zeros(2, np.float32)], "b": (np.int8(0), None), "c": collections.OrderedDict()}
     like["c"]["x/y"] = np.bool_(False)
-    with pytreestore.create(tmp_path / "s", like, chunk_records=8) as store:
+    plain = {"inner_chunk_bytes": None}  # the golden's chunks are plain (format.md)
+    with pytreestore.create(tmp_path / "s", like, chunk_records=8, **plain) as store:
         store.extend([like] * 3)
     root = tmp_path / "s"
     assert read_json(root / "zarr.json") == {

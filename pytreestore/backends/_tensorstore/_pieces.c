@@ -215,11 +215,13 @@ static void one_piece(pts_piece *p, const pts_copy *copies) {
         fail(p, PTS_NO_CODEC, p->codec);
 }
 
-/* Works through pieces[*next...n) with the other threads of the call; returns the pieces
+/* Works through pieces[*next...n) with the other threads of the call, at most `limit` of
+ * them (the caller's thread comes back often enough to see a signal); returns the pieces
  * that failed on this thread (their status says why). */
-int64_t pts_run(pts_piece *pieces, int64_t n, const pts_copy *copies, int64_t *next) {
+int64_t pts_run(pts_piece *pieces, int64_t n, const pts_copy *copies, int64_t *next,
+                int64_t limit) {
     int64_t failed = 0;
-    for (;;) {
+    for (int64_t done = 0; done < limit; done++) {
         int64_t i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
         if (i >= n) break;
         one_piece(&pieces[i], copies);

@@ -59,11 +59,15 @@ from pytreestore.backends._tensorstore.kvstore import (
     remove_abandoned,
 )
 from pytreestore.backends._unstored import Unstored
-from pytreestore.errors import PyTreeStoreError
+from pytreestore.errors import CorruptChunkError, PyTreeStoreError
 
 _MEMORY: dict[str, Any] = {}
 _Part = tuple[str, Any, "slice | None"]  # (key, index, part of the second axis or None: all)
 _MEMORY_LOCK = threading.Lock()
+
+
+#: reads of an HTTP store tried again after a damaged chunk (a shard torn by a writer)
+_TORN_RETRIES = 2
 
 
 def memory_context() -> ts.Context:
@@ -377,12 +381,23 @@ class TensorStoreBackend(
         keys = list(dict.fromkeys(key for key, _, _ in requests))
         handles = dict(zip(keys, self.column_handles(keys, records)))
         plans = {k: self.reads_plan(k, handles[k]) for k in keys}
-        return _reads.read_parts(self._location, handles, plans, requests, self._timeout, outs)
+        for attempt in range(_TORN_RETRIES + 1):
+            try:
+                return _reads.read_parts(
+                    self._location, handles, plans, requests, self._timeout, outs
+                )
+            except CorruptChunkError:
+                # over HTTP a shard's index and its inner chunks are separate requests: a
+                # writer that replaced the shard between them tears it; read it again
+                if self._location.kind != "http" or attempt == _TORN_RETRIES:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def direct_plan(self, key: str, handle: ts.TensorStore) -> _direct.DirectColumn | None:
         """How ``key``'s local chunk files can be read directly (and, plain ones, written), or
         None (not on local disk, or a chain the direct reader does not read)."""
         if key not in self._direct:
+            _fork.check(self._location)  # the handle's codec is TensorStore's to say
             plan = None
             codec = handle.codec if self._location.kind == "file" else None
             codecs = codec.to_json()["codecs"] if codec is not None else []

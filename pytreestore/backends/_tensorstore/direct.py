@@ -95,6 +95,8 @@ COPY = np.dtype([("src", "<i8"), ("dst", "<i8"), ("nbytes", "<i8")])
 #: decoded bytes of work a thread takes at least (more threads cost more than they save)
 _BYTES_PER_THREAD = 64 << 10
 _CORES = os.cpu_count() or 1
+#: pieces the caller's thread reads in one call of the loop, at most
+_PIECES_A_CALL = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,10 +243,15 @@ class Native:
         self._run = lib.pts_run
         self._run.restype = ctypes.c_int64
         self._run.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+        self._run.argtypes += [ctypes.c_int64]
 
-    def run(self, table: np.ndarray, moves: np.ndarray, counter: np.ndarray) -> int:
-        """Works through ``table`` with the other threads sharing ``counter``."""
-        return int(self._run(table.ctypes.data, len(table), moves.ctypes.data, counter.ctypes.data))
+    def run(
+        self, table: np.ndarray, moves: np.ndarray, counter: np.ndarray, limit: int = 1 << 62
+    ) -> int:
+        """Works through ``table`` (at most ``limit`` pieces) with the other threads sharing
+        ``counter``."""
+        addresses = (table.ctypes.data, len(table), moves.ctypes.data, counter.ctypes.data)
+        return int(self._run(*addresses, limit))
 
 
 @functools.cache
@@ -317,13 +324,14 @@ def run(table: np.ndarray, moves: np.ndarray) -> None:
     counter = np.zeros(1, np.int64)
     work = int(table["decoded"].sum()) if len(table) > 1 else 0
     helpers = min(len(table), _CORES, max(1, work // _BYTES_PER_THREAD)) - 1
-    if helpers <= 0:
+    if helpers <= 0 and len(table) <= _PIECES_A_CALL:
         lib.run(table, moves, counter)
         return
     pool = RUNTIME.direct_pool()
-    futures = [pool.submit(lib.run, table, moves, counter) for _ in range(helpers)]
+    futures = [pool.submit(lib.run, table, moves, counter) for _ in range(max(helpers, 0))]
     try:
-        lib.run(table, moves, counter)
+        while counter[0] < len(table):  # a few pieces a call: Ctrl-C is seen between them
+            lib.run(table, moves, counter, _PIECES_A_CALL)
     finally:
         counter[0] = len(table)  # on an interrupt: the others take no new piece
         wait(futures)

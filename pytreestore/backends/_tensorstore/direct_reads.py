@@ -45,6 +45,7 @@ from typing import Any, NoReturn
 import google_crc32c
 import numpy as np
 
+from pytreestore._runtime import at_fork
 from pytreestore.backends._base import damaged_chunk, missing_chunk
 from pytreestore.backends._tensorstore import direct as _pieces
 from pytreestore.backends._tensorstore.direct import DirectColumn
@@ -65,6 +66,10 @@ class ShardIndexes:
         )
         self._lock = threading.Lock()
 
+    def after_fork(self) -> None:
+        """In a forked child: a fresh lock (another thread may have held the parent's)."""
+        self._lock = threading.Lock()
+
     def get(self, path: str, fd: int, stat: os.stat_result, entries: int) -> np.ndarray | None:
         """The ``(entries, 2)`` offsets and lengths of the shard open as ``fd``; None: its
         index is damaged (too short, or its checksum is wrong)."""
@@ -83,6 +88,7 @@ class ShardIndexes:
 
 
 SHARD_INDEXES = ShardIndexes()
+at_fork(SHARD_INDEXES.after_fork)
 
 
 def _read_index(fd: int, size: int, entries: int) -> np.ndarray | None:
@@ -197,7 +203,7 @@ def _add_record(table: _Table, requests: Sequence[_Request]) -> list[np.ndarray]
     for (column, index, _), size in zip(requests, sizes):
         row = column.row_nbytes
         outs.append(buffer[at : at + row].view(column.dtype).reshape(1, *column.shape))
-        _add_one(table, column, index.start or 0, base + at)
+        _add_few(table, column, [index.start or 0], base + at, row, row, 0)
         at += size
     return outs
 
@@ -215,7 +221,7 @@ def _add(
         start, stop = index.start or 0, index.stop
         out = given if given is not None else np.empty((stop - start, *shape), column.dtype)
         if stop - start == 1:
-            _add_one(table, column, start, out.ctypes.data)
+            _add_few(table, column, [start], out.ctypes.data, row, row, 0)
         elif stop > start:
             _add_run(table, column, start, stop, per, out.ctypes.data)
         return out
@@ -230,18 +236,6 @@ def _add(
 
 #: rows of a request planned in Python, one by one (more: with array operations)
 _FEW = 8
-
-
-def _add_one(table: _Table, column: DirectColumn, r: int, base: int) -> None:
-    """One whole row: one piece, one copy (a record's read, column by column)."""
-    per, row = column.per, column.row_nbytes
-    g = r // per
-    fd, offset, length, codec = _piece_at(table, column, g)
-    lo = table.copied
-    table.few_copies.append(((r - g * per) * row, base, row))
-    table.few_pieces.append((offset, length, per * row, lo, lo + 1, 0, fd, codec, 1, 0))
-    k = g // column.entries
-    table.few_owners.append((column, k, g - k * column.entries if column.inner else None))
 
 
 def _add_few(
@@ -277,14 +271,7 @@ def _piece_at(table: _Table, column: DirectColumn, g: int) -> tuple[int, int, in
     entries = column.entries
     k = g // entries
     path = column.path(k)
-    opened = table.file(path)
-    if opened is None:
-        raise missing_chunk(
-            column.key, column.coords(k), f"no object at {column.key}/{column.chunk_key(k)}"
-        )
-    fd, stat = opened
-    if S_ISDIR(stat.st_mode):
-        _damaged(column, k, None, _FOLDER)
+    fd, stat = _opened(table, column, k)
     if column.inner is None:
         return fd, 0, stat.st_size, column.codec
     index = SHARD_INDEXES.get(path, fd, stat, entries)
@@ -373,61 +360,73 @@ def _add_pieces(
     table: _Table, column: DirectColumn, ids: np.ndarray, bounds: np.ndarray, moves: np.ndarray
 ) -> None:
     """Pieces ``ids`` (inner chunk numbers, or chunk numbers) of ``column``, whose copies are
-    ``moves[bounds[j]:bounds[j + 1]]``; their files opened, their byte ranges found."""
-    per = column.inner or column.chunk
+    ``moves[bounds[j]:bounds[j + 1]]``; their files opened, their byte ranges found (the
+    files one by one, everything else for all of them at once)."""
     table_pieces = _pieces.pieces(len(ids))
-    chunks = (ids * per) // column.chunk
-    inner = ids - chunks * (column.chunk // per)
-    table_pieces["decoded"] = per * column.row_nbytes
+    chunks = ids // column.entries
+    inner = ids - chunks * column.entries
+    start = table.copied
+    table_pieces["decoded"] = column.per * column.row_nbytes
     table_pieces["codec"] = column.codec
     table_pieces["checksum"] = 1
-    start = table.copied
     table_pieces["copy_lo"] = bounds[:-1] + start
     table_pieces["copy_hi"] = bounds[1:] + start
-    if len(ids) == 1:
-        _locate(table, column, int(chunks[0]), table_pieces, inner)
+    cuts = np.flatnonzero(np.diff(chunks)) + 1
+    firsts = [0, *cuts.tolist()]
+    files = [_opened(table, column, int(chunks[lo])) for lo in firsts]
+    counts = np.diff([*firsts, len(ids)])
+    table_pieces["fd"] = np.repeat([fd for fd, _ in files], counts)
+    if column.inner is None:
+        table_pieces["length"] = np.repeat([s.st_size for _, s in files], counts)
     else:
-        cuts = np.flatnonzero(np.diff(chunks)) + 1
-        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(ids)]):
-            _locate(table, column, int(chunks[lo]), table_pieces[lo:hi], inner[lo:hi])
+        _from_indexes(table, column, table_pieces, chunks, inner, files, firsts, counts)
     table.add_block(table_pieces, moves, _Owners(column, chunks, inner))
 
 
-def _locate(
-    table: _Table, column: DirectColumn, k: int, pieces: np.ndarray, inner: np.ndarray
-) -> None:
-    """Fills the file, offset and length of ``pieces`` (of chunk ``k``, inner chunks
-    ``inner``): from the shard's index, or the whole plain chunk file."""
-    path = column.path(k)
-    opened = table.file(path)
+def _opened(table: _Table, column: DirectColumn, k: int) -> tuple[int, os.stat_result]:
+    """Chunk ``k``'s file of ``column``, open, and its status."""
+    opened = table.file(column.path(k))
     if opened is None:
-        raise missing_chunk(
-            column.key, column.coords(k), f"no object at {column.key}/{column.chunk_key(k)}"
-        )
-    fd, stat = opened
-    if S_ISDIR(stat.st_mode):
+        where = f"no object at {column.key}/{column.chunk_key(k)}"
+        raise missing_chunk(column.key, column.coords(k), where)
+    if S_ISDIR(opened[1].st_mode):
         _damaged(column, k, None, _FOLDER)
-    pieces["fd"] = fd
-    if column.inner is None:
-        pieces["offset"] = 0
-        pieces["length"] = stat.st_size
-        return
-    entries = column.chunk // column.inner
-    index = SHARD_INDEXES.get(path, fd, stat, entries)
-    if index is None:
-        _damaged(column, k, None, _BAD_INDEX)
-    found = index[inner]
+    return opened
+
+
+def _from_indexes(
+    table: _Table,
+    column: DirectColumn,
+    pieces: np.ndarray,
+    chunks: np.ndarray,
+    inner: np.ndarray,
+    files: list[tuple[int, os.stat_result]],
+    firsts: list[int],
+    counts: np.ndarray,
+) -> None:
+    """The byte ranges of inner chunks ``inner`` of shards ``chunks`` from the shards' indexes
+    (each read once per version of its file), checked against the shards' sizes."""
+    entries = column.entries
+    indexes = []
+    for (fd, stat), lo in zip(files, firsts):
+        k = int(chunks[lo])
+        index = SHARD_INDEXES.get(column.path(k), fd, stat, entries)
+        if index is None:
+            _damaged(column, k, None, _BAD_INDEX)
+        indexes.append(index)
+    found = np.concatenate(indexes)[np.repeat(np.arange(len(files)) * entries, counts) + inner]
     absent = found[:, 0] == _ABSENT
-    end = stat.st_size - entries * 16 - 4
-    bad = ~absent & (found[:, 0] + found[:, 1] > end)
-    if bad.any():
-        q = int(inner[np.flatnonzero(bad)[0]])
+    ends = np.repeat([s.st_size - entries * 16 - 4 for _, s in files], counts)
+    ends = ends.astype(np.uint64)
+    bad = ~absent & ((found[:, 0] > ends) | (found[:, 1] > ends - found[:, 0]))
+    if bad.any() or absent.any():
+        j = int(np.flatnonzero(bad | absent)[0])
+        k, q = int(chunks[j]), int(inner[j])
+        if absent[j]:
+            raise missing_chunk(column.key, column.coords(k), _NEVER.format(q=q))
         _damaged(column, k, q, _PAST_END)
-    pieces["offset"] = found[:, 0].astype(np.int64)
-    pieces["length"] = found[:, 1].astype(np.int64)
-    if absent.any():
-        q = int(inner[np.flatnonzero(absent)[0]])
-        raise missing_chunk(column.key, column.coords(k), _NEVER.format(q=q))
+    pieces["offset"] = found[:, 0]
+    pieces["length"] = found[:, 1]
 
 
 def _joined(table: _Table) -> tuple[np.ndarray, np.ndarray]:
