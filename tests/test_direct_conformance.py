@@ -726,14 +726,17 @@ def read_beside_a_writer(args: tuple[str, bool]) -> dict[str, Any]:
     waits for ``go`` and reads every record it saw at open, then refreshes and reads again;
     returns the counts and what differed."""
     path, on = args
-    folder = Path(path).parent
-    RUNTIME.reads.direct = on
+    with direct(on):  # this worker process runs other jobs afterwards
+        return _read_beside_a_writer(Path(path))
+
+
+def _read_beside_a_writer(path: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with pytreestore.open(path, backend=BACKEND, cache_bytes=0) as reader:
         out["opened"] = len(reader)
-        (folder / "opened").touch()
+        (path.parent / "opened").touch()
         deadline = time.monotonic() + 60
-        while not (folder / "go").exists() and time.monotonic() < deadline:
+        while not (path.parent / "go").exists() and time.monotonic() < deadline:
             time.sleep(0.005)
         for step in ("before refresh", "after refresh"):
             n = len(reader)
@@ -765,6 +768,7 @@ def test_a_reader_process_sees_committed_records_only(tmp_path, pool, on, codec,
     deadline = time.monotonic() + 60
     while not (tmp_path / "opened").exists() and time.monotonic() < deadline:
         time.sleep(0.005)
+    assert (tmp_path / "opened").exists(), "the reader process did not open the store"
     writer.extend([beside_row(i) for i in range(10, 12)])  # chunk 1 grows: 8-11
     writer.flush()
     writer.extend([beside_row(i) for i in range(12, 14)])  # buffered, not committed
@@ -853,3 +857,25 @@ def test_versions_read_the_same_bytes(tmp_path, kind, codec, layout):
     for number, records in kept.items():
         if number in versions:
             model_reads(path, records, kind, version=number)
+
+
+@pytest.mark.parametrize("default", [0.0, -2.5])
+@pytest.mark.parametrize(("codec", "layout"), DAMAGE_LAYOUTS)
+def test_chunks_an_evolved_column_never_wrote_read_its_default(tmp_path, codec, layout, default):
+    """A column added by ``evolve`` has no chunk files for the records before it (the
+    column's fill value, 0, or another default): both paths read its default there, and
+    what was appended after."""
+    written = damage_store(tmp_path / "s", codec, layout)
+    with pytreestore.open(tmp_path / "s", "a", backend=BACKEND) as store:
+        store.evolve(add={"['c']": np.full(2, default, np.float32)})
+        store.extend([{**damage_rows(i), "c": np.array([i, 1], np.float32)} for i in range(11, 13)])
+    assert not list((tmp_path / "s" / "c").rglob("c/0*")), "a chunk 0 of ['c']"
+    want = np.stack(
+        [np.full(2, default, np.float32)] * 11 + [np.array([i, 1], np.float32) for i in (11, 12)]
+    )
+    for on in (True, False):
+        with direct(on), pytreestore.open(tmp_path / "s", backend=BACKEND, cache_bytes=0) as r:
+            np.testing.assert_array_equal(r.load(as_numpy=True)["c"], want)
+            np.testing.assert_array_equal(r.load(3, as_numpy=True)["c"], want[3])
+            np.testing.assert_array_equal(r.load([12, 2, 9], as_numpy=True)["c"], want[[12, 2, 9]])
+            assert len(r) == len(written) + 2
