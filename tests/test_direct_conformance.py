@@ -860,7 +860,7 @@ def test_versions_read_the_same_bytes(tmp_path, kind, codec, layout):
 
 
 @pytest.mark.parametrize("default", [0.0, -2.5])
-@pytest.mark.parametrize(("codec", "layout"), DAMAGE_LAYOUTS)
+@pytest.mark.parametrize(("codec", "layout"), tiered(DAMAGE_LAYOUTS, DAMAGE_DEFAULT))
 def test_chunks_an_evolved_column_never_wrote_read_its_default(tmp_path, codec, layout, default):
     """A column added by ``evolve`` has no chunk files for the records before it (the
     column's fill value, 0, or another default): both paths read its default there, and
