@@ -22,6 +22,11 @@ record; readers kept open at a version (``pin``) read it exactly or, once it is 
 The writer's own reads (which commit its buffered records first) are the ``read`` step, so
 that buffered records also meet truncate, tag, evolve and close.
 
+Stores: chunks of 2, 3 or 5 records, plain or of inner chunks, compressed (zstd) or not. On
+the TensorStore backend every test runs twice, with the direct reader of local chunk files on
+(``RUNTIME.reads.direct``, the default) and off (every read through TensorStore), so that the
+same steps check both (issue 47).
+
 Profiles: the default run (``make test``) is derandomized: CI runs the same examples each
 time, so that a red run is a regression of the commit under test (not a new find of a random
 draw) and replays exactly where it failed. ``make test-long`` (``-m slow``) runs over ten times
@@ -57,7 +62,7 @@ from pytreestore._runtime import RUNTIME
 from pytreestore.testing import assert_trees_equal
 from tests import model_device as md
 from tests import model_store as m
-from tests.conftest import copying_cpu_puts
+from tests.conftest import BACKENDS, copying_cpu_puts
 
 DEFAULT = settings(  # examples: 2 of each store (``make test-long`` runs 60 and 40)
     max_examples=2,
@@ -119,10 +124,12 @@ class StoreMachine(RuleBasedStateMachine):
         chunk=st.sampled_from([2, 3, 5]),
         keep=st.sampled_from([None, 3, 1000]),
         inner=st.sampled_from([None, 4, 8]),  # issue 31: chunks as shards of inner chunks
+        codec=st.sampled_from([None, "zstd"]),  # issue 47: the direct reader's first cover
     )
-    def create(self, chunk: int, keep: int | None, inner: int | None) -> None:
+    def create(self, chunk: int, keep: int | None, inner: int | None, codec: str | None) -> None:
         self.keep = keep
         self.inner = inner
+        self.codec = codec
         self.store = self.make(chunk)
         self.settle(m.State(self.state.columns, ()), None)
 
@@ -503,6 +510,7 @@ class FixedMachine(StoreMachine):
             backend=self.backend,
             keep_versions=self.keep,
             inner_chunk_bytes=self.inner,
+            codec=self.codec,
         )
 
     def records(self, data: st.DataObject, n: int) -> list[Any]:
@@ -579,6 +587,7 @@ class RaggedMachine(StoreMachine):
             backend=self.backend,
             keep_versions=self.keep,
             inner_chunk_bytes=self.inner,
+            codec=self.codec,
             **m.RAGGED_DECL,
         )
 
@@ -643,16 +652,42 @@ def run(base: type[StoreMachine], backend: str, folder: str, pool: Any, profile:
     run_state_machine_as_test(machine(base, backend, folder, pool), settings=profile)
 
 
+def per_path(profile: settings, backend: str) -> settings:
+    """``profile`` for one of the two runs on the TensorStore backend (:data:`PATHS`): in the
+    long tier half its examples, so that the two take the time one took. The default tier's
+    two examples stay (its first is hypothesis's simplest, which alone would check little):
+    derandomized, both runs take the same steps."""
+    if backend != "tensorstore" or profile.max_examples <= DEFAULT.max_examples:
+        return profile
+    return settings(profile, max_examples=profile.max_examples // 2)
+
+
+#: ``(backend, direct)``: every backend with ``RUNTIME.reads.direct`` on (the default), and
+#: the TensorStore backend, whose local files the direct reader reads, with it off too, so
+#: that the same steps are checked through the direct reader and through TensorStore alone
+#: (issue 47). The switch changes nothing on the other backends.
+PATHS = [pytest.param(b, True, id=b) for b in BACKENDS if b != "tensorstore"] + [
+    pytest.param("tensorstore", True, id="tensorstore-direct"),
+    pytest.param("tensorstore", False, id="tensorstore-engine"),
+]
+
+
+@pytest.mark.parametrize(("backend", "direct"), PATHS)
 @pytest.mark.parametrize("base", [FixedMachine, RaggedMachine], ids=["fixed", "ragged"])
-def test_store_follows_the_model(base, backend, tmp_path, pool):
-    run(base, backend, str(tmp_path), pool, DEFAULT)
+def test_store_follows_the_model(base, backend, direct, tmp_path, monkeypatch, pool):
+    monkeypatch.setattr(RUNTIME.reads, "direct", direct)
+    run(base, backend, str(tmp_path), pool, per_path(DEFAULT, backend))
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("backend", "direct"), PATHS)
 @pytest.mark.parametrize("base", [FixedMachine, RaggedMachine], ids=["fixed", "ragged"])
-def test_store_follows_the_model_long(base, backend, tmp_path, pool):
+def test_store_follows_the_model_long(base, backend, direct, tmp_path, monkeypatch, pool):
+    monkeypatch.setattr(RUNTIME.reads, "direct", direct)
     examples = 60 if base is FixedMachine else 40
-    run(base, backend, str(tmp_path), pool, settings(LONG, max_examples=examples))
+    run(
+        base, backend, str(tmp_path), pool, per_path(settings(LONG, max_examples=examples), backend)
+    )
 
 
 @pytest.mark.parametrize(
@@ -660,9 +695,10 @@ def test_store_follows_the_model_long(base, backend, tmp_path, pool):
     [DEFAULT, pytest.param(settings(LONG, max_examples=20), marks=pytest.mark.slow)],
     ids=["default", "long"],
 )
+@pytest.mark.parametrize(("backend", "direct"), PATHS)
 @pytest.mark.parametrize("base", [FixedMachine, RaggedMachine], ids=["fixed", "ragged"])
 def test_store_follows_the_model_through_the_accelerator_paths(
-    base, backend, tmp_path, monkeypatch, pool, profile
+    base, backend, direct, tmp_path, monkeypatch, pool, profile
 ):
     """The paths only an accelerator takes (loads in pieces, small leaves packed by dtype,
     see pytreestore/_read/slabs.py and packed.py), forced on the CPU with tiny pieces, among
@@ -674,6 +710,7 @@ def test_store_follows_the_model_through_the_accelerator_paths(
     from pytreestore._read import slabs
     from pytreestore._tree import device
 
+    monkeypatch.setattr(RUNTIME.reads, "direct", direct)
     monkeypatch.setattr(device, "_on_host", lambda leaf: False)
     monkeypatch.setattr(
         RUNTIME.writes, "device_stack", 2
@@ -684,4 +721,4 @@ def test_store_follows_the_model_through_the_accelerator_paths(
     monkeypatch.setattr(RUNTIME.reads, "slab_bytes", 16)  # a piece per chunk, at least
     monkeypatch.setattr(RUNTIME.reads, "slab_min_bytes", 1)  # every device load of a slice
     monkeypatch.setattr(RUNTIME.reads, "whole_column_bytes", 8)
-    run(base, backend, str(tmp_path), pool, profile)
+    run(base, backend, str(tmp_path), pool, per_path(profile, backend))
