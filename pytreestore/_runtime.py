@@ -183,6 +183,10 @@ class Reads:
     #: bytes of pack rows (whole rows, decoded) read at once by a packed store's long read:
     #: small enough that the rows are still in cache when each leaf's part is copied out
     pack_block_bytes: int = 4 * _MiB
+    #: a block holds at least this many bytes per leaf of its pack, so that each leaf's copy
+    #: out of it is long enough to spread its fixed cost (a pack of 4,000 small leaves:
+    #: blocks of 125 MiB, where 4 MiB blocks cost 1.3x the CPU of one whole read)
+    pack_copy_bytes: int = 32 << 10
     #: files one read keeps open on the zarr backend (beyond, a key's ranged reads read it
     #: whole; a point read of a wide store opens one shard per column)
     open_files: int = 256

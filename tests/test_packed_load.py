@@ -32,6 +32,7 @@ N = 30  # records of each kind's stores: 8 chunks of 4
 def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of one chunk (4 records), two blocks a call."""
     monkeypatch.setattr(RUNTIME.reads, "pack_block_bytes", 1)
+    monkeypatch.setattr(RUNTIME.reads, "pack_copy_bytes", 0)
     monkeypatch.setattr(RUNTIME.threads, "pack_blocks", 2)
 
 

@@ -248,11 +248,14 @@ class PackedColumns:
     def _block_rows(self, pack: str) -> int:
         """Rows of one block of ``pack``: whole chunks (the engine decodes a chunk at once,
         so a block never shares one with another), as many as fit in
-        ``RUNTIME.reads.pack_block_bytes`` of decoded rows, one at least."""
-        dtype, elements, _ = self._packs[pack]
+        ``RUNTIME.reads.pack_block_bytes`` of decoded rows, or in
+        ``RUNTIME.reads.pack_copy_bytes`` per column of the pack where that is more; one
+        chunk at least."""
+        dtype, elements, keys = self._packs[pack]
         chunk = self._chunk_rows[pack]
-        fit = RUNTIME.reads.pack_block_bytes // max(1, chunk * elements * dtype.itemsize)
-        return chunk * max(1, fit)
+        reads = RUNTIME.reads
+        target = max(reads.pack_block_bytes, len(keys) * reads.pack_copy_bytes)
+        return chunk * max(1, target // max(1, chunk * elements * dtype.itemsize))
 
     def _read_blocks(
         self,
