@@ -157,3 +157,15 @@ def test_a_damaged_chunk_in_a_long_read_names_its_pack(tmp_path, backend):
         store.load(slice(0, 21), columns=".x", as_numpy=True)
     got = store.load(slice(0, 20), as_numpy=True)  # the chunks before it still read
     assert got.t.tolist() == list(range(20))
+
+
+@pytest.mark.parametrize("backend", ["tensorstore", "zarr"])  # (OCDBT: local files only)
+def test_a_memory_store_reads_in_blocks(tmp_path, backend):
+    name = f"memory://packed-load-{backend}"
+    records = kinds.records("fixed", N)
+    with kinds.create(name, "fixed", backend, pack=True, chunk_records=4, overwrite=True) as store:
+        store.extend(records)
+    kinds.filled(tmp_path / "plain", "fixed", backend, n=N, chunk_records=4)
+    got = pytreestore.open(name, backend=backend).load(slice(1, 29), as_numpy=True)
+    want = pytreestore.open(tmp_path / "plain").load(slice(1, 29), as_numpy=True)
+    assert_same_bytes(got, want)
