@@ -294,7 +294,8 @@ class Runtime:
         return self._kept_pool("pytreestore-direct", self.threads.direct)
 
     def pack_pool(self) -> ThreadPoolExecutor:
-        """The pool that reads a packed store's blocks of pack rows, kept for the process."""
+        """The pool that copies a packed store's blocks into its leaves' rows, kept for the
+        process (the blocks are read on the caller's thread)."""
         return self._kept_pool("pytreestore-pack", self.threads.pack_blocks, ExitSafePool)
 
     def call_pool(self, workers: int) -> ThreadPoolExecutor:
