@@ -30,8 +30,9 @@ parameter (a claim's ``wait``, a coordinator's ``lease``) is read once, when its
 imported, so that the signature shows the number.
 
 Every thread pytreestore starts is made here: the pools kept for the process
-(:meth:`Runtime.slab_pool`, :meth:`Runtime.direct_pool`, made at first use and forgotten in a
-child made by ``os.fork``, which has none of its parent's threads), the pools of one call
+(:meth:`Runtime.slab_pool`, :meth:`Runtime.direct_pool`, :meth:`Runtime.pack_pool`, made at
+first use and forgotten in a child made by ``os.fork``, which has none of its parent's
+threads), the pools of one call
 (:meth:`Runtime.call_pool`, shut down, their threads joined, as their ``with`` block ends),
 the default executor of zarr-python's event loop (:meth:`Runtime.loop_pool`) and the reused
 daemon threads of background jobs (:func:`thread`, for :mod:`pytreestore._threads`, which
@@ -119,6 +120,9 @@ class Threads:
     fragment_deletes: int = 4
     #: folders linked or fsynced at once (fsyncs wait on the disk; also capped by the cores)
     folder_syncs: int = 16
+    #: blocks of pack rows a packed store's long read decodes in one call (side by side, on
+    #: the engine's threads), and copies into the leaves' rows at once (on the pack pool)
+    pack_blocks: int = max(2, min(8, os.cpu_count() or 1))
 
 
 @dataclasses.dataclass(slots=True)
@@ -176,6 +180,13 @@ class Reads:
     #: and decoding in compiled code, every column's pieces at once) where it covers them;
     #: False: every read goes through the engine (TensorStore). Both give the same bytes.
     direct: bool = True
+    #: bytes of pack rows (whole rows, decoded) read at once by a packed store's long read:
+    #: small enough that the rows are still in cache when each leaf's part is copied out
+    pack_block_bytes: int = 4 * _MiB
+    #: a block holds at least this many bytes per leaf of its pack, so that each leaf's copy
+    #: out of it is long enough to spread its fixed cost (a pack of 4,000 small leaves:
+    #: blocks of 125 MiB, where 4 MiB blocks cost 1.3x the CPU of one whole read)
+    pack_copy_bytes: int = 32 << 10
     #: files one read keeps open on the zarr backend (beyond, a key's ranged reads read it
     #: whole; a point read of a wide store opens one shard per column)
     open_files: int = 256
@@ -282,6 +293,11 @@ class Runtime:
         """The direct reader's pool, kept for the process."""
         return self._kept_pool("pytreestore-direct", self.threads.direct)
 
+    def pack_pool(self) -> ThreadPoolExecutor:
+        """The pool that copies a packed store's blocks into its leaves' rows, kept for the
+        process (the blocks are read on the caller's thread)."""
+        return self._kept_pool("pytreestore-pack", self.threads.pack_blocks, ExitSafePool)
+
     def call_pool(self, workers: int) -> ThreadPoolExecutor:
         """A pool for one call, to use as a ``with`` block (which joins its threads).
 
@@ -302,11 +318,13 @@ class Runtime:
         self._lock = threading.Lock()  # another thread may have held it at the fork
         self._kept.clear()
 
-    def _kept_pool(self, name: str, workers: int) -> ThreadPoolExecutor:
+    def _kept_pool(
+        self, name: str, workers: int, kind: type[ThreadPoolExecutor] = ThreadPoolExecutor
+    ) -> ThreadPoolExecutor:
         with self._lock:
             pool = self._kept.get(name)
             if pool is None:
-                pool = self._kept[name] = ThreadPoolExecutor(workers, thread_name_prefix=name)
+                pool = self._kept[name] = kind(workers, thread_name_prefix=name)
             return pool
 
 

@@ -23,11 +23,15 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
+from concurrent import futures
+from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from pytreestore._runtime import RUNTIME
 from pytreestore.backends._base import (
     Backend,
     BatchedReads,
@@ -174,8 +178,11 @@ class PackedColumns:
         self, keys: Sequence[str], index: slice, records: int, outs: Sequence[np.ndarray]
     ) -> list[np.ndarray]:
         """(:class:`ReadsInto`) the inner's, for columns that are not packed; a packed column
-        is a part of its pack's rows, so those are read as :meth:`read` reads them."""
-        if any(k in self._members for k in keys) or not capable(self._inner, ReadsInto):
+        read in blocks (see :meth:`read_many`) is copied into its ``outs[i]``, block by
+        block, and any other is read as :meth:`read` reads it."""
+        if any(k in self._members for k in keys):
+            return self._read([(k, index) for k in keys], records, outs)
+        if not capable(self._inner, ReadsInto):
             return self.read(keys, index, records)
         return self._inner.read_into(keys, index, records, outs)
 
@@ -183,26 +190,117 @@ class PackedColumns:
         """Each ``(key, index)``; the requests of one pack at one index read it once, and
         where the backend reads parts (:class:`PartialReads`) only the span of elements of
         the columns asked for: one leaf of a wide pack costs the leaf's rows in memory, not
-        the pack's."""
+        the pack's. A slice of more rows than one block (:meth:`_block_rows`) is read in
+        blocks (:meth:`_read_blocks`)."""
+        return self._read(requests, records, None)
+
+    def _read(
+        self,
+        requests: Sequence[tuple[str, Any]],
+        records: int,
+        outs: Sequence[np.ndarray] | None,
+    ) -> list[np.ndarray]:
+        """:meth:`read_many`, a packed column read in blocks copied into ``outs[i]`` (where
+        given, and C-ordered)."""
         spans: dict[tuple[str, Any], tuple[Any, int, int]] = {}
         for key, index in requests:
             m = self._members.get(key)
             k, low, high = (m.pack, m.offset, m.offset + m.count) if m else (key, 0, 0)
             _, was_low, was_high = spans.get((k, _same(index)), (index, low, high))
             spans[(k, _same(index))] = (index, min(low, was_low), max(high, was_high))
-        order = list(spans)
+        long = {g: rows for g in spans if (rows := self._long(g[0], spans[g][0], records))}
+        order = [g for g in spans if g not in long]
         arrays = self._read_stored([(k, *spans[(k, i)]) for k, i in order], records)
+        out: list[Any] = [None] * len(requests)
+        for group, rows in long.items():
+            _, low, high = spans[group]
+            wanted = []  # (member, its rows as (rows, count)) of each request of the group
+            for i, (key, index) in enumerate(requests):
+                m = self._members.get(key)
+                if m is not None and (m.pack, _same(index)) == group:
+                    given = None if outs is None else outs[i]
+                    out[i], flat = _output(given, len(rows), m, self._packs[m.pack][0])
+                    wanted.append((m, flat))
+            self._read_blocks(group[0], rows, low, high, wanted, records)
         got = dict(zip(order, arrays))
-        out = []
-        for key, index in requests:
+        for i, (key, index) in enumerate(requests):
+            if out[i] is not None:
+                continue
             m = self._members.get(key)
             if m is None:
-                out.append(got[(key, _same(index))][0])
+                out[i] = got[(key, _same(index))][0]
                 continue
             rows, low = got[(m.pack, _same(index))]
             part = rows[..., m.offset - low : m.offset - low + m.count]
-            out.append(np.ascontiguousarray(part).reshape(*rows.shape[:-1], *m.shape))
+            out[i] = np.ascontiguousarray(part).reshape(*rows.shape[:-1], *m.shape)
         return out
+
+    def _long(self, key: str, index: Any, records: int) -> range | None:
+        """The rows of ``index`` where it reads pack ``key`` in blocks: a slice of step 1
+        over more rows than one block; else None."""
+        if key not in self._packs or not isinstance(index, slice):
+            return None
+        rows = range(*index.indices(records))
+        if rows.step != 1 or len(rows) <= self._block_rows(key):
+            return None
+        return rows
+
+    def _block_rows(self, pack: str) -> int:
+        """Rows of one block of ``pack``: whole chunks (the engine decodes a chunk at once,
+        so a block never shares one with another), as many as fit in
+        ``RUNTIME.reads.pack_block_bytes`` of decoded rows, or in
+        ``RUNTIME.reads.pack_copy_bytes`` per column of the pack where that is more; one
+        chunk at least."""
+        dtype, elements, keys = self._packs[pack]
+        chunk = self._chunk_rows[pack]
+        reads = RUNTIME.reads
+        target = max(reads.pack_block_bytes, len(keys) * reads.pack_copy_bytes)
+        return chunk * max(1, target // max(1, chunk * elements * dtype.itemsize))
+
+    def _read_blocks(
+        self,
+        pack: str,
+        rows: range,
+        low: int,
+        high: int,
+        wanted: list[tuple[Member, np.ndarray]],
+        records: int,
+    ) -> None:
+        """Reads ``pack``'s ``rows`` (elements ``[low, high)``) and copies each block's part
+        of every ``(member, rows)`` of ``wanted`` into those rows (:func:`_scatter`).
+
+        The backend is called on this thread only (a transaction or handle bound to it
+        stays so), for ``RUNTIME.threads.pack_blocks`` blocks a call, so that the engine
+        decodes their chunks side by side; the pack pool copies the blocks out while the
+        next call decodes. Whole rows are read into two buffers in turn (where the backend
+        has :class:`ReadsInto`), so no memory is faulted in per call."""
+        size = self._block_rows(pack)
+        span = size * RUNTIME.threads.pack_blocks
+        edges = [rows.start, *range((rows.start // span + 1) * span, rows.stop, span), rows.stop]
+        dtype, elements, _ = self._packs[pack]
+        into = (low, high) == (0, elements) and capable(self._inner, ReadsInto)
+        shape = (min(span, len(rows)), elements)
+        buffers = [np.empty(shape, dtype), np.empty(shape, dtype)] if into else []
+        turns = [_Jobs(), _Jobs()]  # the copies out of each buffer
+        try:
+            for n, (start, stop) in enumerate(itertools.pairwise(edges)):
+                jobs = turns[n % 2]
+                jobs.wait()  # its buffer is free again
+                index = slice(start, stop, 1)
+                if into:
+                    buffer = buffers[n % 2][: stop - start]
+                    got = self._inner.read_into([pack], index, records, [buffer])[0]  # type: ignore[attr-defined]
+                    first = 0
+                else:
+                    got, first = self._read_stored([(pack, index, low, high)], records)[0]
+                for at in range(0, stop - start, size):
+                    where = start - rows.start + at
+                    jobs.submit(_scatter, got[at : at + size], first, wanted, where)
+            for jobs in turns:
+                jobs.wait()
+        finally:
+            for jobs in turns:
+                jobs.stop()
 
     def _read_stored(
         self, requests: list[tuple[str, Any, int, int]], records: int
@@ -230,6 +328,57 @@ class PackedColumns:
         if key not in self._packs or (low, high) == (0, self._packs[key][1]):
             return None
         return slice(low, high)
+
+
+class _Jobs:
+    """Jobs of one read on the pack pool (:meth:`~pytreestore._runtime.Runtime.pack_pool`),
+    waited for together."""
+
+    def __init__(self) -> None:
+        self._futures: list[Future[None]] = []
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        self._futures.append(RUNTIME.pack_pool().submit(fn, *args))
+
+    def wait(self) -> None:
+        """Waits for every job submitted since the last wait; the first (in order) that
+        failed raises its error, once the others have ended."""
+        futures.wait(self._futures, return_when=futures.FIRST_EXCEPTION)
+        self.stop()
+        done, self._futures = self._futures, []
+        for future in done:
+            future.result()
+
+    def stop(self) -> None:
+        """Cancels the jobs not started and waits for the others to end (so nothing writes
+        into a caller's arrays once the read has returned or raised)."""
+        for future in self._futures:
+            future.cancel()
+        futures.wait(self._futures)
+
+
+def _output(
+    given: np.ndarray | None, rows: int, m: Member, dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray]:
+    """The array that receives ``rows`` rows of member ``m`` (``given`` where it is C-ordered
+    and of the right dtype and shape, else a new one), and its view as ``(rows, count)``."""
+    shape = (rows, *m.shape)
+    fits = given is not None and given.shape == shape and given.dtype == dtype
+    if given is not None and fits and given.flags.c_contiguous:
+        out = given
+    else:
+        out = np.empty(shape, dtype)
+    return out, out.reshape(rows, m.count)
+
+
+def _scatter(
+    block: np.ndarray, first: int, wanted: list[tuple[Member, np.ndarray]], at: int
+) -> None:
+    """Copies each member's part of ``block`` (pack rows holding elements from ``first``)
+    into its rows ``(rows, count)`` of ``wanted``, from row ``at``."""
+    stop = at + len(block)
+    for m, flat in wanted:
+        flat[at:stop] = block[:, m.offset - first : m.offset - first + m.count]
 
 
 def _same(index: Any) -> Any:
