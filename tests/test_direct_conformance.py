@@ -554,14 +554,6 @@ def damage_cells() -> list[Any]:
         if needs_inner and layout == "plain":
             continue
         marks = [] if (codec, layout) in DAMAGE_DEFAULT or name == "flipped byte" else [SLOW]
-        if (codec, layout, name) == (None, "plain", "folder"):
-            marks.append(
-                pytest.mark.xfail(
-                    strict=True,
-                    reason="the direct reader raises StorageError ('Is a directory') for a "
-                    "folder in a plain chunk's place, TensorStore CorruptChunkError",
-                )
-            )
         cells.append(pytest.param(codec, layout, name, marks=marks, id=f"{codec}-{layout}-{name}"))
     return cells
 
@@ -603,11 +595,6 @@ def test_damage_raises_the_same_error_on_both_paths(tmp_path, codec, layout, dam
                 assert f"['a']: chunk (1, 0) ({DAMAGED_CHUNK})" in str(value), f"{value}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reading records in turn reads ahead into a damaged chunk, and the read of an "
-    "intact record before it raises CorruptChunkError (through TensorStore too)",
-)
 @pytest.mark.parametrize("on", [True, False], ids=["direct", "engine"])
 def test_records_read_in_turn_before_a_damaged_chunk_read(tmp_path, on):
     """``load(i)`` for ``i`` in turn (read ahead in blocks) returns records 0 to 3, intact,

@@ -61,6 +61,7 @@ from pytreestore._read.placed import Placed, host_records, layouts_of, structure
 from pytreestore._read.request import LoadRequest
 from pytreestore._runtime import RUNTIME
 from pytreestore._tree.layout import LayoutNode
+from pytreestore.errors import CorruptChunkError
 from pytreestore.errors import X64DisabledError
 
 
@@ -253,7 +254,10 @@ class ReadAhead:
         if block is None or not block.holds(request, i):
             if last is None or last[1] != i - 1 or not same_read(last[0], request):
                 return False, None
-            block = read(i)
+            try:
+                block = read(i)
+            except CorruptChunkError:  # damage ahead of i: read i alone (damaged or not)
+                return False, None
             with self._lock:
                 self._block = block
         return True, block.record(i - block.start)
