@@ -41,17 +41,19 @@ import jax
 import numpy as np
 from _anchors_common import _guarded, _lance_take
 from _common import Case, Goal, Result, Timed, Timing, at_least
-from _common import measure_side_by_side as side_by_side
 from _random_data import (
     LAYOUTS,
+    CpuTimes,
     _about,
     _bounded_cache,
     _cache_bytes,
+    _cpu_note,
     _Data,
     _data,
     _lance_dataset,
     _layout_name,
     _shapes,
+    _side_by_side,
     write_store,
 )
 from bench_core import _check_leaves
@@ -63,6 +65,7 @@ from bench_random import (
     PLAIN_LOAD_LABEL,
     _batch_label,
     _batch_rounds,
+    _cold,
     _cold_timed,
     _draw_one,
     _gather_labels,
@@ -127,27 +130,35 @@ def _stores(
         yield data, stores, how
 
 
+Got = dict[Any, tuple[Timing, CpuTimes]]  # per read (and "anchor"): wall and CPU times
+
+
 def _rows(
     case: str,
     data: _Data,
     stores: dict[str, Any],
-    got: dict[Read, Timing],
-    anchor: Timing,
+    got: Got,
     goal: Goal,
     labels: tuple[str, str],
     notes: tuple[str, ...] = (),
 ) -> list[Result]:
+    """One row per read of :data:`READS` against ``got["anchor"]``."""
+    anchor, anchor_cpu = got["anchor"]
     return [
         Result(
             case=_name(case, read),
             n=data.n,
-            ours=got[read],
+            ours=got[read][0],
             baseline=anchor,
             goal=goal,
             higher_is_better=True,
             ours_label=f"{labels[0]}, direct reader {'on' if read[1] else 'off'}",
             baseline_label=labels[1],
-            notes=(_about(data, stores[read[0]], read[0]), *notes),
+            notes=(
+                _about(data, stores[read[0]], read[0]),
+                *notes,
+                _cpu_note(got[read][1], anchor_cpu),
+            ),
         )
         for read in READS
     ]
@@ -160,14 +171,14 @@ def _case_cold_record(sizes: Sizes) -> list[Result]:
     s = sizes.random
     with _stores(s) as (data, stores, how):
         _, dataset = _lance_dataset(data)
+        draws = {layout: _cold(store, data.n, data.cache_bytes) for layout, store in stores.items()}
         timed = {
-            read: _cold_timed(stores[read[0]], data, s.cold_repeats, read[1]) for read in READS
+            read: _cold_timed(stores[read[0]], data, s.cold_repeats, read[1], draws[read[0]])
+            for read in READS
         }
-        anchor = _lance_cold(data, dataset, s.cold_repeats)
-        *ours, theirs = side_by_side(*timed.values(), anchor)
-        got = dict(zip(timed, ours, strict=True))
+        got = _side_by_side({**timed, "anchor": _lance_cold(data, dataset, s.cold_repeats)})
         labels = (COLD_LABEL, _LABELS["lance"].format(what="i` (`idx=[i]`)"))
-        return _rows("cold-record", data, stores, got, theirs, at_least(2.0), labels, (how,))
+        return _rows("cold-record", data, stores, got, at_least(2.0), labels, (how,))
 
 
 def _lance_cold(data: _Data, dataset: Any, repeats: int) -> Timed:
@@ -184,14 +195,13 @@ def _case_gather(sizes: Sizes) -> list[Result]:
     with _stores(s, cache_bytes=0) as (data, stores, how):
         lance, dataset = _lance_dataset(data)
         timed = {
-            read: _gather_timed(stores[read[0]], data, s.gather_repeats, read[1]) for read in READS
+            read: _gather_timed(stores[read[0]], data, s.gather_repeats, read[1], seed=60 + k)
+            for k, read in enumerate(READS)
         }
-        *ours, theirs = side_by_side(
-            *timed.values(), _lance_gather_timed(data, dataset, s.gather_repeats)
-        )
-        got = dict(zip(timed, ours, strict=True))
+        anchor = _lance_gather_timed(data, dataset, s.gather_repeats)
+        got = _side_by_side({**timed, "anchor": anchor})
         labels = _gather_labels(data, lance)
-        return _rows("gather-1000", data, stores, got, theirs, at_least(1.0), labels, (how,))
+        return _rows("gather-1000", data, stores, got, at_least(1.0), labels, (how,))
 
 
 def _case_full_load(sizes: Sizes) -> list[Result]:
@@ -201,27 +211,30 @@ def _case_full_load(sizes: Sizes) -> list[Result]:
             read: _load_timed(stores[read[0]], data, s.load_repeats, read[1]) for read in READS
         }
         anchor = _load_timed(stores[BEFORE[0]], data, s.load_repeats, BEFORE[1])
-        *ours, theirs = side_by_side(*timed.values(), anchor)
-        got = dict(zip(timed, ours, strict=True))
+        got = _side_by_side({**timed, "anchor": anchor})
         mib = data.nbytes / 2**20
-        rates = ", ".join(f"{_name('', r).strip()} {mib / t.median:,.0f}" for r, t in got.items())
-        notes = (how, f"Throughput (decoded MiB/s): {rates}; anchor {mib / theirs.median:,.0f}.")
+        rates = "; ".join(
+            f"{_name('', r).strip() if r != 'anchor' else 'anchor'} {mib / t.median:,.0f}"
+            for r, (t, _) in got.items()
+        )
+        notes = (how, f"Throughput (decoded MiB/s): {rates}.")
         labels = (LOAD_LABEL, PLAIN_LOAD_LABEL)
-        return _rows("full-load", data, stores, got, theirs, at_least(1.0), labels, notes)
+        return _rows("full-load", data, stores, got, at_least(1.0), labels, notes)
 
 
 def _case_shuffled_batch(sizes: Sizes) -> list[Result]:
     s = sizes.random
     with _stores(s) as (data, stores, how):
         reads = [(stores[layout], on) for layout, on in READS]
-        *ours, theirs = _batch_rounds([*reads, (stores[BEFORE[0]], BEFORE[1])], s, data)
-        got = dict(zip(READS, ours, strict=True))
+        timings = _batch_rounds([*reads, (stores[BEFORE[0]], BEFORE[1])], s, data)
+        got: Got = dict(zip([*READS, "anchor"], timings, strict=True))
         labels = (
             _batch_label(s),
             _batch_label(s, " of the plain store, direct reader off")
             + ", its iterators alternating with the others",
         )
-        return _rows("shuffled-batch", data, stores, got, theirs, at_least(1.0), labels, (how,))
+        notes = (how, "CPU times: per batch, the median of the iterators' means.")
+        return _rows("shuffled-batch", data, stores, got, at_least(1.0), labels, notes)
 
 
 def _case_bulk_write(sizes: Sizes) -> list[Result]:
@@ -249,13 +262,16 @@ def _case_bulk_write(sizes: Sizes) -> list[Result]:
         )
 
     layouts = [layout for layout in SWEPT if layout != BEFORE[0]]
-    *ours, plain = side_by_side(*(timed(layout) for layout in layouts), timed(BEFORE[0]))
+    got = _side_by_side(
+        {**{layout: timed(layout) for layout in layouts}, "anchor": timed(BEFORE[0])}
+    )
+    plain, plain_cpu = got["anchor"]
     mib = data.nbytes / 2**20
     return [
         Result(
             case=f"bulk-write [{SWEPT[layout]}]",
             n=data.n,
-            ours=t,
+            ours=got[layout][0],
             baseline=plain,
             goal=at_least(0.8),
             higher_is_better=True,
@@ -265,10 +281,12 @@ def _case_bulk_write(sizes: Sizes) -> list[Result]:
             ),
             baseline_label=f"the same write of a plain store, {_layout_name(BEFORE[0])}",
             notes=(
-                f"Throughput: ours {mib / t.median:,.0f} MiB/s, plain {mib / plain.median:,.0f} MiB/s.",
+                f"Throughput: ours {mib / got[layout][0].median:,.0f} MiB/s, plain "
+                f"{mib / plain.median:,.0f} MiB/s (decoded bytes).",
+                _cpu_note(got[layout][1], plain_cpu),
             ),
         )
-        for layout, t in zip(layouts, ours, strict=True)
+        for layout in layouts
     ]
 
 

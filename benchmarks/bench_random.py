@@ -74,16 +74,20 @@ from _anchors_common import (
 from _common import Case, Goal, Result, Timed, Timing, at_least
 from _common import measure_side_by_side as side_by_side
 from _random_data import (
+    CpuTimes,
     _about,
     _arecord_read,
     _arecord_reader,
     _bounded_cache,
     _cache_bytes,
+    _cpu_note,
     _Data,
     _data,
     _direct,
     _lance_dataset,
+    _metered,
     _shapes,
+    _side_by_side,
     _through,
 )
 from bench_core import _check_leaves, _raw_open, _raw_read
@@ -181,35 +185,45 @@ def _check_record(what: str, got: Any, data: _Data, i: Any) -> None:
 # --- shuffled batches ---------------------------------------------------------------------------
 
 
-def _batch_times(store: Any, direct: bool, warmup: int, k: int, seed: int) -> tuple[list, list]:
+def _batch_times(
+    store: Any, direct: bool, warmup: int, k: int, seed: int
+) -> tuple[list[float], float, list[Any]]:
     """Seconds per batch of ``k`` consecutive shuffled batches of one iterator after ``warmup``
-    ones, with the direct reader on or off, and the batches."""
-    times, batches = [], []
+    ones, with the direct reader on or off; the process's CPU seconds per timed batch; and
+    the batches."""
+    times, batches, cpu = [], [], 0.0
     with _direct(direct), store.batches(BATCH, shuffle=True, seed=seed) as it:
-        for _ in range(warmup + k):
+        for j in range(warmup + k):
+            if j == warmup:
+                cpu = time.process_time()
             start = time.perf_counter()
             batch = jax.block_until_ready(next(it))
             times.append(time.perf_counter() - start)
             batches.append(batch)
-    return times[warmup:], batches  # the batches are checked after the iterator closed
+        cpu = (time.process_time() - cpu) / k
+    return times[warmup:], cpu, batches  # the batches are checked after the iterator closed
 
 
 def _batch_rounds(
     reads: Sequence[tuple[Any, bool]], sizes: Sizes, data: _Data, seed: int = 31
-) -> list[Timing]:
+) -> list[tuple[Timing, CpuTimes]]:
     """Per ``(store, direct)`` of ``reads``, the seconds per batch of ``sizes.batch_repeats``
     shuffled batches in ``sizes.batch_rounds`` iterators, the reads' iterators alternating
-    round by round (the order reversed every other round)."""
+    round by round (the order reversed every other round), and the CPU seconds per batch of
+    each iterator."""
     per_round = math.ceil(sizes.batch_repeats / sizes.batch_rounds)
     times: list[list[float]] = [[] for _ in reads]
+    cpus = [CpuTimes() for _ in reads]
     for r in range(sizes.batch_rounds):
         order = list(enumerate(reads))
         for k, (store, direct) in order if r % 2 == 0 else order[::-1]:
-            got, batches = _batch_times(store, direct, sizes.batch_warmup, per_round, seed + r)
+            seed_k = seed + r * len(reads) + k  # a seed of its own: no order read twice
+            got, cpu, batches = _batch_times(store, direct, sizes.batch_warmup, per_round, seed_k)
             for batch in batches:
                 _check_batch("batches(shuffle=True)", batch, data)
             times[k].extend(got)
-    return [Timing(tuple(t[: sizes.batch_repeats])) for t in times]
+            cpus[k].times.append(cpu)
+    return [(Timing(tuple(t[: sizes.batch_repeats])), c) for t, c in zip(times, cpus, strict=True)]
 
 
 def _draw(n: int, k: int, seed: int) -> Callable[[], np.ndarray]:
@@ -222,10 +236,11 @@ def _draw_one(n: int, seed: int) -> Callable[[], int]:
     return lambda: int(rng.integers(n))
 
 
-def _anchor_batches(sizes: Sizes, data: _Data) -> dict[str, Timing | str]:
-    """Per anchor, the seconds per batch of 1,024 random records, or why it was skipped."""
+def _anchor_batches(sizes: Sizes, data: _Data) -> dict[str, tuple[Timing, CpuTimes] | str]:
+    """Per anchor, the seconds per batch of 1,024 random records and the CPU seconds, or why
+    it was skipped."""
     timed: dict[str, Timed] = {}
-    out: dict[str, Timing | str] = {}
+    out: dict[str, tuple[Timing, CpuTimes] | str] = {}
     repeats, warmup = sizes.batch_repeats, sizes.batch_warmup
     stack = contextlib.ExitStack()
     try:
@@ -250,9 +265,11 @@ def _anchor_batches(sizes: Sizes, data: _Data) -> dict[str, Timing | str]:
         )
     except _Skip as why:
         out["lance"] = str(why)
+    metered = {anchor: _metered(t) for anchor, t in timed.items()}
     with stack:
-        if timed:
-            out.update(zip(timed, side_by_side(*timed.values()), strict=True))
+        if metered:
+            got = side_by_side(*(t for t, _ in metered.values()))
+            out.update((a, (g, m[1])) for (a, m), g in zip(metered.items(), got, strict=True))
     return out
 
 
@@ -266,17 +283,18 @@ def _batch_label(sizes: Sizes, what: str = "") -> str:
 
 def _case_shuffled_batch(sizes: Sizes) -> list[Result]:
     with _opened(sizes, ("", BEFORE[0])) as (data, stores, notes):
-        ours, before = _batch_rounds(
+        (ours, cpu), (before, before_cpu) = _batch_rounds(
             [(stores[""], True), (stores[BEFORE[0]], BEFORE[1])], sizes, data
         )
         via_ts = _via_ts_note(data, stores[BEFORE[0]])
     anchors = _anchor_batches(sizes, data)
     rows = []
     for anchor, goal in (("arrayrecord", at_least(1.0)), ("lance", at_least(3.0))):
-        case, theirs = f"shuffled-batch ({_NAMES[anchor]})", anchors[anchor]
-        if isinstance(theirs, str):
-            rows.append(_skipped(case, data.n, goal, theirs))
+        case, got = f"shuffled-batch ({_NAMES[anchor]})", anchors[anchor]
+        if isinstance(got, str):
+            rows.append(_skipped(case, data.n, goal, got))
             continue
+        theirs, their_cpu = got
         rows.append(
             Result(
                 case=case,
@@ -287,7 +305,11 @@ def _case_shuffled_batch(sizes: Sizes) -> list[Result]:
                 higher_is_better=True,
                 ours_label=_batch_label(sizes),
                 baseline_label=_LABELS[anchor].format(what=f"idx` of {BATCH:,}"),
-                notes=(*notes, f"After issue 31: {AFTER_31[case]}."),
+                notes=(
+                    *notes,
+                    f"After issue 31: {AFTER_31[case]}.",
+                    _cpu_note(cpu, their_cpu),
+                ),
             )
         )
     rows.append(
@@ -301,7 +323,7 @@ def _case_shuffled_batch(sizes: Sizes) -> list[Result]:
             ours_label=_batch_label(sizes),
             baseline_label=_batch_label(sizes, " of the plain store via TensorStore")
             + ", its iterators alternating with ours",
-            notes=(*notes, via_ts),
+            notes=(*notes, via_ts, _cpu_note(cpu, before_cpu)),
         )
     )
     return rows
@@ -328,27 +350,37 @@ def _epoch(store: Any, shuffle: bool, seed: int) -> list[Any]:
         return [jax.block_until_ready(batch) for batch in it]
 
 
+def _epoch_timed(
+    store: Any, plain: Any, sizes: Sizes, data: _Data, seeds: Iterator[int]
+) -> tuple[Timed, Timed, Timed]:
+    """A shuffled and a sequential epoch of ``store``; a shuffled one of the ``plain`` store
+    via TensorStore."""
+    return (
+        Timed(
+            lambda _: _epoch(store, True, next(seeds)),
+            sizes.epoch_repeats,
+            teardown=lambda _, out: _check_epoch("shuffled epoch", out, data, True),
+        ),
+        Timed(
+            lambda _: _epoch(store, False, 0),
+            sizes.epoch_repeats,
+            teardown=lambda _, out: _check_epoch("sequential epoch", out, data, False),
+        ),
+        Timed(
+            _through(BEFORE[1], lambda _: _epoch(plain, True, next(seeds))),
+            sizes.epoch_repeats,
+            teardown=lambda _, out: _check_epoch("shuffled epoch (plain)", out, data, True),
+        ),
+    )
+
+
 def _case_shuffled_epoch(sizes: Sizes) -> list[Result]:
     seeds = itertools.count(100)
     with _opened(sizes, ("", BEFORE[0])) as (data, stores, notes):
         store = stores[""]
-        shuffled, sequential, before = side_by_side(
-            Timed(
-                lambda _: _epoch(store, True, next(seeds)),
-                sizes.epoch_repeats,
-                teardown=lambda _, out: _check_epoch("shuffled epoch", out, data, True),
-            ),
-            Timed(
-                lambda _: _epoch(store, False, 0),
-                sizes.epoch_repeats,
-                teardown=lambda _, out: _check_epoch("sequential epoch", out, data, False),
-            ),
-            Timed(
-                _through(BEFORE[1], lambda _: _epoch(stores[BEFORE[0]], True, next(seeds))),
-                sizes.epoch_repeats,
-                teardown=lambda _, out: _check_epoch("shuffled epoch (plain)", out, data, True),
-            ),
-        )
+        metered = [_metered(t) for t in _epoch_timed(store, stores[BEFORE[0]], sizes, data, seeds)]
+        shuffled, sequential, before = side_by_side(*(t for t, _ in metered))
+        cpu, sequential_cpu, before_cpu = (c for _, c in metered)
         via_ts = _via_ts_note(data, stores[BEFORE[0]])
     batches = math.ceil(data.n / BATCH)
     per_batch = (
@@ -370,7 +402,12 @@ def _case_shuffled_epoch(sizes: Sizes) -> list[Result]:
             higher_is_better=True,
             ours_label=ours_label,
             baseline_label=f"one epoch of `store.batches({BATCH})` of the same store",
-            notes=(*notes, per_batch, f"After issue 31: {AFTER_31['shuffled-epoch']}."),
+            notes=(
+                *notes,
+                per_batch,
+                f"After issue 31: {AFTER_31['shuffled-epoch']}.",
+                _cpu_note(cpu, sequential_cpu),
+            ),
         ),
         Result(
             case=f"shuffled-epoch ({VIA_TS})",
@@ -384,7 +421,7 @@ def _case_shuffled_epoch(sizes: Sizes) -> list[Result]:
                 f"one epoch of `store.batches({BATCH}, shuffle=True)` of the plain store via "
                 "TensorStore, a new seed each run"
             ),
-            notes=(*notes, via_ts, per_batch),
+            notes=(*notes, via_ts, per_batch, _cpu_note(cpu, before_cpu)),
         ),
     ]
 
@@ -416,12 +453,20 @@ def _cold(store: Any, n: int, limit: int) -> Callable[[], int]:
     return draw
 
 
-def _cold_timed(store: Any, data: _Data, repeats: int, direct: bool = True) -> Timed:
-    """A cold ``store.load(i, as_numpy=True)`` with the direct reader on or off."""
+def _cold_timed(
+    store: Any,
+    data: _Data,
+    repeats: int,
+    direct: bool = True,
+    draw: Callable[[], int] | None = None,
+) -> Timed:
+    """A cold ``store.load(i, as_numpy=True)`` with the direct reader on or off, of indices
+    from ``draw`` (default: a :func:`_cold` of its own; the reads of one store share one, so
+    that none reads a record another has just brought into the cache)."""
     return Timed(
         _through(direct, lambda i: store.load(i, as_numpy=True)),
         repeats,
-        setup=_cold(store, data.n, data.cache_bytes),
+        setup=draw or _cold(store, data.n, data.cache_bytes),
         teardown=lambda i, got: _check_record("load(i)", got, data, i),
     )
 
@@ -460,7 +505,7 @@ def _case_cold_record(sizes: Sizes) -> list[Result]:
     with _opened(sizes) as (data, stores, notes), contextlib.ExitStack() as stack:
         timed = {"ours": _cold_timed(stores[""], data, sizes.cold_repeats)}
         timed.update(_cold_anchors(data, sizes.cold_repeats, stack))
-        got = dict(zip(timed, side_by_side(*timed.values()), strict=True))
+        got = _side_by_side(timed)
     rows = []
     for anchor, name in _NAMES.items():
         case, goal = f"cold-record ({name})", COLD_GOALS[anchor]
@@ -471,13 +516,13 @@ def _case_cold_record(sizes: Sizes) -> list[Result]:
             Result(
                 case=case,
                 n=data.n,
-                ours=got["ours"],
-                baseline=got[anchor],
+                ours=got["ours"][0],
+                baseline=got[anchor][0],
                 goal=goal,
                 higher_is_better=True,
                 ours_label=COLD_LABEL,
                 baseline_label=_LABELS[anchor].format(what="i` (`idx=[i]`)"),
-                notes=tuple(notes),
+                notes=(*notes, _cpu_note(got["ours"][1], got[anchor][1])),
             )
         )
     return rows
@@ -526,12 +571,15 @@ PLAIN_LOAD_LABEL = (
 
 def _case_full_load(sizes: Sizes) -> list[Result]:
     with _opened(sizes, ("", BEFORE[0])) as (data, stores, notes):
-        ours, raw, before = side_by_side(
-            _load_timed(stores[""], data, sizes.load_repeats),
-            _raw_timed(stores[""], data, sizes.load_repeats),
-            _load_timed(stores[BEFORE[0]], data, sizes.load_repeats, direct=BEFORE[1]),
+        got = _side_by_side(
+            {
+                "ours": _load_timed(stores[""], data, sizes.load_repeats),
+                "raw": _raw_timed(stores[""], data, sizes.load_repeats),
+                "before": _load_timed(stores[BEFORE[0]], data, sizes.load_repeats, BEFORE[1]),
+            }
         )
         via_ts = _via_ts_note(data, stores[BEFORE[0]])
+    (ours, cpu), (raw, raw_cpu), (before, before_cpu) = got.values()
     mib = data.nbytes / 2**20
     rates = (
         f"Throughput: ours {mib / ours.median:,.0f} MiB/s, raw TensorStore "
@@ -552,7 +600,7 @@ def _case_full_load(sizes: Sizes) -> list[Result]:
                 "store issued together, then waited for, on handles opened beforehand "
                 "(`ts.open`, untimed)"
             ),
-            notes=(*notes, rates),
+            notes=(*notes, rates, _cpu_note(cpu, raw_cpu)),
         ),
         Result(
             case=f"full-load ({VIA_TS})",
@@ -563,7 +611,7 @@ def _case_full_load(sizes: Sizes) -> list[Result]:
             higher_is_better=True,
             ours_label=LOAD_LABEL,
             baseline_label=PLAIN_LOAD_LABEL,
-            notes=(*notes, via_ts, rates),
+            notes=(*notes, via_ts, rates, _cpu_note(cpu, before_cpu)),
         ),
     ]
 
@@ -617,11 +665,14 @@ def _case_gather(sizes: Sizes) -> list[Result]:
     data = _data(sizes.records)
     lance, dataset = _lance_dataset(data)
     with pytreestore.open(str(data.store), cache_bytes=0) as store:
-        ours, theirs = side_by_side(
-            _gather_timed(store, data, sizes.gather_repeats),
-            _lance_gather_timed(data, dataset, sizes.gather_repeats),
+        got = _side_by_side(
+            {
+                "ours": _gather_timed(store, data, sizes.gather_repeats),
+                "lance": _lance_gather_timed(data, dataset, sizes.gather_repeats),
+            }
         )
         about = _about(data, store)
+    (ours, cpu), (theirs, their_cpu) = got.values()
     ours_label, lance_label = _gather_labels(data, lance)
     return [
         Result(
@@ -633,7 +684,7 @@ def _case_gather(sizes: Sizes) -> list[Result]:
             higher_is_better=True,
             ours_label=ours_label,
             baseline_label=lance_label,
-            notes=(about,),
+            notes=(about, _cpu_note(cpu, their_cpu)),
         )
     ]
 
