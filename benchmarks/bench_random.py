@@ -126,7 +126,7 @@ class Sizes:
     gather_repeats: int
 
 
-FULL = Sizes(300_000, 3, 30, 3, 2, 200, 5, 10)
+FULL = Sizes(300_000, 3, 30, 10, 2, 200, 5, 10)
 QUICK = Sizes(8_192, 1, 3, 1, 1, 5, 1, 1)
 
 
