@@ -1,7 +1,9 @@
-"""The records of ``bench_random.py`` and the three forms it reads them in: a pytreestore
-store written with the defaults, an ArrayRecord file (Grain's format; each record a msgpack
-dict of leaf name -> bytes, dtype and shape) and a Lance dataset, written once per process;
-and the bound on the decoded-chunk cache the store is read through.
+"""The records of ``bench_random.py`` and ``bench_layouts.py`` and the forms they read them in:
+pytreestore stores of each layout of :data:`LAYOUTS` (the default one, plain chunks, inner
+chunks of 4 to 32 KiB, packed), each written when first read, an ArrayRecord file (Grain's
+format; each record a msgpack dict of leaf name -> bytes, dtype and shape) and a Lance
+dataset, written once per process; the bound on the decoded-chunk cache the stores are read
+through; and the switch between the direct reader and TensorStore.
 
 Example (what a benchmark case does):
     >>> with _bounded_cache(_cache_bytes(n)) as (cache_bytes, how):  # doctest: +SKIP
@@ -13,21 +15,26 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import functools
 import gc
 import math
 import os
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 from _anchors_common import _arrow_table, _leaf_names, _need, _scratch, _Skip
+from _common import Timed, Timing, measure_side_by_side
 
 import pytreestore
 from pytreestore._read import cache as _cache  # only to see whether the shared cache exists
+from pytreestore._runtime import RUNTIME
 
 CACHE_VAR = "PYTREESTORE_CACHE_BYTES"
 CACHE_SHARE = 8  # the store's decoded bytes over the cache's bound
@@ -87,9 +94,15 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
 # --- the store, the ArrayRecord file and the Lance dataset, written once per run ----------------
 
 
-#: the stores of other layouts the rows also read, by folder: their ``create`` options
+#: the stores of the same records the benchmarks read, by layout name: their ``create`` options
+#: ("" is the default layout, whatever ``create``'s defaults are in this checkout)
 LAYOUTS: dict[str, dict[str, Any]] = {
-    "inner": {"inner_chunk_bytes": "auto"},
+    "": {},
+    "plain": {"inner_chunk_bytes": 0},  # plain chunks: the layout before issue 47
+    "inner-4k": {"inner_chunk_bytes": 4 << 10},
+    "inner-8k": {"inner_chunk_bytes": 8 << 10},
+    "inner-16k": {"inner_chunk_bytes": 16 << 10},
+    "inner-32k": {"inner_chunk_bytes": 32 << 10},
     "packed": {"pack": True, "inner_chunk_bytes": "auto"},
 }
 
@@ -99,14 +112,13 @@ class _Data:
     root: Path
     n: int
     like: Any
+    batch: Any  # the stacked records, as ``extend_batch`` takes them
     names: list[str]  # leaf names in the order of ``expected``
     expected: list[np.ndarray]  # every leaf's column
-    store: Path
-    inner: Path  # the same records, created with ``inner_chunk_bytes="auto"``
-    packed: Path  # and with ``pack=True, inner_chunk_bytes="auto"``
     arecord: Path | None
     lance: Path | None
     skipped: dict[str, str]  # anchor -> why it is not there
+    stores: dict[str, Path] = field(default_factory=dict)  # layout -> its store, once written
 
     @property
     def nbytes(self) -> int:
@@ -120,9 +132,18 @@ class _Data:
     def index_leaf(self) -> int:
         return self.names.index(INDEX)
 
+    @property
+    def store(self) -> Path:
+        """The store of the default layout."""
+        return self.path("")
+
     def path(self, layout: str) -> Path:
-        """The store of ``layout``: "" (defaults), "inner" or "packed" (:data:`LAYOUTS`)."""
-        return {"": self.store, "inner": self.inner, "packed": self.packed}[layout]
+        """The store of ``layout`` (a name of :data:`LAYOUTS`), written on first use."""
+        if layout not in self.stores:
+            path = self.root / (layout or "default")
+            write_store(path, self.like, self.batch, LAYOUTS[layout])
+            self.stores[layout] = path
+        return self.stores[layout]
 
     def picked(self, idx: Any) -> list[np.ndarray]:
         return [e[idx] for e in self.expected]
@@ -132,6 +153,12 @@ class _Data:
         if path is None:
             raise _Skip(self.skipped[anchor])
         return path
+
+
+def write_store(path: Path, like: Any, batch: Any, options: dict[str, Any]) -> None:
+    """A new store at ``path`` of the records ``batch``, created with ``options``, closed."""
+    with pytreestore.create(str(path), like, **options) as store:
+        store.extend_batch(batch)
 
 
 def _cache_bytes(n: int) -> int:
@@ -146,7 +173,9 @@ def _disk_bytes(path: Path) -> int:
 
 @functools.cache
 def _data(n: int) -> _Data:
-    """The records in all three formats, under a directory removed when the process exits."""
+    """The records, as an ArrayRecord file and a Lance dataset, under a directory removed when
+    the process exits; the stores of each layout are written when first asked for
+    (:meth:`_Data.path`)."""
     rng = np.random.default_rng(31)
     flat = {name: _column(name, n, rng) for name in LEAVES}
     batch = _nest(flat)
@@ -156,24 +185,8 @@ def _data(n: int) -> _Data:
     stack = contextlib.ExitStack()
     root = stack.enter_context(_scratch("pytreestore-random-"))
     atexit.register(stack.close)
-    with pytreestore.create(str(root / "store"), like) as store:
-        store.extend_batch(batch)
-    for name, options in LAYOUTS.items():
-        with pytreestore.create(str(root / name), like, **options) as store:
-            store.extend_batch(batch)
-    data = _Data(
-        root,
-        n,
-        like,
-        names,
-        expected,
-        root / "store",
-        root / "inner",
-        root / "packed",
-        None,
-        None,
-        {},
-    )
+    data = _Data(root, n, like, batch, names, expected, None, None, {})
+    data.path("")
     try:
         data.arecord = _write_arecord(data)
     except _Skip as why:
@@ -252,6 +265,79 @@ def _shapes(data: _Data) -> list[tuple[int, ...]]:
     return [e.shape[1:] for e in data.expected]
 
 
+# --- the direct reader or TensorStore -----------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _direct(on: bool) -> Iterator[None]:
+    """``RUNTIME.reads.direct = on`` for the block, restored after: False reads every column
+    through TensorStore (the engine before issue 47), True lets the direct reader read what
+    it covers."""
+    old = RUNTIME.reads.direct
+    RUNTIME.reads.direct = on
+    try:
+        yield
+    finally:
+        RUNTIME.reads.direct = old
+
+
+def _through(on: bool, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``fn`` run with the direct reader ``on`` or off (:func:`_direct`)."""
+
+    def run(state: Any) -> Any:
+        with _direct(on):
+            return fn(state)
+
+    return run
+
+
+class CpuTimes:
+    """The process's CPU seconds (every thread: ours, TensorStore's, Lance's) of each call of
+    the functions :meth:`wrap` returns; on a loaded machine they move less than wall times.
+
+    Example:
+        >>> cpu = CpuTimes()
+        >>> cpu.wrap(lambda x: x + 1)(1), len(cpu.times)
+        (2, 1)
+    """
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def wrap(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def run(state: Any) -> Any:
+            start = time.process_time()
+            try:
+                return fn(state)
+            finally:
+                self.times.append(time.process_time() - start)
+
+        return run
+
+    def __str__(self) -> str:
+        if not self.times:
+            return "n/a"
+        median = statistics.median(self.times)
+        return f"{median * 1e3:,.1f} ms" if median >= 1e-3 else f"{median * 1e6:,.0f} us"
+
+
+def _metered(timed: Timed) -> tuple[Timed, CpuTimes]:
+    """``timed``, its runs' CPU times kept (warm-up runs too) in the :class:`CpuTimes`."""
+    cpu = CpuTimes()
+    return dataclasses.replace(timed, fn=cpu.wrap(timed.fn)), cpu
+
+
+def _side_by_side(timed: dict[Any, Timed]) -> dict[Any, tuple[Timing, CpuTimes]]:
+    """``measure_side_by_side`` of ``timed``'s values, each with its CPU times, by key."""
+    metered = {key: _metered(t) for key, t in timed.items()}
+    got = measure_side_by_side(*(t for t, _ in metered.values()))
+    return {key: (g, m[1]) for (key, m), g in zip(metered.items(), got, strict=True)}
+
+
+def _cpu_note(ours: CpuTimes, anchor: CpuTimes) -> str:
+    return f"CPU time per run (median, every thread of the process): ours {ours}, anchor {anchor}."
+
+
 # --- the cache bound ----------------------------------------------------------------------------
 
 
@@ -291,15 +377,26 @@ def _bounded_cache(limit: int) -> Iterator[tuple[int | None, str]]:
             made.clear()
 
 
-def _about(data: _Data, store: Any) -> str:
+def _about(data: _Data, store: Any, layout: str = "") -> str:
     chunk = min(c.chunks[0] for c in store.schema.columns)
-    sizes = [f"store {_disk_bytes(data.store) / 2**20:.0f} MiB on disk"]
+    inner = store.schema.inner_chunk_bytes
+    shape = f"inner chunks of {inner / 2**10:g} KiB" if inner else "plain chunks"
+    packs = f", {len(store.schema.packs)} pack arrays" if store.schema.packs else ""
+    sizes = [f"store {_disk_bytes(data.path(layout)) / 2**20:.0f} MiB on disk"]
     if data.arecord is not None:
         sizes.append(f"ArrayRecord {_disk_bytes(data.arecord) / 2**20:.0f} MiB")
     if data.lance is not None:
         sizes.append(f"Lance {_disk_bytes(data.lance) / 2**20:.0f} MiB")
     return (
         f"{data.n:,} records of {data.nbytes // data.n:,} bytes in {len(data.names)} leaves: "
-        f"{data.nbytes / 2**20:.0f} MiB decoded, {chunk:,} records per chunk; "
-        f"{', '.join(sizes)}."
+        f"{data.nbytes / 2**20:.0f} MiB decoded, {chunk:,} records per chunk, {shape}{packs} "
+        f"({_layout_name(layout)}); {', '.join(sizes)}."
     )
+
+
+def _layout_name(layout: str) -> str:
+    """How the notes name a layout: its ``create`` options."""
+    options = LAYOUTS[layout]
+    if not options:
+        return "the default layout: `create(path, like)`"
+    return "`create(path, like, " + ", ".join(f"{k}={v!r}" for k, v in options.items()) + ")`"

@@ -6,6 +6,8 @@
     python benchmarks/run.py --list          # the cases, without running them
 
 Every ``benchmarks/bench_*.py`` is a benchmark module; see ``_common.py`` for what one defines.
+A module that sets ``IN_QUICK_TIER = False`` (the layout sweep, ``bench_layouts.py``) runs in
+full runs, and with ``--quick`` only when ``--only`` names it or one of its cases.
 Nothing here asserts anything about time: the exit status is 1 only when a case raised.
 """
 
@@ -68,6 +70,7 @@ class Module:
     title: str
     doc: str
     cases: list[Case]
+    quick_tier: bool = True  # run by ``--quick`` without ``--only`` naming it
 
 
 def discover(quick: bool) -> list[Module]:
@@ -79,9 +82,8 @@ def discover(quick: bool) -> list[Module]:
         except Exception as err:  # report it as a failed case, and run the other modules
             modules.append(Module(name, name, "", [Case("import", _reraise(err))]))
             continue
-        modules.append(
-            Module(name, getattr(mod, "TITLE", name), mod.__doc__ or "", _cases(mod, quick))
-        )
+        title, tier = getattr(mod, "TITLE", name), getattr(mod, "IN_QUICK_TIER", True)
+        modules.append(Module(name, title, mod.__doc__ or "", _cases(mod, quick), tier))
     return modules
 
 
@@ -296,6 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     only = [n for arg in args.only for n in arg.split(",") if n]
     modules = select(discover(args.quick), only)
+    if args.quick and not only:
+        modules = [m for m in modules if m.quick_tier]
     if args.list:
         for m in modules:
             print("\n".join(f"{m.name}.{c.name}" for c in m.cases))
