@@ -301,3 +301,17 @@ def test_reads_on_threads_while_the_writer_rewrites_its_last_shard(tmp_path: Pat
         t.join()
     assert not bad, bad[:3]
     assert os.path.exists(tmp_path / "s" / "i" / "c" / "2")
+
+
+@pytest.mark.parametrize("inner", [64, None])
+def test_inner_chunks_read_directly_skip_the_decoded_chunk_cache(tmp_path: Path, inner) -> None:
+    """A store read by the direct reader keeps nothing in its cache (each read decodes only
+    the inner chunks it needs); plain chunks, and every column without the loop, are cached."""
+    make(tmp_path / "s", codec="zstd", inner_chunk_bytes=inner)
+    store = pytreestore.open(tmp_path / "s", cache_bytes=1 << 20)
+    for i in (5, 6, 70, 5):
+        same_bytes(store.load(i, as_numpy=True), {k: v[i] for k, v in rows(100).items()})
+    same_bytes(store.load([9, 1], as_numpy=True), {k: v[[9, 1]] for k, v in rows(100).items()})
+    cached = store._core.cache.nbytes  # type: ignore[attr-defined]
+    direct_inner = inner is not None and pieces.native() is not None
+    assert (cached == 0) == direct_inner

@@ -61,8 +61,7 @@ from pytreestore._read.placed import Placed, host_records, layouts_of, structure
 from pytreestore._read.request import LoadRequest
 from pytreestore._runtime import RUNTIME
 from pytreestore._tree.layout import LayoutNode
-from pytreestore.errors import CorruptChunkError
-from pytreestore.errors import X64DisabledError
+from pytreestore.errors import CorruptChunkError, X64DisabledError
 
 
 def block_size(record_nbytes: int) -> int:

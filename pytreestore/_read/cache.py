@@ -19,7 +19,10 @@ Every store opened without ``cache_bytes`` shares one cache of the process
 
 A read goes through the cache (:func:`read`) when it selects fewer records than a chunk holds
 (one record, a short slice) or is a gather, and the chunks it must read in whole fit in half
-the cache; bigger reads go to the backend, which reads only what they select.
+the cache; bigger reads go to the backend, which reads only what they select. Columns the
+backend reads directly (:class:`~pytreestore.backends.DirectReads`: a local store's inner
+chunks, read by the direct reader) are never cached: a read decodes only the inner chunks it
+needs, which costs about what the cache's bookkeeping and copy would.
 
 Example:
     >>> import numpy as np
@@ -44,7 +47,7 @@ from pytreestore._format.schema import ColumnSpec
 from pytreestore._location import Location
 from pytreestore._read.index import rows
 from pytreestore._runtime import RUNTIME, at_fork
-from pytreestore.backends import Backend, BatchedReads, capable
+from pytreestore.backends import Backend, BatchedReads, DirectReads, capable
 from pytreestore.errors import PyTreeStoreError
 
 _Key = tuple[str, str, int, int]  # (store object's id, column key, chunk, rows a read sees)
@@ -187,6 +190,8 @@ def read(
     from ``backend``, in one batch, and kept); None when the read is not one the cache
     serves (see the module). ``unit(spec)``: the records of the chunks kept, the smallest
     a read decodes (an inner chunk of a sharded column; default: a chunk)."""
+    if _reads_directly(backend, specs):
+        return None  # each read decodes only the inner chunks it needs: cheaper than a copy
     selected = rows(index)
     sizes = [spec.chunks[0] if unit is None else unit(spec) for spec in specs]
     if not len(selected) or any(size < 1 for size in sizes):
@@ -223,6 +228,12 @@ def read(
             late.append(by_key[key])
     _fill(cache, backend, late, owner, records)
     return [p.assemble() for p in plans]
+
+
+def _reads_directly(backend: Backend, specs: Sequence[ColumnSpec]) -> bool:
+    """Whether the backend reads these columns' pieces directly
+    (:class:`~pytreestore.backends.DirectReads`): then the cache is left out."""
+    return capable(backend, DirectReads) and backend.reads_directly([s.key for s in specs])
 
 
 def _fill(

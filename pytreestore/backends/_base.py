@@ -302,6 +302,18 @@ class ReadsInto(Protocol):
 
 
 @runtime_checkable
+class DirectReads(Protocol):
+    """Reads of columns that decode only the small pieces each read needs, at about the cost
+    of a copy out of the decoded-chunk cache (a local store's inner chunks, read by the
+    direct reader): the read engine reads them without its cache
+    (:mod:`pytreestore._read.cache`), whose bookkeeping would cost more than it saves."""
+
+    def reads_directly(self, keys: Sequence[str], /) -> bool:
+        """Whether every column of ``keys`` is read that way."""
+        ...
+
+
+@runtime_checkable
 class PartialWriteCleanup(Protocol):
     """Removing an engine's own leftovers of a killed writer (TensorStore's ``*.__lock``)."""
 

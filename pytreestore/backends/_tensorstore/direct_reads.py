@@ -1,6 +1,5 @@
 """Reads of local chunk files as one table of pieces for the compiled loop
-(:func:`.direct.run`):
-every column of a read at once, only the byte ranges it needs.
+(:func:`.direct.run`): every column of a read at once, only the byte ranges it needs.
 
 A request (a column, the rows it wants, perhaps a part of its second axis) becomes pieces,
 one per (inner) chunk it touches, and copies, one per run of rows out of a decoded piece
@@ -8,11 +7,12 @@ into the output. A plain chunk is one piece, its whole file. A shard (``sharding
 docs/format.md "Inner chunks") is read through its index, which is read once per version of
 the file and kept (:class:`ShardIndexes`: keyed by the file's device, inode, size and
 modification time, so a shard rewritten by a writer is read again); each inner chunk the
-read wants is then one piece at the byte range the index gives. An absent chunk file, or an inner chunk its shard's index lists as never written, is a
-missing chunk (:func:`~pytreestore.backends._base.missing_chunk`), as the engine says it. A
-piece's damage (size, checksum, decoding, a short file, an index that points past
-the shard) raises :class:`~pytreestore.errors.CorruptChunkError` naming the column, the chunk
-and the inner chunk.
+read wants is then one piece at the byte range the index gives. An absent chunk file, or an
+inner chunk its shard's index lists as never written, is a missing chunk
+(:func:`~pytreestore.backends._base.missing_chunk`), as the engine says it. A piece's damage
+(size, checksum, decoding, a short file, an index that points past the shard) raises
+:class:`~pytreestore.errors.CorruptChunkError` naming the column, the chunk and the inner
+chunk.
 
 Example:
     >>> import numpy as np, tempfile
@@ -122,6 +122,15 @@ class _Table:
         """Copies added so far (where the next piece's copies begin)."""
         return self._copied + len(self.few_copies)
 
+    def add_piece(self, column: DirectColumn, g: int, moves: list[tuple[int, int, int]]) -> None:
+        """Piece ``g`` of ``column``, found through its file, with its copies ``moves``."""
+        fd, offset, length, codec = _piece_at(self, column, g)
+        lo, decoded = self.copied, column.per * column.row_nbytes
+        self.few_copies.extend(moves)
+        self.few_pieces.append((offset, length, decoded, lo, lo + len(moves), 0, fd, codec, 1, 0))
+        k = g // column.entries
+        self.few_owners.append((column, k, g - k * column.entries if column.inner else None))
+
     def add_block(self, pieces: np.ndarray, copies: np.ndarray, owners: Any) -> None:
         """Adds pieces and copies made as arrays, after the few gathered so far."""
         self.flush()
@@ -222,6 +231,8 @@ def _add(
         out = given if given is not None else np.empty((stop - start, *shape), column.dtype)
         if stop - start == 1:
             _add_few(table, column, [start], out.ctypes.data, row, row, 0)
+        elif 0 < -(-stop // per) - start // per <= _FEW:  # a few pieces: planned one by one
+            _add_span(table, column, start, stop, out.ctypes.data)
         elif stop > start:
             _add_run(table, column, start, stop, per, out.ctypes.data)
         return out
@@ -238,6 +249,17 @@ def _add(
 _FEW = 8
 
 
+def _add_span(table: _Table, column: DirectColumn, start: int, stop: int, base: int) -> None:
+    """Rows ``[start, stop)`` spanning a few pieces (a cache's whole inner chunk): one copy
+    out of each."""
+    per, row = column.per, column.row_nbytes
+    for g in range(start // per, -(-stop // per)):
+        lo, hi = max(start, g * per), min(stop, g * per + per)
+        table.add_piece(
+            column, g, [((lo - g * per) * row, base + (lo - start) * row, (hi - lo) * row)]
+        )
+
+
 def _add_few(
     table: _Table,
     column: DirectColumn,
@@ -247,23 +269,16 @@ def _add_few(
     out_row: int,
     skip: int,
 ) -> None:
-    """A few rows, each a copy out of its piece (pieces shared between them found once)."""
-    per = column.inner or column.chunk
-    decoded = per * row
-    found: dict[int, list[Any]] = {}
+    """A few rows, each a copy out of its piece (pieces shared between them read once)."""
+    per = column.per
+    moves: dict[int, list[tuple[int, int, int]]] = {}
     for position, r in enumerate(rows):
         g = r // per
-        entry = found.get(g)
-        if entry is None:
-            entry = found[g] = [*_piece_at(table, column, g), []]
-        entry[-1].append(((r - g * per) * row + skip, base + position * out_row, out_row))
-    for g, (fd, offset, length, codec, moves) in found.items():
-        lo = table.copied
-        table.few_copies.extend(moves)
-        table.few_pieces.append((offset, length, decoded, lo, lo + len(moves), 0, fd, codec, 1, 0))
-        k = g * per // column.chunk
-        inner = g - k * (column.chunk // per) if column.inner is not None else None
-        table.few_owners.append((column, k, inner))
+        moves.setdefault(g, []).append(
+            ((r - g * per) * row + skip, base + position * out_row, out_row)
+        )
+    for g, its in moves.items():
+        table.add_piece(column, g, its)
 
 
 def _piece_at(table: _Table, column: DirectColumn, g: int) -> tuple[int, int, int, int]:
@@ -341,21 +356,6 @@ def _add_rows(
     _add_pieces(table, column, ids, bounds, moves)
 
 
-class _Owners:
-    """The column, chunk and inner chunk of each piece of a block made as arrays (looked up
-    only to name a damaged piece)."""
-
-    def __init__(self, column: DirectColumn, chunks: np.ndarray, inner: np.ndarray) -> None:
-        self._column, self._chunks, self._inner = column, chunks, inner
-
-    def __len__(self) -> int:
-        return len(self._chunks)
-
-    def __getitem__(self, i: int) -> tuple[DirectColumn, int, int | None]:
-        q = int(self._inner[i]) if self._column.inner is not None else None
-        return self._column, int(self._chunks[i]), q
-
-
 def _add_pieces(
     table: _Table, column: DirectColumn, ids: np.ndarray, bounds: np.ndarray, moves: np.ndarray
 ) -> None:
@@ -380,7 +380,7 @@ def _add_pieces(
         table_pieces["length"] = np.repeat([s.st_size for _, s in files], counts)
     else:
         _from_indexes(table, column, table_pieces, chunks, inner, files, firsts, counts)
-    table.add_block(table_pieces, moves, _Owners(column, chunks, inner))
+    table.add_block(table_pieces, moves, (column, chunks, inner))
 
 
 def _opened(table: _Table, column: DirectColumn, k: int) -> tuple[int, os.stat_result]:
@@ -439,14 +439,12 @@ def _joined(table: _Table) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(table.pieces), np.concatenate(table.copies)
 
 
-_WHY = {
-    _pieces.OS_ERROR: None,
+_WHY = {  # a damaged piece's status: why (OS_ERROR and MEMORY are raised as such)
     _pieces.SHORT: "the file ends before the piece's {length} bytes (it holds {detail})",
     _pieces.CHECKSUM: "its crc32c checksum does not match its bytes",
     _pieces.DECODE: "it could not be decoded (zstd error {detail})",
     _pieces.SIZE: "it decodes to {detail} bytes, not {decoded}",
     _pieces.BOUNDS: "a read fell outside it",
-    _pieces.MEMORY: None,
     _pieces.NO_CODEC: "its codec is not available to the direct reader",
 }
 
@@ -478,10 +476,19 @@ def _check(table: _Table, pieces: np.ndarray) -> None:
 
 
 def _owner(table: _Table, position: int) -> tuple[DirectColumn, int, int | None]:
+    """The column, chunk and inner chunk of the table's piece at ``position``: a block's
+    owners are a list of those, or ``(column, chunks, inner chunks)`` as arrays."""
     for owners in table.owners:
-        if position < len(owners):
-            return owners[position]
-        position -= len(owners)
+        if isinstance(owners, list):
+            if position < len(owners):
+                return owners[position]
+            position -= len(owners)
+            continue
+        column, chunks, inner = owners
+        if position < len(chunks):
+            q = int(inner[position]) if column.inner is not None else None
+            return column, int(chunks[position]), q
+        position -= len(chunks)
     raise AssertionError("a piece beyond the table")  # pragma: no cover
 
 
