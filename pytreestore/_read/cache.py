@@ -22,7 +22,9 @@ A read goes through the cache (:func:`read`) when it selects fewer records than 
 the cache; bigger reads go to the backend, which reads only what they select. Columns the
 backend reads directly (:class:`~pytreestore.backends.DirectReads`: a local store's inner
 chunks, read by the direct reader) are never cached: a read decodes only the inner chunks it
-needs, which costs about what the cache's bookkeeping and copy would.
+needs, which costs about what the cache's bookkeeping and copy would; but a pipeline that
+keeps whole chunks (``unit`` None: it reads every record of the chunks it touches, window by
+window) keeps them here, so that each is decoded once.
 
 Example:
     >>> import numpy as np
@@ -190,7 +192,7 @@ def read(
     from ``backend``, in one batch, and kept); None when the read is not one the cache
     serves (see the module). ``unit(spec)``: the records of the chunks kept, the smallest
     a read decodes (an inner chunk of a sharded column; default: a chunk)."""
-    if _reads_directly(backend, specs):
+    if unit is not None and _reads_directly(backend, specs):
         return None  # each read decodes only the inner chunks it needs: cheaper than a copy
     selected = rows(index)
     sizes = [spec.chunks[0] if unit is None else unit(spec) for spec in specs]
