@@ -309,9 +309,10 @@ def test_inner_chunks_read_directly_skip_the_decoded_chunk_cache(tmp_path: Path,
     the inner chunks it needs); plain chunks, and every column without the loop, are cached."""
     make(tmp_path / "s", codec="zstd", inner_chunk_bytes=inner)
     store = pytreestore.open(tmp_path / "s", cache_bytes=1 << 20)
-    for i in (5, 6, 70, 5):
+    same_bytes(store.load(5, as_numpy=True), {k: v[5] for k, v in rows(100).items()})
+    first = store._core.cache.nbytes  # type: ignore[attr-defined]  # the columns learnt
+    for i in (70, 40, 5, 99):  # never one after another: no read-ahead block
         same_bytes(store.load(i, as_numpy=True), {k: v[i] for k, v in rows(100).items()})
     same_bytes(store.load([9, 1], as_numpy=True), {k: v[[9, 1]] for k, v in rows(100).items()})
-    cached = store._core.cache.nbytes  # type: ignore[attr-defined]
-    direct_inner = inner is not None and pieces.native() is not None
-    assert (cached == 0) == direct_inner
+    grew = store._core.cache.nbytes > first  # type: ignore[attr-defined]
+    assert grew != (inner is not None and pieces.native() is not None)

@@ -309,7 +309,8 @@ class DirectReads(Protocol):
     (:mod:`pytreestore._read.cache`), whose bookkeeping would cost more than it saves."""
 
     def reads_directly(self, keys: Sequence[str], /) -> bool:
-        """Whether every column of ``keys`` is read that way."""
+        """Whether every column of ``keys`` is read that way (False for a column not read
+        yet: the backend learns how a column's chunks are laid out when it first reads it)."""
         ...
 
 

@@ -418,13 +418,11 @@ class TensorStoreBackend(
 
     def reads_directly(self, keys: Sequence[str]) -> bool:
         """(:class:`~pytreestore.backends.DirectReads`) every column of ``keys`` has inner
-        chunks the direct reader reads."""
+        chunks the direct reader reads, as learnt when they were first read (a key that names
+        no array, such as a packed leaf's, is not one)."""
         if not RUNTIME.reads.direct or _direct.native() is None or self.files_root is None:
             return False
         plans = self._direct
-        unknown = [k for k in keys if k not in plans]
-        for key, handle in zip(unknown, self.column_handles(unknown) if unknown else []):
-            self.direct_plan(key, handle)
         return all((p := plans.get(k)) is not None and p.inner is not None for k in keys)
 
     def reads_plan(self, key: str, handle: ts.TensorStore) -> _direct.DirectColumn | None:
