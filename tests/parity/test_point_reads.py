@@ -136,7 +136,9 @@ def test_point_read_of_a_record_with_an_empty_list_reads_no_rows(tmp_path, monke
         _same(store.load(empty, as_numpy=True), recs[empty], jax_leaves=False)  # warms the cache
         monkeypatch.setattr(TensorStoreBackend, "read", counted)
         _same(store.load(empty, as_numpy=True), recs[empty], jax_leaves=False)
-    assert calls == []
+    # the record's offsets may be read (where the direct reader skips the cache), never a
+    # table's empty selection
+    assert not [index for index in calls if len(np.arange(N + 1)[index]) == 0], calls
 
 
 @pytest.mark.parametrize("kind", ["ragged_list", "ragged_axis", "optional", "nested"])
