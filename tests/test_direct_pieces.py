@@ -18,19 +18,9 @@ from pytreestore import errors
 from pytreestore._runtime import RUNTIME
 from pytreestore.backends._tensorstore import direct
 from pytreestore.backends._tensorstore import direct as pieces
-
-LIKE = {"m": np.zeros((3, 2), np.float32), "i": np.int64(0), "b": np.zeros(5, np.bool_)}
+from tests.test_direct import LIKE, rows
 
 needs_native = pytest.mark.skipif(pieces.native() is None, reason="the compiled loop is not built")
-
-
-def rows(n: int, offset: int = 0) -> dict[str, np.ndarray]:
-    r = np.arange(offset, offset + n)
-    return {
-        "m": (r[:, None, None] * 10 + np.arange(6).reshape(3, 2)).astype(np.float32),
-        "i": (r * 7 - 3).astype(np.int64),
-        "b": (r[:, None] + np.arange(5)) % 3 == 0,
-    }
 
 
 def make(path: Path, n: int = 100, **kw) -> pytreestore.TreeStore:
