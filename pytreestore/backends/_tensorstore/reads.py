@@ -145,14 +145,18 @@ def read_checked(
         if isinstance(h := opened[key], ts.TensorStore) and (plan := backend.reads_plan(key, h))
     }
     backend.check_usable()
-    with ts.Batch() as batch:
+    with ts.Batch() as batch:  # the engine reads only what the direct reader did not
         futures = [
-            h[index].read(batch=batch) if isinstance(h := opened[key], ts.TensorStore) else h
-            for key, index in reads
+            None
+            if i in direct
+            else h[index].read(batch=batch)
+            if isinstance(h := opened[key], ts.TensorStore)
+            else h
+            for i, (key, index) in enumerate(reads)
         ]
     out: list[PyTreeStoreError | None] = []
     for i, ((key, _), fut) in enumerate(zip(reads, futures)):
-        if i in direct and direct[i] is not None:
+        if i in direct:
             out.append(direct[i])
             continue
         if isinstance(fut, PyTreeStoreError):
